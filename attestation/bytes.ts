@@ -1,0 +1,128 @@
+// Byte helpers shared by the verifier and the node. No `node:` imports: this runs in browsers too.
+// Where Node's Buffer exists (found as a global, never imported) it is used for speed.
+
+interface BufferLike {
+  from(data: string, encoding: string): Uint8Array & { toString(encoding: string): string };
+  from(data: ArrayBufferLike, offset: number, length: number): Uint8Array & { toString(encoding: string): string };
+}
+const NodeBuffer: BufferLike | undefined = (globalThis as { Buffer?: BufferLike }).Buffer;
+
+const HEX = '0123456789abcdef';
+const HEX_PAIRS: string[] = Array.from({ length: 256 }, (_, i) => HEX[i >> 4]! + HEX[i & 15]!);
+
+/** Lowercase hex of the bytes. */
+export function toHex(bytes: Uint8Array): string {
+  if (NodeBuffer) return asBuffer(bytes).toString('hex');
+  let out = '';
+  for (let i = 0; i < bytes.length; i++) out += HEX_PAIRS[bytes[i]!];
+  return out;
+}
+
+const HEX_RE = /^(?:[0-9a-f]{2})*$/;
+
+/** Strict lowercase hex to bytes; throws on odd length, upper case or any other character. */
+export function fromHex(hex: string): Uint8Array {
+  if (typeof hex !== 'string' || !HEX_RE.test(hex)) throw new TypeError('expected lowercase hex');
+  const out = new Uint8Array(hex.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = parseInt(hex.slice(2 * i, 2 * i + 2), 16);
+  return out;
+}
+
+/** True when `s` is lowercase hex of exactly `bytes` bytes. */
+export function isHex(s: unknown, bytes?: number): s is string {
+  return typeof s === 'string' && HEX_RE.test(s) && (bytes === undefined || s.length === 2 * bytes);
+}
+
+const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+const B64_INDEX = new Int16Array(128).fill(-1);
+for (let i = 0; i < B64.length; i++) B64_INDEX[B64.charCodeAt(i)] = i;
+const B64_RE = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/** Standard base64 with padding (RFC 4648 §4). */
+export function toBase64(bytes: Uint8Array): string {
+  if (NodeBuffer) return asBuffer(bytes).toString('base64');
+  let out = '';
+  let i = 0;
+  for (; i + 2 < bytes.length; i += 3) {
+    const n = (bytes[i]! << 16) | (bytes[i + 1]! << 8) | bytes[i + 2]!;
+    out += B64[n >> 18]! + B64[(n >> 12) & 63]! + B64[(n >> 6) & 63]! + B64[n & 63]!;
+  }
+  const rest = bytes.length - i;
+  if (rest === 1) {
+    const n = bytes[i]! << 16;
+    out += B64[n >> 18]! + B64[(n >> 12) & 63]! + '==';
+  } else if (rest === 2) {
+    const n = (bytes[i]! << 16) | (bytes[i + 1]! << 8);
+    out += B64[n >> 18]! + B64[(n >> 12) & 63]! + B64[(n >> 6) & 63]! + '=';
+  }
+  return out;
+}
+
+/**
+ * Strict standard base64 to bytes: padding required, no whitespace, and the unused bits of the
+ * last character must be zero, so every byte string has exactly one accepted encoding.
+ * Returns undefined on any deviation.
+ */
+export function fromBase64(s: string): Uint8Array | undefined {
+  if (typeof s !== 'string' || s.length % 4 !== 0) return undefined;
+  if (NodeBuffer) {
+    const buf = NodeBuffer.from(s, 'base64');
+    // Buffer decoding is lenient; a round trip proves the input was the canonical encoding.
+    if (buf.toString('base64') !== s) return undefined;
+    return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
+  }
+  if (!B64_RE.test(s)) return undefined;
+  const pad = s.endsWith('==') ? 2 : s.endsWith('=') ? 1 : 0;
+  const out = new Uint8Array((s.length / 4) * 3 - pad);
+  let o = 0;
+  for (let i = 0; i < s.length; i += 4) {
+    const a = B64_INDEX[s.charCodeAt(i)]!;
+    const b = B64_INDEX[s.charCodeAt(i + 1)]!;
+    const c = s[i + 2] === '=' ? 0 : B64_INDEX[s.charCodeAt(i + 2)]!;
+    const d = s[i + 3] === '=' ? 0 : B64_INDEX[s.charCodeAt(i + 3)]!;
+    const n = (a << 18) | (b << 12) | (c << 6) | d;
+    if (o < out.length) out[o++] = n >> 16;
+    if (o < out.length) out[o++] = (n >> 8) & 255;
+    if (o < out.length) out[o++] = n & 255;
+    if (i + 4 === s.length && (pad === 2 ? (b & 15) !== 0 : pad === 1 ? (c & 3) !== 0 : false)) return undefined;
+  }
+  return out;
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder('utf-8', { fatal: true });
+
+export function utf8(s: string): Uint8Array {
+  return encoder.encode(s);
+}
+
+/** Strict UTF-8 decoding; returns undefined on malformed input. */
+export function fromUtf8(bytes: Uint8Array): string | undefined {
+  try {
+    return decoder.decode(bytes);
+  } catch {
+    return undefined;
+  }
+}
+
+export function concatBytes(...parts: Uint8Array[]): Uint8Array {
+  let len = 0;
+  for (const p of parts) len += p.length;
+  const out = new Uint8Array(len);
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}
+
+export function bytesEqual(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+function asBuffer(bytes: Uint8Array) {
+  return NodeBuffer!.from(bytes.buffer as ArrayBufferLike, bytes.byteOffset, bytes.byteLength);
+}

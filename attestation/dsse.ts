@@ -1,0 +1,132 @@
+// DSSE envelopes (secure-systems-lab/dsse v1): the signature covers PAE(payloadType, payload), never
+// a re-serialisation, so the verifier checks exactly the bytes it was given.
+import { fromBase64, toBase64, utf8 } from './bytes.ts';
+import { ed25519Sign, ed25519Verify } from './ed25519.ts';
+import { fail, ok, type VerifyResult } from './result.ts';
+import { canonicalize } from './canonical-json.ts';
+
+export interface DsseSignature {
+  keyid?: string;
+  sig: string;
+}
+
+export interface DsseEnvelope {
+  payloadType: string;
+  payload: string;
+  signatures: DsseSignature[];
+}
+
+/** A key that may have signed an envelope. `verify` defaults to strict Ed25519. */
+export interface DsseKey {
+  keyid: string;
+  publicKey: Uint8Array;
+  verify?: (signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array) => boolean;
+}
+
+const PAE_PREFIX = 'DSSEv1 ';
+
+/** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. */
+export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
+  const type = utf8(payloadType);
+  const head = utf8(`${PAE_PREFIX}${type.length} ${payloadType} ${payload.length} `);
+  const out = new Uint8Array(head.length + payload.length);
+  out.set(head);
+  out.set(payload, head.length);
+  return out;
+}
+
+/** Signs payload bytes with an Ed25519 seed. */
+export function signEnvelope(payloadType: string, payload: Uint8Array, signer: { keyid: string; seed: Uint8Array }): DsseEnvelope {
+  const sig = ed25519Sign(signer.seed, pae(payloadType, payload));
+  return { payloadType, payload: toBase64(payload), signatures: [{ keyid: signer.keyid, sig: toBase64(sig) }] };
+}
+
+/** Checks the envelope's shape (from parsed JSON). Unknown top-level fields are refused. */
+export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return fail('envelope_malformed', 'envelope is not a JSON object');
+  }
+  const env = value as Record<string, unknown>;
+  for (const k of Object.keys(env)) {
+    if (k !== 'payloadType' && k !== 'payload' && k !== 'signatures') {
+      return fail('envelope_malformed', `envelope has an unknown field "${k}"`);
+    }
+  }
+  if (typeof env.payloadType !== 'string') return fail('envelope_malformed', 'envelope.payloadType must be a string');
+  if (typeof env.payload !== 'string') return fail('envelope_malformed', 'envelope.payload must be a string');
+  if (!Array.isArray(env.signatures) || env.signatures.length === 0) {
+    return fail('envelope_malformed', 'envelope.signatures must be a non-empty array');
+  }
+  for (const [i, s] of env.signatures.entries()) {
+    if (s === null || typeof s !== 'object' || typeof (s as DsseSignature).sig !== 'string') {
+      return fail('envelope_malformed', `envelope.signatures[${i}].sig must be a string`);
+    }
+    const keyid = (s as DsseSignature).keyid;
+    if (keyid !== undefined && typeof keyid !== 'string') {
+      return fail('envelope_malformed', `envelope.signatures[${i}].keyid must be a string`);
+    }
+  }
+  return ok(env as unknown as DsseEnvelope);
+}
+
+/** Parses envelope JSON text. Truncated or non-JSON text gets envelope_not_json. */
+export function parseEnvelope(text: string): VerifyResult<DsseEnvelope> {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    return fail('envelope_not_json', 'envelope is not valid JSON (truncated or corrupted?)');
+  }
+  return checkEnvelopeShape(value);
+}
+
+export interface VerifiedEnvelope {
+  payload: Uint8Array;
+  keyid: string;
+}
+
+/**
+ * Verifies an envelope against trusted keys. Signatures whose keyid names no trusted key are
+ * ignored; a signature under a trusted key that does not verify fails the envelope
+ * (signature_invalid); an envelope with no signature by a trusted key fails with unknown_key.
+ * A signature without keyid is tried against every trusted key.
+ */
+export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; keys: readonly DsseKey[] }): VerifyResult<VerifiedEnvelope> {
+  if (env.payloadType !== opts.payloadType) {
+    return fail('payload_type_mismatch', `payloadType is "${String(env.payloadType).slice(0, 100)}", expected "${opts.payloadType}"`);
+  }
+  const payload = fromBase64(env.payload);
+  if (!payload) return fail('payload_not_base64', 'envelope.payload is not canonical standard base64');
+  let message: Uint8Array | undefined;
+  let verified: string | undefined;
+  let failedKeyless = false;
+  for (const s of env.signatures) {
+    const candidates = s.keyid === undefined ? opts.keys : opts.keys.filter((k) => k.keyid === s.keyid);
+    if (candidates.length === 0) continue;
+    const sig = fromBase64(s.sig);
+    if (!sig) return fail('signature_malformed', 'a signature is not canonical standard base64');
+    message ??= pae(env.payloadType, payload);
+    const good = candidates.find((k) => (k.verify ?? ed25519Verify)(sig, message!, k.publicKey));
+    if (!good) {
+      if (s.keyid === undefined) {
+        failedKeyless = true;
+        continue;
+      }
+      return fail('signature_invalid', `signature by ${s.keyid.slice(0, 80)} does not verify`);
+    }
+    verified ??= good.keyid;
+  }
+  if (verified === undefined) {
+    if (failedKeyless) return fail('signature_invalid', 'no signature verifies under a trusted key');
+    return fail('unknown_key', 'no signature by a trusted key');
+  }
+  return ok({ payload, keyid: verified });
+}
+
+/**
+ * The one serialisation of an envelope that this project writes: RFC 8785 canonical JSON. It is a
+ * line of receipts.jsonl and the leaf data of the transparency log.
+ */
+export function serializeEnvelope(env: DsseEnvelope): string {
+  return canonicalize(env);
+}

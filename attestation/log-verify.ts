@@ -1,0 +1,188 @@
+// Verifying a whole receipt log: every receipt (receipt-verify.ts), the sequence and hash chain
+// between them, the Merkle tree they form, and the provider's checkpoints over that tree.
+// ReceiptChain is incremental, so an auditor can verify receipts in parallel elsewhere and feed
+// the results here in order.
+import { bytesEqual, toBase64 } from './bytes.ts';
+import { receiptLogOrigin, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
+import type { DsseEnvelope } from './dsse.ts';
+import { MerkleTree, verifyConsistency } from './merkle.ts';
+import { GENESIS_PREV } from './receipt.ts';
+import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { verifyReceipt, withSeq } from './receipt-verify.ts';
+
+/** What the chain needs to know of one verified receipt. */
+export interface ChainLink {
+  seq: string;
+  prev: string;
+  payloadSha256: string;
+  leafHash: Uint8Array;
+  costMicroUsd: bigint;
+  holdMicroUsd: bigint;
+  status: string;
+}
+
+export interface LogSummary {
+  receipts: number;
+  checkpoints: number;
+  /** Root of the whole log (base64), and its size. */
+  size: number;
+  rootHash: string;
+  totalCostMicroUsd: string;
+  totalHoldMicroUsd: string;
+  byStatus: Record<string, number>;
+  /** The largest checkpoint checked, if any. */
+  latestCheckpoint?: { size: number; rootHash: string };
+}
+
+/** Checks seq continuity and the prev chain, and builds the Merkle tree, one receipt at a time. */
+export class ReceiptChain {
+  readonly tree = new MerkleTree();
+  private expected = 0n;
+  private lastHash = GENESIS_PREV;
+  private totalCost = 0n;
+  private totalHold = 0n;
+  private readonly byStatus: Record<string, number> = {};
+  /** After the first out-of-order seq: the seq that was expected there, and whether it shows up later. */
+  private missing: { seq: bigint; at: string; foundLater: boolean } | undefined;
+  private failed: VerifyError | undefined;
+
+  /** Adds the next receipt in file order. Returns the first error, which sticks. */
+  add(link: ChainLink): VerifyResult {
+    if (this.failed) return { ok: false, error: this.failed };
+    const seq = BigInt(link.seq);
+    if (this.missing) {
+      // Past a gap only look for the missing seq, to tell "missing" from "reordered".
+      if (seq === this.missing.seq) this.missing.foundLater = true;
+      return ok(undefined);
+    }
+    if (seq !== this.expected) {
+      if (seq < this.expected) {
+        return this.stop(fail('seq_duplicate', `seq ${seq} appears again after seq ${this.expected - 1n}`, { seq: link.seq }));
+      }
+      this.missing = { seq: this.expected, at: link.seq, foundLater: false };
+      return ok(undefined);
+    }
+    if (link.prev !== this.lastHash) {
+      return this.stop(fail('prev_mismatch', `prev does not hash the payload of seq ${seq - 1n}`, { seq: link.seq }));
+    }
+    this.expected = seq + 1n;
+    this.lastHash = link.payloadSha256;
+    this.tree.append(link.leafHash);
+    this.totalCost += link.costMicroUsd;
+    this.totalHold += link.holdMicroUsd;
+    this.byStatus[link.status] = (this.byStatus[link.status] ?? 0) + 1;
+    return ok(undefined);
+  }
+
+  /** Records an error found outside the chain (a receipt that did not verify). */
+  stop(r: { ok: false; error: VerifyError }): { ok: false; error: VerifyError } {
+    this.failed ??= r.error;
+    return { ok: false, error: this.failed };
+  }
+
+  /** Ends the log: reports a gap or reorder, then checks the checkpoints against the tree. */
+  finish(checkpoints: readonly string[], provider: string): VerifyResult<LogSummary> {
+    if (this.failed) return { ok: false, error: this.failed };
+    if (this.missing) {
+      const { seq, at, foundLater } = this.missing;
+      return foundLater
+        ? fail('seq_out_of_order', `seq ${at} appears where seq ${seq} belongs`, { seq: String(seq) })
+        : fail('seq_gap', `seq ${seq} is missing (next present is ${at})`, { seq: String(seq) });
+    }
+    const cps = checkCheckpoints(checkpoints, provider, this.tree);
+    if (!cps.ok) return cps;
+    const latest = cps.value.at(-1);
+    return ok({
+      receipts: this.tree.size,
+      checkpoints: cps.value.length,
+      size: this.tree.size,
+      rootHash: toBase64(this.tree.root()),
+      totalCostMicroUsd: this.totalCost.toString(),
+      totalHoldMicroUsd: this.totalHold.toString(),
+      byStatus: { ...this.byStatus },
+      ...(latest ? { latestCheckpoint: { size: latest.size, rootHash: toBase64(latest.rootHash) } } : {}),
+    });
+  }
+}
+
+/**
+ * Checks signed checkpoints against the log's own tree: each is signed by the provider under its
+ * receipt-log origin, no two disagree on the root of one size (a fork), each root is the tree's
+ * root at that size, and successive checkpoints are consistent. Returns them sorted by size.
+ */
+export function checkCheckpoints(notes: readonly string[], provider: string, tree: MerkleTree): VerifyResult<VerifiedCheckpoint[]> {
+  const origin = receiptLogOrigin(provider);
+  const key = { name: origin, origin, publicKey: hexKey(provider) };
+  const verified: VerifiedCheckpoint[] = [];
+  for (const [i, note] of notes.entries()) {
+    const v = verifyCheckpoint(note, key);
+    if (!v.ok) return fail(v.error.code, `checkpoint ${i + 1}: ${v.error.message}`);
+    verified.push(v.value);
+  }
+  verified.sort((a, b) => a.size - b.size);
+  for (let i = 1; i < verified.length; i++) {
+    const a = verified[i - 1]!;
+    const b = verified[i]!;
+    if (a.size === b.size && !bytesEqual(a.rootHash, b.rootHash)) {
+      return fail('checkpoint_fork', `two checkpoints of size ${a.size} sign different roots`);
+    }
+  }
+  for (const cp of verified) {
+    if (cp.size > tree.size) return fail('checkpoint_size_exceeds_log', `checkpoint of size ${cp.size} but the log has ${tree.size} receipts`);
+    if (!bytesEqual(tree.root(cp.size), cp.rootHash)) {
+      return fail('checkpoint_root_mismatch', `checkpoint of size ${cp.size} does not match the receipts`);
+    }
+  }
+  for (let i = 1; i < verified.length; i++) {
+    const a = verified[i - 1]!;
+    const b = verified[i]!;
+    const c = verifyConsistency(a.size, b.size, tree.consistencyProof(a.size, b.size), a.rootHash, b.rootHash);
+    if (!c.ok) return fail('checkpoint_inconsistent', `checkpoints of size ${a.size} and ${b.size} are not consistent`);
+  }
+  return ok(verified);
+}
+
+function hexKey(hex: string): Uint8Array {
+  const out = new Uint8Array(32);
+  for (let i = 0; i < 32; i++) out[i] = parseInt(hex.slice(2 * i, 2 * i + 2), 16);
+  return out;
+}
+
+export interface VerifyLogInput {
+  /** The provider id (hex of its Ed25519 public key). */
+  provider: string;
+  /** Receipt envelopes in seq order: objects or JSON lines. */
+  receipts: Iterable<DsseEnvelope | string>;
+  /** Signed checkpoint notes. */
+  checkpoints?: readonly string[];
+}
+
+/** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). */
+export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
+  const chain = new ReceiptChain();
+  let n = 0;
+  for (const env of input.receipts) {
+    const r = verifyReceipt(env, { provider: input.provider, chain: true });
+    if (!r.ok) {
+      const seq = typeof r.error.seq === 'string' ? r.error.seq : undefined;
+      return chain.stop({ ok: false, error: withSeq({ ...r.error, message: `receipt #${n + 1}: ${r.error.message}` }, seq) });
+    }
+    n++;
+    const added = chain.add(linkOf(r.value));
+    if (!added.ok) return added;
+  }
+  if (n === 0 && (input.checkpoints?.length ?? 0) === 0) return fail('log_empty', 'the log holds no receipts');
+  return chain.finish(input.checkpoints ?? [], input.provider);
+}
+
+export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd: string; hold_micro_usd: string; status: string }; payloadSha256?: string; leafHash?: Uint8Array }): ChainLink {
+  return {
+    seq: v.payload.seq,
+    prev: v.payload.prev,
+    payloadSha256: v.payloadSha256!,
+    leafHash: v.leafHash!,
+    costMicroUsd: BigInt(v.payload.cost_micro_usd),
+    holdMicroUsd: BigInt(v.payload.hold_micro_usd),
+    status: v.payload.status,
+  };
+}

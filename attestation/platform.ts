@@ -1,0 +1,93 @@
+// Optional native speed-ups. The verifier must run in a browser, so nothing here imports a `node:`
+// module: Node's crypto is looked up at run time through process.getBuiltinModule (Node 22.3+).
+// Everything that uses it has a pure-TypeScript fallback that gives identical answers.
+
+/** The parts of node:crypto that this package uses. */
+export interface NativeCrypto {
+  hash(algorithm: 'sha256' | 'sha512', data: Uint8Array): Uint8Array;
+  ed25519Sign(seed: Uint8Array, message: Uint8Array): Uint8Array;
+  ed25519Verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): boolean;
+}
+
+interface NodeCryptoModule {
+  createHash(alg: string): { update(d: Uint8Array): { digest(): Uint8Array } };
+  hash?: (alg: string, data: Uint8Array, enc: 'buffer') => Uint8Array;
+  createPrivateKey(o: { key: Uint8Array; format: 'der'; type: 'pkcs8' }): unknown;
+  createPublicKey(o: { key: Uint8Array; format: 'der'; type: 'spki' }): unknown;
+  sign(alg: null, data: Uint8Array, key: unknown): Uint8Array;
+  verify(alg: null, data: Uint8Array, key: unknown, sig: Uint8Array): boolean;
+}
+
+// DER prefixes that wrap a raw Ed25519 key (RFC 8410).
+const PKCS8_PREFIX = Uint8Array.of(0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20);
+const SPKI_PREFIX = Uint8Array.of(0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00);
+
+let cached: NativeCrypto | null | undefined;
+let disabled = false;
+
+/** Node's crypto when running on Node, undefined in a browser (or after disableNativeCrypto). */
+export function nodeCrypto(): NativeCrypto | undefined {
+  if (disabled) return undefined;
+  if (cached !== undefined) return cached ?? undefined;
+  cached = null;
+  const proc = (globalThis as { process?: { getBuiltinModule?: (id: string) => unknown } }).process;
+  const mod = proc?.getBuiltinModule?.('node:crypto') as NodeCryptoModule | undefined;
+  if (mod) cached = wrap(mod);
+  return cached ?? undefined;
+}
+
+/** For tests: behave as in a browser from now on. Must be called before other modules load. */
+export function disableNativeCrypto(): void {
+  disabled = true;
+}
+
+function wrap(c: NodeCryptoModule): NativeCrypto {
+  const privateKeys = new Map<string, unknown>();
+  const publicKeys = new Map<string, unknown>();
+  const keyCacheLimit = 1024;
+  const cache = (map: Map<string, unknown>, id: string, make: () => unknown) => {
+    let k = map.get(id);
+    if (k === undefined) {
+      if (map.size >= keyCacheLimit) map.clear();
+      k = make();
+      map.set(id, k);
+    }
+    return k;
+  };
+  const hash = c.hash
+    ? (alg: string, data: Uint8Array) => c.hash!(alg, data, 'buffer')
+    : (alg: string, data: Uint8Array) => c.createHash(alg).update(data).digest();
+  return {
+    hash: (alg, data) => {
+      const b = hash(alg, data);
+      return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+    },
+    ed25519Sign(seed, message) {
+      const id = keyId(seed);
+      const key = cache(privateKeys, id, () =>
+        c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }),
+      );
+      const s = c.sign(null, message, key);
+      return new Uint8Array(s.buffer, s.byteOffset, s.byteLength);
+    },
+    ed25519Verify(publicKey, message, signature) {
+      const key = cache(publicKeys, keyId(publicKey), () =>
+        c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }),
+      );
+      return c.verify(null, message, key, signature);
+    },
+  };
+}
+
+function join(a: Uint8Array, b: Uint8Array): Uint8Array {
+  const out = new Uint8Array(a.length + b.length);
+  out.set(a);
+  out.set(b, a.length);
+  return out;
+}
+
+function keyId(bytes: Uint8Array): string {
+  let s = '';
+  for (let i = 0; i < bytes.length; i++) s += String.fromCharCode(bytes[i]!);
+  return s;
+}

@@ -1,0 +1,47 @@
+// A receipt's offline proof: a C2SP tlog-proof bundle whose extra data is the receipt envelope.
+// Verifying it proves the receipt is valid on its own AND that the provider committed to it in a
+// signed checkpoint of its log, at the position its seq names.
+import { fromUtf8, isHex, fromHex } from './bytes.ts';
+import { receiptLogOrigin, type VerifiedCheckpoint } from './checkpoint.ts';
+import { fail, ok, type VerifyResult } from './result.ts';
+import { verifyReceipt, type VerifiedReceipt } from './receipt-verify.ts';
+import { parseProofBundle, verifyProofBundle } from './tlog-proof.ts';
+import { parseCheckpoint } from './checkpoint.ts';
+import { parseNote } from './note.ts';
+
+export interface VerifiedReceiptProof {
+  receipt: VerifiedReceipt;
+  checkpoint: VerifiedCheckpoint;
+  index: number;
+}
+
+/**
+ * Verifies a receipt proof bundle. `provider` pins the expected provider; without it the provider
+ * is read from the checkpoint's origin (`<provider id>/receipts`), which is self-certifying: the
+ * provider id is the public key that must have signed both the checkpoint and the receipt.
+ */
+export function verifyReceiptProof(text: string, opts: { provider?: string } = {}): VerifyResult<VerifiedReceiptProof> {
+  const parsed = parseProofBundle(text);
+  if (!parsed.ok) return parsed;
+  let provider = opts.provider;
+  if (provider === undefined) {
+    const note = parseNote(parsed.value.checkpointNote);
+    const cp = note.ok ? parseCheckpoint(note.value.text) : undefined;
+    const origin = cp?.ok ? cp.value.origin : '';
+    const m = /^([0-9a-f]{64})\/receipts$/.exec(origin);
+    if (!m) return fail('checkpoint_origin_mismatch', 'the checkpoint origin is not "<provider id>/receipts"');
+    provider = m[1]!;
+  }
+  if (!isHex(provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  const origin = receiptLogOrigin(provider);
+  const b = verifyProofBundle(text, undefined, { name: origin, origin, publicKey: fromHex(provider) });
+  if (!b.ok) return b;
+  const line = fromUtf8(b.value.leafData);
+  if (line === undefined) return fail('bundle_malformed', 'the bundle\'s receipt is not UTF-8');
+  const r = verifyReceipt(line, { provider });
+  if (!r.ok) return r;
+  if (r.value.payload.seq !== String(b.value.index)) {
+    return fail('proof_index_out_of_range', `receipt seq ${r.value.payload.seq} is proven at index ${b.value.index}`);
+  }
+  return ok({ receipt: r.value, checkpoint: b.value.checkpoint, index: b.value.index });
+}

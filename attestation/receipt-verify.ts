@@ -1,0 +1,100 @@
+// Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
+// every field), then the arithmetic (cost from usage and rates, never above the hold).
+import { fromBase64, fromHex, fromUtf8, isHex, toHex, utf8 } from './bytes.ts';
+import { parseCanonical } from './canonical-json.ts';
+import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
+import { FieldError } from './fields.ts';
+import { sha256 } from './hash.ts';
+import { leafHash } from './merkle.ts';
+import { expectedCost, RECEIPT_PAYLOAD_TYPE, validateReceiptPayload, type ReceiptPayload } from './receipt.ts';
+import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+
+export interface VerifiedReceipt {
+  payload: ReceiptPayload;
+  /** The exact signed payload bytes. */
+  payloadBytes: Uint8Array;
+  envelope: DsseEnvelope;
+  /** SHA-256 of the payload bytes, hex: what the next receipt's `prev` must be (with `chain`). */
+  payloadSha256?: string;
+  /** The Merkle leaf hash of this envelope (with `chain`). */
+  leafHash?: Uint8Array;
+}
+
+export interface ReceiptVerifyOptions {
+  /** The provider id (hex of its Ed25519 public key) or the key itself. */
+  provider: string | Uint8Array;
+  /** Also compute payloadSha256 and leafHash, for checking a chain or a log. */
+  chain?: boolean;
+}
+
+/** Strictly verifies one receipt envelope (an object or its JSON text). Never throws. */
+export function verifyReceipt(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
+  try {
+    return verifyReceiptUnsafe(envelope, opts);
+  } catch (e) {
+    // Only reachable through hostile objects (getters, proxies); still an answer, never a crash.
+    return fail('envelope_malformed', `envelope could not be read: ${(e as Error).message}`);
+  }
+}
+
+function providerKey(p: string | Uint8Array): { id: string; key: Uint8Array } | undefined {
+  if (typeof p === 'string') return isHex(p, 32) ? { id: p, key: fromHex(p) } : undefined;
+  return p instanceof Uint8Array && p.length === 32 ? { id: toHex(p), key: p } : undefined;
+}
+
+function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
+  const pk = providerKey(opts.provider);
+  if (!pk) return fail('unknown_key', 'provider must be 64 lowercase hex characters or a 32-byte key');
+  const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
+  if (!shaped.ok) return shaped;
+  const env = shaped.value;
+  const verified = verifyEnvelope(env, { payloadType: RECEIPT_PAYLOAD_TYPE, keys: [{ keyid: pk.id, publicKey: pk.key }] });
+  if (!verified.ok) return verified;
+  const payloadBytes = verified.value.payload;
+  const text = fromUtf8(payloadBytes);
+  const parsed = text === undefined ? undefined : parseCanonical(text);
+  if (!parsed) return fail('payload_not_json', 'payload is not UTF-8 JSON');
+  if (!parsed.canonical) return fail('payload_not_canonical', 'payload is not RFC 8785 canonical JSON');
+  let payload: ReceiptPayload;
+  try {
+    payload = validateReceiptPayload(parsed.value);
+  } catch (e) {
+    if (e instanceof FieldError) return fail('payload_invalid', e.message, { field: e.field });
+    throw e;
+  }
+  const seq = payload.seq;
+  if (payload.provider !== pk.id) return fail('provider_mismatch', `receipt names provider ${payload.provider}`, { seq });
+  const cost = expectedCost(payload);
+  const stated = BigInt(payload.cost_micro_usd);
+  if (stated !== cost) return fail('cost_mismatch', `cost_micro_usd is ${stated}, usage × rates gives ${cost}`, { seq });
+  if (stated > BigInt(payload.hold_micro_usd)) {
+    return fail('cost_exceeds_hold', `cost ${stated} exceeds hold ${payload.hold_micro_usd}`, { seq });
+  }
+  const out: VerifiedReceipt = { payload, payloadBytes, envelope: env };
+  if (opts.chain) {
+    out.payloadSha256 = toHex(sha256(payloadBytes));
+    out.leafHash = leafHash(utf8(serializeEnvelope(env)));
+  }
+  return ok(out);
+}
+
+/** Attaches a seq to an error that concerns one receipt. */
+export function withSeq(error: VerifyError, seq: string | undefined): VerifyError {
+  return seq === undefined || error.seq !== undefined ? error : { ...error, seq };
+}
+
+/**
+ * Best-effort read of the seq a (possibly tampered) envelope claims, only to name it in an error
+ * report. Never trusted for anything else.
+ */
+export function peekSeq(envelope: string | DsseEnvelope): string | undefined {
+  try {
+    const env = typeof envelope === 'string' ? (JSON.parse(envelope) as DsseEnvelope) : envelope;
+    const bytes = fromBase64(env.payload);
+    const text = bytes && fromUtf8(bytes);
+    const seq = text === undefined ? undefined : (JSON.parse(text) as { seq?: unknown }).seq;
+    return typeof seq === 'string' && /^(0|[1-9][0-9]{0,29})$/.test(seq) ? seq : undefined;
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,77 @@
+// Verifying a ticket: signed by a configured marketplace key, well-formed, for this provider, in
+// its validity window, and (when the body is known) for exactly these body bytes. Whether its id
+// was used before is the node's business (it keeps the set), not the verifier's.
+import { fromHex, fromUtf8, isHex, toHex } from './bytes.ts';
+import { parseCanonical } from './canonical-json.ts';
+import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
+import { FieldError } from './fields.ts';
+import { sha256 } from './hash.ts';
+import { fail, ok, type VerifyResult } from './result.ts';
+import { TICKET_PAYLOAD_TYPE, validateTicketPayload, type TicketPayload } from './ticket.ts';
+
+export interface MarketplaceKey {
+  /** The key id the marketplace puts in its envelopes (lowercase hex of the public key by default). */
+  keyid?: string;
+  publicKey: Uint8Array | string;
+}
+
+export interface TicketVerifyOptions {
+  marketplaceKeys: readonly MarketplaceKey[];
+  /** This node's provider id: a ticket for anyone else is refused. */
+  provider?: string;
+  /** Now, in ms since the epoch (default Date.now()). */
+  now?: number;
+  /** Clock skew tolerated on both ends of the validity window (default 30 s). */
+  skewMs?: number;
+  /** The exact request body bytes, or their SHA-256 hex, to bind the ticket to. */
+  body?: Uint8Array | string;
+}
+
+export interface VerifiedTicket {
+  payload: TicketPayload;
+  keyid: string;
+}
+
+export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
+  try {
+    return verifyTicketUnsafe(envelope, opts);
+  } catch (e) {
+    return fail('envelope_malformed', `ticket could not be read: ${(e as Error).message}`);
+  }
+}
+
+function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
+  const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
+  if (!shaped.ok) return shaped;
+  const keys = [];
+  for (const k of opts.marketplaceKeys) {
+    const publicKey = typeof k.publicKey === 'string' ? (isHex(k.publicKey, 32) ? fromHex(k.publicKey) : undefined) : k.publicKey;
+    if (!publicKey || publicKey.length !== 32) return fail('unknown_key', 'a marketplace key is not 32 bytes (64 hex characters)');
+    keys.push({ keyid: k.keyid ?? toHex(publicKey), publicKey });
+  }
+  const v = verifyEnvelope(shaped.value, { payloadType: TICKET_PAYLOAD_TYPE, keys });
+  if (!v.ok) return v;
+  const text = fromUtf8(v.value.payload);
+  const parsed = text === undefined ? undefined : parseCanonical(text);
+  if (!parsed) return fail('payload_not_json', 'ticket payload is not UTF-8 JSON');
+  if (!parsed.canonical) return fail('payload_not_canonical', 'ticket payload is not RFC 8785 canonical JSON');
+  let payload: TicketPayload;
+  try {
+    payload = validateTicketPayload(parsed.value);
+  } catch (e) {
+    if (e instanceof FieldError) return fail('payload_invalid', `ticket ${e.message}`, { field: e.field });
+    throw e;
+  }
+  if (opts.provider !== undefined && payload.provider !== opts.provider) {
+    return fail('ticket_wrong_provider', `ticket is for provider ${payload.provider}`);
+  }
+  const now = opts.now ?? Date.now();
+  const skew = opts.skewMs ?? 30_000;
+  if (now + skew < payload.issued_at) return fail('ticket_not_yet_valid', `ticket is issued at ${payload.issued_at}, now is ${now}`);
+  if (now - skew >= payload.expires_at) return fail('ticket_expired', `ticket expired at ${payload.expires_at}, now is ${now}`);
+  if (opts.body !== undefined) {
+    const digest = typeof opts.body === 'string' ? opts.body : toHex(sha256(opts.body));
+    if (digest !== payload.body_sha256) return fail('ticket_body_mismatch', 'the request body is not the one the ticket was issued for');
+  }
+  return ok({ payload, keyid: v.value.keyid });
+}

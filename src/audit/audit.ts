@@ -1,0 +1,174 @@
+// `seller-node audit DIR`: replays an exported receipt log and checks everything it claims. Each
+// receipt is verified on its own in worker threads (signature, canonical payload, fields, cost);
+// the main thread checks, in file order, what links them: seq continuity, the prev chain, the
+// Merkle tree and the signed checkpoints over it. It stops at the first fault and names its seq.
+import fs from 'node:fs';
+import path from 'node:path';
+import { Piscina } from 'piscina';
+import { isHex } from '../../attestation/bytes.ts';
+import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
+import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
+import { checkLines, type CheckedLine, type CheckTask } from './check-lines.ts';
+import { readLines } from './lines.ts';
+
+export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_malformed';
+
+export interface AuditFault {
+  code: AuditErrorCode;
+  message: string;
+  seq?: string;
+  line?: number;
+  field?: string;
+}
+
+export interface AuditReport {
+  ok: boolean;
+  dir: string;
+  provider?: string;
+  summary?: LogSummary;
+  fault?: AuditFault;
+  seconds: number;
+}
+
+export interface AuditOptions {
+  dir: string;
+  /** Expected provider id; when given, an export by another key fails. */
+  provider?: string;
+  /** Worker threads for per-receipt checks (default 2; 0 = in-process). */
+  threads?: number;
+  /** Lines per worker task (default 1000). */
+  chunk?: number;
+}
+
+const WORKER = new URL(import.meta.url.endsWith('.ts') ? './audit-worker.ts' : './audit-worker.js', import.meta.url);
+
+export async function audit(opts: AuditOptions): Promise<AuditReport> {
+  const started = performance.now();
+  const done = (r: Omit<AuditReport, 'seconds' | 'dir'>): AuditReport => ({ ...r, dir: opts.dir, seconds: (performance.now() - started) / 1000 });
+  const fault = (f: AuditFault, provider?: string) => done({ ok: false, fault: f, ...(provider ? { provider } : {}) });
+
+  let st: fs.Stats | undefined;
+  try {
+    st = fs.statSync(opts.dir);
+  } catch {
+    st = undefined;
+  }
+  if (!st?.isDirectory()) return fault({ code: 'export_missing_file', message: `${opts.dir} is not a directory` });
+  const pubFile = path.join(opts.dir, 'provider.pub');
+  const receiptsFile = path.join(opts.dir, 'receipts.jsonl');
+  for (const f of [pubFile, receiptsFile]) {
+    if (!fs.existsSync(f)) return fault({ code: 'export_missing_file', message: `${path.basename(f)} is missing from ${opts.dir}` });
+  }
+  const provider = readSmall(pubFile)?.trim();
+  if (!isHex(provider, 32)) return fault({ code: 'export_malformed', message: 'provider.pub must hold 64 lowercase hex characters' });
+  if (opts.provider !== undefined && opts.provider !== provider) {
+    return fault({ code: 'provider_mismatch', message: `export is by provider ${provider}, expected ${opts.provider}` }, provider);
+  }
+  const checkpoints = readCheckpoints(opts.dir);
+  if ('code' in checkpoints) return fault(checkpoints, provider);
+
+  const threads = opts.threads ?? 2;
+  const chunk = opts.chunk ?? 1000;
+  const pool = threads > 0 ? new Piscina({ filename: WORKER.href, minThreads: threads, maxThreads: threads }) : undefined;
+  const run = (task: CheckTask): Promise<CheckedLine[]> => (pool ? pool.run(task) : Promise.resolve(checkLines(task)));
+  const chain = new ReceiptChain();
+  const inFlight: Promise<CheckedLine[]>[] = [];
+  const maxInFlight = Math.max(2, threads * 2);
+  let failure: AuditFault | undefined;
+  let lastLine = 0;
+
+  const consume = (results: CheckedLine[]): AuditFault | undefined => {
+    for (const r of results) {
+      if (!r.ok) return toFault(chain.stop({ ok: false, error: r.error! }).error, r.number, r.seq);
+      const added = chain.add({
+        seq: r.seq!,
+        prev: r.prev!,
+        payloadSha256: r.payloadSha256!,
+        leafHash: r.leafHash!,
+        costMicroUsd: BigInt(r.cost!),
+        holdMicroUsd: BigInt(r.hold!),
+        status: r.status!,
+      });
+      if (!added.ok) return toFault(added.error, r.number, r.seq);
+    }
+    return undefined;
+  };
+
+  try {
+    let batch: { text: string; number: number }[] = [];
+    const dispatch = () => {
+      if (batch.length) inFlight.push(run({ provider, lines: batch }));
+      batch = [];
+    };
+    const drainTo = async (n: number) => {
+      while (inFlight.length > n && !failure) failure = consume(await inFlight.shift()!);
+    };
+    for await (const line of readLines(receiptsFile)) {
+      lastLine = line.number;
+      if ('tooLong' in line) {
+        dispatch();
+        await drainTo(0); // an earlier fault is the first one
+        failure ??= { code: 'envelope_malformed', message: `line ${line.number} is longer than 1 MiB`, line: line.number };
+        break;
+      }
+      batch.push(line);
+      if (batch.length >= chunk) {
+        dispatch();
+        await drainTo(maxInFlight - 1);
+      }
+      if (failure) break;
+    }
+    if (!failure) {
+      dispatch();
+      await drainTo(0);
+    }
+  } catch (e) {
+    failure ??= { code: 'export_malformed', message: `could not read ${receiptsFile}: ${(e as Error).message}` };
+  } finally {
+    await Promise.allSettled(inFlight);
+    await pool?.destroy();
+  }
+  if (failure) return fault(failure, provider);
+  if (lastLine === 0 && checkpoints.length === 0) return fault({ code: 'log_empty', message: 'receipts.jsonl holds no receipts' }, provider);
+  const finished = chain.finish(checkpoints, provider);
+  if (!finished.ok) return fault(toFault(finished.error), provider);
+  return done({ ok: true, provider, summary: finished.value });
+}
+
+function toFault(e: VerifyError, line?: number, seq?: string): AuditFault {
+  const s = e.seq ?? seq;
+  return { code: e.code, message: e.message, ...(s !== undefined ? { seq: s } : {}), ...(line !== undefined ? { line } : {}), ...(e.field ? { field: e.field } : {}) };
+}
+
+function readSmall(file: string, max = 1 << 16): string | undefined {
+  try {
+    const st = fs.statSync(file);
+    if (!st.isFile() || st.size > max) return undefined;
+    return fs.readFileSync(file, 'utf8');
+  } catch {
+    return undefined;
+  }
+}
+
+/** `checkpoint` and `checkpoints/*`, deduplicated. */
+function readCheckpoints(dir: string): string[] | AuditFault {
+  const files: string[] = [];
+  if (fs.existsSync(path.join(dir, 'checkpoint'))) files.push(path.join(dir, 'checkpoint'));
+  const sub = path.join(dir, 'checkpoints');
+  if (fs.existsSync(sub)) {
+    let names: string[];
+    try {
+      names = fs.readdirSync(sub).sort();
+    } catch {
+      return { code: 'export_malformed', message: 'checkpoints/ is not a readable directory' };
+    }
+    for (const n of names) files.push(path.join(sub, n));
+  }
+  const notes = new Set<string>();
+  for (const f of files) {
+    const text = readSmall(f);
+    if (text === undefined) return { code: 'checkpoint_malformed', message: `${path.relative(dir, f)} is not a readable checkpoint (at most 64 KiB)` };
+    notes.add(text);
+  }
+  return [...notes];
+}

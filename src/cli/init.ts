@@ -1,0 +1,39 @@
+import fs from 'node:fs';
+import { Command } from 'commander';
+import { createKeyFile, IdentityError } from '../identity.ts';
+import { dataDirPaths } from '../data-dir.ts';
+import { CliError } from './cli-error.ts';
+
+export function initCommand(): Command {
+  return new Command('init')
+    .description('create the node key (mode 0600) and a default config; prints the provider id')
+    .requiredOption('--data <dir>', 'data directory to create or use')
+    .action((opts: { data: string }) => {
+      const p = dataDirPaths(opts.data);
+      fs.mkdirSync(p.dir, { recursive: true, mode: 0o700 });
+      let id;
+      try {
+        id = createKeyFile(p.key);
+      } catch (e) {
+        if (e instanceof IdentityError) throw new CliError(e.message);
+        throw e;
+      }
+      if (!fs.existsSync(p.config)) fs.writeFileSync(p.config, defaultConfig(), { mode: 0o600 });
+      process.stdout.write(`${id.providerId}\n`);
+      process.stderr.write(`key: ${p.key}\nconfig: ${p.config}\n`);
+    });
+}
+
+function defaultConfig(): string {
+  return [
+    '# seller-node configuration (see config.example.yaml for every key).',
+    'key: ./node.key',
+    'data_dir: .',
+    'receipts:',
+    '  checkpoint_every: 1000',
+    '  checkpoint_interval_ms: 10000',
+    '  signer_threads: 2',
+    'log_level: info',
+    '',
+  ].join('\n');
+}

@@ -1,0 +1,62 @@
+import path from 'node:path';
+import { Command } from 'commander';
+import { openReceiptLog } from '../data-dir.ts';
+import { IdentityError } from '../identity.ts';
+import { exportLog } from '../store/export.ts';
+import { ReceiptLogError } from '../store/receipt-log.ts';
+import { syntheticReceiptBody } from '../store/synthetic.ts';
+import { CliError, intOption } from './cli-error.ts';
+
+function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}) {
+  try {
+    return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 });
+  } catch (e) {
+    if (e instanceof IdentityError || e instanceof ReceiptLogError) throw new CliError(e.message);
+    throw e;
+  }
+}
+
+export function logCommand(): Command {
+  const log = new Command('log').description('the receipt log: fill it with test receipts, export it for auditors');
+  log
+    .command('fill')
+    .description('append N synthetic but well-formed signed receipts (for tests and benchmarks)')
+    .requiredOption('--data <dir>', 'data directory (from seller-node init)')
+    .requiredOption('--count <n>', 'how many receipts to append', intOption('--count', 1, 100_000_000))
+    .option('--checkpoint-every <n>', 'sign a checkpoint every N receipts', intOption('--checkpoint-every', 1), 1000)
+    .option('--threads <n>', 'signer worker threads', intOption('--threads', 0, 64), 2)
+    .action(async (opts: { data: string; count: number; checkpointEvery: number; threads: number }) => {
+      const { log: rl } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery });
+      const start = rl.size;
+      const t0 = performance.now();
+      try {
+        // Bounded windows keep memory flat for any count.
+        for (let done = 0; done < opts.count; ) {
+          const n = Math.min(4096, opts.count - done);
+          const batch = [];
+          for (let i = 0; i < n; i++) batch.push(rl.append(syntheticReceiptBody(start + done + i)));
+          await Promise.all(batch);
+          done += n;
+        }
+      } finally {
+        await rl.close();
+      }
+      const s = (performance.now() - t0) / 1000;
+      process.stdout.write(`appended ${opts.count} receipts (seq ${start}..${start + opts.count - 1}) in ${s.toFixed(2)} s; log size ${start + opts.count}\n`);
+    });
+  log
+    .command('export')
+    .description('write receipts.jsonl, the checkpoints and provider.pub to a folder for auditors')
+    .requiredOption('--data <dir>', 'data directory')
+    .requiredOption('--out <dir>', 'folder to write (created if missing)')
+    .action(async (opts: { data: string; out: string }) => {
+      const { log: rl } = open(opts.data, { threads: 0 });
+      try {
+        const s = await exportLog(rl, opts.out);
+        process.stdout.write(`exported ${s.receipts} receipts and ${s.checkpoints} checkpoints to ${path.resolve(opts.out)}\n`);
+      } finally {
+        await rl.close();
+      }
+    });
+  return log;
+}

@@ -1,0 +1,42 @@
+// The seller-node command line: one Command per subcommand, each in its own module.
+import { Command, CommanderError } from 'commander';
+import { initCommand } from './init.ts';
+import { logCommand } from './log.ts';
+import { auditCommand } from './audit.ts';
+import { verifyCommand } from './verify.ts';
+import { CliError } from './cli-error.ts';
+
+export function buildProgram(): Command {
+  const program = new Command('seller-node')
+    .description('Sell inference into a decentralised marketplace, with signed receipts anyone can verify.')
+    .version(process.env.npm_package_version ?? '0.1.0', '-V, --version')
+    .showHelpAfterError('(run with --help for usage)')
+    .exitOverride()
+    .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });
+  for (const make of [initCommand, logCommand, auditCommand, verifyCommand]) program.addCommand(make());
+  return program;
+}
+
+/** Runs the CLI; returns the exit code. Errors go to stderr. */
+export async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  for (const c of program.commands) {
+    c.exitOverride();
+    for (const sub of c.commands) sub.exitOverride();
+  }
+  try {
+    await program.parseAsync(argv, { from: 'user' });
+    return typeof process.exitCode === 'number' ? process.exitCode : 0;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      // --help and --version end here too, with exit code 0.
+      return e.exitCode;
+    }
+    if (e instanceof CliError) {
+      process.stderr.write(`seller-node: ${e.message}\n`);
+      return e.exitCode;
+    }
+    process.stderr.write(`seller-node: ${(e as Error)?.message ?? String(e)}\n`);
+    return 1;
+  }
+}

@@ -1,0 +1,46 @@
+// Log export for auditors (design.md §Transparency log): a folder anyone can check offline.
+//   receipts.jsonl     one canonical envelope a line, in seq order
+//   checkpoint         the latest signed checkpoint (C2SP signed note)
+//   checkpoints/<size> every checkpoint, the latest included
+//   provider.pub       the provider's Ed25519 public key, hex (= provider id)
+import fs from 'node:fs';
+import path from 'node:path';
+import type { ReceiptLog } from './receipt-log.ts';
+
+export interface ExportSummary {
+  receipts: number;
+  checkpoints: number;
+  latestCheckpointSize: number;
+}
+
+export async function exportLog(log: ReceiptLog, outDir: string): Promise<ExportSummary> {
+  await log.flush();
+  log.checkpoint(); // the export's latest checkpoint covers every receipt in it
+  fs.mkdirSync(path.join(outDir, 'checkpoints'), { recursive: true });
+  const tmp = path.join(outDir, `.receipts.jsonl.${process.pid}.tmp`);
+  const fd = fs.openSync(tmp, 'w');
+  let receipts = 0;
+  try {
+    let buf: string[] = [];
+    for (const line of log.lines()) {
+      buf.push(line);
+      receipts++;
+      if (buf.length === 1024) {
+        fs.writeSync(fd, buf.join('\n') + '\n');
+        buf = [];
+      }
+    }
+    if (buf.length) fs.writeSync(fd, buf.join('\n') + '\n');
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+  fs.renameSync(tmp, path.join(outDir, 'receipts.jsonl'));
+  const cps = log.checkpoints().filter((c) => c.size <= receipts);
+  for (const cp of cps) fs.writeFileSync(path.join(outDir, 'checkpoints', String(cp.size)), cp.note);
+  const latest = cps.at(-1);
+  if (latest) fs.writeFileSync(path.join(outDir, 'checkpoint'), latest.note);
+  else fs.rmSync(path.join(outDir, 'checkpoint'), { force: true });
+  fs.writeFileSync(path.join(outDir, 'provider.pub'), log.providerId + '\n');
+  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0 };
+}

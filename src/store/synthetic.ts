@@ -1,0 +1,42 @@
+// Synthetic but well-formed receipt bodies, for `seller-node log fill`, tests and benchmarks.
+// Deterministic for a given index, so two fills of the same log produce the same bytes.
+import { toHex, utf8 } from '../../attestation/bytes.ts';
+import { sha256 } from '../../attestation/hash.ts';
+import { computeCost } from '../../attestation/money.ts';
+import type { ReceiptBody, ReceiptStatus } from '../../attestation/receipt.ts';
+
+export const SYNTHETIC_PRICE = { version: 'synthetic-1', rates: { input_per_mtok: '150000', output_per_mtok: '600000' } };
+const MODEL_SHA = toHex(sha256(utf8('synthetic model')));
+const STATUSES: ReceiptStatus[] = ['completed', 'completed', 'completed', 'completed', 'completed', 'completed', 'cancelled', 'failed'];
+
+export function syntheticReceiptBody(i: number, now = 1_767_225_600_000 + i * 250): ReceiptBody {
+  const h = sha256(utf8(`synthetic ${i}`));
+  const input = 16 + (h[0]! << 2);
+  const status = STATUSES[h[1]! & 7]!;
+  const output = status === 'failed' ? 0 : 1 + (h[2]! << 1);
+  const usage = { input_tokens: input, output_tokens: output };
+  const rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
+  const cost = computeCost(usage, rates);
+  const hold = cost + BigInt(h[3]! * 10);
+  return {
+    request_id: `req-${toHex(h.subarray(4, 16))}`,
+    ticket_id: `tkt-${toHex(h.subarray(16, 28))}`,
+    endpoint: 'chat/completions',
+    model: 'synthetic/tiny-llama',
+    model_sha256: MODEL_SHA,
+    runtime: { adapter: 'synthetic', version: '1' },
+    quantization: 'f32',
+    status,
+    started_at: now,
+    first_token_at: output > 0 ? now + 5 : null,
+    finished_at: now + 5 + output,
+    usage,
+    usage_runtime: { prompt_tokens: input, completion_tokens: output },
+    price: SYNTHETIC_PRICE,
+    cost_micro_usd: cost.toString(),
+    hold_micro_usd: hold.toString(),
+    request_sha256: toHex(sha256(utf8(`request ${i}`))),
+    response_sha256: toHex(sha256(utf8(`response ${i}`))),
+    attestation: { tier: 'T1', evidence_sha256: null },
+  };
+}
