@@ -90,7 +90,8 @@ export function fromBase64(s: string): Uint8Array | undefined {
 }
 
 const encoder = new TextEncoder();
-const decoder = new TextDecoder('utf-8', { fatal: true });
+// ignoreBOM keeps a leading U+FEFF in the text: signed bytes are never silently altered.
+const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 export function utf8(s: string): Uint8Array {
   return encoder.encode(s);

@@ -118,7 +118,7 @@ export class MerkleTree {
   /** MTH of the first `size` leaves. */
   root(size: number = this.size): Uint8Array {
     checkIndex('size', size, 0, this.size);
-    if (size === 0) return EMPTY_ROOT.slice(); const hs: Uint8Array[] = []; for (let i = 0; i < size; i++) hs.push(this.levels[0]!.at(i)); while (hs.length > 1) { const nx: Uint8Array[] = []; for (let i = 0; i + 1 < hs.length; i += 2) nx.push(nodeHash(hs[i]!, hs[i + 1]!)); if (hs.length % 2) nx.push(hs[hs.length - 1]!); hs.splice(0, hs.length, ...nx); } return hs[0]!.slice();
+    return size === 0 ? EMPTY_ROOT.slice() : this.rangeHash(0, size);
   }
 
   /** PATH(index, D[size]) of RFC 9162 §2.1.3.1, lowest sibling first. Requires index < size ≤ this.size. */

@@ -191,21 +191,11 @@ export function signNote(text: string, signers: NoteSigner[]): string {
   return out;
 }
 
-/**
- * Strict UTF-8 decoding that keeps a leading U+FEFF (TextDecoder, behind fromUtf8, drops it), so the
- * decoded text re-encodes to exactly the given bytes. Undefined on malformed input.
- */
-export function decodeUtf8Exact(bytes: Uint8Array): string | undefined {
-  const bom = bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
-  const s = fromUtf8(bom ? bytes.subarray(3) : bytes);
-  return s === undefined ? undefined : bom ? '\ufeff' + s : s;
-}
-
 /** Turns the input into a string after the size and UTF-8 checks, or gives the reason it cannot. */
 function decodeNoteInput(note: string | Uint8Array, maxBytes: number): { s: string } | { error: string } {
   if (note instanceof Uint8Array) {
     if (note.length > maxBytes) return { error: 'note too large' };
-    const s = decodeUtf8Exact(note);
+    const s = fromUtf8(note);
     if (s === undefined) return { error: 'note is not valid UTF-8' };
     return { s };
   }

@@ -13,10 +13,10 @@
 // self-contained: its inclusion under the signed checkpoint is what authenticates it. When the
 // caller supplies the leaf data and the bundle also carries extra data, the two must be equal.
 // No `node:` imports: the verifier runs in browsers.
-import { bytesEqual, fromBase64, toBase64 } from './bytes.ts';
+import { bytesEqual, fromBase64, fromUtf8, toBase64 } from './bytes.ts';
 import { verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import { leafHash, verifyInclusion } from './merkle.ts';
-import { decodeUtf8Exact, parseNote } from './note.ts';
+import { parseNote } from './note.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 
 export const TLOG_PROOF_HEADER = 'c2sp.org/tlog-proof@v1';
@@ -85,7 +85,7 @@ export function parseProofBundle(text: string | Uint8Array): VerifyResult<ProofB
   let s: string;
   if (text instanceof Uint8Array) {
     if (text.length > MAX_PROOF_BUNDLE_BYTES) return fail('bundle_malformed', 'proof too large');
-    const d = decodeUtf8Exact(text);
+    const d = fromUtf8(text);
     if (d === undefined) return fail('bundle_malformed', 'proof is not valid UTF-8');
     s = d;
   } else if (typeof text === 'string') {

@@ -1,0 +1,80 @@
+import { p256 } from '@noble/curves/nist.js';
+import { describe, expect, test } from 'vitest';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { pae, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
+import { ed25519PublicKey } from '../attestation/ed25519.ts';
+import { readVectorJson } from './helpers/vectors.ts';
+
+interface DsseVector {
+  payloadType: string;
+  serializedBody_utf8: string;
+  pae_hex: string;
+  key: { x_dec: string; y_dec: string };
+  envelope: { payload: string; payloadType: string; signatures: { sig: string }[] };
+}
+const v = readVectorJson<DsseVector>('dsse', 'dsse_protocol_vector.json');
+
+// Uncompressed SEC1 point from the spec's decimal coordinates.
+const coord = (d: string) => BigInt(d).toString(16).padStart(64, '0');
+const p256Key = Buffer.from('04' + coord(v.key.x_dec) + coord(v.key.y_dec), 'hex');
+const p256Verify = (sig: Uint8Array, msg: Uint8Array, pub: Uint8Array) => {
+  try {
+    return p256.verify(sig, msg, pub, { prehash: true, lowS: false });
+  } catch {
+    return false;
+  }
+};
+const specKey: DsseKey = { keyid: 'spec', publicKey: p256Key, verify: p256Verify };
+
+describe('DSSE protocol vector (ECDSA P-256)', () => {
+  test('PAE matches the spec byte for byte', () => {
+    expect(toHex(pae(v.payloadType, utf8(v.serializedBody_utf8)))).toBe(v.pae_hex);
+  });
+  test('the spec envelope verifies and yields the body', () => {
+    const r = verifyEnvelope(v.envelope, { payloadType: v.payloadType, keys: [specKey] });
+    expect(r.ok).toBe(true);
+    if (r.ok) expect(new TextDecoder().decode(r.value.payload)).toBe('hello world');
+  });
+  test('a changed body, type or signature fails', () => {
+    const body = { ...v.envelope, payload: Buffer.from('hello world!').toString('base64') };
+    expect(verifyEnvelope(body, { payloadType: v.payloadType, keys: [specKey] })).toMatchObject({ ok: false, error: { code: 'signature_invalid' } });
+    const sig = Buffer.from(v.envelope.signatures[0]!.sig, 'base64');
+    sig[5]! ^= 1;
+    const badSig = { ...v.envelope, signatures: [{ sig: sig.toString('base64') }] };
+    expect(verifyEnvelope(badSig, { payloadType: v.payloadType, keys: [specKey] })).toMatchObject({ ok: false, error: { code: 'signature_invalid' } });
+    expect(verifyEnvelope(v.envelope, { payloadType: 'http://example.com/Other', keys: [specKey] })).toMatchObject({ ok: false, error: { code: 'payload_type_mismatch' } });
+  });
+});
+
+describe('Ed25519 envelopes', () => {
+  const seed = new Uint8Array(32).fill(7);
+  const key = { keyid: 'k1', publicKey: ed25519PublicKey(seed) };
+  const env = signEnvelope('application/x-test', utf8('{"a":1}'), { keyid: 'k1', seed });
+
+  test('sign then verify; the serialised form is canonical JSON', () => {
+    expect(verifyEnvelope(env, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: true, value: { keyid: 'k1' } });
+    expect(serializeEnvelope(env)).toBe(`{"payload":"${env.payload}","payloadType":"application/x-test","signatures":[{"keyid":"k1","sig":"${env.signatures[0]!.sig}"}]}`);
+  });
+  test('signatures by unknown keys are ignored; none by a trusted key is unknown_key', () => {
+    const other = { keyid: 'k2', publicKey: ed25519PublicKey(new Uint8Array(32).fill(9)) };
+    expect(verifyEnvelope(env, { payloadType: 'application/x-test', keys: [other] })).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+    const extra = { ...env, signatures: [{ keyid: 'zz', sig: 'AAAA' }, ...env.signatures] };
+    expect(verifyEnvelope(extra, { payloadType: 'application/x-test', keys: [key] }).ok).toBe(true);
+  });
+  test('a trusted keyid whose signature fails is signature_invalid, even next to a good one', () => {
+    const bad = { ...env, signatures: [...env.signatures, { keyid: 'k1', sig: env.signatures[0]!.sig.replace(/^./, (c) => (c === 'A' ? 'B' : 'A')) }] };
+    expect(verifyEnvelope(bad, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: false, error: { code: 'signature_invalid' } });
+  });
+  test('non-canonical base64 is refused, not silently decoded', () => {
+    expect(verifyEnvelope({ ...env, payload: env.payload + '\n' }, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: false, error: { code: 'payload_not_base64' } });
+    expect(verifyEnvelope({ ...env, signatures: [{ keyid: 'k1', sig: env.signatures[0]!.sig.slice(0, -4) }] }, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: false, error: { code: 'signature_invalid' } });
+    expect(verifyEnvelope({ ...env, signatures: [{ keyid: 'k1', sig: '!!!!' }] }, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: false, error: { code: 'signature_malformed' } });
+  });
+  test('parseEnvelope names truncated JSON and wrong shapes', () => {
+    const text = serializeEnvelope(env);
+    expect(parseEnvelope(text.slice(0, -3))).toMatchObject({ ok: false, error: { code: 'envelope_not_json' } });
+    for (const bad of ['null', '[]', '"x"', '{}', '{"payloadType":"t","payload":"","signatures":[]}', '{"payloadType":1,"payload":"","signatures":[{"sig":""}]}', '{"payloadType":"t","payload":"","signatures":[{"sig":""}],"x":1}', '{"payloadType":"t","payload":"","signatures":[{"sig":"","keyid":5}]}']) {
+      expect(parseEnvelope(bad)).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    }
+  });
+});

@@ -1,0 +1,57 @@
+import { describe, expect, test } from 'vitest';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { sha256 } from '../attestation/hash.ts';
+import { verifyTicket } from '../attestation/ticket-verify.ts';
+import { signReceipt, signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+
+const market = testKey();
+const provider = testKey();
+const body = utf8('{"model":"tiny/llama"}');
+const keys = [{ publicKey: market.id }];
+
+const codeOf = (env: unknown, extra: Record<string, unknown> = {}) => {
+  const r = verifyTicket(env as never, { marketplaceKeys: keys, provider: provider.id, body, ...extra });
+  return r.ok ? 'ok' : r.error.code;
+};
+
+describe('verifyTicket', () => {
+  test('a fresh ticket for this provider and body verifies', () => {
+    const p = ticketPayload(provider.id);
+    const r = verifyTicket(signTicket(market, p), { marketplaceKeys: keys, provider: provider.id, body });
+    expect(r).toMatchObject({ ok: true, value: { payload: p, keyid: market.id } });
+    // The body may be given as its SHA-256 too.
+    expect(codeOf(signTicket(market, p), { body: toHex(sha256(body)) })).toBe('ok');
+  });
+  test('forged: signed by someone else', () => expect(codeOf(signTicket(testKey(), ticketPayload(provider.id)))).toBe('unknown_key'));
+  test('forged: keyid of the marketplace, signature of someone else', () => {
+    const env = signTicket(testKey(), ticketPayload(provider.id));
+    env.signatures[0]!.keyid = market.id;
+    expect(codeOf(env)).toBe('signature_invalid');
+  });
+  test('expired, with skew', () => {
+    const now = Date.now();
+    const p = ticketPayload(provider.id, { issued_at: now - 120_000, expires_at: now - 31_000 });
+    expect(codeOf(signTicket(market, p))).toBe('ticket_expired');
+    expect(codeOf(signTicket(market, { ...p, expires_at: now - 29_000 }))).toBe('ok');
+    expect(codeOf(signTicket(market, { ...p, expires_at: now - 1000 }), { skewMs: 0 })).toBe('ticket_expired');
+  });
+  test('not yet valid', () => {
+    const now = Date.now();
+    expect(codeOf(signTicket(market, ticketPayload(provider.id, { issued_at: now + 60_000, expires_at: now + 120_000 })))).toBe('ticket_not_yet_valid');
+  });
+  test('wrong provider', () => expect(codeOf(signTicket(market, ticketPayload(testKey().id)))).toBe('ticket_wrong_provider'));
+  test('wrong body', () => expect(codeOf(signTicket(market, ticketPayload(provider.id)), { body: utf8('{"model":"other"}') })).toBe('ticket_body_mismatch'));
+  test('a receipt is not a ticket', () => expect(codeOf(signReceipt(market, { any: 1 }))).toBe('payload_type_mismatch'));
+  test('bad fields are named', () => {
+    const r = verifyTicket(signTicket(market, { ...ticketPayload(provider.id), routing: { max_wait_ms: 60001 } }), { marketplaceKeys: keys });
+    expect(r).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'routing.max_wait_ms' } });
+    const r2 = verifyTicket(signTicket(market, { ...ticketPayload(provider.id), max_cost_micro_usd: 5 }), { marketplaceKeys: keys });
+    expect(r2).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'max_cost_micro_usd' } });
+    const r3 = verifyTicket(signTicket(market, { ...ticketPayload(provider.id), routing: { min_tokens_per_second: 0 } }), { marketplaceKeys: keys });
+    expect(r3).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'routing.min_tokens_per_second' } });
+  });
+  test('garbage never throws', () => {
+    for (const g of ['', 'null', '{"payloadType":"x"}', '[1,2]']) expect(codeOf(g)).toMatch(/envelope_/);
+    expect(verifyTicket('x', { marketplaceKeys: [{ publicKey: 'nothex' }] })).toMatchObject({ ok: false });
+  });
+});
