@@ -95,6 +95,7 @@ let metafile: esbuild.Metafile;
 let input: PageInput;
 let rootHashB64: string;
 let provenSeq: string;
+const served: string[] = [];
 
 beforeAll(async () => {
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-browser-'));
@@ -174,7 +175,9 @@ beforeAll(async () => {
     proofHashChanged: bundleLines.map((l, i) => (i === firstHash ? toBase64(fromBase64(l)!.map((b, j) => (j === 0 ? b ^ 1 : b))) : l)).join('\n'),
     wrongIndex: bundle.replace(`\nindex ${PROVEN_INDEX}\n`, `\nindex ${PROVEN_INDEX - 1}\n`),
     otherReceiptAsExtra: bundle.replace(/\nextra [^\n]+\n/, `\nextra ${toBase64(utf8(lines[PROVEN_INDEX - 1]!))}\n`),
-    checkpointSignatureChanged: bundle.replace(/(\u2014 \S+ )(\S)/, (_m, a: string, c: string) => a + (c === 'A' ? 'B' : 'A')),
+    // The note signature is base64(keyID[4] || sig[64]): char 0 lies in the key ID, char 20 in the signature.
+    checkpointKeyIdChanged: bundle.replace(/(\u2014 \S+ )(\S)/, (_m, a: string, c: string) => a + (c === 'A' ? 'B' : 'A')),
+    checkpointSignatureChanged: bundle.replace(/(\u2014 \S+ \S{20})(\S)/, (_m, a: string, c: string) => a + (c === 'A' ? 'B' : 'A')),
   };
 
   const otherSeed = globalThis.crypto.getRandomValues(new Uint8Array(32));
@@ -185,9 +188,10 @@ beforeAll(async () => {
 
   // 3. A local page that loads the bundle as an ES module, served from 127.0.0.1 only.
   const html =
-    '<!doctype html><meta charset="utf-8"><title>verifier</title>' +
+    '<!doctype html><meta charset="utf-8"><title>verifier</title><link rel="icon" href="data:,"><script>globalThis.process={};globalThis.Buffer=function(){}</script>' +
     '<script type="module">import * as V from "/verifier.js"; globalThis.__verifier = V; globalThis.__verifierLoaded = true;</script>';
   server = http.createServer((req, res) => {
+    served.push(req.url ?? '');
     if (req.url === '/') {
       res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' }).end(html);
     } else if (req.url === '/verifier.js') {
@@ -375,11 +379,12 @@ describe('seller-node/verifier in a browser', () => {
     // The self-contained proof bundle, with and without a pinned provider.
     expect(out.proof).toEqual({ ok: true, index: PROVEN_INDEX, seq: provenSeq, checkpointSize: RECEIPTS, checkpointRoot: rootHashB64 });
     expect(out.proofPinned).toEqual({ ok: true });
-    expect(out.proofWrongProvider).toEqual({ ok: false, code: 'checkpoint_origin_mismatch' });
+    expect(out.proofWrongProvider).toEqual({ ok: false, code: 'note_no_known_signature' }); // no signature by that provider's key
     expect(out.tamperedBundles).toEqual({
       proofHashChanged: { ok: false, code: 'proof_root_mismatch' },
       wrongIndex: { ok: false, code: 'proof_root_mismatch' },
       otherReceiptAsExtra: { ok: false, code: 'proof_root_mismatch' },
+      checkpointKeyIdChanged: { ok: false, code: 'note_no_known_signature' },
       checkpointSignatureChanged: { ok: false, code: 'signature_invalid' },
     });
 
@@ -405,6 +410,7 @@ describe('seller-node/verifier in a browser', () => {
 
     expect(pageErrors).toEqual([]);
     expect(foreignRequests).toEqual([]);
+    expect(served).toEqual(['/', '/verifier.js']);
     expect(elapsedMs).toBeLessThan(30_000);
   }, 60_000);
 });

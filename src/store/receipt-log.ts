@@ -102,6 +102,7 @@ export class ReceiptLog {
   private broken: Error | undefined;
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
+  private commits = 0;
   private readonly insert: Database.Statement;
   private readonly insertCheckpoint: Database.Statement;
 
@@ -159,6 +160,11 @@ export class ReceiptLog {
   /** Receipts durably in the log. */
   get size(): number {
     return this.tree.size;
+  }
+
+  /** Counters for metrics: durable receipts, transactions (fsyncs) that wrote them, worker fallbacks. */
+  stats(): { receipts: number; commits: number; signerFallbacks: number; lastCheckpointSize: number } {
+    return { receipts: this.tree.size, commits: this.commits, signerFallbacks: this.pool.fallbacks, lastCheckpointSize: this.lastCheckpointSize };
   }
 
   /** Receipts accepted but not yet durable. */
@@ -228,6 +234,7 @@ export class ReceiptLog {
         this.db.transaction(() => {
           batch.forEach((p, i) => this.insert.run(p.seq, p.payload.request_id, p.bytes, signed.signatures[i]!, signed.leafHashes[i]!));
         })();
+        this.commits++;
       } catch (e) {
         // The seqs of this batch are taken and the chain runs through them: stop rather than fork.
         this.broken = new ReceiptLogError('log_failed', `receipt log write failed: ${(e as Error).message}`);

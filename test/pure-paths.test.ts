@@ -1,0 +1,51 @@
+// The browser paths, exercised in Node: no Buffer, no node:crypto. Every answer must equal the
+// native one (computed here with Node directly).
+import crypto from 'node:crypto';
+import { beforeAll, describe, expect, test } from 'vitest';
+
+const NodeBuffer = Buffer;
+let bytes: typeof import('../attestation/bytes.ts');
+let hash: typeof import('../attestation/hash.ts');
+let ed: typeof import('../attestation/ed25519.ts');
+
+beforeAll(async () => {
+  const platform = await import('../attestation/platform.ts');
+  platform.disableNativeCrypto();
+  (globalThis as { Buffer?: unknown }).Buffer = undefined;
+  try {
+    bytes = await import('../attestation/bytes.ts');
+    hash = await import('../attestation/hash.ts');
+    ed = await import('../attestation/ed25519.ts');
+  } finally {
+    (globalThis as { Buffer?: unknown }).Buffer = NodeBuffer;
+  }
+});
+
+describe('pure TypeScript paths give the native answers', () => {
+  test('base64 and hex', () => {
+    for (let n = 0; n < 40; n++) {
+      const b = new Uint8Array(crypto.randomBytes(n));
+      const s = bytes.toBase64(b);
+      expect(s).toBe(NodeBuffer.from(b).toString('base64'));
+      expect(bytes.fromBase64(s)).toEqual(b);
+      expect(bytes.toHex(b)).toBe(NodeBuffer.from(b).toString('hex'));
+    }
+    for (const bad of ['QQ', 'QQ=', 'QR==', 'QUJ=', 'Q Q==', 'QQ==\n', '-_8=', 'QQ==QQ==', '====', 'A===']) expect(bytes.fromBase64(bad), bad).toBeUndefined();
+  });
+  test('sha256 and sha512 (noble)', () => {
+    const d = new Uint8Array(crypto.randomBytes(1000));
+    expect(NodeBuffer.from(hash.sha256(d)).toString('hex')).toBe(crypto.createHash('sha256').update(d).digest('hex'));
+    expect(NodeBuffer.from(hash.sha512(d)).toString('hex')).toBe(crypto.createHash('sha512').update(d).digest('hex'));
+  });
+  test('Ed25519 sign and verify (noble) match node:crypto', () => {
+    const { privateKey, publicKey } = crypto.generateKeyPairSync('ed25519');
+    const seed = new Uint8Array(privateKey.export({ format: 'der', type: 'pkcs8' }).subarray(-32));
+    const pub = new Uint8Array(publicKey.export({ format: 'der', type: 'spki' }).subarray(-32));
+    const msg = new Uint8Array(crypto.randomBytes(100));
+    const sig = ed.ed25519Sign(seed, msg);
+    expect(NodeBuffer.from(sig).equals(crypto.sign(null, msg, privateKey))).toBe(true);
+    expect(ed.ed25519Verify(sig, msg, pub)).toBe(true);
+    sig[0]! ^= 1;
+    expect(ed.ed25519Verify(sig, msg, pub)).toBe(false);
+  });
+});

@@ -1,0 +1,173 @@
+import { spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { afterEach, describe, expect, test } from 'vitest';
+import { toHex } from '../attestation/bytes.ts';
+import { verifyCheckpoint, receiptLogOrigin } from '../attestation/checkpoint.ts';
+import { verifyLog } from '../attestation/log-verify.ts';
+import { verifyConsistency, verifyInclusion, leafHash } from '../attestation/merkle.ts';
+import { ed25519PublicKey } from '../attestation/ed25519.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { ReceiptLog, ReceiptLogError } from '../src/store/receipt-log.ts';
+import { syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { utf8 } from '../attestation/bytes.ts';
+import { REPO_ROOT } from './helpers/vectors.ts';
+
+const dirs: string[] = [];
+const open: ReceiptLog[] = [];
+afterEach(async () => {
+  for (const l of open.splice(0)) await l.close();
+  for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
+});
+function tmp(): string {
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), 'rlog-'));
+  dirs.push(d);
+  return d;
+}
+function openLog(file: string, seed: Uint8Array, extra: Partial<Parameters<typeof ReceiptLog.open>[0]> = {}): ReceiptLog {
+  const l = ReceiptLog.open({ path: file, seed, checkpointIntervalMs: 0, ...extra });
+  open.push(l);
+  return l;
+}
+const seed = () => new Uint8Array(crypto.randomBytes(32));
+
+describe('ReceiptLog', () => {
+  test('many requests finishing at once get seqs in call order and one valid chain', async () => {
+    const s = seed();
+    const log = openLog(path.join(tmp(), 'r.db'), s, { checkpointEvery: 100 });
+    const results = await Promise.all(Array.from({ length: 700 }, (_, i) => log.append(syntheticReceiptBody(i))));
+    expect(results.map((r) => r.seq)).toEqual(Array.from({ length: 700 }, (_, i) => String(i)));
+    results.forEach((r, i) => expect(r.payload.request_id).toBe(syntheticReceiptBody(i).request_id));
+    // Group commit: far fewer transactions than receipts.
+    expect(log.stats().commits).toBeLessThan(20);
+    expect(log.stats().signerFallbacks).toBe(0);
+    const v = verifyLog({ provider: log.providerId, receipts: [...log.lines()], checkpoints: log.checkpoints().map((c) => c.note) });
+    expect(v).toMatchObject({ ok: true, value: { receipts: 700 } });
+    expect(log.checkpoints().length).toBeGreaterThanOrEqual(1);
+  });
+
+  test('each append resolves with the envelope that is on disk, verifiable on its own', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log = openLog(file, s);
+    const r = await log.append(syntheticReceiptBody(0));
+    expect(verifyReceipt(r.line, { provider: log.providerId }).ok).toBe(true);
+    // Another connection (another process would see the same) reads it back.
+    const db = new Database(file, { readonly: true });
+    expect(db.prepare('SELECT count(*) AS n FROM receipts').get()).toEqual({ n: 1 });
+    db.close();
+    expect(log.lineBySeq(0)).toBe(r.line);
+    expect(log.byRequestId(r.payload.request_id)).toEqual([{ seq: 0, line: r.line }]);
+    expect(log.byRequestId('nope')).toEqual([]);
+  });
+
+  test('in-process and worker signing produce identical bytes', async () => {
+    const s = seed();
+    const a = openLog(path.join(tmp(), 'a.db'), s, { threads: 0 });
+    const b = openLog(path.join(tmp(), 'b.db'), s, { threads: 2 });
+    const ra = await Promise.all([0, 1, 2, 3].map((i) => a.append(syntheticReceiptBody(i))));
+    const rb = await Promise.all([0, 1, 2, 3].map((i) => b.append(syntheticReceiptBody(i))));
+    expect(rb.map((r) => r.line)).toEqual(ra.map((r) => r.line));
+    expect(toHex(a.root())).toBe(toHex(b.root()));
+  });
+
+  test('an invalid body is refused with the field named, and takes no seq', async () => {
+    const log = openLog(path.join(tmp(), 'r.db'), seed());
+    const bad = { ...syntheticReceiptBody(0), usage: { input_tokens: -1, output_tokens: 0 } };
+    await expect(log.append(bad)).rejects.toMatchObject({ code: 'receipt_invalid', field: 'usage.input_tokens' });
+    const overCharged = { ...syntheticReceiptBody(0), cost_micro_usd: '999999999' };
+    await expect(log.append(overCharged)).rejects.toMatchObject({ code: 'receipt_invalid', field: 'cost_micro_usd' });
+    const overHold = { ...syntheticReceiptBody(0), hold_micro_usd: '0' };
+    await expect(log.append(overHold)).rejects.toMatchObject({ code: 'receipt_invalid' });
+    const ok = await log.append(syntheticReceiptBody(1));
+    expect(ok.seq).toBe('0');
+  });
+
+  test('restart continues the seq and the chain; checkpoints stay consistent', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log1 = ReceiptLog.open({ path: file, seed: s, checkpointIntervalMs: 0, checkpointEvery: 10 });
+    await Promise.all(Array.from({ length: 25 }, (_, i) => log1.append(syntheticReceiptBody(i))));
+    const root25 = log1.root();
+    await log1.close(); // signs a final checkpoint at 25
+    const log2 = openLog(file, s, { checkpointEvery: 10 });
+    expect(log2.size).toBe(25);
+    const r = await log2.append(syntheticReceiptBody(25));
+    expect(r.seq).toBe('25');
+    await Promise.all(Array.from({ length: 10 }, (_, i) => log2.append(syntheticReceiptBody(26 + i))));
+    // 11 new receipts ≥ checkpointEvery: a checkpoint was signed on its own; nothing is left to sign.
+    expect(log2.latestCheckpoint()?.size).toBe(36);
+    expect(log2.checkpoint()).toBeUndefined();
+    const cps = log2.checkpoints();
+    expect(cps.map((c) => c.size)).toContain(25);
+    const origin = receiptLogOrigin(log2.providerId);
+    const key = { name: origin, origin, publicKey: ed25519PublicKey(s) };
+    const parsed = cps.map((c) => verifyCheckpoint(c.note, key));
+    for (const p of parsed) expect(p.ok).toBe(true);
+    const first = parsed.find((p) => p.ok && p.value.size === 25)!;
+    const last = parsed.at(-1)!;
+    if (!first.ok || !last.ok) throw new Error('unreachable');
+    expect(toHex(first.value.rootHash)).toBe(toHex(root25));
+    expect(verifyConsistency(25, last.value.size, log2.consistencyProof(25, last.value.size), first.value.rootHash, last.value.rootHash).ok).toBe(true);
+    expect(verifyInclusion(3, last.value.size, leafHash(utf8(log2.lineBySeq(3)!)), log2.inclusionProof(3, last.value.size), last.value.rootHash).ok).toBe(true);
+    expect(verifyLog({ provider: log2.providerId, receipts: [...log2.lines()], checkpoints: cps.map((c) => c.note) }).ok).toBe(true);
+  });
+
+  test('a log refuses a different key, and a tampered store', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log = ReceiptLog.open({ path: file, seed: s, checkpointIntervalMs: 0, threads: 0 });
+    await Promise.all([0, 1, 2].map((i) => log.append(syntheticReceiptBody(i))));
+    await log.close();
+    expect(() => ReceiptLog.open({ path: file, seed: seed(), threads: 0 })).toThrow(expect.objectContaining({ code: 'log_wrong_key' }));
+    const db = new Database(file);
+    db.prepare('UPDATE receipts SET leaf = ? WHERE seq = 1').run(Buffer.alloc(32, 1));
+    db.close();
+    expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0 })).toThrow(expect.objectContaining({ code: 'log_corrupt' }));
+    const db2 = new Database(file);
+    db2.prepare('DELETE FROM receipts WHERE seq = 1').run();
+    db2.close();
+    expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0 })).toThrow(ReceiptLogError);
+  });
+
+  test('a closed log refuses appends; close flushes what was pending', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log = ReceiptLog.open({ path: file, seed: s, checkpointIntervalMs: 0 });
+    const pending = Array.from({ length: 50 }, (_, i) => log.append(syntheticReceiptBody(i)));
+    await log.close();
+    expect((await Promise.all(pending)).length).toBe(50);
+    await expect(log.append(syntheticReceiptBody(50))).rejects.toMatchObject({ code: 'log_closed' });
+    const again = openLog(file, s);
+    expect(again.size).toBe(50);
+    expect(again.latestCheckpoint()?.size).toBe(50);
+  });
+
+  test('a receipt whose append resolved survives SIGKILL, and the log reopens whole', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'test/helpers/crash-appender.ts'), file, toHex(s)], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const acked: number[] = [];
+    let buf = '';
+    await new Promise<void>((resolve) => {
+      child.stdout.on('data', (d: Buffer) => {
+        buf += d.toString();
+        const lines = buf.split('\n');
+        buf = lines.pop()!;
+        for (const l of lines) acked.push(Number(l));
+        if (acked.length >= 2000) {
+          child.kill('SIGKILL');
+          resolve();
+        }
+      });
+    });
+    await new Promise((r) => child.on('exit', r));
+    const log = openLog(file, s);
+    expect(log.size).toBeGreaterThanOrEqual(Math.max(...acked) + 1);
+    const v = verifyLog({ provider: log.providerId, receipts: [...log.lines()], checkpoints: log.checkpoints().map((c) => c.note) });
+    expect(v.ok).toBe(true);
+  });
+});
