@@ -94,6 +94,10 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 export function utf8(s: string): Uint8Array {
+  if (NodeBuffer) {
+    const b = NodeBuffer.from(s, 'utf8');
+    return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+  }
   return encoder.encode(s);
 }
 

@@ -10,11 +10,13 @@ export class CanonicalJsonError extends Error {
   override name = 'CanonicalJsonError';
 }
 
-// A lone surrogate cannot be represented in UTF-8: RFC 8785 §3.2.2.2 refuses it.
+// A lone surrogate cannot be represented in UTF-8: RFC 8785 §3.2.2.2 refuses it. The cheap class
+// test rules out almost every string before the precise one runs.
+const ANY_SURROGATE = /[\uD800-\uDFFF]/;
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
 function str(s: string): string {
-  if (LONE_SURROGATE.test(s)) throw new CanonicalJsonError('string holds a lone surrogate');
+  if (ANY_SURROGATE.test(s) && LONE_SURROGATE.test(s)) throw new CanonicalJsonError('string holds a lone surrogate');
   return JSON.stringify(s);
 }
 
@@ -60,9 +62,71 @@ function serialise(value: unknown, depth: number): string {
   }
 }
 
+/**
+ * True when JSON.stringify already writes the canonical form: every object's own keys come in
+ * sorted order (JSON.stringify keeps insertion order; integer-like keys always enumerate first, so
+ * such objects usually fail this and take the slow path). Throws on anything JCS refuses, exactly
+ * where serialise would.
+ */
+function alreadySorted(value: unknown, depth: number): boolean {
+  if (depth > 128) throw new CanonicalJsonError('nesting deeper than 128 levels');
+  switch (typeof value) {
+    case 'string':
+      if (ANY_SURROGATE.test(value) && LONE_SURROGATE.test(value)) throw new CanonicalJsonError('string holds a lone surrogate');
+      return true;
+    case 'number':
+      if (!Number.isFinite(value)) throw new CanonicalJsonError(`number ${value} has no JSON form`);
+      return true;
+    case 'boolean':
+      return true;
+    case 'object': {
+      if (value === null) return true;
+      if (Array.isArray(value)) {
+        let sorted = true;
+        for (let i = 0; i < value.length; i++) {
+          if (value[i] === undefined) throw new CanonicalJsonError('cannot canonicalise undefined');
+          if (!alreadySorted(value[i], depth + 1)) sorted = false;
+        }
+        return sorted;
+      }
+      const proto = Object.getPrototypeOf(value);
+      if (proto !== Object.prototype && proto !== null) {
+        throw new CanonicalJsonError(`cannot canonicalise a ${proto?.constructor?.name ?? 'non-plain'} object`);
+      }
+      const obj = value as Record<string, unknown>;
+      const keys = Object.keys(obj);
+      let sorted = true;
+      for (let i = 0; i < keys.length; i++) {
+        const k = keys[i]!;
+        if (i > 0 && !(keys[i - 1]! < k)) sorted = false;
+        if (ANY_SURROGATE.test(k) && LONE_SURROGATE.test(k)) throw new CanonicalJsonError('key holds a lone surrogate');
+        const v = obj[k];
+        if (v !== undefined && !alreadySorted(v, depth + 1)) sorted = false;
+      }
+      return sorted;
+    }
+    default:
+      throw new CanonicalJsonError(`cannot canonicalise a ${typeof value}`);
+  }
+}
+
 /** The RFC 8785 canonical form of a JSON value, as a string. Throws CanonicalJsonError. */
 export function canonicalize(value: unknown): string {
-  return serialise(value, 0);
+  // Build objects with sorted keys (see sortKeys) and this is one walk plus native JSON.stringify.
+  return alreadySorted(value, 0) ? JSON.stringify(value) : serialise(value, 0);
+}
+
+/**
+ * A copy of a JSON value whose objects insert their keys in sorted order, so that canonicalize
+ * takes its fast path. Values are shared, not cloned, where nothing needs reordering.
+ */
+export function sortKeys<T>(value: T): T {
+  if (value === null || typeof value !== 'object') return value;
+  if (Array.isArray(value)) return value.map((v) => sortKeys(v)) as T;
+  const obj = value as Record<string, unknown>;
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(obj).sort()) out[k] = sortKeys(obj[k]);
+  return out as T;
 }
 
 /** The RFC 8785 canonical form as UTF-8 bytes. */
@@ -84,7 +148,8 @@ export function parseCanonical(text: string): { value: unknown; canonical: boole
   }
   let canonical: boolean;
   try {
-    canonical = serialise(value, 0) === text;
+    // JSON.parse inserts keys in text order, so canonical text always takes the fast path.
+    canonical = (alreadySorted(value, 0) ? JSON.stringify(value) : serialise(value, 0)) === text;
   } catch {
     canonical = false;
   }

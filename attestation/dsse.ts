@@ -25,10 +25,16 @@ export interface DsseKey {
 
 const PAE_PREFIX = 'DSSEv1 ';
 
+const typeLengths = new Map<string, number>();
+
 /** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. */
 export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
-  const type = utf8(payloadType);
-  const head = utf8(`${PAE_PREFIX}${type.length} ${payloadType} ${payload.length} `);
+  let typeLen = typeLengths.get(payloadType);
+  if (typeLen === undefined) {
+    typeLen = utf8(payloadType).length;
+    if (typeLengths.size < 64) typeLengths.set(payloadType, typeLen);
+  }
+  const head = utf8(`${PAE_PREFIX}${typeLen} ${payloadType} ${payload.length} `);
   const out = new Uint8Array(head.length + payload.length);
   out.set(head);
   out.set(payload, head.length);
@@ -38,7 +44,8 @@ export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
 /** Signs payload bytes with an Ed25519 seed. */
 export function signEnvelope(payloadType: string, payload: Uint8Array, signer: { keyid: string; seed: Uint8Array }): DsseEnvelope {
   const sig = ed25519Sign(signer.seed, pae(payloadType, payload));
-  return { payloadType, payload: toBase64(payload), signatures: [{ keyid: signer.keyid, sig: toBase64(sig) }] };
+  // Keys in canonical order, so serializeEnvelope takes canonicalize's fast path.
+  return { payload: toBase64(payload), payloadType, signatures: [{ keyid: signer.keyid, sig: toBase64(sig) }] };
 }
 
 /** Checks the envelope's shape (from parsed JSON). Unknown top-level fields are refused. */

@@ -18,9 +18,15 @@ export function object(v: unknown, field: string): Obj {
   return v as Obj;
 }
 
-/** Refuses keys outside `allowed` and requires every key of `required`. */
+/** Requires every key of `required` and refuses keys that are neither required nor optional. */
 export function keys(o: Obj, field: string, required: readonly string[], optional: readonly string[] = []): void {
-  for (const k of required) if (!(k in o)) throw new FieldError(join(field, k), 'missing');
+  let present = 0;
+  for (const k of required) {
+    if (!Object.hasOwn(o, k)) throw new FieldError(join(field, k), 'missing');
+    present++;
+  }
+  for (const k of optional) if (Object.hasOwn(o, k)) present++;
+  if (Object.keys(o).length === present) return;
   for (const k of Object.keys(o)) {
     if (!required.includes(k) && !optional.includes(k)) throw new FieldError(join(field, k), 'unknown field');
   }

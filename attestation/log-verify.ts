@@ -8,7 +8,7 @@ import type { DsseEnvelope } from './dsse.ts';
 import { MerkleTree, verifyConsistency } from './merkle.ts';
 import { GENESIS_PREV } from './receipt.ts';
 import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
-import { verifyReceipt, withSeq } from './receipt-verify.ts';
+import { peekSeq, verifyReceipt, withSeq } from './receipt-verify.ts';
 
 /** What the chain needs to know of one verified receipt. */
 export interface ChainLink {
@@ -74,10 +74,27 @@ export class ReceiptChain {
     return ok(undefined);
   }
 
-  /** Records an error found outside the chain (a receipt that did not verify). */
+  /** Records an error found in the chain itself; the first one sticks. */
   stop(r: { ok: false; error: VerifyError }): { ok: false; error: VerifyError } {
     this.failed ??= r.error;
     return { ok: false, error: this.failed };
+  }
+
+  /**
+   * Records a receipt that did not verify on its own (seq as it claims, if readable). Past a gap
+   * the gap is the first fault, so the scan goes on only to tell "missing" from "reordered".
+   */
+  reject(error: VerifyError, claimedSeq?: string): VerifyResult {
+    if (this.missing && !this.failed) {
+      if (claimedSeq !== undefined && BigInt(claimedSeq) === this.missing.seq) this.missing.foundLater = true;
+      return ok(undefined);
+    }
+    return this.stop({ ok: false, error: withSeq(error, claimedSeq) });
+  }
+
+  /** True once nothing later can change the outcome. */
+  get stopped(): boolean {
+    return this.failed !== undefined;
   }
 
   /** Ends the log: reports a gap or reorder, then checks the checkpoints against the tree. */
@@ -107,8 +124,8 @@ export class ReceiptChain {
 
 /**
  * Checks signed checkpoints against the log's own tree: each is signed by the provider under its
- * receipt-log origin, no two disagree on the root of one size (a fork), each root is the tree's
- * root at that size, and successive checkpoints are consistent. Returns them sorted by size.
+ * receipt-log origin, no two disagree on the root of one size (a fork), and each root is the
+ * tree's root at that size. Returns them sorted by size.
  */
 export function checkCheckpoints(notes: readonly string[], provider: string, tree: MerkleTree): VerifyResult<VerifiedCheckpoint[]> {
   const origin = receiptLogOrigin(provider);
@@ -133,14 +150,7 @@ export function checkCheckpoints(notes: readonly string[], provider: string, tre
       return fail('checkpoint_root_mismatch', `checkpoint of size ${cp.size} does not match the receipts`);
     }
   }
-  for (let i = 1; i < verified.length; i++) {
-    const a = verified[i - 1]!;
-    const b = verified[i]!;
-    // A size-0 checkpoint has nothing to be consistent about (its root was checked above).
-    if (a.size === 0) continue;
-    const c = verifyConsistency(a.size, b.size, tree.consistencyProof(a.size, b.size), a.rootHash, b.rootHash);
-    if (!c.ok) return fail('checkpoint_inconsistent', `checkpoints of size ${a.size} and ${b.size} are not consistent`);
-  }
+  // Every checkpoint matches the one tree, so they are pairwise consistent: nothing more to prove.
   return ok(verified);
 }
 
@@ -164,13 +174,9 @@ export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
   const chain = new ReceiptChain();
   let n = 0;
   for (const env of input.receipts) {
-    const r = verifyReceipt(env, { provider: input.provider, chain: true });
-    if (!r.ok) {
-      const seq = typeof r.error.seq === 'string' ? r.error.seq : undefined;
-      return chain.stop({ ok: false, error: withSeq({ ...r.error, message: `receipt #${n + 1}: ${r.error.message}` }, seq) });
-    }
     n++;
-    const added = chain.add(linkOf(r.value));
+    const r = verifyReceipt(env, { provider: input.provider, chain: true });
+    const added = r.ok ? chain.add(linkOf(r.value)) : chain.reject({ ...r.error, message: `receipt #${n}: ${r.error.message}` }, r.error.seq ?? peekSeq(env));
     if (!added.ok) return added;
   }
   if (n === 0 && (input.checkpoints?.length ?? 0) === 0) return fail('log_empty', 'the log holds no receipts');
@@ -187,4 +193,26 @@ export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd
     holdMicroUsd: BigInt(v.payload.hold_micro_usd),
     status: v.payload.status,
   };
+}
+
+/**
+ * Checks that a newer checkpoint extends an older one, given a consistency proof (from the node's
+ * /service/log protocol): what a buyer or the marketplace keeps doing to be sure the node never
+ * rewrites its log. Both must be signed by the provider under its receipt-log origin.
+ */
+export function verifyCheckpointConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {
+  const origin = receiptLogOrigin(provider);
+  const key = { name: origin, origin, publicKey: hexKey(provider) };
+  const a = verifyCheckpoint(older, key);
+  if (!a.ok) return a;
+  const b = verifyCheckpoint(newer, key);
+  if (!b.ok) return b;
+  if (a.value.size > b.value.size) return fail('checkpoint_inconsistent', `the older checkpoint (${a.value.size}) is larger than the newer (${b.value.size})`);
+  if (a.value.size === b.value.size) {
+    return bytesEqual(a.value.rootHash, b.value.rootHash) ? ok({ older: a.value, newer: b.value }) : fail('checkpoint_fork', `two checkpoints of size ${a.value.size} sign different roots`);
+  }
+  if (a.value.size === 0) return ok({ older: a.value, newer: b.value });
+  const c = verifyConsistency(a.value.size, b.value.size, proof, a.value.rootHash, b.value.rootHash);
+  if (!c.ok) return fail('checkpoint_inconsistent', `checkpoints of size ${a.value.size} and ${b.value.size} are not consistent: ${c.error.message}`);
+  return ok({ older: a.value, newer: b.value });
 }

@@ -23,7 +23,10 @@ export interface VerifiedReceipt {
 export interface ReceiptVerifyOptions {
   /** The provider id (hex of its Ed25519 public key) or the key itself. */
   provider: string | Uint8Array;
-  /** Also compute payloadSha256 and leafHash, for checking a chain or a log. */
+  /**
+   * Also compute payloadSha256 and leafHash, for checking a chain or a log. A log line (JSON text)
+   * must then be the envelope's canonical serialisation, because its bytes are the Merkle leaf.
+   */
   chain?: boolean;
 }
 
@@ -72,8 +75,12 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   }
   const out: VerifiedReceipt = { payload, payloadBytes, envelope: env };
   if (opts.chain) {
+    const line = serializeEnvelope(env);
+    if (typeof envelope === 'string' && envelope !== line) {
+      return fail('envelope_not_canonical', 'the line is not the canonical JSON of its envelope (the bytes the Merkle leaf commits to)', { seq });
+    }
     out.payloadSha256 = toHex(sha256(payloadBytes));
-    out.leafHash = leafHash(utf8(serializeEnvelope(env)));
+    out.leafHash = leafHash(utf8(line));
   }
   return ok(out);
 }

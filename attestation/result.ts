@@ -6,6 +6,7 @@ export type VerifyErrorCode =
   // envelopes and payloads
   | 'envelope_not_json'
   | 'envelope_malformed'
+  | 'envelope_not_canonical'
   | 'payload_type_mismatch'
   | 'payload_not_base64'
   | 'payload_not_json'

@@ -28,8 +28,8 @@ export function signBatch(seed: Uint8Array, task: SignBatchTask): Uint8Array {
     off += len;
     const sig = ed25519Sign(seed, pae(task.payloadType, payload));
     const line = serializeEnvelope({
-      payloadType: task.payloadType,
       payload: toBase64(payload),
+      payloadType: task.payloadType,
       signatures: [{ keyid: task.keyid, sig: toBase64(sig) }],
     });
     out.set(sig, i * SIGNED_ITEM_BYTES);

@@ -3,4 +3,3 @@ export { ReceiptLog, ReceiptLogError, type ReceiptLogOptions, type AppendedRecei
 export { exportLog, type ExportSummary } from './store/export.ts';
 export { audit, type AuditReport, type AuditFault, type AuditOptions } from './audit/audit.ts';
 export { createKeyFile, loadKeyFile, identityFromSeed, type NodeIdentity } from './identity.ts';
-export { SignerPool } from '../attestation/signer-pool.ts';

@@ -162,6 +162,36 @@ beforeAll(async () => {
     }),
     truncated: target.slice(0, -7),
   };
+  // Strict-base64 edge cases. In the browser these run bytes.ts's hand-written decoder (no Buffer);
+  // in Node its Buffer round trip. Both must refuse them alike (compared with Node below).
+  const payloadOf = (l: string) => (JSON.parse(l) as { payload: string }).payload;
+  const padded = lines.find((l) => payloadOf(l).endsWith('='))!;
+  const sigOf = (l: string) => (JSON.parse(l) as { signatures: { sig: string }[] }).signatures[0]!.sig;
+  // A random 64-byte signature lacks both '+' and '/' with probability ~6%; among 20, one has them.
+  const sigWithPlusOrSlash = lines.find((l) => /[+/]/.test(sigOf(l)))!;
+  expect(padded).toBeDefined();
+  expect(sigWithPlusOrSlash).toBeDefined();
+  Object.assign(tampered, {
+    // Last data character before the padding with a nonzero unused bit: decodes to the same bytes
+    // leniently, so only a strict decoder notices.
+    payloadPadBitsSet: withEnvelope(padded, (e) => {
+      const pad = e.payload.endsWith('==') ? 2 : 1;
+      const i = e.payload.length - pad - 1;
+      const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+      e.payload = e.payload.slice(0, i) + B64[B64.indexOf(e.payload[i]!) | 1]! + e.payload.slice(i + 1);
+    }),
+    payloadUnpadded: withEnvelope(padded, (e) => {
+      e.payload = e.payload.replace(/=+$/, '');
+    }),
+    // A base64url character, which Node's Buffer decodes leniently.
+    payloadBase64url: withEnvelope(target, (e) => {
+      const i = Math.floor(payloadLen / 4);
+      e.payload = e.payload.slice(0, i) + '-' + e.payload.slice(i + 1);
+    }),
+    signatureBase64url: withEnvelope(sigWithPlusOrSlash, (e) => {
+      e.signatures[0]!.sig = e.signatures[0]!.sig.replace(/[+/]/, (c) => (c === '+' ? '-' : '_'));
+    }),
+  });
   const tamperedLogs: Record<string, string[]> = {
     missingReceipt: lines.filter((_, i) => i !== 7),
     swappedReceipts: lines.map((l, i) => (i === 3 ? lines[4]! : i === 4 ? lines[3]! : l)),
@@ -180,6 +210,10 @@ beforeAll(async () => {
     checkpointSignatureChanged: bundle.replace(/(\u2014 \S+ \S{20})(\S)/, (_m, a: string, c: string) => a + (c === 'A' ? 'B' : 'A')),
   };
 
+  // Every tampered copy really differs from what it was made from (no silent no-op edits).
+  for (const [k, l] of Object.entries(tampered)) expect(lines, k).not.toContain(l);
+  for (const [k, b] of Object.entries(tamperedBundles)) expect(b, k).not.toBe(bundle);
+
   const otherSeed = globalThis.crypto.getRandomValues(new Uint8Array(32));
   const otherProvider = toHex(ed25519PublicKey(otherSeed)); // a second, unrelated provider
   const vectors = readVectorJson<Ed25519Vector[]>('ed25519', 'noble-ed25519', 'rfc8032-ed25519.json');
@@ -188,7 +222,7 @@ beforeAll(async () => {
 
   // 3. A local page that loads the bundle as an ES module, served from 127.0.0.1 only.
   const html =
-    '<!doctype html><meta charset="utf-8"><title>verifier</title><link rel="icon" href="data:,"><script>globalThis.process={};globalThis.Buffer=function(){}</script>' +
+    '<!doctype html><meta charset="utf-8"><title>verifier</title><link rel="icon" href="data:,">' +
     '<script type="module">import * as V from "/verifier.js"; globalThis.__verifier = V; globalThis.__verifierLoaded = true;</script>';
   server = http.createServer((req, res) => {
     served.push(req.url ?? '');
@@ -249,9 +283,10 @@ describe('seller-node/verifier in a browser', () => {
     expect(bundleText).not.toMatch(/\brequire\s*\(/);
     expect(bundleText).not.toMatch(/\b__require\b/);
     expect(bundleText).not.toMatch(/^\s*import\s/m); // fully bundled: no import statement left
-    // The only mention of a node: module is platform.ts's run-time lookup, behind `process`.
-    expect(bundleText.match(/node:[a-z_/]+/g) ?? []).toEqual(['node:crypto']);
-    expect(bundleText).toMatch(/getBuiltinModule\?\.\(\s*"node:crypto"\s*\)/);
+    // A node: module may only be named in a run-time lookup behind `process` (platform.ts's
+    // process.getBuiltinModule?.("node:crypto")), which is absent in a browser.
+    const lookups = /getBuiltinModule\?\.\(\s*"node:[a-z_/]+"\s*\)/g;
+    expect(bundleText.replace(lookups, '')).not.toMatch(/node:/);
     // The regex above would catch a real import (proves the check can fail).
     expect('import x from "node:fs";').toMatch(loads);
     expect('const c = require("crypto");').toMatch(loads);
@@ -364,6 +399,10 @@ describe('seller-node/verifier in a browser', () => {
       signatureByteChanged: { ok: false, code: 'signature_invalid' },
       signatureSByteChanged: { ok: false, code: 'signature_invalid' },
       truncated: { ok: false, code: 'envelope_not_json' },
+      payloadPadBitsSet: { ok: false, code: 'payload_not_base64' },
+      payloadUnpadded: { ok: false, code: 'payload_not_base64' },
+      payloadBase64url: { ok: false, code: 'payload_not_base64' },
+      signatureBase64url: { ok: false, code: 'signature_malformed' },
       wrongProvider: { ok: false, code: 'unknown_key' },
     });
 

@@ -51,3 +51,12 @@ describe('canonicalize', () => {
     expect(parseCanonical('{"a":1')).toBeUndefined();
   });
 });
+
+describe('lone surrogates', () => {
+  test('an escaped lone surrogate in text is never canonical; an escaped backslash before "ud800" is fine', () => {
+    expect(parseCanonical('{"a":"\\ud800"}')?.canonical).toBe(false);
+    expect(parseCanonical('{"a":"\\\\ud800"}')?.canonical).toBe(true);
+    expect(parseCanonical('{"a":"\u{1F600}"}')?.canonical).toBe(true);
+    expect(parseCanonical('{"a":"\\ud83d\\ude00"}')?.canonical).toBe(false); // a pair is written raw
+  });
+});

@@ -79,7 +79,11 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
 
   const consume = (results: CheckedLine[]): AuditFault | undefined => {
     for (const r of results) {
-      if (!r.ok) return toFault(chain.stop({ ok: false, error: r.error! }).error, r.number, r.seq);
+      if (!r.ok) {
+        const rejected = chain.reject(r.error!, r.seq);
+        if (!rejected.ok) return toFault(rejected.error, r.number, r.seq);
+        continue;
+      }
       const added = chain.add({
         seq: r.seq!,
         prev: r.prev!,

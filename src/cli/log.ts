@@ -53,10 +53,14 @@ export function logCommand(): Command {
       const { log: rl } = open(opts.data, { threads: 0 });
       try {
         const s = await exportLog(rl, opts.out);
-        process.stdout.write(`exported ${s.receipts} receipts and ${s.checkpoints} checkpoints to ${path.resolve(opts.out)}\n`);
+        process.stdout.write(`exported ${plural(s.receipts, 'receipt')} and ${plural(s.checkpoints, 'checkpoint')} to ${path.resolve(opts.out)}\n`);
       } finally {
         await rl.close();
       }
     });
   return log;
+}
+
+function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
 }

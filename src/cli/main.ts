@@ -4,6 +4,7 @@ import { initCommand } from './init.ts';
 import { logCommand } from './log.ts';
 import { auditCommand } from './audit.ts';
 import { verifyCommand } from './verify.ts';
+import { demoCommand } from './demo.ts';
 import { CliError } from './cli-error.ts';
 
 export function buildProgram(): Command {
@@ -13,24 +14,25 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });
-  for (const make of [initCommand, logCommand, auditCommand, verifyCommand]) program.addCommand(make());
+  for (const make of [initCommand, logCommand, auditCommand, verifyCommand, demoCommand]) program.addCommand(make());
   return program;
 }
 
 /** Runs the CLI; returns the exit code. Errors go to stderr. */
 export async function main(argv: string[]): Promise<number> {
   const program = buildProgram();
-  for (const c of program.commands) {
+  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
+  for (const c of all(program)) {
     c.exitOverride();
-    for (const sub of c.commands) sub.exitOverride();
+    c.showHelpAfterError('(run with --help for usage)');
   }
   try {
     await program.parseAsync(argv, { from: 'user' });
     return typeof process.exitCode === 'number' ? process.exitCode : 0;
   } catch (e) {
     if (e instanceof CommanderError) {
-      // --help and --version end here too, with exit code 0.
-      return e.exitCode;
+      // --help and --version end here with 0; every usage error exits 2, as CliError usage errors do.
+      return e.exitCode === 0 ? 0 : 2;
     }
     if (e instanceof CliError) {
       process.stderr.write(`seller-node: ${e.message}\n`);

@@ -48,9 +48,12 @@ function payloadOf(v: { payload: ReceiptPayload } | { receipt: { payload: Receip
   return 'receipt' in v ? v.receipt.payload : v.payload;
 }
 
+const READ_ERRORS: Record<string, string> = { ENOENT: 'no such file', EISDIR: 'is a directory', EACCES: 'permission denied' };
+
 function readInput(file: string): string {
+  let fd: number | undefined;
   try {
-    const fd = file === '-' ? 0 : fs.openSync(file, 'r');
+    fd = file === '-' ? 0 : fs.openSync(file, 'r');
     const buf = Buffer.alloc(MAX_FILE + 1);
     let n = 0;
     for (;;) {
@@ -59,11 +62,13 @@ function readInput(file: string): string {
       n += r;
       if (n > MAX_FILE) throw new CliError(`${file} is larger than ${MAX_FILE} bytes`);
     }
-    if (fd !== 0) fs.closeSync(fd);
     return buf.subarray(0, n).toString('utf8');
   } catch (e) {
     if (e instanceof CliError) throw e;
-    throw new CliError(`cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    const code = (e as NodeJS.ErrnoException).code ?? '';
+    throw new CliError(`cannot read ${file}: ${READ_ERRORS[code] ?? (code || (e as Error).message)}`);
+  } finally {
+    if (fd !== undefined && fd !== 0) fs.closeSync(fd);
   }
 }
 

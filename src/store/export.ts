@@ -16,7 +16,10 @@ export interface ExportSummary {
 export async function exportLog(log: ReceiptLog, outDir: string): Promise<ExportSummary> {
   await log.flush();
   log.checkpoint(); // the export's latest checkpoint covers every receipt in it
-  fs.mkdirSync(path.join(outDir, 'checkpoints'), { recursive: true });
+  const cpDir = path.join(outDir, 'checkpoints');
+  fs.mkdirSync(cpDir, { recursive: true });
+  // An earlier export into the same folder must not leave checkpoints of another log behind.
+  for (const name of fs.readdirSync(cpDir)) if (/^(0|[1-9][0-9]*)$/.test(name)) fs.rmSync(path.join(cpDir, name));
   const tmp = path.join(outDir, `.receipts.jsonl.${process.pid}.tmp`);
   const fd = fs.openSync(tmp, 'w');
   let receipts = 0;
@@ -32,9 +35,12 @@ export async function exportLog(log: ReceiptLog, outDir: string): Promise<Export
     }
     if (buf.length) fs.writeSync(fd, buf.join('\n') + '\n');
     fs.fsyncSync(fd);
-  } finally {
+  } catch (e) {
     fs.closeSync(fd);
+    fs.rmSync(tmp, { force: true });
+    throw e;
   }
+  fs.closeSync(fd);
   fs.renameSync(tmp, path.join(outDir, 'receipts.jsonl'));
   const cps = log.checkpoints().filter((c) => c.size <= receipts);
   for (const cp of cps) fs.writeFileSync(path.join(outDir, 'checkpoints', String(cp.size)), cp.note);

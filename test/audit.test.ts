@@ -1,0 +1,639 @@
+// audit() (src/audit/audit.ts) on real exports made by ReceiptLog + exportLog, clean and tampered
+// one way at a time; and verifyLog (attestation/log-verify.ts), which must reach the same verdict.
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { toHex } from '../attestation/bytes.ts';
+import { sha256 } from '../attestation/hash.ts';
+import { verifyLog } from '../attestation/log-verify.ts';
+import { audit, type AuditReport } from '../src/audit/audit.ts';
+import {
+  buildLog,
+  copyExport,
+  editLines,
+  flipSignatureBit,
+  makeCheckpoint,
+  payloadBytesOf,
+  payloadOf,
+  providerIdOf,
+  randomSeed,
+  readReceiptLines,
+  removeCheckpoints,
+  removeTemp,
+  signLine,
+  tempDir,
+  withPayloadKeepSig,
+  writeCheckpointFile,
+  writeReceiptLines,
+  type BuiltLog,
+} from './helpers/tamper-log.ts';
+
+const COUNT = 30;
+let base: BuiltLog;
+const temps: string[] = [];
+
+beforeAll(async () => {
+  base = await buildLog({ count: COUNT, checkpointEvery: 10 });
+  temps.push(base.root);
+});
+
+afterAll(() => {
+  for (const t of temps) removeTemp(t);
+});
+
+/** A fresh copy of the clean export. */
+function fresh(): string {
+  const t = tempDir();
+  temps.push(t);
+  return copyExport(base, t);
+}
+
+async function run(dir: string, opts: { threads?: number; chunk?: number; provider?: string } = {}): Promise<AuditReport> {
+  return audit({ dir, threads: 0, ...opts });
+}
+
+/** Asserts the audit failed with exactly this fault (seq and line compared as given; undefined = absent). */
+function expectFault(r: AuditReport, code: string, where: { seq?: string; line?: number } = {}): void {
+  expect(r.ok).toBe(false);
+  expect(r.summary).toBeUndefined();
+  expect(r.fault?.code, JSON.stringify(r.fault)).toBe(code);
+  expect(r.fault?.seq).toBe(where.seq);
+  expect(r.fault?.line).toBe(where.line);
+  expect(typeof r.fault?.message).toBe('string');
+}
+
+/** Every checkpoint note of an export (as audit reads them: deduplicated). */
+function notesOf(dir: string): string[] {
+  const files: string[] = [];
+  if (fs.existsSync(path.join(dir, 'checkpoint'))) files.push(path.join(dir, 'checkpoint'));
+  const sub = path.join(dir, 'checkpoints');
+  if (fs.existsSync(sub)) for (const n of fs.readdirSync(sub).sort()) files.push(path.join(sub, n));
+  return [...new Set(files.map((f) => fs.readFileSync(f, 'utf8')))];
+}
+
+function verifyLogOf(dir: string) {
+  return verifyLog({ provider: base.providerId, receipts: readReceiptLines(dir), checkpoints: notesOf(dir) });
+}
+
+function editPayload(line: string, edit: (p: Record<string, any>) => void): Record<string, any> {
+  const p = payloadOf(line);
+  edit(p);
+  return p;
+}
+
+describe('audit: a clean export', () => {
+  it('holds, with the counts, root and checkpoints of the log that was exported', async () => {
+    expect(base.checkpointSizes).toEqual([10, 20, 30]);
+    const r = await run(base.exportDir);
+    expect(r.fault).toBeUndefined();
+    expect(r.ok).toBe(true);
+    expect(r.provider).toBe(base.providerId);
+    expect(r.dir).toBe(base.exportDir);
+    expect(r.summary).toEqual({
+      receipts: COUNT,
+      checkpoints: 3,
+      size: COUNT,
+      rootHash: base.rootHash,
+      totalCostMicroUsd: base.totalCostMicroUsd.toString(),
+      totalHoldMicroUsd: base.totalHoldMicroUsd.toString(),
+      byStatus: base.byStatus,
+      latestCheckpoint: { size: COUNT, rootHash: base.rootHash },
+    });
+    expect(r.seconds).toBeGreaterThanOrEqual(0);
+  });
+
+  it('gives the same report with two worker threads and small chunks', async () => {
+    const inProcess = await run(base.exportDir);
+    const threaded = await run(base.exportDir, { threads: 2, chunk: 4 });
+    expect(threaded.ok).toBe(true);
+    expect(threaded.summary).toEqual(inProcess.summary);
+  });
+
+  it('holds when pinned to its own provider id, and fails provider_mismatch for another', async () => {
+    expect((await run(base.exportDir, { provider: base.providerId })).ok).toBe(true);
+    const other = providerIdOf(randomSeed());
+    const r = await run(base.exportDir, { provider: other });
+    expectFault(r, 'provider_mismatch');
+    expect(r.fault!.message).toContain(other);
+  });
+
+  it('counts only the checkpoints, not the duplicate `checkpoint` file', async () => {
+    const dir = fresh();
+    fs.rmSync(path.join(dir, 'checkpoint'));
+    const r = await run(dir);
+    expect(r.ok).toBe(true);
+    expect(r.summary!.checkpoints).toBe(3);
+  });
+
+  it('holds without any checkpoint, and says so in the summary', async () => {
+    const dir = fresh();
+    removeCheckpoints(dir);
+    const r = await run(dir);
+    expect(r.ok).toBe(true);
+    expect(r.summary!.checkpoints).toBe(0);
+    expect(r.summary!.latestCheckpoint).toBeUndefined();
+    expect(r.summary!.rootHash).toBe(base.rootHash);
+  });
+
+  it('an export of an empty log is log_empty', async () => {
+    const t = tempDir();
+    temps.push(t);
+    const empty = await buildLog({ count: 0, root: t });
+    expect(readReceiptLines(empty.exportDir)).toEqual([]);
+    expect(fs.existsSync(path.join(empty.exportDir, 'checkpoint'))).toBe(false);
+    expectFault(await run(empty.exportDir), 'log_empty');
+  });
+});
+
+describe('audit: tampered receipts', () => {
+  it('a payload field changed (old signature kept) is signature_invalid at its seq and line', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      const p = editPayload(l[7]!, (p) => (p.usage.output_tokens += 1));
+      l[7] = withPayloadKeepSig(l[7]!, p);
+    });
+    expectFault(await run(dir), 'signature_invalid', { seq: '7', line: 8 });
+  });
+
+  it('one flipped signature bit is signature_invalid', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[12] = flipSignatureBit(l[12]!, 5, 3);
+    });
+    expectFault(await run(dir), 'signature_invalid', { seq: '12', line: 13 });
+  });
+
+  it('re-signed by another key under the provider keyid is signature_invalid', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[4] = signLine(payloadBytesOf(l[4]!), randomSeed(), base.providerId);
+    });
+    expectFault(await run(dir), 'signature_invalid', { seq: '4', line: 5 });
+  });
+
+  it('re-signed by another key naming itself as keyid is unknown_key', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[4] = signLine(payloadBytesOf(l[4]!), randomSeed());
+    });
+    expectFault(await run(dir), 'unknown_key', { seq: '4', line: 5 });
+  });
+
+  it('a truncated line is envelope_not_json at its line (no seq can be read)', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[6] = l[6]!.slice(0, Math.floor(l[6]!.length / 2));
+    });
+    expectFault(await run(dir), 'envelope_not_json', { line: 7 });
+  });
+
+  it('a non-JSON line is envelope_not_json', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[21] = 'hello, auditor';
+    });
+    expectFault(await run(dir), 'envelope_not_json', { line: 22 });
+  });
+
+  it('a JSON line that is not an envelope is envelope_malformed', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[2] = '[1,2,3]';
+    });
+    expectFault(await run(dir), 'envelope_malformed', { line: 3 });
+  });
+
+  it('a payload with whitespace added, correctly signed, is payload_not_canonical', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      const text = JSON.stringify(payloadOf(l[3]!), null, 1);
+      l[3] = signLine(new TextEncoder().encode(text), base.seed);
+    });
+    expectFault(await run(dir), 'payload_not_canonical', { seq: '3', line: 4 });
+  });
+
+  it('a payload with its keys reordered, correctly signed, is payload_not_canonical', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      const p = payloadOf(l[15]!);
+      const reversed = Object.fromEntries(Object.entries(p).reverse());
+      l[15] = signLine(new TextEncoder().encode(JSON.stringify(reversed)), base.seed);
+    });
+    expectFault(await run(dir), 'payload_not_canonical', { seq: '15', line: 16 });
+  });
+
+  it('a wrong cost, correctly signed, is cost_mismatch', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[9] = signLine(editPayload(l[9]!, (p) => (p.cost_micro_usd = String(BigInt(p.cost_micro_usd) + 1n))), base.seed);
+    });
+    expectFault(await run(dir), 'cost_mismatch', { seq: '9', line: 10 });
+  });
+
+  it('a cost above its hold, correctly signed, is cost_exceeds_hold', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[9] = signLine(
+        editPayload(l[9]!, (p) => {
+          expect(BigInt(p.cost_micro_usd)).toBeGreaterThan(0n);
+          p.hold_micro_usd = String(BigInt(p.cost_micro_usd) - 1n);
+        }),
+        base.seed,
+      );
+    });
+    expectFault(await run(dir), 'cost_exceeds_hold', { seq: '9', line: 10 });
+  });
+
+  it('a receipt naming another provider, signed by the provider, is provider_mismatch', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[1] = signLine(editPayload(l[1]!, (p) => (p.provider = providerIdOf(randomSeed()))), base.seed);
+    });
+    expectFault(await run(dir), 'provider_mismatch', { seq: '1', line: 2 });
+  });
+
+  it('an invalid field, correctly signed, is payload_invalid naming the field', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[8] = signLine(editPayload(l[8]!, (p) => (p.status = 'refunded')), base.seed);
+    });
+    const r = await run(dir);
+    expectFault(r, 'payload_invalid', { seq: '8', line: 9 });
+    expect(r.fault!.field).toBe('status');
+  });
+});
+
+describe('audit: the sequence and the hash chain', () => {
+  it('a deleted line is seq_gap naming the missing seq', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.splice(5, 1);
+    });
+    expectFault(await run(dir), 'seq_gap', { seq: '5' });
+  });
+
+  it('a deleted first line is seq_gap at seq 0', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.shift();
+    });
+    expectFault(await run(dir), 'seq_gap', { seq: '0' });
+  });
+
+  it('a deleted last line is caught by the checkpoints: checkpoint_size_exceeds_log', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.pop();
+    });
+    const r = await run(dir);
+    expectFault(r, 'checkpoint_size_exceeds_log');
+    expect(r.fault!.message).toContain('size 30');
+  });
+
+  it('a duplicated line is seq_duplicate at the copy', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.splice(15, 0, l[14]!);
+    });
+    expectFault(await run(dir), 'seq_duplicate', { seq: '14', line: 16 });
+  });
+
+  it('a line repeated far later is seq_duplicate at the repeat', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.push(l[3]!);
+    });
+    expectFault(await run(dir), 'seq_duplicate', { seq: '3', line: 31 });
+  });
+
+  it('two adjacent lines swapped is seq_out_of_order naming the seq that came late', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      [l[17], l[18]] = [l[18]!, l[17]!];
+    });
+    expectFault(await run(dir), 'seq_out_of_order', { seq: '17' });
+  });
+
+  it('two distant lines swapped is seq_out_of_order', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      [l[10], l[20]] = [l[20]!, l[10]!];
+    });
+    expectFault(await run(dir), 'seq_out_of_order', { seq: '10' });
+  });
+
+  it('a receipt re-signed with a wrong prev is prev_mismatch at its seq', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[11] = signLine(editPayload(l[11]!, (p) => (p.prev = toHex(sha256(new TextEncoder().encode('not the previous payload'))))), base.seed);
+    });
+    expectFault(await run(dir), 'prev_mismatch', { seq: '11', line: 12 });
+  });
+
+  it('a receipt edited and validly re-signed breaks the next prev: prev_mismatch at the next seq', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[11] = signLine(editPayload(l[11]!, (p) => (p.request_id = 'req-rewritten')), base.seed);
+    });
+    expectFault(await run(dir), 'prev_mismatch', { seq: '12', line: 13 });
+  });
+
+  it('the last receipt edited and validly re-signed is caught by the checkpoint: checkpoint_root_mismatch', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[29] = signLine(editPayload(l[29]!, (p) => (p.request_id = 'req-rewritten')), base.seed);
+    });
+    const r = await run(dir);
+    expectFault(r, 'checkpoint_root_mismatch');
+    expect(r.fault!.message).toContain('size 30');
+  });
+
+  it('a receipt forked at the same seq (a valid variant after the original) is seq_duplicate', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.splice(6, 0, signLine(editPayload(l[5]!, (p) => (p.request_id = 'req-fork')), base.seed));
+    });
+    expectFault(await run(dir), 'seq_duplicate', { seq: '5', line: 7 });
+  });
+
+  it('an earlier receipt fault is reported before a later chain fault', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[3] = flipSignatureBit(l[3]!);
+      l.splice(20, 1);
+    });
+    expectFault(await run(dir), 'signature_invalid', { seq: '3', line: 4 });
+  });
+
+  // BUG (src/audit/audit.ts + attestation/log-verify.ts ReceiptChain.add): after a seq gap the chain
+  // only watches for the missing seq, but per-receipt faults further on still stop the audit, so the
+  // fault reported is a later one, not "the first fault" the audit promises. Flip to it() when fixed.
+  it('a gap is reported before a later bad signature (the first fault wins)', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[20] = flipSignatureBit(l[20]!);
+      l.splice(5, 1);
+    });
+    expectFault(await run(dir), 'seq_gap', { seq: '5' });
+  });
+});
+
+describe('audit: checkpoints', () => {
+  it('two validly signed checkpoints of one size with different roots are checkpoint_fork', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoints/20.fork', makeCheckpoint(base.seed, base.origin, 20, base.roots[19]!));
+    const r = await run(dir);
+    expectFault(r, 'checkpoint_fork');
+    expect(r.fault!.message).toContain('size 20');
+  });
+
+  it('a fork through the `checkpoint` file alone is checkpoint_fork too', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoint', makeCheckpoint(base.seed, base.origin, 30, base.roots[29]!));
+    expectFault(await run(dir), 'checkpoint_fork');
+  });
+
+  it('a validly signed checkpoint whose root is not the log root is checkpoint_root_mismatch', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoints/20', makeCheckpoint(base.seed, base.origin, 20, base.roots[19]!));
+    const r = await run(dir);
+    expectFault(r, 'checkpoint_root_mismatch');
+    expect(r.fault!.message).toContain('size 20');
+  });
+
+  it('a checkpoint of a size the log does not reach is checkpoint_size_exceeds_log', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoints/31', makeCheckpoint(base.seed, base.origin, 31, base.roots[30]!));
+    const r = await run(dir);
+    expectFault(r, 'checkpoint_size_exceeds_log');
+    expect(r.fault!.message).toContain('size 31');
+  });
+
+  it('a size-0 checkpoint of the empty root is accepted', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoints/0', makeCheckpoint(base.seed, base.origin, 0, base.roots[0]!));
+    const r = await run(dir);
+    expect(r.ok).toBe(true);
+    expect(r.summary!.checkpoints).toBe(4);
+  });
+
+  it('a checkpoint signed by another key under the provider origin is note_no_known_signature', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoint', makeCheckpoint(randomSeed(), base.origin, 30, base.roots[30]!));
+    expectFault(await run(dir), 'note_no_known_signature');
+  });
+
+  it('a checkpoint of another key own log is note_no_known_signature', async () => {
+    const dir = fresh();
+    const other = randomSeed();
+    writeCheckpointFile(dir, 'checkpoint', makeCheckpoint(other, `${providerIdOf(other)}/receipts`, 30, base.roots[30]!));
+    expectFault(await run(dir), 'note_no_known_signature');
+  });
+
+  it('a checkpoint by the provider key for another origin is checkpoint_origin_mismatch', async () => {
+    const dir = fresh();
+    writeCheckpointFile(dir, 'checkpoint', makeCheckpoint(base.seed, 'example.com/other-log', 30, base.roots[30]!, base.origin));
+    expectFault(await run(dir), 'checkpoint_origin_mismatch');
+  });
+
+  it('a checkpoint whose text was edited after signing is signature_invalid', async () => {
+    const dir = fresh();
+    const file = path.join(dir, 'checkpoints', '20');
+    const note = fs.readFileSync(file, 'utf8');
+    fs.writeFileSync(file, note.replace('\n20\n', '\n19\n'));
+    expectFault(await run(dir), 'signature_invalid');
+  });
+
+  it('an unreadable checkpoint file is checkpoint_malformed', async () => {
+    const dir = fresh();
+    fs.mkdirSync(path.join(dir, 'checkpoints', 'not-a-file'));
+    expectFault(await run(dir), 'checkpoint_malformed');
+  });
+});
+
+describe('audit: the export folder', () => {
+  it('a missing folder is export_missing_file', async () => {
+    expectFault(await run(path.join(base.root, 'no-such-export')), 'export_missing_file');
+  });
+
+  it('a missing provider.pub is export_missing_file', async () => {
+    const dir = fresh();
+    fs.rmSync(path.join(dir, 'provider.pub'));
+    const r = await run(dir);
+    expectFault(r, 'export_missing_file');
+    expect(r.fault!.message).toContain('provider.pub');
+  });
+
+  it('a missing receipts.jsonl is export_missing_file', async () => {
+    const dir = fresh();
+    fs.rmSync(path.join(dir, 'receipts.jsonl'));
+    const r = await run(dir);
+    expectFault(r, 'export_missing_file');
+    expect(r.fault!.message).toContain('receipts.jsonl');
+  });
+
+  it('a provider.pub that is not hex is export_malformed', async () => {
+    const dir = fresh();
+    fs.writeFileSync(path.join(dir, 'provider.pub'), 'not a key\n');
+    expectFault(await run(dir), 'export_malformed');
+  });
+
+  it('a provider.pub in upper-case hex is export_malformed', async () => {
+    const dir = fresh();
+    fs.writeFileSync(path.join(dir, 'provider.pub'), base.providerId.toUpperCase() + '\n');
+    expectFault(await run(dir), 'export_malformed');
+  });
+
+  it('a provider.pub naming another key is unknown_key at the first receipt', async () => {
+    const dir = fresh();
+    fs.writeFileSync(path.join(dir, 'provider.pub'), providerIdOf(randomSeed()) + '\n');
+    expectFault(await run(dir), 'unknown_key', { seq: '0', line: 1 });
+  });
+
+  it('a 2 MiB line is envelope_malformed at its line', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[10] = 'x'.repeat(2 << 20);
+    });
+    const r = await run(dir);
+    expectFault(r, 'envelope_malformed', { line: 11 });
+    expect(r.fault!.message).toContain('1 MiB');
+  });
+
+  it('a line of exactly 1 MiB is read; one byte more is envelope_malformed', async () => {
+    const pad = (l: string[], i: number, size: number) => void (l[i] = ' '.repeat(size - l[i]!.length) + l[i]);
+    const ok = fresh();
+    // A padded line is read and verified (its signature holds) but is not the canonical line the
+    // Merkle leaf commits to; one byte past 1 MiB it is not read at all.
+    editLines(ok, (l) => pad(l, 10, 1 << 20));
+    expectFault(await run(ok), 'envelope_not_canonical', { line: 11, seq: '10' });
+    const bad = fresh();
+    editLines(bad, (l) => pad(l, 10, (1 << 20) + 1));
+    expectFault(await run(bad), 'envelope_malformed', { line: 11 });
+  });
+
+  it('a 2 MiB last line without a final newline is envelope_malformed', async () => {
+    const dir = fresh();
+    fs.appendFileSync(path.join(dir, 'receipts.jsonl'), '{' + ' '.repeat(2 << 20));
+    expectFault(await run(dir), 'envelope_malformed', { line: 31 });
+  });
+
+  it('a fault before a 2 MiB line is the one reported', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[2] = flipSignatureBit(l[2]!);
+      l[10] = 'x'.repeat(2 << 20);
+    });
+    expectFault(await run(dir, { chunk: 4 }), 'signature_invalid', { seq: '2', line: 3 });
+  });
+
+  it('an empty receipts.jsonl without checkpoints is log_empty', async () => {
+    const dir = fresh();
+    writeReceiptLines(dir, []);
+    removeCheckpoints(dir);
+    expectFault(await run(dir), 'log_empty');
+  });
+
+  it('an empty receipts.jsonl with the checkpoints still there is checkpoint_size_exceeds_log', async () => {
+    const dir = fresh();
+    writeReceiptLines(dir, []);
+    expectFault(await run(dir), 'checkpoint_size_exceeds_log');
+  });
+
+  it('a blank line after the last receipt is envelope_not_json at that line', async () => {
+    const dir = fresh();
+    fs.appendFileSync(path.join(dir, 'receipts.jsonl'), '\n');
+    expectFault(await run(dir), 'envelope_not_json', { line: 31 });
+  });
+});
+
+describe('audit with worker threads', () => {
+  it('names the same fault as in-process, across chunks', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[25] = flipSignatureBit(l[25]!);
+    });
+    expectFault(await run(dir, { threads: 2, chunk: 4 }), 'signature_invalid', { seq: '25', line: 26 });
+    expectFault(await run(dir, { threads: 2, chunk: 4 }), 'signature_invalid', { seq: '25', line: 26 });
+  });
+
+  it('reports chain faults in file order', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l.splice(15, 0, l[14]!);
+      l[27] = flipSignatureBit(l[27]!);
+    });
+    expectFault(await run(dir, { threads: 2, chunk: 3 }), 'seq_duplicate', { seq: '14', line: 16 });
+  });
+});
+
+describe('verifyLog agrees with audit', () => {
+  const cases: [string, (dir: string) => void][] = [
+    ['clean', () => {}],
+    ['cost_mismatch', (d) => editLines(d, (l) => void (l[9] = signLine(editPayload(l[9]!, (p) => (p.cost_micro_usd = String(BigInt(p.cost_micro_usd) + 1n))), base.seed)))],
+    ['seq_gap', (d) => editLines(d, (l) => void l.splice(5, 1))],
+    ['seq_duplicate', (d) => editLines(d, (l) => void l.splice(15, 0, l[14]!))],
+    ['seq_out_of_order', (d) => editLines(d, (l) => void ([l[17], l[18]] = [l[18]!, l[17]!]))],
+    ['prev_mismatch', (d) => editLines(d, (l) => void (l[11] = signLine(editPayload(l[11]!, (p) => (p.request_id = 'req-x')), base.seed)))],
+    ['checkpoint_fork', (d) => writeCheckpointFile(d, 'checkpoints/20.fork', makeCheckpoint(base.seed, base.origin, 20, base.roots[19]!))],
+    ['checkpoint_root_mismatch', (d) => writeCheckpointFile(d, 'checkpoints/20', makeCheckpoint(base.seed, base.origin, 20, base.roots[19]!))],
+    ['checkpoint_size_exceeds_log', (d) => editLines(d, (l) => void l.pop())],
+    ['note_no_known_signature', (d) => writeCheckpointFile(d, 'checkpoint', makeCheckpoint(randomSeed(), base.origin, 30, base.roots[30]!))],
+    ['envelope_not_json', (d) => editLines(d, (l) => void (l[6] = l[6]!.slice(0, 50)))],
+    ['log_empty', (d) => (writeReceiptLines(d, []), removeCheckpoints(d))],
+  ];
+  for (const [name, tamper] of cases) {
+    it(`${name}: same verdict, code and seq`, async () => {
+      const dir = fresh();
+      tamper(dir);
+      const a = await run(dir);
+      const v = verifyLogOf(dir);
+      if (name === 'clean') {
+        expect(a.ok).toBe(true);
+        expect(v.ok).toBe(true);
+        expect(v.ok && v.value).toEqual(a.summary);
+        return;
+      }
+      expect(a.fault?.code).toBe(name);
+      expect(v.ok).toBe(false);
+      expect(!v.ok && v.error.code).toBe(name);
+      expect(!v.ok && v.error.seq).toBe(a.fault!.seq);
+    });
+  }
+
+  // Faults found before the payload is read: audit() names the seq (peekSeq), verifyLog does not
+  // (see the BUG below), so only the code is compared here.
+  const codeOnly: [string, (dir: string) => void][] = [
+    ['signature_invalid', (d) => editLines(d, (l) => void (l[12] = flipSignatureBit(l[12]!)))],
+    ['unknown_key', (d) => editLines(d, (l) => void (l[4] = signLine(payloadBytesOf(l[4]!), randomSeed())))],
+    ['payload_not_canonical', (d) => editLines(d, (l) => void (l[3] = signLine(new TextEncoder().encode(JSON.stringify(payloadOf(l[3]!), null, 1)), base.seed)))],
+  ];
+  for (const [name, tamper] of codeOnly) {
+    it(`${name}: same code`, async () => {
+      const dir = fresh();
+      tamper(dir);
+      const a = await run(dir);
+      const v = verifyLogOf(dir);
+      expect(a.fault?.code).toBe(name);
+      expect(!v.ok && v.error.code).toBe(name);
+    });
+  }
+
+  // BUG (attestation/log-verify.ts verifyLog, `const seq = typeof r.error.seq === 'string' ? ...`):
+  // the seq is taken from the error itself, so withSeq() is a no-op and a receipt that fails before
+  // its payload is validated (signature, key, canonical form) is never named by seq, while audit()
+  // names it via peekSeq(). Flip to it() when fixed.
+  for (const [name, tamper, seq] of [
+    ['signature_invalid', codeOnly[0]![1], '12'],
+    ['payload_not_canonical', codeOnly[2]![1], '3'],
+  ] as const) {
+    it(`${name}: verifyLog names the same seq as audit`, async () => {
+      const dir = fresh();
+      tamper(dir);
+      const a = await run(dir);
+      const v = verifyLogOf(dir);
+      expect(a.fault?.seq).toBe(seq);
+      expect(!v.ok && v.error.seq).toBe(seq);
+    });
+  }
+});

@@ -1,0 +1,450 @@
+// The real `seller-node` command line, spawned in child processes against temp dirs. Needs the
+// build: `npm run build` first (bin/seller-node.js imports dist/).
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { toBase64, utf8 } from '../attestation/bytes.ts';
+import { formatProofBundle } from '../attestation/tlog-proof.ts';
+import { loadKeyFile } from '../src/identity.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { assertCliBuilt, runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
+import { flipSignatureBit, payloadOf, providerIdOf, randomSeed, removeTemp, tempDir, withPayloadKeepSig } from './helpers/tamper-log.ts';
+
+let tmp: string;
+const SUCCESS = /\bOK\b|appended|exported|^[0-9a-f]{64}$/m;
+
+beforeAll(() => {
+  assertCliBuilt();
+  tmp = tempDir('seller-node-cli-');
+});
+
+afterAll(() => removeTemp(tmp));
+
+/** A usage or input error: non-zero exit, a one-line message on stderr, no stack, nothing that looks like success. */
+function expectCleanError(r: CliResult, stderrHas: RegExp | string, code?: number): void {
+  expect(r.signal).toBeNull();
+  if (code === undefined) expect(r.code).not.toBe(0);
+  else expect(r.code).toBe(code);
+  expect(r.code).not.toBeNull();
+  expect(r.stderr).toMatch(typeof stderrHas === 'string' ? new RegExp(stderrHas.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')) : stderrHas);
+  expect(r.stderr).not.toMatch(STACK_TRACE);
+  expect(r.stdout).not.toMatch(SUCCESS);
+}
+
+/** A checked fault: exit 1, the verdict on stdout, no stack trace. */
+function expectFail(r: CliResult, stdoutHas: RegExp): void {
+  expect(r.code, r.stderr).toBe(1);
+  expect(r.stdout).toMatch(stdoutHas);
+  expect(r.stdout).not.toMatch(/^OK/m);
+  expect(r.stderr).not.toMatch(STACK_TRACE);
+}
+
+describe.concurrent('help', () => {
+  it('--help lists every subcommand and exits 0', async ({ expect }) => {
+    const r = await runCli(['--help']);
+    expect(r.code).toBe(0);
+    expect(r.stdout).toMatch(/^Usage: seller-node/m);
+    for (const c of ['init', 'log', 'audit', 'verify']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
+  });
+
+  for (const [args, mentions] of [
+    [['init'], ['--data']],
+    [['log'], ['fill', 'export']],
+    [['audit'], ['<dir>', '--provider', '--json', '--threads']],
+    [['verify'], ['<file>', '--provider', '--json']],
+    [['log', 'fill'], ['--data', '--count', '--checkpoint-every', '--threads']],
+    [['log', 'export'], ['--data', '--out']],
+  ] as const) {
+    it(`${args.join(' ')} --help exits 0 and documents ${mentions.join(', ')}`, async ({ expect }) => {
+      const r = await runCli([...args, '--help']);
+      expect(r.code).toBe(0);
+      expect(r.stdout).toContain(`Usage: seller-node ${args.join(' ')}`);
+      for (const m of mentions) expect(r.stdout).toContain(m);
+      expect(r.stderr).toBe('');
+    });
+  }
+
+  it('-V prints the version', async ({ expect }) => {
+    const r = await runCli(['-V']);
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim()).toMatch(/^\d+\.\d+\.\d+/);
+  });
+});
+
+describe.concurrent('usage errors', () => {
+  it('an unknown subcommand', async () => {
+    expectCleanError(await runCli(['bogus']), /unknown command 'bogus'/);
+  });
+
+  it('an unknown log subcommand', async () => {
+    expectCleanError(await runCli(['log', 'bogus']), /unknown command 'bogus'/);
+  });
+
+  it('init without --data', async () => {
+    expectCleanError(await runCli(['init']), /--data/);
+  });
+
+  it('log fill without --count', async () => {
+    expectCleanError(await runCli(['log', 'fill', '--data', path.join(tmp, 'unused')]), /--count/);
+  });
+
+  for (const bad of ['abc', '0', '-5', '1.5', '1e3', '']) {
+    it(`log fill --count ${JSON.stringify(bad)}`, async () => {
+      const data = path.join(tmp, `bad-count-${bad || 'empty'}`);
+      const r = await runCli(['log', 'fill', '--data', data, '--count', bad]);
+      expectCleanError(r, /--count must be/, 2);
+      expect(fs.existsSync(data)).toBe(false);
+    });
+  }
+
+  it('log fill --checkpoint-every 0', async () => {
+    expectCleanError(await runCli(['log', 'fill', '--data', path.join(tmp, 'unused'), '--count', '5', '--checkpoint-every', '0']), /--checkpoint-every must be/, 2);
+  });
+
+  it('log fill into a folder without a key', async () => {
+    const data = path.join(tmp, 'no-key');
+    expectCleanError(await runCli(['log', 'fill', '--data', data, '--count', '3']), /key file .* not found/);
+    expect(fs.existsSync(path.join(data, 'receipts.db'))).toBe(false);
+  });
+
+  it('log export without --out', async () => {
+    expectCleanError(await runCli(['log', 'export', '--data', path.join(tmp, 'unused')]), /--out/);
+  });
+
+  it('audit without a folder', async () => {
+    expectCleanError(await runCli(['audit']), /missing required argument 'dir'/);
+  });
+
+  it('audit --provider that is not 64 hex', async () => {
+    expectCleanError(await runCli(['audit', tmp, '--provider', 'XYZ']), /--provider must be 64 lowercase hex/, 2);
+  });
+
+  it('audit --threads 65', async () => {
+    expectCleanError(await runCli(['audit', tmp, '--threads', '65']), /--threads must be between 0 and 64/, 2);
+  });
+
+  it('verify without a file', async () => {
+    expectCleanError(await runCli(['verify']), /missing required argument 'file'/);
+  });
+
+  it('verify --provider that is not 64 hex', async () => {
+    expectCleanError(await runCli(['verify', 'x.json', '--provider', 'ab']), /--provider must be 64 lowercase hex/, 2);
+  });
+});
+
+describe('init', () => {
+  it('prints a 64-hex provider id, writes a 0600 key and a config, and refuses a second init', async () => {
+    const data = path.join(tmp, 'init');
+    const r = await runCli(['init', '--data', data]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^[0-9a-f]{64}\n$/);
+    const id = r.stdout.trim();
+    const keyFile = path.join(data, 'node.key');
+    expect(fs.statSync(keyFile).mode & 0o777).toBe(0o600);
+    expect(fs.existsSync(path.join(data, 'config.yaml'))).toBe(true);
+    expect(loadKeyFile(keyFile).providerId).toBe(id);
+
+    const key = fs.readFileSync(keyFile);
+    const config = fs.readFileSync(path.join(data, 'config.yaml'));
+    const again = await runCli(['init', '--data', data]);
+    expectCleanError(again, /already exists; refusing to overwrite/, 1);
+    expect(again.stdout).toBe('');
+    expect(fs.readFileSync(keyFile).equals(key)).toBe(true);
+    expect(fs.readFileSync(path.join(data, 'config.yaml')).equals(config)).toBe(true);
+    expect(fs.statSync(keyFile).mode & 0o777).toBe(0o600);
+  });
+
+  it('init over a file is a clean error', async () => {
+    const file = path.join(tmp, 'a-file');
+    fs.writeFileSync(file, 'x');
+    expectCleanError(await runCli(['init', '--data', file]), /seller-node: /);
+    expect(fs.readFileSync(file, 'utf8')).toBe('x');
+  });
+});
+
+describe('fill, export, audit round trip', () => {
+  const data = () => path.join(tmp, 'node');
+  const out = () => path.join(tmp, 'export');
+  let id: string;
+
+  beforeAll(async () => {
+    const r = await runCli(['init', '--data', data()]);
+    expect(r.code, r.stderr).toBe(0);
+    id = r.stdout.trim();
+  });
+
+  it('log fill appends the receipts', async () => {
+    const r = await runCli(['log', 'fill', '--data', data(), '--count', '30', '--checkpoint-every', '10', '--threads', '0']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^appended 30 receipts \(seq 0\.\.29\) in [0-9.]+ s; log size 30\n$/);
+  });
+
+  it('log export writes receipts.jsonl, the checkpoints and provider.pub', async () => {
+    const r = await runCli(['log', 'export', '--data', data(), '--out', out()]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^exported 30 receipts and \d+ checkpoints to /);
+    const lines = fs.readFileSync(path.join(out(), 'receipts.jsonl'), 'utf8').split('\n');
+    expect(lines).toHaveLength(31);
+    expect(lines[30]).toBe('');
+    expect(fs.readFileSync(path.join(out(), 'provider.pub'), 'utf8')).toBe(`${id}\n`);
+    expect(fs.existsSync(path.join(out(), 'checkpoint'))).toBe(true);
+    expect(fs.readdirSync(path.join(out(), 'checkpoints'))).toContain('30');
+  });
+
+  it('audit holds (default worker threads) and the summary names the receipt count', async () => {
+    const r = await runCli(['audit', out()]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain(`provider     ${id}`);
+    expect(r.stdout).toMatch(/^receipts\s+30 \(seq 0\.\.29\)/m);
+    expect(r.stdout).toMatch(/latest covers 30 of 30 receipts/);
+    expect(r.stdout).toMatch(/^OK \(/m);
+    expect(r.stdout).not.toMatch(/FAIL/);
+  });
+
+  it('audit --json --provider --threads 0 prints the report', async () => {
+    const r = await runCli(['audit', out(), '--json', '--provider', id, '--threads', '0']);
+    expect(r.code, r.stderr).toBe(0);
+    const report = JSON.parse(r.stdout);
+    expect(report.ok).toBe(true);
+    expect(report.provider).toBe(id);
+    expect(report.summary.receipts).toBe(30);
+    expect(report.summary.size).toBe(30);
+    expect(report.summary.latestCheckpoint.size).toBe(30);
+    expect(report.fault).toBeUndefined();
+  });
+
+  it('audit pinned to another provider fails provider_mismatch', async () => {
+    const other = providerIdOf(randomSeed());
+    expectFail(await runCli(['audit', out(), '--provider', other, '--threads', '0']), /^FAIL: provider_mismatch: /m);
+  });
+
+  it('audit of a tampered copy names the code, seq and line', async () => {
+    const bad = path.join(tmp, 'export-tampered');
+    fs.cpSync(out(), bad, { recursive: true });
+    const file = path.join(bad, 'receipts.jsonl');
+    const lines = fs.readFileSync(file, 'utf8').split('\n');
+    lines[4] = flipSignatureBit(lines[4]!);
+    fs.writeFileSync(file, lines.join('\n'));
+    expectFail(await runCli(['audit', bad, '--threads', '0']), /^FAIL at seq 4, line 5: signature_invalid: /m);
+    const j = await runCli(['audit', bad, '--json']);
+    expect(j.code).toBe(1);
+    const report = JSON.parse(j.stdout);
+    expect(report.ok).toBe(false);
+    expect(report.fault).toMatchObject({ code: 'signature_invalid', seq: '4', line: 5 });
+    expect(report.summary).toBeUndefined();
+  });
+
+  it('a second fill (default signer threads) continues the log, and the new export audits', async () => {
+    const f = await runCli(['log', 'fill', '--data', data(), '--count', '5']);
+    expect(f.code, f.stderr).toBe(0);
+    expect(f.stdout).toMatch(/appended 5 receipts \(seq 30\.\.34\).*log size 35/);
+    const out2 = path.join(tmp, 'export2');
+    expect((await runCli(['log', 'export', '--data', data(), '--out', out2])).code).toBe(0);
+    const a = await runCli(['audit', out2, '--threads', '0']);
+    expect(a.code, a.stdout).toBe(0);
+    expect(a.stdout).toMatch(/^receipts\s+35 /m);
+  });
+
+  it('verify of one exported line holds', async () => {
+    const line = fs.readFileSync(path.join(out(), 'receipts.jsonl'), 'utf8').split('\n')[3]!;
+    const file = path.join(tmp, 'receipt-3.json');
+    fs.writeFileSync(file, line);
+    const r = await runCli(['verify', file]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toMatch(new RegExp(`^OK receipt: seq 3 by ${id}, `));
+    const pinned = await runCli(['verify', file, '--provider', id, '--json']);
+    expect(pinned.code).toBe(0);
+    expect(JSON.parse(pinned.stdout)).toMatchObject({ ok: true, kind: 'receipt', payload: { seq: '3', provider: id } });
+  });
+});
+
+describe('verify', () => {
+  const seed = randomSeed();
+  const id = providerIdOf(seed);
+  let lines: string[];
+  let bundle: string;
+  let note: string;
+  let proofOf: (seq: number) => Uint8Array[];
+  const SEQ = 7;
+
+  beforeAll(async () => {
+    const log = ReceiptLog.open({ path: path.join(tmp, 'verify.db'), seed, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 1000 });
+    try {
+      await Promise.all(Array.from({ length: 30 }, (_, i) => log.append(syntheticReceiptBody(i))));
+      note = log.checkpoint()!;
+      expect(note).toBeTypeOf('string');
+      lines = [...log.lines()];
+      const proofs = lines.map((_, i) => log.inclusionProof(i, 30));
+      proofOf = (s) => proofs[s]!;
+      bundle = formatProofBundle({ index: SEQ, proof: log.inclusionProof(SEQ, 30), checkpointNote: note, extra: utf8(log.lineBySeq(SEQ)!) });
+    } finally {
+      await log.close();
+    }
+  });
+
+  const write = (name: string, content: string | Uint8Array): string => {
+    const f = path.join(tmp, name);
+    fs.writeFileSync(f, content);
+    return f;
+  };
+
+  it('a receipt envelope holds, with or without --provider, from a file or stdin', async () => {
+    const f = write('r0.json', lines[0]!);
+    const r = await runCli(['verify', f]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toMatch(new RegExp(`^OK receipt: seq 0 by ${id}, `));
+    expect(r.stderr).toMatch(/pass --provider to pin it/);
+    const pinned = await runCli(['verify', f, '--provider', id]);
+    expect(pinned.code).toBe(0);
+    expect(pinned.stderr).toBe('');
+    const stdin = await runCli(['verify', '-', '--provider', id], { input: lines[1]! + '\n' });
+    expect(stdin.code, stdin.stdout + stdin.stderr).toBe(0);
+    expect(stdin.stdout).toMatch(/^OK receipt: seq 1 /);
+  });
+
+  it('a receipt with a payload field changed is signature_invalid', async () => {
+    const p = payloadOf(lines[2]!);
+    p.usage.output_tokens += 1;
+    const f = write('r2-tampered.json', withPayloadKeepSig(lines[2]!, p));
+    expectFail(await runCli(['verify', f]), /^FAIL receipt: signature_invalid: /m);
+    const j = await runCli(['verify', f, '--json', '--provider', id]);
+    expect(j.code).toBe(1);
+    expect(JSON.parse(j.stdout)).toMatchObject({ ok: false, kind: 'receipt', error: { code: 'signature_invalid' } });
+  });
+
+  it('a receipt with a flipped signature bit is signature_invalid', async () => {
+    const f = write('r4-flipped.json', flipSignatureBit(lines[4]!, 40, 7));
+    expectFail(await runCli(['verify', f, '--provider', id]), /^FAIL receipt: signature_invalid: /m);
+  });
+
+  it('a receipt checked against another provider is unknown_key', async () => {
+    const f = write('r5.json', lines[5]!);
+    expectFail(await runCli(['verify', f, '--provider', providerIdOf(randomSeed())]), /^FAIL receipt: unknown_key: /m);
+  });
+
+  it('a tlog-proof bundle built with the library holds', async () => {
+    expect(bundle.startsWith('c2sp.org/tlog-proof@v1\nextra ')).toBe(true);
+    const f = write('bundle.txt', bundle);
+    const r = await runCli(['verify', f]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toMatch(new RegExp(`^OK bundle: seq ${SEQ} by ${id}, .*included in the log at index ${SEQ} under a checkpoint of size 30`));
+    const j = await runCli(['verify', f, '--json', '--provider', id]);
+    expect(j.code).toBe(0);
+    expect(JSON.parse(j.stdout)).toMatchObject({ ok: true, kind: 'bundle', payload: { seq: String(SEQ) } });
+  });
+
+  it('a bundle carrying another receipt than the proven one is proof_root_mismatch', async () => {
+    const f = write('bundle-other-extra.txt', bundle.replace(`extra ${toBase64(utf8(lines[SEQ]!))}`, `extra ${toBase64(utf8(lines[SEQ + 1]!))}`));
+    expectFail(await runCli(['verify', f]), /^FAIL bundle: proof_root_mismatch: /m);
+  });
+
+  it('a bundle whose receipt was tampered is proof_root_mismatch', async () => {
+    const p = payloadOf(lines[SEQ]!);
+    p.cost_micro_usd = '0';
+    const forged = withPayloadKeepSig(lines[SEQ]!, p);
+    const f = write('bundle-forged.txt', formatProofBundle({ index: SEQ, proof: proofOf(SEQ), checkpointNote: note, extra: utf8(forged) }));
+    expectFail(await runCli(['verify', f]), /^FAIL bundle: proof_root_mismatch: /m);
+  });
+
+  it('a bundle with the right receipt at the wrong index is refused', async () => {
+    const f = write('bundle-wrong-index.txt', formatProofBundle({ index: SEQ + 1, proof: proofOf(SEQ), checkpointNote: note, extra: utf8(lines[SEQ]!) }));
+    expectFail(await runCli(['verify', f]), /^FAIL bundle: proof_root_mismatch: /m);
+  });
+
+  it('a bundle pinned to another provider fails on its checkpoint: note_no_known_signature', async () => {
+    const f = write('bundle-pin.txt', bundle);
+    expectFail(await runCli(['verify', f, '--provider', providerIdOf(randomSeed())]), /^FAIL bundle: note_no_known_signature: /m);
+  });
+
+  it('a bundle whose checkpoint was edited is signature_invalid', async () => {
+    const f = write('bundle-cp.txt', bundle.replace(/\n30\n/, '\n31\n'));
+    expectFail(await runCli(['verify', f]), /^FAIL bundle: signature_invalid: /m);
+  });
+
+  it('a bundle cut short is refused', async () => {
+    const f = write('bundle-short.txt', bundle.slice(0, bundle.indexOf('\n\n')));
+    expectFail(await runCli(['verify', f]), /^FAIL bundle: bundle_malformed: /m);
+  });
+
+  it('a missing file is a clean error', async () => {
+    const r = await runCli(['verify', path.join(tmp, 'no-such-file.json')]);
+    expectCleanError(r, /cannot read .*no-such-file\.json: no such file/, 1);
+    expect(r.stdout).toBe('');
+  });
+
+  it('a directory is a clean error', async () => {
+    expectCleanError(await runCli(['verify', tmp]), /cannot read .*: is a directory/, 1);
+  });
+
+  it('an empty file is envelope_not_json', async () => {
+    expectFail(await runCli(['verify', write('empty.json', '')]), /^FAIL receipt: envelope_not_json: /m);
+  });
+
+  it('binary garbage is envelope_not_json', async () => {
+    const garbage = new Uint8Array(512);
+    for (let i = 0; i < garbage.length; i++) garbage[i] = (i * 167 + 13) & 255;
+    expectFail(await runCli(['verify', write('garbage.bin', garbage)]), /^FAIL receipt: envelope_not_json: /m);
+  });
+
+  it('a JSON value that is not an envelope is envelope_malformed', async () => {
+    expectFail(await runCli(['verify', write('array.json', '[1,2]')]), /^FAIL receipt: envelope_malformed: /m);
+  });
+
+  it('a file over 8 MiB is refused with a clean error', async () => {
+    const r = await runCli(['verify', write('huge.json', Buffer.alloc((8 << 20) + 1, 0x20))]);
+    expectCleanError(r, /larger than 8388608 bytes/, 1);
+  });
+});
+
+describe('audit of things that are not exports', () => {
+  it('a nonexistent folder is export_missing_file', async () => {
+    const r = await runCli(['audit', path.join(tmp, 'nope'), '--threads', '0']);
+    expectFail(r, /^FAIL: export_missing_file: .*is not a directory/m);
+    expect(r.stderr).toBe('');
+  });
+
+  it('a file instead of a folder is export_missing_file', async () => {
+    const f = path.join(tmp, 'plain-file');
+    fs.writeFileSync(f, 'x');
+    expectFail(await runCli(['audit', f, '--threads', '0']), /^FAIL: export_missing_file: /m);
+  });
+
+  it('an empty folder is export_missing_file', async () => {
+    const d = path.join(tmp, 'empty-dir');
+    fs.mkdirSync(d);
+    expectFail(await runCli(['audit', d, '--threads', '0']), /^FAIL: export_missing_file: provider\.pub is missing/m);
+    const j = await runCli(['audit', d, '--json']);
+    expect(j.code).toBe(1);
+    expect(JSON.parse(j.stdout)).toMatchObject({ ok: false, fault: { code: 'export_missing_file' } });
+  });
+
+  it('garbage in receipts.jsonl is envelope_not_json at line 1', async () => {
+    const d = path.join(tmp, 'garbage-export');
+    fs.mkdirSync(d);
+    fs.writeFileSync(path.join(d, 'provider.pub'), providerIdOf(randomSeed()) + '\n');
+    const garbage = Buffer.alloc(4096);
+    for (let i = 0; i < garbage.length; i++) garbage[i] = (i * 31 + 7) & 255;
+    fs.writeFileSync(path.join(d, 'receipts.jsonl'), garbage);
+    expectFail(await runCli(['audit', d]), /^FAIL at line 1: envelope_not_json: /m);
+    const j = await runCli(['audit', d, '--json', '--threads', '0']);
+    expect(j.code).toBe(1);
+    expect(JSON.parse(j.stdout).fault).toMatchObject({ code: 'envelope_not_json', line: 1 });
+  });
+
+  it('garbage in provider.pub is export_malformed', async () => {
+    const d = path.join(tmp, 'garbage-pub');
+    fs.mkdirSync(d);
+    fs.writeFileSync(path.join(d, 'provider.pub'), Buffer.from([0, 1, 2, 255, 254]));
+    fs.writeFileSync(path.join(d, 'receipts.jsonl'), '');
+    expectFail(await runCli(['audit', d, '--threads', '0']), /^FAIL: export_malformed: /m);
+  });
+
+  it('an empty receipts.jsonl is log_empty', async () => {
+    const d = path.join(tmp, 'empty-log');
+    fs.mkdirSync(d);
+    fs.writeFileSync(path.join(d, 'provider.pub'), providerIdOf(randomSeed()) + '\n');
+    fs.writeFileSync(path.join(d, 'receipts.jsonl'), '');
+    expectFail(await runCli(['audit', d, '--threads', '0']), /^FAIL: log_empty: /m);
+  });
+});

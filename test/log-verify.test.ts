@@ -1,0 +1,72 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, test } from 'vitest';
+import { verifyCheckpointConsistency } from '../attestation/log-verify.ts';
+import { signCheckpoint, receiptLogOrigin } from '../attestation/checkpoint.ts';
+import { audit } from '../src/audit/audit.ts';
+import { exportLog } from '../src/store/export.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { buildLog, removeTemp, tempDir, randomSeed, type BuiltLog } from './helpers/tamper-log.ts';
+
+const temps: string[] = [];
+afterEach(() => {
+  for (const d of temps.splice(0)) removeTemp(d);
+});
+
+describe('verifyCheckpointConsistency (what a buyer checks between two checkpoints)', () => {
+  test('an older checkpoint extends to a newer one with the log\'s proof; anything else is refused', async () => {
+    const dir = tempDir();
+    temps.push(dir);
+    const seed = randomSeed();
+    const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 1000 });
+    await Promise.all(Array.from({ length: 13 }, (_, i) => log.append(syntheticReceiptBody(i))));
+    const older = log.checkpoint()!;
+    await Promise.all(Array.from({ length: 20 }, (_, i) => log.append(syntheticReceiptBody(13 + i))));
+    const newer = log.checkpoint()!;
+    const proof = log.consistencyProof(13, 33);
+    const id = log.providerId;
+    expect(verifyCheckpointConsistency(older, newer, proof, id)).toMatchObject({ ok: true, value: { older: { size: 13 }, newer: { size: 33 } } });
+    expect(verifyCheckpointConsistency(older, older, [], id).ok).toBe(true);
+    expect(verifyCheckpointConsistency(newer, older, proof, id)).toMatchObject({ ok: false, error: { code: 'checkpoint_inconsistent' } });
+    const bad = proof.map((h, i) => (i === 0 ? Uint8Array.from(h, (b, j) => (j === 0 ? b ^ 1 : b)) : h));
+    expect(verifyCheckpointConsistency(older, newer, bad, id)).toMatchObject({ ok: false, error: { code: 'checkpoint_inconsistent' } });
+    // The node signs a second, different tree of size 33: a fork.
+    const origin = receiptLogOrigin(id);
+    const forked = signCheckpoint({ origin, size: 33, rootHash: log.root(32) }, { name: origin, seed });
+    expect(verifyCheckpointConsistency(newer, forked, [], id)).toMatchObject({ ok: false, error: { code: 'checkpoint_fork' } });
+    expect(verifyCheckpointConsistency(older, newer, proof, '00'.repeat(32))).toMatchObject({ ok: false });
+    await log.close();
+  });
+});
+
+describe('export', () => {
+  test('exporting into a folder that held another log leaves none of its checkpoints behind', async () => {
+    const dir = tempDir();
+    temps.push(dir);
+    const seed = randomSeed();
+    const log1 = ReceiptLog.open({ path: path.join(dir, 'one.db'), seed, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 10 });
+    await Promise.all(Array.from({ length: 30 }, (_, i) => log1.append(syntheticReceiptBody(i))));
+    const out = path.join(dir, 'out');
+    await exportLog(log1, out);
+    await log1.close();
+    const log2 = ReceiptLog.open({ path: path.join(dir, 'two.db'), seed: randomSeed(), threads: 0, checkpointIntervalMs: 0, checkpointEvery: 4 });
+    await Promise.all(Array.from({ length: 8 }, (_, i) => log2.append(syntheticReceiptBody(i))));
+    await exportLog(log2, out);
+    await log2.close();
+    expect(fs.readdirSync(path.join(out, 'checkpoints')).sort()).toEqual(['4', '8']);
+    expect(fs.readdirSync(out).filter((n) => n.endsWith('.tmp'))).toEqual([]);
+    expect((await audit({ dir: out, threads: 0 })).ok).toBe(true);
+  });
+
+  test('a line that is not the canonical envelope (CRLF) is envelope_not_canonical', async () => {
+    const b: BuiltLog = await buildLog({ count: 5, checkpointEvery: 5 });
+    temps.push(b.root);
+    const file = path.join(b.exportDir, 'receipts.jsonl');
+    const lines = fs.readFileSync(file, 'utf8').split('\n');
+    lines[2] = lines[2] + '\r';
+    fs.writeFileSync(file, lines.join('\n'));
+    const r = await audit({ dir: b.exportDir, threads: 0 });
+    expect(r.fault).toMatchObject({ code: 'envelope_not_canonical', seq: '2', line: 3 });
+  });
+});
