@@ -131,6 +131,14 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
 }
 
 /**
+ * serializeEnvelope for the common case of one signature, built directly: base64 and lowercase hex
+ * need no escaping, so this is byte for byte what canonicalize gives (a test holds it to that).
+ */
+export function envelopeLine(payloadB64: string, payloadType: string, keyid: string, sigB64: string): string {
+  return `{"payload":"${payloadB64}","payloadType":${JSON.stringify(payloadType)},"signatures":[{"keyid":${JSON.stringify(keyid)},"sig":"${sigB64}"}]}`;
+}
+
+/**
  * The one serialisation of an envelope that this project writes: RFC 8785 canonical JSON. It is a
  * line of receipts.jsonl and the leaf data of the transparency log.
  */

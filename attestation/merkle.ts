@@ -5,7 +5,7 @@
 // Sizes and indices are JavaScript numbers, so everything is limited to Number.MAX_SAFE_INTEGER and
 // uses arithmetic (not 32-bit bitwise operators) on them.
 import { bytesEqual } from './bytes.ts';
-import { sha256 } from './hash.ts';
+import { sha256, sha256Parts } from './hash.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 
 export const HASH_SIZE = 32;
@@ -13,11 +13,11 @@ export const HASH_SIZE = 32;
 /** MTH({}) = SHA-256 of the empty string. */
 export const EMPTY_ROOT: Uint8Array = sha256(new Uint8Array(0));
 
-/** MTH({d}) = SHA-256(0x00 || d). */
-export function leafHash(data: Uint8Array): Uint8Array {
-  const buf = new Uint8Array(1 + data.length);
-  buf.set(data, 1);
-  return sha256(buf);
+const LEAF_PREFIX = Uint8Array.of(0x00);
+
+/** MTH({d}) = SHA-256(0x00 || d); a string counts as its UTF-8 bytes. */
+export function leafHash(data: Uint8Array | string): Uint8Array {
+  return sha256Parts(LEAF_PREFIX, data);
 }
 
 const nodeInput = new Uint8Array(1 + 2 * HASH_SIZE);

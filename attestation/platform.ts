@@ -5,12 +5,19 @@
 /** The parts of node:crypto that this package uses. */
 export interface NativeCrypto {
   hash(algorithm: 'sha256' | 'sha512', data: Uint8Array): Uint8Array;
+  /** The digest of the parts laid end to end; strings count as their UTF-8 bytes. */
+  hashParts(algorithm: 'sha256' | 'sha512', parts: readonly (Uint8Array | string)[]): Uint8Array;
   ed25519Sign(seed: Uint8Array, message: Uint8Array): Uint8Array;
   ed25519Verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): boolean;
 }
 
+interface NodeHash {
+  update(d: Uint8Array | string): NodeHash;
+  digest(): Uint8Array;
+}
+
 interface NodeCryptoModule {
-  createHash(alg: string): { update(d: Uint8Array): { digest(): Uint8Array } };
+  createHash(alg: string): NodeHash;
   hash?: (alg: string, data: Uint8Array, enc: 'buffer') => Uint8Array;
   createPrivateKey(o: { key: Uint8Array; format: 'der'; type: 'pkcs8' }): unknown;
   createPublicKey(o: { key: Uint8Array; format: 'der'; type: 'spki' }): unknown;
@@ -60,6 +67,12 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
   return {
     hash: (alg, data) => {
       const b = hash(alg, data);
+      return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+    },
+    hashParts: (alg, parts) => {
+      const h = c.createHash(alg);
+      for (const p of parts) h.update(p);
+      const b = h.digest();
       return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
     },
     ed25519Sign(seed, message) {

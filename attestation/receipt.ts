@@ -2,6 +2,7 @@
 // the node's previous receipt. Validated identically by the signer and by every verifier.
 import * as f from './fields.ts';
 import { computeCost, type Rates, type Usage } from './money.ts';
+import { sortKeys } from './canonical-json.ts';
 
 export const RECEIPT_PAYLOAD_TYPE = 'application/vnd.service.receipt.v1+json';
 export const RECEIPT_VERSION = 1;
@@ -123,4 +124,54 @@ export function validateReceiptPayload(value: unknown): ReceiptPayload {
 /** The cost this receipt should state, from its own usage and rates. */
 export function expectedCost(p: ReceiptPayload): bigint {
   return computeCost(p.usage, ratesFromWire(p.price.rates));
+}
+
+/**
+ * The payload for a body at a position of the chain, with every object's keys inserted in sorted
+ * order, so that its canonical form is plain JSON.stringify (see canonicalize's fast path).
+ * Nested objects are copied, never shared with the caller. Does not validate.
+ */
+export function buildReceiptPayload(provider: string, seq: string, prev: string, b: ReceiptBody): ReceiptPayload {
+  // Anything that is not an object passes through as it is, for validation to name.
+  const o = (x: unknown): x is Record<string, unknown> => x !== null && typeof x === 'object' && !Array.isArray(x);
+  const { usage, price, runtime, attestation } = b;
+  const rates = o(price) ? price.rates : undefined;
+  return {
+    attestation: o(attestation) ? { evidence_sha256: attestation.evidence_sha256, tier: attestation.tier } : attestation,
+    cost_micro_usd: b.cost_micro_usd,
+    endpoint: b.endpoint,
+    finished_at: b.finished_at,
+    first_token_at: b.first_token_at,
+    hold_micro_usd: b.hold_micro_usd,
+    model: b.model,
+    model_sha256: b.model_sha256,
+    prev,
+    price: o(price)
+      ? {
+          rates: o(rates)
+            ? rates.per_unit === undefined
+              ? { input_per_mtok: rates.input_per_mtok, output_per_mtok: rates.output_per_mtok }
+              : { input_per_mtok: rates.input_per_mtok, output_per_mtok: rates.output_per_mtok, per_unit: sortKeys(rates.per_unit) }
+            : rates,
+          version: price.version,
+        }
+      : price,
+    provider,
+    quantization: b.quantization,
+    request_id: b.request_id,
+    request_sha256: b.request_sha256,
+    response_sha256: b.response_sha256,
+    runtime: o(runtime) ? { adapter: runtime.adapter, version: runtime.version } : runtime,
+    seq,
+    started_at: b.started_at,
+    status: b.status,
+    ticket_id: b.ticket_id,
+    usage: o(usage)
+      ? usage.units === undefined
+        ? { input_tokens: usage.input_tokens, output_tokens: usage.output_tokens }
+        : { input_tokens: usage.input_tokens, output_tokens: usage.output_tokens, units: sortKeys(usage.units) }
+      : usage,
+    usage_runtime: sortKeys(b.usage_runtime),
+    v: RECEIPT_VERSION,
+  } as ReceiptPayload;
 }

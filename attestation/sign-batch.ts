@@ -1,39 +1,52 @@
-// The signing work of the signer pool, shared by its worker threads and its in-process fallback:
-// for each payload, the Ed25519 signature over PAE and the Merkle leaf hash of the finished
-// envelope. Results are packed into one buffer (64-byte signature ‖ 32-byte leaf hash per payload)
-// so a batch crosses the thread boundary as a single transfer.
-import { toBase64 } from './bytes.ts';
-import { pae, serializeEnvelope } from './dsse.ts';
+// The signing work of the receipt log, shared by its worker threads and its in-process mode: for
+// each canonical payload, the Ed25519 signature over PAE and the Merkle leaf hash of the finished
+// envelope line. Results are packed into a few flat buffers so a batch crosses the thread boundary
+// as one transfer and lands in SQLite as one row.
+import { toBase64, utf8 } from './bytes.ts';
+import { envelopeLine, pae } from './dsse.ts';
 import { ed25519Sign } from './ed25519.ts';
 import { leafHash } from './merkle.ts';
-import { utf8 } from './bytes.ts';
 
 export interface SignBatchTask {
   payloadType: string;
   keyid: string;
-  /** Payloads laid end to end; `lengths[i]` bytes each. */
-  payloads: Uint8Array;
-  lengths: Uint32Array;
+  /** Canonical JSON payloads, in seq order. */
+  payloads: string[];
 }
 
-export const SIGNED_ITEM_BYTES = 96;
+export interface SignedBatch {
+  /** The UTF-8 payloads laid end to end; payload i is bytes offsets[i]..offsets[i+1]. */
+  payloads: Uint8Array;
+  offsets: Uint32Array;
+  /** 64 bytes a payload. */
+  sigs: Uint8Array;
+  /** 32 bytes a payload: the Merkle leaf hash of its envelope line. */
+  leaves: Uint8Array;
+}
 
-export function signBatch(seed: Uint8Array, task: SignBatchTask): Uint8Array {
-  const n = task.lengths.length;
-  const out = new Uint8Array(n * SIGNED_ITEM_BYTES);
-  let off = 0;
+export function signBatch(seed: Uint8Array, task: SignBatchTask): SignedBatch {
+  const n = task.payloads.length;
+  const encoded = task.payloads.map((p) => utf8(p));
+  const offsets = new Uint32Array(n + 1);
+  for (let i = 0; i < n; i++) offsets[i + 1] = offsets[i]! + encoded[i]!.length;
+  const payloads = new Uint8Array(offsets[n]!);
+  const sigs = new Uint8Array(n * 64);
+  const leaves = new Uint8Array(n * 32);
   for (let i = 0; i < n; i++) {
-    const len = task.lengths[i]!;
-    const payload = task.payloads.subarray(off, off + len);
-    off += len;
-    const sig = ed25519Sign(seed, pae(task.payloadType, payload));
-    const line = serializeEnvelope({
-      payload: toBase64(payload),
-      payloadType: task.payloadType,
-      signatures: [{ keyid: task.keyid, sig: toBase64(sig) }],
-    });
-    out.set(sig, i * SIGNED_ITEM_BYTES);
-    out.set(leafHash(utf8(line)), i * SIGNED_ITEM_BYTES + 64);
+    const bytes = encoded[i]!;
+    payloads.set(bytes, offsets[i]);
+    const sig = ed25519Sign(seed, pae(task.payloadType, bytes));
+    sigs.set(sig, i * 64);
+    leaves.set(leafHash(envelopeLine(toBase64(bytes), task.payloadType, task.keyid, toBase64(sig))), i * 32);
   }
-  return out;
+  return { payloads, offsets, sigs, leaves };
+}
+
+/** Payload i and its signature, as views into the batch. */
+export function batchItem(b: SignedBatch, i: number): { payload: Uint8Array; sig: Uint8Array; leaf: Uint8Array } {
+  return {
+    payload: b.payloads.subarray(b.offsets[i]!, b.offsets[i + 1]!),
+    sig: b.sigs.subarray(i * 64, i * 64 + 64),
+    leaf: b.leaves.subarray(i * 32, i * 32 + 32),
+  };
 }

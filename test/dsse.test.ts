@@ -78,3 +78,14 @@ describe('Ed25519 envelopes', () => {
     }
   });
 });
+
+describe('envelopeLine', () => {
+  test('is exactly serializeEnvelope for one signature', async () => {
+    const { envelopeLine } = await import('../attestation/dsse.ts');
+    const seed = new Uint8Array(32).fill(3);
+    for (const type of ['application/vnd.service.receipt.v1+json', 'x/"quoted"\\', 'ünï']) {
+      const env = signEnvelope(type, utf8('{"a":"b"}'), { keyid: 'ab'.repeat(32), seed });
+      expect(envelopeLine(env.payload, type, env.signatures[0]!.keyid!, env.signatures[0]!.sig)).toBe(serializeEnvelope(env));
+    }
+  });
+});

@@ -11,7 +11,7 @@ import { verifyLog } from '../attestation/log-verify.ts';
 import { verifyConsistency, verifyInclusion, leafHash } from '../attestation/merkle.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
-import { ReceiptLog, ReceiptLogError } from '../src/store/receipt-log.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { utf8 } from '../attestation/bytes.ts';
 import { REPO_ROOT } from './helpers/vectors.ts';
@@ -57,7 +57,7 @@ describe('ReceiptLog', () => {
     expect(verifyReceipt(r.line, { provider: log.providerId }).ok).toBe(true);
     // Another connection (another process would see the same) reads it back.
     const db = new Database(file, { readonly: true });
-    expect(db.prepare('SELECT count(*) AS n FROM receipts').get()).toEqual({ n: 1 });
+    expect(db.prepare('SELECT sum(count) AS n FROM receipt_batches').get()).toEqual({ n: 1 });
     db.close();
     expect(log.lineBySeq(0)).toBe(r.line);
     expect(log.byRequestId(r.payload.request_id)).toEqual([{ seq: 0, line: r.line }]);
@@ -121,17 +121,36 @@ describe('ReceiptLog', () => {
     const s = seed();
     const file = path.join(tmp(), 'r.db');
     const log = ReceiptLog.open({ path: file, seed: s, checkpointIntervalMs: 0, threads: 0 });
-    await Promise.all([0, 1, 2].map((i) => log.append(syntheticReceiptBody(i))));
+    // Three batches: seq 0, 1-2, 3.
+    await log.append(syntheticReceiptBody(0));
+    await Promise.all([1, 2].map((i) => log.append(syntheticReceiptBody(i))));
+    await log.append(syntheticReceiptBody(3));
     await log.close();
+    const backup = fs.readFileSync(file);
+    const reset = () => fs.writeFileSync(file, backup);
     expect(() => ReceiptLog.open({ path: file, seed: seed(), threads: 0 })).toThrow(expect.objectContaining({ code: 'log_wrong_key' }));
-    const db = new Database(file);
-    db.prepare('UPDATE receipts SET leaf = ? WHERE seq = 1').run(Buffer.alloc(32, 1));
+    // A changed leaf no longer matches the signed checkpoint.
+    let db = new Database(file);
+    const leaves = Buffer.from((db.prepare('SELECT leaves FROM receipt_batches WHERE first_seq = 1').get() as { leaves: Buffer }).leaves);
+    leaves[40] = leaves[40]! ^ 1;
+    db.prepare('UPDATE receipt_batches SET leaves = ? WHERE first_seq = 1').run(leaves);
     db.close();
     expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0 })).toThrow(expect.objectContaining({ code: 'log_corrupt' }));
-    const db2 = new Database(file);
-    db2.prepare('DELETE FROM receipts WHERE seq = 1').run();
-    db2.close();
-    expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0 })).toThrow(ReceiptLogError);
+    // A missing batch is a gap in seq.
+    reset();
+    db = new Database(file);
+    db.prepare('DELETE FROM receipt_batches WHERE first_seq = 1').run();
+    db.close();
+    expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0 })).toThrow(expect.objectContaining({ code: 'log_corrupt', message: expect.stringContaining('missing seq 1') }));
+    // A truncated blob is damage, named as such.
+    reset();
+    db = new Database(file);
+    db.prepare('UPDATE receipt_batches SET sigs = zeroblob(10) WHERE first_seq = 3').run();
+    db.close();
+    expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0 })).toThrow(expect.objectContaining({ code: 'log_corrupt', message: expect.stringContaining('damaged') }));
+    reset();
+    const again = openLog(file, s, { threads: 0 });
+    expect(again.size).toBe(4);
   });
 
   test('a closed log refuses appends; close flushes what was pending', async () => {

@@ -3,24 +3,25 @@
 // signed checkpoints over it.
 //
 // append() assigns seq and prev synchronously, in call order, so the hash chain is fixed the moment
-// a request finishes, however many finish together. Batches then go to two worker threads that
-// sign them at the same time and commit them in seq order, one transaction (one fsync) per batch:
-// group commit, off the event loop. A caller is resolved only after its batch's commit returned.
-import { Piscina } from 'piscina';
-import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
-import { canonicalize, sortKeys } from '../../attestation/canonical-json.ts';
+// a request finishes, however many finish together. Batches then go to the signer pool (worker
+// threads signing at the same time) and, in seq order, to a writer thread that commits each batch
+// in one transaction (one fsync: group commit). A caller is resolved only after its batch's commit
+// returned. Neither signing nor fsync waits run on the event loop.
+import { toBase64, toHex } from '../../attestation/bytes.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
-import { serializeEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import { envelopeLine, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
-import { sha256 } from '../../attestation/hash.ts';
+import { sha256, sha256Parts } from '../../attestation/hash.ts';
 import { MerkleTree } from '../../attestation/merkle.ts';
 import { signNote } from '../../attestation/note.ts';
-import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, RECEIPT_VERSION, expectedCost, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
-import { signBatch, SIGNED_ITEM_BYTES } from '../../attestation/sign-batch.ts';
+import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
+import { batchItem, type SignedBatch } from '../../attestation/sign-batch.ts';
+import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
-import { makeInserter, openDb, requestKey, SCHEMA } from './log-writer.ts';
-import type { LogTask } from './log-worker.ts';
+import { openDb, requestKey, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
+import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
 
 export class ReceiptLogError extends Error {
   override name = 'ReceiptLogError';
@@ -37,13 +38,13 @@ export interface ReceiptLogOptions {
   /** SQLite file. */
   path: string;
   seed: Uint8Array;
-  /** Worker threads that sign and commit (default 2; 0 does both on the calling thread). */
+  /** Signer threads (default 2); 0 signs and writes on the calling thread (for small tools). */
   threads?: number;
   /** Sign a checkpoint after this many new receipts (default 1000). */
   checkpointEvery?: number;
   /** ...or after this long with new receipts (default 10 s; 0 disables the timer). */
   checkpointIntervalMs?: number;
-  /** Most receipts committed in one transaction (default 256). */
+  /** Most receipts committed in one transaction (default 128). */
   maxBatch?: number;
 }
 
@@ -71,30 +72,25 @@ export class AppendedReceipt {
 
   /** The envelope's canonical JSON: its line in receipts.jsonl and its Merkle leaf data. */
   get line(): string {
-    return (this.text ??= serializeEnvelope(this.envelope));
+    return (this.text ??= envelopeLine(this.envelope.payload, RECEIPT_PAYLOAD_TYPE, this.keyid, this.envelope.signatures[0]!.sig));
   }
 }
 
 function envelopeOf(payload: Uint8Array, sig: Uint8Array, keyid: string): DsseEnvelope {
+  // Keys in canonical order.
   return { payload: toBase64(payload), payloadType: RECEIPT_PAYLOAD_TYPE, signatures: [{ keyid, sig: toBase64(sig) }] };
 }
 
 interface Pending {
   payload: ReceiptPayload;
-  bytes: Uint8Array;
+  text: string;
   resolve: (r: AppendedReceipt) => void;
   reject: (e: Error) => void;
 }
 
 interface Batch {
   items: Pending[];
-  result: Promise<Uint8Array>;
-}
-
-interface Row {
-  seq: number;
-  payload: Uint8Array;
-  sig: Uint8Array;
+  result: Promise<SignedBatch>;
 }
 
 export interface StoredCheckpoint {
@@ -102,8 +98,6 @@ export interface StoredCheckpoint {
   note: string;
   createdAt: number;
 }
-
-const WORKER_URL = new URL(import.meta.url.endsWith('.ts') ? './log-worker.ts' : './log-worker.js', import.meta.url);
 
 export class ReceiptLog {
   readonly providerId: string;
@@ -113,12 +107,12 @@ export class ReceiptLog {
   private readonly tree: MerkleTree;
   private readonly checkpointEvery: number;
   private readonly maxBatch: number;
-  private readonly pool: Piscina | undefined;
-  private readonly threads: number;
-  private readonly insertInProcess: ((b: LogTask, signed: Uint8Array) => void) | undefined;
-  private readonly turn = new Int32Array(new SharedArrayBuffer(8));
+  private readonly signer: SignerPool;
+  private readonly writer: BatchWriter;
   private nextSeq: number;
   private nextBatch = 0;
+  /** The hand-over of the latest batch to the writer: batches are handed over in seq order. */
+  private handedOver: Promise<unknown> = Promise.resolve();
   private lastPayloadHash: string;
   private lastCheckpointSize: number;
   private pending: Pending[] = [];
@@ -134,7 +128,7 @@ export class ReceiptLog {
     this.origin = receiptLogOrigin(id.providerId);
     this.seed = opts.seed;
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
-    this.maxBatch = opts.maxBatch ?? 256;
+    this.maxBatch = opts.maxBatch ?? 128;
     this.db = openDb(opts.path);
     try {
       this.db.exec(SCHEMA);
@@ -146,14 +140,18 @@ export class ReceiptLog {
       // Rebuild the tree and the chain head from disk, proving the stored log is whole on the way.
       this.tree = new MerkleTree();
       let last: Uint8Array | undefined;
-      let expect = 0;
-      for (const r of this.db.prepare<[], { seq: number; leaf: Uint8Array; payload: Uint8Array }>('SELECT seq, leaf, payload FROM receipts ORDER BY seq').iterate()) {
-        if (r.seq !== expect) throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} is missing seq ${expect}`);
-        this.tree.append(new Uint8Array(r.leaf));
-        last = r.payload;
-        expect++;
+      for (const r of this.db.prepare<[], BatchRow>('SELECT * FROM receipt_batches ORDER BY first_seq').iterate()) {
+        if (r.first_seq !== this.tree.size) throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} is missing seq ${this.tree.size}`);
+        let b: SignedBatch;
+        try {
+          b = rowToBatch(r);
+        } catch (e) {
+          throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path}: ${(e as Error).message}`);
+        }
+        for (let i = 0; i < r.count; i++) this.tree.append(b.leaves.subarray(i * 32, i * 32 + 32));
+        last = batchItem(b, r.count - 1).payload;
       }
-      this.nextSeq = expect;
+      this.nextSeq = this.tree.size;
       this.lastPayloadHash = last ? toHex(sha256(last)) : GENESIS_PREV;
       const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
       this.lastCheckpointSize = cp?.size ?? 0;
@@ -164,18 +162,9 @@ export class ReceiptLog {
       this.db.close();
       throw e;
     }
-    this.threads = opts.threads ?? 2;
-    if (this.threads > 0) {
-      this.pool = new Piscina({
-        filename: WORKER_URL.href,
-        minThreads: this.threads,
-        maxThreads: this.threads,
-        idleTimeout: Infinity,
-        workerData: { seed: this.seed, file: opts.path, turn: this.turn.buffer, turnTimeoutMs: 30_000 },
-      });
-    } else {
-      this.insertInProcess = makeInserter(this.db);
-    }
+    const threads = opts.threads ?? 2;
+    this.signer = new SignerPool({ seed: this.seed, threads });
+    this.writer = threads > 0 ? new WriterThread(opts.path) : new InProcessWriter(this.db);
     const interval = opts.checkpointIntervalMs ?? 10_000;
     if (interval > 0) {
       this.timer = setInterval(() => {
@@ -207,33 +196,34 @@ export class ReceiptLog {
     if (this.closed) return Promise.reject(new ReceiptLogError('log_closed', 'the receipt log is closed'));
     if (this.broken) return Promise.reject(this.broken);
     let payload: ReceiptPayload;
-    let bytes: Uint8Array;
+    let text: string;
     try {
+      if (body === null || typeof body !== 'object') throw new FieldError('', 'expected an object');
       // Sorted keys make canonicalize one walk plus native JSON.stringify.
-      payload = sortKeys({ ...body, v: RECEIPT_VERSION, provider: this.providerId, seq: String(this.nextSeq), prev: this.lastPayloadHash } as ReceiptPayload);
+      payload = buildReceiptPayload(this.providerId, String(this.nextSeq), this.lastPayloadHash, body);
       validateReceiptPayload(payload);
       const cost = expectedCost(payload);
       if (cost !== BigInt(payload.cost_micro_usd)) throw new FieldError('cost_micro_usd', `is not ${cost}, the cost of the usage at the rates`);
       if (cost > BigInt(payload.hold_micro_usd)) throw new FieldError('cost_micro_usd', 'exceeds hold_micro_usd');
-      bytes = utf8(canonicalize(payload));
+      text = canonicalize(payload);
     } catch (e) {
       const field = e instanceof FieldError ? e.field : undefined;
       return Promise.reject(new ReceiptLogError('receipt_invalid', `invalid receipt: ${(e as Error).message}`, field));
     }
     // From here on nothing can fail before the seq is taken: the chain advances in call order.
     this.nextSeq++;
-    this.lastPayloadHash = toHex(sha256(bytes));
+    this.lastPayloadHash = toHex(sha256Parts(text));
     return new Promise<AppendedReceipt>((resolve, reject) => {
-      this.pending.push({ payload, bytes, resolve, reject });
+      this.pending.push({ payload, text, resolve, reject });
       this.running ??= this.drain();
     });
   }
 
-  /** Sends batches to the workers (at most one each in flight) and settles them in seq order. */
+  /** Keeps a few batches in flight (signing, then committing) and settles them in seq order. */
   private async drain(): Promise<void> {
     await new Promise<void>((r) => setImmediate(r)); // let this tick's appends join the batch
     const inFlight: Batch[] = [];
-    const limit = Math.max(1, this.threads);
+    const limit = Math.max(2, this.signer.threads * 4);
     while (this.pending.length || inFlight.length) {
       while (this.pending.length && inFlight.length < limit && !this.broken) inFlight.push(this.dispatch(this.pending.splice(0, this.maxBatch)));
       const batch = inFlight.shift()!;
@@ -255,43 +245,25 @@ export class ReceiptLog {
   }
 
   private dispatch(items: Pending[]): Batch {
-    let total = 0;
-    for (const p of items) total += p.bytes.length;
-    const payloads = new Uint8Array(total);
-    const lengths = new Uint32Array(items.length);
-    const requestKeys = new Float64Array(items.length);
-    let off = 0;
-    items.forEach((p, i) => {
-      payloads.set(p.bytes, off);
-      off += p.bytes.length;
-      lengths[i] = p.bytes.length;
-      requestKeys[i] = requestKey(p.payload.request_id);
+    const batch = this.nextBatch++;
+    const firstSeq = Number(items[0]!.payload.seq);
+    const requestKeys = Float64Array.from(items, (p) => requestKey(p.payload.request_id));
+    const signing = this.signer.sign({ payloads: items.map((p) => p.text), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId });
+    // Hand batches to the writer in seq order, whichever finishes signing first.
+    const result = Promise.all([signing, this.handedOver]).then(async ([signed]) => {
+      await this.writer.commit(batch, firstSeq, requestKeys, signed);
+      return signed;
     });
-    const task: LogTask = {
-      batch: this.nextBatch++,
-      firstSeq: Number(items[0]!.payload.seq),
-      requestKeys,
-      payloads,
-      lengths,
-      payloadType: RECEIPT_PAYLOAD_TYPE,
-      keyid: this.providerId,
-    };
-    if (this.pool) return { items, result: this.pool.run(task) as Promise<Uint8Array> };
-    try {
-      const signed = signBatch(this.seed, task);
-      this.insertInProcess!(task, signed);
-      return { items, result: Promise.resolve(signed) };
-    } catch (e) {
-      return { items, result: Promise.reject(e as Error) };
-    }
+    this.handedOver = result.catch(() => undefined);
+    return { items, result };
   }
 
-  private settle(items: Pending[], signed: Uint8Array): void {
+  private settle(items: Pending[], signed: SignedBatch): void {
     this.commits++;
     items.forEach((p, i) => {
-      const o = i * SIGNED_ITEM_BYTES;
-      this.tree.append(signed.subarray(o + 64, o + SIGNED_ITEM_BYTES));
-      p.resolve(new AppendedReceipt(p.payload, p.bytes, signed.subarray(o, o + 64), this.providerId));
+      const { payload, sig, leaf } = batchItem(signed, i);
+      this.tree.append(leaf);
+      p.resolve(new AppendedReceipt(p.payload, payload, sig, this.providerId));
     });
     // A checkpoint at every multiple of checkpointEvery, whatever the batch boundaries.
     for (let at = (Math.floor(this.lastCheckpointSize / this.checkpointEvery) + 1) * this.checkpointEvery; at <= this.tree.size; at += this.checkpointEvery) {
@@ -301,11 +273,7 @@ export class ReceiptLog {
 
   /** A failed batch: its seqs are taken and the chain runs through them, so the log stops rather than fork. */
   private fail(items: Pending[], e: Error): void {
-    if (!this.broken) {
-      this.broken = e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log write failed: ${e.message}`);
-      Atomics.store(this.turn, 1, 1); // release any worker waiting for a turn that will never come
-      Atomics.notify(this.turn, 0);
-    }
+    this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log write failed: ${e.message}`);
     for (const p of items) p.reject(this.broken);
   }
 
@@ -339,30 +307,48 @@ export class ReceiptLog {
       .map((r) => ({ size: r.size, note: r.note, createdAt: r.created_at }));
   }
 
-  private lineOf(r: Row): string {
-    return serializeEnvelope(envelopeOf(r.payload, r.sig, this.providerId));
+  private lineOf(payload: Uint8Array, sig: Uint8Array): string {
+    return envelopeLine(toBase64(payload), RECEIPT_PAYLOAD_TYPE, this.providerId, toBase64(sig));
+  }
+
+  private batchAt(seq: number): { batch: SignedBatch; index: number } | undefined {
+    const r = this.db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1').get(seq);
+    if (!r || seq >= r.first_seq + r.count) return undefined;
+    return { batch: rowToBatch(r), index: seq - r.first_seq };
   }
 
   /** The envelope line of a durable receipt, by seq. */
   lineBySeq(seq: number): string | undefined {
     if (!Number.isSafeInteger(seq) || seq < 0 || seq >= this.tree.size) return undefined;
-    const r = this.db.prepare<[number], Row>('SELECT seq, payload, sig FROM receipts WHERE seq = ?').get(seq);
-    return r && this.lineOf(r);
+    const at = this.batchAt(seq);
+    if (!at) return undefined;
+    const { payload, sig } = batchItem(at.batch, at.index);
+    return this.lineOf(payload, sig);
   }
 
   /** Durable receipts for a request id (a retried or hedged request may have more than one). */
   byRequestId(requestId: string): { seq: number; line: string }[] {
-    return this.db
-      .prepare<[number, number], Row>('SELECT seq, payload, sig FROM receipts WHERE request_key = ? AND seq < ? ORDER BY seq')
-      .all(requestKey(requestId), this.tree.size)
-      .filter((r) => (JSON.parse(Buffer.from(r.payload).toString('utf8')) as ReceiptPayload).request_id === requestId)
-      .map((r) => ({ seq: r.seq, line: this.lineOf(r) }));
+    const out: { seq: number; line: string }[] = [];
+    const seqs = this.db.prepare<[number, number], { seq: number }>('SELECT seq FROM receipt_requests WHERE request_key = ? AND seq < ? ORDER BY seq').all(requestKey(requestId), this.tree.size);
+    for (const { seq } of seqs) {
+      const at = this.batchAt(seq);
+      if (!at) continue;
+      const { payload, sig } = batchItem(at.batch, at.index);
+      if ((JSON.parse(Buffer.from(payload).toString('utf8')) as ReceiptPayload).request_id === requestId) out.push({ seq, line: this.lineOf(payload, sig) });
+    }
+    return out;
   }
 
   /** Every durable envelope line in seq order, streamed from disk. */
   *lines(): Generator<string> {
     const size = this.tree.size;
-    for (const r of this.db.prepare<[number], Row>('SELECT seq, payload, sig FROM receipts WHERE seq < ? ORDER BY seq').iterate(size)) yield this.lineOf(r);
+    for (const r of this.db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq < ? ORDER BY first_seq').iterate(size)) {
+      const b = rowToBatch(r);
+      for (let i = 0; i < r.count && r.first_seq + i < size; i++) {
+        const { payload, sig } = batchItem(b, i);
+        yield this.lineOf(payload, sig);
+      }
+    }
   }
 
   inclusionProof(seq: number, size = this.tree.size): Uint8Array[] {
@@ -383,7 +369,8 @@ export class ReceiptLog {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     await this.flush();
-    await this.pool?.destroy();
+    await this.signer.close();
+    await this.writer.close();
     if (!this.broken) this.checkpoint();
     this.db.close();
   }

@@ -1,0 +1,56 @@
+// The signer pool: piscina worker threads that sign batches of canonical payloads, so the event
+// loop stays free and every core signs. Signing is deterministic, so a batch whose worker fails is
+// signed again in-process: the same bytes, nothing lost, nothing reordered.
+import { Piscina } from 'piscina';
+import { signBatch, type SignBatchTask, type SignedBatch } from './sign-batch.ts';
+
+export interface SignerPoolOptions {
+  seed: Uint8Array;
+  /** Worker threads; 0 signs on the calling thread. Default 2. */
+  threads?: number;
+  /**
+   * Nice value for the worker threads (Linux), so that they yield to the event loop. Default 10;
+   * undefined leaves them at the process's priority.
+   */
+  nice?: number | null;
+}
+
+// Workers load this file's sibling: .ts from source (Node strips the types), .js once built.
+const WORKER_URL = new URL(import.meta.url.endsWith('.ts') ? './signer-worker.ts' : './signer-worker.js', import.meta.url);
+
+export class SignerPool {
+  readonly threads: number;
+  private readonly seed: Uint8Array;
+  private pool: Piscina | undefined;
+  private failures = 0;
+
+  constructor(opts: SignerPoolOptions) {
+    if (opts.seed.length !== 32) throw new RangeError('an Ed25519 seed is 32 bytes');
+    this.seed = opts.seed;
+    this.threads = opts.threads ?? 2;
+    if (this.threads > 0) {
+      this.pool = new Piscina({ filename: WORKER_URL.href, minThreads: this.threads, maxThreads: this.threads, idleTimeout: Infinity, workerData: { seed: opts.seed, nice: opts.nice === null ? undefined : (opts.nice ?? 10) } });
+    }
+  }
+
+  /** Batches a worker failed on and that were signed in-process instead. */
+  get fallbacks(): number {
+    return this.failures;
+  }
+
+  async sign(task: SignBatchTask): Promise<SignedBatch> {
+    if (!this.pool) return signBatch(this.seed, task);
+    try {
+      return (await this.pool.run(task)) as SignedBatch;
+    } catch {
+      this.failures++;
+      return signBatch(this.seed, task);
+    }
+  }
+
+  async close(): Promise<void> {
+    const p = this.pool;
+    this.pool = undefined;
+    await p?.destroy();
+  }
+}
