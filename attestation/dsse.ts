@@ -108,7 +108,7 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
   let verified: string | undefined;
   let failedKeyless = false;
   for (const s of env.signatures) {
-    const candidates = s.keyid === undefined ? opts.keys : opts.keys.filter((k) => k.keyid === s.keyid);
+    const candidates = s.keyid === undefined || (opts.keys.length === 1 && opts.keys[0]!.keyid === s.keyid) ? opts.keys : opts.keys.filter((k) => k.keyid === s.keyid);
     if (candidates.length === 0) continue;
     const sig = fromBase64(s.sig);
     if (!sig) return fail('signature_malformed', 'a signature is not canonical standard base64');

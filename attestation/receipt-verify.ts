@@ -40,8 +40,14 @@ export function verifyReceipt(envelope: DsseEnvelope | string, opts: ReceiptVeri
   }
 }
 
+// Receipts are usually checked many at a time against one provider: remember the last key.
+let lastKey: { id: string; key: Uint8Array } | undefined;
+
 function providerKey(p: string | Uint8Array): { id: string; key: Uint8Array } | undefined {
-  if (typeof p === 'string') return isHex(p, 32) ? { id: p, key: fromHex(p) } : undefined;
+  if (typeof p === 'string') {
+    if (lastKey?.id === p) return lastKey;
+    return isHex(p, 32) ? (lastKey = { id: p, key: fromHex(p) }) : undefined;
+  }
   return p instanceof Uint8Array && p.length === 32 ? { id: toHex(p), key: p } : undefined;
 }
 

@@ -48,7 +48,7 @@ function fresh(): string {
   return copyExport(base, t);
 }
 
-async function run(dir: string, opts: { threads?: number; chunk?: number; provider?: string } = {}): Promise<AuditReport> {
+async function run(dir: string, opts: { threads?: number; chunkBytes?: number; provider?: string } = {}): Promise<AuditReport> {
   return audit({ dir, threads: 0, ...opts });
 }
 
@@ -104,7 +104,7 @@ describe('audit: a clean export', () => {
 
   it('gives the same report with two worker threads and small chunks', async () => {
     const inProcess = await run(base.exportDir);
-    const threaded = await run(base.exportDir, { threads: 2, chunk: 4 });
+    const threaded = await run(base.exportDir, { threads: 2, chunkBytes: 4096 });
     expect(threaded.ok).toBe(true);
     expect(threaded.summary).toEqual(inProcess.summary);
   });
@@ -524,7 +524,7 @@ describe('audit: the export folder', () => {
       l[2] = flipSignatureBit(l[2]!);
       l[10] = 'x'.repeat(2 << 20);
     });
-    expectFault(await run(dir, { chunk: 4 }), 'signature_invalid', { seq: '2', line: 3 });
+    expectFault(await run(dir, { chunkBytes: 4096 }), 'signature_invalid', { seq: '2', line: 3 });
   });
 
   it('an empty receipts.jsonl without checkpoints is log_empty', async () => {
@@ -553,8 +553,8 @@ describe('audit with worker threads', () => {
     editLines(dir, (l) => {
       l[25] = flipSignatureBit(l[25]!);
     });
-    expectFault(await run(dir, { threads: 2, chunk: 4 }), 'signature_invalid', { seq: '25', line: 26 });
-    expectFault(await run(dir, { threads: 2, chunk: 4 }), 'signature_invalid', { seq: '25', line: 26 });
+    expectFault(await run(dir, { threads: 2, chunkBytes: 4096 }), 'signature_invalid', { seq: '25', line: 26 });
+    expectFault(await run(dir, { threads: 2, chunkBytes: 4096 }), 'signature_invalid', { seq: '25', line: 26 });
   });
 
   it('reports chain faults in file order', async () => {
@@ -563,7 +563,7 @@ describe('audit with worker threads', () => {
       l.splice(15, 0, l[14]!);
       l[27] = flipSignatureBit(l[27]!);
     });
-    expectFault(await run(dir, { threads: 2, chunk: 3 }), 'seq_duplicate', { seq: '14', line: 16 });
+    expectFault(await run(dir, { threads: 2, chunkBytes: 4096 }), 'seq_duplicate', { seq: '14', line: 16 });
   });
 });
 

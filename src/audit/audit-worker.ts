@@ -1,6 +1,6 @@
 // Worker thread of `seller-node audit`.
-import { checkLines, type CheckTask } from './check-lines.ts';
+import { checkChunk, type CheckTask } from './check-lines.ts';
 
 export default function run(task: CheckTask) {
-  return checkLines(task);
+  return checkChunk(task);
 }

@@ -8,8 +8,8 @@ import { Piscina } from 'piscina';
 import { isHex } from '../../attestation/bytes.ts';
 import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
 import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
-import { checkLines, type CheckedLine, type CheckTask } from './check-lines.ts';
-import { readLines } from './lines.ts';
+import { checkChunk, type CheckedChunk, type CheckTask } from './check-lines.ts';
+import { readChunks } from './chunks.ts';
 
 export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_malformed';
 
@@ -36,8 +36,8 @@ export interface AuditOptions {
   provider?: string;
   /** Worker threads for per-receipt checks (default 2; 0 = in-process). */
   threads?: number;
-  /** Lines per worker task (default 1000). */
-  chunk?: number;
+  /** Bytes of receipts.jsonl per worker task (default 1 MiB). */
+  chunkBytes?: number;
 }
 
 const WORKER = new URL(import.meta.url.endsWith('.ts') ? './audit-worker.ts' : './audit-worker.js', import.meta.url);
@@ -68,72 +68,65 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   if ('code' in checkpoints) return fault(checkpoints, provider);
 
   const threads = opts.threads ?? 2;
-  const chunk = opts.chunk ?? 1000;
   const pool = threads > 0 ? new Piscina({ filename: WORKER.href, minThreads: threads, maxThreads: threads }) : undefined;
-  const run = (task: CheckTask): Promise<CheckedLine[]> => (pool ? pool.run(task) : Promise.resolve(checkLines(task)));
+  const run = (task: CheckTask): Promise<CheckedChunk> => (pool ? pool.run(task) : Promise.resolve(checkChunk(task)));
   const chain = new ReceiptChain();
-  const inFlight: Promise<CheckedLine[]>[] = [];
+  const inFlight: { firstLine: number; result: Promise<CheckedChunk> }[] = [];
   const maxInFlight = Math.max(2, threads * 2);
   let failure: AuditFault | undefined;
-  let lastLine = 0;
+  let lines = 0;
 
-  const consume = (results: CheckedLine[]): AuditFault | undefined => {
-    for (const r of results) {
-      if (!r.ok) {
-        const rejected = chain.reject(r.error!, r.seq);
-        if (!rejected.ok) return toFault(rejected.error, r.number, r.seq);
+  const consume = (firstLine: number, c: CheckedChunk): AuditFault | undefined => {
+    for (let i = 0; i < c.count; i++) {
+      const line = firstLine + i;
+      const seq = c.seqs[i] || undefined;
+      const error = c.failures[i];
+      if (error) {
+        const rejected = chain.reject(error, seq);
+        if (!rejected.ok) return toFault(rejected.error, line, seq);
         continue;
       }
       const added = chain.add({
-        seq: r.seq!,
-        prev: r.prev!,
-        payloadSha256: r.payloadSha256!,
-        leafHash: r.leafHash!,
-        costMicroUsd: BigInt(r.cost!),
-        holdMicroUsd: BigInt(r.hold!),
-        status: r.status!,
+        seq: c.seqs[i]!,
+        prev: c.prevs[i]!,
+        payloadSha256: c.payloadHashes[i]!,
+        leafHash: c.leaves.subarray(i * 32, i * 32 + 32),
+        costMicroUsd: BigInt(c.costs[i]!),
+        holdMicroUsd: BigInt(c.holds[i]!),
+        status: c.statuses[i]!,
       });
-      if (!added.ok) return toFault(added.error, r.number, r.seq);
+      if (!added.ok) return toFault(added.error, line, seq);
     }
     return undefined;
   };
+  const drainTo = async (n: number) => {
+    while (inFlight.length > n && !failure) {
+      const next = inFlight.shift()!;
+      failure = consume(next.firstLine, await next.result);
+    }
+  };
 
   try {
-    let batch: { text: string; number: number }[] = [];
-    const dispatch = () => {
-      if (batch.length) inFlight.push(run({ provider, lines: batch }));
-      batch = [];
-    };
-    const drainTo = async (n: number) => {
-      while (inFlight.length > n && !failure) failure = consume(await inFlight.shift()!);
-    };
-    for await (const line of readLines(receiptsFile)) {
-      lastLine = line.number;
-      if ('tooLong' in line) {
-        dispatch();
+    for await (const chunk of readChunks(receiptsFile, opts.chunkBytes)) {
+      if ('tooLong' in chunk) {
         await drainTo(0); // an earlier fault is the first one
-        failure ??= { code: 'envelope_malformed', message: `line ${line.number} is longer than 1 MiB`, line: line.number };
+        failure ??= { code: 'envelope_malformed', message: `line ${chunk.tooLong} is longer than 1 MiB`, line: chunk.tooLong };
         break;
       }
-      batch.push(line);
-      if (batch.length >= chunk) {
-        dispatch();
-        await drainTo(maxInFlight - 1);
-      }
+      lines += chunk.lines;
+      inFlight.push({ firstLine: chunk.firstLine, result: run({ provider, bytes: chunk.bytes }) });
+      await drainTo(maxInFlight - 1);
       if (failure) break;
     }
-    if (!failure) {
-      dispatch();
-      await drainTo(0);
-    }
+    await drainTo(0);
   } catch (e) {
     failure ??= { code: 'export_malformed', message: `could not read ${receiptsFile}: ${(e as Error).message}` };
   } finally {
-    await Promise.allSettled(inFlight);
+    await Promise.allSettled(inFlight.map((f) => f.result));
     await pool?.destroy();
   }
   if (failure) return fault(failure, provider);
-  if (lastLine === 0 && checkpoints.length === 0) return fault({ code: 'log_empty', message: 'receipts.jsonl holds no receipts' }, provider);
+  if (lines === 0 && checkpoints.length === 0) return fault({ code: 'log_empty', message: 'receipts.jsonl holds no receipts' }, provider);
   const finished = chain.finish(checkpoints, provider);
   if (!finished.ok) return fault(toFault(finished.error), provider);
   return done({ ok: true, provider, summary: finished.value });
