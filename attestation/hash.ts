@@ -11,6 +11,12 @@ export function sha256(data: Uint8Array): Uint8Array {
   return nobleSha256(data);
 }
 
+/** SHA-256 of a string's UTF-8 bytes. */
+export function sha256Text(s: string): Uint8Array {
+  if (native) return native.hash('sha256', s);
+  return nobleSha256(utf8(s));
+}
+
 /** SHA-256 of the parts laid end to end; strings count as their UTF-8 bytes. */
 export function sha256Parts(...parts: (Uint8Array | string)[]): Uint8Array {
   if (native) return native.hashParts('sha256', parts);

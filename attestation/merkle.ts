@@ -5,7 +5,7 @@
 // Sizes and indices are JavaScript numbers, so everything is limited to Number.MAX_SAFE_INTEGER and
 // uses arithmetic (not 32-bit bitwise operators) on them.
 import { bytesEqual } from './bytes.ts';
-import { sha256, sha256Parts } from './hash.ts';
+import { sha256, sha256Parts, sha256Text } from './hash.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 
 export const HASH_SIZE = 32;
@@ -17,7 +17,8 @@ const LEAF_PREFIX = Uint8Array.of(0x00);
 
 /** MTH({d}) = SHA-256(0x00 || d); a string counts as its UTF-8 bytes. */
 export function leafHash(data: Uint8Array | string): Uint8Array {
-  return sha256Parts(LEAF_PREFIX, data);
+  // U+0000 is the single byte 0x00 in UTF-8, so a string leaf is one one-shot hash.
+  return typeof data === 'string' ? sha256Text('\u0000' + data) : sha256Parts(LEAF_PREFIX, data);
 }
 
 const nodeInput = new Uint8Array(1 + 2 * HASH_SIZE);

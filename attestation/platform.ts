@@ -4,7 +4,8 @@
 
 /** The parts of node:crypto that this package uses. */
 export interface NativeCrypto {
-  hash(algorithm: 'sha256' | 'sha512', data: Uint8Array): Uint8Array;
+  /** The digest of bytes, or of a string's UTF-8 bytes. */
+  hash(algorithm: 'sha256' | 'sha512', data: Uint8Array | string): Uint8Array;
   /** The digest of the parts laid end to end; strings count as their UTF-8 bytes. */
   hashParts(algorithm: 'sha256' | 'sha512', parts: readonly (Uint8Array | string)[]): Uint8Array;
   ed25519Sign(seed: Uint8Array, message: Uint8Array): Uint8Array;
@@ -18,7 +19,7 @@ interface NodeHash {
 
 interface NodeCryptoModule {
   createHash(alg: string): NodeHash;
-  hash?: (alg: string, data: Uint8Array, enc: 'buffer') => Uint8Array;
+  hash?: (alg: string, data: Uint8Array | string, enc: 'buffer') => Uint8Array;
   createPrivateKey(o: { key: Uint8Array; format: 'der'; type: 'pkcs8' }): unknown;
   createPublicKey(o: { key: Uint8Array; format: 'der'; type: 'spki' }): unknown;
   sign(alg: null, data: Uint8Array, key: unknown): Uint8Array;
@@ -62,8 +63,9 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
     return k;
   };
   const hash = c.hash
-    ? (alg: string, data: Uint8Array) => c.hash!(alg, data, 'buffer')
-    : (alg: string, data: Uint8Array) => c.createHash(alg).update(data).digest();
+    ? (alg: string, data: Uint8Array | string) => c.hash!(alg, data, 'buffer')
+    : (alg: string, data: Uint8Array | string) => c.createHash(alg).update(data).digest();
+
   return {
     hash: (alg, data) => {
       const b = hash(alg, data);
@@ -76,17 +78,13 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
     },
     ed25519Sign(seed, message) {
-      const id = keyId(seed);
-      const key = cache(privateKeys, id, () =>
-        c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }),
-      );
+      // Keyed by content, never by object identity: a caller may reuse a buffer for another key.
+      const key = cache(privateKeys, keyId(seed), () => c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
       const s = c.sign(null, message, key);
       return new Uint8Array(s.buffer, s.byteOffset, s.byteLength);
     },
     ed25519Verify(publicKey, message, signature) {
-      const key = cache(publicKeys, keyId(publicKey), () =>
-        c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }),
-      );
+      const key = cache(publicKeys, keyId(publicKey), () => c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }));
       return c.verify(null, message, key, signature);
     },
   };

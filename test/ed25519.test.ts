@@ -148,6 +148,20 @@ describe('strict verification, fast path and noble agree', () => {
     expect(ed25519Verify(sig, msg, null as unknown as Uint8Array)).toBe(false);
   });
 
+  test('key caches follow the bytes, not the buffer: a reused buffer holding another key is that key', () => {
+    const a = fromHex(vectors[0]!.priv);
+    const b = fromHex(vectors[1]!.priv);
+    const buf = a.slice();
+    const m = new Uint8Array([1, 2, 3]);
+    const sigA = ed25519Sign(buf, m);
+    buf.set(b);
+    expect(toHex(ed25519Sign(buf, m))).toBe(toHex(ed25519SignNoble(b, m)));
+    const pub = fromHex(vectors[0]!.pub);
+    expect(ed25519Verify(sigA, m, pub)).toBe(true);
+    pub.set(fromHex(vectors[1]!.pub));
+    expect(ed25519Verify(sigA, m, pub)).toBe(false);
+  });
+
   test('sign refuses a seed of the wrong size', () => {
     expect(() => ed25519Sign(seed.subarray(1), msg)).toThrow(RangeError);
   });

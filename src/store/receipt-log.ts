@@ -12,7 +12,7 @@ import { canonicalize } from '../../attestation/canonical-json.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
 import { envelopeLine, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
-import { sha256, sha256Parts } from '../../attestation/hash.ts';
+import { sha256, sha256Text } from '../../attestation/hash.ts';
 import { MerkleTree } from '../../attestation/merkle.ts';
 import { signNote } from '../../attestation/note.ts';
 import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
@@ -212,7 +212,7 @@ export class ReceiptLog {
     }
     // From here on nothing can fail before the seq is taken: the chain advances in call order.
     this.nextSeq++;
-    this.lastPayloadHash = toHex(sha256Parts(text));
+    this.lastPayloadHash = toHex(sha256Text(text));
     return new Promise<AppendedReceipt>((resolve, reject) => {
       this.pending.push({ payload, text, resolve, reject });
       this.running ??= this.drain();
