@@ -1,9 +1,8 @@
 // Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
 // every field), then the arithmetic (cost from usage and rates, never above the hold).
 import { fromBase64, fromHex, fromUtf8, isHex, toHex, utf8 } from './bytes.ts';
-import { parseCanonical } from './canonical-json.ts';
 import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
-import { FieldError } from './fields.ts';
+import { readPayload } from './signed-payload.ts';
 import { sha256 } from './hash.ts';
 import { leafHash } from './merkle.ts';
 import { expectedCost, RECEIPT_PAYLOAD_TYPE, validateReceiptPayload, type ReceiptPayload } from './receipt.ts';
@@ -60,17 +59,9 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   const verified = verifyEnvelope(env, { payloadType: RECEIPT_PAYLOAD_TYPE, keys: [{ keyid: pk.id, publicKey: pk.key }] });
   if (!verified.ok) return verified;
   const payloadBytes = verified.value.payload;
-  const text = fromUtf8(payloadBytes);
-  const parsed = text === undefined ? undefined : parseCanonical(text);
-  if (!parsed) return fail('payload_not_json', 'payload is not UTF-8 JSON');
-  if (!parsed.canonical) return fail('payload_not_canonical', 'payload is not RFC 8785 canonical JSON');
-  let payload: ReceiptPayload;
-  try {
-    payload = validateReceiptPayload(parsed.value);
-  } catch (e) {
-    if (e instanceof FieldError) return fail('payload_invalid', e.message, { field: e.field });
-    throw e;
-  }
+  const read = readPayload(payloadBytes, validateReceiptPayload, 'receipt');
+  if (!read.ok) return read;
+  const payload = read.value;
   const seq = payload.seq;
   if (payload.provider !== pk.id) return fail('provider_mismatch', `receipt names provider ${payload.provider}`, { seq });
   const cost = expectedCost(payload);

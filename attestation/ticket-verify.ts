@@ -1,10 +1,9 @@
 // Verifying a ticket: signed by a configured marketplace key, well-formed, for this provider, in
 // its validity window, and (when the body is known) for exactly these body bytes. Whether its id
 // was used before is the node's business (it keeps the set), not the verifier's.
-import { fromHex, fromUtf8, isHex, toHex } from './bytes.ts';
-import { parseCanonical } from './canonical-json.ts';
+import { fromHex, isHex, toHex } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
-import { FieldError } from './fields.ts';
+import { readPayload } from './signed-payload.ts';
 import { sha256 } from './hash.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 import { TICKET_PAYLOAD_TYPE, validateTicketPayload, type TicketPayload } from './ticket.ts';
@@ -51,17 +50,9 @@ function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyO
   }
   const v = verifyEnvelope(shaped.value, { payloadType: TICKET_PAYLOAD_TYPE, keys });
   if (!v.ok) return v;
-  const text = fromUtf8(v.value.payload);
-  const parsed = text === undefined ? undefined : parseCanonical(text);
-  if (!parsed) return fail('payload_not_json', 'ticket payload is not UTF-8 JSON');
-  if (!parsed.canonical) return fail('payload_not_canonical', 'ticket payload is not RFC 8785 canonical JSON');
-  let payload: TicketPayload;
-  try {
-    payload = validateTicketPayload(parsed.value);
-  } catch (e) {
-    if (e instanceof FieldError) return fail('payload_invalid', `ticket ${e.message}`, { field: e.field });
-    throw e;
-  }
+  const read = readPayload(v.value.payload, validateTicketPayload, 'ticket');
+  if (!read.ok) return read;
+  const payload = read.value;
   if (opts.provider !== undefined && payload.provider !== opts.provider) {
     return fail('ticket_wrong_provider', `ticket is for provider ${payload.provider}`);
   }

@@ -1,0 +1,19 @@
+// The common middle of every signed-object check: the signed bytes must be UTF-8, RFC 8785
+// canonical JSON, and a valid payload of the expected kind (the validator names the bad field).
+import { fromUtf8 } from './bytes.ts';
+import { parseCanonical } from './canonical-json.ts';
+import { FieldError } from './fields.ts';
+import { fail, ok, type VerifyResult } from './result.ts';
+
+export function readPayload<T>(bytes: Uint8Array, validate: (value: unknown) => T, what: string): VerifyResult<T> {
+  const text = fromUtf8(bytes);
+  const parsed = text === undefined ? undefined : parseCanonical(text);
+  if (!parsed) return fail('payload_not_json', `${what} payload is not UTF-8 JSON`);
+  if (!parsed.canonical) return fail('payload_not_canonical', `${what} payload is not RFC 8785 canonical JSON`);
+  try {
+    return ok(validate(parsed.value));
+  } catch (e) {
+    if (e instanceof FieldError) return fail('payload_invalid', `${what} ${e.message}`, { field: e.field });
+    throw e;
+  }
+}
