@@ -13,6 +13,8 @@ export interface SignerPoolOptions {
    * undefined leaves them at the process's priority.
    */
   nice?: number | null;
+  /** The worker module (default: signer-worker beside this file). Tests swap in a failing one. */
+  workerUrl?: URL;
 }
 
 // Workers load this file's sibling: .ts from source (Node strips the types), .js once built.
@@ -29,7 +31,7 @@ export class SignerPool {
     this.seed = opts.seed;
     this.threads = opts.threads ?? 2;
     if (this.threads > 0) {
-      this.pool = new Piscina({ filename: WORKER_URL.href, minThreads: this.threads, maxThreads: this.threads, idleTimeout: Infinity, workerData: { seed: opts.seed, nice: opts.nice === null ? undefined : (opts.nice ?? 10) } });
+      this.pool = new Piscina({ filename: (opts.workerUrl ?? WORKER_URL).href, minThreads: this.threads, maxThreads: this.threads, idleTimeout: Infinity, workerData: { seed: opts.seed, nice: opts.nice === null ? undefined : (opts.nice ?? 10) } });
     }
   }
 
