@@ -18,7 +18,8 @@ export function toHex(bytes: Uint8Array): string {
   return out;
 }
 
-const HEX_RE = /^(?:[0-9a-f]{2})*$/;
+const HEX_CHARS = /^[0-9a-f]*$/;
+const HEX_RE = { test: (s: string) => s.length % 2 === 0 && HEX_CHARS.test(s) };
 
 /** Strict lowercase hex to bytes; throws on odd length, upper case or any other character. */
 export function fromHex(hex: string): Uint8Array {
@@ -30,7 +31,7 @@ export function fromHex(hex: string): Uint8Array {
 
 /** True when `s` is lowercase hex of exactly `bytes` bytes. */
 export function isHex(s: unknown, bytes?: number): s is string {
-  return typeof s === 'string' && HEX_RE.test(s) && (bytes === undefined || s.length === 2 * bytes);
+  return typeof s === 'string' && (bytes === undefined || s.length === 2 * bytes) && HEX_RE.test(s);
 }
 
 const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';

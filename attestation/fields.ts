@@ -36,10 +36,16 @@ export function join(field: string, k: string): string {
   return field ? `${field}.${k}` : k;
 }
 
+const SURROGATE = /[\uD800-\uDFFF]/;
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** A non-empty string of at most `max` UTF-16 units, well-formed (no lone surrogate), matching `pattern`. */
 export function string(v: unknown, field: string, max = 256, pattern?: RegExp): string {
   if (typeof v !== 'string') throw new FieldError(field, 'expected a string');
   if (v.length === 0 || v.length > max) throw new FieldError(field, `expected 1 to ${max} characters`);
-  if (pattern && !pattern.test(v)) throw new FieldError(field, `does not match ${pattern}`);
+  if (pattern ? !pattern.test(v) : SURROGATE.test(v) && LONE_SURROGATE.test(v)) {
+    throw new FieldError(field, pattern ? `does not match ${pattern}` : 'holds a lone surrogate');
+  }
   return v;
 }
 

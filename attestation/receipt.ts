@@ -2,7 +2,7 @@
 // the node's previous receipt. Validated identically by the signer and by every verifier.
 import * as f from './fields.ts';
 import { computeCost, type Rates, type Usage } from './money.ts';
-import { sortKeys } from './canonical-json.ts';
+import { canonicalize, sortKeys } from './canonical-json.ts';
 
 export const RECEIPT_PAYLOAD_TYPE = 'application/vnd.service.receipt.v1+json';
 export const RECEIPT_VERSION = 1;
@@ -119,6 +119,19 @@ export function validateReceiptPayload(value: unknown): ReceiptPayload {
   f.oneOf(att.tier, 'attestation.tier', ATTESTATION_TIERS);
   if (att.evidence_sha256 !== null) f.hex32(att.evidence_sha256, 'attestation.evidence_sha256');
   return p as unknown as ReceiptPayload;
+}
+
+/**
+ * The canonical JSON of a payload from buildReceiptPayload that passed validateReceiptPayload.
+ * Its keys are inserted in sorted order and validation has checked the type of every field, so
+ * only usage_runtime (free-form) needs canonicalize's walk; the rest is native JSON.stringify.
+ * A test holds this equal to canonicalize(payload).
+ */
+export function receiptPayloadJson(p: ReceiptPayload): string {
+  // Throws on anything JCS refuses. Integer-like keys ("10", "9") always enumerate first in JS,
+  // whatever the insertion order, so such a usage_runtime takes the general path.
+  if (canonicalize(p.usage_runtime) !== JSON.stringify(p.usage_runtime)) return canonicalize(p);
+  return JSON.stringify(p);
 }
 
 /** The cost this receipt should state, from its own usage and rates. */

@@ -99,3 +99,25 @@ describe('verifyReceipt', () => {
     expect(codeOf(evil)).toBe('envelope_malformed');
   });
 });
+
+describe('buildReceiptPayload + receiptPayloadJson', () => {
+  test('give exactly the RFC 8785 form, whatever the body key order', async () => {
+    const { buildReceiptPayload, receiptPayloadJson } = await import('../attestation/receipt.ts');
+    const { syntheticReceiptBody } = await import('../src/store/synthetic.ts');
+    const bodies = [
+      syntheticReceiptBody(1),
+      { ...syntheticReceiptBody(2), usage: { units: { zeta: 1, alpha: 2 }, output_tokens: 3, input_tokens: 4 }, price: { version: 'v', rates: { per_unit: { zeta: '5', alpha: '6' }, output_per_mtok: '1', input_per_mtok: '2' } } },
+      // Integer-like keys enumerate first in JS: the fast path must notice and step aside.
+      { ...syntheticReceiptBody(3), usage_runtime: { '10': 1, '9': 2, b: { '2': 0, '11': 1 }, a: [3, { y: 1, x: 2 }] } },
+      { ...syntheticReceiptBody(4), usage_runtime: { 'é': 1, e: 2, '\u{1F600}': 3, '\uE000': 4 } },
+    ];
+    for (const b of bodies) {
+      const p = buildReceiptPayload(key.id, '7', '0'.repeat(64), b as never);
+      expect(receiptPayloadJson(p)).toBe(canonicalize(p));
+    }
+  });
+  test('a lone surrogate in a free-text field is refused with the field named', () => {
+    const p = { ...receiptPayload(key), model: 'bad\uD800model' };
+    expect(fieldOf(p)).toBe('model');
+  });
+});

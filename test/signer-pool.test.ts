@@ -5,13 +5,13 @@ import { batchItem, signBatch } from '../attestation/sign-batch.ts';
 import { SignerPool } from '../attestation/signer-pool.ts';
 
 const seed = new Uint8Array(crypto.randomBytes(32));
-const task = { payloadType: 'application/x-test', keyid: 'k', payloads: Array.from({ length: 40 }, (_, i) => `{"i":${i}}`) };
+const task = { payloadType: 'application/x-test', keyid: 'k', payloads: Array.from({ length: 40 }, (_, i) => `{"i":${i}}`).join('\n') };
 
 describe('SignerPool', () => {
   test('worker threads sign exactly what in-process signing does', async () => {
     const pool = new SignerPool({ seed, threads: 2 });
     try {
-      const [a, b] = await Promise.all([pool.sign(task), pool.sign({ ...task, payloads: task.payloads.slice(0, 3) })]);
+      const [a, b] = await Promise.all([pool.sign(task), pool.sign({ ...task, payloads: task.payloads.split('\n').slice(0, 3).join('\n') })]);
       const local = signBatch(seed, task);
       expect(toHex(a.sigs)).toBe(toHex(local.sigs));
       expect(toHex(a.leaves)).toBe(toHex(local.leaves));

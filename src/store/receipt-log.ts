@@ -7,20 +7,19 @@
 // threads signing at the same time) and, in seq order, to a writer thread that commits each batch
 // in one transaction (one fsync: group commit). A caller is resolved only after its batch's commit
 // returned. Neither signing nor fsync waits run on the event loop.
-import { toBase64, toHex } from '../../attestation/bytes.ts';
-import { canonicalize } from '../../attestation/canonical-json.ts';
+import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
 import { envelopeLine, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
 import { sha256, sha256Text } from '../../attestation/hash.ts';
 import { MerkleTree } from '../../attestation/merkle.ts';
 import { signNote } from '../../attestation/note.ts';
-import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
+import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, receiptPayloadJson, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
 import { batchItem, type SignedBatch } from '../../attestation/sign-batch.ts';
 import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
-import { openDb, requestKey, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
+import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
 
 export class ReceiptLogError extends Error {
@@ -52,22 +51,23 @@ export interface ReceiptLogOptions {
 export class AppendedReceipt {
   readonly seq: string;
   readonly payload: ReceiptPayload;
-  private readonly bytes: Uint8Array;
+  /** The exact signed payload: canonical JSON. */
+  readonly payloadJson: string;
   private readonly sig: Uint8Array;
   private readonly keyid: string;
   private env: DsseEnvelope | undefined;
   private text: string | undefined;
 
-  constructor(payload: ReceiptPayload, bytes: Uint8Array, sig: Uint8Array, keyid: string) {
+  constructor(payload: ReceiptPayload, payloadJson: string, sig: Uint8Array, keyid: string) {
     this.seq = payload.seq;
     this.payload = payload;
-    this.bytes = bytes;
+    this.payloadJson = payloadJson;
     this.sig = sig;
     this.keyid = keyid;
   }
 
   get envelope(): DsseEnvelope {
-    return (this.env ??= envelopeOf(this.bytes, this.sig, this.keyid));
+    return (this.env ??= envelopeOf(utf8(this.payloadJson), this.sig, this.keyid));
   }
 
   /** The envelope's canonical JSON: its line in receipts.jsonl and its Merkle leaf data. */
@@ -99,6 +99,9 @@ export interface StoredCheckpoint {
   createdAt: number;
 }
 
+/** How many request ids the in-memory index keeps (about 100 bytes each). */
+const RECENT_REQUESTS = 200_000;
+
 export class ReceiptLog {
   readonly providerId: string;
   readonly origin: string;
@@ -121,6 +124,12 @@ export class ReceiptLog {
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
   private commits = 0;
+  /**
+   * Request key → seqs of recent durable receipts. Every durable seq ≥ recentFloor is in it; older
+   * ones are found by scanning the stored batches' request keys (rare: a marketplace asking late).
+   */
+  private readonly recent = new Map<number, number[]>();
+  private recentFloor: number;
 
   private constructor(opts: ReceiptLogOptions) {
     const id = identityFromSeed(opts.seed);
@@ -152,6 +161,7 @@ export class ReceiptLog {
         last = batchItem(b, r.count - 1).payload;
       }
       this.nextSeq = this.tree.size;
+      this.recentFloor = this.tree.size;
       this.lastPayloadHash = last ? toHex(sha256(last)) : GENESIS_PREV;
       const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
       this.lastCheckpointSize = cp?.size ?? 0;
@@ -205,7 +215,7 @@ export class ReceiptLog {
       const cost = expectedCost(payload);
       if (cost !== BigInt(payload.cost_micro_usd)) throw new FieldError('cost_micro_usd', `is not ${cost}, the cost of the usage at the rates`);
       if (cost > BigInt(payload.hold_micro_usd)) throw new FieldError('cost_micro_usd', 'exceeds hold_micro_usd');
-      text = canonicalize(payload);
+      text = receiptPayloadJson(payload);
     } catch (e) {
       const field = e instanceof FieldError ? e.field : undefined;
       return Promise.reject(new ReceiptLogError('receipt_invalid', `invalid receipt: ${(e as Error).message}`, field));
@@ -248,7 +258,7 @@ export class ReceiptLog {
     const batch = this.nextBatch++;
     const firstSeq = Number(items[0]!.payload.seq);
     const requestKeys = Float64Array.from(items, (p) => requestKey(p.payload.request_id));
-    const signing = this.signer.sign({ payloads: items.map((p) => p.text), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId });
+    const signing = this.signer.sign({ payloads: items.map((p) => p.text).join('\n'), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId });
     // Hand batches to the writer in seq order, whichever finishes signing first.
     const result = Promise.all([signing, this.handedOver]).then(async ([signed]) => {
       await this.writer.commit(batch, firstSeq, requestKeys, signed);
@@ -261,13 +271,25 @@ export class ReceiptLog {
   private settle(items: Pending[], signed: SignedBatch): void {
     this.commits++;
     items.forEach((p, i) => {
-      const { payload, sig, leaf } = batchItem(signed, i);
-      this.tree.append(leaf);
-      p.resolve(new AppendedReceipt(p.payload, payload, sig, this.providerId));
+      // (the payload bytes went to the writer thread; the text is what the caller gets)
+      this.remember(requestKey(p.payload.request_id), this.tree.size);
+      this.tree.append(signed.leaves.subarray(i * 32, i * 32 + 32));
+      p.resolve(new AppendedReceipt(p.payload, p.text, signed.sigs.subarray(i * 64, i * 64 + 64), this.providerId));
     });
     // A checkpoint at every multiple of checkpointEvery, whatever the batch boundaries.
     for (let at = (Math.floor(this.lastCheckpointSize / this.checkpointEvery) + 1) * this.checkpointEvery; at <= this.tree.size; at += this.checkpointEvery) {
       this.checkpoint(at);
+    }
+  }
+
+  private remember(key: number, seq: number): void {
+    const seqs = this.recent.get(key);
+    if (seqs) seqs.push(seq);
+    else this.recent.set(key, [seq]);
+    if (this.recent.size > RECENT_REQUESTS) {
+      const [oldest, evicted] = this.recent.entries().next().value as [number, number[]];
+      this.recent.delete(oldest);
+      this.recentFloor = Math.max(this.recentFloor, ...evicted.map((s) => s + 1));
     }
   }
 
@@ -329,8 +351,15 @@ export class ReceiptLog {
   /** Durable receipts for a request id (a retried or hedged request may have more than one). */
   byRequestId(requestId: string): { seq: number; line: string }[] {
     const out: { seq: number; line: string }[] = [];
-    const seqs = this.db.prepare<[number, number], { seq: number }>('SELECT seq FROM receipt_requests WHERE request_key = ? AND seq < ? ORDER BY seq').all(requestKey(requestId), this.tree.size);
-    for (const { seq } of seqs) {
+    const key = requestKey(requestId);
+    const seqs = (this.recent.get(key) ?? []).filter((s) => s >= this.recentFloor);
+    const scan = this.db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?');
+    for (const r of scan.iterate(this.recentFloor)) {
+      const keys = rowRequestKeys(r);
+      for (let i = 0; i < r.count; i++) if (keys[i] === key && r.first_seq + i < this.recentFloor) seqs.push(r.first_seq + i);
+    }
+    seqs.sort((a, b) => a - b);
+    for (const seq of seqs) {
       const at = this.batchAt(seq);
       if (!at) continue;
       const { payload, sig } = batchItem(at.batch, at.index);

@@ -7,7 +7,10 @@ import { makeInserter } from './log-writer.ts';
 import type { WriterReply, WriterRequest } from './log-writer-worker.ts';
 
 export interface BatchWriter {
-  /** Resolves once the batch is committed (fsynced). Batches commit in call order. */
+  /**
+   * Resolves once the batch is committed (fsynced). Batches commit in call order. The batch's
+   * payload bytes may be handed over, not copied: the caller must not read them afterwards.
+   */
   commit(batch: number, firstSeq: number, requestKeys: Float64Array, signed: SignedBatch): Promise<void>;
   close(): Promise<void>;
 }
@@ -44,7 +47,8 @@ export class WriterThread implements BatchWriter {
     if (this.dead) return Promise.reject(this.dead);
     return new Promise<void>((resolve, reject) => {
       this.waiting.set(batch, { resolve, reject });
-      this.worker.postMessage({ type: 'commit', batch, firstSeq, requestKeys, signed } satisfies WriterRequest);
+      // The payload bytes move to the writer (no copy): the log keeps the payload text instead.
+      this.worker.postMessage({ type: 'commit', batch, firstSeq, requestKeys, signed } satisfies WriterRequest, [signed.payloads.buffer as ArrayBuffer]);
     });
   }
 
