@@ -53,7 +53,8 @@ describe('ReceiptLog', () => {
     const s = seed();
     const file = path.join(tmp(), 'r.db');
     const log = openLog(file, s);
-    const r = await log.append(syntheticReceiptBody(0));
+    // A usage_runtime with integer-like keys (which JS enumerates first) still signs canonically.
+    const r = await log.append({ ...syntheticReceiptBody(0), usage_runtime: { '10': 1, '9': 2, tokens: { '2': 1, '11': 0 } } });
     expect(verifyReceipt(r.line, { provider: log.providerId }).ok).toBe(true);
     // Another connection (another process would see the same) reads it back.
     const db = new Database(file, { readonly: true });
@@ -95,6 +96,10 @@ describe('ReceiptLog', () => {
     await log1.close(); // signs a final checkpoint at 25
     const log2 = openLog(file, s, { checkpointEvery: 10 });
     expect(log2.size).toBe(25);
+    // Requests from before the restart are found on disk (the in-memory index starts empty).
+    const old = log2.byRequestId(syntheticReceiptBody(7).request_id);
+    expect(old.map((r) => r.seq)).toEqual([7]);
+    expect(verifyReceipt(old[0]!.line, { provider: log2.providerId }).ok).toBe(true);
     const r = await log2.append(syntheticReceiptBody(25));
     expect(r.seq).toBe('25');
     await Promise.all(Array.from({ length: 10 }, (_, i) => log2.append(syntheticReceiptBody(26 + i))));
