@@ -3,6 +3,7 @@ import { Command } from 'commander';
 import { createKeyFile, IdentityError } from '../identity.ts';
 import { dataDirPaths } from '../data-dir.ts';
 import { CliError } from './cli-error.ts';
+import { defaultConfigYaml } from '../config.ts';
 
 export function initCommand(): Command {
   return new Command('init')
@@ -18,22 +19,8 @@ export function initCommand(): Command {
         if (e instanceof IdentityError) throw new CliError(e.message);
         throw e;
       }
-      if (!fs.existsSync(p.config)) fs.writeFileSync(p.config, defaultConfig(), { mode: 0o600 });
+      if (!fs.existsSync(p.config)) fs.writeFileSync(p.config, defaultConfigYaml(), { mode: 0o600 });
       process.stdout.write(`${id.providerId}\n`);
       process.stderr.write(`key: ${p.key}\nconfig: ${p.config}\n`);
     });
-}
-
-function defaultConfig(): string {
-  return [
-    '# seller-node configuration (see config.example.yaml for every key).',
-    'key: ./node.key',
-    'data_dir: .',
-    'receipts:',
-    '  checkpoint_every: 1000',
-    '  checkpoint_interval_ms: 10000',
-    '  signer_threads: 2',
-    'log_level: info',
-    '',
-  ].join('\n');
 }

@@ -1,0 +1,255 @@
+// Node configuration: YAML, every key with a default (config.example.yaml documents them), then
+// environment overrides, then validation. An invalid config is refused with the key and the
+// problem, never half-applied.
+//
+// Environment: SELLER_NODE_<KEY>, nested keys joined by "__", e.g. SELLER_NODE_LOG_LEVEL=debug,
+// SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY=500, SELLER_NODE_MARKETPLACE__URL=http://…. Values are
+// YAML scalars; lists and objects (listen, models, marketplace__public_keys) take YAML/JSON text.
+import fs from 'node:fs';
+import path from 'node:path';
+import YAML from 'yaml';
+import { isHex } from '../attestation/bytes.ts';
+import { parseUsd } from '../attestation/money.ts';
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+  readonly key: string;
+  constructor(key: string, problem: string) {
+    super(key ? `config: ${key}: ${problem}` : `config: ${problem}`);
+    this.key = key;
+  }
+}
+
+export const ADAPTERS = ['llama-embedded', 'llama-server', 'vllm', 'comfyui'] as const;
+export type AdapterKind = (typeof ADAPTERS)[number];
+export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal'] as const;
+
+export interface ModelPrices {
+  /** micro-USD per million input tokens (from a USD decimal in the file). */
+  input_per_mtok: bigint;
+  output_per_mtok: bigint;
+}
+
+export interface ModelConfig {
+  id: string;
+  adapter: AdapterKind;
+  /** GGUF file for llama-embedded (absolute). */
+  path: string | null;
+  /** Runtime URL for the HTTP adapters. */
+  url: string | null;
+  quantization: string;
+  context: number;
+  prices: ModelPrices;
+  slots: number;
+  queue: number;
+}
+
+export interface NodeConfig {
+  /** The folder the config file is in: relative paths resolve against it. */
+  base: string;
+  key: string;
+  data_dir: string;
+  listen: string[];
+  marketplace: { url: string | null; public_keys: string[] };
+  models: ModelConfig[];
+  ops: { http: string };
+  receipts: { checkpoint_every: number; checkpoint_interval_ms: number; signer_threads: number };
+  log_level: (typeof LOG_LEVELS)[number];
+}
+
+export const DEFAULTS = {
+  key: './node.key',
+  data_dir: '.',
+  listen: ['/ip4/0.0.0.0/tcp/4101'],
+  marketplace: { url: null, public_keys: [] },
+  models: [],
+  ops: { http: '127.0.0.1:9464' },
+  receipts: { checkpoint_every: 1000, checkpoint_interval_ms: 10_000, signer_threads: 2 },
+  log_level: 'info',
+};
+
+/** The config `seller-node init` writes: the keys an operator edits first. */
+export function defaultConfigYaml(): string {
+  return [
+    '# seller-node configuration. config.example.yaml documents every key and its default.',
+    'key: ./node.key',
+    'data_dir: .',
+    'marketplace:',
+    '  url: null',
+    '  public_keys: []',
+    'models: []',
+    'log_level: info',
+    '',
+  ].join('\n');
+}
+
+const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16 };
+
+type Raw = Record<string, unknown>;
+
+/** Reads, overrides from the environment, validates. Throws ConfigError. */
+export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): NodeConfig {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new ConfigError('', `cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+  return parseConfig(text, path.dirname(path.resolve(file)), env);
+}
+
+export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv = {}): NodeConfig {
+  const doc = YAML.parseDocument(text, { uniqueKeys: true });
+  if (doc.errors.length) throw new ConfigError('', `not valid YAML: ${doc.errors[0]!.message.split('\n')[0]}`);
+  const raw = (doc.toJS() ?? {}) as unknown;
+  if (!isObject(raw)) throw new ConfigError('', 'the file must hold a YAML mapping');
+  applyEnv(raw, env);
+  return validate(raw, base);
+}
+
+function isObject(v: unknown): v is Raw {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): void {
+  for (const [name, value] of Object.entries(env)) {
+    if (!name.startsWith('SELLER_NODE_') || value === undefined) continue;
+    const keys = name.slice('SELLER_NODE_'.length).toLowerCase().split('__');
+    const known = keys.reduce<unknown>((node, k) => (isObject(node) ? node[k] : undefined), DEFAULTS);
+    if (known === undefined && !(keys.length === 2 && keys[0] === 'marketplace' && keys[1] === 'url')) {
+      throw new ConfigError(keys.join('.'), `unknown key (from environment variable ${name})`);
+    }
+    let parsed: unknown;
+    try {
+      parsed = YAML.parse(value);
+    } catch {
+      throw new ConfigError(keys.join('.'), `environment variable ${name} is not a valid value`);
+    }
+    let node = raw;
+    for (const k of keys.slice(0, -1)) {
+      if (!isObject(node[k])) node[k] = {};
+      node = node[k] as Raw;
+    }
+    node[keys.at(-1)!] = parsed;
+  }
+}
+
+function only(o: Raw, where: string, allowed: readonly string[]): void {
+  for (const k of Object.keys(o)) if (!allowed.includes(k)) throw new ConfigError(where ? `${where}.${k}` : k, 'unknown key');
+}
+
+function str(v: unknown, key: string): string {
+  if (typeof v !== 'string' || v.length === 0) throw new ConfigError(key, 'expected a non-empty string');
+  return v;
+}
+
+function int(v: unknown, key: string, min: number, max: number): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw new ConfigError(key, `expected a whole number from ${min} to ${max}`);
+  return v;
+}
+
+function usdRate(v: unknown, key: string): bigint {
+  // Prices are written as USD decimals per million tokens; YAML numbers would be floats, so take
+  // the text of a number only when it is plain, and convert exactly.
+  const s = typeof v === 'number' ? String(v) : v;
+  const micro = typeof s === 'string' ? parseUsd(s) : undefined;
+  if (micro === undefined) throw new ConfigError(key, 'expected a USD amount like "0.15" (at most 6 decimals)');
+  return micro;
+}
+
+function validate(raw: Raw, base: string): NodeConfig {
+  only(raw, '', Object.keys(DEFAULTS));
+  const pick = <T>(k: keyof typeof DEFAULTS): T => (raw[k] === undefined ? DEFAULTS[k] : raw[k]) as T;
+  const resolve = (p: string) => path.resolve(base, p);
+
+  const listen = pick<unknown>('listen');
+  if (!Array.isArray(listen) || listen.length === 0) throw new ConfigError('listen', 'expected a list of multiaddrs');
+  listen.forEach((a, i) => {
+    if (typeof a !== 'string' || !a.startsWith('/')) throw new ConfigError(`listen[${i}]`, 'expected a multiaddr like /ip4/0.0.0.0/tcp/4101');
+  });
+
+  const mp = pick<unknown>('marketplace');
+  if (!isObject(mp)) throw new ConfigError('marketplace', 'expected a mapping');
+  only(mp, 'marketplace', ['url', 'public_keys']);
+  const url = mp.url ?? null;
+  if (url !== null) {
+    try {
+      const u = new URL(str(url, 'marketplace.url'));
+      if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error();
+    } catch {
+      throw new ConfigError('marketplace.url', 'expected an http(s) URL');
+    }
+  }
+  const keys = mp.public_keys ?? [];
+  if (!Array.isArray(keys)) throw new ConfigError('marketplace.public_keys', 'expected a list of 64-hex Ed25519 public keys');
+  keys.forEach((k, i) => {
+    if (!isHex(k, 32)) throw new ConfigError(`marketplace.public_keys[${i}]`, 'expected 64 lowercase hex characters');
+  });
+
+  const models = pick<unknown>('models');
+  if (!Array.isArray(models)) throw new ConfigError('models', 'expected a list');
+  const ids = new Set<string>();
+  const parsedModels = models.map((m, i) => {
+    const where = `models[${i}]`;
+    if (!isObject(m)) throw new ConfigError(where, 'expected a mapping');
+    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue']);
+    const full: Raw = { ...MODEL_DEFAULTS, ...m };
+    const id = str(full.id, `${where}.id`);
+    if (ids.has(id)) throw new ConfigError(`${where}.id`, `"${id}" is listed twice`);
+    ids.add(id);
+    if (!ADAPTERS.includes(full.adapter as AdapterKind)) throw new ConfigError(`${where}.adapter`, `expected one of ${ADAPTERS.join(', ')}`);
+    const adapter = full.adapter as AdapterKind;
+    const file = full.path === null ? null : resolve(str(full.path, `${where}.path`));
+    if (adapter === 'llama-embedded' && file === null) throw new ConfigError(`${where}.path`, 'the llama-embedded adapter needs the GGUF file');
+    const murl = full.url === null ? null : str(full.url, `${where}.url`);
+    if (adapter !== 'llama-embedded' && murl === null) throw new ConfigError(`${where}.url`, `the ${adapter} adapter needs the runtime's URL`);
+    const quantization = str(full.quantization, `${where}.quantization`).toLowerCase().replaceAll('_', '-');
+    const prices = full.prices;
+    if (!isObject(prices)) throw new ConfigError(`${where}.prices`, 'expected input_per_mtok_usd and output_per_mtok_usd');
+    only(prices, `${where}.prices`, ['input_per_mtok_usd', 'output_per_mtok_usd']);
+    return {
+      id,
+      adapter,
+      path: file,
+      url: murl,
+      quantization,
+      context: int(full.context, `${where}.context`, 16, 4294967295),
+      prices: {
+        input_per_mtok: usdRate(prices.input_per_mtok_usd, `${where}.prices.input_per_mtok_usd`),
+        output_per_mtok: usdRate(prices.output_per_mtok_usd, `${where}.prices.output_per_mtok_usd`),
+      },
+      slots: int(full.slots, `${where}.slots`, 1, 1024),
+      queue: int(full.queue, `${where}.queue`, 0, 100_000),
+    };
+  });
+
+  const ops = pick<unknown>('ops');
+  if (!isObject(ops)) throw new ConfigError('ops', 'expected a mapping');
+  only(ops, 'ops', ['http']);
+  const http = str(ops.http ?? DEFAULTS.ops.http, 'ops.http');
+  if (!/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/.test(http)) throw new ConfigError('ops.http', 'expected host:port, e.g. 127.0.0.1:9464');
+
+  const rc = pick<unknown>('receipts');
+  if (!isObject(rc)) throw new ConfigError('receipts', 'expected a mapping');
+  only(rc, 'receipts', Object.keys(DEFAULTS.receipts));
+  const r = { ...DEFAULTS.receipts, ...rc };
+
+  const level = pick<unknown>('log_level');
+  if (!LOG_LEVELS.includes(level as (typeof LOG_LEVELS)[number])) throw new ConfigError('log_level', `expected one of ${LOG_LEVELS.join(', ')}`);
+
+  return {
+    base,
+    key: resolve(str(pick('key'), 'key')),
+    data_dir: resolve(str(pick('data_dir'), 'data_dir')),
+    listen: listen as string[],
+    marketplace: { url: url as string | null, public_keys: keys as string[] },
+    models: parsedModels,
+    ops: { http },
+    receipts: {
+      checkpoint_every: int(r.checkpoint_every, 'receipts.checkpoint_every', 1, 10_000_000),
+      checkpoint_interval_ms: int(r.checkpoint_interval_ms, 'receipts.checkpoint_interval_ms', 0, 86_400_000),
+      signer_threads: int(r.signer_threads, 'receipts.signer_threads', 0, 64),
+    },
+    log_level: level as NodeConfig['log_level'],
+  };
+}

@@ -1,0 +1,97 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import { describe, expect, test } from 'vitest';
+import { ConfigError, loadConfig, parseConfig } from '../src/config.ts';
+import { REPO_ROOT } from './helpers/vectors.ts';
+
+const base = '/srv/node';
+const model = 'models:\n  - id: tiny/llama\n    adapter: llama-embedded\n    path: ./m.gguf\n    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: 0.6 }\n';
+
+function refused(text: string, env: NodeJS.ProcessEnv = {}): { key: string; message: string } {
+  try {
+    parseConfig(text, base, env);
+  } catch (e) {
+    expect(e).toBeInstanceOf(ConfigError);
+    return { key: (e as ConfigError).key, message: (e as Error).message };
+  }
+  throw new Error('expected the config to be refused');
+}
+
+describe('config', () => {
+  test('config.example.yaml is valid and equals the defaults', () => {
+    const c = loadConfig(path.join(REPO_ROOT, 'config.example.yaml'), {});
+    expect(c).toMatchObject({
+      key: path.join(REPO_ROOT, 'node.key'),
+      data_dir: REPO_ROOT,
+      listen: ['/ip4/0.0.0.0/tcp/4101'],
+      marketplace: { url: null, public_keys: [] },
+      models: [],
+      ops: { http: '127.0.0.1:9464' },
+      receipts: { checkpoint_every: 1000, checkpoint_interval_ms: 10000, signer_threads: 2 },
+      log_level: 'info',
+    });
+    expect(parseConfig('', base)).toEqual({ ...c, base, key: '/srv/node/node.key', data_dir: base });
+  });
+
+  test('models: defaults, exact prices, resolved paths, normalised quantization', () => {
+    const c = parseConfig(model.replace('    prices', '    quantization: Q4_K_M\n    prices'), base);
+    expect(c.models).toEqual([
+      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16 },
+    ]);
+  });
+
+  test('environment variables override keys, nested with __', () => {
+    const c = parseConfig(model, base, {
+      SELLER_NODE_LOG_LEVEL: 'debug',
+      SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY: '500',
+      SELLER_NODE_MARKETPLACE__URL: 'http://127.0.0.1:11436',
+      SELLER_NODE_LISTEN: '["/ip4/127.0.0.1/tcp/0"]',
+      OTHER: 'ignored',
+    });
+    expect(c.log_level).toBe('debug');
+    expect(c.receipts.checkpoint_every).toBe(500);
+    expect(c.marketplace.url).toBe('http://127.0.0.1:11436');
+    expect(c.listen).toEqual(['/ip4/127.0.0.1/tcp/0']);
+    expect(refused('', { SELLER_NODE_NOPE: '1' })).toMatchObject({ key: 'nope' });
+    expect(refused('', { SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY: 'lots' })).toMatchObject({ key: 'receipts.checkpoint_every' });
+  });
+
+  test.each([
+    ['log_level: loud', 'log_level'],
+    ['surprise: 1', 'surprise'],
+    ['receipts: { checkpoint_every: 0 }', 'receipts.checkpoint_every'],
+    ['receipts: { checkpointEvery: 5 }', 'receipts.checkpointEvery'],
+    ['listen: []', 'listen'],
+    ['listen: [tcp://x]', 'listen[0]'],
+    ['marketplace: { url: ftp://x }', 'marketplace.url'],
+    ['marketplace: { public_keys: [abc] }', 'marketplace.public_keys[0]'],
+    ['ops: { http: "0.0.0.0" }', 'ops.http'],
+    ['models: {}', 'models'],
+    ['models: [{ adapter: vllm }]', 'models[0].id'],
+    ['models: [{ id: a, adapter: tgi }]', 'models[0].adapter'],
+    ['models: [{ id: a, adapter: llama-embedded, prices: {} }]', 'models[0].path'],
+    ['models: [{ id: a, adapter: vllm, prices: {} }]', 'models[0].url'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: "0.1234567", output_per_mtok_usd: "1" } }]', 'models[0].prices.input_per_mtok_usd'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: -1, output_per_mtok_usd: "1" } }]', 'models[0].prices.input_per_mtok_usd'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", slots: 0, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].slots'],
+    [model + '  - id: tiny/llama\n    adapter: vllm\n    url: "http://x"\n    prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" }\n', 'models[1].id'],
+  ])('%s is refused naming %s', (text, key) => {
+    expect(refused(text).key).toBe(key);
+  });
+
+  test('broken YAML, duplicate keys and non-mappings are refused', () => {
+    expect(refused('a: [1\n').message).toMatch(/not valid YAML/);
+    expect(refused('log_level: info\nlog_level: debug\n').message).toMatch(/not valid YAML/);
+    expect(refused('- 1\n').message).toMatch(/mapping/);
+  });
+
+  test('the config init writes is valid', async () => {
+    const { defaultConfigYaml } = await import('../src/config.ts');
+    expect(parseConfig(defaultConfigYaml(), base).key).toBe('/srv/node/node.key');
+  });
+
+  test('a missing file is a named error', () => {
+    expect(() => loadConfig(path.join(REPO_ROOT, 'nope.yaml'))).toThrow(/cannot read .*ENOENT/);
+    expect(fs.existsSync(path.join(REPO_ROOT, 'config.example.yaml'))).toBe(true);
+  });
+});
