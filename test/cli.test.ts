@@ -45,7 +45,7 @@ describe.concurrent('help', () => {
     const r = await runCli(['--help']);
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^Usage: seller-node/m);
-    for (const c of ['init', 'log', 'audit', 'verify']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
+    for (const c of ['init', 'log', 'audit', 'verify', 'dev-model', 'demo']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
   });
 
   for (const [args, mentions] of [
@@ -53,6 +53,8 @@ describe.concurrent('help', () => {
     [['log'], ['fill', 'export']],
     [['audit'], ['<dir>', '--provider', '--json', '--threads']],
     [['verify'], ['<file>', '--provider', '--json']],
+    [['dev-model'], ['--out', '--seed']],
+    [['demo'], ['--count', '--keep']],
     [['log', 'fill'], ['--data', '--count', '--checkpoint-every', '--threads']],
     [['log', 'export'], ['--data', '--out']],
   ] as const) {
@@ -446,5 +448,37 @@ describe('audit of things that are not exports', () => {
     fs.writeFileSync(path.join(d, 'provider.pub'), providerIdOf(randomSeed()) + '\n');
     fs.writeFileSync(path.join(d, 'receipts.jsonl'), '');
     expectFail(await runCli(['audit', d, '--threads', '0']), /^FAIL: log_empty: /m);
+  });
+});
+
+describe('dev-model and demo', () => {
+  it('dev-model writes the same tiny GGUF every time, and a different one for another seed', async ({ expect }) => {
+    const dir = tempDir('seller-node-devmodel-');
+    try {
+      const a = await runCli(['dev-model', '--out', path.join(dir, 'a.gguf')]);
+      const b = await runCli(['dev-model', '--out', path.join(dir, 'b.gguf')]);
+      const c = await runCli(['dev-model', '--out', path.join(dir, 'c.gguf'), '--seed', '2']);
+      for (const r of [a, b, c]) expect(r.code).toBe(0);
+      const bytes = (f: string) => fs.readFileSync(path.join(dir, f));
+      expect(bytes('a.gguf').subarray(0, 4).toString()).toBe('GGUF');
+      expect(bytes('a.gguf').length).toBeGreaterThan(500_000);
+      expect(bytes('a.gguf').equals(bytes('b.gguf'))).toBe(true);
+      expect(bytes('a.gguf').equals(bytes('c.gguf'))).toBe(false);
+      expect(a.stderr).toMatch(/sha256 [0-9a-f]{64}/);
+      const bad = await runCli(['dev-model', '--out', path.join(dir, 'no-such-dir', 'x.gguf')]);
+      expect(bad.code).toBe(1);
+      expect(bad.stderr).toMatch(/ENOENT|no such/i);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('demo (npm start) signs, exports, audits, verifies a proof and catches a tampered copy', async ({ expect }) => {
+    const r = await runCli(['demo', '--count', '300'], { timeoutMs: 60_000 });
+    expect(r.code).toBe(0);
+    expect(r.stdout).toMatch(/signed\s+300 receipts/);
+    expect(r.stdout).toMatch(/audit\s+OK/);
+    expect(r.stdout).toMatch(/offline proof\s+verifies/);
+    expect(r.stdout).toMatch(/tampered copy\s+audit says: FAIL at seq 1: signature_invalid/);
   });
 });

@@ -5,6 +5,7 @@ import { logCommand } from './log.ts';
 import { auditCommand } from './audit.ts';
 import { verifyCommand } from './verify.ts';
 import { demoCommand } from './demo.ts';
+import { devModelCommand } from './dev-model.ts';
 import { CliError } from './cli-error.ts';
 
 export function buildProgram(): Command {
@@ -14,7 +15,7 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });
-  for (const make of [initCommand, logCommand, auditCommand, verifyCommand, demoCommand]) program.addCommand(make());
+  for (const make of [initCommand, logCommand, auditCommand, verifyCommand, devModelCommand, demoCommand]) program.addCommand(make());
   return program;
 }
 

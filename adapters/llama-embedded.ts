@@ -1,0 +1,186 @@
+// The embedded runtime: llama.cpp in-process through node-llama-cpp (CPU here, GPU where the host
+// has one). Tokens are the model's own; chat prompts are rendered with the model's own Jinja chat
+// template; a fixed seed makes generation replayable for audits.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import { Template } from '@huggingface/jinja';
+import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
+import type { ChatMessage, EmbeddingResult, GeneratedChunk, GenerateRequest, GenerationInput, GenerationResult, RuntimeAdapter, RuntimeInfo } from './runtime-adapter.ts';
+
+export interface LlamaEmbeddedOptions {
+  modelPath: string;
+  /** Context length per sequence (default: the model's, capped at 4096). */
+  contextLength?: number;
+  /** Requests that can run at once (context sequences). Default 1. */
+  slots?: number;
+  /** CPU threads per evaluation. Default 1: more is much slower on small machines. */
+  threads?: number;
+  /** 'auto' uses a GPU when the host has one. Default false (CPU). */
+  gpu?: 'auto' | false;
+}
+
+let llamaPromise: Promise<Llama> | undefined;
+const llamaFor = (gpu: 'auto' | false) => (llamaPromise ??= getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false }));
+
+/** SHA-256 of a file, streamed (models are gigabytes). */
+export async function fileSha256(file: string): Promise<string> {
+  const hash = crypto.createHash('sha256');
+  for await (const chunk of fs.createReadStream(file, { highWaterMark: 1 << 22 })) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
+
+export class LlamaEmbeddedAdapter implements RuntimeAdapter {
+  private readonly opts: LlamaEmbeddedOptions;
+  private model: LlamaModel | undefined;
+  private context: LlamaContext | undefined;
+  private embedding: LlamaEmbeddingContext | undefined;
+  private readonly idle: LlamaContextSequence[] = [];
+  private template: Template | undefined;
+  private runtimeVersion = 'node-llama-cpp';
+  info: RuntimeInfo = { adapter: 'llama-embedded', version: '', modelSha256: '', contextLength: 0, embeddingLength: 0, chatTemplate: null };
+
+  constructor(opts: LlamaEmbeddedOptions) {
+    this.opts = opts;
+  }
+
+  async start(): Promise<void> {
+    const llama = await llamaFor(this.opts.gpu ?? false);
+    const [model, sha] = await Promise.all([llama.loadModel({ modelPath: this.opts.modelPath }), fileSha256(this.opts.modelPath)]);
+    this.model = model;
+    const slots = this.opts.slots ?? 1;
+    const contextLength = Math.min(this.opts.contextLength ?? Math.min(model.trainContextSize, 4096), model.trainContextSize);
+    this.context = await model.createContext({ contextSize: contextLength * slots, sequences: slots, threads: this.opts.threads ?? 1 });
+    for (let i = 0; i < slots; i++) this.idle.push(this.context.getSequence());
+    const chatTemplate = model.fileInfo.metadata?.tokenizer?.chat_template;
+    this.template = typeof chatTemplate === 'string' ? new Template(chatTemplate) : undefined;
+    this.runtimeVersion = `node-llama-cpp/${llama.buildType}/${llama.gpu || 'cpu'}`;
+    this.info = {
+      adapter: 'llama-embedded',
+      version: this.runtimeVersion,
+      modelSha256: sha,
+      contextLength,
+      embeddingLength: model.embeddingVectorSize,
+      chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
+    };
+  }
+
+  async stop(): Promise<void> {
+    await this.embedding?.dispose();
+    await this.context?.dispose();
+    await this.model?.dispose();
+    this.embedding = this.context = this.model = undefined;
+    this.idle.length = 0;
+  }
+
+  private get m(): LlamaModel {
+    if (!this.model) throw new Error('the embedded runtime is not started');
+    return this.model;
+  }
+
+  async tokenize(text: string, opts: { special?: boolean } = {}): Promise<number[]> {
+    return [...this.m.tokenize(text, opts.special ?? false)];
+  }
+
+  async detokenize(tokens: number[]): Promise<string> {
+    return this.m.detokenize(tokens as Token[], true);
+  }
+
+  async renderChat(messages: ChatMessage[]): Promise<string> {
+    if (!this.template) throw new Error('the model has no chat template');
+    const t = this.m.tokens;
+    return this.template.render({ messages, add_generation_prompt: true, bos_token: t.bosString ?? '', eos_token: t.eosString ?? '' });
+  }
+
+  /** The exact tokens a generation starts from: BOS when the model wants it, then the prompt. */
+  private async inputTokens(input: GenerationInput): Promise<Token[]> {
+    const text = input.kind === 'chat' ? await this.renderChat(input.messages) : input.prompt;
+    const tokens = this.m.tokenize(text, input.kind === 'chat');
+    const bos = this.m.tokens.bos;
+    return this.m.tokens.shouldPrependBosToken && bos !== null && tokens[0] !== bos ? [bos, ...tokens] : tokens;
+  }
+
+  async countInputTokens(input: GenerationInput): Promise<number> {
+    return (await this.inputTokens(input)).length;
+  }
+
+  async *generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void> {
+    const model = this.m;
+    const input = await this.inputTokens(req.input);
+    const sequence = this.idle.pop();
+    if (!sequence) throw new Error('no free slot: the node admits at most `slots` requests at once');
+    const output: Token[] = [];
+    let emitted = '';
+    // The evaluation ends by itself when the model produces an end-of-generation token.
+    let finishReason: GenerationResult['finishReason'] = 'stop';
+    let evaluation: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    try {
+      await sequence.clearHistory();
+      if (req.signal?.aborted) finishReason = 'abort';
+      else if (req.maxTokens <= 0) finishReason = 'length';
+      else {
+        evaluation = sequence.evaluate(input, {
+          temperature: req.sampling.temperature,
+          seed: req.sampling.seed,
+          ...(req.sampling.topK !== undefined ? { topK: req.sampling.topK } : {}),
+          ...(req.sampling.topP !== undefined ? { topP: req.sampling.topP } : {}),
+        });
+        for await (const token of evaluation) {
+          output.push(token);
+          // Decode everything so far and emit what is new; hold a trailing partial character.
+          const text = model.detokenize(output, false);
+          const complete = text.endsWith('\uFFFD') ? text.slice(0, -1) : text;
+          let chunk = complete.startsWith(emitted) ? complete.slice(emitted.length) : '';
+          const stopAt = req.stop?.length ? firstStop(emitted + chunk, req.stop, emitted.length) : -1;
+          if (stopAt >= 0) {
+            chunk = (emitted + chunk).slice(emitted.length, stopAt);
+            if (chunk) yield { text: chunk, tokens: [token] };
+            finishReason = 'stop';
+            break;
+          }
+          emitted += chunk;
+          yield { text: chunk, tokens: [token] };
+          if (req.signal?.aborted) {
+            finishReason = 'abort';
+            break;
+          }
+          if (output.length >= req.maxTokens) {
+            finishReason = 'length';
+            break;
+          }
+        }
+      }
+    } finally {
+      await evaluation?.return();
+      this.idle.push(sequence);
+    }
+    return {
+      finishReason,
+      inputTokens: input.length,
+      outputTokens: output.length,
+      usageRuntime: { prompt_tokens: input.length, completion_tokens: output.length, total_tokens: input.length + output.length },
+    };
+  }
+
+  async embed(inputs: string[]): Promise<EmbeddingResult> {
+    const model = this.m;
+    this.embedding ??= await model.createEmbeddingContext({ threads: this.opts.threads ?? 1 });
+    const vectors: number[][] = [];
+    let inputTokens = 0;
+    for (const text of inputs) {
+      inputTokens += model.tokenize(text).length;
+      vectors.push([...(await this.embedding.getEmbeddingFor(text)).vector]);
+    }
+    return { vectors, inputTokens };
+  }
+}
+
+/** Index in `text` where a stop sequence begins, at or after `from` minus the longest stop. */
+function firstStop(text: string, stops: string[], from: number): number {
+  let best = -1;
+  for (const s of stops) {
+    if (!s) continue;
+    const i = text.indexOf(s, Math.max(0, from - s.length + 1));
+    if (i >= 0 && (best < 0 || i < best)) best = i;
+  }
+  return best;
+}

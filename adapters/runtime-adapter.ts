@@ -1,0 +1,78 @@
+// The one interface every runtime implements: the embedded llama.cpp (node-llama-cpp) and, later,
+// llama-server, vLLM and ComfyUI over HTTP. The node meters with what an adapter reports, so token
+// counts come from the runtime's own tokenizer with its chat template applied, never an estimate.
+// Nothing here imports from src/.
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | 'tool' | 'developer';
+  content: string;
+}
+
+export type GenerationInput = { kind: 'chat'; messages: ChatMessage[] } | { kind: 'prompt'; prompt: string };
+
+export interface SamplingOptions {
+  /** 0 = greedy. */
+  temperature: number;
+  topP?: number;
+  topK?: number;
+  /** Fixed seed: the same request gives the same tokens (audit replay relies on it). */
+  seed: number;
+}
+
+export interface GenerateRequest {
+  input: GenerationInput;
+  /** Hard cap, already lowered by the node so the worst case stays within the ticket's hold. */
+  maxTokens: number;
+  sampling: SamplingOptions;
+  stop?: string[];
+  /** Aborting stops generation promptly; what was generated so far is still reported. */
+  signal?: AbortSignal;
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort';
+
+export interface GeneratedChunk {
+  /** Text completed by these tokens (possibly empty while a multi-byte character is incomplete). */
+  text: string;
+  tokens: number[];
+}
+
+export interface GenerationResult {
+  finishReason: FinishReason;
+  inputTokens: number;
+  outputTokens: number;
+  /** Usage as the runtime itself reported it, for the receipt's usage_runtime. */
+  usageRuntime: Record<string, unknown>;
+}
+
+export interface EmbeddingResult {
+  vectors: number[][];
+  inputTokens: number;
+}
+
+export interface RuntimeInfo {
+  adapter: string;
+  version: string;
+  /** SHA-256 of the model file (hex), computed once. */
+  modelSha256: string;
+  contextLength: number;
+  embeddingLength: number;
+  chatTemplate: string | null;
+}
+
+export interface RuntimeAdapter {
+  readonly info: RuntimeInfo;
+  /** Loads the model; resolves when the adapter can serve. */
+  start(): Promise<void>;
+  stop(): Promise<void>;
+  /** Tokens of a text (special tokens parsed when `special`). */
+  tokenize(text: string, opts?: { special?: boolean }): Promise<number[]>;
+  detokenize(tokens: number[]): Promise<string>;
+  /** The prompt a chat becomes under the model's chat template (with the generation prompt). */
+  renderChat(messages: ChatMessage[]): Promise<string>;
+  /** Input tokens of a generation input, exactly as generation will count them. */
+  countInputTokens(input: GenerationInput): Promise<number>;
+  /** Streams chunks; the returned value is the final accounting. */
+  generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void>;
+  embed(inputs: string[]): Promise<EmbeddingResult>;
+}

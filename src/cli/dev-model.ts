@@ -1,0 +1,17 @@
+import path from 'node:path';
+import { Command } from 'commander';
+import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
+import { fileSha256 } from '../../adapters/llama-embedded.ts';
+import { intOption } from './cli-error.ts';
+
+export function devModelCommand(): Command {
+  return new Command('dev-model')
+    .description('write the tiny deterministic llama GGUF (about 1 MB) that tests and the demo serve')
+    .requiredOption('--out <file>', 'where to write the .gguf file')
+    .option('--seed <n>', 'weight seed (the same seed writes the same bytes)', intOption('--seed', 0, 2 ** 31 - 1), 1)
+    .action(async (opts: { out: string; seed: number }) => {
+      const bytes = writeTinyLlama(opts.out, { seed: opts.seed });
+      process.stdout.write(`${path.resolve(opts.out)}\n`);
+      process.stderr.write(`${bytes} bytes, sha256 ${await fileSha256(opts.out)}\n`);
+    });
+}

@@ -1,0 +1,114 @@
+// The embedded runtime on the real llama.cpp (node-llama-cpp, CPU), with the generated tiny model.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import type { GeneratedChunk, GenerateRequest, GenerationResult } from '../adapters/runtime-adapter.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-embedded-'));
+const modelPath = path.join(dir, 'tiny.gguf');
+let rt: LlamaEmbeddedAdapter;
+
+beforeAll(async () => {
+  writeTinyLlama(modelPath);
+  rt = new LlamaEmbeddedAdapter({ modelPath, slots: 2, contextLength: 512 });
+  await rt.start();
+});
+afterAll(async () => {
+  await rt?.stop();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+async function run(req: GenerateRequest): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
+  const chunks: GeneratedChunk[] = [];
+  const gen = rt.generate(req);
+  for (;;) {
+    const n = await gen.next();
+    if (n.done) return { chunks, result: n.value };
+    chunks.push(n.value);
+  }
+}
+
+const chat = { kind: 'chat' as const, messages: [{ role: 'user' as const, content: 'hello world' }] };
+
+describe('LlamaEmbeddedAdapter', () => {
+  test('reports what it serves: model hash, context, embedding size, chat template', () => {
+    expect(rt.info.modelSha256).toBe(crypto.createHash('sha256').update(fs.readFileSync(modelPath)).digest('hex'));
+    expect(rt.info.contextLength).toBe(512);
+    expect(rt.info.embeddingLength).toBe(64);
+    expect(rt.info.chatTemplate).toContain('<|im_start|>');
+  });
+
+  test('renders chats with the model\'s template and counts input tokens exactly', async () => {
+    const prompt = await rt.renderChat(chat.messages);
+    expect(prompt).toBe('<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n');
+    const tokens = await rt.tokenize(prompt, { special: true });
+    const n = await rt.countInputTokens(chat);
+    expect(n === tokens.length || n === tokens.length + 1).toBe(true); // + BOS when the model asks for it
+    expect(await rt.detokenize(await rt.tokenize('hello world'))).toContain('hello world');
+  });
+
+  test('a fixed seed replays the same tokens; maxTokens is exact; usage adds up', async () => {
+    const req: GenerateRequest = { input: chat, maxTokens: 24, sampling: { temperature: 0.8, seed: 42 } };
+    const a = await run(req);
+    const b = await run(req);
+    const ids = (x: { chunks: GeneratedChunk[] }) => x.chunks.flatMap((c) => c.tokens);
+    expect(ids(a)).toEqual(ids(b));
+    expect(a.chunks.map((c) => c.text).join('')).toBe(b.chunks.map((c) => c.text).join(''));
+    expect(a.result.outputTokens).toBe(ids(a).length);
+    expect(a.result.outputTokens).toBeLessThanOrEqual(24);
+    if (a.result.finishReason === 'length') expect(a.result.outputTokens).toBe(24);
+    expect(a.result.inputTokens).toBe(await rt.countInputTokens(chat));
+    expect(a.result.usageRuntime).toEqual({ prompt_tokens: a.result.inputTokens, completion_tokens: a.result.outputTokens, total_tokens: a.result.inputTokens + a.result.outputTokens });
+    const other = await run({ ...req, sampling: { temperature: 1, seed: 7 } });
+    const again = await run({ ...req, sampling: { temperature: 1, seed: 8 } });
+    expect(ids(other)).not.toEqual(ids(again));
+  });
+
+  test('aborting stops generation promptly and still accounts for every token produced', async () => {
+    const ac = new AbortController();
+    const chunks: GeneratedChunk[] = [];
+    const gen = rt.generate({ input: { kind: 'prompt', prompt: 'the' }, maxTokens: 400, sampling: { temperature: 1, seed: 3 }, signal: ac.signal });
+    let result: GenerationResult | undefined;
+    for (;;) {
+      const n = await gen.next();
+      if (n.done) {
+        result = n.value;
+        break;
+      }
+      chunks.push(n.value);
+      if (chunks.length === 5) ac.abort();
+    }
+    expect(result.finishReason === 'abort' || result.finishReason === 'stop').toBe(true);
+    if (result.finishReason === 'abort') expect(result.outputTokens).toBe(5);
+    expect(chunks.flatMap((c) => c.tokens).length).toBe(result.outputTokens);
+  });
+
+  test('maxTokens 0 generates nothing; an aborted signal generates nothing', async () => {
+    expect((await run({ input: chat, maxTokens: 0, sampling: { temperature: 0, seed: 1 } })).result).toMatchObject({ outputTokens: 0, finishReason: 'length' });
+    const ac = new AbortController();
+    ac.abort();
+    expect((await run({ input: chat, maxTokens: 10, sampling: { temperature: 0, seed: 1 }, signal: ac.signal })).result).toMatchObject({ outputTokens: 0, finishReason: 'abort' });
+  });
+
+  test('slots bound concurrency: a third concurrent generation is refused, and slots come back', async () => {
+    const req: GenerateRequest = { input: chat, maxTokens: 8, sampling: { temperature: 0, seed: 1 } };
+    const g1 = rt.generate(req);
+    const g2 = rt.generate(req);
+    await g1.next();
+    await g2.next();
+    await expect(rt.generate(req).next()).rejects.toThrow(/no free slot/);
+    await g1.return(undefined as never);
+    await g2.return(undefined as never);
+    expect((await run(req)).result.outputTokens).toBeGreaterThan(0);
+  });
+
+  test('embeddings: one vector of the model\'s width per input, tokens counted', async () => {
+    const e = await rt.embed(['hello', 'hello world']);
+    expect(e.vectors.map((v) => v.length)).toEqual([64, 64]);
+    expect(e.inputTokens).toBe((await rt.tokenize('hello')).length + (await rt.tokenize('hello world')).length);
+  });
+});
