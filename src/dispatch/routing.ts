@@ -1,0 +1,81 @@
+// The routing controls a buyer set (X-Service-*), as the marketplace resolved them into the
+// ticket, checked again at the node against what it really offers. A request the node cannot
+// honour is refused before any work, and so before any charge.
+import { ATTESTATION_TIERS, type AttestationTier } from '../../attestation/receipt.ts';
+import type { Rates } from '../../attestation/money.ts';
+import { computeCost } from '../../attestation/money.ts';
+import type { TicketRouting } from '../../attestation/ticket.ts';
+
+export interface Offer {
+  contextLength: number;
+  /** Canonical bucket: lowercase, "_" → "-". */
+  quantization: string;
+  /** Measured sustained throughput, tokens per second. */
+  tokensPerSecond: number;
+  tier: AttestationTier;
+  rates: Rates;
+}
+
+export interface Need {
+  inputTokens: number;
+  /** Output tokens the request asks for at most (its max_tokens, or what the context leaves). */
+  maxOutputTokens: number;
+}
+
+export interface Refusal {
+  status: 400 | 403 | 503;
+  code: 'context_length_exceeded' | 'routing_unsatisfied' | 'price_ceiling_exceeded' | 'request_cost_limit_exceeded';
+  message: string;
+}
+
+export function quantizationBucket(q: string): string {
+  return q.trim().toLowerCase().replaceAll('_', '-');
+}
+
+const tierRank = (t: AttestationTier) => ATTESTATION_TIERS.indexOf(t);
+
+/** The worst case a request can cost: all its input and every output token it may generate. */
+export function worstCaseCost(need: Need, rates: Rates): bigint {
+  return computeCost({ input_tokens: need.inputTokens, output_tokens: need.maxOutputTokens }, rates);
+}
+
+/** Undefined when the node can serve the request as asked; otherwise the first reason it cannot. */
+export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): Refusal | undefined {
+  if (need.inputTokens + need.maxOutputTokens > offer.contextLength) {
+    return { status: 400, code: 'context_length_exceeded', message: `input (${need.inputTokens}) plus output (${need.maxOutputTokens}) tokens exceed the model's context of ${offer.contextLength}` };
+  }
+  if (routing.min_context !== undefined && offer.contextLength < routing.min_context) {
+    return { status: 503, code: 'routing_unsatisfied', message: `context ${offer.contextLength} is below the requested minimum ${routing.min_context}` };
+  }
+  if (routing.quantization !== undefined && quantizationBucket(routing.quantization) !== offer.quantization) {
+    return { status: 503, code: 'routing_unsatisfied', message: `quantization is ${offer.quantization}, not ${quantizationBucket(routing.quantization)}` };
+  }
+  if (routing.min_tokens_per_second !== undefined && offer.tokensPerSecond < routing.min_tokens_per_second) {
+    return { status: 503, code: 'routing_unsatisfied', message: `measured throughput ${offer.tokensPerSecond} tokens/s is below ${routing.min_tokens_per_second}` };
+  }
+  if (routing.min_attestation_tier !== undefined && tierRank(offer.tier) < tierRank(routing.min_attestation_tier)) {
+    return { status: 503, code: 'routing_unsatisfied', message: `attestation tier ${offer.tier} is below ${routing.min_attestation_tier}` };
+  }
+  const ceilings: [string | undefined, bigint, string][] = [
+    [routing.max_input_price_micro_usd_per_mtok, offer.rates.input_per_mtok, 'input price'],
+    [routing.max_output_price_micro_usd_per_mtok, offer.rates.output_per_mtok, 'output price'],
+  ];
+  for (const [ceiling, price, what] of ceilings) {
+    if (ceiling !== undefined && price > BigInt(ceiling)) {
+      return { status: 403, code: 'price_ceiling_exceeded', message: `${what} ${price} micro-USD per million tokens is above the ceiling ${ceiling}` };
+    }
+  }
+  if (routing.max_request_price_micro_usd !== undefined) {
+    const worst = worstCaseCost(need, offer.rates);
+    if (worst > BigInt(routing.max_request_price_micro_usd)) {
+      return { status: 403, code: 'price_ceiling_exceeded', message: `the request's worst case ${worst} micro-USD is above the representative price ceiling ${routing.max_request_price_micro_usd}` };
+    }
+  }
+  if (routing.max_cost_micro_usd !== undefined) {
+    const worst = worstCaseCost(need, offer.rates);
+    if (worst > BigInt(routing.max_cost_micro_usd)) {
+      return { status: 403, code: 'request_cost_limit_exceeded', message: `the request's worst case ${worst} micro-USD is above the cost cap ${routing.max_cost_micro_usd}` };
+    }
+  }
+  return undefined;
+}

@@ -1,0 +1,95 @@
+// The ticket gate: a request is served only with a ticket that a configured marketplace key
+// signed, for this provider, still valid, never used before (remembered on disk across restarts),
+// for exactly the body received, and for the endpoint, model and price version this node sells.
+// Anything else is refused before any work, with a code, and nothing is charged.
+import type Database from 'better-sqlite3';
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import type { TicketPayload } from '../../attestation/ticket.ts';
+import { verifyTicket, type MarketplaceKey } from '../../attestation/ticket-verify.ts';
+
+export type TicketRefusalCode =
+  | 'ticket_invalid'
+  | 'ticket_expired'
+  | 'ticket_not_yet_valid'
+  | 'ticket_wrong_provider'
+  | 'ticket_body_mismatch'
+  | 'ticket_endpoint_mismatch'
+  | 'ticket_model_mismatch'
+  | 'ticket_price_version_mismatch'
+  | 'ticket_replayed';
+
+export interface TicketRefusal {
+  ok: false;
+  status: 400 | 401 | 409;
+  code: TicketRefusalCode;
+  message: string;
+}
+
+export interface TicketExpectation {
+  endpoint: string;
+  model: string;
+  priceVersion: string;
+  /** The exact request body bytes received. */
+  body: Uint8Array;
+}
+
+const SCHEMA = `CREATE TABLE IF NOT EXISTS used_tickets (ticket_id TEXT PRIMARY KEY, request_id TEXT NOT NULL, used_at INTEGER NOT NULL, expires_at INTEGER NOT NULL) WITHOUT ROWID`;
+
+export class TicketGate {
+  private readonly keys: readonly MarketplaceKey[];
+  private readonly providerId: string;
+  private readonly skewMs: number;
+  private readonly now: () => number;
+  private readonly insert: Database.Statement<[string, string, number, number]>;
+  private readonly pruneStmt: Database.Statement<[number]>;
+
+  constructor(opts: { db: Database.Database; marketplaceKeys: readonly MarketplaceKey[]; providerId: string; skewMs?: number; now?: () => number }) {
+    this.keys = opts.marketplaceKeys;
+    this.providerId = opts.providerId;
+    this.skewMs = opts.skewMs ?? 30_000;
+    this.now = opts.now ?? Date.now;
+    opts.db.exec(SCHEMA);
+    this.insert = opts.db.prepare('INSERT OR IGNORE INTO used_tickets (ticket_id, request_id, used_at, expires_at) VALUES (?, ?, ?, ?)');
+    this.pruneStmt = opts.db.prepare('DELETE FROM used_tickets WHERE expires_at < ?');
+  }
+
+  /** Checks the ticket and, if it passes, marks it used (durably) in the same step. */
+  admit(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
+    if (this.keys.length === 0) return refuse(401, 'ticket_invalid', 'this node trusts no marketplace key (marketplace.public_keys is empty)');
+    const now = this.now();
+    const v = verifyTicket(envelope, { marketplaceKeys: this.keys, provider: this.providerId, now, skewMs: this.skewMs, body: expect.body });
+    if (!v.ok) {
+      const e = v.error;
+      switch (e.code) {
+        case 'ticket_expired':
+        case 'ticket_not_yet_valid':
+        case 'ticket_wrong_provider':
+          return refuse(401, e.code, e.message);
+        case 'ticket_body_mismatch':
+          return refuse(400, 'ticket_body_mismatch', e.message);
+        default:
+          return refuse(401, 'ticket_invalid', `${e.code}: ${e.message}`);
+      }
+    }
+    const t = v.value.payload;
+    if (t.endpoint !== expect.endpoint) return refuse(400, 'ticket_endpoint_mismatch', `ticket is for ${t.endpoint}, the request is ${expect.endpoint}`);
+    if (t.model !== expect.model) return refuse(400, 'ticket_model_mismatch', `ticket is for model ${t.model}, the request asks for ${expect.model}`);
+    if (t.price_version !== expect.priceVersion) {
+      return refuse(409, 'ticket_price_version_mismatch', `ticket holds price version ${t.price_version}; this node sells at ${expect.priceVersion}`);
+    }
+    // The primary key makes "check and mark used" one atomic, durable step.
+    if (this.insert.run(t.ticket_id, t.request_id, now, t.expires_at).changes === 0) {
+      return refuse(409, 'ticket_replayed', `ticket ${t.ticket_id} was used before`);
+    }
+    return { ok: true, ticket: t };
+  }
+
+  /** Forgets tickets that could no longer pass the expiry check anyway. */
+  prune(): number {
+    return this.pruneStmt.run(this.now() - this.skewMs - 1).changes;
+  }
+}
+
+function refuse(status: TicketRefusal['status'], code: TicketRefusalCode, message: string): TicketRefusal {
+  return { ok: false, status, code, message };
+}
