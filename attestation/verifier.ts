@@ -14,6 +14,7 @@ export { openNote, parseVerifierKey } from './note.ts';
 export { verifyEnvelope, parseEnvelope, pae, serializeEnvelope, type DsseEnvelope, type DsseKey } from './dsse.ts';
 export { canonicalize, parseCanonical } from './canonical-json.ts';
 export { parseUsd, formatUsd, computeCost } from './money.ts';
+export { verifyPriceList, priceVersion, PRICELIST_PAYLOAD_TYPE, type PriceListPayload, type PriceListEntry } from './price-list.ts';
 export { RECEIPT_PAYLOAD_TYPE, GENESIS_PREV, type ReceiptPayload, type ReceiptStatus } from './receipt.ts';
 export { TICKET_PAYLOAD_TYPE, type TicketPayload, type TicketRouting } from './ticket.ts';
 export type { VerifyResult, VerifyError, VerifyErrorCode } from './result.ts';

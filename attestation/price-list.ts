@@ -1,0 +1,79 @@
+// Signed price lists (design.md §Money): what each model costs, under a version that tickets and
+// receipts name. The version is derived from the prices themselves, so the same prices always
+// carry the same version and a changed price always carries a new one.
+import { fromHex, isHex, toHex, utf8 } from './bytes.ts';
+import { canonicalize } from './canonical-json.ts';
+import { checkEnvelopeShape, parseEnvelope, signEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
+import * as f from './fields.ts';
+import { sha256 } from './hash.ts';
+import { fail, ok, type VerifyResult } from './result.ts';
+import { readPayload } from './signed-payload.ts';
+import type { WireRates } from './receipt.ts';
+
+export const PRICELIST_PAYLOAD_TYPE = 'application/vnd.service.pricelist.v1+json';
+
+export interface PriceListEntry extends WireRates {
+  model: string;
+}
+
+export interface PriceListPayload {
+  v: 1;
+  provider: string;
+  version: string;
+  issued_at: number;
+  models: PriceListEntry[];
+}
+
+/** "p-" + 16 hex of SHA-256 over the canonical model prices. */
+export function priceVersion(models: readonly PriceListEntry[]): string {
+  return 'p-' + toHex(sha256(utf8(canonicalize(sortedEntries(models))))).slice(0, 16);
+}
+
+function sortedEntries(models: readonly PriceListEntry[]): PriceListEntry[] {
+  return [...models].sort((a, b) => (a.model < b.model ? -1 : a.model > b.model ? 1 : 0));
+}
+
+export function validatePriceList(value: unknown): PriceListPayload {
+  const p = f.object(value, '');
+  f.keys(p, '', ['v', 'provider', 'version', 'issued_at', 'models']);
+  if (p.v !== 1) throw new f.FieldError('v', 'expected 1');
+  f.hex32(p.provider, 'provider');
+  f.string(p.version, 'version', 64, /^[A-Za-z0-9._:-]+$/);
+  f.uint(p.issued_at, 'issued_at');
+  if (!Array.isArray(p.models) || p.models.length === 0 || p.models.length > 1000) throw new f.FieldError('models', 'expected 1 to 1000 entries');
+  const seen = new Set<string>();
+  p.models.forEach((m, i) => {
+    const where = `models[${i}]`;
+    const e = f.object(m, where);
+    f.keys(e, where, ['model', 'input_per_mtok', 'output_per_mtok'], ['per_unit']);
+    const id = f.string(e.model, `${where}.model`, 256);
+    if (seen.has(id)) throw new f.FieldError(`${where}.model`, `"${id}" is listed twice`);
+    seen.add(id);
+    f.micro(e.input_per_mtok, `${where}.input_per_mtok`);
+    f.micro(e.output_per_mtok, `${where}.output_per_mtok`);
+    if (e.per_unit !== undefined) f.record(e.per_unit, `${where}.per_unit`, f.micro);
+  });
+  const payload = p as unknown as PriceListPayload;
+  if (payload.version !== priceVersion(payload.models)) throw new f.FieldError('version', 'is not the version of these prices');
+  return payload;
+}
+
+export function signPriceList(seed: Uint8Array, provider: string, models: readonly PriceListEntry[], issuedAt = Date.now()): { payload: PriceListPayload; envelope: DsseEnvelope } {
+  const sorted = sortedEntries(models);
+  const payload: PriceListPayload = { v: 1, provider, version: priceVersion(sorted), issued_at: issuedAt, models: sorted };
+  validatePriceList(payload);
+  return { payload, envelope: signEnvelope(PRICELIST_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: provider, seed }) };
+}
+
+/** Verifies a provider's signed price list. */
+export function verifyPriceList(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
+  if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
+  if (!shaped.ok) return shaped;
+  const v = verifyEnvelope(shaped.value, { payloadType: PRICELIST_PAYLOAD_TYPE, keys: [{ keyid: opts.provider, publicKey: fromHex(opts.provider) }] });
+  if (!v.ok) return v;
+  const read = readPayload(v.value.payload, validatePriceList, 'price list');
+  if (!read.ok) return read;
+  if (read.value.provider !== opts.provider) return fail('provider_mismatch', `price list names provider ${read.value.provider}`);
+  return ok(read.value);
+}

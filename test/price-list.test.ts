@@ -1,0 +1,33 @@
+import { describe, expect, test } from 'vitest';
+import { utf8 } from '../attestation/bytes.ts';
+import { canonicalize } from '../attestation/canonical-json.ts';
+import { signEnvelope } from '../attestation/dsse.ts';
+import { PRICELIST_PAYLOAD_TYPE, priceVersion, signPriceList, verifyPriceList } from '../attestation/price-list.ts';
+import { testKey } from './helpers/receipts.ts';
+
+const key = testKey();
+const models = [
+  { model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' },
+  { model: 'a/other', input_per_mtok: '1', output_per_mtok: '2', per_unit: { images: '40000' } },
+];
+
+describe('signed price lists', () => {
+  test('sign and verify; the version is derived from the prices, whatever their order', () => {
+    const { payload, envelope } = signPriceList(key.seed, key.id, models, 1_700_000_000_000);
+    expect(payload.models.map((m) => m.model)).toEqual(['a/other', 'tiny/llama']);
+    expect(payload.version).toMatch(/^p-[0-9a-f]{16}$/);
+    expect(payload.version).toBe(priceVersion([...models].reverse()));
+    expect(priceVersion([{ ...models[0]!, output_per_mtok: '600001' }, models[1]!])).not.toBe(payload.version);
+    expect(verifyPriceList(envelope, { provider: key.id })).toMatchObject({ ok: true, value: payload });
+  });
+  test('refusals are named', () => {
+    const { payload, envelope } = signPriceList(key.seed, key.id, models);
+    const resign = (p: unknown) => signEnvelope(PRICELIST_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: key.id, seed: key.seed });
+    expect(verifyPriceList(envelope, { provider: testKey().id })).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+    expect(verifyPriceList(resign({ ...payload, version: 'p-0000000000000000' }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'version' } });
+    expect(verifyPriceList(resign({ ...payload, models: [...payload.models, payload.models[0]] }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid' } });
+    expect(verifyPriceList(resign({ ...payload, models: [{ ...payload.models[0]!, input_per_mtok: 1.5 }] }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'models[0].input_per_mtok' } });
+    expect(verifyPriceList('nope', { provider: key.id })).toMatchObject({ ok: false, error: { code: 'envelope_not_json' } });
+    expect(() => signPriceList(key.seed, key.id, [])).toThrow(/models/);
+  });
+});
