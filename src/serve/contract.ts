@@ -1,0 +1,145 @@
+// The request contracts of the text endpoints (marketplace-api.md): parse the exact body bytes,
+// check every field the node acts on, and refuse anything else with 400 naming the field.
+// Nothing is charged for a request refused here.
+import type { ChatMessage } from '../../adapters/runtime-adapter.ts';
+
+export class ContractError extends Error {
+  override name = 'ContractError';
+  readonly field: string;
+  constructor(field: string, message: string) {
+    super(field ? `${field}: ${message}` : message);
+    this.field = field;
+  }
+}
+
+export type TextEndpoint = 'chat/completions' | 'completions' | 'embeddings' | 'tokenize' | 'count_tokens';
+export const TEXT_ENDPOINTS: readonly TextEndpoint[] = ['chat/completions', 'completions', 'embeddings', 'tokenize', 'count_tokens'];
+
+export interface GenerationParams {
+  maxTokens: number | undefined;
+  stream: boolean;
+  includeUsage: boolean;
+  temperature: number;
+  topP: number | undefined;
+  seed: number | undefined;
+  stop: string[];
+}
+
+export type ParsedRequest =
+  | ({ endpoint: 'chat/completions'; model: string; messages: ChatMessage[] } & GenerationParams)
+  | ({ endpoint: 'completions'; model: string; prompt: string } & GenerationParams)
+  | { endpoint: 'embeddings'; model: string; input: string[] }
+  | { endpoint: 'tokenize' | 'count_tokens'; model: string; messages?: ChatMessage[]; prompt?: string; returnTokens: boolean };
+
+const ROLES = ['system', 'user', 'assistant', 'tool', 'developer'] as const;
+const MAX_BODY = 8 << 20;
+
+type Obj = Record<string, unknown>;
+
+function object(v: unknown, field: string): Obj {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new ContractError(field, 'expected an object');
+  return v as Obj;
+}
+
+function optInt(v: unknown, field: string, min: number, max: number): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw new ContractError(field, `expected an integer from ${min} to ${max}`);
+  return v;
+}
+
+function optNumber(v: unknown, field: string, min: number, max: number): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) throw new ContractError(field, `expected a number from ${min} to ${max}`);
+  return v;
+}
+
+function optBool(v: unknown, field: string): boolean | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'boolean') throw new ContractError(field, 'expected true or false');
+  return v;
+}
+
+/** Message content: a string, or an array of {type: "text", text} parts (joined). */
+function content(v: unknown, field: string): string {
+  if (typeof v === 'string') return v;
+  if (Array.isArray(v)) {
+    return v
+      .map((p, i) => {
+        const part = object(p, `${field}[${i}]`);
+        if (part.type !== 'text' || typeof part.text !== 'string') throw new ContractError(`${field}[${i}]`, 'only text parts are supported by this model');
+        return part.text;
+      })
+      .join('');
+  }
+  throw new ContractError(field, 'expected a string or an array of text parts');
+}
+
+function messages(v: unknown): ChatMessage[] {
+  if (!Array.isArray(v) || v.length === 0) throw new ContractError('messages', 'expected a non-empty array');
+  return v.map((m, i) => {
+    const o = object(m, `messages[${i}]`);
+    if (!ROLES.includes(o.role as ChatMessage['role'])) throw new ContractError(`messages[${i}].role`, `expected one of ${ROLES.join(', ')}`);
+    return { role: o.role as ChatMessage['role'], content: content(o.content, `messages[${i}].content`) };
+  });
+}
+
+function generation(o: Obj): GenerationParams {
+  const so = o.stream_options === undefined || o.stream_options === null ? {} : object(o.stream_options, 'stream_options');
+  const stream = optBool(o.stream, 'stream') ?? false;
+  const includeUsage = optBool(so.include_usage, 'stream_options.include_usage') ?? false;
+  let stop: string[] = [];
+  if (typeof o.stop === 'string') stop = [o.stop];
+  else if (Array.isArray(o.stop)) {
+    if (o.stop.length > 4 || !o.stop.every((s) => typeof s === 'string' && s.length > 0)) throw new ContractError('stop', 'expected up to 4 non-empty strings');
+    stop = o.stop as string[];
+  } else if (o.stop !== undefined && o.stop !== null) throw new ContractError('stop', 'expected a string or an array of strings');
+  return {
+    maxTokens: optInt(o.max_tokens ?? o.max_completion_tokens, o.max_tokens !== undefined ? 'max_tokens' : 'max_completion_tokens', 1, 1 << 24),
+    stream,
+    includeUsage,
+    temperature: optNumber(o.temperature, 'temperature', 0, 2) ?? 1,
+    topP: optNumber(o.top_p, 'top_p', 0, 1),
+    seed: optInt(o.seed, 'seed', -(2 ** 31), 2 ** 32 - 1),
+    stop,
+  };
+}
+
+/** Parses a body for an endpoint. Throws ContractError naming the field. */
+export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest {
+  if (!TEXT_ENDPOINTS.includes(endpoint as TextEndpoint)) throw new ContractError('', `unknown endpoint "${endpoint.slice(0, 64)}"`);
+  if (body.length > MAX_BODY) throw new ContractError('', `body larger than ${MAX_BODY} bytes`);
+  let value: unknown;
+  try {
+    value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+  } catch {
+    throw new ContractError('', 'body is not UTF-8 JSON');
+  }
+  const o = object(value, '');
+  if (typeof o.model !== 'string' || o.model.length === 0 || o.model.length > 256) throw new ContractError('model', 'expected a model id');
+  const model = o.model;
+  switch (endpoint as TextEndpoint) {
+    case 'chat/completions':
+      return { endpoint: 'chat/completions', model, messages: messages(o.messages), ...generation(o) };
+    case 'completions':
+      if (typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
+      return { endpoint: 'completions', model, prompt: o.prompt, ...generation(o) };
+    case 'embeddings': {
+      const input = typeof o.input === 'string' ? [o.input] : o.input;
+      if (!Array.isArray(input) || input.length === 0 || input.length > 2048 || !input.every((s) => typeof s === 'string')) {
+        throw new ContractError('input', 'expected a string or a non-empty array of strings');
+      }
+      return { endpoint: 'embeddings', model, input: input as string[] };
+    }
+    case 'tokenize':
+    case 'count_tokens': {
+      const hasMessages = o.messages !== undefined;
+      const hasPrompt = o.prompt !== undefined;
+      if (hasMessages === hasPrompt) throw new ContractError(hasMessages ? 'prompt' : 'messages', 'give exactly one of messages or prompt');
+      if (hasPrompt && typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
+      const returnTokens = optBool(o.return_tokens, 'return_tokens') ?? false;
+      return hasMessages
+        ? { endpoint: endpoint as 'tokenize', model, messages: messages(o.messages), returnTokens }
+        : { endpoint: endpoint as 'tokenize', model, prompt: o.prompt as string, returnTokens };
+    }
+  }
+}

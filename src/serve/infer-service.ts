@@ -1,0 +1,286 @@
+// The node's serving core, independent of transport: one request in (the head with its ticket,
+// the exact body bytes), a response out (head, data, trailer). Every refusal happens before any
+// work and charges nothing; every request that did work ends in a durable signed receipt for
+// exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
+import crypto from 'node:crypto';
+import type { RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
+import { toHex } from '../../attestation/bytes.ts';
+import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
+import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
+import type { TicketPayload } from '../../attestation/ticket.ts';
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import { Admission, AdmissionError } from '../dispatch/admission.ts';
+import { checkRouting } from '../dispatch/routing.ts';
+import type { TicketGate } from '../dispatch/ticket-gate.ts';
+import type { ReceiptLog } from '../store/receipt-log.ts';
+import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
+import { chatCompletion, CompletionStream, textCompletion, usageOut } from './openai-format.ts';
+
+export interface ServedModel {
+  id: string;
+  adapter: RuntimeAdapter;
+  admission: Admission;
+  quantization: string;
+  /** Measured sustained tokens/s (for min-throughput routing). */
+  tokensPerSecond: number;
+  rates: Rates;
+}
+
+export interface InferRequest {
+  head: Record<string, unknown>;
+  body: Uint8Array;
+  signal: AbortSignal;
+}
+
+export interface InferResponse {
+  head(h: { status: number; headers: Record<string, string> }): Promise<void>;
+  data(bytes: Uint8Array): Promise<void>;
+  trailer(t: Record<string, unknown>): Promise<void>;
+}
+
+export interface InferServiceOptions {
+  log: ReceiptLog;
+  gate: TicketGate;
+  models: ReadonlyMap<string, ServedModel>;
+  priceVersion: string;
+  tier?: AttestationTier;
+  now?: () => number;
+}
+
+export interface ErrorBody {
+  error: { code: string; message: string };
+}
+
+/** A refusal before any work: status, code, nothing charged. */
+class Refusal extends Error {
+  readonly status: number;
+  readonly code: string;
+  constructor(status: number, code: string, message: string) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+export class InferService {
+  private readonly o: InferServiceOptions;
+  private readonly now: () => number;
+
+  constructor(opts: InferServiceOptions) {
+    this.o = opts;
+    this.now = opts.now ?? Date.now;
+  }
+
+  async handle(req: InferRequest, res: InferResponse): Promise<void> {
+    let parsed: ParsedRequest;
+    let model: ServedModel;
+    try {
+      const endpoint = req.head.endpoint;
+      if (typeof endpoint !== 'string') throw new Refusal(400, 'invalid_request', 'head.endpoint: expected a string');
+      try {
+        parsed = parseRequest(endpoint, req.body);
+      } catch (e) {
+        if (e instanceof ContractError) throw new Refusal(400, 'invalid_request', e.message);
+        throw e;
+      }
+      const m = this.o.models.get(parsed.model);
+      if (!m) throw new Refusal(404, 'model_not_found', `this node does not serve model "${parsed.model.slice(0, 256)}"`);
+      model = m;
+    } catch (e) {
+      return this.refuse(res, e);
+    }
+    const p = parsed;
+    if (isTokenize(p)) return this.tokenize(p, model, res);
+    let ticket: TicketPayload;
+    try {
+      const t = req.head.ticket;
+      if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
+      const admitted = this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
+      if (!admitted.ok) throw new Refusal(admitted.status, admitted.code, admitted.message);
+      ticket = admitted.ticket;
+    } catch (e) {
+      return this.refuse(res, e);
+    }
+    if (p.endpoint === 'embeddings') return this.embeddings(p, model, ticket, req, res);
+    return this.generate(p, model, ticket, req, res);
+  }
+
+  private async refuse(res: InferResponse, e: unknown): Promise<void> {
+    const r = e instanceof Refusal ? e : new Refusal(500, 'internal_error', 'the node failed before doing any work');
+    await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
+    await res.trailer({ error: { code: r.code, message: r.message } } satisfies ErrorBody);
+  }
+
+  private async tokenize(p: TokenizeRequest, model: ServedModel, res: InferResponse): Promise<void> {
+    const text = p.messages ? await model.adapter.renderChat(p.messages) : p.prompt!;
+    const tokens = await model.adapter.tokenize(text, { special: p.messages !== undefined });
+    const count = p.messages ? await model.adapter.countInputTokens({ kind: 'chat', messages: p.messages }) : tokens.length;
+    const body = { model: model.id, count, ...(p.returnTokens ? { tokens } : {}) };
+    await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
+    await res.data(new TextEncoder().encode(JSON.stringify(body)));
+    await res.trailer({});
+  }
+
+  private async embeddings(p: Extract<ParsedRequest, { endpoint: 'embeddings' }>, model: ServedModel, ticket: TicketPayload, req: InferRequest, res: InferResponse): Promise<void> {
+    const started = this.now();
+    let release: (() => void) | undefined;
+    try {
+      release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms ?? 0, signal: req.signal });
+    } catch (e) {
+      return this.refuse(res, admissionRefusal(e));
+    }
+    try {
+      const e = await model.adapter.embed(p.input);
+      const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
+      if (cost > BigInt(ticket.max_cost_micro_usd)) return await this.refuse(res, new Refusal(403, 'request_cost_limit_exceeded', `the input costs ${cost} micro-USD, above the hold`));
+      const body = new TextEncoder().encode(
+        JSON.stringify({
+          object: 'list',
+          data: e.vectors.map((embedding, index) => ({ object: 'embedding', index, embedding })),
+          model: model.id,
+          usage: { prompt_tokens: e.inputTokens, total_tokens: e.inputTokens, cost: formatUsd(cost) },
+          service: { request_id: ticket.request_id },
+        }),
+      );
+      const hash = crypto.createHash('sha256').update(body);
+      await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
+      await res.data(body);
+      const receipt = await this.receipt(model, ticket, req, { status: 'completed', started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: hash.digest('hex') });
+      await res.trailer(receipt);
+    } finally {
+      release();
+    }
+  }
+
+  private async generate(p: Extract<ParsedRequest, { endpoint: 'chat/completions' | 'completions' }>, model: ServedModel, ticket: TicketPayload, req: InferRequest, res: InferResponse): Promise<void> {
+    const started = this.now();
+    const input = p.endpoint === 'chat/completions' ? ({ kind: 'chat', messages: p.messages } as const) : ({ kind: 'prompt', prompt: p.prompt } as const);
+    let maxTokens: number;
+    try {
+      const inputTokens = await model.adapter.countInputTokens(input);
+      const room = model.adapter.info.contextLength - inputTokens;
+      const asked = Math.min(p.maxTokens ?? room, room);
+      // The worst case must stay within the ticket's hold: generation is capped to what it pays for.
+      const affordable = maxOutputTokensWithin(BigInt(ticket.max_cost_micro_usd), inputTokens, model.rates);
+      if (affordable < 0) throw new Refusal(403, 'request_cost_limit_exceeded', 'the hold does not cover the input tokens');
+      maxTokens = Math.min(asked, affordable);
+      const offer = { contextLength: model.adapter.info.contextLength, quantization: model.quantization, tokensPerSecond: model.tokensPerSecond, tier: this.o.tier ?? 'T1', rates: model.rates };
+      const refusal = checkRouting(offer, ticket.routing, { inputTokens, maxOutputTokens: Math.max(1, p.maxTokens === undefined ? 1 : maxTokens) });
+      if (refusal) throw new Refusal(refusal.status, refusal.code, refusal.message);
+      if (maxTokens < 1) throw new Refusal(400, 'context_length_exceeded', 'no room is left in the context for output');
+    } catch (e) {
+      return this.refuse(res, e);
+    }
+    let release: () => void;
+    try {
+      release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms ?? 0, signal: req.signal });
+    } catch (e) {
+      return this.refuse(res, admissionRefusal(e));
+    }
+    const hash = crypto.createHash('sha256');
+    const send = async (bytes: Uint8Array | undefined) => {
+      if (!bytes) return;
+      await res.data(bytes);
+      hash.update(bytes);
+    };
+    const created = Math.floor(started / 1000);
+    const chat = p.endpoint === 'chat/completions';
+    const stream = p.stream ? new CompletionStream(chat, ticket.request_id, model.id, created) : undefined;
+    let firstToken: number | null = null;
+    let delivered = 0;
+    let text = '';
+    let status: ReceiptStatus = 'completed';
+    let result = { finishReason: 'stop' as 'stop' | 'length' | 'abort', inputTokens: 0, outputTokens: 0, usageRuntime: {} as Record<string, unknown> };
+    try {
+      await res.head({ status: 200, headers: { 'content-type': stream ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(stream ? { 'x-service-stream-mode': 'live' } : {}) } });
+      await send(stream?.start());
+      const gen = model.adapter.generate({ input, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal });
+      for (;;) {
+        const n = await gen.next();
+        if (n.done) {
+          result = n.value;
+          break;
+        }
+        firstToken ??= this.now();
+        if (stream) {
+          if (n.value.text) await send(stream.delta(n.value.text));
+        } else text += n.value.text;
+        delivered += n.value.tokens.length;
+      }
+      if (req.signal.aborted || result.finishReason === 'abort') status = 'cancelled';
+    } catch {
+      // The buyer went away mid-write, or the runtime failed: bill exactly what was delivered.
+      status = req.signal.aborted ? 'cancelled' : 'failed';
+    }
+    try {
+      const output = status === 'completed' ? result.outputTokens : delivered;
+      const inputTokens = result.inputTokens || (await model.adapter.countInputTokens(input));
+      const cost = computeCost({ input_tokens: inputTokens, output_tokens: output }, model.rates);
+      const usage = usageOut(inputTokens, output, formatUsd(cost));
+      const finish = result.finishReason === 'length' ? 'length' : 'stop';
+      if (status === 'completed') {
+        if (stream) {
+          await send(stream.finish(finish));
+          if (p.includeUsage) await send(stream.usage(usage));
+          await send(stream.done());
+        } else {
+          const body = chat ? chatCompletion(ticket.request_id, model.id, created, text, finish, usage) : textCompletion(ticket.request_id, model.id, created, text, finish, usage);
+          await send(new TextEncoder().encode(JSON.stringify(body)));
+        }
+      }
+    } catch {
+      status = req.signal.aborted ? 'cancelled' : 'failed';
+    } finally {
+      release();
+    }
+    const output = status === 'completed' ? result.outputTokens : delivered;
+    const inputTokens = result.inputTokens || (await model.adapter.countInputTokens(input));
+    const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime: result.usageRuntime, responseSha256: hash.digest('hex') });
+    await res.trailer(receipt).catch(() => undefined); // a buyer who left still has a receipt in the log
+  }
+
+  private async receipt(
+    model: ServedModel,
+    ticket: TicketPayload,
+    req: InferRequest,
+    r: { status: ReceiptStatus; started: number; firstToken: number | null; input: number; output: number; usageRuntime: Record<string, unknown>; responseSha256: string },
+  ): Promise<Record<string, unknown>> {
+    const cost = computeCost({ input_tokens: r.input, output_tokens: r.output }, model.rates);
+    const info = model.adapter.info;
+    const appended = await this.o.log.append({
+      request_id: ticket.request_id,
+      ticket_id: ticket.ticket_id,
+      endpoint: ticket.endpoint,
+      model: model.id,
+      model_sha256: info.modelSha256,
+      runtime: { adapter: info.adapter, version: info.version },
+      quantization: model.quantization,
+      status: r.status,
+      started_at: r.started,
+      first_token_at: r.firstToken,
+      finished_at: Math.max(this.now(), r.firstToken ?? r.started),
+      usage: { input_tokens: r.input, output_tokens: r.output },
+      usage_runtime: r.usageRuntime,
+      price: { version: this.o.priceVersion, rates: { input_per_mtok: model.rates.input_per_mtok.toString(), output_per_mtok: model.rates.output_per_mtok.toString() } },
+      cost_micro_usd: cost.toString(),
+      hold_micro_usd: ticket.max_cost_micro_usd,
+      request_sha256: toHex(crypto.createHash('sha256').update(req.body).digest()),
+      response_sha256: r.responseSha256,
+      attestation: { tier: this.o.tier ?? 'T1', evidence_sha256: null },
+    });
+    return { request_id: ticket.request_id, receipt: appended.line, cost: formatUsd(cost), usage: { input_tokens: r.input, output_tokens: r.output }, status: r.status };
+  }
+}
+
+type TokenizeRequest = Extract<ParsedRequest, { endpoint: 'tokenize' | 'count_tokens' }>;
+
+function isTokenize(p: ParsedRequest): p is TokenizeRequest {
+  return p.endpoint === 'tokenize' || p.endpoint === 'count_tokens';
+}
+
+function admissionRefusal(e: unknown): Refusal {
+  if (e instanceof AdmissionError) {
+    return new Refusal(503, e.code === 'aborted' ? 'request_abandoned' : 'no_capacity', e.message);
+  }
+  return new Refusal(500, 'internal_error', 'admission failed');
+}

@@ -1,0 +1,49 @@
+import { describe, expect, test } from 'vitest';
+import { ContractError, parseRequest } from '../src/serve/contract.ts';
+
+const enc = (v: unknown) => new TextEncoder().encode(typeof v === 'string' ? v : JSON.stringify(v));
+const field = (endpoint: string, body: unknown) => {
+  try {
+    parseRequest(endpoint, enc(body));
+    return 'ok';
+  } catch (e) {
+    expect(e).toBeInstanceOf(ContractError);
+    return (e as ContractError).field;
+  }
+};
+
+describe('request contracts', () => {
+  test('chat: defaults and fields the node acts on', () => {
+    expect(parseRequest('chat/completions', enc({ model: 'm', messages: [{ role: 'user', content: 'hi' }] }))).toEqual({
+      endpoint: 'chat/completions', model: 'm', messages: [{ role: 'user', content: 'hi' }],
+      maxTokens: undefined, stream: false, includeUsage: false, temperature: 1, topP: undefined, seed: undefined, stop: [],
+    });
+    const r = parseRequest('chat/completions', enc({ model: 'm', messages: [{ role: 'system', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] }], max_tokens: 5, stream: true, stream_options: { include_usage: true }, temperature: 0, seed: 7, stop: 'x' }));
+    expect(r).toMatchObject({ messages: [{ role: 'system', content: 'ab' }], maxTokens: 5, stream: true, includeUsage: true, temperature: 0, seed: 7, stop: ['x'] });
+  });
+  test.each([
+    ['chat/completions', '{', ''],
+    ['chat/completions', [], ''],
+    ['chat/completions', { messages: [] }, 'model'],
+    ['chat/completions', { model: 'm' }, 'messages'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'boss', content: 'x' }] }, 'messages[0].role'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 5 }] }, 'messages[0].content'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: [{ type: 'image_url' }] }] }, 'messages[0].content[0]'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], max_tokens: 0 }, 'max_tokens'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], max_tokens: 1.5 }, 'max_tokens'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stream: 'yes' }, 'stream'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stream_options: { include_usage: 1 } }, 'stream_options.include_usage'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], temperature: 3 }, 'temperature'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
+    ['completions', { model: 'm' }, 'prompt'],
+    ['embeddings', { model: 'm', input: [1] }, 'input'],
+    ['tokenize', { model: 'm' }, 'messages'],
+    ['tokenize', { model: 'm', prompt: 'a', messages: [] }, 'prompt'],
+    ['nope', { model: 'm' }, ''],
+  ])('%s %j is refused naming "%s"', (endpoint, body, f) => {
+    expect(field(endpoint, body)).toBe(f);
+  });
+  test('invalid UTF-8 is refused', () => {
+    expect(() => parseRequest('completions', Uint8Array.of(0x7b, 0xff, 0x7d))).toThrow(/UTF-8/);
+  });
+});

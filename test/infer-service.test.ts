@@ -1,0 +1,207 @@
+// The serving core end to end in-process: real llama.cpp (tiny model), real SQLite receipt log,
+// real ticket gate; the transport is a recording response.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { computeCost, formatUsd } from '../attestation/money.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { Admission } from '../src/dispatch/admission.ts';
+import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { InferService, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'infer-'));
+const market = testKey();
+const node = testKey();
+const rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
+let adapter: LlamaEmbeddedAdapter;
+let log: ReceiptLog;
+let db: Database.Database;
+let service: InferService;
+let model: ServedModel;
+
+beforeAll(async () => {
+  const modelPath = path.join(dir, 'tiny.gguf');
+  writeTinyLlama(modelPath);
+  adapter = new LlamaEmbeddedAdapter({ modelPath, slots: 1, contextLength: 512 });
+  await adapter.start();
+  log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed: node.seed, threads: 0, checkpointIntervalMs: 0 });
+  db = new Database(path.join(dir, 'state.db'));
+  const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
+  model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates };
+  service = new InferService({ log, gate, models: new Map([[model.id, model]]), priceVersion: 'p1' });
+});
+afterAll(async () => {
+  await log?.close();
+  db?.close();
+  await adapter?.stop();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+interface Recorded {
+  head?: { status: number; headers: Record<string, string> };
+  data: Uint8Array[];
+  trailer?: Record<string, any>;
+}
+
+function recorder(opts: { failAfter?: number; onData?: (n: number) => void } = {}): { res: InferResponse; out: Recorded } {
+  const out: Recorded = { data: [] };
+  return {
+    out,
+    res: {
+      head: async (h) => void (out.head = h),
+      data: async (b) => {
+        if (opts.failAfter !== undefined && out.data.length >= opts.failAfter) throw new Error('stream closed');
+        out.data.push(b);
+        opts.onData?.(out.data.length);
+      },
+      trailer: async (t) => void (out.trailer = t),
+    },
+  };
+}
+
+function request(endpoint: string, body: object, over: Record<string, unknown> = {}, ticketOver = {}) {
+  const bytes = utf8(JSON.stringify(body));
+  const ticket = signTicket(market, ticketPayload(node.id, { endpoint, model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000', ...ticketOver }));
+  return { head: { endpoint, ticket, ...over }, body: bytes, signal: new AbortController().signal, ticket };
+}
+
+const text = (r: Recorded) => Buffer.concat(r.data).toString('utf8');
+const sha = (r: Recorded) => crypto.createHash('sha256').update(Buffer.concat(r.data)).digest('hex');
+const chatBody = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 20, seed: 11, temperature: 0.7 };
+
+describe('InferService', () => {
+  test('chat completion: body, exact usage and cost, a durable receipt that verifies and hashes what was sent', async () => {
+    const { res, out } = recorder();
+    const req = request('chat/completions', chatBody);
+    await service.handle(req, res);
+    expect(out.head).toMatchObject({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': expect.any(String) } });
+    const body = JSON.parse(text(out));
+    expect(body).toMatchObject({ object: 'chat.completion', model: 'tiny/llama', choices: [{ message: { role: 'assistant' } }], service: { request_id: expect.any(String) } });
+    const inputTokens = await adapter.countInputTokens({ kind: 'chat', messages: chatBody.messages as never });
+    expect(body.usage.prompt_tokens).toBe(inputTokens);
+    expect(body.usage.completion_tokens).toBeLessThanOrEqual(20);
+    expect(body.usage.cost).toBe(formatUsd(computeCost({ input_tokens: body.usage.prompt_tokens, output_tokens: body.usage.completion_tokens }, rates)));
+    const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+    expect(v.ok).toBe(true);
+    if (!v.ok) return;
+    expect(v.value.payload).toMatchObject({ status: 'completed', request_id: body.service.request_id, usage: { input_tokens: body.usage.prompt_tokens, output_tokens: body.usage.completion_tokens }, response_sha256: sha(out) });
+    expect(v.value.payload.request_sha256).toBe(crypto.createHash('sha256').update(req.body).digest('hex'));
+    expect(log.byRequestId(body.service.request_id).map((r) => r.line)).toEqual([out.trailer!.receipt]);
+    // The same seed gives the same answer: the basis of audit replay.
+    const again = recorder();
+    await service.handle(request('chat/completions', chatBody), again.res);
+    expect(JSON.parse(text(again.out)).choices[0].message.content).toBe(body.choices[0].message.content);
+  });
+
+  test('streams: chunks, a usage chunk only with include_usage, then [DONE]', async () => {
+    for (const includeUsage of [true, false]) {
+      const { res, out } = recorder();
+      await service.handle(request('chat/completions', { ...chatBody, stream: true, stream_options: { include_usage: includeUsage } }), res);
+      expect(out.head?.headers).toMatchObject({ 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' });
+      const events = text(out).split('\n\n').filter(Boolean);
+      expect(events.at(-1)).toBe('data: [DONE]');
+      const parsed = events.slice(0, -1).map((e) => JSON.parse(e.slice('data: '.length)));
+      expect(parsed[0].choices[0].delta.role).toBe('assistant');
+      const usageChunks = parsed.filter((c) => c.usage);
+      expect(usageChunks.length).toBe(includeUsage ? 1 : 0);
+      const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+      expect(v.ok && v.value.payload.response_sha256 === sha(out)).toBe(true);
+      if (includeUsage && v.ok) expect(usageChunks[0].usage.completion_tokens).toBe(v.value.payload.usage.output_tokens);
+    }
+  });
+
+  test('a buyer who leaves mid-stream gets a cancelled receipt for exactly the tokens delivered', async () => {
+    const ac = new AbortController();
+    const { res, out } = recorder({ failAfter: 4, onData: (n) => n === 4 && ac.abort() });
+    const req = { ...request('chat/completions', { ...chatBody, stream: true, max_tokens: 200 }), signal: ac.signal };
+    await service.handle(req, res);
+    const lines = log.byRequestId(req.ticket.payload ? JSON.parse(Buffer.from(req.ticket.payload, 'base64').toString()).request_id : '');
+    expect(lines.length).toBe(1);
+    const v = verifyReceipt(lines[0]!.line, { provider: node.id });
+    expect(v.ok).toBe(true);
+    if (!v.ok) return;
+    // 4 events were written: the role event and 3 deltas of one token each (or fewer tokens if some were empty).
+    expect(v.value.payload.status).toBe('cancelled');
+    expect(v.value.payload.usage.output_tokens).toBeLessThanOrEqual(3);
+    expect(v.value.payload.response_sha256).toBe(sha(out));
+  });
+
+  test('generation is capped so the worst case never exceeds the hold', async () => {
+    const { res, out } = recorder();
+    // Hold 20 micro-USD: input ~15 tokens × 0.15 = 3, so at most floor((20e6 - 15·150000) / 600000) outputs.
+    await service.handle(request('chat/completions', { ...chatBody, max_tokens: 400 }, {}, { max_cost_micro_usd: '20' }), res);
+    const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+    expect(v.ok).toBe(true);
+    if (!v.ok) return;
+    expect(BigInt(v.value.payload.cost_micro_usd) <= 20n).toBe(true);
+    expect(v.value.payload.hold_micro_usd).toBe('20');
+  });
+
+  test('refusals: a code, nothing charged, no receipt', async () => {
+    const before = log.size;
+    const cases: [ReturnType<typeof request>, number, string][] = [
+      [{ ...request('chat/completions', chatBody), body: utf8('{not json') }, 400, 'invalid_request'],
+      [request('chat/completions', { ...chatBody, model: 'nope' }), 404, 'model_not_found'],
+      [request('chat/completions', { ...chatBody, messages: [] }), 400, 'invalid_request'],
+      [request('translate', chatBody), 400, 'invalid_request'],
+      [{ ...request('chat/completions', chatBody), head: { endpoint: 'chat/completions' } } as never, 401, 'ticket_invalid'],
+      [request('chat/completions', chatBody, {}, { provider: testKey().id }), 401, 'ticket_wrong_provider'],
+      [request('chat/completions', chatBody, {}, { price_version: 'p0' }), 409, 'ticket_price_version_mismatch'],
+      [request('chat/completions', chatBody, {}, { max_cost_micro_usd: '0' }), 403, 'request_cost_limit_exceeded'],
+      [request('chat/completions', chatBody, {}, { routing: { quantization: 'q8-0' } }), 503, 'routing_unsatisfied'],
+      [request('chat/completions', { ...chatBody, max_tokens: 600 }, {}, { routing: { min_context: 600 } }), 503, 'routing_unsatisfied'],
+    ];
+    for (const [req, status, code] of cases) {
+      const { res, out } = recorder();
+      await service.handle(req, res);
+      expect([out.head?.status, out.trailer?.error?.code], code).toEqual([status, code]);
+      expect(out.data.length).toBe(0);
+    }
+    const once = request('chat/completions', chatBody);
+    await service.handle(once, recorder().res);
+    const replay = recorder();
+    await service.handle(once, replay.res);
+    expect(replay.out.trailer?.error?.code).toBe('ticket_replayed');
+    expect(log.size).toBe(before + 1);
+  });
+
+  test('no free slot within the wait: 503, nothing charged', async () => {
+    const release = await model.admission.acquire();
+    try {
+      const { res, out } = recorder();
+      const before = log.size;
+      await service.handle(request('chat/completions', chatBody, {}, { routing: { max_wait_ms: 30 } }), res);
+      expect([out.head?.status, out.trailer?.error?.code]).toEqual([503, 'no_capacity']);
+      expect(log.size).toBe(before);
+    } finally {
+      release();
+    }
+  });
+
+  test('tokenize and count_tokens: the runtime\'s own count, no ticket, no receipt', async () => {
+    const before = log.size;
+    const { res, out } = recorder();
+    await service.handle({ head: { endpoint: 'tokenize' }, body: utf8(JSON.stringify({ model: 'tiny/llama', messages: chatBody.messages, return_tokens: true })), signal: new AbortController().signal }, res);
+    const body = JSON.parse(text(out));
+    expect(body.count).toBe(await adapter.countInputTokens({ kind: 'chat', messages: chatBody.messages as never }));
+    expect(body.tokens.length).toBeGreaterThan(0);
+    expect(log.size).toBe(before);
+  });
+
+  test('embeddings: vectors, input tokens billed, a receipt', async () => {
+    const { res, out } = recorder();
+    await service.handle(request('embeddings', { model: 'tiny/llama', input: ['hello world', 'quick'] }), res);
+    const body = JSON.parse(text(out));
+    expect(body.data.map((d: { embedding: number[] }) => d.embedding.length)).toEqual([64, 64]);
+    const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+    expect(v.ok && v.value.payload.usage.input_tokens === body.usage.prompt_tokens && v.value.payload.usage.output_tokens === 0).toBe(true);
+  });
+});
