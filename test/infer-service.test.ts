@@ -13,6 +13,7 @@ import { computeCost, formatUsd } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { Admission } from '../src/dispatch/admission.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
 import { InferService, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
@@ -36,7 +37,7 @@ beforeAll(async () => {
   db = new Database(path.join(dir, 'state.db'));
   const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
   model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates };
-  service = new InferService({ log, gate, models: new Map([[model.id, model]]), priceVersion: 'p1' });
+  service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
 });
 afterAll(async () => {
   await log?.close();
@@ -194,6 +195,37 @@ describe('InferService', () => {
     expect(body.count).toBe(await adapter.countInputTokens({ kind: 'chat', messages: chatBody.messages as never }));
     expect(body.tokens.length).toBeGreaterThan(0);
     expect(log.size).toBe(before);
+  });
+
+  test('an idempotent retry gets the same answer and receipt, billed once, also after a restart', async () => {
+    const before = log.size;
+    const first = recorder();
+    await service.handle(request('chat/completions', chatBody, { idempotency_key: 'retry-1' }), first.res);
+    expect(first.out.head?.status).toBe(200);
+    // The retry comes with a fresh ticket for the same request; it is answered from the record.
+    const retry = recorder();
+    await service.handle(request('chat/completions', chatBody, { idempotency_key: 'retry-1' }), retry.res);
+    expect(text(retry.out)).toBe(text(first.out));
+    expect(retry.out.trailer?.receipt).toBe(first.out.trailer?.receipt);
+    expect(log.size).toBe(before + 1);
+    // Another body under the same key is refused.
+    const other = recorder();
+    await service.handle(request('chat/completions', { ...chatBody, seed: 99 }, { idempotency_key: 'retry-1' }), other.res);
+    expect([other.out.head?.status, other.out.trailer?.error?.code]).toEqual([409, 'idempotency_key_reused']);
+    // A new store over the same database (a restart) still knows the answer.
+    const restarted = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const late = recorder();
+    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'retry-1' }), late.res);
+    expect(late.out.trailer?.receipt).toBe(first.out.trailer?.receipt);
+    expect(log.size).toBe(before + 1);
+    // A refused first attempt records nothing: the retry runs.
+    const refused = recorder();
+    await service.handle(request('chat/completions', chatBody, { idempotency_key: 'retry-2' }, { max_cost_micro_usd: '0' }), refused.res);
+    expect(refused.out.head?.status).toBe(403);
+    const ran = recorder();
+    await service.handle(request('chat/completions', chatBody, { idempotency_key: 'retry-2' }), ran.res);
+    expect(ran.out.head?.status).toBe(200);
+    expect(log.size).toBe(before + 2);
   });
 
   test('embeddings: vectors, input tokens billed, a receipt', async () => {

@@ -55,6 +55,18 @@ export class TicketGate {
 
   /** Checks the ticket and, if it passes, marks it used (durably) in the same step. */
   admit(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
+    const checked = this.check(envelope, expect);
+    if (!checked.ok) return checked;
+    const t = checked.ticket;
+    // The primary key makes "check and mark used" one atomic, durable step.
+    if (this.insert.run(t.ticket_id, t.request_id, this.now(), t.expires_at).changes === 0) {
+      return refuse(409, 'ticket_replayed', `ticket ${t.ticket_id} was used before`);
+    }
+    return { ok: true, ticket: t };
+  }
+
+  /** Every check of admit() but the use: for answering an idempotent retry from the record. */
+  check(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
     if (this.keys.length === 0) return refuse(401, 'ticket_invalid', 'this node trusts no marketplace key (marketplace.public_keys is empty)');
     const now = this.now();
     const v = verifyTicket(envelope, { marketplaceKeys: this.keys, provider: this.providerId, now, skewMs: this.skewMs, body: expect.body });
@@ -76,10 +88,6 @@ export class TicketGate {
     if (t.model !== expect.model) return refuse(400, 'ticket_model_mismatch', `ticket is for model ${t.model}, the request asks for ${expect.model}`);
     if (t.price_version !== expect.priceVersion) {
       return refuse(409, 'ticket_price_version_mismatch', `ticket holds price version ${t.price_version}; this node sells at ${expect.priceVersion}`);
-    }
-    // The primary key makes "check and mark used" one atomic, durable step.
-    if (this.insert.run(t.ticket_id, t.request_id, now, t.expires_at).changes === 0) {
-      return refuse(409, 'ticket_replayed', `ticket ${t.ticket_id} was used before`);
     }
     return { ok: true, ticket: t };
   }

@@ -12,6 +12,7 @@ import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
 import { checkRouting } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
+import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
 import { chatCompletion, CompletionStream, textCompletion, usageOut } from './openai-format.ts';
@@ -41,6 +42,8 @@ export interface InferResponse {
 export interface InferServiceOptions {
   log: ReceiptLog;
   gate: TicketGate;
+  /** Answers retries that carry an idempotency key from the record. */
+  idempotency?: IdempotencyStore;
   models: ReadonlyMap<string, ServedModel>;
   priceVersion: string;
   tier?: AttestationTier;
@@ -91,6 +94,36 @@ export class InferService {
     }
     const p = parsed;
     if (isTokenize(p)) return this.tokenize(p, model, res);
+    const key = req.head.idempotency_key;
+    if (key === undefined || !this.o.idempotency) return this.serve(p, model, req, res);
+    // An idempotent request: a retry is answered from the record, never run or billed twice.
+    let account: string;
+    let lookup: Lookup;
+    try {
+      if (typeof key !== 'string' || key.length === 0 || key.length > 256) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: expected 1 to 256 characters');
+      const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
+      if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
+      account = checked.ticket.account;
+      lookup = this.o.idempotency.begin(account, key, toHex(crypto.createHash('sha256').update(req.body).digest()));
+      if (lookup.kind === 'conflict') throw new Refusal(409, lookup.code, lookup.message);
+    } catch (e) {
+      return this.refuse(res, e);
+    }
+    if (lookup.kind === 'replay') {
+      const r = lookup.response;
+      await res.head({ status: r.status, headers: r.headers });
+      if (r.body.length) await res.data(r.body);
+      return res.trailer(r.trailer);
+    }
+    const recording = record(res);
+    try {
+      await this.serve(p, model, req, recording.res);
+    } finally {
+      this.o.idempotency.finish(account, key, recording.result());
+    }
+  }
+
+  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse): Promise<void> {
     let ticket: TicketPayload;
     try {
       const t = req.head.ticket;
@@ -270,6 +303,44 @@ export class InferService {
     });
     return { request_id: ticket.request_id, receipt: appended.line, cost: formatUsd(cost), usage: { input_tokens: r.input, output_tokens: r.output }, status: r.status };
   }
+}
+
+/** Passes a response through and keeps a copy: what a completed idempotent request recorded. */
+function record(res: InferResponse): { res: InferResponse; result(): RecordedResponse | undefined } {
+  let head: { status: number; headers: Record<string, string> } | undefined;
+  const body: Uint8Array[] = [];
+  let trailer: Record<string, unknown> | undefined;
+  return {
+    res: {
+      head: async (h) => {
+        head = h;
+        await res.head(h);
+      },
+      data: async (b) => {
+        await res.data(b);
+        body.push(b);
+      },
+      trailer: async (t) => {
+        trailer = t;
+        await res.trailer(t);
+      },
+    },
+    result: () => {
+      // Only a completed answer is worth repeating; a refusal or a cancelled stream runs again.
+      if (!head || head.status !== 200 || !trailer || trailer.receipt === undefined || trailer.status !== 'completed') return undefined;
+      return { status: head.status, headers: head.headers, body: concat(body), trailer };
+    },
+  };
+}
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
 }
 
 type TokenizeRequest = Extract<ParsedRequest, { endpoint: 'tokenize' | 'count_tokens' }>;

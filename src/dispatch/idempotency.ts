@@ -1,0 +1,61 @@
+// Idempotent retries: a request that carries an Idempotency-Key is answered once. A retry with the
+// same key (from the same account, for the same body) gets the recorded response and receipt
+// again, and is not billed again; the same key with another body is refused; a retry while the
+// first is still running is refused rather than run twice. Records live on disk, so a restart
+// does not turn a retry into a second charge.
+import type Database from 'better-sqlite3';
+
+export interface RecordedResponse {
+  status: number;
+  headers: Record<string, string>;
+  body: Uint8Array;
+  trailer: Record<string, unknown>;
+}
+
+const SCHEMA = `CREATE TABLE IF NOT EXISTS idempotency (
+  account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL,
+  status INTEGER NOT NULL, headers TEXT NOT NULL, body BLOB NOT NULL, trailer TEXT NOT NULL, created_at INTEGER NOT NULL,
+  PRIMARY KEY (account, key)) WITHOUT ROWID`;
+
+export type Lookup = { kind: 'new' } | { kind: 'replay'; response: RecordedResponse } | { kind: 'conflict'; code: 'idempotency_key_reused' | 'idempotency_in_progress'; message: string };
+
+export class IdempotencyStore {
+  private readonly get: Database.Statement<[string, string], { request_sha256: string; status: number; headers: string; body: Uint8Array; trailer: string }>;
+  private readonly put: Database.Statement<[string, string, string, number, string, Uint8Array, string, number]>;
+  private readonly prune: Database.Statement<[number]>;
+  private readonly running = new Map<string, string>();
+
+  constructor(db: Database.Database) {
+    db.exec(SCHEMA);
+    this.get = db.prepare('SELECT request_sha256, status, headers, body, trailer FROM idempotency WHERE account = ? AND key = ?');
+    this.put = db.prepare('INSERT OR REPLACE INTO idempotency (account, key, request_sha256, status, headers, body, trailer, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)');
+    this.prune = db.prepare('DELETE FROM idempotency WHERE created_at < ?');
+  }
+
+  /** What to do with a request carrying this key; 'new' also marks it running until finish(). */
+  begin(account: string, key: string, requestSha256: string): Lookup {
+    const id = `${account}\u0000${key}`;
+    const row = this.get.get(account, key);
+    if (row) {
+      if (row.request_sha256 !== requestSha256) return { kind: 'conflict', code: 'idempotency_key_reused', message: 'this Idempotency-Key was used for a different request' };
+      return { kind: 'replay', response: { status: row.status, headers: JSON.parse(row.headers) as Record<string, string>, body: new Uint8Array(row.body), trailer: JSON.parse(row.trailer) as Record<string, unknown> } };
+    }
+    if (this.running.has(id)) return { kind: 'conflict', code: 'idempotency_in_progress', message: 'a request with this Idempotency-Key is still running' };
+    this.running.set(id, requestSha256);
+    return { kind: 'new' };
+  }
+
+  /** Records the response of a request begun with begin(); `response` undefined records nothing. */
+  finish(account: string, key: string, response: RecordedResponse | undefined, now = Date.now()): void {
+    const id = `${account}\u0000${key}`;
+    const sha = this.running.get(id);
+    this.running.delete(id);
+    if (!response || sha === undefined) return;
+    this.put.run(account, key, sha, response.status, JSON.stringify(response.headers), response.body, JSON.stringify(response.trailer), now);
+  }
+
+  /** Forgets records older than `maxAgeMs` (default 24 h). */
+  forgetOlderThan(maxAgeMs = 86_400_000, now = Date.now()): number {
+    return this.prune.run(now - maxAgeMs).changes;
+  }
+}
