@@ -4,7 +4,7 @@
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import crypto from 'node:crypto';
 import type { RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
-import { toHex } from '../../attestation/bytes.ts';
+import { concatBytes, toHex } from '../../attestation/bytes.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
@@ -328,19 +328,9 @@ function record(res: InferResponse): { res: InferResponse; result(): RecordedRes
     result: () => {
       // Only a completed answer is worth repeating; a refusal or a cancelled stream runs again.
       if (!head || head.status !== 200 || !trailer || trailer.receipt === undefined || trailer.status !== 'completed') return undefined;
-      return { status: head.status, headers: head.headers, body: concat(body), trailer };
+      return { status: head.status, headers: head.headers, body: concatBytes(...body), trailer };
     },
   };
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
 }
 
 type TokenizeRequest = Extract<ParsedRequest, { endpoint: 'tokenize' | 'count_tokens' }>;
