@@ -1,0 +1,73 @@
+// Request rate over libp2p on loopback, two hosts in this process, one connection, one request at a
+// time: (a) a bare libp2p echo (open a stream, write one small message, read it back, close) as the
+// baseline, and (b) the same exchange through request-stream (HEAD + small body → HEAD + DATA + TRAILER).
+// The ratio framed/bare is the cost of the framing layer on top of stream setup.
+import { createHost, type Host } from '../src/p2p/host.ts';
+import { handleRequests, readResponse, request } from '../src/p2p/request-stream.ts';
+import type { Multiaddr } from '@multiformats/multiaddr';
+
+const BARE = '/bench/echo-bare/1.0.0';
+const FRAMED = '/bench/echo-framed/1.0.0';
+
+async function bareEcho(client: Host, addr: Multiaddr, msg: Uint8Array): Promise<void> {
+  const stream = await client.dialProtocol(addr, BARE);
+  stream.send(msg);
+  await stream.close();
+  let got = 0;
+  for await (const chunk of stream) got += chunk.byteLength;
+  if (got !== msg.length) throw new Error(`bare echo returned ${got} bytes, expected ${msg.length}`);
+}
+
+async function framedEcho(client: Host, addr: Multiaddr, msg: Uint8Array): Promise<void> {
+  const r = await readResponse(await request(client, addr, FRAMED, { endpoint: '/echo' }, msg));
+  if (r.body.length !== msg.length || r.head.status !== 200) throw new Error('framed echo returned the wrong response');
+}
+
+/** Requests per second of each exchange, measured in alternating rounds so drift hits both alike. */
+async function rates(n: number, kinds: Array<() => Promise<void>>, rounds = 4): Promise<number[]> {
+  for (const one of kinds) for (let i = 0; i < Math.min(200, n); i++) await one(); // warm-up: JIT, yamux windows
+  const ms = kinds.map(() => 0);
+  const per = Math.max(1, Math.ceil(n / rounds));
+  for (let r = 0; r < rounds; r++) {
+    for (let k = 0; k < kinds.length; k++) {
+      const one = kinds[k]!;
+      const t0 = performance.now();
+      for (let i = 0; i < per; i++) await one();
+      ms[k]! += performance.now() - t0;
+    }
+  }
+  return ms.map((t) => (per * rounds) / (t / 1000));
+}
+
+export async function benchP2pEcho(n: number): Promise<{ bare: number; framed: number }> {
+  const server = await createHost({ seed: new Uint8Array(32).fill(0xb1), listen: ['/ip4/127.0.0.1/tcp/0'] });
+  const client = await createHost({ seed: new Uint8Array(32).fill(0xb2), listen: [] });
+  try {
+    await server.handle(BARE, async (stream) => {
+      try {
+        for await (const chunk of stream) stream.send(chunk);
+        await stream.close();
+      } catch (e) {
+        stream.abort(e as Error);
+      }
+    });
+    await handleRequests(server, FRAMED, async (req, res) => {
+      await res.head({ status: 200 });
+      await res.data(req.body);
+      await res.trailer({ ok: true });
+    });
+    const addr = server.getMultiaddrs()[0]!;
+    const msg = new TextEncoder().encode('{"model":"tiny","prompt":"hello"}');
+    const [bare = 0, framed = 0] = await rates(n, [() => bareEcho(client, addr, msg), () => framedEcho(client, addr, msg)]);
+    const fmt = (x: number) => Math.round(x).toLocaleString('en-US');
+    process.stdout.write(
+      `p2p echo, loopback, sequential (n=${n}): bare libp2p ${fmt(bare)} req/s, request-stream ${fmt(framed)} req/s, ratio ${(framed / bare).toFixed(3)}\n`,
+    );
+    return { bare, framed };
+  } finally {
+    await client.stop();
+    await server.stop();
+  }
+}
+
+if (import.meta.main) await benchP2pEcho(Number(process.argv[2] ?? 2000));

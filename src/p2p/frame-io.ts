@@ -1,0 +1,208 @@
+// Frames over one libp2p 3 stream: a reader with backpressure and a writer that waits for drain.
+//
+// libp2p 3 streams are event targets: 'message' delivers bytes, 'end' says no more bytes will come
+// (after the remote closed its write side, or the stream was aborted/reset), 'close' says the stream is
+// finished (`evt.error` set for a reset or abort), 'drain' says `send()` may be called again.
+// `pause()`/`resume()` stop and restart reading; on yamux, pausing withholds window updates, so the
+// remote's send window runs dry and it stops sending: real backpressure, not just buffering.
+import type { Stream } from '@libp2p/interface';
+import { FrameDecoder, FrameError, type Frame, type FrameLimits } from './frames.ts';
+import { STREAM_READ_BUFFER } from './stream-limits.ts';
+
+export type StreamErrorCode = 'stream_reset' | 'stream_closed' | 'unexpected_frame' | 'missing_trailer' | 'aborted' | 'timeout';
+
+export class StreamError extends Error {
+  override name = 'StreamError';
+  readonly code: StreamErrorCode;
+  constructor(code: StreamErrorCode, message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.code = code;
+  }
+}
+
+export interface FrameReaderOptions {
+  limits?: Partial<FrameLimits>;
+  /** Pause the stream once this many decoded bytes wait unread (default 1 MiB). */
+  highWaterMark?: number;
+}
+
+function payloadSize(f: Frame): number {
+  return f.kind === 'data' ? f.bytes.length : 64;
+}
+
+/**
+ * Decodes frames from a stream's incoming bytes. `next()` resolves with the next frame, with null at a
+ * clean end of input (the remote closed its write side on a frame boundary), or rejects with a
+ * FrameError (malformed input) or a StreamError (the stream was reset or aborted).
+ */
+export class FrameReader implements AsyncIterable<Frame> {
+  private readonly stream: Stream;
+  private readonly decoder: FrameDecoder;
+  private readonly highWater: number;
+  private readonly queue: Frame[] = [];
+  private queued = 0;
+  private ended = false;
+  private error: Error | undefined;
+  private wake: (() => void) | undefined;
+  private detached = false;
+  private discarding = false;
+
+  constructor(stream: Stream, opts: FrameReaderOptions = {}) {
+    this.stream = stream;
+    this.decoder = new FrameDecoder(opts.limits);
+    this.highWater = opts.highWaterMark ?? 1024 * 1024;
+    // See STREAM_READ_BUFFER: while paused, up to a full yamux window may still arrive.
+    if (stream.maxReadBufferLength < STREAM_READ_BUFFER) stream.maxReadBufferLength = STREAM_READ_BUFFER;
+    stream.addEventListener('message', this.onMessage);
+    stream.addEventListener('end', this.onEnd);
+    stream.addEventListener('close', this.onClose);
+    if (stream.status === 'reset' || stream.status === 'aborted') this.fail(resetError(stream));
+    else if (stream.readableEnded) this.onEnd();
+  }
+
+  /** Bytes decoded and waiting for `next()`. */
+  get queuedBytes(): number {
+    return this.queued;
+  }
+
+  async next(): Promise<Frame | null> {
+    for (;;) {
+      const frame = this.queue.shift();
+      if (frame) {
+        this.queued -= payloadSize(frame);
+        if (this.queued <= this.highWater / 2 && this.stream.readStatus === 'paused') this.stream.resume();
+        return frame;
+      }
+      if (this.error) throw this.error;
+      if (this.ended) return null;
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+      });
+    }
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<Frame> {
+    for (;;) {
+      const f = await this.next();
+      if (!f) return;
+      yield f;
+    }
+  }
+
+  /** Drops queued frames and all further input (after an error reply), keeping the stream flowing. */
+  discard(): void {
+    this.discarding = true;
+    this.queue.length = 0;
+    this.queued = 0;
+    if (this.stream.readStatus === 'paused') this.stream.resume();
+  }
+
+  /** Stops listening; further input is left to the stream. */
+  detach(): void {
+    if (this.detached) return;
+    this.detached = true;
+    this.stream.removeEventListener('message', this.onMessage);
+    this.stream.removeEventListener('end', this.onEnd);
+    this.stream.removeEventListener('close', this.onClose);
+  }
+
+  private notify(): void {
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  }
+
+  /** Makes the pending and every later `next()` reject with `err` (unless the input already ended). */
+  interrupt(err: Error): void {
+    this.fail(err);
+  }
+
+  private fail(err: Error): void {
+    if (this.error || this.ended) return;
+    this.error = err;
+    this.notify();
+  }
+
+  private readonly onMessage = (evt: { data: Uint8Array | Iterable<Uint8Array> }): void => {
+    if (this.error || this.ended || this.discarding) return; // after an error the rest of the input is dropped
+    const chunks = evt.data instanceof Uint8Array ? [evt.data] : evt.data;
+    try {
+      for (const chunk of chunks) {
+        for (const f of this.decoder.push(chunk)) {
+          this.queue.push(f);
+          this.queued += payloadSize(f);
+        }
+      }
+    } catch (e) {
+      this.fail(e instanceof FrameError ? e : new StreamError('stream_closed', String(e)));
+    }
+    if (this.queue.length > 0) this.notify();
+    if (this.queued > this.highWater && this.stream.readStatus === 'readable') this.stream.pause();
+  };
+
+  private readonly onEnd = (): void => {
+    if (this.error || this.ended) return;
+    const s = this.stream.status;
+    if (s === 'reset' || s === 'aborted') return this.fail(resetError(this.stream));
+    try {
+      this.decoder.end();
+      this.ended = true;
+      this.notify();
+    } catch (e) {
+      this.fail(e as Error);
+    }
+  };
+
+  private readonly onClose = (evt: Event & { error?: Error }): void => {
+    if (evt.error) this.fail(resetError(this.stream, evt.error));
+    // A clean close can come while we are paused with input still buffered in the stream; that input
+    // is delivered on resume() and 'end' follows it. Only an empty buffer means the input is over.
+    else if (this.stream.readBufferLength === 0) this.onEnd();
+  };
+}
+
+function resetError(stream: Stream, cause?: Error): StreamError {
+  return new StreamError('stream_reset', `stream ${stream.status}${cause ? `: ${cause.message}` : ''}`, { cause });
+}
+
+/** Resolves once the stream accepts writes again; rejects when it closes first or `signal` aborts. */
+export function waitForDrain(stream: Stream, signal?: AbortSignal): Promise<void> {
+  if (!stream.writableNeedsDrain) return Promise.resolve();
+  // Not stream.onDrain(): in @libp2p/utils 7.4 its promise is created once and never replaced, so after
+  // the first drain it resolves at once and applies no backpressure.
+  return new Promise<void>((resolve, reject) => {
+    const done = (err?: Error): void => {
+      stream.removeEventListener('drain', onDrain);
+      stream.removeEventListener('close', onClose);
+      signal?.removeEventListener('abort', onAbort);
+      if (err) reject(err);
+      else resolve();
+    };
+    const onDrain = (): void => done();
+    const onClose = (evt: Event & { error?: Error }): void =>
+      done(new StreamError(evt.error ? 'stream_reset' : 'stream_closed', 'stream closed while waiting to write', { cause: evt.error }));
+    const onAbort = (): void => done(new StreamError('aborted', 'aborted while waiting to write', { cause: signal?.reason }));
+    if (signal?.aborted) return onAbort();
+    stream.addEventListener('drain', onDrain);
+    stream.addEventListener('close', onClose);
+    signal?.addEventListener('abort', onAbort);
+  });
+}
+
+/** Sends encoded bytes, then waits while the stream asks for a drain (backpressure). */
+export async function writeBytes(stream: Stream, bytes: Uint8Array, signal?: AbortSignal): Promise<void> {
+  signal?.throwIfAborted();
+  if (stream.writeStatus !== 'writable') {
+    throw new StreamError(stream.status === 'reset' || stream.status === 'aborted' ? 'stream_reset' : 'stream_closed', `stream is not writable (${stream.writeStatus})`);
+  }
+  let more: boolean;
+  try {
+    more = stream.send(bytes);
+  } catch (e) {
+    throw new StreamError('stream_closed', `send failed: ${(e as Error).message}`, { cause: e });
+  }
+  while (!more && stream.writableNeedsDrain) {
+    await waitForDrain(stream, signal);
+    more = !stream.writableNeedsDrain;
+  }
+}

@@ -1,0 +1,46 @@
+// A libp2p host for the node, the gateway and tests: TCP + Noise + Yamux under the identity derived
+// from the node's Ed25519 seed, and nothing else (no DHT, no identify, no discovery). Peers are dialled
+// by full multiaddr (…/p2p/<peer id>); identify is not needed for that, nor for protocol negotiation,
+// which multistream-select does per stream.
+import { createLibp2p } from 'libp2p';
+import { tcp } from '@libp2p/tcp';
+import { noise } from '@chainsafe/libp2p-noise';
+import { yamux } from '@chainsafe/libp2p-yamux';
+import type { Libp2p } from '@libp2p/interface';
+import { libp2pPrivateKeyFromSeed, providerIdFromPeerId } from './peer-id.ts';
+import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER } from './stream-limits.ts';
+
+export type Host = Libp2p;
+
+export interface HostOptions {
+  /** The node's 32-byte Ed25519 seed (NodeIdentity.seed). */
+  seed: Uint8Array;
+  /** Listen multiaddrs, e.g. ['/ip4/0.0.0.0/tcp/4001']; [] for a dial-only host (a gateway). */
+  listen: string[];
+  /** Most open connections (libp2p's connection manager; default 300). */
+  maxConnections?: number;
+}
+
+/** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
+export async function createHost(opts: HostOptions): Promise<Host> {
+  const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
+  return createLibp2p({
+    privateKey,
+    addresses: { listen: opts.listen },
+    transports: [tcp()],
+    connectionEncrypters: [noise()],
+    streamMuxers: [
+      yamux({
+        streamOptions: { maxStreamWindowSize: HOST_MAX_STREAM_WINDOW, maxReadBufferLength: STREAM_READ_BUFFER },
+      }),
+    ],
+    connectionManager: opts.maxConnections !== undefined ? { maxConnections: opts.maxConnections } : {},
+    services: {},
+    start: true,
+  });
+}
+
+/** The provider id (hex Ed25519 public key) of a host. */
+export function hostProviderId(host: Host): string {
+  return providerIdFromPeerId(host.peerId);
+}

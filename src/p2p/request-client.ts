@@ -1,0 +1,221 @@
+// Client side of the HTTP-shaped exchange (see request-server.ts for the frame sequence).
+//
+//   const res = await request(host, addr, '/service/infer/1.0.0', { endpoint: '/v1/chat/completions' }, body);
+//   const head = await res.head;                      // { status, headers, ... }
+//   for await (const f of res.frames) …               // { kind: 'data', bytes } … then { kind: 'trailer', value }
+//   res.abort();                                      // cancels: resets the stream, the server's signal fires
+//
+// The body is sent while the response is awaited; if the server answers before reading it all (413, 400),
+// sending stops. Leaving the `frames` loop before the trailer cancels the request too.
+import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
+import type { Libp2p, PeerId, Stream } from '@libp2p/interface';
+import { encodeData, encodeHead, frameLimits, FrameError, type FrameLimits, type JsonObject } from './frames.ts';
+import { FrameReader, StreamError, writeBytes } from './frame-io.ts';
+import { parsePeerId } from './peer-id.ts';
+import { CORK_BYTES } from './response-writer.ts';
+
+/** A peer to dial: PeerId, multiaddr(s), a multiaddr string ('/ip4/…/p2p/…'), a provider id or a PeerId string. */
+export type RequestTarget = PeerId | Multiaddr | Multiaddr[] | string;
+
+export type RequestBody = Uint8Array | Iterable<Uint8Array> | AsyncIterable<Uint8Array>;
+
+export type ResponseFrame = { kind: 'data'; bytes: Uint8Array } | { kind: 'trailer'; value: JsonObject };
+
+export interface RequestOptions {
+  signal?: AbortSignal;
+  /** Per-frame limits, both directions. Defaults: 1 MiB JSON, 4 MiB DATA. */
+  limits?: Partial<FrameLimits>;
+  /** The body goes out in DATA frames of at most this size. Default 1 MiB. */
+  dataFrameBytes?: number;
+  /** Pause reading once this many response bytes wait unconsumed. Default 1 MiB. */
+  highWaterMark?: number;
+  /** Concurrent outbound streams per connection for this protocol. Default 128. */
+  maxOutboundStreams?: number;
+}
+
+export interface Response {
+  /** The response HEAD; rejects if the stream fails or the server answers something else first. */
+  readonly head: Promise<JsonObject>;
+  /**
+   * DATA frames then the TRAILER. Iterate once, to the end or until you break (which cancels the
+   * request); a caller that never iterates should abort(), or the stream stays open. Throws StreamError
+   * (`missing_trailer`, `stream_reset`, `aborted`, `unexpected_frame`) or FrameError.
+   */
+  readonly frames: AsyncIterable<ResponseFrame>;
+  /** Cancels the request: resets the stream. Safe to call at any time, any number of times. */
+  abort(reason?: string): void;
+  readonly stream: Stream;
+}
+
+const noop = (): void => {};
+
+function concat(parts: Uint8Array[], size: number): Uint8Array {
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+function toDialTarget(target: RequestTarget): PeerId | Multiaddr | Multiaddr[] {
+  if (typeof target !== 'string') return target;
+  return target.startsWith('/') ? multiaddr(target) : parsePeerId(target);
+}
+
+async function* bodyChunks(body: RequestBody | undefined): AsyncIterable<Uint8Array> {
+  if (body === undefined) return;
+  if (body instanceof Uint8Array) yield body;
+  else yield* body;
+}
+
+/** Opens a stream for `protocol` and sends HEAD + body. Rejects if the dial or protocol negotiation fails. */
+export async function request(
+  host: Libp2p,
+  target: RequestTarget,
+  protocol: string,
+  head: JsonObject,
+  body?: RequestBody,
+  opts: RequestOptions = {},
+): Promise<Response> {
+  const limits = frameLimits(opts.limits);
+  const headFrame = encodeHead(head, limits); // throws before dialling on a bad or oversized head
+  const dataFrameBytes = Math.max(1, Math.min(opts.dataFrameBytes ?? 1024 * 1024, limits.maxDataBytes));
+  const signal = opts.signal;
+  signal?.throwIfAborted();
+
+  const stream = await host.dialProtocol(toDialTarget(target), protocol, {
+    signal,
+    maxOutboundStreams: opts.maxOutboundStreams ?? 128,
+  });
+  const reader = new FrameReader(stream, { limits, highWaterMark: opts.highWaterMark });
+  let localError: Error | undefined; // why we reset the stream, if we did
+  let responded = false;
+  let complete = false;
+
+  const abort = (err: Error): void => {
+    if (complete) return;
+    localError ??= err;
+    stream.abort(err);
+  };
+  const onAbortSignal = (): void => abort(new StreamError('aborted', 'the request was aborted', { cause: signal?.reason }));
+  signal?.addEventListener('abort', onAbortSignal, { once: true });
+  const cleanup = (): void => {
+    signal?.removeEventListener('abort', onAbortSignal);
+    reader.detach();
+  };
+
+  // Send HEAD and body; stop early once the server has answered (it will not read the rest). A body
+  // given as bytes goes out with the HEAD in as few writes as CORK_BYTES allows.
+  const sending = (async () => {
+    let batch: Uint8Array[] = [headFrame];
+    let batchBytes = headFrame.length;
+    const flush = async (): Promise<void> => {
+      if (batchBytes === 0) return;
+      const bytes = batch.length === 1 ? batch[0]! : concat(batch, batchBytes);
+      batch = [];
+      batchBytes = 0;
+      await writeBytes(stream, bytes);
+    };
+    if (!(body === undefined || body instanceof Uint8Array)) await flush();
+    for await (const chunk of bodyChunks(body)) {
+      for (let at = 0; at < chunk.length && !responded; at += dataFrameBytes) {
+        const frame = encodeData(chunk.subarray(at, at + dataFrameBytes), limits);
+        batch.push(frame);
+        batchBytes += frame.length;
+        if (batchBytes >= CORK_BYTES) await flush();
+      }
+      await flush();
+      if (responded) break;
+    }
+    await flush();
+    await stream.close();
+  })();
+  sending.catch((e: unknown) => {
+    // A reset by the server surfaces through the reader; anything else (a failing body iterator, a
+    // frame too large) is ours to report, so reset the stream with it.
+    if (!(e instanceof StreamError)) abort(e instanceof Error ? e : new Error(String(e)));
+  });
+
+  const failure = (e: unknown): unknown => (localError && e instanceof StreamError ? localError : e);
+
+  const headPromise = (async () => {
+    try {
+      const first = await reader.next();
+      if (!first) throw new StreamError('missing_trailer', 'the stream ended before a response HEAD');
+      if (first.kind !== 'head') throw new StreamError('unexpected_frame', `expected a HEAD frame, got ${first.kind.toUpperCase()}`);
+      responded = true;
+      return first.value;
+    } catch (e) {
+      if (e instanceof FrameError || e instanceof StreamError) abort(e);
+      cleanup();
+      throw failure(e);
+    }
+  })();
+  headPromise.catch(noop);
+
+  async function* frames(): AsyncGenerator<ResponseFrame> {
+    await headPromise;
+    try {
+      for (;;) {
+        const f = await reader.next();
+        if (!f) throw new StreamError('missing_trailer', 'the stream ended before the TRAILER');
+        if (f.kind === 'head') throw new StreamError('unexpected_frame', 'a second HEAD frame');
+        if (f.kind === 'trailer') {
+          // The server closes right after the TRAILER; wait for that so the stream is released. A reset
+          // at this point loses nothing, but a further frame is a protocol violation.
+          const extra = await reader.next().catch((e: unknown) => {
+            if (e instanceof StreamError) return null;
+            throw e;
+          });
+          if (extra) throw new StreamError('unexpected_frame', 'a frame after the TRAILER');
+          complete = true;
+          yield f;
+          return;
+        }
+        yield f;
+      }
+    } catch (e) {
+      throw failure(e);
+    } finally {
+      // Leaving early (break, throw) cancels the request.
+      if (!complete) abort(new StreamError('aborted', 'the response was abandoned'));
+      cleanup();
+    }
+  }
+
+  return {
+    head: headPromise,
+    frames: { [Symbol.asyncIterator]: frames },
+    abort: (reason?: string) => abort(new StreamError('aborted', reason ?? 'the request was aborted')),
+    stream,
+  };
+}
+
+export interface CollectedResponse {
+  head: JsonObject;
+  body: Uint8Array;
+  trailer: JsonObject;
+}
+
+/** Reads a whole response into memory. */
+export async function readResponse(res: Response): Promise<CollectedResponse> {
+  const head = await res.head;
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  let trailer: JsonObject = {};
+  for await (const f of res.frames) {
+    if (f.kind === 'data') {
+      parts.push(f.bytes);
+      size += f.bytes.length;
+    } else trailer = f.value;
+  }
+  const body = new Uint8Array(size);
+  let at = 0;
+  for (const p of parts) {
+    body.set(p, at);
+    at += p.length;
+  }
+  return { head, body, trailer };
+}

@@ -1,0 +1,240 @@
+// Server side of the HTTP-shaped exchange: one stream per request, for any protocol id.
+//
+//   client → server: HEAD, DATA*, then the client closes its write side (end of body)
+//   server → client: HEAD, DATA*, TRAILER, then the server closes its write side
+//
+// The whole body is read (bounded) before the handler runs. Bad input is answered, when the stream is
+// still writable, with HEAD {status: 400|408|413} and TRAILER {error: {code, message}}; the stream is then
+// closed (reset if the client keeps sending past a grace period). A client that resets the stream (its
+// only way to cancel over yamux, which has no STOP_SENDING) fires the handler's AbortSignal.
+import type { Connection, Libp2p, Stream } from '@libp2p/interface';
+import { FrameError, frameLimits, type FrameLimits, type JsonObject } from './frames.ts';
+import { FrameReader, StreamError } from './frame-io.ts';
+import { StreamResponseWriter, type ResponseWriter } from './response-writer.ts';
+import { PeerIdentityError, providerIdFromPeerId } from './peer-id.ts';
+
+export interface IncomingRequest {
+  head: JsonObject;
+  body: Uint8Array;
+  /** The remote PeerId in libp2p's string form (authenticated by Noise). */
+  remotePeer: string;
+  /** The remote's provider id (hex Ed25519 public key), when its key is Ed25519. */
+  remoteProviderId: string | undefined;
+  /** Fires when the client resets or loses the stream, or the server stops. */
+  signal: AbortSignal;
+}
+
+export type RequestHandler = (req: IncomingRequest, res: ResponseWriter) => void | Promise<void>;
+
+export interface HandleRequestsOptions {
+  /** Largest request body (sum of DATA payloads); more gets 413 body_too_large. Default 8 MiB. */
+  maxBodyBytes?: number;
+  /** Per-frame limits, both directions. Defaults: 1 MiB JSON, 4 MiB DATA. */
+  limits?: Partial<FrameLimits>;
+  /** res.data() splits its bytes into DATA frames of at most this size. Default 1 MiB. */
+  dataFrameBytes?: number;
+  /** Concurrent requests per connection for this protocol (libp2p refuses more). Default 128. */
+  maxInboundStreams?: number;
+  /** How long the client may take to send HEAD and the whole body; then 408 request_timeout. Default 60 s. */
+  readTimeoutMs?: number;
+  /** After an error reply, how long the client may keep sending before the stream is reset. Default 2 s. */
+  lingerMs?: number;
+  /** How long stop() waits for running handlers after aborting them. Default 2 s. */
+  stopTimeoutMs?: number;
+  /** Told about handler failures and stream errors; never throws into libp2p. */
+  onError?: (err: unknown, context: { protocol: string; remotePeer: string }) => void;
+}
+
+export interface RequestServer {
+  readonly protocol: string;
+  /** Requests being read or handled right now. */
+  readonly inFlight: number;
+  /** Unregisters the protocol, cancels running requests, waits (bounded) for their handlers. */
+  stop(): Promise<void>;
+}
+
+interface BadRequest {
+  status: 400 | 408 | 413;
+  code: string;
+  message: string;
+}
+
+type ReadResult = { head: JsonObject; body: Uint8Array } | { bad: BadRequest };
+
+const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
+
+async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number): Promise<ReadResult> {
+  const timer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request was not received within ${timeoutMs} ms`)), timeoutMs);
+  try {
+    const first = await reader.next();
+    if (!first) return { bad: { status: 400, code: 'frame_truncated', message: 'the stream ended before a HEAD frame' } };
+    if (first.kind !== 'head') return { bad: { status: 400, code: 'frame_malformed', message: `expected a HEAD frame first, got ${first.kind.toUpperCase()}` } };
+    const parts: Uint8Array[] = [];
+    let size = 0;
+    for (;;) {
+      const f = await reader.next();
+      if (!f) break;
+      if (f.kind !== 'data') return { bad: { status: 400, code: 'frame_malformed', message: `unexpected ${f.kind.toUpperCase()} frame in a request body` } };
+      size += f.bytes.length;
+      if (size > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
+      parts.push(f.bytes);
+    }
+    return { head: first.value, body: concat(parts, size) };
+  } catch (e) {
+    if (e instanceof FrameError) return { bad: { status: 400, code: e.code, message: e.message } };
+    if (e instanceof StreamError && e.code === 'timeout') return { bad: { status: 408, code: 'request_timeout', message: e.message } };
+    throw e;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function concat(parts: Uint8Array[], size: number): Uint8Array {
+  if (parts.length === 1) return parts[0]!;
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+function providerIdOf(connection: Connection): string | undefined {
+  try {
+    return providerIdFromPeerId(connection.remotePeer);
+  } catch (e) {
+    if (e instanceof PeerIdentityError) return undefined;
+    throw e;
+  }
+}
+
+/** Resolves when the remote has finished sending (or the stream is gone), or after `ms`. */
+function remoteDone(stream: Stream, ms: number): Promise<boolean> {
+  if (stream.readableEnded || stream.status !== 'open') return Promise.resolve(true);
+  return new Promise((resolve) => {
+    const finish = (v: boolean): void => {
+      clearTimeout(timer);
+      stream.removeEventListener('end', onEnd);
+      stream.removeEventListener('close', onEnd);
+      resolve(v);
+    };
+    const onEnd = (): void => finish(true);
+    const timer = setTimeout(() => finish(false), ms);
+    stream.addEventListener('end', onEnd);
+    stream.addEventListener('close', onEnd);
+  });
+}
+
+interface Exchange {
+  stream: Stream;
+  done: Promise<void>;
+}
+
+/** Registers `handler` for `protocol` on the host. */
+export async function handleRequests(
+  host: Libp2p,
+  protocol: string,
+  handler: RequestHandler,
+  opts: HandleRequestsOptions = {},
+): Promise<RequestServer> {
+  const limits = frameLimits(opts.limits);
+  const maxBodyBytes = opts.maxBodyBytes ?? DEFAULT_MAX_BODY;
+  const lingerMs = opts.lingerMs ?? 2000;
+  const readTimeoutMs = opts.readTimeoutMs ?? 60_000;
+  const stopTimeoutMs = opts.stopTimeoutMs ?? 2000;
+  const exchanges = new Set<Exchange>();
+  let stopping = false;
+
+  const report = (err: unknown, remotePeer: string): void => {
+    try {
+      opts.onError?.(err, { protocol, remotePeer });
+    } catch {
+      // a faulty logger must not take the server down
+    }
+  };
+
+  async function serve(stream: Stream, connection: Connection): Promise<void> {
+    const remotePeer = connection.remotePeer.toString();
+    const ac = new AbortController();
+    const res = new StreamResponseWriter(stream, ac.signal, limits, opts.dataFrameBytes);
+    // The client's cancel: any close of the stream before the response is complete.
+    const onClose = (evt: Event & { error?: Error }): void => {
+      if (!res.complete) ac.abort(new StreamError(evt.error ? 'stream_reset' : 'stream_closed', 'the client closed the stream', { cause: evt.error }));
+    };
+    stream.addEventListener('close', onClose);
+    if (stream.status !== 'open') ac.abort(new StreamError('stream_closed', 'the stream closed before the request was read'));
+    const reader = new FrameReader(stream, { limits });
+    try {
+      const read = await readRequest(reader, maxBodyBytes, readTimeoutMs);
+      if ('bad' in read) {
+        reader.discard();
+        if (stream.writeStatus === 'writable' && !ac.signal.aborted) {
+          await res.head({ status: read.bad.status });
+          await res.trailer({ error: { code: read.bad.code, message: read.bad.message } });
+        }
+        if (!(await remoteDone(stream, lingerMs))) stream.abort(new StreamError('aborted', 'the client kept sending after an error reply'));
+        return;
+      }
+      if (ac.signal.aborted) return;
+      const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
+      try {
+        await handler(req, res);
+      } catch (e) {
+        if (!ac.signal.aborted) report(e, remotePeer);
+      }
+      await res.settled();
+      if (!res.finished && !ac.signal.aborted) {
+        await res.finishWithError(500, 'internal_error', res.headSent ? 'the response ended without a trailer' : 'the request failed');
+      }
+      await res.settled();
+    } catch (e) {
+      // Stream-level failures (reset while reading, closed while writing): nothing left to answer.
+      if (!(e instanceof StreamError)) report(e, remotePeer);
+    } finally {
+      reader.detach();
+      stream.removeEventListener('close', onClose);
+    }
+  }
+
+  const streamHandler = (stream: Stream, connection: Connection): void => {
+    if (stopping) {
+      stream.abort(new StreamError('aborted', 'the server is stopping'));
+      return;
+    }
+    const exchange: Exchange = { stream, done: Promise.resolve() };
+    exchanges.add(exchange);
+    exchange.done = serve(stream, connection)
+      .catch((e: unknown) => report(e, connection.remotePeer.toString()))
+      .finally(() => exchanges.delete(exchange));
+  };
+
+  await host.handle(protocol, streamHandler, { maxInboundStreams: opts.maxInboundStreams ?? 128 });
+
+  return {
+    protocol,
+    get inFlight() {
+      return exchanges.size;
+    },
+    async stop() {
+      if (stopping) return;
+      stopping = true;
+      try {
+        await host.unhandle(protocol);
+      } catch {
+        // the host may already be stopped
+      }
+      const running = [...exchanges];
+      // Resetting the stream fires each handler's signal through the stream's 'close' event.
+      for (const x of running) x.stream.abort(new StreamError('aborted', 'the server is stopping'));
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        Promise.allSettled(running.map((x) => x.done)),
+        new Promise<void>((resolve) => {
+          timer = setTimeout(resolve, stopTimeoutMs);
+        }),
+      ]);
+      clearTimeout(timer);
+    },
+  };
+}

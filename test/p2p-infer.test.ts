@@ -1,0 +1,120 @@
+// A buyer's request to the node over real libp2p on loopback (TCP + Noise + Yamux): ticket, body,
+// streamed answer, trailer with a receipt that verifies; an abandoned stream leaves a cancelled
+// receipt; garbage on the protocol gets a code and the node keeps serving.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { Admission } from '../src/dispatch/admission.ts';
+import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { createHost, type Host } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL, serveInfer } from '../src/p2p/infer-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { InferService } from '../src/serve/infer-service.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'p2p-infer-'));
+const market = testKey();
+const nodeKey = testKey();
+let adapter: LlamaEmbeddedAdapter;
+let log: ReceiptLog;
+let db: Database.Database;
+let node: Host;
+let buyer: Host;
+let addr: string;
+
+beforeAll(async () => {
+  const modelPath = path.join(dir, 'tiny.gguf');
+  writeTinyLlama(modelPath);
+  adapter = new LlamaEmbeddedAdapter({ modelPath, slots: 2, contextLength: 512 });
+  await adapter.start();
+  log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed: nodeKey.seed, threads: 0, checkpointIntervalMs: 0 });
+  db = new Database(path.join(dir, 'state.db'));
+  const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 2, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
+  const service = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: nodeKey.id }), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+  node = await createHost({ seed: nodeKey.seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
+  buyer = await createHost({ seed: testKey().seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
+  await serveInfer(node, service);
+  addr = node.getMultiaddrs()[0]!.toString();
+});
+afterAll(async () => {
+  await buyer?.stop();
+  await node?.stop();
+  await log?.close();
+  db?.close();
+  await adapter?.stop();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+function ask(body: object, ticketOver = {}) {
+  const bytes = utf8(JSON.stringify(body));
+  const payload = ticketPayload(nodeKey.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000', ...ticketOver });
+  return { head: { endpoint: 'chat/completions', ticket: signTicket(market, payload) }, bytes, requestId: payload.request_id };
+}
+
+const chat = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 16, seed: 5 };
+
+describe('/service/infer/1.0.0 over libp2p', () => {
+  test('a streamed chat completion and its receipt, authenticated by the node\'s own key', async () => {
+    const { head, bytes } = ask({ ...chat, stream: true, stream_options: { include_usage: true } });
+    const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, head, bytes));
+    expect(res.head).toMatchObject({ status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } });
+    const events = Buffer.from(res.body).toString('utf8').split('\n\n').filter(Boolean);
+    expect(events.at(-1)).toBe('data: [DONE]');
+    const v = verifyReceipt(res.trailer.receipt as string, { provider: nodeKey.id });
+    expect(v.ok).toBe(true);
+    if (v.ok) expect(v.value.payload.response_sha256).toBe(crypto.createHash('sha256').update(res.body).digest('hex'));
+    // The connection's remote key is the receipt's signer: Noise authenticated the provider id.
+    expect(buyer.getConnections()[0]!.remotePeer.toString()).toBe(node.peerId.toString());
+  });
+
+  test('closing the stream early cancels the request and still leaves a receipt', async () => {
+    const { head, bytes, requestId } = ask({ ...chat, stream: true, max_tokens: 400 });
+    const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
+    await res.head;
+    let frames = 0;
+    for await (const f of res.frames) {
+      if (f.kind === 'data' && ++frames === 3) break; // leaving the loop resets the stream
+    }
+    let lines: { line: string }[] = [];
+    for (let i = 0; i < 100 && lines.length === 0; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      lines = log.byRequestId(requestId);
+    }
+    expect(lines.length).toBe(1);
+    const v = verifyReceipt(lines[0]!.line, { provider: nodeKey.id });
+    expect(v.ok && v.value.payload.status).toBe('cancelled');
+    if (v.ok) expect(v.value.payload.usage.output_tokens).toBeLessThan(400);
+  });
+
+  test('a forged ticket is refused with a code and nothing is charged', async () => {
+    const before = log.size;
+    const { head, bytes } = ask(chat);
+    const forged = { ...head, ticket: signTicket(testKey(), ticketPayload(nodeKey.id)) };
+    const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, forged, bytes));
+    expect([res.head.status, (res.trailer.error as { code: string }).code]).toEqual([401, 'ticket_invalid']);
+    expect(log.size).toBe(before);
+  });
+
+  test('garbage on the protocol does not disturb the node (the 400 + frame code is in p2p-request-stream tests)', async () => {
+    const stream = await buyer.dialProtocol(node.peerId, INFER_PROTOCOL);
+    stream.send(Uint8Array.from([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]));
+    await stream.close().catch(() => undefined);
+    const { head, bytes } = ask(chat);
+    const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, head, bytes));
+    expect(res.head.status).toBe(200);
+  });
+
+  test('an unknown protocol is refused by the node, which stays up', async () => {
+    await expect(buyer.dialProtocol(node.peerId, '/service/nope/1.0.0')).rejects.toThrow();
+    const { head, bytes } = ask(chat);
+    expect((await readResponse(await request(buyer, addr, INFER_PROTOCOL, head, bytes))).head.status).toBe(200);
+  });
+});

@@ -1,0 +1,508 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import crypto from 'node:crypto';
+import type { Multiaddr } from '@multiformats/multiaddr';
+import { createHost, hostProviderId, type Host } from '../src/p2p/host.ts';
+import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
+import { identityFromSeed } from '../src/identity.ts';
+import { FrameDecoder, encodeData, encodeHead, encodeTrailer, type Frame } from '../src/p2p/frames.ts';
+import {
+  handleRequests,
+  readResponse,
+  request,
+  StreamError,
+  type HandleRequestsOptions,
+  type RequestHandler,
+  type RequestServer,
+} from '../src/p2p/request-stream.ts';
+
+const serverSeed = new Uint8Array(32).fill(11);
+const clientSeed = new Uint8Array(32).fill(22);
+let server: Host;
+let client: Host;
+let addr: Multiaddr;
+let protoCounter = 0;
+
+function deferred<T>(): { promise: Promise<T>; resolve: (v: T) => void } {
+  let resolve!: (v: T) => void;
+  const promise = new Promise<T>((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const sha256 = (b: Uint8Array) => crypto.createHash('sha256').update(b).digest('hex');
+
+beforeAll(async () => {
+  server = await createHost({ seed: serverSeed, listen: ['/ip4/127.0.0.1/tcp/0'] });
+  client = await createHost({ seed: clientSeed, listen: [] });
+  addr = server.getMultiaddrs()[0]!;
+});
+
+afterAll(async () => {
+  await client?.stop();
+  await server?.stop();
+});
+
+/** Registers a handler on a fresh protocol id; returns the id and the server handle. */
+async function serve(handler: RequestHandler, opts?: HandleRequestsOptions): Promise<{ proto: string; srv: RequestServer }> {
+  const proto = `/test/req/${++protoCounter}/1.0.0`;
+  const srv = await handleRequests(server, proto, handler, opts);
+  return { proto, srv };
+}
+
+/** Sends raw bytes on the protocol and decodes whatever frames come back until the server closes. */
+async function rawExchange(proto: string, bytes: Uint8Array, closeWrite = true): Promise<Frame[]> {
+  const stream = await client.dialProtocol(addr, proto);
+  stream.send(bytes);
+  if (closeWrite) await stream.close();
+  const dec = new FrameDecoder();
+  const frames: Frame[] = [];
+  for await (const chunk of stream) frames.push(...dec.push(chunk.subarray()));
+  dec.end();
+  if (!closeWrite) stream.abort(new Error('done'));
+  return frames;
+}
+
+function varint(n: number): number[] {
+  const out: number[] = [];
+  while (n >= 0x80) {
+    out.push((n & 0x7f) | 0x80);
+    n >>>= 7;
+  }
+  out.push(n);
+  return out;
+}
+
+const echoHandler: RequestHandler = async (req, res) => {
+  await res.head({ status: 200, echo: req.head });
+  await res.data(req.body);
+  await res.trailer({ ok: true });
+};
+
+describe('host', () => {
+  it('Noise authenticates the seed-derived identities on both sides', async () => {
+    expect(server.peerId.equals(peerIdFromSeed(serverSeed))).toBe(true);
+    expect(hostProviderId(server)).toBe(identityFromSeed(serverSeed).providerId);
+    let seen: { remotePeer: string; remoteProviderId: string | undefined } | undefined;
+    const { proto, srv } = await serve(async (req, res) => {
+      seen = { remotePeer: req.remotePeer, remoteProviderId: req.remoteProviderId };
+      await res.head({ status: 204 });
+      await res.trailer({});
+    });
+    try {
+      const r = await readResponse(await request(client, addr, proto, {}));
+      expect(r.head).toEqual({ status: 204 });
+      expect(seen?.remotePeer).toBe(peerIdFromSeed(clientSeed).toString());
+      expect(seen?.remoteProviderId).toBe(identityFromSeed(clientSeed).providerId);
+      const conns = client.getConnections(server.peerId);
+      expect(conns.length).toBe(1);
+      expect(conns[0]!.remotePeer.equals(peerIdFromSeed(serverSeed))).toBe(true);
+      // Once connected, the provider id alone is a dial target.
+      const again = await readResponse(await request(client, hostProviderId(server), proto, {}));
+      expect(again.head).toEqual({ status: 204 });
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('refuses an unknown protocol id without harm', async () => {
+    await expect(request(client, addr, '/test/no-such-protocol/1.0.0', {})).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
+    const { proto, srv } = await serve(echoHandler);
+    try {
+      const r = await readResponse(await request(client, addr, proto, { a: 1 }, new Uint8Array([1, 2, 3])));
+      expect(r.head).toEqual({ status: 200, echo: { a: 1 } });
+      expect([...r.body]).toEqual([1, 2, 3]);
+    } finally {
+      await srv.stop();
+    }
+  });
+});
+
+describe('request/response', () => {
+  it('round-trips a 1 MB body and 1000 data frames back', async () => {
+    const { proto, srv } = await serve(async (req, res) => {
+      await res.head({ status: 200, bodySha: sha256(req.body), bodyLen: req.body.length });
+      for (let i = 0; i < 1000; i++) await res.data(new TextEncoder().encode(`data: ${i}\n\n`));
+      await res.trailer({ receipt: { n: 1000 } });
+    });
+    try {
+      const body = crypto.randomBytes(1_000_000);
+      const res = await request(client, addr, proto, { endpoint: '/v1/chat/completions' }, new Uint8Array(body), { dataFrameBytes: 64 * 1024 });
+      expect(await res.head).toEqual({ status: 200, bodySha: sha256(body), bodyLen: 1_000_000 });
+      const data: string[] = [];
+      let trailer: unknown;
+      for await (const f of res.frames) {
+        if (f.kind === 'data') data.push(new TextDecoder().decode(f.bytes));
+        else trailer = f.value;
+      }
+      expect(data.length).toBe(1000);
+      expect(data[0]).toBe('data: 0\n\n');
+      expect(data[999]).toBe('data: 999\n\n');
+      expect(trailer).toEqual({ receipt: { n: 1000 } });
+      expect(res.stream.status).toBe('closed');
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('accepts a streamed (async iterable) body and an empty one', async () => {
+    const { proto, srv } = await serve(echoHandler);
+    try {
+      async function* parts() {
+        yield new Uint8Array([1]);
+        await sleep(5);
+        yield new Uint8Array([2, 3]);
+      }
+      expect([...(await readResponse(await request(client, addr, proto, {}, parts()))).body]).toEqual([1, 2, 3]);
+      expect((await readResponse(await request(client, addr, proto, {}))).body.length).toBe(0);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('serves concurrent requests on one connection', async () => {
+    const { proto, srv } = await serve(async (req, res) => {
+      await sleep(20 + Math.floor(Math.random() * 30));
+      await res.head({ status: 200, i: req.head.i });
+      await res.data(req.body);
+      await res.trailer({ i: req.head.i });
+    });
+    try {
+      const n = 60;
+      const results = await Promise.all(
+        Array.from({ length: n }, async (_, i) => {
+          const body = new TextEncoder().encode(`body-${i}`.repeat(100));
+          const r = await readResponse(await request(client, addr, proto, { i }, body));
+          expect(r.head).toEqual({ status: 200, i });
+          expect(r.trailer).toEqual({ i });
+          expect(new TextDecoder().decode(r.body)).toBe(`body-${i}`.repeat(100));
+          return i;
+        }),
+      );
+      expect(results.length).toBe(n);
+      expect(client.getConnections(server.peerId).length).toBe(1);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('answers a handler that throws with 500 and an error trailer, and finishes a response left open', async () => {
+    const { proto, srv } = await serve(async (req, res) => {
+      if (req.head.mode === 'throw') throw new Error('boom');
+      await res.head({ status: 200 });
+      await res.data(new Uint8Array([9]));
+    });
+    try {
+      const a = await readResponse(await request(client, addr, proto, { mode: 'throw' }));
+      expect(a.head).toEqual({ status: 500 });
+      expect(a.trailer).toMatchObject({ error: { code: 'internal_error' } });
+      const b = await readResponse(await request(client, addr, proto, { mode: 'open' }));
+      expect(b.head).toEqual({ status: 200 });
+      expect([...b.body]).toEqual([9]);
+      expect(b.trailer).toMatchObject({ error: { code: 'internal_error' } });
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('delivers a response that completes while the client is paused, whole', async () => {
+    // The server finishes (trailer + close) while the client reader is paused with data still
+    // buffered in the stream: the clean close must not cut the response short.
+    const payload = crypto.randomBytes(6 * 1024 * 1024);
+    const { proto, srv } = await serve(async (_req, res) => {
+      await res.head({ status: 200 });
+      await res.data(new Uint8Array(payload));
+      await res.trailer({ sha: sha256(payload) });
+    });
+    try {
+      for (let round = 0; round < 3; round++) {
+        const res = await request(client, addr, proto, {}, undefined, { highWaterMark: 64 * 1024 });
+        await res.head;
+        await sleep(150);
+        const chunks: Uint8Array[] = [];
+        let trailer: unknown;
+        for await (const f of res.frames) {
+          if (f.kind === 'data') chunks.push(f.bytes);
+          else trailer = f.value;
+        }
+        expect(trailer).toEqual({ sha: sha256(payload) });
+        expect(sha256(Buffer.concat(chunks))).toBe(sha256(payload));
+      }
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('applies backpressure: res.data waits while the client does not read', async () => {
+    const chunk = new Uint8Array(1024 * 1024);
+    const total = 40;
+    let written = 0;
+    const { proto, srv } = await serve(async (_req, res) => {
+      await res.head({ status: 200 });
+      for (let i = 0; i < total; i++) {
+        await res.data(chunk);
+        written++;
+      }
+      await res.trailer({});
+    });
+    try {
+      const res = await request(client, addr, proto, {});
+      await res.head;
+      await sleep(400); // client stalls
+      const whileStalled = written;
+      let got = 0;
+      for await (const f of res.frames) if (f.kind === 'data') got += f.bytes.length;
+      console.log(`backpressure: ${whileStalled} of ${total} MiB written while the client stalled`);
+      expect(whileStalled).toBeLessThan(30);
+      expect(got).toBe(total * chunk.length);
+      expect(written).toBe(total);
+    } finally {
+      await srv.stop();
+    }
+  });
+});
+
+describe('bad input', () => {
+  it('answers garbage with 400 frame_malformed and keeps serving', async () => {
+    const { proto, srv } = await serve(echoHandler);
+    try {
+      const cases: Array<[string, Uint8Array, string]> = [
+        ['unknown kind', Uint8Array.of(3, 0x09, 1, 2, 3), 'frame_malformed'],
+        ['random bytes', Uint8Array.of(0x05, 0xee, 0xff, 0x00, 0x13, 0x37), 'frame_malformed'],
+        ['invalid JSON head', Uint8Array.of(2, 0x01, 0x7b, 0x7b), 'frame_malformed'],
+        ['JSON array head', Uint8Array.of(2, 0x01, 0x5b, 0x5d), 'frame_malformed'],
+        ['DATA before HEAD', encodeData(new Uint8Array(4)), 'frame_malformed'],
+        ['TRAILER from the client', new Uint8Array([...encodeHead({}), ...encodeTrailer({})]), 'frame_malformed'],
+        ['ends mid-frame', new Uint8Array([...encodeHead({}), ...encodeData(new Uint8Array(10)).subarray(0, 5)]), 'frame_truncated'],
+        ['nothing at all', new Uint8Array(0), 'frame_truncated'],
+      ];
+      for (const [name, bytes, code] of cases) {
+        const frames = await rawExchange(proto, bytes);
+        expect(frames.map((f) => f.kind), name).toEqual(['head', 'trailer']);
+        expect(frames[0], name).toEqual({ kind: 'head', value: { status: 400 } });
+        expect(frames[1], name).toMatchObject({ kind: 'trailer', value: { error: { code } } });
+      }
+      // Garbage on a stream the client never closes: still answered.
+      const open = await rawExchange(proto, Uint8Array.of(1, 0x42, 0), false);
+      expect(open[1]).toMatchObject({ value: { error: { code: 'frame_malformed' } } });
+      const r = await readResponse(await request(client, addr, proto, { after: 'garbage' }));
+      expect(r.head).toEqual({ status: 200, echo: { after: 'garbage' } });
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('answers an oversized frame with 400 frame_too_large', async () => {
+    let called = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      called++;
+      await echoHandler(req, res);
+    });
+    try {
+      // A DATA frame header announcing 5 MiB (limit 4 MiB); the payload never needs to arrive.
+      const header = Uint8Array.of(...varint(5 * 1024 * 1024), 0x02);
+      const frames = await rawExchange(proto, new Uint8Array([...encodeHead({}), ...header]), false);
+      expect(frames[0]).toEqual({ kind: 'head', value: { status: 400 } });
+      expect(frames[1]).toMatchObject({ kind: 'trailer', value: { error: { code: 'frame_too_large' } } });
+      // A HEAD over 1 MiB, sent by a client configured with larger limits.
+      const res = await request(client, addr, proto, { pad: 'x'.repeat(1024 * 1024 + 10) }, undefined, { limits: { maxJsonBytes: 4 * 1024 * 1024 } });
+      const r = await readResponse(res);
+      expect(r.head).toEqual({ status: 400 });
+      expect(r.trailer).toMatchObject({ error: { code: 'frame_too_large' } });
+      expect(called).toBe(0);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('answers a client that stalls mid-request with 408 request_timeout', async () => {
+    const { proto, srv } = await serve(echoHandler, { readTimeoutMs: 200 });
+    try {
+      const t0 = performance.now();
+      const stalled = new Uint8Array([...encodeHead({}), ...encodeData(new Uint8Array(10)).subarray(0, 4)]);
+      const frames = await rawExchange(proto, stalled, false);
+      expect(frames[0]).toEqual({ kind: 'head', value: { status: 408 } });
+      expect(frames[1]).toMatchObject({ kind: 'trailer', value: { error: { code: 'request_timeout' } } });
+      expect(performance.now() - t0).toBeGreaterThanOrEqual(150);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('answers a body over the limit (8 MiB) with 413 body_too_large', async () => {
+    let called = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      called++;
+      await echoHandler(req, res);
+    });
+    try {
+      const t0 = performance.now();
+      const res = await request(client, addr, proto, {}, new Uint8Array(8 * 1024 * 1024 + 1));
+      const r = await readResponse(res);
+      expect(r.head).toEqual({ status: 413 });
+      expect(r.trailer).toMatchObject({ error: { code: 'body_too_large' } });
+      expect(called).toBe(0);
+      expect(performance.now() - t0).toBeLessThan(1500); // the client stops sending; no linger reset
+      const ok = await readResponse(await request(client, addr, proto, {}, new Uint8Array(8 * 1024 * 1024)));
+      expect(ok.body.length).toBe(8 * 1024 * 1024);
+      expect(called).toBe(1);
+    } finally {
+      await srv.stop();
+    }
+  });
+});
+
+describe('client against a misbehaving server', () => {
+  /** A raw server: reads the request to its end, then writes `bytes` and closes. */
+  async function rawServer(bytes: Uint8Array): Promise<string> {
+    const proto = `/test/raw/${++protoCounter}/1.0.0`;
+    await server.handle(proto, async (stream) => {
+      for await (const chunk of stream) void chunk;
+      stream.send(bytes);
+      await stream.close();
+    });
+    return proto;
+  }
+
+  it('rejects garbage, a missing HEAD, a missing TRAILER and frames after the TRAILER', async () => {
+    const cases: Array<[string, Uint8Array, 'head' | 'frames', string]> = [
+      ['garbage', Uint8Array.of(4, 0x77, 1, 2, 3, 4), 'head', 'frame_malformed'],
+      ['DATA first', encodeData(new Uint8Array(3)), 'head', 'unexpected_frame'],
+      ['nothing', new Uint8Array(0), 'head', 'missing_trailer'],
+      ['no TRAILER', new Uint8Array([...encodeHead({ status: 200 }), ...encodeData(new Uint8Array(3))]), 'frames', 'missing_trailer'],
+      ['two HEADs', new Uint8Array([...encodeHead({}), ...encodeHead({})]), 'frames', 'unexpected_frame'],
+      ['after TRAILER', new Uint8Array([...encodeHead({}), ...encodeTrailer({}), ...encodeData(new Uint8Array(1))]), 'frames', 'unexpected_frame'],
+      ['cut mid-frame', new Uint8Array([...encodeHead({}), ...encodeData(new Uint8Array(9)).subarray(0, 4)]), 'frames', 'frame_truncated'],
+    ];
+    try {
+      for (const [name, bytes, where, code] of cases) {
+        const proto = await rawServer(bytes);
+        const res = await request(client, addr, proto, {}, new Uint8Array(5));
+        if (where === 'head') {
+          await expect(res.head, name).rejects.toMatchObject({ code });
+        } else {
+          await res.head;
+          await expect(readResponse(res), name).rejects.toMatchObject({ code });
+        }
+      }
+    } finally {
+      await server.unhandle(server.getProtocols().filter((p) => p.startsWith('/test/raw/')));
+    }
+  });
+});
+
+describe('cancellation and shutdown', () => {
+  it("client abort mid-stream fires the handler's signal promptly", async () => {
+    let abortedAt = 0;
+    const after = deferred<{ data: string; trailer: string }>();
+    const { proto, srv } = await serve(async (req, res) => {
+      req.signal.addEventListener('abort', () => {
+        abortedAt = performance.now();
+      });
+      await res.head({ status: 200 });
+      while (!req.signal.aborted) {
+        await res.data(new Uint8Array(100)).catch(() => {});
+        await sleep(5);
+      }
+      // After the abort every writer call rejects (and an ignored one raises no unhandled rejection).
+      void res.data(new Uint8Array(1));
+      const data = await res.data(new Uint8Array(1)).then(() => 'ok', (e: StreamError) => e.code);
+      const trailer = await res.trailer({}).then(() => 'ok', (e: StreamError) => e.code);
+      after.resolve({ data, trailer });
+    });
+    try {
+      const res = await request(client, addr, proto, {});
+      await res.head;
+      let frames = 0;
+      const it = res.frames[Symbol.asyncIterator]();
+      while (frames < 3) if (!(await it.next()).done) frames++;
+      const t0 = performance.now();
+      res.abort();
+      expect(await after.promise).toEqual({ data: 'aborted', trailer: 'aborted' });
+      const ms = abortedAt - t0;
+      console.log(`client abort → handler signal: ${ms.toFixed(1)} ms`);
+      expect(ms).toBeGreaterThanOrEqual(0);
+      expect(ms).toBeLessThan(1000);
+      await expect(it.next()).rejects.toMatchObject({ code: 'aborted' });
+      await sleep(20);
+      expect(srv.inFlight).toBe(0);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('leaving the frames loop early, or aborting the request signal, cancels the request', async () => {
+    let cancelled = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      const done = new Promise<void>((r) => req.signal.addEventListener('abort', () => r()));
+      await res.head({ status: 200 });
+      await res.data(new Uint8Array(10));
+      await done;
+      cancelled++;
+    });
+    try {
+      const res = await request(client, addr, proto, {});
+      for await (const f of res.frames) {
+        expect(f.kind).toBe('data');
+        break;
+      }
+      const ac = new AbortController();
+      const res2 = await request(client, addr, proto, {}, undefined, { signal: ac.signal });
+      await res2.head;
+      ac.abort();
+      await expect(readResponse(res2)).rejects.toMatchObject({ code: 'aborted' });
+      for (let i = 0; i < 50 && cancelled < 2; i++) await sleep(10);
+      expect(cancelled).toBe(2);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('server stop() with requests in flight cancels them cleanly', async () => {
+    let started = 0;
+    let signalled = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      started++;
+      await res.head({ status: 200 });
+      await new Promise<void>((r) => req.signal.addEventListener('abort', () => r()));
+      signalled++;
+      await res.data(new Uint8Array(1)).catch(() => {});
+    });
+    const pending = await Promise.all([0, 1, 2].map(() => request(client, addr, proto, {})));
+    await Promise.all(pending.map((p) => p.head));
+    expect(started).toBe(3);
+    expect(srv.inFlight).toBe(3);
+    const t0 = performance.now();
+    await srv.stop();
+    expect(performance.now() - t0).toBeLessThan(1000);
+    expect(signalled).toBe(3);
+    expect(srv.inFlight).toBe(0);
+    for (const p of pending) await expect(readResponse(p)).rejects.toBeInstanceOf(StreamError);
+    // The protocol is gone.
+    await expect(request(client, addr, proto, {})).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
+  });
+
+  it('host stop() with requests in flight is clean', async () => {
+    const host = await createHost({ seed: new Uint8Array(32).fill(33), listen: ['/ip4/127.0.0.1/tcp/0'] });
+    let signalled = false;
+    const handlerDone = deferred<void>();
+    await handleRequests(host, '/test/stop/1.0.0', async (req, res) => {
+      await res.head({ status: 200 });
+      while (!req.signal.aborted) {
+        await res.data(new Uint8Array(1000)).catch(() => {});
+        await sleep(2);
+      }
+      signalled = true;
+      handlerDone.resolve();
+    });
+    const res = await request(client, host.getMultiaddrs()[0]!, '/test/stop/1.0.0', {});
+    await res.head;
+    const t0 = performance.now();
+    await host.stop();
+    console.log(`host.stop() with a request in flight: ${(performance.now() - t0).toFixed(1)} ms`);
+    await handlerDone.promise;
+    expect(signalled).toBe(true);
+    await expect(readResponse(res)).rejects.toBeInstanceOf(StreamError);
+  });
+});
