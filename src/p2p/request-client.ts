@@ -7,6 +7,7 @@
 //
 // The body is sent while the response is awaited; if the server answers before reading it all (413, 400),
 // sending stops. Leaving the `frames` loop before the trailer cancels the request too.
+import { concatBytes } from '../../attestation/bytes.ts';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
 import type { Libp2p, PeerId, Stream } from '@libp2p/interface';
 import { encodeData, encodeHead, frameLimits, FrameError, type FrameLimits, type JsonObject } from './frames.ts';
@@ -49,15 +50,6 @@ export interface Response {
 
 const noop = (): void => {};
 
-function concat(parts: Uint8Array[], size: number): Uint8Array {
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
 
 function toDialTarget(target: RequestTarget): PeerId | Multiaddr | Multiaddr[] {
   if (typeof target !== 'string') return target;
@@ -113,7 +105,7 @@ export async function request(
     let batchBytes = headFrame.length;
     const flush = async (): Promise<void> => {
       if (batchBytes === 0) return;
-      const bytes = batch.length === 1 ? batch[0]! : concat(batch, batchBytes);
+      const bytes = batch.length === 1 ? batch[0]! : concatBytes(...batch);
       batch = [];
       batchBytes = 0;
       await writeBytes(stream, bytes);

@@ -7,6 +7,7 @@
 // still writable, with HEAD {status: 400|408|413} and TRAILER {error: {code, message}}; the stream is then
 // closed (reset if the client keeps sending past a grace period). A client that resets the stream (its
 // only way to cancel over yamux, which has no STOP_SENDING) fires the handler's AbortSignal.
+import { concatBytes } from '../../attestation/bytes.ts';
 import type { Connection, Libp2p, Stream } from '@libp2p/interface';
 import { FrameError, frameLimits, type FrameLimits, type JsonObject } from './frames.ts';
 import { FrameReader, StreamError } from './frame-io.ts';
@@ -79,7 +80,7 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
       if (size > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
       parts.push(f.bytes);
     }
-    return { head: first.value, body: concat(parts, size) };
+    return { head: first.value, body: concatBytes(...parts) };
   } catch (e) {
     if (e instanceof FrameError) return { bad: { status: 400, code: e.code, message: e.message } };
     if (e instanceof StreamError && e.code === 'timeout') return { bad: { status: 408, code: 'request_timeout', message: e.message } };
@@ -89,16 +90,6 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
   }
 }
 
-function concat(parts: Uint8Array[], size: number): Uint8Array {
-  if (parts.length === 1) return parts[0]!;
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
 
 function providerIdOf(connection: Connection): string | undefined {
   try {

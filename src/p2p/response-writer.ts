@@ -8,6 +8,7 @@
 //
 // Every returned promise is already marked handled: a handler that ignores one (after the client went
 // away, say) never causes an unhandled rejection, while one that awaits it still sees the error.
+import { concatBytes } from '../../attestation/bytes.ts';
 import type { Stream } from '@libp2p/interface';
 import { DEFAULT_FRAME_LIMITS, encodeData, encodeHead, encodeTrailer, type FrameLimits, type JsonObject } from './frames.ts';
 import { StreamError, waitForDrain } from './frame-io.ts';
@@ -35,16 +36,6 @@ function handled<T>(p: Promise<T>): Promise<T> {
   return p;
 }
 
-function concat(parts: Uint8Array[], size: number): Uint8Array {
-  if (parts.length === 1) return parts[0]!;
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
 
 export class StreamResponseWriter implements ResponseWriter {
   private readonly stream: Stream;
@@ -173,7 +164,7 @@ export class StreamResponseWriter implements ResponseWriter {
       this.flushTimer = undefined;
     }
     if (this.pendingBytes === 0) return;
-    const bytes = concat(this.pending, this.pendingBytes);
+    const bytes = concatBytes(...this.pending);
     this.pending = [];
     this.pendingBytes = 0;
     if (this.writeError) throw this.writeError;
