@@ -39,7 +39,19 @@ export interface InferResponse {
   trailer(t: Record<string, unknown>): Promise<void>;
 }
 
+/** What the service reports of each request, for metrics and logs: ids, counts and codes only. */
+export interface InferEvent {
+  endpoint: string;
+  model: string;
+  status: number;
+  /** The error code of a refusal. */
+  code?: string;
+  receipt?: { status: ReceiptStatus; inputTokens: number; outputTokens: number; costMicroUsd: bigint; firstTokenMs: number | null; durationMs: number };
+}
+
 export interface InferServiceOptions {
+  /** Called once per request when it ends. Must not throw. */
+  observe?: (e: InferEvent) => void;
   log: ReceiptLog;
   gate: TicketGate;
   /** Answers retries that carry an idempotency key from the record. */
@@ -53,6 +65,9 @@ export interface InferServiceOptions {
 export interface ErrorBody {
   error: { code: string; message: string };
 }
+
+/** Where a receipt trailer carries its summary for observe(). */
+const SUMMARY = Symbol('receipt summary');
 
 /** A refusal before any work: status, code, nothing charged. */
 class Refusal extends Error {
@@ -75,6 +90,32 @@ export class InferService {
   }
 
   async handle(req: InferRequest, res: InferResponse): Promise<void> {
+    const ctx: { model?: string } = {};
+    let status = 0;
+    let code: string | undefined;
+    let receipt: InferEvent['receipt'];
+    const started = this.now();
+    await this.handleRequest(req, {
+      head: (h) => ((status = h.status), res.head(h)),
+      data: (b) => res.data(b),
+      trailer: (t) => {
+        const e = t.error as { code?: string } | undefined;
+        code = e?.code;
+        const r = (t as { [SUMMARY]?: Omit<NonNullable<InferEvent['receipt']>, 'durationMs'> })[SUMMARY];
+        if (r) receipt = { ...r, durationMs: this.now() - started };
+        return res.trailer(t); // the summary's symbol key never reaches JSON
+      },
+    }, ctx);
+    if (!this.o.observe) return;
+    const endpoint = typeof req.head.endpoint === 'string' ? req.head.endpoint.slice(0, 64) : '';
+    try {
+      this.o.observe({ endpoint, model: ctx.model ?? '', status, ...(code ? { code } : {}), ...(receipt ? { receipt } : {}) });
+    } catch {
+      // observers must not break serving
+    }
+  }
+
+  private async handleRequest(req: InferRequest, res: InferResponse, ctx: { model?: string }): Promise<void> {
     let parsed: ParsedRequest;
     let model: ServedModel;
     try {
@@ -87,6 +128,7 @@ export class InferService {
         throw e;
       }
       const m = this.o.models.get(parsed.model);
+      ctx.model = m?.id;
       if (!m) throw new Refusal(404, 'model_not_found', `this node does not serve model "${parsed.model.slice(0, 256)}"`);
       model = m;
     } catch (e) {
@@ -301,7 +343,15 @@ export class InferService {
       response_sha256: r.responseSha256,
       attestation: { tier: this.o.tier ?? 'T1', evidence_sha256: null },
     });
-    return { request_id: ticket.request_id, receipt: appended.line, cost: formatUsd(cost), usage: { input_tokens: r.input, output_tokens: r.output }, status: r.status };
+    return {
+      request_id: ticket.request_id,
+      receipt: appended.line,
+      cost: formatUsd(cost),
+      usage: { input_tokens: r.input, output_tokens: r.output },
+      status: r.status,
+      // For observe() only: JSON ignores symbol keys, so this never goes on the wire.
+      [SUMMARY]: { status: r.status, inputTokens: r.input, outputTokens: r.output, costMicroUsd: cost, firstTokenMs: r.firstToken === null ? null : r.firstToken - r.started },
+    };
   }
 }
 
