@@ -45,7 +45,7 @@ describe.concurrent('help', () => {
     const r = await runCli(['--help']);
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^Usage: seller-node/m);
-    for (const c of ['init', 'log', 'audit', 'verify', 'dev-model', 'demo']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
+    for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'demo']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
   });
 
   for (const [args, mentions] of [
@@ -54,6 +54,7 @@ describe.concurrent('help', () => {
     [['audit'], ['<dir>', '--provider', '--json', '--threads']],
     [['verify'], ['<file>', '--provider', '--json']],
     [['dev-model'], ['--out', '--seed']],
+    [['start'], ['--config']],
     [['demo'], ['--count', '--keep']],
     [['log', 'fill'], ['--data', '--count', '--checkpoint-every', '--threads']],
     [['log', 'export'], ['--data', '--out']],

@@ -1,0 +1,40 @@
+import { Command } from 'commander';
+import { ConfigError, loadConfig } from '../config.ts';
+import { IdentityError } from '../identity.ts';
+import { NodeStartError, startNode } from '../node.ts';
+import { ReceiptLogError } from '../store/receipt-log.ts';
+import { CliError } from './cli-error.ts';
+
+export function startCommand(): Command {
+  return new Command('start')
+    .description('run the node: serve the configured models over libp2p, sign receipts, expose ops HTTP')
+    .requiredOption('--config <file>', 'the YAML config (see config.example.yaml)')
+    .action(async (opts: { config: string }) => {
+      let node;
+      try {
+        node = await startNode(loadConfig(opts.config), { logDestination: 2 });
+      } catch (e) {
+        if (e instanceof ConfigError || e instanceof IdentityError || e instanceof NodeStartError || e instanceof ReceiptLogError) throw new CliError(e.message);
+        throw e;
+      }
+      process.stdout.write(`seller-node started: provider ${node.providerId}\n  peer ${node.peerId}\n${node.addresses.map((a) => `  listening ${a}\n`).join('')}  ops ${node.opsUrl}\n  price version ${node.priceVersion}\n`);
+      await new Promise<void>((resolve) => {
+        let stopping = false;
+        const onSignal = (sig: string) => {
+          if (stopping) {
+            process.stderr.write(`seller-node: ${sig} again: exiting now\n`);
+            process.exit(1);
+          }
+          stopping = true;
+          process.stderr.write(`seller-node: ${sig}: finishing in-flight requests, flushing receipts\n`);
+          node.stop().then(resolve, (e: Error) => {
+            process.stderr.write(`seller-node: stop failed: ${e.message}\n`);
+            process.exitCode = 1;
+            resolve();
+          });
+        };
+        process.on('SIGTERM', onSignal);
+        process.on('SIGINT', onSignal);
+      });
+    });
+}

@@ -1,0 +1,177 @@
+// The node: everything `seller-node start` runs, composed from its parts and stopped in order.
+// Config → identity → receipt log, state, runtimes → serving core → libp2p → ops HTTP.
+import fs from 'node:fs';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
+import { signPriceList } from '../attestation/price-list.ts';
+import type { NodeConfig } from './config.ts';
+import { Admission } from './dispatch/admission.ts';
+import { IdempotencyStore } from './dispatch/idempotency.ts';
+import { TicketGate } from './dispatch/ticket-gate.ts';
+import { loadKeyFile } from './identity.ts';
+import { createLogger, type Logger } from './ops/logger.ts';
+import { createMetrics } from './ops/metrics.ts';
+import { createOpsServer } from './ops/server.ts';
+import { createHost } from './p2p/host.ts';
+import { serveInfer } from './p2p/infer-protocol.ts';
+import { InferService, type ServedModel } from './serve/infer-service.ts';
+import { ReceiptLog } from './store/receipt-log.ts';
+
+export class NodeStartError extends Error {
+  override name = 'NodeStartError';
+}
+
+export interface RunningNode {
+  providerId: string;
+  peerId: string;
+  addresses: string[];
+  opsUrl: string;
+  priceVersion: string;
+  logger: Logger;
+  /** Stops admitting, lets in-flight requests finish (bounded), flushes receipts, closes. */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/** Measured generation speed, for the min-throughput routing control and registration. */
+async function measureTokensPerSecond(adapter: RuntimeAdapter): Promise<number> {
+  const t0 = performance.now();
+  const gen = adapter.generate({ input: { kind: 'prompt', prompt: 'the' }, maxTokens: 64, sampling: { temperature: 0, seed: 0 } });
+  let n = 0;
+  for (;;) {
+    const r = await gen.next();
+    if (r.done) break;
+    n += r.value.tokens.length;
+  }
+  const s = (performance.now() - t0) / 1000;
+  return n > 0 && s > 0 ? Math.round(n / s) : 0;
+}
+
+export async function startNode(config: NodeConfig, opts: { logDestination?: number } = {}): Promise<RunningNode> {
+  const logger = createLogger({ level: config.log_level, ...(opts.logDestination !== undefined ? { destination: opts.logDestination } : {}) });
+  const identity = loadKeyFile(config.key);
+  fs.mkdirSync(config.data_dir, { recursive: true });
+  const models = new Map<string, ServedModel>();
+  const adapters: RuntimeAdapter[] = [];
+  const cleanup: (() => Promise<void> | void)[] = [];
+  const undo = async () => {
+    for (const c of cleanup.reverse()) await Promise.resolve(c()).catch(() => undefined);
+  };
+  if (config.models.length === 0) throw new NodeStartError('config: models: a node needs at least one model to sell');
+  try {
+    for (const m of config.models) {
+      if (m.adapter !== 'llama-embedded') throw new NodeStartError(`models: ${m.id}: the ${m.adapter} adapter is not available in this version`);
+      if (!fs.existsSync(m.path!)) throw new NodeStartError(`models: ${m.id}: model file ${m.path} not found (seller-node dev-model --out FILE writes a tiny test model)`);
+      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
+      await adapter.start();
+      cleanup.push(() => adapter.stop());
+      adapters.push(adapter);
+      const tps = await measureTokensPerSecond(adapter);
+      models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
+      logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256 }, 'model ready');
+    }
+    const prices = signPriceList(
+      identity.seed,
+      identity.providerId,
+      [...models.values()].map((m) => ({ model: m.id, input_per_mtok: m.rates.input_per_mtok.toString(), output_per_mtok: m.rates.output_per_mtok.toString() })),
+    );
+    const log = ReceiptLog.open({
+      path: path.join(config.data_dir, 'receipts.db'),
+      seed: identity.seed,
+      threads: config.receipts.signer_threads,
+      checkpointEvery: config.receipts.checkpoint_every,
+      checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
+    });
+    cleanup.push(() => log.close());
+    const db = new Database(path.join(config.data_dir, 'state.db'));
+    db.pragma('journal_mode = WAL');
+    db.pragma('synchronous = FULL');
+    cleanup.push(() => void db.close());
+    const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
+    const pruner = setInterval(() => gate.prune(), 60_000).unref();
+    cleanup.push(() => clearInterval(pruner));
+    const metrics = createMetrics();
+    for (const m of models.values()) {
+      metrics.slotsInUse.set({ model: m.id }, 0);
+      metrics.queueDepth.set({ model: m.id }, 0);
+    }
+    const service = new InferService({
+      log,
+      gate,
+      idempotency: new IdempotencyStore(db),
+      models,
+      priceVersion: prices.payload.version,
+      observe: (e) => {
+        metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
+        const m = models.get(e.model);
+        if (m) {
+          metrics.slotsInUse.set({ model: m.id }, m.admission.inUse);
+          metrics.queueDepth.set({ model: m.id }, m.admission.queued);
+        }
+        if (e.code?.startsWith('ticket_')) metrics.ticketRefusals.inc({ reason: e.code });
+        if (e.receipt) {
+          metrics.receiptsSigned.inc();
+          metrics.tokens.inc({ direction: 'in', model: e.model }, e.receipt.inputTokens);
+          metrics.tokens.inc({ direction: 'out', model: e.model }, e.receipt.outputTokens);
+          metrics.earnings.add(e.model, e.receipt.costMicroUsd);
+          metrics.requestDuration.observe({ endpoint: e.endpoint, model: e.model }, e.receipt.durationMs / 1000);
+          if (e.receipt.firstTokenMs !== null) metrics.timeToFirstToken.observe({ model: e.model }, e.receipt.firstTokenMs / 1000);
+        }
+        // ids, counts and codes only: never prompt or output text
+        logger.info({ endpoint: e.endpoint, model: e.model, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
+      },
+    });
+    const host = await createHost({ seed: identity.seed, listen: config.listen });
+    cleanup.push(() => host.stop());
+    const infer = await serveInfer(host, service);
+    let stopping = false;
+    const [opsHost, opsPort] = splitHostPort(config.ops.http);
+    const ops = createOpsServer({
+      host: opsHost,
+      port: opsPort,
+      metrics,
+      ready: () => (stopping ? { ready: false, reasons: ['stopping'] } : config.marketplace.public_keys.length === 0 ? { ready: false, reasons: ['no marketplace public key configured: every ticket would be refused'] } : { ready: true }),
+      status: () => ({
+        provider_id: identity.providerId,
+        peer_id: host.peerId.toString(),
+        addresses: host.getMultiaddrs().map((a) => a.toString()),
+        price_version: prices.payload.version,
+        models: [...models.values()].map((m) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, slots_in_use: m.admission.inUse, queued: m.admission.queued, tokens_per_second: m.tokensPerSecond })),
+        receipts: log.stats(),
+        in_flight: infer.inFlight,
+        uptime_s: Math.round(process.uptime()),
+      }),
+    });
+    const opsAddr = await ops.listen();
+    cleanup.push(() => ops.close());
+    const addresses = host.getMultiaddrs().map((a) => a.toString());
+    logger.info({ provider_id: identity.providerId, peer_id: host.peerId.toString(), addresses, ops: opsAddr.url, price_version: prices.payload.version }, 'node started');
+    return {
+      providerId: identity.providerId,
+      peerId: host.peerId.toString(),
+      addresses,
+      opsUrl: opsAddr.url,
+      priceVersion: prices.payload.version,
+      logger,
+      async stop(graceMs = 30_000) {
+        stopping = true;
+        for (const m of models.values()) m.admission.close();
+        const deadline = Date.now() + graceMs;
+        while (infer.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+        await infer.stop();
+        await log.flush();
+        await undo();
+        logger.info({}, 'node stopped');
+      },
+    };
+  } catch (e) {
+    await undo();
+    throw e;
+  }
+}
+
+function splitHostPort(s: string): [string, number] {
+  const i = s.lastIndexOf(':');
+  return [s.slice(0, i).replace(/^\[|\]$/g, ''), Number(s.slice(i + 1))];
+}

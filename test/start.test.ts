@@ -1,0 +1,106 @@
+// `seller-node start` as an operator runs it: a real process with a config, serving over libp2p,
+// answering on the ops port, and stopping cleanly on SIGTERM with every receipt on disk.
+import { spawn, type ChildProcess } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { createHost } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { loadKeyFile } from '../src/identity.ts';
+import { runCli } from './helpers/cli-run.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+import { REPO_ROOT } from './helpers/vectors.ts';
+
+const dir = tempDir('seller-node-start-');
+afterAll(() => removeTemp(dir));
+const market = testKey();
+
+function config(extra = ''): string {
+  return [
+    'key: ./node.key',
+    'data_dir: ./data',
+    'listen: [/ip4/127.0.0.1/tcp/0]',
+    'marketplace:',
+    `  public_keys: ["${market.id}"]`,
+    'models:',
+    '  - id: tiny/llama',
+    '    adapter: llama-embedded',
+    '    path: ./tiny.gguf',
+    '    context: 512',
+    '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
+    'ops: { http: "127.0.0.1:0" }',
+    'receipts: { signer_threads: 1 }',
+    'log_level: warn',
+    extra,
+  ].join('\n');
+}
+
+function waitForStart(child: ChildProcess): Promise<{ addr: string; ops: string; priceVersion: string }> {
+  return new Promise((resolve, reject) => {
+    let out = '';
+    child.stdout!.on('data', (d: Buffer) => {
+      out += d.toString();
+      const addr = /listening (\S+)/.exec(out)?.[1];
+      const ops = /ops (\S+)/.exec(out)?.[1];
+      const pv = /price version (\S+)/.exec(out)?.[1];
+      if (addr && ops && pv) resolve({ addr, ops, priceVersion: pv });
+    });
+    child.on('exit', (code) => reject(new Error(`exited ${code} before starting: ${out}`)));
+  });
+}
+
+describe('seller-node start', () => {
+  test('serves a paid request over libp2p, reports it on /metrics, and stops cleanly on SIGTERM', async () => {
+    expect((await runCli(['init', '--data', dir])).code).toBe(0);
+    writeTinyLlama(path.join(dir, 'tiny.gguf'));
+    fs.writeFileSync(path.join(dir, 'config.yaml'), config());
+    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/seller-node.js'), 'start', '--config', path.join(dir, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+    const { addr, ops, priceVersion } = await waitForStart(child);
+    const provider = loadKeyFile(path.join(dir, 'node.key')).providerId;
+    expect(await (await fetch(`${ops}/healthz`)).json()).toEqual({ status: 'ok' });
+    expect((await fetch(`${ops}/readyz`)).status).toBe(200);
+
+    const buyer = await createHost({ seed: testKey().seed, listen: [] });
+    const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 12, seed: 1 }));
+    const ticket = signTicket(market, ticketPayload(provider, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' }));
+    const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body));
+    await buyer.stop();
+    expect(res.head.status).toBe(200);
+    const v = verifyReceipt(res.trailer.receipt as string, { provider });
+    expect(v.ok).toBe(true);
+
+    const metrics = await (await fetch(`${ops}/metrics`)).text();
+    expect(metrics).toMatch(/seller_requests_total\{endpoint="chat\/completions",status="200"\} 1/);
+    expect(metrics).toMatch(/seller_receipts_signed_total 1/);
+    const status = (await (await fetch(`${ops}/status`)).json()) as { provider_id: string; receipts: { receipts: number } };
+    expect(status.provider_id).toBe(provider);
+
+    child.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect(stderr).not.toMatch(/hello world/); // prompts never reach the logs
+    const log = ReceiptLog.open({ path: path.join(dir, 'data', 'receipts.db'), seed: loadKeyFile(path.join(dir, 'node.key')).seed, threads: 0, checkpointIntervalMs: 0 });
+    expect(log.size).toBe(1);
+    expect(log.latestCheckpoint()?.size).toBe(1);
+    await log.close();
+  });
+
+  test('an invalid config is refused at start, naming the key', async () => {
+    fs.writeFileSync(path.join(dir, 'bad.yaml'), config().replace('context: 512', 'context: lots'));
+    const r = await runCli(['start', '--config', path.join(dir, 'bad.yaml')]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/models\[0\]\.context/);
+    const missing = await runCli(['start', '--config', path.join(dir, 'none.yaml')]);
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toMatch(/cannot read/);
+  });
+});
