@@ -16,6 +16,7 @@ import { createMetrics } from './ops/metrics.ts';
 import { createOpsServer } from './ops/server.ts';
 import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
+import { serveLog } from './p2p/log-protocol.ts';
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 
@@ -125,6 +126,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const host = await createHost({ seed: identity.seed, listen: config.listen });
     cleanup.push(() => host.stop());
     const infer = await serveInfer(host, service);
+    const logServer = await serveLog(host, log);
     let stopping = false;
     const [opsHost, opsPort] = splitHostPort(config.ops.http);
     const ops = createOpsServer({
@@ -160,6 +162,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         const deadline = Date.now() + graceMs;
         while (infer.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
         await infer.stop();
+        await logServer.stop();
         await log.flush();
         await undo();
         logger.info({}, 'node stopped');

@@ -1,0 +1,66 @@
+// /service/log/1.0.0: the node's receipt log, read-only, for the marketplace, buyers and auditors.
+// Requests are a HEAD with `op`; answers are JSON in one DATA frame (or a C2SP tlog-proof bundle
+// as text) and an empty trailer, or an error trailer with a code.
+//   { op: "receipt", request_id }            → { receipts: [envelope line, …] }
+//   { op: "checkpoint" }                     → { checkpoint: signed note | null, size }
+//   { op: "inclusion", seq, size? }          → text/plain tlog-proof bundle (extra = the receipt)
+//   { op: "consistency", size1, size2? }     → { size1, size2, proof: [base64 …], checkpoint }
+import { toBase64, utf8 } from '../../attestation/bytes.ts';
+import { formatProofBundle } from '../../attestation/tlog-proof.ts';
+import type { ReceiptLog } from '../store/receipt-log.ts';
+import type { Host } from './host.ts';
+import { handleRequests, type RequestServer } from './request-stream.ts';
+
+export const LOG_PROTOCOL = '/service/log/1.0.0';
+
+type Answer = { status: number; type: string; body: string } | { status: number; error: { code: string; message: string } };
+
+const isSize = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+
+export function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
+  const json = (v: unknown): Answer => ({ status: 200, type: 'application/json', body: JSON.stringify(v) });
+  const bad = (code: string, message: string, status = 400): Answer => ({ status, error: { code, message } });
+  switch (head.op) {
+    case 'receipt': {
+      if (typeof head.request_id !== 'string' || head.request_id.length === 0 || head.request_id.length > 128) return bad('invalid_request', 'request_id: expected 1 to 128 characters');
+      const found = log.byRequestId(head.request_id);
+      if (found.length === 0) return bad('not_found', 'no receipt for this request id', 404);
+      return json({ receipts: found.map((r) => r.line) });
+    }
+    case 'checkpoint': {
+      const cp = log.latestCheckpoint();
+      return json({ checkpoint: cp?.note ?? null, size: cp?.size ?? 0 });
+    }
+    case 'inclusion': {
+      const cp = log.latestCheckpoint();
+      if (!isSize(head.seq)) return bad('invalid_request', 'seq: expected a whole number');
+      if (!cp || head.seq >= cp.size) return bad('not_found', 'that receipt is not under a signed checkpoint yet', 404);
+      const line = log.lineBySeq(head.seq)!;
+      return { status: 200, type: 'text/plain', body: formatProofBundle({ index: head.seq, proof: log.inclusionProof(head.seq, cp.size), checkpointNote: cp.note, extra: utf8(line) }) };
+    }
+    case 'consistency': {
+      const cp = log.latestCheckpoint();
+      const size2 = head.size2 === undefined ? cp?.size : head.size2;
+      if (!isSize(head.size1) || !isSize(size2) || head.size1 < 1 || head.size1 > size2) return bad('invalid_request', 'size1, size2: expected 1 ≤ size1 ≤ size2');
+      if (!cp || size2 > cp.size) return bad('not_found', 'no signed checkpoint covers size2', 404);
+      const signed = log.checkpoints().find((c) => c.size === size2);
+      return json({ size1: head.size1, size2, proof: log.consistencyProof(head.size1, size2).map(toBase64), checkpoint: signed?.note ?? null });
+    }
+    default:
+      return bad('invalid_request', 'op: expected receipt, checkpoint, inclusion or consistency');
+  }
+}
+
+export function serveLog(host: Host, log: ReceiptLog): Promise<RequestServer> {
+  return handleRequests(host, LOG_PROTOCOL, async (req, res) => {
+    const a = answerLog(log, req.head);
+    if ('error' in a) {
+      await res.head({ status: a.status, headers: { 'content-type': 'application/json' } });
+      await res.trailer({ error: a.error });
+      return;
+    }
+    await res.head({ status: a.status, headers: { 'content-type': a.type } });
+    await res.data(utf8(a.body));
+    await res.trailer({});
+  });
+}

@@ -1,0 +1,66 @@
+import crypto from 'node:crypto';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { fromBase64 } from '../attestation/bytes.ts';
+import { verifyCheckpointConsistency } from '../attestation/log-verify.ts';
+import { verifyReceiptProof } from '../attestation/receipt-proof.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { createHost, type Host } from '../src/p2p/host.ts';
+import { LOG_PROTOCOL, serveLog } from '../src/p2p/log-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+
+const dir = tempDir('p2p-log-');
+let log: ReceiptLog;
+let node: Host;
+let client: Host;
+let addr: string;
+
+beforeAll(async () => {
+  const seed = new Uint8Array(crypto.randomBytes(32));
+  log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 10 });
+  await Promise.all(Array.from({ length: 25 }, (_, i) => log.append(syntheticReceiptBody(i))));
+  node = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
+  client = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
+  await serveLog(node, log);
+  addr = node.getMultiaddrs()[0]!.toString();
+});
+afterAll(async () => {
+  await client?.stop();
+  await node?.stop();
+  await log?.close();
+  removeTemp(dir);
+});
+
+const ask = async (head: Record<string, unknown>) => {
+  const r = await readResponse(await request(client, addr, LOG_PROTOCOL, head));
+  return { status: r.head.status, text: Buffer.from(r.body).toString('utf8'), error: (r.trailer.error as { code: string } | undefined)?.code };
+};
+
+describe('/service/log/1.0.0', () => {
+  test('receipt by request id, verifiable', async () => {
+    const r = await ask({ op: 'receipt', request_id: syntheticReceiptBody(7).request_id });
+    expect(r.status).toBe(200);
+    const { receipts } = JSON.parse(r.text) as { receipts: string[] };
+    expect(receipts.length).toBe(1);
+    expect(verifyReceipt(receipts[0]!, { provider: log.providerId })).toMatchObject({ ok: true, value: { payload: { seq: '7' } } });
+  });
+  test('checkpoint, inclusion bundle and consistency proof all verify offline', async () => {
+    const cp = JSON.parse((await ask({ op: 'checkpoint' })).text) as { checkpoint: string; size: number };
+    expect(cp.size).toBe(20);
+    const bundle = await ask({ op: 'inclusion', seq: 13 });
+    expect(verifyReceiptProof(bundle.text)).toMatchObject({ ok: true, value: { index: 13 } });
+    const c = JSON.parse((await ask({ op: 'consistency', size1: 10 })).text) as { proof: string[]; checkpoint: string };
+    const older = log.checkpoints().find((x) => x.size === 10)!.note;
+    expect(verifyCheckpointConsistency(older, c.checkpoint, c.proof.map((p) => fromBase64(p)!), log.providerId).ok).toBe(true);
+  });
+  test('bad and unknown asks get codes', async () => {
+    expect(await ask({ op: 'receipt', request_id: 'nope' })).toMatchObject({ status: 404, error: 'not_found' });
+    expect(await ask({ op: 'inclusion', seq: 22 })).toMatchObject({ status: 404, error: 'not_found' }); // not under a checkpoint yet
+    expect(await ask({ op: 'inclusion', seq: -1 })).toMatchObject({ status: 400, error: 'invalid_request' });
+    expect(await ask({ op: 'consistency', size1: 0 })).toMatchObject({ status: 400, error: 'invalid_request' });
+    expect(await ask({ op: 'drop tables' })).toMatchObject({ status: 400, error: 'invalid_request' });
+  });
+});
