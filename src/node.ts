@@ -17,6 +17,7 @@ import { createOpsServer } from './ops/server.ts';
 import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
+import { serveCapacity } from './p2p/capacity-protocol.ts';
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 
@@ -125,9 +126,24 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     const host = await createHost({ seed: identity.seed, listen: config.listen });
     cleanup.push(() => host.stop());
+    let stopping = false;
     const infer = await serveInfer(host, service);
     const logServer = await serveLog(host, log);
-    let stopping = false;
+    const capacity = await serveCapacity(host, identity, () => ({
+      price_version: prices.payload.version,
+      attestation_tier: 'T1',
+      accepting: !stopping,
+      models: [...models.values()].map((m) => ({
+        id: m.id,
+        context: m.adapter.info.contextLength,
+        quantization: m.quantization,
+        tokens_per_second: m.tokensPerSecond,
+        slots: m.admission.slots,
+        free_slots: Math.max(0, m.admission.free),
+        queued: m.admission.queued,
+        queue_limit: m.admission.queueLimit,
+      })),
+    }));
     const [opsHost, opsPort] = splitHostPort(config.ops.http);
     const ops = createOpsServer({
       host: opsHost,
@@ -163,6 +179,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         while (infer.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
         await infer.stop();
         await logServer.stop();
+        await capacity.stop();
         await log.flush();
         await undo();
         logger.info({}, 'node stopped');

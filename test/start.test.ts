@@ -6,10 +6,13 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
-import { toHex, utf8 } from '../attestation/bytes.ts';
+import { fromHex, toHex, utf8 } from '../attestation/bytes.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { createHost } from '../src/p2p/host.ts';
 import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
+import { CAPACITY_PAYLOAD_TYPE, CAPACITY_PROTOCOL } from '../src/p2p/capacity-protocol.ts';
+import { LOG_PROTOCOL } from '../src/p2p/log-protocol.ts';
+import { verifyEnvelope } from '../attestation/dsse.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { loadKeyFile } from '../src/identity.ts';
@@ -74,6 +77,18 @@ describe('seller-node start', () => {
     const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 12, seed: 1 }));
     const ticket = signTicket(market, ticketPayload(provider, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' }));
     const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body));
+    // The signed capacity snapshot names the model, its free slots and the price version.
+    const cap = await readResponse(await request(buyer, addr, CAPACITY_PROTOCOL, {}));
+    const capEnv = JSON.parse(Buffer.from(cap.body).toString('utf8'));
+    const capChecked = verifyEnvelope(capEnv, { payloadType: CAPACITY_PAYLOAD_TYPE, keys: [{ keyid: provider, publicKey: fromHex(provider) }] });
+    expect(capChecked.ok).toBe(true);
+    if (capChecked.ok) {
+      expect(JSON.parse(Buffer.from(capChecked.value.payload).toString('utf8'))).toMatchObject({ provider, price_version: priceVersion, accepting: true, models: [{ id: 'tiny/llama', slots: 1, free_slots: 1, context: 512 }] });
+    }
+    // The receipt can be fetched back from the node's log by request id.
+    const requestId = JSON.parse(Buffer.from(ticket.payload, 'base64').toString('utf8')).request_id;
+    const fetched = await readResponse(await request(buyer, addr, LOG_PROTOCOL, { op: 'receipt', request_id: requestId }));
+    expect(JSON.parse(Buffer.from(fetched.body).toString('utf8')).receipts).toEqual([res.trailer.receipt]);
     await buyer.stop();
     expect(res.head.status).toBe(200);
     const v = verifyReceipt(res.trailer.receipt as string, { provider });

@@ -1,0 +1,43 @@
+// /service/capacity/1.0.0: a signed live snapshot of what the node can take right now (models,
+// free slots, queue, context, quantization, measured throughput, price version), so the
+// marketplace routes on facts the node stands behind. Answer: one DATA frame holding a DSSE
+// envelope (payload type application/vnd.service.capacity.v1+json) and an empty trailer.
+import { utf8 } from '../../attestation/bytes.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
+import { signEnvelope } from '../../attestation/dsse.ts';
+import type { Host } from './host.ts';
+import { handleRequests, type RequestServer } from './request-stream.ts';
+
+export const CAPACITY_PROTOCOL = '/service/capacity/1.0.0';
+export const CAPACITY_PAYLOAD_TYPE = 'application/vnd.service.capacity.v1+json';
+
+export interface CapacityModel {
+  id: string;
+  context: number;
+  quantization: string;
+  tokens_per_second: number;
+  slots: number;
+  free_slots: number;
+  queued: number;
+  queue_limit: number;
+}
+
+export interface CapacitySnapshot {
+  v: 1;
+  provider: string;
+  at: number;
+  price_version: string;
+  attestation_tier: string;
+  accepting: boolean;
+  models: CapacityModel[];
+}
+
+export function serveCapacity(host: Host, signer: { seed: Uint8Array; providerId: string }, snapshot: () => Omit<CapacitySnapshot, 'v' | 'provider' | 'at'>): Promise<RequestServer> {
+  return handleRequests(host, CAPACITY_PROTOCOL, async (_req, res) => {
+    const payload: CapacitySnapshot = { v: 1, provider: signer.providerId, at: Date.now(), ...snapshot() };
+    const env = signEnvelope(CAPACITY_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: signer.providerId, seed: signer.seed });
+    await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
+    await res.data(utf8(JSON.stringify(env)));
+    await res.trailer({});
+  });
+}
