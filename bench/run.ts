@@ -7,12 +7,14 @@ import { benchAudit } from './audit.ts';
 import { figures } from './lib.ts';
 import { benchSignLog } from './sign-log.ts';
 import { benchVerify } from './verify.ts';
+import { benchNode } from './node.ts';
 
 const quick = process.argv.includes('--quick');
 process.stdout.write(`seller-node benchmarks — node ${process.version}, ${os.cpus().length} cores${quick ? ' (quick)' : ''}\n\n`);
 await benchSignLog(quick ? 5_000 : 40_000);
 const rawVerify = await benchVerify(quick ? 2_000 : 10_000);
 benchAudit(quick ? 10_000 : 100_000, rawVerify);
+await benchNode(quick ? 200 : 1000);
 
 const out = path.join(import.meta.dirname, 'out');
 fs.mkdirSync(out, { recursive: true });

@@ -1,0 +1,139 @@
+// The node's own benchmarks (issue 3), each against a baseline measured in the same run:
+//  - small paid requests through the node over libp2p (ticket checked, receipt signed and durable)
+//    against a bare libp2p request/response echo;
+//  - streaming relay tokens/s through the node against the embedded runtime called directly;
+//  - time to first token added by the node (p50);
+//  - idle RSS of a started `seller-node start` process.
+import { spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { canonicalize } from '../attestation/canonical-json.ts';
+import { ed25519PublicKey } from '../attestation/ed25519.ts';
+import { signEnvelope } from '../attestation/dsse.ts';
+import { TICKET_PAYLOAD_TYPE } from '../attestation/ticket.ts';
+import { Admission } from '../src/dispatch/admission.ts';
+import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { createHost } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL, serveInfer } from '../src/p2p/infer-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { InferService } from '../src/serve/infer-service.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { benchP2pEcho } from './p2p-echo.ts';
+import { record } from './lib.ts';
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+export async function benchNode(n: number): Promise<void> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-node-'));
+  const market = new Uint8Array(crypto.randomBytes(32));
+  const marketId = toHex(ed25519PublicKey(market));
+  const seed = new Uint8Array(crypto.randomBytes(32));
+  const provider = toHex(ed25519PublicKey(seed));
+  const modelPath = path.join(dir, 'tiny.gguf');
+  writeTinyLlama(modelPath);
+  const adapter = new LlamaEmbeddedAdapter({ modelPath, contextLength: 2048 });
+  await adapter.start();
+  const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, checkpointIntervalMs: 0 });
+  const db = new Database(path.join(dir, 's.db'));
+  const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 8 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
+  const service = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: marketId }], providerId: provider }), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+  const node = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
+  const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
+  await serveInfer(node, service);
+  const addr = node.getMultiaddrs()[0]!;
+  const ask = (body: object) => {
+    const bytes = utf8(JSON.stringify(body));
+    const now = Date.now();
+    const ticket = signEnvelope(TICKET_PAYLOAD_TYPE, utf8(canonicalize({
+      v: 1, ticket_id: `t-${crypto.randomUUID()}`, request_id: `r-${crypto.randomUUID()}`, provider, account: 'bench', endpoint: 'chat/completions', model: 'tiny/llama',
+      price_version: 'p1', max_cost_micro_usd: '1000000', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), routing: {}, issued_at: now - 1000, expires_at: now + 60_000,
+    })), { keyid: marketId, seed: market });
+    return { head: { endpoint: 'chat/completions', ticket }, bytes };
+  };
+  try {
+    // (1) small paid requests: one output token, everything else real.
+    const small = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, seed: 1, temperature: 0 };
+    const one = async () => {
+      const { head, bytes } = ask(small);
+      const r = await readResponse(await request(buyer, addr, INFER_PROTOCOL, head, bytes));
+      if (r.head.status !== 200) throw new Error(`status ${r.head.status}`);
+    };
+    for (let i = 0; i < 50; i++) await one();
+    const t0 = performance.now();
+    for (let i = 0; i < n; i++) await one();
+    const nodeRate = n / ((performance.now() - t0) / 1000);
+    const echo = await benchP2pEcho(n);
+    record({ name: 'small paid requests through the node over libp2p /s', value: nodeRate, unit: '/s', baseline: echo.bare, ratio: nodeRate / echo.bare, target: '>= 0.7', pass: nodeRate / echo.bare >= 0.7 });
+
+    // (2) streaming relay tokens/s, and (3) time to first token added by the node.
+    const long = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 400, seed: 3, temperature: 1, stream: true };
+    const directRuns: { tps: number; ttft: number }[] = [];
+    const nodeRuns: { tps: number; ttft: number }[] = [];
+    for (let round = 0; round < 5; round++) {
+      let t = performance.now();
+      let first = 0;
+      let tokens = 0;
+      const gen = adapter.generate({ input: { kind: 'chat', messages: long.messages as never }, maxTokens: 400, sampling: { temperature: 1, seed: 3 } });
+      for (;;) {
+        const r = await gen.next();
+        if (r.done) break;
+        if (!first) first = performance.now() - t;
+        tokens += r.value.tokens.length;
+      }
+      directRuns.push({ tps: tokens / ((performance.now() - t) / 1000), ttft: first });
+      const { head, bytes } = ask(long);
+      t = performance.now();
+      first = 0;
+      const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
+      let trailer: Record<string, unknown> = {};
+      let events = 0;
+      for await (const f of res.frames) {
+        if (f.kind === 'data') {
+          events++;
+          // The first DATA frame is the role event; the first token arrives with the second.
+          if (events === 2 && !first) first = performance.now() - t;
+        } else trailer = f.value;
+      }
+      const out = (trailer.usage as { output_tokens: number }).output_tokens;
+      nodeRuns.push({ tps: out / ((performance.now() - t) / 1000), ttft: first });
+    }
+    const dTps = median(directRuns.map((r) => r.tps));
+    const nTps = median(nodeRuns.map((r) => r.tps));
+    record({ name: 'streaming relay tokens/s (libp2p, receipt included)', value: nTps, unit: 'tok/s', baseline: dTps, ratio: nTps / dTps, target: '>= 0.95', pass: nTps / dTps >= 0.95 });
+    const added = median(nodeRuns.map((r) => r.ttft)) - median(directRuns.map((r) => r.ttft));
+    record({ name: 'time to first token added by the node, p50', value: added, unit: 'ms', target: '<= 2 ms', pass: added <= 2 });
+  } finally {
+    await buyer.stop();
+    await node.stop();
+    await log.close();
+    db.close();
+    await adapter.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  record({ name: 'idle RSS of a started node (tiny model)', value: await idleRss(), unit: 'MiB' });
+}
+
+async function idleRss(): Promise<number> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-rss-'));
+  const cli = path.resolve(import.meta.dirname, '..', 'bin', 'seller-node.js');
+  try {
+    await new Promise<void>((resolve, reject) => spawn(process.execPath, [cli, 'init', '--data', dir], { stdio: 'ignore' }).on('exit', (c) => (c === 0 ? resolve() : reject(new Error('init failed')))));
+    writeTinyLlama(path.join(dir, 'tiny.gguf'));
+    fs.writeFileSync(path.join(dir, 'config.yaml'), ['key: ./node.key', 'listen: [/ip4/127.0.0.1/tcp/0]', 'marketplace: { public_keys: ["' + '11'.repeat(32) + '"] }', 'models: [{ id: tiny/llama, adapter: llama-embedded, path: ./tiny.gguf, context: 2048, prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.6" } }]', 'ops: { http: "127.0.0.1:0" }', 'log_level: warn', ''].join('\n'));
+    const child = spawn(process.execPath, [cli, 'start', '--config', path.join(dir, 'config.yaml')], { stdio: ['ignore', 'pipe', 'ignore'] });
+    await new Promise<void>((resolve) => child.stdout!.on('data', (d: Buffer) => d.toString().includes('price version') && resolve()));
+    await new Promise((r) => setTimeout(r, 2000));
+    const status = fs.readFileSync(`/proc/${child.pid}/status`, 'utf8');
+    child.kill('SIGTERM');
+    await new Promise((r) => child.on('exit', r));
+    return Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0) / 1024;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
