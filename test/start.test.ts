@@ -109,6 +109,39 @@ describe('seller-node start', () => {
     await log.close();
   });
 
+  test('SIGTERM lets an in-flight stream finish, refuses new work, and exits 0 with its receipt on disk', async () => {
+    const d2 = path.join(dir, 'drain');
+    expect((await runCli(['init', '--data', d2])).code).toBe(0);
+    writeTinyLlama(path.join(d2, 'tiny.gguf'));
+    fs.writeFileSync(path.join(d2, 'config.yaml'), config());
+    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/seller-node.js'), 'start', '--config', path.join(d2, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+    const { addr, priceVersion } = await waitForStart(child);
+    const provider = loadKeyFile(path.join(d2, 'node.key')).providerId;
+    const buyer = await createHost({ seed: testKey().seed, listen: [] });
+    const ask = (maxTokens: number) => {
+      const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: maxTokens, seed: 2, stream: true }));
+      const ticket = signTicket(market, ticketPayload(provider, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' }));
+      return request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body);
+    };
+    const inFlight = await ask(400);
+    await inFlight.head;
+    child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 100));
+    // New work is refused while the running stream drains.
+    const late = await ask(5).then(readResponse).then((r) => r.head.status, () => 'refused');
+    expect([503, 'refused']).toContain(late);
+    let trailer: Record<string, unknown> = {};
+    for await (const f of inFlight.frames) if (f.kind === 'trailer') trailer = f.value;
+    expect(trailer.status).toBe('completed');
+    expect(verifyReceipt(trailer.receipt as string, { provider }).ok).toBe(true);
+    expect(await exited).toBe(0);
+    await buyer.stop();
+    const log = ReceiptLog.open({ path: path.join(d2, 'data', 'receipts.db'), seed: loadKeyFile(path.join(d2, 'node.key')).seed, threads: 0, checkpointIntervalMs: 0 });
+    expect(log.byRequestId(trailer.request_id as string).length).toBe(1);
+    await log.close();
+  });
+
   test('an invalid config is refused at start, naming the key', async () => {
     fs.writeFileSync(path.join(dir, 'bad.yaml'), config().replace('context: 512', 'context: lots'));
     const r = await runCli(['start', '--config', path.join(dir, 'bad.yaml')]);
