@@ -1,49 +1,33 @@
 // The serving core end to end in-process: real llama.cpp (tiny model), real SQLite receipt log,
 // real ticket gate; the transport is a recording response.
 import crypto from 'node:crypto';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { computeCost, formatUsd } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
-import { Admission } from '../src/dispatch/admission.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
 import { InferService, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { startServing, TEST_RATES, type Serving } from './helpers/serving.ts';
 
-const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'infer-'));
 const market = testKey();
 const node = testKey();
-const rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
-let adapter: LlamaEmbeddedAdapter;
+const rates = TEST_RATES;
+let serving: Serving;
+let adapter: Serving['adapter'];
 let log: ReceiptLog;
-let db: Database.Database;
+let db: Serving['db'];
 let service: InferService;
 let model: ServedModel;
 
 beforeAll(async () => {
-  const modelPath = path.join(dir, 'tiny.gguf');
-  writeTinyLlama(modelPath);
-  adapter = new LlamaEmbeddedAdapter({ modelPath, slots: 1, contextLength: 512 });
-  await adapter.start();
-  log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed: node.seed, threads: 0, checkpointIntervalMs: 0 });
-  db = new Database(path.join(dir, 'state.db'));
-  const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
-  model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates };
-  service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+  serving = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id });
+  ({ adapter, log, db, service, model } = serving);
 });
 afterAll(async () => {
-  await log?.close();
-  db?.close();
-  await adapter?.stop();
-  fs.rmSync(dir, { recursive: true, force: true });
+  await serving?.close();
 });
 
 interface Recorded {

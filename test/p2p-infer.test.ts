@@ -2,55 +2,36 @@
 // streamed answer, trailer with a receipt that verifies; an abandoned stream leaves a cancelled
 // receipt; garbage on the protocol gets a code and the node keeps serving.
 import crypto from 'node:crypto';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
-import { Admission } from '../src/dispatch/admission.ts';
-import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { INFER_PROTOCOL, serveInfer } from '../src/p2p/infer-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
-import { InferService } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { startServing, type Serving } from './helpers/serving.ts';
 
-const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'p2p-infer-'));
 const market = testKey();
 const nodeKey = testKey();
-let adapter: LlamaEmbeddedAdapter;
+let serving: Serving;
 let log: ReceiptLog;
-let db: Database.Database;
 let node: Host;
 let buyer: Host;
 let addr: string;
 
 beforeAll(async () => {
-  const modelPath = path.join(dir, 'tiny.gguf');
-  writeTinyLlama(modelPath);
-  adapter = new LlamaEmbeddedAdapter({ modelPath, slots: 2, contextLength: 512 });
-  await adapter.start();
-  log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed: nodeKey.seed, threads: 0, checkpointIntervalMs: 0 });
-  db = new Database(path.join(dir, 'state.db'));
-  const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 2, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
-  const service = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: nodeKey.id }), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+  serving = await startServing({ nodeSeed: nodeKey.seed, nodeId: nodeKey.id, marketId: market.id, slots: 2 });
+  log = serving.log;
   node = await createHost({ seed: nodeKey.seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
   buyer = await createHost({ seed: testKey().seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
-  await serveInfer(node, service);
+  await serveInfer(node, serving.service);
   addr = node.getMultiaddrs()[0]!.toString();
 });
 afterAll(async () => {
   await buyer?.stop();
   await node?.stop();
-  await log?.close();
-  db?.close();
-  await adapter?.stop();
-  fs.rmSync(dir, { recursive: true, force: true });
+  await serving?.close();
 });
 
 function ask(body: object, ticketOver = {}) {
