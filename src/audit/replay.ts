@@ -1,0 +1,131 @@
+// `seller-node audit --replay`: re-runs the requests a log's receipts describe on the embedded
+// runtime and checks that the node sent exactly what its receipts claim (response_sha256).
+//
+// Prompts are private, so the node keeps no request bodies: whoever holds them (the buyer, or an
+// operator who kept them) supplies a requests file, one JSON object a line:
+//   {"request_id": "...", "body": "<base64 of the exact request body bytes>"}
+// Each body must hash to the receipt's request_sha256. Replay runs the node's own serving code
+// (InferService) with a clock fixed at the receipt's started_at and a ticket with the receipt's
+// hold, so the cap on output tokens, the ids and the timestamps in the response are the same as
+// when it was served; generation is seeded and single-threaded, so the bytes must be too.
+// Completed chat/completions, completions and embeddings receipts are replayed; others skipped.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { fileSha256, LlamaEmbeddedAdapter } from '../../adapters/llama-embedded.ts';
+import { fromBase64, toHex, utf8 } from '../../attestation/bytes.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
+import { signEnvelope } from '../../attestation/dsse.ts';
+import { ed25519PublicKey } from '../../attestation/ed25519.ts';
+import { ratesFromWire, type ReceiptPayload } from '../../attestation/receipt.ts';
+import { TICKET_PAYLOAD_TYPE } from '../../attestation/ticket.ts';
+import { Admission } from '../dispatch/admission.ts';
+import { TicketGate } from '../dispatch/ticket-gate.ts';
+import { InferService } from '../serve/infer-service.ts';
+import { ReceiptLog } from '../store/receipt-log.ts';
+
+export interface ReplayOptions {
+  /** Receipt payloads, from a verified export. */
+  receipts: ReceiptPayload[];
+  /** request_id → exact body bytes. */
+  requests: ReadonlyMap<string, Uint8Array>;
+  modelPath: string;
+  /** The context length the node served with (default: the model's, capped at 4096). */
+  contextLength?: number;
+}
+
+export interface ReplayReport {
+  replayed: number;
+  matched: number;
+  mismatches: { seq: string; request_id: string; reason: string }[];
+  skipped: Record<string, number>;
+}
+
+const REPLAYABLE = new Set(['chat/completions', 'completions', 'embeddings']);
+
+export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
+  const report: ReplayReport = { replayed: 0, matched: 0, mismatches: [], skipped: {} };
+  const skip = (why: string) => (report.skipped[why] = (report.skipped[why] ?? 0) + 1);
+  const modelSha = await fileSha256(opts.modelPath);
+  const todo = opts.receipts.filter((r) => {
+    if (r.status !== 'completed') return skip(`status ${r.status}`), false;
+    if (!REPLAYABLE.has(r.endpoint)) return skip(`endpoint ${r.endpoint}`), false;
+    if (r.model_sha256 !== modelSha) return skip('another model file'), false;
+    if (!opts.requests.has(r.request_id)) return skip('no request body given'), false;
+    return true;
+  });
+  if (todo.length === 0) return report;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-replay-'));
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
+  await adapter.start();
+  // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.
+  const node = crypto.randomBytes(32);
+  const market = crypto.randomBytes(32);
+  const nodeId = toHex(ed25519PublicKey(node));
+  const marketId = toHex(ed25519PublicKey(market));
+  const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed: node, threads: 0, checkpointIntervalMs: 0 });
+  const db = new Database(':memory:');
+  try {
+    for (const r of todo) {
+      const body = opts.requests.get(r.request_id)!;
+      const bodySha = toHex(crypto.createHash('sha256').update(body).digest());
+      if (bodySha !== r.request_sha256) {
+        report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: 'the given body does not hash to request_sha256' });
+        continue;
+      }
+      const served = { id: r.model, adapter, admission: new Admission({ slots: 1, queue: 0 }), quantization: r.quantization, tokensPerSecond: Number.MAX_SAFE_INTEGER, rates: ratesFromWire(r.price.rates) };
+      const service = new InferService({
+        log,
+        gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: marketId }], providerId: nodeId, now: () => r.started_at }),
+        models: new Map([[r.model, served]]),
+        priceVersion: r.price.version,
+        tier: r.attestation.tier,
+        now: () => r.started_at,
+      });
+      const ticket = signEnvelope(
+        TICKET_PAYLOAD_TYPE,
+        utf8(canonicalize({ v: 1, ticket_id: `replay-${r.seq}-${report.replayed}`, request_id: r.request_id, provider: nodeId, account: 'replay', endpoint: r.endpoint, model: r.model, price_version: r.price.version, max_cost_micro_usd: r.hold_micro_usd, body_sha256: bodySha, routing: {}, issued_at: r.started_at - 1, expires_at: r.started_at + 60_000 })),
+        { keyid: marketId, seed: market },
+      );
+      const hash = crypto.createHash('sha256');
+      let status = 0;
+      let trailer: Record<string, unknown> = {};
+      await service.handle(
+        { head: { endpoint: r.endpoint, ticket }, body, signal: new AbortController().signal },
+        { head: async (h) => void (status = h.status), data: async (b) => void hash.update(b), trailer: async (t) => void (trailer = t) },
+      );
+      report.replayed++;
+      const got = hash.digest('hex');
+      if (status !== 200) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `replay answered ${status} ${JSON.stringify(trailer.error ?? {})}` });
+      else if (got !== r.response_sha256) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `response_sha256 is ${r.response_sha256}, replay gives ${got}` });
+      else report.matched++;
+    }
+  } finally {
+    await log.close();
+    db.close();
+    await adapter.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  return report;
+}
+
+/** Reads a requests file: {"request_id", "body": base64} per line. Throws naming the line. */
+export function readRequestsFile(file: string): Map<string, Uint8Array> {
+  const out = new Map<string, Uint8Array>();
+  const lines = fs.readFileSync(file, 'utf8').split('\n');
+  lines.forEach((line, i) => {
+    if (!line.trim()) return;
+    let v: { request_id?: unknown; body?: unknown };
+    try {
+      v = JSON.parse(line) as typeof v;
+    } catch {
+      throw new Error(`${file} line ${i + 1}: not JSON`);
+    }
+    const body = typeof v.body === 'string' ? fromBase64(v.body) : undefined;
+    if (typeof v.request_id !== 'string' || !body) throw new Error(`${file} line ${i + 1}: expected {"request_id": string, "body": base64}`);
+    out.set(v.request_id, body);
+  });
+  return out;
+}
