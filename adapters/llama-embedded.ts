@@ -92,7 +92,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   /** The exact tokens a generation starts from: BOS when the model wants it, then the prompt. */
-  private async inputTokens(input: GenerationInput): Promise<Token[]> {
+  async inputTokens(input: GenerationInput): Promise<Token[]> {
     const text = input.kind === 'chat' ? await this.renderChat(input.messages) : input.prompt;
     const tokens = this.m.tokenize(text, input.kind === 'chat');
     const bos = this.m.tokens.bos;
@@ -167,8 +167,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const vectors: number[][] = [];
     let inputTokens = 0;
     for (const text of inputs) {
-      inputTokens += model.tokenize(text).length;
-      vectors.push([...(await this.embedding.getEmbeddingFor(text)).vector]);
+      // The same tokens count_tokens reports for a prompt (BOS included) are the ones embedded.
+      const tokens = await this.inputTokens({ kind: 'prompt', prompt: text });
+      inputTokens += tokens.length;
+      vectors.push([...(await this.embedding.getEmbeddingFor(tokens)).vector]);
     }
     return { vectors, inputTokens };
   }

@@ -70,7 +70,9 @@ export interface RuntimeAdapter {
   detokenize(tokens: number[]): Promise<string>;
   /** The prompt a chat becomes under the model's chat template (with the generation prompt). */
   renderChat(messages: ChatMessage[]): Promise<string>;
-  /** Input tokens of a generation input, exactly as generation will count them. */
+  /** The tokens a generation input becomes, exactly as generation evaluates them (BOS included). */
+  inputTokens(input: GenerationInput): Promise<number[]>;
+  /** inputTokens(input).length. */
   countInputTokens(input: GenerationInput): Promise<number>;
   /** Streams chunks; the returned value is the final accounting. */
   generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void>;

@@ -18,6 +18,7 @@ import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity } from './p2p/capacity-protocol.ts';
+import { signCapacity, startRegistration } from './registration.ts';
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 
@@ -129,7 +130,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     let stopping = false;
     const infer = await serveInfer(host, service);
     const logServer = await serveLog(host, log);
-    const capacity = await serveCapacity(host, identity, () => ({
+    const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
       accepting: !stopping,
@@ -143,7 +144,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         queued: m.admission.queued,
         queue_limit: m.admission.queueLimit,
       })),
-    }));
+    });
+    const capacity = await serveCapacity(host, identity, capacitySnapshot);
     const [opsHost, opsPort] = splitHostPort(config.ops.http);
     const ops = createOpsServer({
       host: opsHost,
@@ -164,6 +166,21 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const opsAddr = await ops.listen();
     cleanup.push(() => ops.close());
     const addresses = host.getMultiaddrs().map((a) => a.toString());
+    if (config.marketplace.url) {
+      const registration = startRegistration({
+        marketUrl: config.marketplace.url,
+        seed: identity.seed,
+        providerId: identity.providerId,
+        peerId: host.peerId.toString(),
+        addresses: () => host.getMultiaddrs().map((a) => a.toString()),
+        priceList: { envelope: prices.envelope, version: prices.payload.version },
+        models: [...models.values()].map((m) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond })),
+        tier: 'T1',
+        capacity: () => signCapacity(identity, capacitySnapshot()),
+        logger,
+      });
+      cleanup.push(() => registration.stop());
+    }
     logger.info({ provider_id: identity.providerId, peer_id: host.peerId.toString(), addresses, ops: opsAddr.url, price_version: prices.payload.version }, 'node started');
     return {
       providerId: identity.providerId,

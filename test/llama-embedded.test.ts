@@ -109,6 +109,6 @@ describe('LlamaEmbeddedAdapter', () => {
   test('embeddings: one vector of the model\'s width per input, tokens counted', async () => {
     const e = await rt.embed(['hello', 'hello world']);
     expect(e.vectors.map((v) => v.length)).toEqual([64, 64]);
-    expect(e.inputTokens).toBe((await rt.tokenize('hello')).length + (await rt.tokenize('hello world')).length);
+    expect(e.inputTokens).toBe((await rt.countInputTokens({ kind: 'prompt', prompt: 'hello' })) + (await rt.countInputTokens({ kind: 'prompt', prompt: 'hello world' })));
   });
 });

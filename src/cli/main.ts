@@ -7,6 +7,8 @@ import { verifyCommand } from './verify.ts';
 import { demoCommand } from './demo.ts';
 import { devModelCommand } from './dev-model.ts';
 import { startCommand } from './start.ts';
+import { marketCommand } from './market.ts';
+import { gatewayCommand } from './gateway.ts';
 import { CliError } from './cli-error.ts';
 
 export function buildProgram(): Command {
@@ -16,7 +18,7 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });
-  for (const make of [initCommand, startCommand, logCommand, auditCommand, verifyCommand, devModelCommand, demoCommand]) program.addCommand(make());
+  for (const make of [initCommand, startCommand, logCommand, auditCommand, verifyCommand, devModelCommand, demoCommand, marketCommand, gatewayCommand]) program.addCommand(make());
   return program;
 }
 

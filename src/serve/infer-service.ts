@@ -187,10 +187,9 @@ export class InferService {
   }
 
   private async tokenize(p: TokenizeRequest, model: ServedModel, res: InferResponse): Promise<void> {
-    const text = p.messages ? await model.adapter.renderChat(p.messages) : p.prompt!;
-    const tokens = await model.adapter.tokenize(text, { special: p.messages !== undefined });
-    const count = p.messages ? await model.adapter.countInputTokens({ kind: 'chat', messages: p.messages }) : tokens.length;
-    const body = { model: model.id, count, ...(p.returnTokens ? { tokens } : {}) };
+    // Exactly what a generation would be billed for: the chat template and BOS included.
+    const tokens = await model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! });
+    const body = { model: model.id, count: tokens.length, ...(p.returnTokens ? { tokens } : {}) };
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
     await res.data(new TextEncoder().encode(JSON.stringify(body)));
     await res.trailer({});
@@ -240,7 +239,9 @@ export class InferService {
       if (affordable < 0) throw new Refusal(403, 'request_cost_limit_exceeded', 'the hold does not cover the input tokens');
       maxTokens = Math.min(asked, affordable);
       const offer = { contextLength: model.adapter.info.contextLength, quantization: model.quantization, tokensPerSecond: model.tokensPerSecond, tier: this.o.tier ?? 'T1', rates: model.rates };
-      const refusal = checkRouting(offer, ticket.routing, { inputTokens, maxOutputTokens: Math.max(1, p.maxTokens === undefined ? 1 : maxTokens) });
+      // Ceilings and the buyer's cost cap judge the worst case of what was asked (spec: refused before
+      // spend if its worst case is higher); the hold then caps what is generated.
+      const refusal = checkRouting(offer, ticket.routing, { inputTokens, maxOutputTokens: Math.max(1, asked) });
       if (refusal) throw new Refusal(refusal.status, refusal.code, refusal.message);
       if (maxTokens < 1) throw new Refusal(400, 'context_length_exceeded', 'no room is left in the context for output');
     } catch (e) {

@@ -1,0 +1,60 @@
+// `seller-node gateway --market URL [--listen 127.0.0.1:11435]`: the marketplace's OpenAI-compatible
+// API served locally, each request sent straight to a provider over libp2p (src/gateway/).
+import { Command } from 'commander';
+import { createGateway, GATEWAY_DEFAULT_PORT } from '../gateway/gateway.ts';
+import { normalizeMarketUrl } from '../gateway/market-client.ts';
+import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
+import { isLoopbackHost } from '../ops/server.ts';
+import { CliError } from './cli-error.ts';
+
+/** "127.0.0.1:11435", "[::1]:11435", "localhost" (default port) → host and port. */
+export function parseListen(s: string): { host: string; port: number } {
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:[\]]+))(?::([0-9]{1,5}))?$/.exec(s.trim());
+  const port = m?.[3] === undefined ? GATEWAY_DEFAULT_PORT : Number(m[3]);
+  if (!m || port > 65535) throw new CliError(`--listen must be HOST:PORT (like 127.0.0.1:${GATEWAY_DEFAULT_PORT}), got "${s}"`, 2);
+  return { host: (m[1] ?? m[2])!, port };
+}
+
+export function gatewayCommand(): Command {
+  return new Command('gateway')
+    .description("serve the marketplace's OpenAI-compatible API locally (/v1), sending requests straight to providers over libp2p")
+    .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
+    .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
+    .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
+    .action(async (opts: { market: string; listen: string; logLevel: string }) => {
+      const { host, port } = parseListen(opts.listen);
+      try {
+        normalizeMarketUrl(opts.market);
+      } catch (e) {
+        throw new CliError(`--market: ${(e as Error).message}`, 2);
+      }
+      if (!(LOGGER_LEVELS as readonly string[]).includes(opts.logLevel)) throw new CliError(`--log-level must be one of ${LOGGER_LEVELS.join(', ')}`, 2);
+      const logger = createLogger({ level: opts.logLevel as (typeof LOGGER_LEVELS)[number], destination: 2 });
+      if (!isLoopbackHost(host)) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication\n`);
+      let gw;
+      try {
+        gw = await createGateway({ market: opts.market, host, port, logger });
+      } catch (e) {
+        throw new CliError(`gateway: ${(e as Error).message}`);
+      }
+      process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n`);
+      await new Promise<void>((resolve) => {
+        let stopping = false;
+        const onSignal = (sig: string): void => {
+          if (stopping) {
+            process.stderr.write(`seller-node: ${sig} again: exiting now\n`);
+            process.exit(1);
+          }
+          stopping = true;
+          process.stderr.write(`seller-node: ${sig}: finishing in-flight requests, settling receipts\n`);
+          gw.close().then(resolve, (e: Error) => {
+            process.stderr.write(`seller-node: stop failed: ${e.message}\n`);
+            process.exitCode = 1;
+            resolve();
+          });
+        };
+        process.on('SIGTERM', onSignal);
+        process.on('SIGINT', onSignal);
+      });
+    });
+}

@@ -1,0 +1,61 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import { Command } from 'commander';
+import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
+import { createMarket } from '../market/market.ts';
+import { createLogger } from '../ops/logger.ts';
+import { CliError } from './cli-error.ts';
+
+export const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
+
+function parseListen(s: string): { host: string; port: number } {
+  const m = /^(\[[0-9a-fA-F:]+\]|[^\s:[\]]+):(\d{1,5})$/.exec(s);
+  const port = m ? Number(m[2]) : NaN;
+  if (!m || port > 65535) throw new CliError(`--listen must be host:port, e.g. ${DEFAULT_MARKET_LISTEN}; got "${s}"`, 2);
+  return { host: m[1]!.replace(/^\[|\]$/g, ''), port };
+}
+
+export function marketCommand(): Command {
+  return new Command('market')
+    .description('run the development marketplace: verifies node registrations, issues tickets, collects and checks receipts')
+    .requiredOption('--data <dir>', 'directory for the market key (market.key, created on first run)')
+    .option('--listen <host:port>', 'HTTP address to serve on', DEFAULT_MARKET_LISTEN)
+    .action(async (opts: { data: string; listen: string }) => {
+      const { host, port } = parseListen(opts.listen);
+      const dir = path.resolve(opts.data);
+      const keyFile = path.join(dir, 'market.key');
+      let key: NodeIdentity;
+      try {
+        fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+        key = fs.existsSync(keyFile) ? loadKeyFile(keyFile) : createKeyFile(keyFile);
+      } catch (e) {
+        if (e instanceof IdentityError) throw new CliError(e.message);
+        throw new CliError(`cannot use ${dir}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+      }
+      const market = createMarket({ seed: key.seed, host, port, logger: createLogger({ level: 'info', destination: 2, name: 'market' }) });
+      let url: string;
+      try {
+        ({ url } = await market.listen());
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        throw new CliError(code === 'EADDRINUSE' ? `${opts.listen} is already in use (pick another with --listen)` : `cannot listen on ${opts.listen}: ${code ?? (e as Error).message}`);
+      }
+      process.stdout.write(`seller-node market: ${url}\n  public key ${market.publicKey}\n`);
+      process.stderr.write(`key: ${keyFile}\nnodes trust it with: marketplace: { url: ${url}, public_keys: ["${market.publicKey}"] }\n`);
+      await new Promise<void>((resolve) => {
+        let stopping = false;
+        const onSignal = (sig: string) => {
+          if (stopping) process.exit(1);
+          stopping = true;
+          process.stderr.write(`seller-node market: ${sig}: stopping\n`);
+          market.close().then(resolve, (e: Error) => {
+            process.stderr.write(`seller-node market: close failed: ${e.message}\n`);
+            process.exitCode = 1;
+            resolve();
+          });
+        };
+        process.on('SIGTERM', onSignal);
+        process.on('SIGINT', onSignal);
+      });
+    });
+}

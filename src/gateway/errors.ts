@@ -1,0 +1,40 @@
+// Errors the gateway answers with: the marketplace API's envelope {error: {code, message}} and an
+// HTTP status. A GatewayError's message is safe to show the buyer.
+
+export interface ErrorBody {
+  error: { code: string; message: string };
+}
+
+export class GatewayError extends Error {
+  override name = 'GatewayError';
+  readonly status: number;
+  readonly code: string;
+  constructor(status: number, code: string, message: string) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+
+  body(): ErrorBody {
+    return errorBody(this.code, this.message);
+  }
+}
+
+export function errorBody(code: string, message: string): ErrorBody {
+  return { error: { code, message } };
+}
+
+/** 400 invalid_request naming the header or field at fault. */
+export function invalid(field: string, message: string): GatewayError {
+  return new GatewayError(400, 'invalid_request', `${field}: ${message}`);
+}
+
+/** An error envelope as some other party sent it, or undefined when it is not one. */
+export function readErrorBody(value: unknown): ErrorBody['error'] | undefined {
+  if (value === null || typeof value !== 'object') return undefined;
+  const e = (value as { error?: unknown }).error;
+  if (e === null || typeof e !== 'object') return undefined;
+  const { code, message } = e as { code?: unknown; message?: unknown };
+  if (typeof code !== 'string' || code.length === 0 || code.length > 128) return undefined;
+  return { code, message: typeof message === 'string' ? message.slice(0, 2000) : code };
+}

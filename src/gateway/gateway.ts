@@ -1,0 +1,659 @@
+// The buyer gateway (`seller-node gateway`): the marketplace's OpenAI-compatible API served locally
+// (loopback by default) at http://127.0.0.1:11435/v1, sending each request straight to a provider
+// over libp2p with a ticket from the marketplace.
+//
+//   POST /v1/chat/completions, /v1/completions, /v1/embeddings   paid: ticket → provider → receipt
+//   POST /v1/tokenize, /v1/count_tokens                          free: no ticket, hold or receipt
+//   GET  /v1/models, /v1/models/by-id?id=…, /v1/models/{id}      the market's live providers' models
+//   GET  /v1/requests/{id}                                       the settled record of a request
+//
+// A paid request: the exact body bytes are hashed, the X-Service-* headers become the ticket's
+// routing, the marketplace issues a ticket (verified here against the market's key, the body hash
+// and the buyer's cost cap), the provider is dialled by its PeerId (Noise authenticates it), and
+// its answer is relayed: a JSON body gets `service.receipt`; a stream is relayed frame by frame as
+// it arrives. Every receipt is verified (signature by the ticket's provider, cost arithmetic, and
+// that it is this request's: ticket, body and response bytes) before it is settled with the
+// marketplace (POST /v1/receipts) and recorded. A buyer who leaves mid-request cancels it at the
+// node; the gateway then fetches the node's `cancelled` receipt over /service/log/1.0.0, verifies,
+// settles and records it.
+import crypto from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import type { ServerResponse } from 'node:http';
+import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
+import { formatUsd } from '../../attestation/money.ts';
+import type { TicketPayload } from '../../attestation/ticket.ts';
+import { verifyTicket } from '../../attestation/ticket-verify.ts';
+import { createHost, type Host } from '../p2p/host.ts';
+import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
+import { LOG_PROTOCOL } from '../p2p/log-protocol.ts';
+import { peerIdFromProviderId } from '../p2p/peer-id.ts';
+import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
+import type { JsonObject } from '../p2p/frames.ts';
+import { errorBody, GatewayError, invalid, readErrorBody } from './errors.ts';
+import { MarketClient, type ProviderEntry, type TicketRequest } from './market-client.ts';
+import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
+import { RequestRecords, type RequestRecord } from './records.ts';
+import { parseRoutingHeaders, normalizeQuantization, type RoutingControls } from './routing-headers.ts';
+
+export const GATEWAY_DEFAULT_PORT = 11435;
+export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'embeddings'] as const;
+export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
+export const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
+
+/** A pino-shaped logger; the gateway logs ids, codes and counts, never prompts or outputs. */
+export interface GatewayLogger {
+  info(obj: object, msg?: string): void;
+  warn(obj: object, msg?: string): void;
+  error(obj: object, msg?: string): void;
+}
+
+export interface GatewayOptions {
+  /** The marketplace's base URL (e.g. http://127.0.0.1:11436; a trailing /v1 is allowed). */
+  market: string;
+  /** Interface to bind (default 127.0.0.1: the gateway has no authentication of its own). */
+  host?: string;
+  /** Port (default 11435; 0 picks a free one). */
+  port?: number;
+  /** The gateway's libp2p key seed (32 bytes); default a fresh random key per run. */
+  seed?: Uint8Array;
+  logger?: GatewayLogger;
+  /** How long to keep asking a node for the receipt of a request the buyer left (default 5000 ms). */
+  receiptFetchMs?: number;
+  /** How many request records to keep in memory (default 10,000). */
+  maxRecords?: number;
+  /** Per-call timeout towards the marketplace (default 10 s). */
+  marketTimeoutMs?: number;
+}
+
+export interface Gateway {
+  /** e.g. http://127.0.0.1:11435/v1 */
+  readonly url: string;
+  readonly host: string;
+  readonly port: number;
+  readonly app: FastifyInstance;
+  readonly libp2p: Host;
+  readonly market: MarketClient;
+  readonly records: RequestRecords;
+  /** Resolves when every settlement under way (receipts being verified, fetched or posted) is done. */
+  idle(): Promise<void>;
+  /** Stops listening, lets running requests finish for up to graceMs (default 10 s), settles, stops libp2p. */
+  close(graceMs?: number): Promise<void>;
+}
+
+const MAX_BODY = 8 << 20; // the node's request body limit
+const JSON_TYPE = 'application/json; charset=utf-8';
+const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
+const DONE_EVENT = new TextEncoder().encode('data: [DONE]\n\n');
+const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
+const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+const sha256Hex = (b: Uint8Array): string => crypto.createHash('sha256').update(b).digest('hex');
+
+/** The exact body bytes (the content-type parser hands every body over untouched). */
+function bodyBytes(req: FastifyRequest): Buffer {
+  return Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
+}
+
+/** The model a body names: enough to ask for a ticket. The node checks the whole contract. */
+function peekModel(body: Uint8Array): string {
+  let value: unknown;
+  try {
+    value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+  } catch {
+    throw invalid('body', 'expected UTF-8 JSON');
+  }
+  if (!isObj(value)) throw invalid('body', 'expected a JSON object');
+  if (typeof value.model !== 'string' || value.model.length === 0 || value.model.length > 256) throw invalid('model', 'expected a model id');
+  return value.model;
+}
+
+function idempotencyKey(headers: FastifyRequest['headers']): string | undefined {
+  const v = headers['idempotency-key'];
+  if (v === undefined) return undefined;
+  if (Array.isArray(v) || v.length === 0 || v.length > 256) throw invalid('Idempotency-Key', 'expected 1 to 256 characters');
+  return v;
+}
+
+/** The provider's multiaddrs, each ending in its PeerId (so Noise authenticates exactly that key). */
+export function dialTarget(provider: string, peerId: string, addresses: readonly string[]): Multiaddr[] {
+  let expected: string;
+  try {
+    expected = peerIdFromProviderId(provider).toString();
+  } catch {
+    throw new GatewayError(502, 'bad_market_response', 'the provider id is not an Ed25519 key');
+  }
+  if (peerId !== expected) throw new GatewayError(502, 'bad_market_response', `peer id ${peerId.slice(0, 80)} is not provider ${provider}'s`);
+  const out: Multiaddr[] = [];
+  for (const a of addresses) {
+    try {
+      const ma = multiaddr(a);
+      const p2p = ma.getComponents().filter((c) => c.name === 'p2p');
+      if (p2p.length === 0) out.push(ma.encapsulate(`/p2p/${expected}`));
+      else if (p2p.at(-1)!.value === expected) out.push(ma);
+    } catch {
+      // not a multiaddr: skip it
+    }
+  }
+  if (out.length === 0) throw new GatewayError(503, 'provider_unreachable', `provider ${provider} has no usable address`);
+  return out;
+}
+
+/** Resolves once the response can take more bytes, or has closed. */
+function drained(raw: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      raw.off('drain', done);
+      raw.off('close', done);
+      resolve();
+    };
+    raw.on('drain', done);
+    raw.on('close', done);
+  });
+}
+
+function endsWith(bytes: Uint8Array, tail: Uint8Array): boolean {
+  if (bytes.length < tail.length) return false;
+  for (let i = 0; i < tail.length; i++) if (bytes[bytes.length - tail.length + i] !== tail[i]) return false;
+  return true;
+}
+
+interface Paid {
+  endpoint: PaidEndpoint;
+  requestId: string;
+  body: Buffer;
+  bodySha256: string;
+  ticket: TicketPayload;
+  provider: string;
+  target: Multiaddr[];
+  idempotent: boolean;
+  exp: ReceiptExpectation;
+}
+
+export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
+  const log = opts.logger ?? noopLogger;
+  const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
+  const records = new RequestRecords(opts.maxRecords);
+  const receiptFetchMs = opts.receiptFetchMs ?? 5000;
+  const seed = opts.seed ?? new Uint8Array(crypto.randomBytes(32));
+  const host = await createHost({ seed, listen: [] });
+  /** Settlements under way, by request id: GET /v1/requests/{id} waits for one briefly. */
+  const settling = new Map<string, Promise<void>>();
+
+  function track(id: string, work: Promise<void>): Promise<void> {
+    const p = work.catch((e: unknown) => log.error({ request_id: id, err: (e as Error)?.message }, 'settlement failed'));
+    settling.set(id, p);
+    void p.finally(() => {
+      if (settling.get(id) === p) settling.delete(id);
+    });
+    return p;
+  }
+
+  const app = fastify({
+    logger: false,
+    bodyLimit: MAX_BODY,
+    genReqId: () => `req-${crypto.randomUUID()}`,
+    return503OnClosing: true,
+  });
+
+  // The exact body bytes for every content type: the ticket binds their SHA-256, so nothing may
+  // parse, re-encode or trim them on the way to the provider.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_BODY }, (_req, body, done) => done(null, body));
+
+  app.addHook('onRequest', async (req, reply) => {
+    reply.header('x-request-id', req.id);
+  });
+
+  app.setErrorHandler((err: FastifyError | GatewayError, _req, reply) => {
+    if (err instanceof GatewayError) return reply.code(err.status).type(JSON_TYPE).send(err.body());
+    const status = typeof err.statusCode === 'number' ? err.statusCode : 500;
+    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return reply.code(413).type(JSON_TYPE).send(errorBody('request_too_large', `the body is larger than ${MAX_BODY} bytes`));
+    if (status >= 400 && status < 500) return reply.code(status).type(JSON_TYPE).send(errorBody('invalid_request', err.message));
+    log.error({ err: err.message }, 'gateway error');
+    return reply.code(500).type(JSON_TYPE).send(errorBody('internal_error', 'the gateway failed'));
+  });
+  app.setNotFoundHandler((req, reply) => reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${req.url.split('?')[0]!.slice(0, 200)}`)));
+
+  // ---- paid endpoints ------------------------------------------------------------------------
+
+  /** Asks the marketplace for a ticket and checks it is what was asked for. */
+  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown }> {
+    const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
+    if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
+    if (controls.maxCostMicroUsd !== undefined) ask.max_cost_micro_usd = controls.maxCostMicroUsd;
+    const grant = await market.ticket(ask);
+    const key = await market.marketKey();
+    const v = verifyTicket(grant.ticket, { marketplaceKeys: [{ publicKey: key.public_key, keyid: key.key_id }], provider: grant.provider, body: bodySha256 });
+    if (!v.ok) throw new GatewayError(502, 'bad_market_response', `the marketplace's ticket does not verify: ${v.error.code}: ${v.error.message}`);
+    const t = v.value.payload;
+    if (t.endpoint !== endpoint || t.model !== model || t.request_id !== grant.request_id) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
+    if (controls.maxCostMicroUsd !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(controls.maxCostMicroUsd)) {
+      throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
+    }
+    // The market's ticket API takes no provider list, so the strict set is enforced here: a ticket
+    // for anyone else is not used (the request never leaves the set).
+    if (controls.preferredProviders && !controls.preferredProviders.includes(grant.provider)) {
+      throw new GatewayError(503, 'no_provider', `the marketplace chose provider ${grant.provider}, outside X-Service-Prefer-Providers`);
+    }
+    return { ticket: t, provider: grant.provider, target: dialTarget(grant.provider, grant.peer_id, grant.addresses), envelope: grant.ticket };
+  }
+
+  /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
+  async function settle(id: string, r: Extract<CheckedReceipt, { ok: true }>, askedAs?: string): Promise<RequestRecord | undefined> {
+    let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        const ack = await market.postReceipt(r.line);
+        outcome = ack.ok ? { ok: true } : { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' };
+        break;
+      } catch (e) {
+        const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
+        outcome = { ok: false, code: g.code, message: g.message };
+        if (g.status < 500) break; // the market refused it: retrying will not change that
+        await sleep(200 * (attempt + 1));
+      }
+    }
+    if (!outcome.ok) log.warn({ request_id: id, code: outcome.code, message: outcome.message }, 'receipt not settled with the marketplace');
+    if (!records.get(id)) records.begin({ request_id: id, endpoint: r.payload.endpoint, model: r.payload.model, provider: r.payload.provider });
+    const rec = records.settle(id, r, outcome);
+    if (askedAs !== undefined && askedAs !== id) records.alias(askedAs, id);
+    return rec;
+  }
+
+  /**
+   * The receipt of a request whose stream ended early (the buyer left, or the connection broke),
+   * from the node's log, retried until it is there or `receiptFetchMs` has passed.
+   */
+  async function fetchReceipt(p: Paid): Promise<CheckedReceipt | undefined> {
+    const deadline = Date.now() + receiptFetchMs;
+    let last: CheckedReceipt | undefined;
+    for (let delay = 50; ; delay = Math.min(delay * 2, 400)) {
+      try {
+        const r = await readResponse(await p2pRequest(host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal: AbortSignal.timeout(3000) }));
+        if (r.head.status === 200) {
+          const v = JSON.parse(Buffer.from(r.body).toString('utf8')) as { receipts?: unknown };
+          for (const line of Array.isArray(v.receipts) ? v.receipts : []) {
+            const c = checkReceipt(line, p.exp);
+            if (c.ok) return c;
+            last = c;
+          }
+          if (last) return last;
+        }
+      } catch (e) {
+        log.warn({ request_id: p.requestId, err: (e as Error).message }, 'receipt fetch failed');
+      }
+      if (Date.now() + delay > deadline) return undefined;
+      await sleep(delay);
+    }
+  }
+
+  /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
+  function settleFromNode(p: Paid, why: 'abandoned' | 'failed'): Promise<void> {
+    return track(
+      p.requestId,
+      (async () => {
+        const c = await fetchReceipt(p);
+        if (c === undefined) {
+          records.fail(p.requestId, why, why === 'abandoned' ? { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' } : { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' });
+        } else if (!c.ok) {
+          records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
+        } else {
+          await settle(p.requestId, c);
+        }
+        log.info({ request_id: p.requestId, status: records.get(p.requestId)?.status }, 'request ended early');
+      })(),
+    );
+  }
+
+  async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+    const controls = parseRoutingHeaders(req.headers);
+    const idem = idempotencyKey(req.headers);
+    const body = bodyBytes(req);
+    const model = peekModel(body);
+    const bodySha256 = sha256Hex(body);
+    const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);
+    const t = granted.ticket;
+    const p: Paid = {
+      endpoint,
+      requestId: t.request_id,
+      body,
+      bodySha256,
+      ticket: t,
+      provider: granted.provider,
+      target: granted.target,
+      idempotent: idem !== undefined,
+      exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint, model, bodySha256, holdMicroUsd: t.max_cost_micro_usd },
+    };
+    reply.header('x-request-id', p.requestId);
+    records.begin({ request_id: p.requestId, endpoint, model, provider: p.provider });
+
+    // A buyer who leaves cancels the request at the node: its stream is reset, generation stops,
+    // and the node writes a `cancelled` receipt for what it delivered.
+    const raw = reply.raw;
+    const gone = new AbortController();
+    let finishedStream = false; // the whole SSE answer ([DONE]) was relayed: nothing left to cancel
+    const onClose = (): void => {
+      if (!raw.writableFinished && !finishedStream) gone.abort(new Error('the buyer left'));
+    };
+    raw.on('close', onClose);
+    if (raw.destroyed) onClose();
+    const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
+      records.fail(p.requestId, status, { code: e.code, message: e.message });
+      throw e;
+    };
+
+    let res: P2pResponse;
+    let head: JsonObject;
+    try {
+      res = await p2pRequest(host, p.target, INFER_PROTOCOL, { endpoint, ticket: granted.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: gone.signal });
+    } catch (e) {
+      if (gone.signal.aborted) return abandon(p, reply);
+      return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${(e as Error).message}`));
+    }
+    try {
+      head = await res.head;
+    } catch (e) {
+      if (gone.signal.aborted) return abandon(p, reply);
+      void settleFromNode(p, 'failed');
+      throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${(e as Error).message}`);
+    }
+    const status = typeof head.status === 'number' ? head.status : 0;
+    const headers = isObj(head.headers) ? head.headers : {};
+    if (status !== 200) {
+      // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.
+      let trailer: JsonObject = {};
+      try {
+        trailer = (await readResponse(res)).trailer;
+      } catch {
+        // fall through: no error envelope
+      }
+      const err = readErrorBody(trailer);
+      if (!err || status < 400 || status > 599) return fail('bad_provider_response', new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`));
+      return fail('refused', new GatewayError(status, err.code, err.message));
+    }
+    const contentType = typeof headers['content-type'] === 'string' ? headers['content-type'] : '';
+    if (contentType.startsWith('text/event-stream')) return relayStream(p, res, reply, gone.signal, () => (finishedStream = true));
+    return relayBody(p, res, reply, gone.signal);
+  }
+
+  /** The buyer left: the node's receipt (if it did any work) is settled in the background. */
+  function abandon(p: Paid, reply: FastifyReply): FastifyReply {
+    void settleFromNode(p, 'abandoned');
+    reply.hijack();
+    return reply;
+  }
+
+  async function relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal): Promise<unknown> {
+    const hash = crypto.createHash('sha256');
+    const parts: Uint8Array[] = [];
+    let trailer: JsonObject | undefined;
+    try {
+      for await (const f of res.frames) {
+        if (f.kind === 'data') {
+          hash.update(f.bytes);
+          parts.push(f.bytes);
+        } else trailer = f.value;
+      }
+    } catch (e) {
+      if (gone.aborted) return abandon(p, reply);
+      void settleFromNode(p, 'failed');
+      throw new GatewayError(502, 'bad_provider_response', `the provider's answer broke off: ${(e as Error).message}`);
+    }
+    const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
+    if (!checked.ok) {
+      records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
+      throw new GatewayError(502, 'bad_provider_response', checked.message);
+    }
+    const id = checked.payload.request_id; // an idempotent retry is answered with the first request's receipt
+    if (id !== p.requestId) reply.header('x-request-id', id);
+    if (checked.payload.status !== 'completed') {
+      await track(id, settle(id, checked, p.requestId).then(() => undefined));
+      return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope } });
+    }
+    let body: unknown;
+    try {
+      body = JSON.parse(Buffer.concat(parts).toString('utf8'));
+    } catch {
+      body = undefined;
+    }
+    const problem = !isObj(body) ? 'the body is not a JSON object' : usageMismatch(body, checked);
+    if (problem) {
+      records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: problem });
+      throw new GatewayError(502, 'bad_provider_response', problem);
+    }
+    const out = body as Record<string, unknown>;
+    out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope };
+    await track(id, settle(id, checked, p.requestId).then(() => undefined));
+    return reply.code(200).type(JSON_TYPE).send(JSON.stringify(out));
+  }
+
+  async function relayStream(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, markFinished: () => void): Promise<unknown> {
+    // Once the buyer has the whole answer ([DONE]) they may ask for the record at once, while the
+    // trailer is still on its way: GET /v1/requests/{id} then waits for this relay to settle.
+    let relayed!: () => void;
+    const whenRelayed = new Promise<void>((r) => (relayed = r));
+    let tracking = false;
+    const finished = (): void => {
+      markFinished();
+      if (!tracking) void track(p.requestId, whenRelayed);
+      tracking = true;
+    };
+    try {
+      return await relayStreamFrames(p, res, reply, gone, finished);
+    } finally {
+      relayed();
+    }
+  }
+
+  async function relayStreamFrames(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, finished: () => void): Promise<unknown> {
+    reply.hijack();
+    const raw = reply.raw;
+    raw.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+      'x-request-id': p.requestId,
+      'x-service-stream-mode': 'live',
+    });
+    raw.flushHeaders();
+    const hash = crypto.createHash('sha256');
+    let trailer: JsonObject | undefined;
+    try {
+      for await (const f of res.frames) {
+        if (f.kind === 'data') {
+          hash.update(f.bytes);
+          if (endsWith(f.bytes, DONE_EVENT)) finished();
+          if (!gone.aborted && !raw.destroyed && !raw.write(f.bytes)) await drained(raw);
+        } else trailer = f.value;
+      }
+    } catch (e) {
+      if (gone.aborted) {
+        void settleFromNode(p, 'abandoned');
+        return reply;
+      }
+      // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
+      finished();
+      void settleFromNode(p, 'failed');
+      endStream(raw, 'bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
+      return reply;
+    }
+    finished();
+    const work = (async () => {
+      const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
+      if (!checked.ok) {
+        records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
+        endStream(raw, 'bad_provider_response', checked.message);
+        return;
+      }
+      await settle(checked.payload.request_id, checked, p.requestId);
+      endStream(raw);
+    })();
+    await track(p.requestId, work);
+    return reply;
+  }
+
+  /** Ends a relayed stream; with an error, as one last SSE event the buyer's client reports. */
+  function endStream(raw: ServerResponse, code?: string, message?: string): void {
+    if (raw.destroyed || raw.writableEnded) return;
+    if (code) raw.write(`data: ${JSON.stringify(errorBody(code, message ?? code))}\n\n`);
+    raw.end();
+  }
+
+  for (const endpoint of PAID_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => paid(endpoint, req, reply));
+
+  // ---- free endpoints --------------------------------------------------------------------------
+
+  /** Providers that list the model and meet the routing controls the list can show, preferred first. */
+  function candidates(providers: ProviderEntry[], model: string, controls: RoutingControls): { provider: ProviderEntry; context: number | undefined }[] {
+    const known = providers.filter((p) => p.models.some((m) => m.id === model));
+    if (known.length === 0) throw new GatewayError(404, 'model_not_found', `no provider serves model "${model.slice(0, 256)}"`);
+    const serving = known.filter((p) => p.live !== false && p.accepting !== false);
+    const r = controls.routing;
+    let fit = serving
+      .map((p) => ({ provider: p, model: p.models.find((m) => m.id === model)! }))
+      .filter(({ provider: p }) => r.min_attestation_tier === undefined || p.attestation_tier === undefined || p.attestation_tier >= r.min_attestation_tier)
+      .filter(({ model: m }) => (r.min_context === undefined || (m.context ?? 0) >= r.min_context) && (r.quantization === undefined || (m.quantization !== undefined && normalizeQuantization(m.quantization) === r.quantization)) && (r.min_tokens_per_second === undefined || (m.tokens_per_second ?? 0) >= r.min_tokens_per_second));
+    const preferred = controls.preferredProviders;
+    if (preferred) fit = fit.filter((c) => preferred.includes(c.provider.provider)).sort((a, b) => preferred.indexOf(a.provider.provider) - preferred.indexOf(b.provider.provider));
+    if (fit.length === 0) throw new GatewayError(503, 'no_provider', `no live provider of "${model.slice(0, 256)}" meets the routing controls`);
+    return fit.map((c) => ({ provider: c.provider, context: c.model.context }));
+  }
+
+  async function tokenize(endpoint: 'tokenize' | 'count_tokens', req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+    const controls = parseRoutingHeaders(req.headers);
+    const body = bodyBytes(req);
+    const model = peekModel(body);
+    const list = candidates(await market.providers(), model, controls);
+    let lastError: GatewayError | undefined;
+    for (const c of list) {
+      let target: Multiaddr[];
+      let r;
+      try {
+        target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
+        r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint }, body, { signal: AbortSignal.timeout(30_000) }));
+      } catch (e) {
+        lastError = e instanceof GatewayError ? e : new GatewayError(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);
+        continue; // failover to the next provider
+      }
+      const status = typeof r.head.status === 'number' ? r.head.status : 0;
+      if (status !== 200) {
+        const err = readErrorBody(r.trailer);
+        if (!err || status < 400 || status > 599) throw new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`);
+        throw new GatewayError(status, err.code, err.message);
+      }
+      let v: unknown;
+      try {
+        v = JSON.parse(Buffer.from(r.body).toString('utf8'));
+      } catch {
+        v = undefined;
+      }
+      if (!isObj(v) || typeof v.count !== 'number' || !Number.isSafeInteger(v.count) || v.count < 0 || (v.tokens !== undefined && !Array.isArray(v.tokens))) {
+        throw new GatewayError(502, 'bad_provider_response', 'the provider\'s tokenization is malformed');
+      }
+      return reply
+        .code(200)
+        .type(JSON_TYPE)
+        .send({ object: 'tokenization', model, count: v.count, tokens: Array.isArray(v.tokens) ? v.tokens : null, max_model_len: c.context ?? null, provider: c.provider.provider });
+    }
+    throw lastError ?? new GatewayError(503, 'no_provider', 'no provider could be reached');
+  }
+
+  for (const endpoint of FREE_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => tokenize(endpoint, req, reply));
+
+  // ---- catalog and records ---------------------------------------------------------------------
+
+  async function catalog(): Promise<Record<string, unknown>[]> {
+    const byId = new Map<string, { id: string; providers: Set<string>; context: number; quantizations: Set<string>; seen: number }>();
+    for (const p of await market.providers()) {
+      for (const m of p.models) {
+        const e = byId.get(m.id) ?? { id: m.id, providers: new Set<string>(), context: 0, quantizations: new Set<string>(), seen: Number.MAX_SAFE_INTEGER };
+        e.providers.add(p.provider);
+        e.context = Math.max(e.context, m.context ?? 0);
+        if (m.quantization) e.quantizations.add(normalizeQuantization(m.quantization));
+        if (typeof p.last_seen === 'number') e.seen = Math.min(e.seen, p.last_seen);
+        byId.set(m.id, e);
+      }
+    }
+    return [...byId.values()]
+      .sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
+      .map((e) => ({
+        id: e.id,
+        object: 'model',
+        created: e.seen === Number.MAX_SAFE_INTEGER ? 0 : Math.floor(e.seen / 1000),
+        owned_by: e.id.includes('/') ? e.id.split('/')[0] : 'service',
+        context_length: e.context,
+        quantizations: [...e.quantizations].sort(),
+        providers: e.providers.size,
+      }));
+  }
+
+  async function oneModel(id: unknown, reply: FastifyReply): Promise<unknown> {
+    if (typeof id !== 'string' || id.length === 0) throw invalid('id', 'expected a model id');
+    const m = (await catalog()).find((e) => e.id === id);
+    if (!m) throw new GatewayError(404, 'model_not_found', `unknown model "${id.slice(0, 256)}"`);
+    return reply.type(JSON_TYPE).send(m);
+  }
+
+  app.get('/v1/models', async (_req, reply) => reply.type(JSON_TYPE).send({ object: 'list', data: await catalog() }));
+  app.get('/v1/models/by-id', async (req, reply) => oneModel((req.query as Record<string, unknown>).id, reply));
+  app.get('/v1/models/*', async (req, reply) => oneModel(decodeURIComponent((req.params as Record<string, string>)['*'] ?? ''), reply));
+
+  app.get('/v1/requests/:id', async (req, reply) => {
+    const id = (req.params as { id: string }).id;
+    if (!REQUEST_ID_RE.test(id)) throw invalid('id', 'expected a request id');
+    // A request whose answer is out but whose receipt is still being checked, fetched or posted:
+    // wait (bounded) for the settled record rather than show it half done.
+    const deadline = Date.now() + receiptFetchMs + 5000;
+    for (let pending = settling.get(id); pending && Date.now() < deadline; pending = settling.get(id)) {
+      await Promise.race([pending, sleep(Math.max(0, deadline - Date.now()))]);
+    }
+    const rec = records.get(id);
+    if (!rec) throw new GatewayError(404, 'request_not_found', `unknown request ${id}`);
+    return reply.type(JSON_TYPE).send(rec);
+  });
+
+  const listenHost = opts.host ?? '127.0.0.1';
+  try {
+    await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
+  } catch (e) {
+    await host.stop();
+    throw e;
+  }
+  const addr = app.server.address() as AddressInfo;
+  const urlHost = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
+  const idle = async (): Promise<void> => {
+    while (settling.size > 0) await Promise.allSettled([...settling.values()]);
+  };
+  return {
+    url: `http://${urlHost}:${addr.port}/v1`,
+    host: addr.address,
+    port: addr.port,
+    app,
+    libp2p: host,
+    market,
+    records,
+    idle,
+    async close(graceMs = 10_000) {
+      const force = setTimeout(() => app.server.closeAllConnections(), graceMs);
+      try {
+        await app.close();
+      } finally {
+        clearTimeout(force);
+      }
+      await idle();
+      await host.stop();
+    },
+  };
+}
+
+/** Why a completed JSON body disagrees with its receipt (usage and cost), or undefined. */
+function usageMismatch(body: Record<string, unknown>, r: Extract<CheckedReceipt, { ok: true }>): string | undefined {
+  const u = body.usage;
+  if (!isObj(u)) return undefined;
+  const p = r.payload;
+  if (u.prompt_tokens !== undefined && u.prompt_tokens !== p.usage.input_tokens) return `usage.prompt_tokens is ${String(u.prompt_tokens)}, the receipt says ${p.usage.input_tokens}`;
+  if (u.completion_tokens !== undefined && u.completion_tokens !== p.usage.output_tokens) return `usage.completion_tokens is ${String(u.completion_tokens)}, the receipt says ${p.usage.output_tokens}`;
+  if (u.cost !== undefined && u.cost !== formatUsd(BigInt(p.cost_micro_usd))) return `usage.cost is ${String(u.cost)}, the receipt says ${formatUsd(BigInt(p.cost_micro_usd))}`;
+  return undefined;
+}

@@ -1,0 +1,193 @@
+// The gateway's side of the development marketplace's HTTP API (docs/market-api.md): the market's
+// key, the provider list, tickets and receipt settlement. Failures become GatewayErrors: the
+// market's own error envelope and status are relayed; an unreachable market is 502
+// market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import { isHex } from '../../attestation/bytes.ts';
+import type { TicketRouting } from '../../attestation/ticket.ts';
+import { GatewayError, readErrorBody } from './errors.ts';
+
+export interface ProviderModel {
+  id: string;
+  quantization?: string;
+  context?: number;
+  slots?: number;
+  tokens_per_second?: number;
+}
+
+export interface ProviderEntry {
+  provider: string;
+  peer_id: string;
+  addresses: string[];
+  models: ProviderModel[];
+  price_version?: string;
+  last_seen?: number;
+  attestation_tier?: string;
+  /** Seen recently (the market's view); absent means unknown. */
+  live?: boolean;
+  /** Not stopping (the latest heartbeat); absent means unknown. */
+  accepting?: boolean;
+}
+
+export interface TicketRequest {
+  endpoint: string;
+  model: string;
+  body_sha256: string;
+  routing?: TicketRouting;
+  max_cost_micro_usd?: string;
+  request_id?: string;
+  account?: string;
+}
+
+export interface TicketGrant {
+  ticket: DsseEnvelope;
+  request_id: string;
+  provider: string;
+  peer_id: string;
+  addresses: string[];
+  price_version: string;
+}
+
+export interface MarketKey {
+  public_key: string;
+  key_id: string;
+}
+
+export interface ReceiptAck {
+  ok: boolean;
+  request_id?: string;
+  cost_micro_usd?: string;
+}
+
+export interface MarketClientOptions {
+  /** Per-call timeout (default 10 s). */
+  timeoutMs?: number;
+  fetch?: typeof fetch;
+}
+
+/** "http://h:p", "http://h:p/" and "http://h:p/v1" all name the same market. */
+export function normalizeMarketUrl(url: string): string {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    throw new TypeError(`market URL "${url}" is not a URL`);
+  }
+  if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`market URL "${url}" must be http or https`);
+  return u.toString().replace(/\/+$/, '').replace(/\/v1$/, '');
+}
+
+const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
+
+function readProvider(v: unknown): ProviderEntry | undefined {
+  if (!isObj(v) || !isHex(v.provider, 32) || typeof v.peer_id !== 'string' || !Array.isArray(v.addresses) || !Array.isArray(v.models)) return undefined;
+  const models: ProviderModel[] = [];
+  for (const m of v.models) {
+    if (!isObj(m) || typeof m.id !== 'string') continue;
+    models.push({
+      id: m.id,
+      ...(typeof m.quantization === 'string' ? { quantization: m.quantization } : {}),
+      ...(typeof m.context === 'number' ? { context: m.context } : {}),
+      ...(typeof m.slots === 'number' ? { slots: m.slots } : {}),
+      ...(typeof m.tokens_per_second === 'number' ? { tokens_per_second: m.tokens_per_second } : {}),
+    });
+  }
+  return {
+    provider: v.provider,
+    peer_id: v.peer_id,
+    addresses: v.addresses.filter((a): a is string => typeof a === 'string'),
+    models,
+    ...(typeof v.price_version === 'string' ? { price_version: v.price_version } : {}),
+    ...(typeof v.last_seen === 'number' ? { last_seen: v.last_seen } : {}),
+    ...(typeof v.attestation_tier === 'string' ? { attestation_tier: v.attestation_tier } : {}),
+    ...(typeof v.live === 'boolean' ? { live: v.live } : {}),
+    ...(typeof v.accepting === 'boolean' ? { accepting: v.accepting } : {}),
+  };
+}
+
+export class MarketClient {
+  readonly baseUrl: string;
+  private readonly timeoutMs: number;
+  private readonly fetchFn: typeof fetch;
+  private key: Promise<MarketKey> | undefined;
+
+  constructor(url: string, opts: MarketClientOptions = {}) {
+    this.baseUrl = normalizeMarketUrl(url);
+    this.timeoutMs = opts.timeoutMs ?? 10_000;
+    this.fetchFn = opts.fetch ?? fetch;
+  }
+
+  /** JSON in, JSON out; a non-2xx answer throws the market's error (status and code relayed). */
+  private async call(method: 'GET' | 'POST', path: string, body?: unknown): Promise<unknown> {
+    let res: Response;
+    try {
+      res = await this.fetchFn(`${this.baseUrl}${path}`, {
+        method,
+        headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
+        ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
+    } catch (e) {
+      throw new GatewayError(502, 'market_unreachable', `the marketplace at ${this.baseUrl} did not answer: ${(e as Error).message}`);
+    }
+    const text = await res.text().catch(() => '');
+    let value: unknown;
+    try {
+      value = text === '' ? undefined : JSON.parse(text);
+    } catch {
+      value = undefined;
+    }
+    if (!res.ok) {
+      const err = readErrorBody(value);
+      if (err) throw new GatewayError(res.status, err.code, err.message);
+      throw new GatewayError(502, 'bad_market_response', `the marketplace answered ${method} ${path} with HTTP ${res.status}`);
+    }
+    if (value === undefined) throw bad(`answer to ${method} ${path}`);
+    return value;
+  }
+
+  /** GET /v1/market, once (the key does not change while the market runs). */
+  marketKey(): Promise<MarketKey> {
+    this.key ??= (async () => {
+      const v = await this.call('GET', '/v1/market');
+      if (!isObj(v) || !isHex(v.public_key, 32)) throw bad('key');
+      return { public_key: v.public_key, key_id: typeof v.key_id === 'string' ? v.key_id : v.public_key };
+    })();
+    this.key.catch(() => (this.key = undefined)); // try again next time
+    return this.key;
+  }
+
+  /** GET /v1/providers. */
+  async providers(): Promise<ProviderEntry[]> {
+    const v = await this.call('GET', '/v1/providers');
+    const list = Array.isArray(v) ? v : isObj(v) && Array.isArray(v.providers) ? v.providers : isObj(v) && Array.isArray(v.data) ? v.data : undefined;
+    if (!list) throw bad('provider list');
+    return list.map(readProvider).filter((p): p is ProviderEntry => p !== undefined);
+  }
+
+  /** POST /v1/tickets. */
+  async ticket(req: TicketRequest): Promise<TicketGrant> {
+    const v = await this.call('POST', '/v1/tickets', req);
+    if (!isObj(v) || !isObj(v.ticket) || typeof v.request_id !== 'string' || !isHex(v.provider, 32) || typeof v.peer_id !== 'string' || !Array.isArray(v.addresses)) throw bad('ticket');
+    return {
+      ticket: v.ticket as unknown as DsseEnvelope,
+      request_id: v.request_id,
+      provider: v.provider,
+      peer_id: v.peer_id,
+      addresses: v.addresses.filter((a): a is string => typeof a === 'string'),
+      price_version: typeof v.price_version === 'string' ? v.price_version : '',
+    };
+  }
+
+  /** POST /v1/receipts: settles one receipt (idempotent per receipt at the market). */
+  async postReceipt(line: string): Promise<ReceiptAck> {
+    const v = await this.call('POST', '/v1/receipts', { receipt: line });
+    if (!isObj(v)) throw bad('receipt acknowledgement');
+    return {
+      ok: v.ok === true,
+      ...(typeof v.request_id === 'string' ? { request_id: v.request_id } : {}),
+      ...(typeof v.cost_micro_usd === 'string' ? { cost_micro_usd: v.cost_micro_usd } : {}),
+    };
+  }
+}

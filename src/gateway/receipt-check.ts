@@ -1,0 +1,49 @@
+// What the gateway checks of every receipt before it settles one or shows it to a buyer: the
+// verifier's checks (signature by the ticket's provider, canonical payload, every field, cost =
+// usage × rates, cost ≤ hold), and that it is the receipt of THIS request: the ticket, the exact
+// body bytes, the hold, and (when the gateway saw the whole answer) the exact response bytes.
+import { parseEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import type { ReceiptPayload } from '../../attestation/receipt.ts';
+import { verifyReceipt } from '../../attestation/receipt-verify.ts';
+
+export interface ReceiptExpectation {
+  provider: string;
+  requestId: string;
+  ticketId: string;
+  endpoint: string;
+  model: string;
+  bodySha256: string;
+  holdMicroUsd: string;
+  /** SHA-256 (hex) of every DATA byte received, when the answer arrived whole. */
+  responseSha256?: string;
+}
+
+export type CheckedReceipt = { ok: true; line: string; payload: ReceiptPayload; envelope: DsseEnvelope } | { ok: false; message: string };
+
+/**
+ * With `allowReplay` (the request carried an Idempotency-Key), a receipt of an EARLIER request with
+ * the same body is accepted too: the node answers a retry from its record, with the first
+ * request's receipt, and never uses the new ticket.
+ */
+export function checkReceipt(line: unknown, exp: ReceiptExpectation, allowReplay = false): CheckedReceipt {
+  if (typeof line !== 'string') return { ok: false, message: 'the answer carries no receipt' };
+  const v = verifyReceipt(line, { provider: exp.provider });
+  if (!v.ok) return { ok: false, message: `the receipt does not verify: ${v.error.code}: ${v.error.message}` };
+  const p = v.value.payload;
+  const replay = allowReplay && p.request_id !== exp.requestId;
+  const mismatches: [string, string, string][] = [
+    ['endpoint', p.endpoint, exp.endpoint],
+    ['model', p.model, exp.model],
+    ['request_sha256', p.request_sha256, exp.bodySha256],
+  ];
+  if (!replay) {
+    mismatches.push(['request_id', p.request_id, exp.requestId], ['ticket_id', p.ticket_id, exp.ticketId], ['hold_micro_usd', p.hold_micro_usd, exp.holdMicroUsd]);
+  }
+  if (exp.responseSha256 !== undefined) mismatches.push(['response_sha256', p.response_sha256, exp.responseSha256]);
+  for (const [field, got, want] of mismatches) {
+    if (got !== want) return { ok: false, message: `the receipt's ${field} is ${got.slice(0, 80)}, expected ${want.slice(0, 80)}` };
+  }
+  const env = parseEnvelope(line);
+  if (!env.ok) return { ok: false, message: 'the receipt is not an envelope' };
+  return { ok: true, line, payload: p, envelope: env.value };
+}

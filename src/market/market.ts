@@ -1,0 +1,70 @@
+// The development marketplace (`seller-node market`, docs/market-api.md): a fastify app with its
+// own Ed25519 key that verifies registrations, issues tickets and collects receipts. State lives
+// in memory; it is a tool for development and tests, not a production marketplace.
+import type { AddressInfo } from 'node:net';
+import { fastify, LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import { toHex } from '../../attestation/bytes.ts';
+import { ed25519PublicKey } from '../../attestation/ed25519.ts';
+import { registerRoutes } from './routes.ts';
+import { MarketStore } from './store.ts';
+
+export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
+
+export interface MarketOptions {
+  /** The market's 32-byte Ed25519 seed: it signs every ticket. */
+  seed: Uint8Array;
+  /** Interface to bind (default 127.0.0.1). */
+  host?: string;
+  /** Port to bind (default 0: a free one; see listen()'s url). */
+  port?: number;
+  /** Clock, ms since the epoch (default Date.now). */
+  now?: () => number;
+  /** The interval nodes are told to heartbeat at (default 5000 ms); live = seen within 3 of them. */
+  heartbeatIntervalMs?: number;
+  /** Pino logger; without one the market logs nothing. */
+  logger?: FastifyBaseLogger;
+}
+
+export interface Market {
+  readonly app: FastifyInstance;
+  /** Hex of the market's Ed25519 public key (also its key id): what nodes put in marketplace.public_keys. */
+  readonly publicKey: string;
+  readonly store: MarketStore;
+  listen(): Promise<{ url: string; host: string; port: number }>;
+  close(): Promise<void>;
+}
+
+export function createMarket(opts: MarketOptions): Market {
+  if (!(opts.seed instanceof Uint8Array) || opts.seed.length !== 32) throw new TypeError('market: seed must be 32 bytes');
+  const host = opts.host ?? '127.0.0.1';
+  const port = opts.port ?? 0;
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new RangeError(`market: port must be an integer 0..65535, got ${String(port)}`);
+  const heartbeatIntervalMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
+  if (!Number.isSafeInteger(heartbeatIntervalMs) || heartbeatIntervalMs < 1) throw new RangeError('market: heartbeatIntervalMs must be a positive integer');
+  const publicKey = toHex(ed25519PublicKey(opts.seed));
+  const store = new MarketStore();
+  const app: FastifyInstance = fastify({
+    ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: 4 * 1024 * 1024,
+    return503OnClosing: true,
+    // Bodies are checked as sent: no type coercion, nothing silently removed or defaulted.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
+  });
+  registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now: opts.now ?? Date.now, heartbeatIntervalMs });
+
+  return {
+    app,
+    publicKey,
+    store,
+    async listen() {
+      await app.listen({ host, port });
+      const a = app.server.address() as AddressInfo;
+      const shown = a.address.includes(':') ? `[${a.address}]` : a.address;
+      return { url: `http://${shown}:${a.port}`, host: a.address, port: a.port };
+    },
+    async close() {
+      await app.close();
+    },
+  };
+}

@@ -1,0 +1,161 @@
+// Providers: checking a registration (signed by the node's key, PeerId of that key, a price list
+// the same key signed covering every model, recent), accepting heartbeats (the node's signed
+// capacity snapshot), and deciding who is live.
+import { fromBase64, fromHex, fromUtf8, isHex } from '../../attestation/bytes.ts';
+import { checkEnvelopeShape, verifyEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import type { Rates } from '../../attestation/money.ts';
+import { verifyPriceList } from '../../attestation/price-list.ts';
+import { readPayload } from '../../attestation/signed-payload.ts';
+import type { VerifyError } from '../../attestation/result.ts';
+import { CAPACITY_PAYLOAD_TYPE, type CapacitySnapshot } from '../p2p/capacity-protocol.ts';
+import { peerIdFromProviderId } from '../p2p/peer-id.ts';
+import { validateCapacitySnapshot } from './capacity.ts';
+import { MarketError } from './errors.ts';
+import { REGISTRATION_PAYLOAD_TYPE, validateRegistrationPayload, type RegistrationPayload } from './registration-payload.ts';
+import type { MarketStore, ProviderRecord } from './store.ts';
+
+/** How far a registration's issued_at (or a heartbeat's at) may be from the market's clock. */
+export const MAX_CLOCK_DIFFERENCE_MS = 5 * 60_000;
+/** A provider is live while its last registration or heartbeat is this many intervals old at most. */
+export const LIVE_INTERVALS = 3;
+
+const SIGNATURE_CODES = new Set(['unknown_key', 'signature_invalid', 'signature_malformed']);
+
+/**
+ * The provider a signed body claims to come from, read before the signature is checked (the
+ * signature is then checked against exactly that key). Undefined when it cannot be read.
+ */
+function claimedProvider(env: DsseEnvelope): string | undefined {
+  const bytes = fromBase64(env.payload);
+  const text = bytes && fromUtf8(bytes);
+  if (text === undefined) return undefined;
+  try {
+    const p = (JSON.parse(text) as { provider?: unknown } | null)?.provider;
+    return isHex(p, 32) ? p : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Shape, payload type, claimed provider and signature by that provider's key: the common start of both bodies. */
+function verifySignedBody(body: unknown, payloadType: string, invalidCode: string, what: string): { provider: string; payload: Uint8Array } {
+  const shaped = checkEnvelopeShape(body);
+  if (!shaped.ok) throw new MarketError(400, invalidCode, `envelope: ${shaped.error.message}`);
+  const env = shaped.value;
+  if (env.payloadType !== payloadType) throw new MarketError(400, invalidCode, `payloadType: expected ${payloadType}`);
+  const provider = claimedProvider(env);
+  if (provider === undefined) throw new MarketError(400, invalidCode, `provider: the ${what} payload names no provider (64 lowercase hex characters)`);
+  const v = verifyEnvelope(env, { payloadType, keys: [{ keyid: provider, publicKey: fromHex(provider) }] });
+  if (!v.ok) {
+    if (SIGNATURE_CODES.has(v.error.code)) {
+      const why = v.error.code === 'unknown_key' ? `no signature by the key of provider ${provider} (keyid = provider id)` : v.error.message;
+      throw new MarketError(401, 'signature_invalid', `${what}: ${why}`);
+    }
+    throw new MarketError(400, invalidCode, `envelope: ${v.error.message}`);
+  }
+  return { provider, payload: v.value.payload };
+}
+
+function payloadError(code: string, e: VerifyError): MarketError {
+  // readPayload's messages start with "<what> <field>: …", which names the field.
+  return new MarketError(400, code, e.message);
+}
+
+export interface VerifiedRegistration {
+  payload: RegistrationPayload;
+  rates: Map<string, Rates>;
+}
+
+/** Checks a registration envelope; throws MarketError (400 registration_invalid, 401 signature_invalid). */
+export function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
+  const code = 'registration_invalid';
+  const { provider, payload: bytes } = verifySignedBody(body, REGISTRATION_PAYLOAD_TYPE, code, 'registration');
+  const read = readPayload(bytes, validateRegistrationPayload, 'registration');
+  if (!read.ok) throw payloadError(code, read.error);
+  const p = read.value;
+  const peerId = peerIdFromProviderId(provider).toString();
+  if (p.peer_id !== peerId) throw new MarketError(400, code, `peer_id: ${p.peer_id.slice(0, 80)} is not the PeerId of provider ${provider} (${peerId})`);
+  const prices = verifyPriceList(p.price_list, { provider });
+  if (!prices.ok) throw new MarketError(400, code, `price_list: does not verify for provider ${provider} (${prices.error.code}: ${prices.error.message})`);
+  if (prices.value.version !== p.price_version) throw new MarketError(400, code, `price_version: is ${p.price_version}, the price list's version is ${prices.value.version}`);
+  const rates = new Map<string, Rates>();
+  for (const e of prices.value.models) {
+    rates.set(e.model, { input_per_mtok: BigInt(e.input_per_mtok), output_per_mtok: BigInt(e.output_per_mtok) });
+  }
+  p.models.forEach((m, i) => {
+    if (!rates.has(m.id)) throw new MarketError(400, code, `price_list: has no price for models[${i}] "${m.id.slice(0, 100)}"`);
+  });
+  if (Math.abs(now - p.issued_at) > MAX_CLOCK_DIFFERENCE_MS) {
+    throw new MarketError(400, code, `issued_at: ${p.issued_at} is more than 5 minutes from the market's clock (${now})`);
+  }
+  return { payload: p, rates };
+}
+
+/** Registers (or re-registers) a provider. An older registration than the one in force is refused. */
+export function register(store: MarketStore, body: unknown, now: number): ProviderRecord {
+  const { payload: p, rates } = verifyRegistration(body, now);
+  const old = store.providers.get(p.provider);
+  if (old && p.issued_at < old.issued_at) {
+    throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is older than the registration in force (${old.issued_at})`);
+  }
+  const record: ProviderRecord = {
+    provider: p.provider,
+    peer_id: p.peer_id,
+    addresses: p.addresses,
+    models: p.models,
+    price_version: p.price_version,
+    attestation_tier: p.attestation_tier,
+    rates,
+    price_list: p.price_list,
+    issued_at: p.issued_at,
+    registered_at: now,
+    last_seen: now,
+    last_ticket_at: old?.last_ticket_at ?? 0,
+  };
+  store.providers.set(p.provider, record);
+  return record;
+}
+
+/**
+ * Takes a heartbeat (a signed capacity snapshot). 404 unknown_provider when the provider is not
+ * registered here, or registered under another price version (it restarted with new prices): the
+ * node then registers again.
+ */
+export function heartbeat(store: MarketStore, body: unknown, now: number): ProviderRecord {
+  const code = 'heartbeat_invalid';
+  const { provider, payload: bytes } = verifySignedBody(body, CAPACITY_PAYLOAD_TYPE, code, 'heartbeat');
+  const read = readPayload(bytes, validateCapacitySnapshot, 'capacity snapshot');
+  if (!read.ok) throw payloadError(code, read.error);
+  const snap: CapacitySnapshot = read.value;
+  const record = store.providers.get(provider);
+  if (!record) throw new MarketError(404, 'unknown_provider', `provider ${provider} is not registered here: register again`);
+  if (snap.price_version !== record.price_version) {
+    throw new MarketError(404, 'unknown_provider', `provider ${provider} is registered with price version ${record.price_version}, the heartbeat says ${snap.price_version}: register again`);
+  }
+  if (Math.abs(now - snap.at) > MAX_CLOCK_DIFFERENCE_MS) throw new MarketError(400, code, `at: ${snap.at} is more than 5 minutes from the market's clock (${now})`);
+  // A replayed or reordered older snapshot neither refreshes liveness nor replaces a newer one.
+  if (!record.capacity || snap.at > record.capacity.at) {
+    record.capacity = snap;
+    record.last_seen = now;
+  }
+  return record;
+}
+
+export function isLive(p: ProviderRecord, now: number, heartbeatIntervalMs: number): boolean {
+  return now - p.last_seen <= LIVE_INTERVALS * heartbeatIntervalMs;
+}
+
+/** The public view of a provider (GET /v1/providers). */
+export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs: number) {
+  return {
+    provider: p.provider,
+    peer_id: p.peer_id,
+    addresses: p.addresses,
+    models: p.models,
+    price_version: p.price_version,
+    attestation_tier: p.attestation_tier,
+    last_seen: p.last_seen,
+    live: isLive(p, now, heartbeatIntervalMs),
+    accepting: p.capacity?.accepting ?? true,
+  };
+}

@@ -1,0 +1,85 @@
+// The registration a node signs and the marketplace verifies (docs/market-api.md §Providers): who
+// the provider is, where to dial it, what it sells and at which signed prices. Shared by the node
+// (src/registration.ts signs it) and the market (providers.ts checks it), so both agree on every
+// field.
+import { multiaddr } from '@multiformats/multiaddr';
+import { utf8 } from '../../attestation/bytes.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
+import { checkEnvelopeShape, signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import * as f from '../../attestation/fields.ts';
+import { ATTESTATION_TIERS, type AttestationTier } from '../../attestation/receipt.ts';
+
+export const REGISTRATION_PAYLOAD_TYPE = 'application/vnd.service.registration.v1+json';
+
+export interface RegisteredModel {
+  id: string;
+  /** Canonical bucket: lowercase, "_" → "-". */
+  quantization: string;
+  context: number;
+  slots: number;
+  tokens_per_second: number;
+}
+
+export interface RegistrationPayload {
+  v: 1;
+  provider: string;
+  peer_id: string;
+  addresses: string[];
+  price_version: string;
+  price_list: DsseEnvelope;
+  models: RegisteredModel[];
+  attestation_tier: AttestationTier;
+  issued_at: number;
+}
+
+const ID_RE = /^[A-Za-z0-9._:-]+$/;
+const QUANT_RE = /^[a-z0-9][a-z0-9.-]*$/;
+const FIELDS = ['v', 'provider', 'peer_id', 'addresses', 'price_version', 'price_list', 'models', 'attestation_tier', 'issued_at'] as const;
+const MODEL_FIELDS = ['id', 'quantization', 'context', 'slots', 'tokens_per_second'] as const;
+
+/** Checks every field of a registration payload; throws FieldError naming the first bad one. */
+export function validateRegistrationPayload(value: unknown): RegistrationPayload {
+  const p = f.object(value, '');
+  f.keys(p, '', FIELDS);
+  if (p.v !== 1) throw new f.FieldError('v', 'expected 1');
+  f.hex32(p.provider, 'provider');
+  f.string(p.peer_id, 'peer_id', 128, /^[A-Za-z0-9]+$/);
+  if (!Array.isArray(p.addresses) || p.addresses.length === 0 || p.addresses.length > 32) throw new f.FieldError('addresses', 'expected 1 to 32 multiaddrs');
+  p.addresses.forEach((a, i) => {
+    f.string(a, `addresses[${i}]`, 512);
+    try {
+      multiaddr(a as string);
+    } catch (e) {
+      throw new f.FieldError(`addresses[${i}]`, `not a multiaddr (${(e as Error).message})`);
+    }
+  });
+  f.string(p.price_version, 'price_version', 64, ID_RE);
+  const shaped = checkEnvelopeShape(p.price_list);
+  if (!shaped.ok) throw new f.FieldError('price_list', shaped.error.message);
+  if (!Array.isArray(p.models) || p.models.length === 0 || p.models.length > 1000) throw new f.FieldError('models', 'expected 1 to 1000 entries');
+  const seen = new Set<string>();
+  p.models.forEach((m, i) => {
+    const where = `models[${i}]`;
+    const o = f.object(m, where);
+    f.keys(o, where, MODEL_FIELDS);
+    const id = f.string(o.id, `${where}.id`, 256);
+    if (seen.has(id)) throw new f.FieldError(`${where}.id`, `"${id}" is listed twice`);
+    seen.add(id);
+    f.string(o.quantization, `${where}.quantization`, 32, QUANT_RE);
+    const context = f.uint(o.context, `${where}.context`);
+    if (context < 1 || context > 4294967295) throw new f.FieldError(`${where}.context`, 'expected 1 to 4294967295');
+    const slots = f.uint(o.slots, `${where}.slots`);
+    if (slots < 1) throw new f.FieldError(`${where}.slots`, 'expected at least 1');
+    const tps = o.tokens_per_second;
+    if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0) throw new f.FieldError(`${where}.tokens_per_second`, 'expected a non-negative number');
+  });
+  f.oneOf(p.attestation_tier, 'attestation_tier', ATTESTATION_TIERS);
+  f.uint(p.issued_at, 'issued_at');
+  return p as unknown as RegistrationPayload;
+}
+
+/** Signs a registration with the node's key (keyid = provider id); validates it first. */
+export function signRegistration(seed: Uint8Array, payload: RegistrationPayload): DsseEnvelope {
+  validateRegistrationPayload(payload);
+  return signEnvelope(REGISTRATION_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: payload.provider, seed });
+}

@@ -1,0 +1,132 @@
+// Ticket issuance: pick a live provider that serves the model and meets the routing, set the hold,
+// sign a ticket valid for 60 s, and remember it so receipts can be matched to it.
+import crypto from 'node:crypto';
+import { utf8 } from '../../attestation/bytes.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
+import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import { FieldError } from '../../attestation/fields.ts';
+import type { Rates } from '../../attestation/money.ts';
+import { ATTESTATION_TIERS } from '../../attestation/receipt.ts';
+import { TICKET_PAYLOAD_TYPE, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
+import { quantizationBucket } from '../dispatch/routing.ts';
+import { MarketError } from './errors.ts';
+import { isLive } from './providers.ts';
+import type { RegisteredModel } from './registration-payload.ts';
+import type { MarketStore, ProviderRecord } from './store.ts';
+
+export const TICKET_TTL_MS = 60_000;
+export const DEFAULT_ACCOUNT = 'dev';
+
+export interface TicketRequest {
+  endpoint: string;
+  model: string;
+  body_sha256: string;
+  routing?: TicketRouting;
+  max_cost_micro_usd?: string;
+  request_id?: string;
+  account?: string;
+}
+
+export interface IssuedTicketResponse {
+  ticket: DsseEnvelope;
+  request_id: string;
+  provider: string;
+  peer_id: string;
+  addresses: string[];
+  price_version: string;
+}
+
+export interface TicketContext {
+  store: MarketStore;
+  signer: { seed: Uint8Array; keyid: string };
+  now: number;
+  heartbeatIntervalMs: number;
+}
+
+/** Why a live provider cannot take this request, or undefined when it can. */
+function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: Rates): string | undefined {
+  if (p.capacity && !p.capacity.accepting) return 'not accepting work (stopping)';
+  if (r.min_context !== undefined && m.context < r.min_context) return `context ${m.context} is below ${r.min_context}`;
+  if (r.quantization !== undefined && quantizationBucket(r.quantization) !== m.quantization) return `quantization ${m.quantization} is not ${quantizationBucket(r.quantization)}`;
+  if (r.min_tokens_per_second !== undefined && m.tokens_per_second < r.min_tokens_per_second) return `throughput ${m.tokens_per_second} tokens/s is below ${r.min_tokens_per_second}`;
+  if (r.min_attestation_tier !== undefined && ATTESTATION_TIERS.indexOf(p.attestation_tier) < ATTESTATION_TIERS.indexOf(r.min_attestation_tier)) return `tier ${p.attestation_tier} is below ${r.min_attestation_tier}`;
+  if (r.max_input_price_micro_usd_per_mtok !== undefined && rates.input_per_mtok > BigInt(r.max_input_price_micro_usd_per_mtok)) return `${PRICE} input price ${rates.input_per_mtok} is above ${r.max_input_price_micro_usd_per_mtok}`;
+  if (r.max_output_price_micro_usd_per_mtok !== undefined && rates.output_per_mtok > BigInt(r.max_output_price_micro_usd_per_mtok)) return `${PRICE} output price ${rates.output_per_mtok} is above ${r.max_output_price_micro_usd_per_mtok}`;
+  return undefined;
+}
+
+/** Marks the reasons that are price ceilings: when every candidate fails on price, the answer is 403. */
+const PRICE = 'price ceiling:';
+
+/** Free slots as the latest heartbeat reported them (all slots when none arrived yet). */
+function freeSlots(p: ProviderRecord, model: RegisteredModel): number {
+  const c = p.capacity?.models.find((m) => m.id === model.id);
+  return c ? c.free_slots : model.slots;
+}
+
+/** The worst case at the model's context: ceil(context × max(in, out rate) / 10^6). */
+export function worstCaseHold(context: number, rates: Rates): bigint {
+  const rate = rates.input_per_mtok > rates.output_per_mtok ? rates.input_per_mtok : rates.output_per_mtok;
+  return (BigInt(context) * rate + 999_999n) / 1_000_000n;
+}
+
+function validated(payload: TicketPayload): TicketPayload {
+  try {
+    return validateTicketPayload(payload);
+  } catch (e) {
+    if (e instanceof FieldError) throw new MarketError(400, 'invalid_request', e.message);
+    throw e;
+  }
+}
+
+export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicketResponse {
+  const { store, now } = ctx;
+  // Check the request's own fields (and the routing) before choosing anyone.
+  const draft: TicketPayload = {
+    v: TICKET_VERSION,
+    ticket_id: 'tkt-' + crypto.randomUUID(),
+    request_id: req.request_id ?? 'req-' + crypto.randomUUID(),
+    provider: '0'.repeat(64),
+    account: req.account ?? DEFAULT_ACCOUNT,
+    endpoint: req.endpoint,
+    model: req.model,
+    price_version: 'p',
+    max_cost_micro_usd: req.max_cost_micro_usd ?? '0',
+    body_sha256: req.body_sha256,
+    // Passed through as given, except the quantization, which is resolved to its bucket.
+    routing: req.routing?.quantization === undefined || typeof req.routing.quantization !== 'string' ? (req.routing ?? {}) : { ...req.routing, quantization: quantizationBucket(req.routing.quantization) },
+    issued_at: now,
+    expires_at: now + TICKET_TTL_MS,
+  };
+  validated(draft);
+
+  const serving = [...store.providers.values()].flatMap((p) => {
+    const m = p.models.find((x) => x.id === req.model);
+    return m ? [{ p, m, rates: p.rates.get(m.id)! }] : [];
+  });
+  if (serving.length === 0) throw new MarketError(404, 'model_not_found', `no registered provider serves model "${req.model.slice(0, 200)}"`);
+  const live = serving.filter((c) => isLive(c.p, now, ctx.heartbeatIntervalMs));
+  if (live.length === 0) throw new MarketError(503, 'no_provider', `${serving.length} registered provider(s) serve "${req.model.slice(0, 200)}", none is live`);
+  const reasons: string[] = [];
+  const eligible = live.filter((c) => {
+    const why = unmet(draft.routing, c.p, c.m, c.rates);
+    if (why) reasons.push(why);
+    return !why;
+  });
+  const best = eligible.sort((a, b) => freeSlots(b.p, b.m) - freeSlots(a.p, a.m) || a.p.last_ticket_at - b.p.last_ticket_at)[0];
+  if (!best) {
+    // The spec: a price ceiling refuses the request before any hold, with 403 price_ceiling_exceeded.
+    if (reasons.length > 0 && reasons.every((r) => r.startsWith(PRICE))) throw new MarketError(403, 'price_ceiling_exceeded', `every provider of "${req.model.slice(0, 200)}" is above the price ceiling: ${reasons[0]!.slice(PRICE.length + 1)}`);
+    throw new MarketError(503, 'no_provider', `no live provider of "${req.model.slice(0, 200)}" meets the routing: ${reasons[0]}`);
+  }
+
+  const hold = req.max_cost_micro_usd ?? worstCaseHold(best.m.context, best.rates).toString();
+  const payload = validated({ ...draft, provider: best.p.provider, price_version: best.p.price_version, max_cost_micro_usd: hold });
+  const ticket = signEnvelope(TICKET_PAYLOAD_TYPE, utf8(canonicalize(payload)), ctx.signer);
+  best.p.last_ticket_at = now;
+  store.addTicket(
+    { ticket_id: payload.ticket_id, request_id: payload.request_id, provider: payload.provider, endpoint: payload.endpoint, model: payload.model, price_version: payload.price_version, hold: BigInt(hold), issued_at: payload.issued_at, expires_at: payload.expires_at },
+    now,
+  );
+  return { ticket, request_id: payload.request_id, provider: best.p.provider, peer_id: best.p.peer_id, addresses: best.p.addresses, price_version: best.p.price_version };
+}

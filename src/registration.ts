@@ -1,0 +1,189 @@
+// The node's side of the marketplace (docs/market-api.md §Providers): register on start, then send
+// the signed capacity snapshot as a heartbeat every interval. While the market is unreachable the
+// node keeps serving (tickets it already holds stay good) and keeps trying: registration with
+// backoff, heartbeats at their interval. A heartbeat answered 404 unknown_provider (the market
+// restarted or forgot us) makes the node register again. Nothing here ever throws into the node.
+import { utf8 } from '../attestation/bytes.ts';
+import { canonicalize } from '../attestation/canonical-json.ts';
+import { signEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
+import type { AttestationTier } from '../attestation/receipt.ts';
+import { REGISTRATION_PAYLOAD_TYPE, signRegistration, type RegisteredModel, type RegistrationPayload } from './market/registration-payload.ts';
+import type { Logger } from './ops/logger.ts';
+import { CAPACITY_PAYLOAD_TYPE, type CapacitySnapshot } from './p2p/capacity-protocol.ts';
+
+export { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel };
+
+export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
+
+export interface RegistrationOptions {
+  /** The marketplace's base URL, e.g. http://127.0.0.1:11436 (the /v1/… paths are added). */
+  marketUrl: string;
+  /** The node's Ed25519 seed: it signs the registration. */
+  seed: Uint8Array;
+  providerId: string;
+  peerId: string;
+  /** The multiaddrs buyers dial (read at every registration when a function). */
+  addresses: string[] | (() => string[]);
+  /** The node's signed price list and its version. */
+  priceList: { envelope: DsseEnvelope; version: string };
+  models: RegisteredModel[];
+  tier: AttestationTier;
+  /** The node's signed capacity snapshot, sent as the heartbeat body. */
+  capacity: () => DsseEnvelope;
+  /** Heartbeat interval; default: what the market answers at registration (else 5000 ms). */
+  intervalMs?: number;
+  logger?: Logger;
+  /** Registration retry backoff: starts at initialMs (default 500), doubles up to maxMs (default 10000). */
+  backoff?: { initialMs?: number; maxMs?: number };
+  /** Per-request timeout (default 5000 ms). */
+  requestTimeoutMs?: number;
+}
+
+export interface Registration {
+  /** Whether the market accepted the latest registration and has not since answered unknown_provider. */
+  readonly registered: boolean;
+  /** Stops heartbeating; resolves when no request is in flight any more. */
+  stop(): Promise<void>;
+}
+
+/** Signs a capacity snapshot as the node's /service/capacity protocol does (the heartbeat body). */
+export function signCapacity(signer: { seed: Uint8Array; providerId: string }, snapshot: Omit<CapacitySnapshot, 'v' | 'provider' | 'at'>, at = Date.now()): DsseEnvelope {
+  const payload: CapacitySnapshot = { v: 1, provider: signer.providerId, at, ...snapshot };
+  return signEnvelope(CAPACITY_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: signer.providerId, seed: signer.seed });
+}
+
+type Outcome =
+  | { kind: 'ok'; body: Record<string, unknown> }
+  /** The market answered with an error. */
+  | { kind: 'refused'; status: number; code: string; message: string }
+  /** No answer: connection refused, timeout, a non-JSON reply. */
+  | { kind: 'unreachable'; message: string };
+
+export function startRegistration(o: RegistrationOptions): Registration {
+  const base = o.marketUrl.replace(/\/+$/, '');
+  const log = o.logger;
+  const initialBackoff = o.backoff?.initialMs ?? 500;
+  const maxBackoff = Math.max(initialBackoff, o.backoff?.maxMs ?? 10_000);
+  const timeoutMs = o.requestTimeoutMs ?? 5_000;
+  const stopper = new AbortController();
+  let registered = false;
+
+  const sleep = (ms: number) =>
+    new Promise<void>((resolve) => {
+      if (stopper.signal.aborted) return resolve();
+      const done = () => {
+        clearTimeout(timer);
+        stopper.signal.removeEventListener('abort', done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      stopper.signal.addEventListener('abort', done);
+    });
+
+  async function post(path: string, body: unknown): Promise<Outcome> {
+    let res: Response;
+    try {
+      res = await fetch(base + path, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+        signal: AbortSignal.any([stopper.signal, AbortSignal.timeout(timeoutMs)]),
+      });
+    } catch (e) {
+      const cause = (e as { cause?: { code?: string; message?: string } }).cause;
+      return { kind: 'unreachable', message: cause?.code ?? cause?.message ?? (e as Error).message };
+    }
+    let json: unknown;
+    try {
+      json = await res.json();
+    } catch {
+      return { kind: 'unreachable', message: `HTTP ${res.status} with a body that is not JSON` };
+    }
+    const obj = json !== null && typeof json === 'object' && !Array.isArray(json) ? (json as Record<string, unknown>) : {};
+    if (res.ok) return { kind: 'ok', body: obj };
+    const err = (obj.error ?? {}) as { code?: unknown; message?: unknown };
+    const outcome = { kind: 'refused' as const, status: res.status, code: typeof err.code === 'string' ? err.code : `http_${res.status}`, message: typeof err.message === 'string' ? err.message : '' };
+    // A 5xx is the market failing, not refusing us: treat it like no answer.
+    return res.status >= 500 ? { kind: 'unreachable', message: `HTTP ${res.status} ${outcome.code}` } : outcome;
+  }
+
+  function registration(): DsseEnvelope {
+    const payload: RegistrationPayload = {
+      v: 1,
+      provider: o.providerId,
+      peer_id: o.peerId,
+      // The market takes at most 32 (a host with many interfaces may list more).
+      addresses: (typeof o.addresses === 'function' ? o.addresses() : o.addresses).slice(0, 32),
+      price_version: o.priceList.version,
+      price_list: o.priceList.envelope,
+      models: o.models,
+      attestation_tier: o.tier,
+      issued_at: Date.now(),
+    };
+    return signRegistration(o.seed, payload);
+  }
+
+  const loop = async () => {
+    let backoff = initialBackoff;
+    let interval = o.intervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
+    let attempts = 0;
+    let heartbeatFailing = false;
+    while (!stopper.signal.aborted) {
+      try {
+        if (!registered) {
+          attempts++;
+          const r = await post('/v1/providers/register', registration());
+          if (stopper.signal.aborted) break;
+          if (r.kind === 'ok') {
+            registered = true;
+            const told = r.body.heartbeat_interval_ms;
+            interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? told : DEFAULT_HEARTBEAT_INTERVAL_MS);
+            log?.info({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
+            attempts = 0;
+            backoff = initialBackoff;
+            heartbeatFailing = false;
+            await sleep(interval);
+            continue;
+          }
+          // The first failure is a warning (a refusal, an error: the operator must act); retries are quiet.
+          const fields = { market: base, attempts, retry_in_ms: backoff, ...(r.kind === 'refused' ? { status: r.status, code: r.code, reason: r.message } : { reason: r.message }) };
+          if (r.kind === 'refused') log?.[attempts === 1 ? 'error' : 'debug'](fields, 'the marketplace refused the registration; retrying');
+          else log?.[attempts === 1 ? 'warn' : 'debug'](fields, 'marketplace unreachable; registration will be retried');
+          await sleep(backoff * (0.8 + 0.4 * Math.random()));
+          backoff = Math.min(backoff * 2, maxBackoff);
+          continue;
+        }
+        const r = await post('/v1/providers/heartbeat', o.capacity());
+        if (stopper.signal.aborted) break;
+        if (r.kind === 'refused' && r.status === 404 && r.code === 'unknown_provider') {
+          registered = false;
+          log?.info({ market: base, reason: r.message }, 'the marketplace does not know this node; registering again');
+          continue;
+        }
+        if (r.kind === 'ok') {
+          if (heartbeatFailing) log?.info({ market: base }, 'marketplace reachable again');
+          heartbeatFailing = false;
+        } else if (!heartbeatFailing) {
+          heartbeatFailing = true;
+          log?.warn({ market: base, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message }, 'heartbeat failed; still serving, will keep trying');
+        }
+        await sleep(interval);
+      } catch (e) {
+        // A bug or a failing snapshot/signing callback: never take the node down for it.
+        log?.error({ market: base, reason: (e as Error)?.message }, 'marketplace registration loop error');
+        await sleep(maxBackoff);
+      }
+    }
+  };
+  const done = loop().catch(() => undefined);
+
+  return {
+    get registered() {
+      return registered;
+    },
+    async stop() {
+      stopper.abort();
+      await done;
+    },
+  };
+}

@@ -1,0 +1,131 @@
+// The gateway's pure pieces: X-Service-* headers → ticket routing, dial targets, URLs and --listen.
+import { describe, expect, test } from 'vitest';
+import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
+import { parseListen } from '../src/cli/gateway.ts';
+import { GatewayError } from '../src/gateway/errors.ts';
+import { dialTarget } from '../src/gateway/gateway.ts';
+import { normalizeMarketUrl } from '../src/gateway/market-client.ts';
+import { parseRoutingHeaders } from '../src/gateway/routing-headers.ts';
+import { testKey } from './helpers/receipts.ts';
+
+function refusal(headers: Record<string, string>): { status: number; code: string; message: string } {
+  try {
+    parseRoutingHeaders(headers);
+  } catch (e) {
+    if (e instanceof GatewayError) return { status: e.status, code: e.code, message: e.message };
+    throw e;
+  }
+  throw new Error('accepted');
+}
+
+describe('X-Service-* routing headers', () => {
+  test('no headers: no routing', () => {
+    expect(parseRoutingHeaders({})).toEqual({ routing: {} });
+  });
+
+  test('each header becomes its ticket routing field, money exactly in micro-USD', () => {
+    const p1 = 'AB'.repeat(32);
+    const p2 = 'cd'.repeat(32);
+    const r = parseRoutingHeaders({
+      'x-service-min-att-tier': '3',
+      'x-service-min-ctx': '4096',
+      'x-service-quant': 'Q4_K_M',
+      'x-service-prefer-providers': `${p1}, ${p2}`,
+      'x-service-hedge': '0',
+      'x-service-min-tok-s': '12.5',
+      'x-service-max-wait-ms': '0',
+      'x-service-max-cost-usd': '0.000001',
+      'x-service-max-input-price-per-million-usd': '0.15',
+      'x-service-max-output-price-per-million-usd': '12',
+      'x-service-max-representative-request-price-usd': '1.234567',
+    });
+    expect(r).toEqual({
+      routing: {
+        min_attestation_tier: 'T3',
+        min_context: 4096,
+        quantization: 'q4-k-m',
+        hedge: false,
+        min_tokens_per_second: 12.5,
+        max_wait_ms: 0,
+        max_cost_micro_usd: '1',
+        max_input_price_micro_usd_per_mtok: '150000',
+        max_output_price_micro_usd_per_mtok: '12000000',
+        max_request_price_micro_usd: '1234567',
+      },
+      maxCostMicroUsd: '1',
+      preferredProviders: [p1.toLowerCase(), p2],
+    });
+    expect(parseRoutingHeaders({ 'x-service-min-att-tier': 'T4' }).routing.min_attestation_tier).toBe('T4');
+    expect(parseRoutingHeaders({ 'x-service-min-att-tier': 't2' }).routing.min_attestation_tier).toBe('T2');
+    expect(parseRoutingHeaders({ 'x-service-hedge': '1' }).routing.hedge).toBe(true);
+    expect(parseRoutingHeaders({ 'x-service-min-ctx': '4294967295' }).routing.min_context).toBe(4294967295);
+  });
+
+  test.each([
+    ['X-Service-Min-Att-Tier', '0'],
+    ['X-Service-Min-Att-Tier', 'T5'],
+    ['X-Service-Min-Att-Tier', 'gold'],
+    ['X-Service-Min-Ctx', '0'],
+    ['X-Service-Min-Ctx', '4294967296'],
+    ['X-Service-Min-Ctx', '1.5'],
+    ['X-Service-Quant', ''],
+    ['X-Service-Quant', 'x'.repeat(33)],
+    ['X-Service-Quant', 'q4 k'],
+    ['X-Service-Prefer-Providers', ''],
+    ['X-Service-Prefer-Providers', 'ab'.repeat(31)],
+    ['X-Service-Prefer-Providers', `${'ab'.repeat(32)},${'ab'.repeat(32)}`],
+    ['X-Service-Prefer-Providers', Array.from({ length: 65 }, (_, i) => i.toString(16).padStart(64, '0')).join(',')],
+    ['X-Service-Hedge', 'true'],
+    ['X-Service-Min-Tok-S', '0'],
+    ['X-Service-Min-Tok-S', 'fast'],
+    ['X-Service-Max-Wait-Ms', '-1'],
+    ['X-Service-Max-Wait-Ms', '60001'],
+    ['X-Service-Max-Cost-Usd', '1.0000001'],
+    ['X-Service-Max-Cost-Usd', '$1'],
+    ['X-Service-Max-Input-Price-Per-Million-Usd', '1e-3'],
+    ['X-Service-Max-Output-Price-Per-Million-Usd', '-1'],
+    ['X-Service-Max-Representative-Request-Price-Usd', '01.5'],
+    ['X-Service-Estimate', 'short'],
+    ['X-Service-Estimate', 'est-0123456789abcdef'],
+  ])('%s: %j is 400 invalid_request naming the header', (name, value) => {
+    const r = refusal({ [name.toLowerCase()]: value });
+    expect(r).toMatchObject({ status: 400, code: 'invalid_request' });
+    expect(r.message.startsWith(`${name}:`)).toBe(true);
+  });
+
+  test('hedging cannot be combined with a preferred provider list', () => {
+    expect(refusal({ 'x-service-prefer-providers': 'ab'.repeat(32), 'x-service-hedge': '1' }).message).toMatch(/^X-Service-Hedge: cannot be combined/);
+  });
+});
+
+describe('dial targets', () => {
+  const key = testKey();
+  const peer = peerIdFromSeed(key.seed).toString();
+
+  test('every address ends in the provider\'s own PeerId', () => {
+    const t = dialTarget(key.id, peer, ['/ip4/127.0.0.1/tcp/4101', `/ip4/10.0.0.1/tcp/4101/p2p/${peer}`, '/ip4/10.0.0.2/tcp/1/p2p/' + peerIdFromSeed(testKey().seed).toString(), 'junk']);
+    expect(t.map(String)).toEqual([`/ip4/127.0.0.1/tcp/4101/p2p/${peer}`, `/ip4/10.0.0.1/tcp/4101/p2p/${peer}`]);
+  });
+
+  test('a peer id that is not the provider\'s key, or no usable address, is refused', () => {
+    expect(() => dialTarget(key.id, peerIdFromSeed(testKey().seed).toString(), ['/ip4/127.0.0.1/tcp/1'])).toThrow(/is not provider/);
+    expect(() => dialTarget(key.id, peer, ['junk'])).toThrow(/no usable address/);
+  });
+});
+
+describe('URLs and --listen', () => {
+  test('market URLs', () => {
+    expect(normalizeMarketUrl('http://127.0.0.1:11436/')).toBe('http://127.0.0.1:11436');
+    expect(normalizeMarketUrl('http://127.0.0.1:11436/v1')).toBe('http://127.0.0.1:11436');
+    expect(() => normalizeMarketUrl('ftp://x')).toThrow();
+    expect(() => normalizeMarketUrl('nope')).toThrow();
+  });
+
+  test('--listen', () => {
+    expect(parseListen('127.0.0.1:11435')).toEqual({ host: '127.0.0.1', port: 11435 });
+    expect(parseListen('[::1]:8080')).toEqual({ host: '::1', port: 8080 });
+    expect(parseListen('localhost')).toEqual({ host: 'localhost', port: 11435 });
+    expect(() => parseListen('127.0.0.1:99999')).toThrow();
+    expect(() => parseListen('a:b:c')).toThrow();
+  });
+});

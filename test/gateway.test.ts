@@ -1,0 +1,335 @@
+// The buyer gateway end to end: a real development marketplace, a real node (startNode on the tiny
+// model, registering itself with the market) and the gateway, driven by the official `openai` npm
+// client. Every receipt verifies against the node's key, token counts are the runtime tokenizer's,
+// costs are the price arithmetic, an aborted stream leaves a `cancelled` receipt, and bad input is
+// refused with the spec's error envelope.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
+import { computeCost, formatUsd } from '../attestation/money.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { parseConfig } from '../src/config.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import { checkReceipt } from '../src/gateway/receipt-check.ts';
+import type { RequestRecord } from '../src/gateway/records.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+
+const RATES = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
+const MODEL = 'tiny/llama';
+const CONTEXT = 1024;
+
+let dir: string;
+let market: Market;
+let marketUrl: string;
+let node: RunningNode;
+let gw: Gateway;
+let client: OpenAI;
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, ms = 10_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-e2e-'));
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 1000 });
+  marketUrl = (await market.listen()).url;
+  writeTinyLlama(path.join(dir, 'tiny.gguf'));
+  createKeyFile(path.join(dir, 'node.key'));
+  const yaml = [
+    'key: ./node.key',
+    'data_dir: ./data',
+    'listen: [/ip4/127.0.0.1/tcp/0]',
+    'marketplace:',
+    `  url: "${marketUrl}"`,
+    `  public_keys: ["${market.publicKey}"]`,
+    'models:',
+    `  - id: ${MODEL}`,
+    '    adapter: llama-embedded',
+    '    path: ./tiny.gguf',
+    `    context: ${CONTEXT}`,
+    '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
+    '    slots: 2',
+    'ops: { http: "127.0.0.1:0" }',
+    'receipts: { signer_threads: 1, checkpoint_interval_ms: 0 }',
+    'log_level: error',
+  ].join('\n');
+  node = await startNode(parseConfig(yaml, dir));
+  // The node registers itself with the market (marketplace.url); wait until the market lists it.
+  await waitFor('the node to register', async () => {
+    const list = (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string }[];
+    return list.some((p) => p.provider === node.providerId) ? true : undefined;
+  });
+  gw = await createGateway({ market: marketUrl, port: 0 });
+  client = new OpenAI({ baseURL: gw.url, apiKey: 'sk-svc-v1-test', maxRetries: 0 });
+});
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await node?.stop(1000);
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+/** The exact token count the node's runtime gives (POST /v1/count_tokens through the gateway). */
+async function countTokens(body: object): Promise<number> {
+  const r = await fetch(`${gw.url}/count_tokens`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, ...body }) });
+  expect(r.status).toBe(200);
+  return ((await r.json()) as { count: number }).count;
+}
+
+function costUsd(input: number, output: number): string {
+  return formatUsd(computeCost({ input_tokens: input, output_tokens: output }, RATES));
+}
+
+/** Verifies a receipt envelope against the node's key and returns its payload. */
+function verified(envelope: unknown) {
+  const v = verifyReceipt(serializeEnvelope(envelope as DsseEnvelope), { provider: node.providerId });
+  if (!v.ok) throw new Error(`receipt does not verify: ${v.error.code}: ${v.error.message}`);
+  return v.value.payload;
+}
+
+async function record(id: string): Promise<RequestRecord> {
+  const r = await fetch(`${gw.url}/requests/${id}`);
+  expect(r.status).toBe(200);
+  return (await r.json()) as RequestRecord;
+}
+
+/** The market's own copy of the settled receipt. */
+async function marketReceipt(id: string): Promise<{ status: string; cost_micro_usd: string; receipt: string }> {
+  const r = await fetch(`${marketUrl}/v1/receipts/${id}`);
+  expect(r.status).toBe(200);
+  return (await r.json()) as { status: string; cost_micro_usd: string; receipt: string };
+}
+
+const messages = [{ role: 'user' as const, content: 'hello world, the cat sat on the mat' }];
+
+describe('seller-node gateway (openai client → gateway → market ticket → node over libp2p)', () => {
+  test('GET /v1/models lists the live provider\'s model', async () => {
+    const page = await client.models.list();
+    const ids = page.data.map((m) => m.id);
+    expect(ids).toContain(MODEL);
+    expect(page.data.find((m) => m.id === MODEL)).toMatchObject({ object: 'model', context_length: CONTEXT, providers: 1 });
+    const one = await fetch(`${gw.url}/models/by-id?id=${encodeURIComponent(MODEL)}`);
+    expect(one.status).toBe(200);
+    await expect(client.models.retrieve('nobody/nothing')).rejects.toMatchObject({ status: 404 });
+  });
+
+  test('chat completion: body + usage.cost + a verified receipt, settled with the market and recorded', async () => {
+    const { data, response } = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 16, seed: 3 }).withResponse();
+    const id = response.headers.get('x-request-id')!;
+    expect(id).toMatch(/^req-/);
+    const body = data as typeof data & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };
+    expect(body.object).toBe('chat.completion');
+    expect(body.choices[0]!.message.role).toBe('assistant');
+    expect(body.service.request_id).toBe(id);
+    const inTokens = await countTokens({ messages });
+    expect(body.usage.prompt_tokens).toBe(inTokens);
+    expect(body.usage.completion_tokens).toBeGreaterThan(0);
+    expect(body.usage.completion_tokens).toBeLessThanOrEqual(16);
+    expect(body.usage.total_tokens).toBe(inTokens + body.usage.completion_tokens);
+    expect(body.usage.cost).toBe(costUsd(inTokens, body.usage.completion_tokens));
+    const p = verified(body.service.receipt);
+    expect(p).toMatchObject({ request_id: id, status: 'completed', provider: node.providerId, model: MODEL, endpoint: 'chat/completions' });
+    expect(p.usage).toEqual({ input_tokens: inTokens, output_tokens: body.usage.completion_tokens });
+    expect(formatUsd(BigInt(p.cost_micro_usd))).toBe(body.usage.cost);
+
+    const rec = await record(id);
+    expect(rec).toMatchObject({ request_id: id, status: 'completed', provider: node.providerId, cost: body.usage.cost, settled: true });
+    expect(rec.usage).toEqual({ prompt_tokens: inTokens, completion_tokens: body.usage.completion_tokens, total_tokens: body.usage.total_tokens });
+    expect(rec.receipt).toEqual(body.service.receipt);
+    const m = await marketReceipt(id);
+    expect(m).toMatchObject({ status: 'completed', cost_micro_usd: p.cost_micro_usd });
+    expect(m.receipt).toBe(serializeEnvelope(body.service.receipt as DsseEnvelope));
+
+    // The same receipt checked as the gateway does, but for another body: refused.
+    const line = serializeEnvelope(body.service.receipt as DsseEnvelope);
+    const exp = { provider: node.providerId, requestId: id, ticketId: p.ticket_id, endpoint: 'chat/completions', model: MODEL, bodySha256: p.request_sha256, holdMicroUsd: p.hold_micro_usd };
+    expect(checkReceipt(line, exp).ok).toBe(true);
+    expect(checkReceipt(line, { ...exp, bodySha256: '0'.repeat(64) })).toMatchObject({ ok: false, message: expect.stringMatching(/request_sha256/) });
+    expect(checkReceipt(line, { ...exp, provider: market.publicKey })).toMatchObject({ ok: false });
+  });
+
+  test('chat stream without include_usage: live SSE relay, no usage chunk, receipt settled', async () => {
+    const { data: stream, response } = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 12, seed: 4, stream: true }).withResponse();
+    expect(response.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    expect(response.headers.get('x-service-stream-mode')).toBe('live');
+    const id = response.headers.get('x-request-id')!;
+    let text = '';
+    let chunks = 0;
+    for await (const chunk of stream) {
+      chunks++;
+      expect(chunk.usage ?? null).toBeNull();
+      text += chunk.choices[0]?.delta.content ?? '';
+    }
+    expect(chunks).toBeGreaterThan(2);
+    const rec = await record(id);
+    expect(rec.status).toBe('completed');
+    expect(rec.settled).toBe(true);
+    const p = verified(rec.receipt);
+    expect(p.usage.input_tokens).toBe(await countTokens({ messages }));
+    expect(p.usage.output_tokens).toBeGreaterThan(0);
+    expect(rec.cost).toBe(costUsd(p.usage.input_tokens, p.usage.output_tokens));
+    expect(typeof text).toBe('string');
+  });
+
+  test('chat stream with include_usage: exactly one usage chunk, before [DONE], matching the receipt', async () => {
+    const { data: stream, response } = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 12, seed: 5, stream: true, stream_options: { include_usage: true } }).withResponse();
+    const id = response.headers.get('x-request-id')!;
+    const usages: (OpenAI.CompletionUsage & { cost?: string })[] = [];
+    for await (const chunk of stream) if (chunk.usage) usages.push(chunk.usage);
+    expect(usages).toHaveLength(1);
+    const u = usages[0]!;
+    expect(u.prompt_tokens).toBe(await countTokens({ messages }));
+    expect(u.cost).toBe(costUsd(u.prompt_tokens, u.completion_tokens));
+    const rec = await record(id);
+    const p = verified(rec.receipt);
+    expect(p.usage).toEqual({ input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens });
+    expect(rec.cost).toBe(u.cost);
+  });
+
+  test('legacy completion: body, usage.cost as the arithmetic, a verified receipt', async () => {
+    const prompt = 'the quick brown fox';
+    const res = (await client.completions.create({ model: MODEL, prompt, max_tokens: 10, seed: 6 })) as OpenAI.Completion & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };
+    expect(res.object).toBe('text_completion');
+    expect(res.usage.cost).toBe(costUsd(res.usage.prompt_tokens, res.usage.completion_tokens));
+    const p = verified(res.service.receipt);
+    expect(p).toMatchObject({ endpoint: 'completions', status: 'completed', request_id: res.service.request_id });
+    expect(p.usage).toEqual({ input_tokens: res.usage.prompt_tokens, output_tokens: res.usage.completion_tokens });
+    expect((await record(res.service.request_id)).settled).toBe(true);
+  });
+
+  // count_tokens answers exactly what a completion bills: the runtime's input tokens, BOS included.
+  test('legacy completion: prompt_tokens equal count_tokens({prompt})', async () => {
+    const prompt = 'the quick brown fox';
+    const res = await client.completions.create({ model: MODEL, prompt, max_tokens: 4, seed: 6 });
+    expect(res.usage!.prompt_tokens).toBe(await countTokens({ prompt }));
+  });
+
+  test('embeddings: one vector per input, billed for input tokens only', async () => {
+    const input = ['hello world', 'the cat sat'];
+    const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };
+    expect(res.data).toHaveLength(2);
+    expect(res.data[0]!.embedding.length).toBeGreaterThan(0);
+    const counts = (await Promise.all(input.map((prompt) => countTokens({ prompt })))).reduce((a, b) => a + b, 0);
+    expect(res.usage.prompt_tokens).toBe(counts);
+    expect(res.usage.cost).toBe(costUsd(counts, 0));
+    const p = verified(res.service.receipt);
+    expect(p).toMatchObject({ endpoint: 'embeddings', status: 'completed', usage: { input_tokens: counts, output_tokens: 0 } });
+    expect((await record(res.service.request_id)).status).toBe('completed');
+  });
+
+  test('tokenize: the tokenization object, no ticket, no receipt', async () => {
+    const receiptsBefore = ((await (await fetch(`${marketUrl}/v1/receipts`)).json()) as unknown[]).length;
+    const r = await fetch(`${gw.url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: 'hello world', return_tokens: true }) });
+    expect(r.status).toBe(200);
+    expect(r.headers.get('x-request-id')).toMatch(/^req-/);
+    const t = (await r.json()) as { object: string; model: string; count: number; tokens: number[]; max_model_len: number; provider: string };
+    expect(t).toMatchObject({ object: 'tokenization', model: MODEL, max_model_len: CONTEXT, provider: node.providerId });
+    expect(t.tokens).toHaveLength(t.count);
+    expect(t.count).toBeGreaterThan(0);
+    const plain = (await (await fetch(`${gw.url}/tokenize`, { method: 'POST', body: JSON.stringify({ model: MODEL, messages }) })).json()) as { tokens: unknown; count: number };
+    expect(plain.tokens).toBeNull();
+    expect(plain.count).toBe(await countTokens({ messages }));
+    expect(((await (await fetch(`${marketUrl}/v1/receipts`)).json()) as unknown[]).length).toBe(receiptsBefore);
+  });
+
+  test('a buyer who aborts mid-stream leaves a cancelled, verified, settled receipt at GET /v1/requests/{id}', async () => {
+    const ac = new AbortController();
+    const { data: stream, response } = await client.chat.completions
+      .create({ model: MODEL, messages, max_tokens: 900, seed: 7, stream: true }, { signal: ac.signal })
+      .withResponse();
+    const id = response.headers.get('x-request-id')!;
+    let chunks = 0;
+    // The client ends the iteration quietly on its own abort.
+    for await (const _ of stream) {
+      if (++chunks === 3) ac.abort();
+    }
+    expect(chunks).toBeLessThan(10);
+    const rec = await waitFor('the cancelled receipt', async () => {
+      const r = await record(id);
+      return r.status === 'in_progress' ? undefined : r;
+    });
+    expect(rec.status).toBe('cancelled');
+    expect(rec.settled).toBe(true);
+    const p = verified(rec.receipt);
+    expect(p).toMatchObject({ status: 'cancelled', request_id: id, provider: node.providerId });
+    expect(p.usage.output_tokens).toBeGreaterThanOrEqual(1);
+    expect(p.usage.output_tokens).toBeLessThan(900);
+    expect(rec.cost).toBe(costUsd(p.usage.input_tokens, p.usage.output_tokens));
+    expect((await marketReceipt(id)).status).toBe('cancelled');
+  });
+
+  test('an Idempotency-Key retry is answered with the first receipt, billed once', async () => {
+    const key = `idem-${crypto.randomUUID()}`;
+    const ask = async () => (await client.chat.completions.create({ model: MODEL, messages, max_tokens: 8, seed: 8 }, { headers: { 'Idempotency-Key': key } })) as OpenAI.ChatCompletion & { service: { request_id: string; receipt: unknown } };
+    const first = await ask();
+    const second = await ask();
+    expect(second.service.receipt).toEqual(first.service.receipt);
+    expect(second.service.request_id).toBe(first.service.request_id);
+    expect(second.choices[0]!.message.content).toBe(first.choices[0]!.message.content);
+  });
+
+  test('malformed X-Service-* headers are 400 invalid_request naming the header, before any ticket', async () => {
+    const cases: [string, string][] = [
+      ['X-Service-Min-Att-Tier', 'T5'],
+      ['X-Service-Min-Ctx', '0'],
+      ['X-Service-Quant', '_bad'],
+      ['X-Service-Prefer-Providers', 'abc'],
+      ['X-Service-Hedge', '2'],
+      ['X-Service-Min-Tok-S', '-1'],
+      ['X-Service-Max-Wait-Ms', '60001'],
+      ['X-Service-Max-Cost-Usd', '0.1234567'],
+      ['X-Service-Max-Input-Price-Per-Million-Usd', '1e3'],
+      ['X-Service-Max-Output-Price-Per-Million-Usd', 'free'],
+      ['X-Service-Max-Representative-Request-Price-Usd', '-0.5'],
+    ];
+    for (const [name, value] of cases) {
+      const r = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', [name]: value }, body: JSON.stringify({ model: MODEL, messages }) });
+      expect(r.status, name).toBe(400);
+      expect(r.headers.get('x-request-id')).toMatch(/^req-/);
+      const e = (await r.json()) as { error: { code: string; message: string } };
+      expect(e.error.code).toBe('invalid_request');
+      expect(e.error.message.startsWith(`${name}:`), e.error.message).toBe(true);
+    }
+    // Through the openai client too.
+    await expect(client.chat.completions.create({ model: MODEL, messages }, { headers: { 'X-Service-Min-Att-Tier': 'T9' } })).rejects.toMatchObject({ status: 400, code: 'invalid_request' });
+    // Good headers pass: tier, quantization normalisation, throughput, wait, cost cap, ceilings.
+    const ok = await client.chat.completions.create(
+      { model: MODEL, messages, max_tokens: 4 },
+      { headers: { 'X-Service-Min-Att-Tier': '1', 'X-Service-Quant': 'F32', 'X-Service-Min-Ctx': '512', 'X-Service-Max-Wait-Ms': '2000', 'X-Service-Max-Cost-Usd': '0.01', 'X-Service-Max-Input-Price-Per-Million-Usd': '0.15', 'X-Service-Max-Output-Price-Per-Million-Usd': '0.6' } },
+    );
+    const p = verified((ok as unknown as { service: { receipt: unknown } }).service.receipt);
+    expect(p.hold_micro_usd).toBe('10000');
+  });
+
+  test('unknown model is 404; unmet routing is 503; node refusals are relayed with their status and code', async () => {
+    await expect(client.chat.completions.create({ model: 'nobody/nothing', messages })).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
+    await expect(client.chat.completions.create({ model: MODEL, messages }, { headers: { 'X-Service-Quant': 'q4_k_m' } })).rejects.toMatchObject({ status: 503, code: 'no_provider' });
+    // The market does not check the representative-request ceiling; the node does, before any work.
+    await expect(client.chat.completions.create({ model: MODEL, messages, max_tokens: 50 }, { headers: { 'X-Service-Max-Representative-Request-Price-Usd': '0.000001' } })).rejects.toMatchObject({ status: 403, code: 'price_ceiling_exceeded' });
+    // A body the node's contract refuses: 400 naming the field, relayed from the node.
+    const bad = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, messages: [] }) });
+    expect(bad.status).toBe(400);
+    expect(((await bad.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'invalid_request', message: expect.stringMatching(/^messages/) });
+    const junk = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{not json' });
+    expect(junk.status).toBe(400);
+    const missing = await fetch(`${gw.url}/requests/req-does-not-exist`);
+    expect(missing.status).toBe(404);
+    expect(((await missing.json()) as { error: { code: string } }).error.code).toBe('request_not_found');
+  });
+});

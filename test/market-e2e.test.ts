@@ -1,0 +1,139 @@
+// `seller-node market` and `seller-node start` as real processes (the built CLI): the node
+// registers itself, the market issues a ticket for it, a buyer dials the address the market gave
+// over libp2p, and the market collects and verifies the receipt. Both stop cleanly on a signal.
+import { spawn, type ChildProcess } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { verifyTicket } from '../attestation/ticket-verify.ts';
+import { loadKeyFile } from '../src/identity.ts';
+import { createHost } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { assertCliBuilt, CLI_BIN, runCli } from './helpers/cli-run.ts';
+import { testKey } from './helpers/receipts.ts';
+import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+
+const dir = tempDir('seller-node-market-e2e-');
+const children: ChildProcess[] = [];
+afterAll(() => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  removeTemp(dir);
+});
+
+function spawnCli(args: string[]): { child: ChildProcess; exited: Promise<number | null>; stdout: () => string; stderr: () => string } {
+  const child = spawn(process.execPath, [CLI_BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  let out = '';
+  let err = '';
+  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+  return { child, exited, stdout: () => out, stderr: () => err };
+}
+
+async function waitFor<T>(what: string, get: () => T | undefined | Promise<T | undefined>, ms = 15_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await get();
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function startMarketProcess(data: string) {
+  const p = spawnCli(['market', '--data', data, '--listen', '127.0.0.1:0']);
+  const started = await waitFor('the market to start', () => {
+    if (p.child.exitCode !== null) throw new Error(`market exited ${p.child.exitCode}: ${p.stderr()}`);
+    const url = /seller-node market: (http:\/\/\S+)/.exec(p.stdout())?.[1];
+    const key = /public key ([0-9a-f]{64})/.exec(p.stdout())?.[1];
+    return url && key ? { url, key } : undefined;
+  });
+  return { ...p, ...started };
+}
+
+describe('seller-node market + seller-node start', () => {
+  test('the node registers itself, serves a market-issued ticket, and the market collects its receipt', async () => {
+    assertCliBuilt();
+    const marketDir = path.join(dir, 'market');
+    const market = await startMarketProcess(marketDir);
+    expect(fs.statSync(path.join(marketDir, 'market.key')).mode & 0o777).toBe(0o600);
+    expect(await (await fetch(`${market.url}/v1/market`)).json()).toEqual({ public_key: market.key, key_id: market.key });
+
+    const nodeDir = path.join(dir, 'node');
+    expect((await runCli(['init', '--data', nodeDir])).code).toBe(0);
+    writeTinyLlama(path.join(nodeDir, 'tiny.gguf'));
+    fs.writeFileSync(
+      path.join(nodeDir, 'config.yaml'),
+      [
+        'key: ./node.key',
+        'data_dir: ./data',
+        'listen: [/ip4/127.0.0.1/tcp/0]',
+        'marketplace:',
+        `  url: ${market.url}`,
+        `  public_keys: ["${market.key}"]`,
+        'models:',
+        '  - id: tiny/llama',
+        '    adapter: llama-embedded',
+        '    path: ./tiny.gguf',
+        '    context: 512',
+        '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
+        'ops: { http: "127.0.0.1:0" }',
+        'receipts: { signer_threads: 1 }',
+        'log_level: warn',
+      ].join('\n'),
+    );
+    const provider = loadKeyFile(path.join(nodeDir, 'node.key')).providerId;
+    const node = spawnCli(['start', '--config', path.join(nodeDir, 'config.yaml')]);
+    const started = Date.now();
+
+    // The node appears in the market's provider list, live, within a few seconds of starting.
+    const listed = await waitFor('the node to register', async () => {
+      if (node.child.exitCode !== null) throw new Error(`node exited ${node.child.exitCode}: ${node.stderr()}`);
+      const list = (await (await fetch(`${market.url}/v1/providers`)).json()) as { provider: string; live: boolean; price_version: string; addresses: string[] }[];
+      return list.find((p) => p.provider === provider && p.live);
+    });
+    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(listed.price_version).toBe(/price version (\S+)/.exec(node.stdout())?.[1]);
+
+    // A buyer asks the market for a ticket and dials the address the market gave.
+    const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 8, seed: 1 }));
+    const t = await (await fetch(`${market.url}/v1/tickets`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: toHex(crypto.createHash('sha256').update(body).digest()) }) })).json() as { ticket: never; provider: string; addresses: string[]; request_id: string };
+    expect(t.provider).toBe(provider);
+    expect(verifyTicket(t.ticket, { marketplaceKeys: [{ publicKey: market.key }], provider, body }).ok).toBe(true);
+    const buyer = await createHost({ seed: testKey().seed, listen: [] });
+    try {
+      const res = await readResponse(await request(buyer, t.addresses[0]!, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket: t.ticket }, body));
+      expect(res.head.status).toBe(200);
+      const collected = await (await fetch(`${market.url}/v1/receipts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ receipt: res.trailer.receipt }) })).json();
+      expect(collected).toMatchObject({ ok: true, request_id: t.request_id });
+      const totals = (await (await fetch(`${market.url}/v1/totals`)).json()) as { receipts: number; by_provider: Record<string, { receipts: number }> };
+      expect(totals.receipts).toBe(1);
+      expect(totals.by_provider[provider]?.receipts).toBe(1);
+    } finally {
+      await buyer.stop();
+    }
+
+    node.child.kill('SIGTERM');
+    expect(await node.exited).toBe(0);
+    market.child.kill('SIGTERM');
+    expect(await market.exited).toBe(0);
+    expect(market.stderr()).toMatch(/provider registered/);
+
+    // The market keeps its key across restarts; SIGINT stops it cleanly too.
+    const again = await startMarketProcess(marketDir);
+    expect(again.key).toBe(market.key);
+    again.child.kill('SIGINT');
+    expect(await again.exited).toBe(0);
+  });
+
+  test('a bad --listen is a usage error', async () => {
+    const r = await runCli(['market', '--data', path.join(dir, 'm2'), '--listen', 'nowhere']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/--listen must be host:port/);
+  });
+});

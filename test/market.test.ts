@@ -1,0 +1,365 @@
+// The development marketplace through its HTTP API (real fastify on 127.0.0.1, port 0, global
+// fetch): registration checks, heartbeats, ticket issuance, receipt collection with real receipts
+// from the serving core on the tiny model, totals.
+import crypto from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { fromBase64, toBase64, toHex, utf8 } from '../attestation/bytes.ts';
+import { canonicalize } from '../attestation/canonical-json.ts';
+import { serializeEnvelope, signEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
+import { signPriceList } from '../attestation/price-list.ts';
+import { RECEIPT_PAYLOAD_TYPE } from '../attestation/receipt.ts';
+import { verifyTicket } from '../attestation/ticket-verify.ts';
+import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel, type RegistrationPayload } from '../src/market/registration-payload.ts';
+import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
+import { signCapacity } from '../src/registration.ts';
+import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
+import { signTicket, testKey, ticketPayload, type TestKey } from './helpers/receipts.ts';
+import { startServing, type Serving } from './helpers/serving.ts';
+
+const marketKey = testKey();
+const TINY: RegisteredModel = { id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1000 };
+const TINY_PRICE = { model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' };
+
+interface Provider {
+  key: TestKey;
+  peerId: string;
+  prices: ReturnType<typeof signPriceList>;
+  models: RegisteredModel[];
+}
+
+function provider(opts: { key?: TestKey; models?: RegisteredModel[]; prices?: (typeof TINY_PRICE)[] } = {}): Provider {
+  const key = opts.key ?? testKey();
+  return { key, peerId: peerIdFromSeed(key.seed).toString(), prices: signPriceList(key.seed, key.id, opts.prices ?? [TINY_PRICE]), models: opts.models ?? [TINY] };
+}
+
+function registration(p: Provider, over: Partial<Record<keyof RegistrationPayload, unknown>> = {}, signer: TestKey = p.key): DsseEnvelope {
+  const payload = {
+    v: 1,
+    provider: p.key.id,
+    peer_id: p.peerId,
+    addresses: ['/ip4/127.0.0.1/tcp/4101'],
+    price_version: p.prices.payload.version,
+    price_list: p.prices.envelope,
+    models: p.models,
+    attestation_tier: 'T1',
+    issued_at: Date.now(),
+    ...over,
+  };
+  return signEnvelope(REGISTRATION_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: p.key.id, seed: signer.seed });
+}
+
+function heartbeatOf(p: Provider, over: { accepting?: boolean; free_slots?: number; price_version?: string; at?: number } = {}): DsseEnvelope {
+  return signCapacity(
+    { seed: p.key.seed, providerId: p.key.id },
+    {
+      price_version: over.price_version ?? p.prices.payload.version,
+      attestation_tier: 'T1',
+      accepting: over.accepting ?? true,
+      models: p.models.map((m) => ({ id: m.id, context: m.context, quantization: m.quantization, tokens_per_second: m.tokens_per_second, slots: m.slots, free_slots: over.free_slots ?? m.slots, queued: 0, queue_limit: 4 })),
+    },
+    over.at,
+  );
+}
+
+async function call(base: string, method: string, path: string, body?: unknown): Promise<{ status: number; body: any }> {
+  const res = await fetch(base + path, { method, ...(body === undefined ? {} : { headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }) });
+  return { status: res.status, body: await res.json() };
+}
+
+const sha = (b: Uint8Array | string) => toHex(crypto.createHash('sha256').update(b).digest());
+
+let market: Market;
+let url: string;
+const post = (path: string, body: unknown) => call(url, 'POST', path, body);
+const get = (path: string) => call(url, 'GET', path);
+
+beforeAll(async () => {
+  market = createMarket({ seed: marketKey.seed, heartbeatIntervalMs: 1000 });
+  ({ url } = await market.listen());
+});
+afterAll(async () => {
+  await market?.close();
+});
+
+describe('market key', () => {
+  test('GET /v1/market gives the public key, which is also the key id', async () => {
+    const r = await get('/v1/market');
+    expect(r).toEqual({ status: 200, body: { public_key: marketKey.id, key_id: marketKey.id } });
+    expect(market.publicKey).toBe(marketKey.id);
+  });
+
+  test('unknown routes are 404 not_found in the error shape', async () => {
+    expect(await get('/v1/nope')).toMatchObject({ status: 404, body: { error: { code: 'not_found' } } });
+  });
+});
+
+describe('registration', () => {
+  test('a good registration is accepted and listed', async () => {
+    const p = provider();
+    const r = await post('/v1/providers/register', registration(p));
+    expect(r).toEqual({ status: 200, body: { registered: true, heartbeat_interval_ms: 1000 } });
+    const list = (await get('/v1/providers')).body as any[];
+    expect(list.find((x) => x.provider === p.key.id)).toMatchObject({ peer_id: p.peerId, addresses: ['/ip4/127.0.0.1/tcp/4101'], models: [TINY], price_version: p.prices.payload.version, last_seen: expect.any(Number), live: true });
+  });
+
+  test('a signature by another key is 401 signature_invalid', async () => {
+    const p = provider();
+    const r = await post('/v1/providers/register', registration(p, {}, testKey()));
+    expect(r.status).toBe(401);
+    expect(r.body.error.code).toBe('signature_invalid');
+    // Signed by another key under its own key id: not the provider's signature either.
+    const other = testKey();
+    const env = registration(p);
+    const forged = signEnvelope(REGISTRATION_PAYLOAD_TYPE, fromBase64(env.payload)!, { keyid: other.id, seed: other.seed });
+    expect((await post('/v1/providers/register', forged)).body.error.code).toBe('signature_invalid');
+  });
+
+  const bad: [string, (p: Provider) => DsseEnvelope | unknown, RegExp][] = [
+    ['a peer id that is not the PeerId of the key', (p) => registration(p, { peer_id: peerIdFromSeed(testKey().seed).toString() }), /^peer_id: .*is not the PeerId/],
+    ['a price list signed for another provider', (p) => registration(p, { price_list: provider().prices.envelope }), /^price_list: does not verify/],
+    ['a model the price list has no price for', (p) => registration(p, { models: [TINY, { ...TINY, id: 'big/model' }] }), /^price_list: has no price for models\[1\] "big\/model"/],
+    ['a price version that is not the price list\'s', (p) => registration(p, { price_version: 'p-0000000000000000' }), /^price_version: /],
+    ['a stale issued_at', (p) => registration(p, { issued_at: Date.now() - 6 * 60_000 }), /^issued_at: .*5 minutes/],
+    ['an issued_at in the future', (p) => registration(p, { issued_at: Date.now() + 6 * 60_000 }), /^issued_at: /],
+    ['a bad model context', (p) => registration(p, { models: [{ ...TINY, context: 0 }] }), /models\[0\]\.context: /],
+    ['a bad multiaddr', (p) => registration(p, { addresses: ['/ip4/127.0.0.1/tcp/x'] }), /addresses\[0\]: not a multiaddr/],
+    ['no addresses', (p) => registration(p, { addresses: [] }), /addresses: /],
+    ['an unknown tier', (p) => registration(p, { attestation_tier: 'T9' }), /attestation_tier: /],
+    ['an unknown field', (p) => registration(p, { extra: 1 } as never), /extra: unknown field/],
+    ['another payload type', (p) => ({ ...registration(p), payloadType: 'application/vnd.service.pricelist.v1+json' }), /^payloadType: /],
+    ['a body that is not an envelope', () => ({ hello: 1 }), /payloadType: missing/],
+  ];
+  test.each(bad)('%s is 400 registration_invalid naming the field', async (_name, make, message) => {
+    const r = await post('/v1/providers/register', make(provider()));
+    expect(r.status).toBe(400);
+    expect(r.body.error.code).toBe('registration_invalid');
+    expect(r.body.error.message).toMatch(message);
+  });
+
+  test('an older registration does not replace the one in force', async () => {
+    const p = provider();
+    const now = Date.now();
+    expect((await post('/v1/providers/register', registration(p, { issued_at: now }))).status).toBe(200);
+    const r = await post('/v1/providers/register', registration(p, { issued_at: now - 1000, addresses: ['/ip4/10.0.0.1/tcp/1'] }));
+    expect(r.body.error).toMatchObject({ code: 'registration_invalid', message: expect.stringMatching(/^issued_at: .*older/) });
+    const listed = ((await get('/v1/providers')).body as any[]).find((x) => x.provider === p.key.id);
+    expect(listed.addresses).toEqual(['/ip4/127.0.0.1/tcp/4101']);
+  });
+});
+
+describe('heartbeat', () => {
+  test('a known provider gets 200; an unknown one 404 unknown_provider; a forged one 401', async () => {
+    const p = provider();
+    expect((await post('/v1/providers/heartbeat', heartbeatOf(p))).body.error.code).toBe('unknown_provider');
+    await post('/v1/providers/register', registration(p));
+    expect(await post('/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 0 }))).toEqual({ status: 200, body: { ok: true } });
+    expect(market.store.providers.get(p.key.id)?.capacity?.models[0]?.free_slots).toBe(0);
+    const forged = signEnvelope(heartbeatOf(p).payloadType, fromBase64(heartbeatOf(p).payload)!, { keyid: p.key.id, seed: testKey().seed });
+    expect(await post('/v1/providers/heartbeat', forged)).toMatchObject({ status: 401, body: { error: { code: 'signature_invalid' } } });
+  });
+
+  test('a heartbeat under another price version asks the node to register again (404)', async () => {
+    const p = provider();
+    await post('/v1/providers/register', registration(p));
+    expect(await post('/v1/providers/heartbeat', heartbeatOf(p, { price_version: 'p-1111111111111111' }))).toMatchObject({ status: 404, body: { error: { code: 'unknown_provider' } } });
+  });
+
+  test('a stale snapshot is 400 heartbeat_invalid naming `at`; a malformed body names the field', async () => {
+    const p = provider();
+    await post('/v1/providers/register', registration(p));
+    expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { at: Date.now() - 10 * 60_000 }))).body.error).toMatchObject({ code: 'heartbeat_invalid', message: expect.stringMatching(/^at: /) });
+    expect((await post('/v1/providers/heartbeat', { payload: 'x', signatures: [] })).body.error).toMatchObject({ code: 'heartbeat_invalid', message: 'payloadType: missing' });
+  });
+});
+
+describe('tickets', () => {
+  // A market of its own, so providers registered by other tests do not compete.
+  let m: Market;
+  let base: string;
+  let offset = 0;
+  const p = provider();
+  const body = utf8('{"model":"tiny/llama"}');
+  beforeAll(async () => {
+    m = createMarket({ seed: marketKey.seed, heartbeatIntervalMs: 5000, now: () => Date.now() + offset });
+    ({ url: base } = await m.listen());
+    expect((await call(base, 'POST', '/v1/providers/register', registration(p))).status).toBe(200);
+  });
+  afterAll(async () => {
+    await m?.close();
+  });
+  const ask = (over: Record<string, unknown> = {}) => call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: sha(body), ...over });
+
+  test('a ticket signed by the market for a live provider, with the worst-case hold at the model context', async () => {
+    const r = await ask({ routing: { min_context: 256, max_wait_ms: 500, quantization: 'F32' }, account: 'acct-7' });
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ request_id: expect.stringMatching(/^[A-Za-z0-9._:-]+$/), provider: p.key.id, peer_id: p.peerId, addresses: ['/ip4/127.0.0.1/tcp/4101'], price_version: p.prices.payload.version });
+    const v = verifyTicket(r.body.ticket, { marketplaceKeys: [{ publicKey: m.publicKey }], provider: p.key.id, body });
+    expect(v.ok).toBe(true);
+    if (!v.ok) return;
+    const t = v.value.payload;
+    // ceil(512 × max(150000, 600000) / 10^6) = 308
+    expect(t).toMatchObject({ endpoint: 'chat/completions', model: 'tiny/llama', price_version: p.prices.payload.version, max_cost_micro_usd: '308', account: 'acct-7', request_id: r.body.request_id, routing: { min_context: 256, max_wait_ms: 500, quantization: 'f32' } });
+    expect(t.ticket_id).toMatch(/^[A-Za-z0-9._:-]+$/);
+    expect(t.expires_at - t.issued_at).toBe(60_000);
+  });
+
+  test('the hold is max_cost_micro_usd when given; request_id is passed through; ids are fresh each time', async () => {
+    const a = await ask({ max_cost_micro_usd: '1234', request_id: 'my-req.1' });
+    const b = await ask();
+    const pa = JSON.parse(Buffer.from(a.body.ticket.payload, 'base64').toString('utf8'));
+    const pb = JSON.parse(Buffer.from(b.body.ticket.payload, 'base64').toString('utf8'));
+    expect(pa).toMatchObject({ max_cost_micro_usd: '1234', request_id: 'my-req.1' });
+    expect(pb.ticket_id).not.toBe(pa.ticket_id);
+    expect(pb.request_id).not.toBe(pa.request_id);
+  });
+
+  test('model not found is 404; price ceilings 403; routing no provider meets, or a provider not accepting, 503 no_provider', async () => {
+    expect(await ask({ model: 'no/such' })).toMatchObject({ status: 404, body: { error: { code: 'model_not_found' } } });
+    const r = await ask({ routing: { min_context: 100_000 } });
+    expect(r).toMatchObject({ status: 503, body: { error: { code: 'no_provider', message: expect.stringMatching(/context 512 is below 100000/) } } });
+    // A price ceiling every provider is above is refused as the spec says: 403 before any hold.
+    expect(await ask({ routing: { max_output_price_micro_usd_per_mtok: '1000' } })).toMatchObject({ status: 403, body: { error: { code: 'price_ceiling_exceeded' } } });
+    expect(await ask({ routing: { max_input_price_micro_usd_per_mtok: '1' } })).toMatchObject({ status: 403, body: { error: { code: 'price_ceiling_exceeded' } } });
+    // A price ceiling together with another unmet control is still "no provider".
+    expect((await ask({ routing: { max_output_price_micro_usd_per_mtok: '1000', min_context: 100_000 } })).body.error.code).toBe('no_provider');
+    expect((await ask({ routing: { min_attestation_tier: 'T3' } })).body.error.code).toBe('no_provider');
+    expect((await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { accepting: false }))).status).toBe(200);
+    expect((await ask()).body.error.code).toBe('no_provider');
+    expect((await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { accepting: true }))).status).toBe(200);
+    expect((await ask()).status).toBe(200);
+  });
+
+  test('a bad request is 400 invalid_request naming the field', async () => {
+    const cases: [Record<string, unknown>, RegExp][] = [
+      [{ body_sha256: undefined }, /^body_sha256: missing$/],
+      [{ body_sha256: 'abc' }, /^body_sha256: /],
+      [{ routing: { min_context: 'big' } }, /^routing\.min_context: /],
+      [{ routing: { teleport: true } }, /^routing\.teleport: unknown field/],
+      [{ max_cost_micro_usd: '-1' }, /^max_cost_micro_usd: /],
+      [{ request_id: 'has space' }, /^request_id: /],
+      [{ endpoint: 'Chat' }, /^endpoint: /],
+      [{ surprise: 1 }, /^surprise: unknown field$/],
+      [{ model: 7 }, /^model: /],
+    ];
+    for (const [over, message] of cases) {
+      const r = await ask(over);
+      expect(r.status, JSON.stringify(over)).toBe(400);
+      expect(r.body.error.code).toBe('invalid_request');
+      expect(r.body.error.message).toMatch(message);
+    }
+  });
+
+  test('a provider silent for more than 3 heartbeat intervals is not live: 503 no_provider', async () => {
+    offset = 16_000; // more than 3 intervals later, no heartbeat
+    try {
+      expect(await ask()).toMatchObject({ status: 503, body: { error: { code: 'no_provider', message: expect.stringMatching(/none is live/) } } });
+      expect(((await call(base, 'GET', '/v1/providers')).body as any[])[0].live).toBe(false);
+    } finally {
+      offset = 0;
+    }
+  });
+
+  test('between providers, the one with free slots gets the ticket', async () => {
+    const q = provider();
+    expect((await call(base, 'POST', '/v1/providers/register', registration(q))).status).toBe(200);
+    await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 0 }));
+    for (let i = 0; i < 3; i++) expect((await ask()).body.provider).toBe(q.key.id);
+    await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(q, { free_slots: 0 }));
+    await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 1 }));
+    expect((await ask()).body.provider).toBe(p.key.id);
+  });
+});
+
+describe('receipts from a real serving core', () => {
+  let serving: Serving;
+  let service: InferService;
+  let m: Market;
+  let base: string;
+  const node = testKey();
+  const nodeProvider = provider({ key: node });
+
+  beforeAll(async () => {
+    m = createMarket({ seed: marketKey.seed });
+    ({ url: base } = await m.listen());
+    serving = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: m.publicKey });
+    // The helper serves under price version "p1"; the market issues tickets under the version of the
+    // price list the node registered, so serve the same model under that version.
+    const gate = new TicketGate({ db: serving.db, marketplaceKeys: [{ publicKey: m.publicKey }], providerId: node.id });
+    service = new InferService({ log: serving.log, gate, models: new Map([[serving.model.id, serving.model]]), priceVersion: nodeProvider.prices.payload.version });
+    expect((await call(base, 'POST', '/v1/providers/register', registration(nodeProvider, { models: [{ ...TINY, context: serving.adapter.info.contextLength }] }))).status).toBe(200);
+  });
+  afterAll(async () => {
+    await serving?.close();
+    await m?.close();
+  });
+
+  async function serve(ticket: DsseEnvelope, bytes: Uint8Array): Promise<Record<string, any>> {
+    let trailer: Record<string, any> = {};
+    const res: InferResponse = { head: async () => undefined, data: async () => undefined, trailer: async (t) => void (trailer = t) };
+    await service.handle({ head: { endpoint: 'chat/completions', ticket }, body: bytes, signal: new AbortController().signal }, res);
+    return trailer;
+  }
+
+  async function paidRequest(over: Record<string, unknown> = {}): Promise<{ line: string; requestId: string }> {
+    const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello' }], max_tokens: 8, seed: 3 }));
+    const t = await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: sha(bytes), ...over });
+    expect(t.status).toBe(200);
+    const trailer = await serve(t.body.ticket, bytes);
+    expect(trailer.status, JSON.stringify(trailer)).toBe('completed');
+    return { line: trailer.receipt as string, requestId: t.body.request_id };
+  }
+
+  test('a receipt for a market-issued ticket is collected once, however often it is posted', async () => {
+    const { line, requestId } = await paidRequest({ max_cost_micro_usd: '100000' });
+    const cost = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8')).cost_micro_usd as string;
+    const first = await call(base, 'POST', '/v1/receipts', { receipt: line });
+    expect(first).toEqual({ status: 200, body: { ok: true, request_id: requestId, cost_micro_usd: cost } });
+    expect(await call(base, 'POST', '/v1/receipts', { receipt: line })).toEqual(first);
+    const list = (await call(base, 'GET', '/v1/receipts')).body as any[];
+    expect(list).toEqual([{ request_id: requestId, provider: node.id, model: 'tiny/llama', status: 'completed', cost_micro_usd: cost, seq: expect.any(String) }]);
+    const one = await call(base, 'GET', `/v1/receipts/${requestId}`);
+    expect(one.body).toMatchObject({ request_id: requestId, provider: node.id, receipt: line, cost_micro_usd: cost });
+    expect((await call(base, 'GET', '/v1/receipts/req-none')).status).toBe(404);
+    expect((await call(base, 'GET', '/v1/totals')).body).toEqual({ receipts: 1, cost_micro_usd: cost, by_provider: { [node.id]: { receipts: 1, cost_micro_usd: cost } }, by_model: { 'tiny/llama': { receipts: 1, cost_micro_usd: cost } } });
+  });
+
+  test('the worst-case hold covers a real request', async () => {
+    const { line } = await paidRequest();
+    const r = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));
+    expect(r.hold_micro_usd).toBe('308');
+    expect((await call(base, 'POST', '/v1/receipts', { receipt: line })).status).toBe(200);
+  });
+
+  test('a tampered receipt gets the verifier\'s code; a receipt for a ticket this market never issued is unknown_ticket', async () => {
+    const { line } = await paidRequest({ max_cost_micro_usd: '100000' });
+    const env = JSON.parse(line) as DsseEnvelope;
+    const payload = JSON.parse(Buffer.from(env.payload, 'base64').toString('utf8'));
+    const tampered = { ...env, payload: toBase64(utf8(canonicalize({ ...payload, cost_micro_usd: '1' }))) };
+    expect(await call(base, 'POST', '/v1/receipts', { receipt: JSON.stringify(tampered) })).toMatchObject({ status: 400, body: { error: { code: 'signature_invalid' } } });
+    // Re-signed by the node with a wrong cost: the signature holds, the arithmetic does not.
+    const wrongCost = signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize({ ...payload, cost_micro_usd: String(BigInt(payload.cost_micro_usd) + 1n) })), { keyid: node.id, seed: node.seed });
+    expect((await call(base, 'POST', '/v1/receipts', { receipt: serializeEnvelope(wrongCost) })).body.error.code).toBe('cost_mismatch');
+    expect((await call(base, 'POST', '/v1/receipts', { receipt: 'not json' })).body.error.code).toBe('envelope_not_json');
+    expect((await call(base, 'POST', '/v1/receipts', { nope: 1 })).body.error).toMatchObject({ code: 'invalid_request', message: 'receipt: missing' });
+
+    // A ticket signed with the market's key but never issued by it: the node serves it, the market refuses the receipt.
+    const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }));
+    const foreign = signTicket(marketKey, ticketPayload(node.id, { price_version: nodeProvider.prices.payload.version, body_sha256: sha(bytes), max_cost_micro_usd: '100000' }));
+    const trailer = await serve(foreign, bytes);
+    expect(trailer.status).toBe('completed');
+    expect(await call(base, 'POST', '/v1/receipts', { receipt: trailer.receipt })).toMatchObject({ status: 400, body: { error: { code: 'unknown_ticket' } } });
+  });
+
+  test('a second, different receipt for the same ticket is 409 receipt_conflict; one for another request is receipt_ticket_mismatch', async () => {
+    const { line } = await paidRequest({ max_cost_micro_usd: '100000' });
+    expect((await call(base, 'POST', '/v1/receipts', { receipt: line })).status).toBe(200);
+    const payload = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));
+    const resign = (p: object) => serializeEnvelope(signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: node.id, seed: node.seed }));
+    expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, finished_at: payload.finished_at + 1 }) })).toMatchObject({ status: 409, body: { error: { code: 'receipt_conflict' } } });
+    expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, request_id: 'req-other' }) })).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
+    const totals = (await call(base, 'GET', '/v1/totals')).body;
+    expect(totals.receipts).toBe(3); // the three collected in this describe, each once
+  });
+});

@@ -1,0 +1,147 @@
+// The node's registration client against a real market over HTTP on 127.0.0.1: registers,
+// heartbeats, survives the market going away, registers again with a market that forgot it.
+import net from 'node:net';
+import { afterEach, describe, expect, test } from 'vitest';
+import { signPriceList } from '../attestation/price-list.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { createLogger } from '../src/ops/logger.ts';
+import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
+import { signCapacity, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { testKey } from './helpers/receipts.ts';
+
+const marketKey = testKey();
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined);
+});
+
+async function startMarket(port = 0, heartbeatIntervalMs = 100): Promise<{ market: Market; url: string; port: number }> {
+  const market = createMarket({ seed: marketKey.seed, port, heartbeatIntervalMs });
+  const addr = await market.listen();
+  // Closed by the test or after it, whichever comes first.
+  const closeOnce = market.close;
+  let closed: Promise<void> | undefined;
+  const close = () => (closed ??= closeOnce());
+  cleanups.push(close);
+  return { market: { ...market, close }, url: addr.url, port: addr.port };
+}
+
+/** A port nothing listens on (bound, then released). */
+async function freePort(): Promise<number> {
+  const s = net.createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as net.AddressInfo).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+interface LogLine {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+function node(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg: Registration; id: string; lines: LogLine[] } {
+  const key = testKey();
+  const prices = signPriceList(key.seed, key.id, [{ model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' }]);
+  const lines: LogLine[] = [];
+  const logger = createLogger({ level: 'debug', destination: { write: (s: string) => void lines.push(JSON.parse(s) as LogLine) } });
+  const reg = startRegistration({
+    marketUrl,
+    seed: key.seed,
+    providerId: key.id,
+    peerId: peerIdFromSeed(key.seed).toString(),
+    addresses: ['/ip4/127.0.0.1/tcp/4101'],
+    priceList: { envelope: prices.envelope, version: prices.payload.version },
+    models: [{ id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 100 }],
+    tier: 'T1',
+    capacity: () =>
+      signCapacity({ seed: key.seed, providerId: key.id }, {
+        price_version: prices.payload.version,
+        attestation_tier: 'T1',
+        accepting: true,
+        models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 100, slots: 1, free_slots: 1, queued: 0, queue_limit: 4 }],
+      }),
+    logger,
+    backoff: { initialMs: 50, maxMs: 200 },
+    ...over,
+  });
+  cleanups.push(() => reg.stop());
+  return { reg, id: key.id, lines };
+}
+
+async function until(what: string, check: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const listed = async (url: string, id: string) => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; live: boolean }[]).some((p) => p.provider === id && p.live);
+
+describe('startRegistration', () => {
+  test('registers at start and heartbeats at the interval the market asks for', async () => {
+    const { market, url } = await startMarket();
+    const n = node(url);
+    await until('registration', () => listed(url, n.id));
+    expect(n.reg.registered).toBe(true);
+    await until('two heartbeats', () => (market.store.providers.get(n.id)?.capacity?.at ?? 0) > 0);
+    const first = market.store.providers.get(n.id)!.capacity!.at;
+    await until('another heartbeat', () => market.store.providers.get(n.id)!.capacity!.at > first, 2000);
+    expect(n.lines.find((l) => l.msg === 'registered with the marketplace')).toMatchObject({ heartbeat_interval_ms: 100 });
+  });
+
+  test('the market restarts (same port, empty state): the next heartbeat gets 404 and the node registers again', async () => {
+    const a = await startMarket();
+    const n = node(a.url);
+    await until('registration', () => listed(a.url, n.id));
+    await a.market.close();
+    // Heartbeats fail while the market is down; the client keeps its state and says so once.
+    await until('a failed heartbeat', () => n.lines.some((l) => l.msg.startsWith('heartbeat failed')), 2000);
+    expect(n.reg.registered).toBe(true);
+    const b = await startMarket(a.port);
+    expect(b.market.store.providers.size).toBe(0);
+    await until('re-registration', () => listed(b.url, n.id));
+    expect(n.lines.some((l) => l.msg === 'the marketplace does not know this node; registering again')).toBe(true);
+    expect(n.lines.filter((l) => l.msg.startsWith('heartbeat failed'))).toHaveLength(1);
+  });
+
+  test('a market that is down at start: no crash, registration retried with backoff until it comes up', async () => {
+    const port = await freePort();
+    const n = node(`http://127.0.0.1:${port}/`);
+    await until('a few attempts', () => n.lines.filter((l) => /registration will be retried/.test(l.msg)).length >= 3, 3000);
+    expect(n.reg.registered).toBe(false);
+    // The first failure warns; the retries are quiet (debug).
+    const failures = n.lines.filter((l) => /registration will be retried/.test(l.msg));
+    expect(failures[0]!.level).toBe(40);
+    expect(failures.slice(1).every((l) => l.level === 20)).toBe(true);
+    expect(failures[0]).toMatchObject({ reason: 'ECONNREFUSED' });
+    const { url } = await startMarket(port);
+    await until('registration once the market is up', () => listed(url, n.id));
+  });
+
+  test('a refused registration is logged as an error and retried, never thrown; stop() returns promptly', async () => {
+    const { url } = await startMarket();
+    const n = node(url, { models: [{ id: 'unpriced/model', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1 }] });
+    await until('the refusal', () => n.lines.some((l) => l.code === 'registration_invalid'));
+    expect(n.lines.find((l) => l.code === 'registration_invalid')).toMatchObject({ level: 50, status: 400, reason: expect.stringMatching(/^price_list: has no price/) });
+    const t0 = Date.now();
+    await n.reg.stop();
+    expect(Date.now() - t0).toBeLessThan(500);
+    expect(n.reg.registered).toBe(false);
+  });
+
+  test('a capacity callback that throws does not stop the loop', async () => {
+    const { url } = await startMarket();
+    const n = node(url, {
+      capacity: () => {
+        throw new Error('snapshot failed');
+      },
+      backoff: { initialMs: 20, maxMs: 50 },
+    });
+    await until('the error, twice', () => n.lines.filter((l) => l.msg === 'marketplace registration loop error').length >= 2);
+    expect(n.reg.registered).toBe(true);
+    expect(await listed(url, n.id)).toBe(true);
+  });
+});
