@@ -45,7 +45,7 @@ describe.concurrent('help', () => {
     const r = await runCli(['--help']);
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^Usage: seller-node/m);
-    for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'demo']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
+    for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'demo', 'demo-receipts', 'market', 'gateway']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
   });
 
   for (const [args, mentions] of [
@@ -55,7 +55,8 @@ describe.concurrent('help', () => {
     [['verify'], ['<file>', '--provider', '--json']],
     [['dev-model'], ['--out', '--seed']],
     [['start'], ['--config']],
-    [['demo'], ['--count', '--keep']],
+    [['demo'], ['--port', '--smoke']],
+    [['demo-receipts'], ['--count', '--keep']],
     [['log', 'fill'], ['--data', '--count', '--checkpoint-every', '--threads']],
     [['log', 'export'], ['--data', '--out']],
   ] as const) {
@@ -474,12 +475,20 @@ describe('dev-model and demo', () => {
     }
   });
 
-  it('demo (npm start) signs, exports, audits, verifies a proof and catches a tampered copy', async ({ expect }) => {
-    const r = await runCli(['demo', '--count', '300'], { timeoutMs: 60_000 });
+  it('demo-receipts signs, exports, audits, verifies a proof and catches a tampered copy', async ({ expect }) => {
+    const r = await runCli(['demo-receipts', '--count', '300'], { timeoutMs: 60_000 });
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/signed\s+300 receipts/);
     expect(r.stdout).toMatch(/audit\s+OK/);
     expect(r.stdout).toMatch(/offline proof\s+verifies/);
     expect(r.stdout).toMatch(/tampered copy\s+audit says: FAIL at seq 1: signature_invalid/);
+  });
+
+  it('demo (npm start) runs marketplace, node and gateway; a paid request goes through and is settled', async ({ expect }) => {
+    const r = await runCli(['demo', '--smoke'], { timeoutMs: 90_000 });
+    expect(r.code).toBe(0);
+    expect(r.stdout).toMatch(/gateway\s+http:\/\/127\.0\.0\.1:\d+\/v1/);
+    expect(r.stdout).toMatch(/curl -s http:\/\/127\.0\.0\.1:\d+\/v1\/chat\/completions/);
+    expect(r.stdout).toMatch(/smoke\s+200: \d+ tokens for 0\.\d{6} USD, request req-[0-9a-f-]+; market collected 1 receipt\(s\)/);
   });
 });

@@ -1,74 +1,87 @@
-// `seller-node demo` (npm start): the receipt toolkit end to end in a few seconds, in a temporary
-// folder: a node key, signed receipts in the durable log, an export, a full audit, one receipt
-// and one offline proof verified, and a tampered copy caught.
+// `seller-node demo` (npm start): a development marketplace, a node serving the tiny generated
+// model on the embedded runtime, and the buyer gateway, all on this machine, in a temporary
+// folder. Prints the gateway URL and a curl line that works; Ctrl-C stops all three cleanly.
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
-import { utf8 } from '../../attestation/bytes.ts';
-import { formatProofBundle } from '../../attestation/tlog-proof.ts';
-import { verifyReceipt } from '../../attestation/receipt-verify.ts';
-import { verifyReceiptProof } from '../../attestation/receipt-proof.ts';
-import { formatUsd } from '../../attestation/money.ts';
-import { audit } from '../audit/audit.ts';
+import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
+import { parseConfig } from '../config.ts';
+import { createGateway } from '../gateway/gateway.ts';
 import { createKeyFile } from '../identity.ts';
-import { dataDirPaths } from '../data-dir.ts';
-import { ReceiptLog } from '../store/receipt-log.ts';
-import { exportLog } from '../store/export.ts';
-import { syntheticReceiptBody } from '../store/synthetic.ts';
+import { createMarket } from '../market/market.ts';
+import { startNode } from '../node.ts';
 import { intOption } from './cli-error.ts';
 
 export function demoCommand(): Command {
   return new Command('demo')
-    .description('show the receipt toolkit end to end in a temporary folder (what npm start runs)')
-    .option('--count <n>', 'receipts to sign', intOption('--count', 1, 10_000_000), 10_000)
-    .option('--keep', 'keep the folder afterwards')
-    .action(async (opts: { count: number; keep?: boolean }) => {
+    .description('run a marketplace, a node (tiny model, embedded runtime) and the gateway together (what npm start runs)')
+    .option('--port <n>', 'gateway port', intOption('--port', 0, 65535), 11435)
+    .option('--smoke', 'send one paid request through the gateway, print the answer and its receipt check, and stop')
+    .action(async (opts: { port: number; smoke?: boolean }) => {
       const say = (s: string) => process.stdout.write(s + '\n');
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-demo-'));
+      const stops: (() => Promise<void>)[] = [];
+      const stopAll = async () => {
+        for (const s of stops.reverse()) await s().catch(() => undefined);
+        fs.rmSync(dir, { recursive: true, force: true });
+      };
       try {
-        const p = dataDirPaths(path.join(dir, 'node'));
-        const id = createKeyFile(p.key);
-        say(`node key       ${p.key} (mode 0600)\nprovider id    ${id.providerId}`);
-        const log = ReceiptLog.open({ path: p.receipts, seed: id.seed, checkpointIntervalMs: 0 });
-        const t0 = performance.now();
-        let last;
-        for (let done = 0; done < opts.count; ) {
-          const n = Math.min(2048, opts.count - done);
-          const batch = Array.from({ length: n }, (_, i) => log.append(syntheticReceiptBody(done + i)));
-          last = (await Promise.all(batch)).at(-1)!;
-          done += n;
+        const market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)) });
+        const m = await market.listen();
+        stops.push(() => market.close());
+        createKeyFile(path.join(dir, 'node.key'));
+        writeTinyLlama(path.join(dir, 'tiny.gguf'));
+        const config = parseConfig(
+          [
+            'key: ./node.key',
+            'data_dir: ./data',
+            'listen: [/ip4/127.0.0.1/tcp/0]',
+            `marketplace: { url: "${m.url}", public_keys: ["${market.publicKey}"] }`,
+            'models:',
+            '  - { id: tiny/llama, adapter: llama-embedded, path: ./tiny.gguf, context: 2048, slots: 2, prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" } }',
+            'ops: { http: "127.0.0.1:0" }',
+            'receipts: { checkpoint_every: 100, checkpoint_interval_ms: 5000, signer_threads: 1 }',
+            'log_level: warn',
+          ].join('\n'),
+          dir,
+        );
+        const node = await startNode(config, { logDestination: 2 });
+        stops.push(() => node.stop(5000));
+        // The node registers itself; wait until the market lists it.
+        for (let i = 0; i < 100; i++) {
+          const providers = (await (await fetch(`${m.url}/v1/providers`)).json()) as { provider: string }[];
+          if (providers.some((p) => p.provider === node.providerId)) break;
+          await new Promise((r) => setTimeout(r, 100));
         }
-        const s = (performance.now() - t0) / 1000;
-        say(`signed         ${opts.count} receipts, durable on disk, in ${s.toFixed(2)} s (${Math.round(opts.count / s)}/s)`);
-        const out = path.join(dir, 'export');
-        const ex = await exportLog(log, out);
-        say(`exported       ${ex.receipts} receipts + ${ex.checkpoints} signed checkpoints to ${out}`);
-        const seq = Number(last!.seq);
-        const cp = log.latestCheckpoint()!;
-        const bundle = formatProofBundle({ index: seq, proof: log.inclusionProof(seq, cp.size), checkpointNote: cp.note, extra: utf8(last!.line) });
-        await log.close();
-
-        const r = await audit({ dir: out });
-        if (!r.ok) throw new Error(`audit failed: ${r.fault?.code}`);
-        say(`audit          OK in ${r.seconds.toFixed(2)} s: signatures, seq + prev chain, Merkle root ${r.summary!.rootHash}, checkpoints, costs (total ${formatUsd(BigInt(r.summary!.totalCostMicroUsd))} USD)`);
-        const v = verifyReceipt(last!.line, { provider: id.providerId });
-        say(`receipt ${seq}    ${v.ok ? 'verifies' : 'FAILS'} (${last!.payload.usage.input_tokens} in / ${last!.payload.usage.output_tokens} out, cost ${formatUsd(BigInt(last!.payload.cost_micro_usd))} USD)`);
-        const b = verifyReceiptProof(bundle);
-        say(`offline proof  ${b.ok ? `verifies: receipt ${seq} is in the log under the signed checkpoint of size ${b.value.checkpoint.size}` : `FAILS ${b.error.code}`}`);
-        const lines = fs.readFileSync(path.join(out, 'receipts.jsonl'), 'utf8').split('\n');
-        const env = JSON.parse(lines[1]!);
-        const payload = JSON.parse(Buffer.from(env.payload, 'base64').toString('utf8'));
-        payload.usage.output_tokens += 1;
-        env.payload = Buffer.from(JSON.stringify(payload)).toString('base64');
-        lines[1] = JSON.stringify(env);
-        fs.writeFileSync(path.join(out, 'receipts.jsonl'), lines.join('\n'));
-        const t = await audit({ dir: out });
-        say(`tampered copy  audit says: ${t.ok ? 'OK (?!)' : `FAIL at seq ${t.fault!.seq}: ${t.fault!.code}`}`);
-        say(`\ntry it yourself:\n  npx seller-node init --data ./mynode\n  npx seller-node log fill --data ./mynode --count 1000\n  npx seller-node log export --data ./mynode --out ./audit\n  npx seller-node audit ./audit`);
-      } finally {
-        if (opts.keep) say(`\nkept ${dir}`);
-        else fs.rmSync(dir, { recursive: true, force: true });
+        const gateway = await createGateway({ market: m.url, port: opts.smoke ? 0 : opts.port });
+        stops.push(() => gateway.close());
+        const curl = `curl -s ${gateway.url}/chat/completions -H 'content-type: application/json' -d '{"model":"tiny/llama","messages":[{"role":"user","content":"hello world"}],"max_tokens":24,"seed":1}'`;
+        say(`marketplace  ${m.url}  (key ${market.publicKey})`);
+        say(`node         provider ${node.providerId}, ${node.addresses[0]}, ops ${node.opsUrl}`);
+        say(`gateway      ${gateway.url}`);
+        say(`\ntry:\n  ${curl}\n  curl -s ${m.url}/v1/totals\n`);
+        if (opts.smoke) {
+          const res = await fetch(`${gateway.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 24, seed: 1 }) });
+          const body = (await res.json()) as { usage?: { completion_tokens: number; cost: string }; service?: { request_id: string } };
+          const totals = (await (await fetch(`${m.url}/v1/totals`)).json()) as { receipts: number; cost_micro_usd: string };
+          say(`smoke        ${res.status}: ${body.usage?.completion_tokens} tokens for ${body.usage?.cost} USD, request ${body.service?.request_id}; market collected ${totals.receipts} receipt(s), ${totals.cost_micro_usd} micro-USD`);
+          await stopAll();
+          process.exitCode = res.status === 200 && totals.receipts === 1 ? 0 : 1;
+          return;
+        }
+        say('Ctrl-C stops all three.');
+        await new Promise<void>((resolve) => {
+          const stop = () => resolve();
+          process.once('SIGINT', stop);
+          process.once('SIGTERM', stop);
+        });
+        say('stopping: gateway, node (in-flight requests finish, receipts flushed), marketplace');
+        await stopAll();
+      } catch (e) {
+        await stopAll();
+        throw e;
       }
     });
 }

@@ -5,6 +5,7 @@ import { logCommand } from './log.ts';
 import { auditCommand } from './audit.ts';
 import { verifyCommand } from './verify.ts';
 import { demoCommand } from './demo.ts';
+import { demoReceiptsCommand } from './demo-receipts.ts';
 import { devModelCommand } from './dev-model.ts';
 import { startCommand } from './start.ts';
 import { marketCommand } from './market.ts';
@@ -18,7 +19,7 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });
-  for (const make of [initCommand, startCommand, logCommand, auditCommand, verifyCommand, devModelCommand, demoCommand, marketCommand, gatewayCommand]) program.addCommand(make());
+  for (const make of [initCommand, startCommand, logCommand, auditCommand, verifyCommand, devModelCommand, demoCommand, demoReceiptsCommand, marketCommand, gatewayCommand]) program.addCommand(make());
   return program;
 }
 
