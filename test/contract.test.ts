@@ -43,6 +43,16 @@ describe('request contracts', () => {
   ])('%s %j is refused naming "%s"', (endpoint, body, f) => {
     expect(field(endpoint, body)).toBe(f);
   });
+  test('responses: a string input, message inputs with text parts, instructions as system', () => {
+    expect(parseRequest('responses', enc({ model: 'm', input: 'hi', max_output_tokens: 9 }))).toMatchObject({ endpoint: 'responses', messages: [{ role: 'user', content: 'hi' }], maxTokens: 9, stream: false });
+    const r = parseRequest('responses', enc({ model: 'm', instructions: 'be brief', input: [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'a' }, { type: 'input_text', text: 'b' }] }], stream: true }));
+    expect(r).toMatchObject({ messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'ab' }], stream: true });
+    expect(field('responses', { model: 'm' })).toBe('input');
+    expect(field('responses', { model: 'm', input: [] })).toBe('input');
+    expect(field('responses', { model: 'm', input: [{ type: 'function_call' }] })).toBe('input[0].type');
+    expect(field('responses', { model: 'm', input: 'x', instructions: 3 })).toBe('instructions');
+    expect(field('responses', { model: 'm', input: 'x', max_output_tokens: 0 })).toBe('max_output_tokens');
+  });
   test('invalid UTF-8 is refused', () => {
     expect(() => parseRequest('completions', Uint8Array.of(0x7b, 0xff, 0x7d))).toThrow(/UTF-8/);
   });

@@ -220,6 +220,25 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(res.usage!.prompt_tokens).toBe(await countTokens({ prompt }));
   });
 
+  test('responses (plain and streamed with the responses event protocol) through the official client', async () => {
+    const res = (await client.responses.create({ model: MODEL, input: 'hello world', max_output_tokens: 16 })) as OpenAI.Responses.Response & { usage: { cost: string; input_tokens: number; output_tokens: number }; service: { request_id: string; receipt: unknown } };
+    expect(res.object).toBe('response');
+    expect(typeof res.output_text).toBe('string');
+    const p = verified(res.service.receipt);
+    expect(p).toMatchObject({ endpoint: 'responses', status: 'completed', usage: { input_tokens: res.usage.input_tokens, output_tokens: res.usage.output_tokens } });
+    expect(res.usage.cost).toBe(costUsd(res.usage.input_tokens, res.usage.output_tokens));
+    const stream = await client.responses.create({ model: MODEL, input: 'hello world', max_output_tokens: 16, stream: true });
+    const types: string[] = [];
+    let deltas = '';
+    for await (const ev of stream) {
+      types.push(ev.type);
+      if (ev.type === 'response.output_text.delta') deltas += ev.delta;
+    }
+    expect(types[0]).toBe('response.created');
+    expect(['response.completed', 'response.incomplete']).toContain(types.at(-1));
+    expect(deltas.length).toBeGreaterThan(0);
+  });
+
   test('embeddings: one vector per input, billed for input tokens only', async () => {
     const input = ['hello world', 'the cat sat'];
     const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

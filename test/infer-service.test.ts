@@ -212,6 +212,32 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 2);
   });
 
+  test('responses: the responses body, and the responses event protocol without [DONE]', async () => {
+    const plain = recorder();
+    await service.handle(request('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 12, seed: 2 }), plain.res);
+    const body = JSON.parse(text(plain.out));
+    expect(body).toMatchObject({ object: 'response', model: 'tiny/llama', output: [{ type: 'message', role: 'assistant', content: [{ type: 'output_text' }] }], service: { request_id: expect.any(String) } });
+    expect(['completed', 'incomplete']).toContain(body.status);
+    const v = verifyReceipt(plain.out.trailer!.receipt, { provider: node.id });
+    expect(v.ok && v.value.payload.endpoint === 'responses' && v.value.payload.usage.output_tokens === body.usage.output_tokens).toBe(true);
+
+    const streamed = recorder();
+    await service.handle(request('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 12, seed: 2, stream: true }), streamed.res);
+    const events = text(streamed.out).split('\n\n').filter(Boolean).map((e) => {
+      const [ev, data] = e.split('\n');
+      return { event: ev!.slice('event: '.length), data: JSON.parse(data!.slice('data: '.length)) };
+    });
+    expect(text(streamed.out)).not.toContain('[DONE]');
+    expect(events.map((e) => e.data.sequence_number)).toEqual(events.map((_, i) => i));
+    expect(events.slice(0, 4).map((e) => e.event)).toEqual(['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added']);
+    expect(['response.completed', 'response.incomplete']).toContain(events.at(-1)!.event);
+    const deltas = events.filter((e) => e.event === 'response.output_text.delta').map((e) => e.data.delta).join('');
+    expect(events.find((e) => e.event === 'response.output_text.done')!.data.text).toBe(deltas);
+    // Same seed, same words, whichever way they were delivered.
+    expect(deltas).toBe(body.output[0].content[0].text);
+    expect(events.at(-1)!.data.response.usage.output_tokens).toBe(body.usage.output_tokens);
+  });
+
   test('embeddings: vectors, input tokens billed, a receipt', async () => {
     const { res, out } = recorder();
     await service.handle(request('embeddings', { model: 'tiny/llama', input: ['hello world', 'quick'] }), res);

@@ -37,6 +37,7 @@ beforeAll(async () => {
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 9, stream: true, stream_options: { include_usage: true } });
   await serve('completions', { model: 'tiny/llama', prompt: 'the quick', max_tokens: 25, temperature: 0 });
   await serve('embeddings', { model: 'tiny/llama', input: ['hello', 'world'] });
+  await serve('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 20, seed: 8, stream: true });
   // Output capped by the hold, not by max_tokens: replay must find the same cap.
   const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages, max_tokens: 500, seed: 1 }));
   const t = ticketPayload(node.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '9' });

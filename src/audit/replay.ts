@@ -8,7 +8,7 @@
 // (InferService) with a clock fixed at the receipt's started_at and a ticket with the receipt's
 // hold, so the cap on output tokens, the ids and the timestamps in the response are the same as
 // when it was served; generation is seeded and single-threaded, so the bytes must be too.
-// Completed chat/completions, completions and embeddings receipts are replayed; others skipped.
+// Completed chat/completions, completions, responses and embeddings receipts are replayed.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -43,7 +43,7 @@ export interface ReplayReport {
   skipped: Record<string, number>;
 }
 
-const REPLAYABLE = new Set(['chat/completions', 'completions', 'embeddings']);
+const REPLAYABLE = new Set(['chat/completions', 'completions', 'responses', 'embeddings']);
 
 export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   const report: ReplayReport = { replayed: 0, matched: 0, mismatches: [], skipped: {} };

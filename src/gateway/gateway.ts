@@ -37,7 +37,7 @@ import { RequestRecords, type RequestRecord } from './records.ts';
 import { parseRoutingHeaders, normalizeQuantization, type RoutingControls } from './routing-headers.ts';
 
 export const GATEWAY_DEFAULT_PORT = 11435;
-export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'embeddings'] as const;
+export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
 export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
 export const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
 
@@ -85,6 +85,12 @@ const MAX_BODY = 8 << 20; // the node's request body limit
 const JSON_TYPE = 'application/json; charset=utf-8';
 const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 const DONE_EVENT = new TextEncoder().encode('data: [DONE]\n\n');
+const RESPONSES_END = /(?:^|\n)event: response\.(?:completed|incomplete|failed)\n[^\n]*\n\n$/;
+
+/** The responses event protocol has no [DONE]: its last event is response.completed (or incomplete). */
+function endsResponsesStream(bytes: Uint8Array): boolean {
+  return RESPONSES_END.test(new TextDecoder().decode(bytes.subarray(Math.max(0, bytes.length - 65536))));
+}
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -463,7 +469,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       for await (const f of res.frames) {
         if (f.kind === 'data') {
           hash.update(f.bytes);
-          if (endsWith(f.bytes, DONE_EVENT)) finished();
+          if (endsWith(f.bytes, DONE_EVENT) || endsResponsesStream(f.bytes)) finished();
           if (!gone.aborted && !raw.destroyed && !raw.write(f.bytes)) await drained(raw);
         } else trailer = f.value;
       }
@@ -654,6 +660,8 @@ function usageMismatch(body: Record<string, unknown>, r: Extract<CheckedReceipt,
   const p = r.payload;
   if (u.prompt_tokens !== undefined && u.prompt_tokens !== p.usage.input_tokens) return `usage.prompt_tokens is ${String(u.prompt_tokens)}, the receipt says ${p.usage.input_tokens}`;
   if (u.completion_tokens !== undefined && u.completion_tokens !== p.usage.output_tokens) return `usage.completion_tokens is ${String(u.completion_tokens)}, the receipt says ${p.usage.output_tokens}`;
+  if (u.input_tokens !== undefined && u.input_tokens !== p.usage.input_tokens) return `usage.input_tokens is ${String(u.input_tokens)}, the receipt says ${p.usage.input_tokens}`;
+  if (u.output_tokens !== undefined && u.output_tokens !== p.usage.output_tokens) return `usage.output_tokens is ${String(u.output_tokens)}, the receipt says ${p.usage.output_tokens}`;
   if (u.cost !== undefined && u.cost !== formatUsd(BigInt(p.cost_micro_usd))) return `usage.cost is ${String(u.cost)}, the receipt says ${formatUsd(BigInt(p.cost_micro_usd))}`;
   return undefined;
 }

@@ -12,8 +12,8 @@ export class ContractError extends Error {
   }
 }
 
-export type TextEndpoint = 'chat/completions' | 'completions' | 'embeddings' | 'tokenize' | 'count_tokens';
-export const TEXT_ENDPOINTS: readonly TextEndpoint[] = ['chat/completions', 'completions', 'embeddings', 'tokenize', 'count_tokens'];
+export type TextEndpoint = 'chat/completions' | 'completions' | 'responses' | 'embeddings' | 'tokenize' | 'count_tokens';
+export const TEXT_ENDPOINTS: readonly TextEndpoint[] = ['chat/completions', 'completions', 'responses', 'embeddings', 'tokenize', 'count_tokens'];
 
 export interface GenerationParams {
   maxTokens: number | undefined;
@@ -28,6 +28,7 @@ export interface GenerationParams {
 export type ParsedRequest =
   | ({ endpoint: 'chat/completions'; model: string; messages: ChatMessage[] } & GenerationParams)
   | ({ endpoint: 'completions'; model: string; prompt: string } & GenerationParams)
+  | ({ endpoint: 'responses'; model: string; messages: ChatMessage[] } & GenerationParams)
   | { endpoint: 'embeddings'; model: string; input: string[] }
   | { endpoint: 'tokenize' | 'count_tokens'; model: string; messages?: ChatMessage[]; prompt?: string; returnTokens: boolean };
 
@@ -59,14 +60,15 @@ function optBool(v: unknown, field: string): boolean | undefined {
   return v;
 }
 
-/** Message content: a string, or an array of {type: "text", text} parts (joined). */
+/** Message content: a string, or an array of text parts (joined). */
 function content(v: unknown, field: string): string {
   if (typeof v === 'string') return v;
   if (Array.isArray(v)) {
     return v
       .map((p, i) => {
         const part = object(p, `${field}[${i}]`);
-        if (part.type !== 'text' || typeof part.text !== 'string') throw new ContractError(`${field}[${i}]`, 'only text parts are supported by this model');
+        const textual = part.type === 'text' || part.type === 'input_text' || part.type === 'output_text';
+        if (!textual || typeof part.text !== 'string') throw new ContractError(`${field}[${i}]`, 'only text parts are supported by this model');
         return part.text;
       })
       .join('');
@@ -83,6 +85,25 @@ function messages(v: unknown): ChatMessage[] {
   });
 }
 
+/** Responses API input: a string (one user message) or a list of messages; instructions lead as system. */
+function responsesInput(o: Obj): ChatMessage[] {
+  const out: ChatMessage[] = [];
+  if (o.instructions !== undefined && o.instructions !== null) {
+    if (typeof o.instructions !== 'string') throw new ContractError('instructions', 'expected a string');
+    out.push({ role: 'system', content: o.instructions });
+  }
+  if (typeof o.input === 'string') out.push({ role: 'user', content: o.input });
+  else if (Array.isArray(o.input) && o.input.length > 0) {
+    o.input.forEach((m, i) => {
+      const item = object(m, `input[${i}]`);
+      if (item.type !== undefined && item.type !== 'message') throw new ContractError(`input[${i}].type`, 'only message items are supported by this model');
+      if (!ROLES.includes(item.role as ChatMessage['role'])) throw new ContractError(`input[${i}].role`, `expected one of ${ROLES.join(', ')}`);
+      out.push({ role: item.role as ChatMessage['role'], content: content(item.content, `input[${i}].content`) });
+    });
+  } else throw new ContractError('input', 'expected a string or a non-empty array of messages');
+  return out;
+}
+
 function generation(o: Obj): GenerationParams {
   const so = o.stream_options === undefined || o.stream_options === null ? {} : object(o.stream_options, 'stream_options');
   const stream = optBool(o.stream, 'stream') ?? false;
@@ -93,8 +114,9 @@ function generation(o: Obj): GenerationParams {
     if (o.stop.length > 4 || !o.stop.every((s) => typeof s === 'string' && s.length > 0)) throw new ContractError('stop', 'expected up to 4 non-empty strings');
     stop = o.stop as string[];
   } else if (o.stop !== undefined && o.stop !== null) throw new ContractError('stop', 'expected a string or an array of strings');
+  const maxField = o.max_tokens !== undefined ? 'max_tokens' : o.max_output_tokens !== undefined ? 'max_output_tokens' : 'max_completion_tokens';
   return {
-    maxTokens: optInt(o.max_tokens ?? o.max_completion_tokens, o.max_tokens !== undefined ? 'max_tokens' : 'max_completion_tokens', 1, 1 << 24),
+    maxTokens: optInt(o.max_tokens ?? o.max_output_tokens ?? o.max_completion_tokens, maxField, 1, 1 << 24),
     stream,
     includeUsage,
     temperature: optNumber(o.temperature, 'temperature', 0, 2) ?? 1,
@@ -123,6 +145,8 @@ export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest 
     case 'completions':
       if (typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
       return { endpoint: 'completions', model, prompt: o.prompt, ...generation(o) };
+    case 'responses':
+      return { endpoint: 'responses', model, messages: responsesInput(o), ...generation(o) };
     case 'embeddings': {
       const input = typeof o.input === 'string' ? [o.input] : o.input;
       if (!Array.isArray(input) || input.length === 0 || input.length > 2048 || !input.every((s) => typeof s === 'string')) {

@@ -15,7 +15,7 @@ import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
-import { chatCompletion, CompletionStream, textCompletion, usageOut } from './openai-format.ts';
+import { chatCompletion, CompletionStream, ResponsesStream, responsesBody, textCompletion, usageOut } from './openai-format.ts';
 
 export interface ServedModel {
   id: string;
@@ -226,9 +226,9 @@ export class InferService {
     }
   }
 
-  private async generate(p: Extract<ParsedRequest, { endpoint: 'chat/completions' | 'completions' }>, model: ServedModel, ticket: TicketPayload, req: InferRequest, res: InferResponse): Promise<void> {
+  private async generate(p: Extract<ParsedRequest, { endpoint: 'chat/completions' | 'completions' | 'responses' }>, model: ServedModel, ticket: TicketPayload, req: InferRequest, res: InferResponse): Promise<void> {
     const started = this.now();
-    const input = p.endpoint === 'chat/completions' ? ({ kind: 'chat', messages: p.messages } as const) : ({ kind: 'prompt', prompt: p.prompt } as const);
+    const input = p.endpoint === 'completions' ? ({ kind: 'prompt', prompt: p.prompt } as const) : ({ kind: 'chat', messages: p.messages } as const);
     let maxTokens: number;
     try {
       const inputTokens = await model.adapter.countInputTokens(input);
@@ -261,15 +261,18 @@ export class InferService {
     };
     const created = Math.floor(started / 1000);
     const chat = p.endpoint === 'chat/completions';
-    const stream = p.stream ? new CompletionStream(chat, ticket.request_id, model.id, created) : undefined;
+    const responses = p.endpoint === 'responses';
+    const stream = p.stream && !responses ? new CompletionStream(chat, ticket.request_id, model.id, created) : undefined;
+    const rstream = p.stream && responses ? new ResponsesStream(ticket.request_id, model.id, created) : undefined;
     let firstToken: number | null = null;
     let delivered = 0;
     let text = '';
     let status: ReceiptStatus = 'completed';
     let result = { finishReason: 'stop' as 'stop' | 'length' | 'abort', inputTokens: 0, outputTokens: 0, usageRuntime: {} as Record<string, unknown> };
     try {
-      await res.head({ status: 200, headers: { 'content-type': stream ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(stream ? { 'x-service-stream-mode': 'live' } : {}) } });
-      await send(stream?.start());
+      const streaming = Boolean(stream ?? rstream);
+      await res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
+      await send(stream?.start() ?? rstream?.start());
       const gen = model.adapter.generate({ input, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal });
       for (;;) {
         const n = await gen.next();
@@ -280,6 +283,8 @@ export class InferService {
         firstToken ??= this.now();
         if (stream) {
           if (n.value.text) await send(stream.delta(n.value.text));
+        } else if (rstream) {
+          if (n.value.text) await send(rstream.delta(n.value.text));
         } else text += n.value.text;
         delivered += n.value.tokens.length;
       }
@@ -299,8 +304,14 @@ export class InferService {
           await send(stream.finish(finish));
           if (p.includeUsage) await send(stream.usage(usage));
           await send(stream.done());
+        } else if (rstream) {
+          await send(rstream.finish(finish, usage));
         } else {
-          const body = chat ? chatCompletion(ticket.request_id, model.id, created, text, finish, usage) : textCompletion(ticket.request_id, model.id, created, text, finish, usage);
+          const body = responses
+            ? responsesBody(ticket.request_id, model.id, created, text, finish, usage)
+            : chat
+              ? chatCompletion(ticket.request_id, model.id, created, text, finish, usage)
+              : textCompletion(ticket.request_id, model.id, created, text, finish, usage);
           await send(new TextEncoder().encode(JSON.stringify(body)));
         }
       }

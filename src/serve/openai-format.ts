@@ -1,6 +1,7 @@
 // Response bodies and stream events in the shapes the marketplace API promises (OpenAI-compatible
 // plus usage.cost and service.request_id). The receipt itself travels in the trailer frame; the
 // gateway adds it to what the buyer sees as service.receipt.
+import { concatBytes } from '../../attestation/bytes.ts';
 
 export interface UsageOut {
   prompt_tokens: number;
@@ -75,5 +76,74 @@ export class CompletionStream {
 
   done(): Uint8Array {
     return this.encoder.encode('data: [DONE]\n\n');
+  }
+}
+
+/** The Responses API object (non-streaming body, and the `response` inside its stream events). */
+export function responsesBody(requestId: string, model: string, created: number, text: string, finish: Finish | 'in_progress', usage: UsageOut | null): Record<string, unknown> {
+  const done = finish !== 'in_progress';
+  return {
+    id: `resp_${requestId}`,
+    object: 'response',
+    created_at: created,
+    status: !done ? 'in_progress' : finish === 'length' ? 'incomplete' : 'completed',
+    incomplete_details: finish === 'length' ? { reason: 'max_output_tokens' } : null,
+    model,
+    output: done ? [{ type: 'message', id: `msg_${requestId}`, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] }] : [],
+    usage: usage && { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens, total_tokens: usage.total_tokens, cost: usage.cost },
+    service: { request_id: requestId },
+  };
+}
+
+/**
+ * The Responses API event protocol: named SSE events with increasing sequence numbers, no [DONE].
+ * created → in_progress → output_item.added → content_part.added → output_text.delta* →
+ * output_text.done → content_part.done → output_item.done → completed (or incomplete).
+ */
+export class ResponsesStream {
+  private seq = 0;
+  private text = '';
+  private readonly encoder = new TextEncoder();
+  private readonly requestId: string;
+  private readonly model: string;
+  private readonly created: number;
+  private readonly itemId: string;
+
+  constructor(requestId: string, model: string, created: number) {
+    this.requestId = requestId;
+    this.model = model;
+    this.created = created;
+    this.itemId = `msg_${requestId}`;
+  }
+
+  private event(type: string, fields: Record<string, unknown>): Uint8Array {
+    return this.encoder.encode(`event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: this.seq++, ...fields })}\n\n`);
+  }
+
+  start(): Uint8Array {
+    const response = responsesBody(this.requestId, this.model, this.created, '', 'in_progress', null);
+    const parts = [
+      this.event('response.created', { response }),
+      this.event('response.in_progress', { response }),
+      this.event('response.output_item.added', { output_index: 0, item: { type: 'message', id: this.itemId, status: 'in_progress', role: 'assistant', content: [] } }),
+      this.event('response.content_part.added', { item_id: this.itemId, output_index: 0, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } }),
+    ];
+    return concatBytes(...parts);
+  }
+
+  delta(text: string): Uint8Array {
+    this.text += text;
+    return this.event('response.output_text.delta', { item_id: this.itemId, output_index: 0, content_index: 0, delta: text });
+  }
+
+  finish(reason: Finish, usage: UsageOut): Uint8Array {
+    const part = { type: 'output_text', text: this.text, annotations: [] };
+    const final = responsesBody(this.requestId, this.model, this.created, this.text, reason, usage);
+    return concatBytes(
+      this.event('response.output_text.done', { item_id: this.itemId, output_index: 0, content_index: 0, text: this.text }),
+      this.event('response.content_part.done', { item_id: this.itemId, output_index: 0, content_index: 0, part }),
+      this.event('response.output_item.done', { output_index: 0, item: { type: 'message', id: this.itemId, status: 'completed', role: 'assistant', content: [part] } }),
+      this.event(reason === 'length' ? 'response.incomplete' : 'response.completed', { response: final }),
+    );
   }
 }
