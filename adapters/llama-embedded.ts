@@ -110,6 +110,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     if (!sequence) throw new Error('no free slot: the node admits at most `slots` requests at once');
     const output: Token[] = [];
     let emitted = '';
+    /** Index of the first output token whose text has not been emitted yet. */
+    let from = 0;
     // The evaluation ends by itself when the model produces an end-of-generation token.
     let finishReason: GenerationResult['finishReason'] = 'stop';
     let evaluation: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
@@ -126,10 +128,14 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         });
         for await (const token of evaluation) {
           output.push(token);
-          // Decode everything so far and emit what is new; hold a trailing partial character.
-          const text = model.detokenize(output, false);
-          const complete = text.endsWith('\uFFFD') ? text.slice(0, -1) : text;
-          let chunk = complete.startsWith(emitted) ? complete.slice(emitted.length) : '';
+          // Decode the tokens not emitted yet, in the context of the ones before them (how a
+          // leading space renders depends on it); hold them while they end in a partial character.
+          const text = model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
+          let chunk = '';
+          if (!text.endsWith('\uFFFD')) {
+            chunk = text;
+            from = output.length;
+          }
           const stopAt = req.stop?.length ? firstStop(emitted + chunk, req.stop, emitted.length) : -1;
           if (stopAt >= 0) {
             chunk = (emitted + chunk).slice(emitted.length, stopAt);

@@ -76,36 +76,46 @@ export async function benchNode(n: number): Promise<void> {
     const directRuns: { tps: number; ttft: number }[] = [];
     const nodeRuns: { tps: number; ttft: number }[] = [];
     for (let round = 0; round < 5; round++) {
+      // Tokens/s is the steady streaming rate, first token to last (time to first token is its own
+      // figure below), for the runtime alone and through the node.
       let t = performance.now();
       let first = 0;
+      let last = 0;
       let tokens = 0;
       const gen = adapter.generate({ input: { kind: 'chat', messages: long.messages as never }, maxTokens: 400, sampling: { temperature: 1, seed: 3 } });
       for (;;) {
         const r = await gen.next();
         if (r.done) break;
-        if (!first) first = performance.now() - t;
+        last = performance.now();
+        if (!first) first = last - t;
         tokens += r.value.tokens.length;
       }
-      directRuns.push({ tps: tokens / ((performance.now() - t) / 1000), ttft: first });
+      directRuns.push({ tps: (tokens - 1) / ((last - t - first) / 1000), ttft: first });
       const { head, bytes } = ask(long);
       t = performance.now();
       first = 0;
+      last = 0;
       const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
       let trailer: Record<string, unknown> = {};
       let events = 0;
+      let firstTokens = 0;
       for await (const f of res.frames) {
         if (f.kind === 'data') {
           events++;
-          // The first DATA frame is the role event; the first token arrives with the second.
-          if (events === 2 && !first) first = performance.now() - t;
+          const deltas = Buffer.from(f.bytes).toString('utf8').split('"delta":{"content"').length - 1;
+          if (deltas && !first) {
+            first = performance.now() - t; // the first DATA frame is the role event
+            firstTokens = deltas;
+          }
+          if (deltas) last = performance.now();
         } else trailer = f.value;
       }
       const out = (trailer.usage as { output_tokens: number }).output_tokens;
-      nodeRuns.push({ tps: out / ((performance.now() - t) / 1000), ttft: first });
+      nodeRuns.push({ tps: (out - firstTokens) / ((last - t - first) / 1000), ttft: first });
     }
     const dTps = median(directRuns.map((r) => r.tps));
     const nTps = median(nodeRuns.map((r) => r.tps));
-    record({ name: 'streaming relay tokens/s (libp2p, receipt included)', value: nTps, unit: 'tok/s', baseline: dTps, ratio: nTps / dTps, target: '>= 0.95', pass: nTps / dTps >= 0.95 });
+    record({ name: 'streaming relay tokens/s (libp2p, first to last token)', value: nTps, unit: 'tok/s', baseline: dTps, ratio: nTps / dTps, target: '>= 0.95', pass: nTps / dTps >= 0.95 });
     const added = median(nodeRuns.map((r) => r.ttft)) - median(directRuns.map((r) => r.ttft));
     record({ name: 'time to first token added by the node, p50', value: added, unit: 'ms', target: '<= 2 ms', pass: added <= 2 });
   } finally {

@@ -113,9 +113,13 @@ describe('InferService', () => {
     const v = verifyReceipt(lines[0]!.line, { provider: node.id });
     expect(v.ok).toBe(true);
     if (!v.ok) return;
-    // 4 events were written: the role event and 3 deltas of one token each (or fewer tokens if some were empty).
+    // 4 writes reached the buyer: the role event, then deltas (a few tokens a write, coalesced).
+    // Every delta event carries at least one token; tokens still queued when the buyer left are
+    // not billed; the hash covers exactly the bytes that were written.
+    const deltas = text(out).split('\n\n').filter((e) => e.includes('"delta":{"content"')).length;
     expect(v.value.payload.status).toBe('cancelled');
-    expect(v.value.payload.usage.output_tokens).toBeLessThanOrEqual(3);
+    expect(v.value.payload.usage.output_tokens).toBeGreaterThanOrEqual(deltas);
+    expect(v.value.payload.usage.output_tokens).toBeLessThan(200);
     expect(v.value.payload.response_sha256).toBe(sha(out));
   });
 

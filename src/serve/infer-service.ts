@@ -15,6 +15,7 @@ import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
+import { Coalescer } from './coalescer.ts';
 import { chatCompletion, CompletionStream, ResponsesStream, responsesBody, textCompletion, usageOut } from './openai-format.ts';
 
 export interface ServedModel {
@@ -65,6 +66,8 @@ export interface InferServiceOptions {
 export interface ErrorBody {
   error: { code: string; message: string };
 }
+
+const EMPTY = new Uint8Array(0);
 
 /** Where a receipt trailer carries its summary for observe(). */
 const SUMMARY = Symbol('receipt summary');
@@ -265,7 +268,8 @@ export class InferService {
     const stream = p.stream && !responses ? new CompletionStream(chat, ticket.request_id, model.id, created) : undefined;
     const rstream = p.stream && responses ? new ResponsesStream(ticket.request_id, model.id, created) : undefined;
     let firstToken: number | null = null;
-    let delivered = 0;
+    let generated = 0;
+    const events = new Coalescer(send);
     let text = '';
     let status: ReceiptStatus = 'completed';
     let result = { finishReason: 'stop' as 'stop' | 'length' | 'abort', inputTokens: 0, outputTokens: 0, usageRuntime: {} as Record<string, unknown> };
@@ -281,18 +285,23 @@ export class InferService {
           break;
         }
         firstToken ??= this.now();
-        if (stream) {
-          if (n.value.text) await send(stream.delta(n.value.text));
-        } else if (rstream) {
-          if (n.value.text) await send(rstream.delta(n.value.text));
-        } else text += n.value.text;
-        delivered += n.value.tokens.length;
+        const t = n.value.text;
+        if (stream) await events.push(t ? stream.delta(t) : EMPTY, n.value.tokens.length);
+        else if (rstream) await events.push(t ? rstream.delta(t) : EMPTY, n.value.tokens.length);
+        else {
+          text += t;
+          generated += n.value.tokens.length;
+        }
       }
+      await events.flush();
       if (req.signal.aborted || result.finishReason === 'abort') status = 'cancelled';
     } catch {
       // The buyer went away mid-write, or the runtime failed: bill exactly what was delivered.
+      events.discard();
       status = req.signal.aborted ? 'cancelled' : 'failed';
     }
+    // Streamed: the tokens whose bytes reached the stream. Whole body: the work performed.
+    const delivered = stream || rstream ? events.delivered : generated;
     try {
       const output = status === 'completed' ? result.outputTokens : delivered;
       const inputTokens = result.inputTokens || (await model.adapter.countInputTokens(input));

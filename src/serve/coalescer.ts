@@ -1,0 +1,66 @@
+// Stream events written in quick succession go out together: the first at once (time to first
+// token), later ones at most `windowMs` later, in one DATA frame. A libp2p frame costs a muxer
+// frame, a Noise message and a syscall on each side; a token every half millisecond would pay
+// that per token. Tokens count as delivered only once their bytes were written.
+import { concatBytes } from '../../attestation/bytes.ts';
+
+export class Coalescer {
+  /** Tokens whose bytes have been written. */
+  delivered = 0;
+  private readonly write: (bytes: Uint8Array) => Promise<void>;
+  private readonly windowMs: number;
+  private readonly maxBytes: number;
+  private parts: Uint8Array[] = [];
+  private size = 0;
+  private tokens = 0;
+  private last = -Infinity;
+  private timer: NodeJS.Timeout | undefined;
+  private chain: Promise<void> = Promise.resolve();
+  private failure: unknown;
+
+  constructor(write: (bytes: Uint8Array) => Promise<void>, opts: { windowMs?: number; maxBytes?: number } = {}) {
+    this.write = write;
+    this.windowMs = opts.windowMs ?? 2;
+    this.maxBytes = opts.maxBytes ?? 16_384;
+  }
+
+  /** Queues bytes (possibly empty) and the tokens they carry; writes when the window has passed. */
+  async push(bytes: Uint8Array, tokens: number): Promise<void> {
+    if (this.failure !== undefined) throw this.failure;
+    if (bytes.length) this.parts.push(bytes);
+    this.size += bytes.length;
+    this.tokens += tokens;
+    const since = performance.now() - this.last;
+    if (since >= this.windowMs || this.size >= this.maxBytes) return this.flush();
+    this.timer ??= setTimeout(() => void this.flush().catch(() => undefined), this.windowMs - since);
+  }
+
+  /** Writes whatever is queued; resolves when everything queued so far is written. */
+  flush(): Promise<void> {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    if (this.parts.length === 0 && this.tokens === 0) return this.chain;
+    const parts = this.parts;
+    const tokens = this.tokens;
+    this.parts = [];
+    this.size = 0;
+    this.tokens = 0;
+    this.last = performance.now();
+    this.chain = this.chain.then(async () => {
+      if (parts.length) await this.write(parts.length === 1 ? parts[0]! : concatBytes(...parts));
+      this.delivered += tokens;
+    });
+    this.chain.catch((e: unknown) => {
+      this.failure ??= e;
+    });
+    return this.chain;
+  }
+
+  /** Drops what is queued (the buyer left) and stops the timer. */
+  discard(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    this.parts = [];
+    this.tokens = 0;
+  }
+}
