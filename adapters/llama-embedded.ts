@@ -105,7 +105,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   async *generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void> {
     const model = this.m;
-    const input = await this.inputTokens(req.input);
+    const input = (req.inputTokens as Token[] | undefined) ?? (await this.inputTokens(req.input));
     const sequence = this.idle.pop();
     if (!sequence) throw new Error('no free slot: the node admits at most `slots` requests at once');
     const output: Token[] = [];

@@ -21,6 +21,8 @@ export interface SamplingOptions {
 
 export interface GenerateRequest {
   input: GenerationInput;
+  /** inputTokens(input), when the caller already has them (saves rendering and tokenizing twice). */
+  inputTokens?: number[];
   /** Hard cap, already lowered by the node so the worst case stays within the ticket's hold. */
   maxTokens: number;
   sampling: SamplingOptions;

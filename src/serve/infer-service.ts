@@ -233,8 +233,10 @@ export class InferService {
     const started = this.now();
     const input = p.endpoint === 'completions' ? ({ kind: 'prompt', prompt: p.prompt } as const) : ({ kind: 'chat', messages: p.messages } as const);
     let maxTokens: number;
+    let tokens: number[];
     try {
-      const inputTokens = await model.adapter.countInputTokens(input);
+      tokens = await model.adapter.inputTokens(input);
+      const inputTokens = tokens.length;
       const room = model.adapter.info.contextLength - inputTokens;
       const asked = Math.min(p.maxTokens ?? room, room);
       // The worst case must stay within the ticket's hold: generation is capped to what it pays for.
@@ -277,7 +279,7 @@ export class InferService {
       const streaming = Boolean(stream ?? rstream);
       await res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
       await send(stream?.start() ?? rstream?.start());
-      const gen = model.adapter.generate({ input, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal });
+      const gen = model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal });
       for (;;) {
         const n = await gen.next();
         if (n.done) {
@@ -304,7 +306,7 @@ export class InferService {
     const delivered = stream || rstream ? events.delivered : generated;
     try {
       const output = status === 'completed' ? result.outputTokens : delivered;
-      const inputTokens = result.inputTokens || (await model.adapter.countInputTokens(input));
+      const inputTokens = result.inputTokens || tokens.length;
       const cost = computeCost({ input_tokens: inputTokens, output_tokens: output }, model.rates);
       const usage = usageOut(inputTokens, output, formatUsd(cost));
       const finish = result.finishReason === 'length' ? 'length' : 'stop';
@@ -330,7 +332,7 @@ export class InferService {
       release();
     }
     const output = status === 'completed' ? result.outputTokens : delivered;
-    const inputTokens = result.inputTokens || (await model.adapter.countInputTokens(input));
+    const inputTokens = result.inputTokens || tokens.length;
     const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime: result.usageRuntime, responseSha256: hash.digest('hex') });
     await res.trailer(receipt).catch(() => undefined); // a buyer who left still has a receipt in the log
   }
