@@ -9,7 +9,6 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import Database from 'better-sqlite3';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
@@ -24,6 +23,7 @@ import { INFER_PROTOCOL, serveInfer } from '../src/p2p/infer-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { InferService } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { openStateDb } from '../src/store/state-db.ts';
 import { benchP2pEcho } from './p2p-echo.ts';
 import { record } from './lib.ts';
 
@@ -40,7 +40,7 @@ export async function benchNode(n: number): Promise<void> {
   const adapter = new LlamaEmbeddedAdapter({ modelPath, contextLength: 2048 });
   await adapter.start();
   const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, checkpointIntervalMs: 0 });
-  const db = new Database(path.join(dir, 's.db'));
+  const db = openStateDb(path.join(dir, 's.db'));
   const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 8 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
   const service = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: marketId }], providerId: provider }), models: new Map([[model.id, model]]), priceVersion: 'p1' });
   const node = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });

@@ -2,7 +2,6 @@
 // Config → identity → receipt log, state, runtimes → serving core → libp2p → ops HTTP.
 import fs from 'node:fs';
 import path from 'node:path';
-import Database from 'better-sqlite3';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
@@ -21,6 +20,7 @@ import { serveCapacity } from './p2p/capacity-protocol.ts';
 import { signCapacity, startRegistration } from './registration.ts';
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
+import { openStateDb } from './store/state-db.ts';
 
 export class NodeStartError extends Error {
   override name = 'NodeStartError';
@@ -87,9 +87,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
     });
     cleanup.push(() => log.close());
-    const db = new Database(path.join(config.data_dir, 'state.db'));
-    db.pragma('journal_mode = WAL');
-    db.pragma('synchronous = FULL');
+    const db = openStateDb(path.join(config.data_dir, 'state.db'));
     cleanup.push(() => void db.close());
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const pruner = setInterval(() => gate.prune(), 60_000).unref();

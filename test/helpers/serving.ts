@@ -3,7 +3,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import { LlamaEmbeddedAdapter } from '../../adapters/llama-embedded.ts';
 import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
 import type { Rates } from '../../attestation/money.ts';
@@ -12,6 +12,7 @@ import { IdempotencyStore } from '../../src/dispatch/idempotency.ts';
 import { TicketGate } from '../../src/dispatch/ticket-gate.ts';
 import { InferService, type ServedModel } from '../../src/serve/infer-service.ts';
 import { ReceiptLog } from '../../src/store/receipt-log.ts';
+import { openStateDb } from '../../src/store/state-db.ts';
 
 export const TEST_RATES: Rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 
@@ -33,7 +34,7 @@ export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string;
   const adapter = new LlamaEmbeddedAdapter({ modelPath, slots, contextLength: opts.contextLength ?? 512 });
   await adapter.start();
   const log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed: opts.nodeSeed, threads: opts.logThreads ?? 0, checkpointIntervalMs: 0 });
-  const db = new Database(path.join(dir, 'state.db'));
+  const db = openStateDb(path.join(dir, 'state.db'));
   const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: opts.marketId }], providerId: opts.nodeId });
   const model: ServedModel = { id: 'tiny/llama', adapter, admission: new Admission({ slots, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates: TEST_RATES };
   const service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });

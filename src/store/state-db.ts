@@ -1,0 +1,14 @@
+// state.db: the node's small working state (used ticket ids, idempotency records).
+import Database from 'better-sqlite3';
+
+/**
+ * WAL with synchronous = NORMAL: a write survives any crash of the node process (the WAL is in
+ * the page cache) without an fsync on the path to the first token; only a power cut in the next
+ * moment could lose it. Tickets live 60 s; receipts, the money, are fsynced in receipts.db.
+ */
+export function openStateDb(file: string): Database.Database {
+  const db = new Database(file);
+  db.pragma('journal_mode = WAL');
+  db.pragma('synchronous = NORMAL');
+  return db;
+}
