@@ -80,6 +80,9 @@ export async function request(
   const stream = await host.dialProtocol(toDialTarget(target), protocol, {
     signal,
     maxOutboundStreams: opts.maxOutboundStreams ?? 128,
+    // Send the protocol id with the first frames instead of waiting a round trip for the answer
+    // (an unsupported protocol then fails on the first read, as a stream error).
+    negotiateFully: false,
   });
   const reader = new FrameReader(stream, { limits, highWaterMark: opts.highWaterMark });
   let localError: Error | undefined; // why we reset the stream, if we did
