@@ -1,27 +1,12 @@
 // Errors the gateway answers with: the marketplace API's envelope {error: {code, message}} and an
 // HTTP status. A GatewayError's message is safe to show the buyer.
 
-export interface ErrorBody {
-  error: { code: string; message: string };
-}
+import { errorBody, ServiceError, type ErrorBody } from '../service-error.ts';
 
-export class GatewayError extends Error {
+export { errorBody, type ErrorBody };
+
+export class GatewayError extends ServiceError {
   override name = 'GatewayError';
-  readonly status: number;
-  readonly code: string;
-  constructor(status: number, code: string, message: string) {
-    super(message);
-    this.status = status;
-    this.code = code;
-  }
-
-  body(): ErrorBody {
-    return errorBody(this.code, this.message);
-  }
-}
-
-export function errorBody(code: string, message: string): ErrorBody {
-  return { error: { code, message } };
 }
 
 /** 400 invalid_request naming the header or field at fault. */

@@ -4,7 +4,7 @@
 // market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { isHex } from '../../attestation/bytes.ts';
-import type { TicketRouting } from '../../attestation/ticket.ts';
+import type { TicketRequest } from '../market/tickets.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
 
 export interface ProviderModel {
@@ -29,15 +29,7 @@ export interface ProviderEntry {
   accepting?: boolean;
 }
 
-export interface TicketRequest {
-  endpoint: string;
-  model: string;
-  body_sha256: string;
-  routing?: TicketRouting;
-  max_cost_micro_usd?: string;
-  request_id?: string;
-  account?: string;
-}
+export type { TicketRequest };
 
 export interface TicketGrant {
   ticket: DsseEnvelope;

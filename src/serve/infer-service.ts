@@ -16,6 +16,7 @@ import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/ide
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
+import { ServiceError } from '../service-error.ts';
 import { chatCompletion, CompletionStream, ResponsesStream, responsesBody, textCompletion, usageOut } from './openai-format.ts';
 
 export interface ServedModel {
@@ -63,9 +64,6 @@ export interface InferServiceOptions {
   now?: () => number;
 }
 
-export interface ErrorBody {
-  error: { code: string; message: string };
-}
 
 const EMPTY = new Uint8Array(0);
 
@@ -73,14 +71,8 @@ const EMPTY = new Uint8Array(0);
 const SUMMARY = Symbol('receipt summary');
 
 /** A refusal before any work: status, code, nothing charged. */
-class Refusal extends Error {
-  readonly status: number;
-  readonly code: string;
-  constructor(status: number, code: string, message: string) {
-    super(message);
-    this.status = status;
-    this.code = code;
-  }
+class Refusal extends ServiceError {
+  override name = 'Refusal';
 }
 
 export class InferService {
@@ -186,7 +178,7 @@ export class InferService {
   private async refuse(res: InferResponse, e: unknown): Promise<void> {
     const r = e instanceof Refusal ? e : new Refusal(500, 'internal_error', 'the node failed before doing any work');
     await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
-    await res.trailer({ error: { code: r.code, message: r.message } } satisfies ErrorBody);
+    await res.trailer({ ...r.body() });
   }
 
   private async tokenize(p: TokenizeRequest, model: ServedModel, res: InferResponse): Promise<void> {
