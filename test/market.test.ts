@@ -269,6 +269,11 @@ describe('tickets', () => {
     await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(q, { free_slots: 0 }));
     await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 1 }));
     expect((await ask()).body.provider).toBe(p.key.id);
+    // X-Service-Prefer-Providers: the list's order decides, and nobody outside it is chosen.
+    expect((await ask({ providers: [q.key.id, p.key.id] })).body.provider).toBe(q.key.id);
+    expect((await ask({ providers: [p.key.id] })).body.provider).toBe(p.key.id);
+    expect(await ask({ providers: [testKey().id] })).toMatchObject({ status: 503, body: { error: { code: 'no_provider' } } });
+    expect(await ask({ providers: ['nothex'] })).toMatchObject({ status: 400, body: { error: { code: 'invalid_request' } } });
   });
 });
 

@@ -228,6 +228,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
     if (controls.maxCostMicroUsd !== undefined) ask.max_cost_micro_usd = controls.maxCostMicroUsd;
+    if (controls.preferredProviders) ask.providers = controls.preferredProviders;
     const grant = await market.ticket(ask);
     const key = await market.marketKey();
     const v = verifyTicket(grant.ticket, { marketplaceKeys: [{ publicKey: key.public_key, keyid: key.key_id }], provider: grant.provider, body: bodySha256 });
@@ -237,8 +238,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     if (controls.maxCostMicroUsd !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(controls.maxCostMicroUsd)) {
       throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
     }
-    // The market's ticket API takes no provider list, so the strict set is enforced here: a ticket
-    // for anyone else is not used (the request never leaves the set).
+    // The market applies the set; a ticket for anyone else is still never used.
     if (controls.preferredProviders && !controls.preferredProviders.includes(grant.provider)) {
       throw new GatewayError(503, 'no_provider', `the marketplace chose provider ${grant.provider}, outside X-Service-Prefer-Providers`);
     }

@@ -42,6 +42,7 @@ const ticketRequestSchema = {
     max_cost_micro_usd: { type: 'string' },
     request_id: { type: 'string' },
     account: { type: 'string' },
+    providers: { type: 'array', items: { type: 'string', pattern: '^[0-9a-f]{64}$' }, minItems: 1, maxItems: 64 },
   },
 } as const;
 

@@ -25,6 +25,8 @@ export interface TicketRequest {
   max_cost_micro_usd?: string;
   request_id?: string;
   account?: string;
+  /** X-Service-Prefer-Providers: an ordered strict set; the first eligible one in the list wins. */
+  providers?: string[];
 }
 
 export interface IssuedTicketResponse {
@@ -100,10 +102,15 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
   };
   validated(draft);
 
-  const serving = [...store.providers.values()].flatMap((p) => {
+  const allowed = req.providers;
+  const all = [...store.providers.values()].flatMap((p) => {
     const m = p.models.find((x) => x.id === req.model);
     return m ? [{ p, m, rates: p.rates.get(m.id)! }] : [];
   });
+  if (all.length > 0 && allowed && !all.some((c) => allowed.includes(c.p.provider))) {
+    throw new MarketError(503, 'no_provider', `none of the preferred providers serves "${req.model.slice(0, 200)}"`);
+  }
+  const serving = allowed ? all.filter((c) => allowed.includes(c.p.provider)) : all;
   if (serving.length === 0) throw new MarketError(404, 'model_not_found', `no registered provider serves model "${req.model.slice(0, 200)}"`);
   const live = serving.filter((c) => isLive(c.p, now, ctx.heartbeatIntervalMs));
   if (live.length === 0) throw new MarketError(503, 'no_provider', `${serving.length} registered provider(s) serve "${req.model.slice(0, 200)}", none is live`);
@@ -113,7 +120,10 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
     if (why) reasons.push(why);
     return !why;
   });
-  const best = eligible.sort((a, b) => freeSlots(b.p, b.m) - freeSlots(a.p, a.m) || a.p.last_ticket_at - b.p.last_ticket_at)[0];
+  // With a preference list its order decides (failover follows it); otherwise the most free slots.
+  const best = allowed
+    ? eligible.sort((a, b) => allowed.indexOf(a.p.provider) - allowed.indexOf(b.p.provider))[0]
+    : eligible.sort((a, b) => freeSlots(b.p, b.m) - freeSlots(a.p, a.m) || a.p.last_ticket_at - b.p.last_ticket_at)[0];
   if (!best) {
     // The spec: a price ceiling refuses the request before any hold, with 403 price_ceiling_exceeded.
     if (reasons.length > 0 && reasons.every((r) => r.startsWith(PRICE))) throw new MarketError(403, 'price_ceiling_exceeded', `every provider of "${req.model.slice(0, 200)}" is above the price ceiling: ${reasons[0]!.slice(PRICE.length + 1)}`);
