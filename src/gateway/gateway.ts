@@ -312,15 +312,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     );
   }
 
-  async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-    const controls = parseRoutingHeaders(req.headers);
-    const idem = idempotencyKey(req.headers);
-    const body = bodyBytes(req);
-    const model = peekModel(body);
-    const bodySha256 = sha256Hex(body);
-    const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);
+  /** The Paid record of a granted ticket. */
+  function paidOf(endpoint: PaidEndpoint, model: string, body: Buffer, bodySha256: string, granted: Awaited<ReturnType<typeof takeTicket>>, idempotent: boolean): Paid {
     const t = granted.ticket;
-    const p: Paid = {
+    return {
       endpoint,
       requestId: t.request_id,
       body,
@@ -328,11 +323,38 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       ticket: t,
       provider: granted.provider,
       target: granted.target,
-      idempotent: idem !== undefined,
+      idempotent,
       exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint, model, bodySha256, holdMicroUsd: t.max_cost_micro_usd },
     };
-    reply.header('x-request-id', p.requestId);
-    records.begin({ request_id: p.requestId, endpoint, model, provider: p.provider });
+  }
+
+  /**
+   * X-Service-Hedge: a second ticket for another live provider of the model, or undefined when
+   * there is none (the request then runs once). The two race; the loser is cancelled at its node
+   * and settled for the work it did.
+   */
+  async function hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, first: string, requestId: string) {
+    const others = (await market.providers())
+      .filter((e) => e.provider !== first && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model))
+      .map((e) => e.provider);
+    if (others.length === 0) return undefined;
+    try {
+      return await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: others }, requestId);
+    } catch {
+      return undefined; // no second route: run once
+    }
+  }
+
+  async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+    const controls = parseRoutingHeaders(req.headers);
+    const idem = idempotencyKey(req.headers);
+    const body = bodyBytes(req);
+    const model = peekModel(body);
+    const bodySha256 = sha256Hex(body);
+    const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);
+    const hedged = controls.routing.hedge && endpoint !== 'embeddings' ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`) : undefined;
+    const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => ({ g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac: new AbortController() }));
+    for (const a of attempts) records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
 
     // A buyer who leaves cancels the request at the node: its stream is reset, generation stops,
     // and the node writes a `cancelled` receipt for what it delivered.
@@ -344,26 +366,53 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     raw.on('close', onClose);
     if (raw.destroyed) onClose();
+    for (const a of attempts) gone.signal.addEventListener('abort', () => a.ac.abort(gone.signal.reason), { once: true });
+
+    // Dispatch every attempt; the first to answer 200 wins, a refusal waits for the other.
+    type Outcome = { ok: true; a: (typeof attempts)[number]; res: P2pResponse; head: JsonObject } | { ok: false; a: (typeof attempts)[number]; stage: 'connect' | 'head'; e: Error; res?: P2pResponse };
+    const dispatch = async (a: (typeof attempts)[number]): Promise<Outcome> => {
+      let res: P2pResponse;
+      try {
+        res = await p2pRequest(host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal });
+      } catch (e) {
+        return { ok: false, a, stage: 'connect', e: e as Error };
+      }
+      try {
+        return { ok: true, a, res, head: await res.head };
+      } catch (e) {
+        return { ok: false, a, stage: 'head', e: e as Error, res };
+      }
+    };
+    const running = attempts.map(dispatch);
+    let outcome = await Promise.race(running);
+    if (attempts.length > 1 && !(outcome.ok && outcome.head.status === 200)) {
+      const other = await running[outcome.a === attempts[0] ? 1 : 0]!;
+      if (other.ok && other.head.status === 200) outcome = other;
+    }
+    // The loser is cancelled; what it did is settled from its node's log.
+    for (const a of attempts) {
+      if (a === outcome.a) continue;
+      a.ac.abort(new Error('lost the hedge'));
+      void running[attempts.indexOf(a)]!.then((r) => {
+        r.res?.abort('lost the hedge');
+        return settleFromNode(a.p, 'abandoned');
+      });
+    }
+    const p = outcome.a.p;
+    reply.header('x-request-id', p.requestId);
     const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
       records.fail(p.requestId, status, { code: e.code, message: e.message });
       throw e;
     };
 
-    let res: P2pResponse;
-    let head: JsonObject;
-    try {
-      res = await p2pRequest(host, p.target, INFER_PROTOCOL, { endpoint, ticket: granted.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: gone.signal });
-    } catch (e) {
+    if (!outcome.ok) {
       if (gone.signal.aborted) return abandon(p, reply);
-      return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${(e as Error).message}`));
-    }
-    try {
-      head = await res.head;
-    } catch (e) {
-      if (gone.signal.aborted) return abandon(p, reply);
+      if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
+      // The stream opened but no head came: the provider may have started; its log knows.
       void settleFromNode(p, 'failed');
-      throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${(e as Error).message}`);
+      throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
+    const { res, head } = outcome;
     const status = typeof head.status === 'number' ? head.status : 0;
     const headers = isObj(head.headers) ? head.headers : {};
     if (status !== 200) {
