@@ -86,11 +86,15 @@ describe('X-Service-* routing headers', () => {
     ['X-Service-Max-Output-Price-Per-Million-Usd', '-1'],
     ['X-Service-Max-Representative-Request-Price-Usd', '01.5'],
     ['X-Service-Estimate', 'short'],
-    ['X-Service-Estimate', 'est-0123456789abcdef'],
+    ['X-Service-Estimate', 'e'.repeat(129)],
   ])('%s: %j is 400 invalid_request naming the header', (name, value) => {
     const r = refusal({ [name.toLowerCase()]: value });
     expect(r).toMatchObject({ status: 400, code: 'invalid_request' });
     expect(r.message.startsWith(`${name}:`)).toBe(true);
+  });
+
+  test('a well-formed estimate id is taken; whether it is known is decided at execution', () => {
+    expect(parseRoutingHeaders({ 'x-service-estimate': 'est_0123456789abcdef' }).estimateId).toBe('est_0123456789abcdef');
   });
 
   test('hedging cannot be combined with a preferred provider list', () => {

@@ -239,6 +239,36 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(deltas.length).toBeGreaterThan(0);
   });
 
+  test('estimates: the provider\'s own count, priced at its rates; execution with the estimate is capped by it', async () => {
+    const messages = [{ role: 'user' as const, content: 'hello world' }];
+    const body = { model: MODEL, messages, max_tokens: 20, seed: 3 };
+    const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body }) });
+    expect(r.status).toBe(200);
+    const est = (await r.json()) as { estimate_id: string; input_tokens: number; max_output_tokens: number; max_hold: string; expected_cost: string; price_version: string; can_start: { provider: string } };
+    expect(est.estimate_id.length).toBeGreaterThanOrEqual(16);
+    expect(est.input_tokens).toBe(await countTokens({ messages }));
+    expect(est.max_output_tokens).toBe(20);
+    expect(est.max_hold).toBe(costUsd(est.input_tokens, 20));
+    expect(est.can_start.provider).toBe(node.providerId);
+    // Executing the very same body with the estimate: the ticket's hold is the estimate's maximum.
+    const run = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-estimate': est.estimate_id }, body: JSON.stringify(body) });
+    expect(run.status).toBe(200);
+    const done = (await run.json()) as { service: { receipt: DsseEnvelope } };
+    const p = verified(done.service.receipt);
+    expect(formatUsd(BigInt(p.hold_micro_usd))).toBe(est.max_hold);
+    // Another body under the estimate, an unknown estimate, and a cost cap on /estimates are refused.
+    const other = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-estimate': est.estimate_id }, body: JSON.stringify({ ...body, seed: 4 }) });
+    expect([other.status, ((await other.json()) as { error: { code: string } }).error.code]).toEqual([400, 'invalid_request']);
+    const unknown = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-estimate': 'est_00000000000000000000' }, body: JSON.stringify(body) });
+    expect(unknown.status).toBe(400);
+    const capped = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-max-cost-usd': '1' }, body: JSON.stringify({ endpoint: 'CHAT', body }) });
+    expect(capped.status).toBe(400);
+    const badEndpoint = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'IMAGES', body }) });
+    expect(((await badEndpoint.json()) as { error: { message: string } }).error.message).toMatch(/^endpoint:/);
+    const badBody = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL } }) });
+    expect(((await badBody.json()) as { error: { message: string } }).error.message).toMatch(/^body\.messages:/);
+  });
+
   test('embeddings: one vector per input, billed for input tokens only', async () => {
     const input = ['hello world', 'the cat sat'];
     const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

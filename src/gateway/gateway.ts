@@ -31,6 +31,8 @@ import { peerIdFromProviderId } from '../p2p/peer-id.ts';
 import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
 import type { JsonObject } from '../p2p/frames.ts';
 import { errorBody, GatewayError, invalid, readErrorBody } from './errors.ts';
+import { EstimateStore, ESTIMATE_ENDPOINTS, priceEstimate } from './estimates.ts';
+import { ContractError, parseRequest, type ParsedRequest } from '../serve/contract.ts';
 import { MarketClient, type ProviderEntry, type TicketRequest } from './market-client.ts';
 import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
 import { RequestRecords, type RequestRecord } from './records.ts';
@@ -180,6 +182,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
   const records = new RequestRecords(opts.maxRecords);
+  const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;
   const seed = opts.seed ?? new Uint8Array(crypto.randomBytes(32));
   const host = await createHost({ seed, listen: [] });
@@ -351,6 +354,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const body = bodyBytes(req);
     const model = peekModel(body);
     const bodySha256 = sha256Hex(body);
+    if (controls.estimateId !== undefined) {
+      // The request must be the one estimated; its hold is capped at the estimate's maximum, so a
+      // higher live maximum is refused (403 request_cost_limit_exceeded) before any hold.
+      const est = estimates.get(controls.estimateId);
+      if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
+      if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== bodySha256) throw invalid('X-Service-Estimate', 'the estimate is for another request');
+      const cap = controls.maxCostMicroUsd === undefined ? est.maxHoldMicroUsd : BigInt(controls.maxCostMicroUsd) < est.maxHoldMicroUsd ? BigInt(controls.maxCostMicroUsd) : est.maxHoldMicroUsd;
+      controls.maxCostMicroUsd = cap.toString();
+      controls.routing.max_cost_micro_usd = cap.toString();
+    }
     const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);
     const hedged = controls.routing.hedge && endpoint !== 'embeddings' ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`) : undefined;
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => ({ g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac: new AbortController() }));
@@ -615,6 +628,84 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   for (const endpoint of FREE_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => tokenize(endpoint, req, reply));
+
+  /** The provider's own count of a request's input tokens (its tokenizer and chat template). */
+  async function countAt(c: { provider: ProviderEntry }, body: Uint8Array): Promise<number> {
+    const target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
+    const r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint: 'count_tokens' }, body, { signal: AbortSignal.timeout(30_000) }));
+    const v = r.head.status === 200 ? (JSON.parse(Buffer.from(r.body).toString('utf8')) as { count?: unknown }) : undefined;
+    if (!v || typeof v.count !== 'number' || !Number.isSafeInteger(v.count)) {
+      const err = readErrorBody(r.trailer);
+      throw err ? new GatewayError(typeof r.head.status === 'number' ? r.head.status : 502, err.code, err.message) : new GatewayError(502, 'bad_provider_response', 'the provider\'s token count is malformed');
+    }
+    return v.count;
+  }
+
+  app.post('/v1/estimates', async (req, reply) => {
+    for (const h of ['x-service-max-cost-usd', 'x-service-estimate']) {
+      if (req.headers[h] !== undefined) throw invalid(h.replace(/(^|-)x/, 'X').replace(/-(\w)/g, (_, c: string) => `-${c.toUpperCase()}`), 'not accepted on /estimates');
+    }
+    const controls = parseRoutingHeaders(req.headers);
+    let ask: { endpoint?: unknown; body?: unknown };
+    try {
+      ask = JSON.parse(bodyBytes(req).toString('utf8')) as typeof ask;
+    } catch {
+      throw invalid('body', 'expected a JSON object {endpoint, body}');
+    }
+    const endpoint = typeof ask?.endpoint === 'string' ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
+    if (!endpoint) throw invalid('endpoint', `expected one of ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')}`);
+    if (!isObj(ask.body)) throw invalid('body', 'expected the request body of that endpoint');
+    const bytes = Buffer.from(JSON.stringify(ask.body));
+    let parsed: ParsedRequest;
+    try {
+      parsed = parseRequest(endpoint, bytes);
+    } catch (e) {
+      if (e instanceof ContractError) throw invalid(e.field ? `body.${e.field}` : 'body', e.message.replace(/^[^:]*: /, ''));
+      throw e;
+    }
+    const [c] = candidates(await market.providers(), parsed.model, controls);
+    const rates = c!.provider.rates?.[parsed.model];
+    if (!rates) throw new GatewayError(503, 'no_provider', 'the provider publishes no price for this model');
+    const r = controls.routing;
+    if ((r.max_input_price_micro_usd_per_mtok !== undefined && BigInt(rates.input_per_mtok) > BigInt(r.max_input_price_micro_usd_per_mtok)) || (r.max_output_price_micro_usd_per_mtok !== undefined && BigInt(rates.output_per_mtok) > BigInt(r.max_output_price_micro_usd_per_mtok))) {
+      throw new GatewayError(403, 'price_ceiling_exceeded', 'the price is above the ceiling');
+    }
+    let inputTokens = 0;
+    if (parsed.endpoint === 'embeddings') {
+      for (const text of parsed.input) inputTokens += await countAt(c!, Buffer.from(JSON.stringify({ model: parsed.model, prompt: text })));
+    } else {
+      const count = parsed.endpoint === 'completions' ? { prompt: parsed.prompt } : { messages: parsed.messages };
+      inputTokens = await countAt(c!, Buffer.from(JSON.stringify({ model: parsed.model, ...count })));
+    }
+    const room = Math.max(0, (c!.context ?? 0) - inputTokens);
+    const maxOutput = parsed.endpoint === 'embeddings' ? 0 : Math.min('maxTokens' in parsed && parsed.maxTokens !== undefined ? parsed.maxTokens : room, room);
+    const maxHold = priceEstimate(inputTokens, maxOutput, rates);
+    if (r.max_request_price_micro_usd !== undefined && maxHold > BigInt(r.max_request_price_micro_usd)) throw new GatewayError(403, 'price_ceiling_exceeded', 'the request\'s worst case is above the representative price ceiling');
+    const est = estimates.add({
+      endpoint,
+      model: parsed.model,
+      bodySha256: sha256Hex(bytes),
+      provider: c!.provider.provider,
+      priceVersion: c!.provider.price_version ?? '',
+      inputTokens,
+      maxOutputTokens: maxOutput,
+      expectedMicroUsd: maxHold,
+      maxHoldMicroUsd: maxHold,
+    });
+    return reply.code(200).type(JSON_TYPE).send({
+      object: 'estimate',
+      estimate_id: est.estimateId,
+      endpoint: ask.endpoint,
+      model: est.model,
+      price_version: est.priceVersion,
+      input_tokens: est.inputTokens,
+      max_output_tokens: est.maxOutputTokens,
+      expected_cost: formatUsd(est.expectedMicroUsd),
+      max_hold: formatUsd(est.maxHoldMicroUsd),
+      expires_at: Math.floor(est.expiresAt / 1000),
+      can_start: { provider: est.provider, live: c!.provider.live !== false, accepting: c!.provider.accepting !== false },
+    });
+  });
 
   // ---- catalog and records ---------------------------------------------------------------------
 

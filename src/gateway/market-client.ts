@@ -21,6 +21,8 @@ export interface ProviderEntry {
   addresses: string[];
   models: ProviderModel[];
   price_version?: string;
+  /** Model id → rates (micro-USD per million tokens, decimal strings). */
+  rates?: Record<string, { input_per_mtok: string; output_per_mtok: string }>;
   last_seen?: number;
   attestation_tier?: string;
   /** Seen recently (the market's view); absent means unknown. */
@@ -72,6 +74,19 @@ export function normalizeMarketUrl(url: string): string {
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
+const MICRO_RE = /^(0|[1-9][0-9]{0,29})$/;
+
+/** Model id → rates, keeping only well-formed micro-USD decimal strings. */
+function readRates(v: Record<string, unknown>): NonNullable<ProviderEntry['rates']> {
+  const out: NonNullable<ProviderEntry['rates']> = {};
+  for (const [id, r] of Object.entries(v)) {
+    if (isObj(r) && typeof r.input_per_mtok === 'string' && MICRO_RE.test(r.input_per_mtok) && typeof r.output_per_mtok === 'string' && MICRO_RE.test(r.output_per_mtok)) {
+      out[id] = { input_per_mtok: r.input_per_mtok, output_per_mtok: r.output_per_mtok };
+    }
+  }
+  return out;
+}
+
 function readProvider(v: unknown): ProviderEntry | undefined {
   if (!isObj(v) || !isHex(v.provider, 32) || typeof v.peer_id !== 'string' || !Array.isArray(v.addresses) || !Array.isArray(v.models)) return undefined;
   const models: ProviderModel[] = [];
@@ -91,6 +106,7 @@ function readProvider(v: unknown): ProviderEntry | undefined {
     addresses: v.addresses.filter((a): a is string => typeof a === 'string'),
     models,
     ...(typeof v.price_version === 'string' ? { price_version: v.price_version } : {}),
+    ...(isObj(v.rates) ? { rates: readRates(v.rates) } : {}),
     ...(typeof v.last_seen === 'number' ? { last_seen: v.last_seen } : {}),
     ...(typeof v.attestation_tier === 'string' ? { attestation_tier: v.attestation_tier } : {}),
     ...(typeof v.live === 'boolean' ? { live: v.live } : {}),

@@ -14,6 +14,8 @@ export interface RoutingControls {
   maxCostMicroUsd?: string;
   /** X-Service-Prefer-Providers: an ordered strict set of provider ids (lowercase hex). */
   preferredProviders?: string[];
+  /** X-Service-Estimate: an estimate id from POST /v1/estimates. */
+  estimateId?: string;
 }
 
 export type HeaderBag = Record<string, string | string[] | undefined>;
@@ -124,10 +126,8 @@ export function parseRoutingHeaders(headers: HeaderBag): RoutingControls {
   if (v !== undefined) routing.max_request_price_micro_usd = usdMicro('X-Service-Max-Representative-Request-Price-Usd', v);
   v = get('X-Service-Estimate');
   if (v !== undefined) {
-    if (v.length < 16) throw invalid('X-Service-Estimate', 'expected an estimate id of at least 16 characters');
-    // A self-run gateway has no POST /estimates to have issued it, so it cannot honour the promise
-    // the header makes (refuse a higher live maximum); refusing beats silently ignoring it.
-    throw invalid('X-Service-Estimate', 'estimates are not supported by this gateway');
+    if (v.length < 16 || v.length > 128) throw invalid('X-Service-Estimate', 'expected an estimate id of 16 to 128 characters');
+    out.estimateId = v;
   }
   return out;
 }

@@ -153,6 +153,8 @@ export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs
     addresses: p.addresses,
     models: p.models,
     price_version: p.price_version,
+    // From the provider's verified price list: micro-USD per million tokens, decimal strings.
+    rates: Object.fromEntries([...p.rates].map(([id, r]) => [id, { input_per_mtok: r.input_per_mtok.toString(), output_per_mtok: r.output_per_mtok.toString() }])),
     attestation_tier: p.attestation_tier,
     last_seen: p.last_seen,
     live: isLive(p, now, heartbeatIntervalMs),

@@ -1,0 +1,67 @@
+// POST /v1/estimates: what a request would cost, without a hold or a charge. The gateway checks
+// the body against the same contract as execution, picks a live provider under the same routing
+// controls, counts the input with that provider's own tokenizer, and prices it at the provider's
+// signed rates. An estimate lives ten minutes; a request that carries its id (X-Service-Estimate)
+// must be the same request, and its hold is capped at the estimate's maximum, so a higher live
+// maximum is refused before any hold.
+import crypto from 'node:crypto';
+import { computeCost } from '../../attestation/money.ts';
+
+export const ESTIMATE_TTL_MS = 10 * 60_000;
+
+/** The marketplace API's endpoint names for estimates, and the paths this gateway serves them at. */
+export const ESTIMATE_ENDPOINTS: Record<string, string> = {
+  CHAT: 'chat/completions',
+  COMPLETIONS: 'completions',
+  RESPONSES: 'responses',
+  EMBEDDINGS: 'embeddings',
+};
+
+export interface Estimate {
+  estimateId: string;
+  endpoint: string;
+  model: string;
+  bodySha256: string;
+  provider: string;
+  priceVersion: string;
+  inputTokens: number;
+  maxOutputTokens: number;
+  expectedMicroUsd: bigint;
+  maxHoldMicroUsd: bigint;
+  expiresAt: number;
+}
+
+export function priceEstimate(inputTokens: number, maxOutputTokens: number, rates: { input_per_mtok: string; output_per_mtok: string }): bigint {
+  return computeCost({ input_tokens: inputTokens, output_tokens: maxOutputTokens }, { input_per_mtok: BigInt(rates.input_per_mtok), output_per_mtok: BigInt(rates.output_per_mtok) });
+}
+
+export class EstimateStore {
+  private readonly byId = new Map<string, Estimate>();
+  private readonly now: () => number;
+
+  constructor(now: () => number = Date.now) {
+    this.now = now;
+  }
+
+  add(e: Omit<Estimate, 'estimateId' | 'expiresAt'>): Estimate {
+    this.prune();
+    const est: Estimate = { ...e, estimateId: `est_${crypto.randomBytes(12).toString('hex')}`, expiresAt: this.now() + ESTIMATE_TTL_MS };
+    this.byId.set(est.estimateId, est);
+    return est;
+  }
+
+  /** The live estimate with this id, or undefined (unknown or expired). */
+  get(id: string): Estimate | undefined {
+    const e = this.byId.get(id);
+    if (e && e.expiresAt <= this.now()) {
+      this.byId.delete(id);
+      return undefined;
+    }
+    return e;
+  }
+
+  private prune(): void {
+    const now = this.now();
+    for (const [id, e] of this.byId) if (e.expiresAt <= now) this.byId.delete(id);
+  }
+}
