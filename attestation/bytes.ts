@@ -67,9 +67,15 @@ export function toBase64(bytes: Uint8Array): string {
 export function fromBase64(s: string): Uint8Array | undefined {
   if (typeof s !== 'string' || s.length % 4 !== 0) return undefined;
   if (NodeBuffer) {
+    // Buffer decoding is lenient: it skips characters outside the alphabet, stops at a misplaced
+    // "=", accepts the URL alphabet and ignores the unused bits of the last character. Each of
+    // those shows as a length that is not the one the padding implies, a "-" or "_", or nonzero
+    // spare bits; with none of them the input is the one canonical encoding of its bytes.
+    const pad = s.endsWith('==') ? 2 : s.endsWith('=') ? 1 : 0;
     const buf = NodeBuffer.from(s, 'base64');
-    // Buffer decoding is lenient; a round trip proves the input was the canonical encoding.
-    if (buf.toString('base64') !== s) return undefined;
+    if (buf.byteLength !== (s.length / 4) * 3 - pad || s.includes('-') || s.includes('_')) return undefined;
+    if (pad === 2 && (B64_INDEX[s.charCodeAt(s.length - 3)]! & 15) !== 0) return undefined;
+    if (pad === 1 && (B64_INDEX[s.charCodeAt(s.length - 2)]! & 3) !== 0) return undefined;
     return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
   }
   if (!B64_RE.test(s)) return undefined;

@@ -110,6 +110,26 @@ function alreadySorted(value: unknown, depth: number): boolean {
   }
 }
 
+const SURROGATE_ESCAPE = /\\u[dD][89a-fA-F]/;
+
+/** Whether every object of a parsed JSON value enumerates its keys in sorted order. */
+function keysSorted(value: unknown, depth: number): boolean {
+  if (value === null || typeof value !== 'object') return true;
+  if (depth > 128) throw new CanonicalJsonError('nesting deeper than 128 levels');
+  if (Array.isArray(value)) {
+    for (const v of value) if (!keysSorted(v, depth + 1)) return false;
+    return true;
+  }
+  const obj = value as Record<string, unknown>;
+  let prev: string | undefined;
+  for (const k in obj) {
+    if (prev !== undefined && !(prev < k)) return false;
+    prev = k;
+    if (!keysSorted(obj[k], depth + 1)) return false;
+  }
+  return true;
+}
+
 /** The RFC 8785 canonical form of a JSON value, as a string. Throws CanonicalJsonError. */
 export function canonicalize(value: unknown): string {
   // Build objects with sorted keys (see sortKeys) and this is one walk plus native JSON.stringify.
@@ -148,8 +168,10 @@ export function parseCanonical(text: string): { value: unknown; canonical: boole
   }
   let canonical: boolean;
   try {
-    // JSON.parse inserts keys in text order, so canonical text always takes the fast path.
-    canonical = (alreadySorted(value, 0) ? JSON.stringify(value) : serialise(value, 0)) === text;
+    // JSON.parse yields only JSON types, and a lone surrogate can only come from a \uD8xx..\uDFxx
+    // escape in the text (valid UTF-8 holds none), so without such an escape the only question is
+    // key order: when every object's keys enumerate sorted, JSON.stringify writes the JCS form.
+    canonical = !SURROGATE_ESCAPE.test(text) && keysSorted(value, 0) ? JSON.stringify(value) === text : serialise(value, 0) === text;
   } catch {
     canonical = false;
   }

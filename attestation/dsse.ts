@@ -25,19 +25,23 @@ export interface DsseKey {
 
 const PAE_PREFIX = 'DSSEv1 ';
 
-const typeLengths = new Map<string, number>();
+/** "DSSEv1 LEN(type) type " as bytes, per payload type (a handful are ever used). */
+const typePrefixes = new Map<string, Uint8Array>();
 
 /** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. */
 export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
-  let typeLen = typeLengths.get(payloadType);
-  if (typeLen === undefined) {
-    typeLen = utf8(payloadType).length;
-    if (typeLengths.size < 64) typeLengths.set(payloadType, typeLen);
+  let prefix = typePrefixes.get(payloadType);
+  if (prefix === undefined) {
+    prefix = utf8(`${PAE_PREFIX}${utf8(payloadType).length} ${payloadType} `);
+    if (typePrefixes.size < 64) typePrefixes.set(payloadType, prefix);
   }
-  const head = utf8(`${PAE_PREFIX}${typeLen} ${payloadType} ${payload.length} `);
-  const out = new Uint8Array(head.length + payload.length);
-  out.set(head);
-  out.set(payload, head.length);
+  const len = String(payload.length);
+  const out = new Uint8Array(prefix.length + len.length + 1 + payload.length);
+  out.set(prefix);
+  let o = prefix.length;
+  for (let i = 0; i < len.length; i++) out[o++] = len.charCodeAt(i);
+  out[o++] = 0x20;
+  out.set(payload, o);
   return out;
 }
 

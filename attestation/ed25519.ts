@@ -11,7 +11,7 @@
 import * as ed from '@noble/ed25519';
 import { sha512 as nobleSha512 } from '@noble/hashes/sha2.js';
 import { nodeCrypto } from './platform.ts';
-import { toHex } from './bytes.ts';
+import { bytesEqual, toHex } from './bytes.ts';
 
 ed.hashes.sha512 = nobleSha512;
 
@@ -84,10 +84,20 @@ export function ed25519VerifyNoble(signature: Uint8Array, message: Uint8Array, p
  * input is simply invalid. Uses Node's OpenSSL where present and @noble/ed25519 elsewhere; both
  * give the same answer on every input.
  */
+// The last public key that passed the key checks, kept as a copy and compared by content.
+let lastGoodKey: Uint8Array | undefined;
+
+function acceptableKey(publicKey: Uint8Array): boolean {
+  if (lastGoodKey && bytesEqual(lastGoodKey, publicKey)) return true;
+  if (!canonicalY(publicKey) || SMALL_ORDER.has(toHex(publicKey))) return false;
+  lastGoodKey = publicKey.slice();
+  return true;
+}
+
 export function ed25519Verify(signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array): boolean {
   if (!native) return ed25519VerifyNoble(signature, message, publicKey);
   if (!wellFormed(signature, publicKey) || !(message instanceof Uint8Array)) return false;
-  if (!canonicalY(publicKey) || SMALL_ORDER.has(toHex(publicKey))) return false;
+  if (!acceptableKey(publicKey)) return false;
   let valid = false;
   try {
     valid = native.ed25519Verify(publicKey, message, signature);

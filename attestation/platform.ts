@@ -62,6 +62,8 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
     }
     return k;
   };
+  let lastPublicBytes: Uint8Array | undefined;
+  let lastPublicKey: unknown;
   const hash = c.hash
     ? (alg: string, data: Uint8Array | string) => c.hash!(alg, data, 'buffer')
     : (alg: string, data: Uint8Array | string) => c.createHash(alg).update(data).digest();
@@ -84,7 +86,14 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       return new Uint8Array(s.buffer, s.byteOffset, s.byteLength);
     },
     ed25519Verify(publicKey, message, signature) {
-      const key = cache(publicKeys, keyId(publicKey), () => c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }));
+      // The last key, compared by content (a caller may reuse a buffer): checking a log repeats one key.
+      let key: unknown;
+      if (lastPublicBytes && sameBytes(lastPublicBytes, publicKey)) key = lastPublicKey;
+      else {
+        key = cache(publicKeys, keyId(publicKey), () => c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }));
+        lastPublicBytes = publicKey.slice();
+        lastPublicKey = key;
+      }
       return c.verify(null, message, key, signature);
     },
   };
@@ -95,6 +104,12 @@ function join(a: Uint8Array, b: Uint8Array): Uint8Array {
   out.set(a);
   out.set(b, a.length);
   return out;
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 function keyId(bytes: Uint8Array): string {

@@ -1,7 +1,7 @@
 // Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
 // every field), then the arithmetic (cost from usage and rates, never above the hold).
 import { fromBase64, fromHex, fromUtf8, isHex, toHex, utf8 } from './bytes.ts';
-import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
+import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey } from './dsse.ts';
 import { readPayload } from './signed-payload.ts';
 import { sha256 } from './hash.ts';
 import { leafHash } from './merkle.ts';
@@ -40,14 +40,20 @@ export function verifyReceipt(envelope: DsseEnvelope | string, opts: ReceiptVeri
 }
 
 // Receipts are usually checked many at a time against one provider: remember the last key.
-let lastKey: { id: string; key: Uint8Array } | undefined;
+interface ProviderKey {
+  id: string;
+  key: Uint8Array;
+  keys: DsseKey[];
+}
+let lastKey: ProviderKey | undefined;
 
-function providerKey(p: string | Uint8Array): { id: string; key: Uint8Array } | undefined {
+function providerKey(p: string | Uint8Array): ProviderKey | undefined {
+  const make = (id: string, key: Uint8Array): ProviderKey => ({ id, key, keys: [{ keyid: id, publicKey: key }] });
   if (typeof p === 'string') {
     if (lastKey?.id === p) return lastKey;
-    return isHex(p, 32) ? (lastKey = { id: p, key: fromHex(p) }) : undefined;
+    return isHex(p, 32) ? (lastKey = make(p, fromHex(p))) : undefined;
   }
-  return p instanceof Uint8Array && p.length === 32 ? { id: toHex(p), key: p } : undefined;
+  return p instanceof Uint8Array && p.length === 32 ? make(toHex(p), p.slice()) : undefined;
 }
 
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
@@ -56,7 +62,7 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
   const env = shaped.value;
-  const verified = verifyEnvelope(env, { payloadType: RECEIPT_PAYLOAD_TYPE, keys: [{ keyid: pk.id, publicKey: pk.key }] });
+  const verified = verifyEnvelope(env, { payloadType: RECEIPT_PAYLOAD_TYPE, keys: pk.keys });
   if (!verified.ok) return verified;
   const payloadBytes = verified.value.payload;
   const read = readPayload(payloadBytes, validateReceiptPayload, 'receipt');

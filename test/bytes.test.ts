@@ -17,6 +17,23 @@ describe('base64 is strict: one accepted encoding per byte string', () => {
     }
     expect(fromBase64('')).toEqual(new Uint8Array(0));
   });
+  test('accepts exactly the strings that are the canonical encoding of their bytes (fuzz)', () => {
+    // Alphabet plus the characters a lenient decoder skips or maps: padding, URL alphabet, space.
+    const chars = 'AQgwBC+/=-_ \n';
+    const rand = crypto.randomBytes(20000 * 9);
+    let accepted = 0;
+    for (let i = 0; i < 20000; i++) {
+      const len = 4 * (1 + (rand[i * 9]! % 2));
+      let s = '';
+      for (let j = 0; j < len; j++) s += chars[rand[i * 9 + 1 + j]! % chars.length]!;
+      // Canonical definition: Buffer decodes it and re-encodes to the very same text.
+      const canonical = Buffer.from(Buffer.from(s, 'base64')).toString('base64') === s;
+      const got = fromBase64(s);
+      expect(got !== undefined, JSON.stringify(s)).toBe(canonical);
+      if (got) accepted++;
+    }
+    expect(accepted).toBeGreaterThan(0);
+  });
 });
 
 describe('hex is lowercase and exact', () => {
