@@ -17,7 +17,7 @@ import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity } from './p2p/capacity-protocol.ts';
-import { signCapacity, startRegistration } from './registration.ts';
+import { readiness, signCapacity, startRegistration, type Registration } from './registration.ts';
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
@@ -126,6 +126,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const host = await createHost({ seed: identity.seed, listen: config.listen });
     cleanup.push(() => host.stop());
     let stopping = false;
+    let registration: Registration | undefined;
     const infer = await serveInfer(host, service);
     const logServer = await serveLog(host, log);
     const capacitySnapshot = () => ({
@@ -149,7 +150,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       host: opsHost,
       port: opsPort,
       metrics,
-      ready: () => (stopping ? { ready: false, reasons: ['stopping'] } : config.marketplace.public_keys.length === 0 ? { ready: false, reasons: ['no marketplace public key configured: every ticket would be refused'] } : { ready: true }),
+      ready: () => readiness(stopping, config.marketplace.public_keys.length > 0, registration?.status()),
       status: () => ({
         provider_id: identity.providerId,
         peer_id: host.peerId.toString(),
@@ -159,13 +160,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         receipts: log.stats(),
         in_flight: infer.inFlight,
         uptime_s: Math.round(process.uptime()),
+        marketplace: registration?.status() ?? null,
       }),
     });
     const opsAddr = await ops.listen();
     cleanup.push(() => ops.close());
     const addresses = host.getMultiaddrs().map((a) => a.toString());
     if (config.marketplace.url) {
-      const registration = startRegistration({
+      registration = startRegistration({
         marketUrl: config.marketplace.url,
         seed: identity.seed,
         providerId: identity.providerId,
@@ -177,7 +179,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         capacity: () => signCapacity(identity, capacitySnapshot()),
         logger,
       });
-      cleanup.push(() => registration.stop());
+      const r = registration;
+      cleanup.push(() => r.stop());
     }
     logger.info({ provider_id: identity.providerId, peer_id: host.peerId.toString(), addresses, ops: opsAddr.url, price_version: prices.payload.version }, 'node started');
     return {

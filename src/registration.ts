@@ -39,9 +39,23 @@ export interface RegistrationOptions {
   requestTimeoutMs?: number;
 }
 
+/** What /status shows of the node's standing with the marketplace (times in ms since the epoch). */
+export interface MarketplaceStatus {
+  url: string;
+  registered: boolean;
+  /** When the market last accepted a registration. */
+  registered_at: number | null;
+  /** When the market last accepted a heartbeat. */
+  last_heartbeat_at: number | null;
+  /** The latest failure since the last success (registration or heartbeat), else null. */
+  last_error: { at: number; during: 'registration' | 'heartbeat'; status?: number; code?: string; reason: string } | null;
+}
+
 export interface Registration {
   /** Whether the market accepted the latest registration and has not since answered unknown_provider. */
   readonly registered: boolean;
+  /** The node's standing with the market, for /status and /readyz. */
+  status(): MarketplaceStatus;
   /** Stops heartbeating; resolves when no request is in flight any more. */
   stop(): Promise<void>;
 }
@@ -67,6 +81,12 @@ export function startRegistration(o: RegistrationOptions): Registration {
   const timeoutMs = o.requestTimeoutMs ?? 5_000;
   const stopper = new AbortController();
   let registered = false;
+  let registeredAt: number | null = null;
+  let lastHeartbeatAt: number | null = null;
+  let lastError: MarketplaceStatus['last_error'] = null;
+  const failed = (during: 'registration' | 'heartbeat', r: Exclude<Outcome, { kind: 'ok' }>) => {
+    lastError = { at: Date.now(), during, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message.slice(0, 500) };
+  };
 
   const sleep = (ms: number) =>
     new Promise<void>((resolve) => {
@@ -136,6 +156,8 @@ export function startRegistration(o: RegistrationOptions): Registration {
           if (stopper.signal.aborted) break;
           if (r.kind === 'ok') {
             registered = true;
+            registeredAt = Date.now();
+            lastError = null;
             const told = r.body.heartbeat_interval_ms;
             interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? told : DEFAULT_HEARTBEAT_INTERVAL_MS);
             log?.info({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
@@ -145,6 +167,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
             await sleep(interval);
             continue;
           }
+          failed('registration', r);
           // The first failure is a warning (a refusal, an error: the operator must act); retries are quiet.
           const fields = { market: base, attempts, retry_in_ms: backoff, ...(r.kind === 'refused' ? { status: r.status, code: r.code, reason: r.message } : { reason: r.message }) };
           if (r.kind === 'refused') log?.[attempts === 1 ? 'error' : 'debug'](fields, 'the marketplace refused the registration; retrying');
@@ -157,13 +180,19 @@ export function startRegistration(o: RegistrationOptions): Registration {
         if (stopper.signal.aborted) break;
         if (r.kind === 'refused' && r.status === 404 && r.code === 'unknown_provider') {
           registered = false;
+          failed('heartbeat', r);
           log?.info({ market: base, reason: r.message }, 'the marketplace does not know this node; registering again');
           continue;
         }
         if (r.kind === 'ok') {
+          lastHeartbeatAt = Date.now();
+          lastError = null;
           if (heartbeatFailing) log?.info({ market: base }, 'marketplace reachable again');
           heartbeatFailing = false;
-        } else if (!heartbeatFailing) {
+        } else {
+          failed('heartbeat', r);
+        }
+        if (r.kind !== 'ok' && !heartbeatFailing) {
           heartbeatFailing = true;
           log?.warn({ market: base, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message }, 'heartbeat failed; still serving, will keep trying');
         }
@@ -171,6 +200,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
       } catch (e) {
         // A bug or a failing snapshot/signing callback: never take the node down for it.
         log?.error({ market: base, reason: (e as Error)?.message }, 'marketplace registration loop error');
+        lastError = { at: Date.now(), during: registered ? 'heartbeat' : 'registration', reason: `internal error: ${String((e as Error)?.message ?? e).slice(0, 300)}` };
         await sleep(maxBackoff);
       }
     }
@@ -181,9 +211,29 @@ export function startRegistration(o: RegistrationOptions): Registration {
     get registered() {
       return registered;
     },
+    status() {
+      return { url: base, registered, registered_at: registeredAt, last_heartbeat_at: lastHeartbeatAt, last_error: lastError };
+    },
     async stop() {
       stopper.abort();
       await done;
     },
   };
+}
+
+/**
+ * /readyz for a node: not ready while stopping, without a marketplace key (every ticket would be
+ * refused), or, when a marketplace URL is configured, while the market has not accepted the node
+ * (it routes no new buyers to it). Tickets already issued are still served in that state.
+ */
+export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined): { ready: boolean; reasons: string[] } {
+  if (stopping) return { ready: false, reasons: ['stopping'] };
+  const reasons: string[] = [];
+  if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
+  if (market && !market.registered) {
+    const e = market.last_error;
+    const why = e === null ? 'registration in progress' : `last ${e.during} failed: ${e.code ?? e.reason}${e.code && e.reason ? ` (${e.reason})` : ''}`;
+    reasons.push(`not registered with the marketplace at ${market.url}: ${why}`);
+  }
+  return { ready: reasons.length === 0, reasons };
 }

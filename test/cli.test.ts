@@ -232,7 +232,7 @@ describe('fill, export, audit round trip', () => {
     fs.writeFileSync(file, lines.join('\n'));
     expectFail(await runCli(['audit', bad, '--threads', '0']), /^FAIL at seq 4, line 5: signature_invalid: /m);
     const j = await runCli(['audit', bad, '--json']);
-    expect(j.code).toBe(1);
+    expect({ code: j.code, signal: j.signal }, j.stderr).toEqual({ code: 1, signal: null });
     const report = JSON.parse(j.stdout);
     expect(report.ok).toBe(false);
     expect(report.fault).toMatchObject({ code: 'signature_invalid', seq: '4', line: 5 });

@@ -100,6 +100,17 @@ describe('seller-node market + seller-node start', () => {
     expect(Date.now() - started).toBeLessThan(10_000);
     expect(listed.price_version).toBe(/price version (\S+)/.exec(node.stdout())?.[1]);
 
+    // The ops port tells the operator the node is registered: /readyz ready, /status the details.
+    const ops = /ops (\S+)/.exec(node.stdout())?.[1];
+    const ready = await waitFor('/readyz to say ready', async () => {
+      const r = await fetch(`${ops}/readyz`);
+      return r.status === 200 ? await r.json() : undefined;
+    });
+    expect(ready).toEqual({ ready: true, reasons: [] });
+    const status = (await (await fetch(`${ops}/status`)).json()) as { marketplace: Record<string, unknown> };
+    expect(status.marketplace).toMatchObject({ url: market.url.replace(/\/+$/, ''), registered: true, last_error: null });
+    expect(status.marketplace.registered_at).toEqual(expect.any(Number));
+
     // A buyer asks the market for a ticket and dials the address the market gave.
     const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 8, seed: 1 }));
     const t = await (await fetch(`${market.url}/v1/tickets`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: toHex(crypto.createHash('sha256').update(body).digest()) }) })).json() as { ticket: never; provider: string; addresses: string[]; request_id: string };

@@ -6,7 +6,7 @@ import { signPriceList } from '../attestation/price-list.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { createLogger } from '../src/ops/logger.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
-import { signCapacity, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { readiness, signCapacity, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
 import { testKey } from './helpers/receipts.ts';
 
 const marketKey = testKey();
@@ -90,6 +90,11 @@ describe('startRegistration', () => {
     const first = market.store.providers.get(n.id)!.capacity!.at;
     await until('another heartbeat', () => market.store.providers.get(n.id)!.capacity!.at > first, 2000);
     expect(n.lines.find((l) => l.msg === 'registered with the marketplace')).toMatchObject({ heartbeat_interval_ms: 100 });
+    const st = n.reg.status();
+    expect(st).toMatchObject({ url: url.replace(/\/+$/, ''), registered: true, last_error: null });
+    expect(st.registered_at).toBeGreaterThan(0);
+    expect(st.last_heartbeat_at!).toBeGreaterThanOrEqual(st.registered_at!);
+    expect(readiness(false, true, st)).toEqual({ ready: true, reasons: [] });
   });
 
   test('the market restarts (same port, empty state): the next heartbeat gets 404 and the node registers again', async () => {
@@ -100,11 +105,15 @@ describe('startRegistration', () => {
     // Heartbeats fail while the market is down; the client keeps its state and says so once.
     await until('a failed heartbeat', () => n.lines.some((l) => l.msg.startsWith('heartbeat failed')), 2000);
     expect(n.reg.registered).toBe(true);
+    expect(n.reg.status().last_error).toMatchObject({ during: 'heartbeat', reason: 'ECONNREFUSED' });
+    // Registered with a failing heartbeat: still ready (the market may only be slow to answer).
+    expect(readiness(false, true, n.reg.status()).ready).toBe(true);
     const b = await startMarket(a.port);
     expect(b.market.store.providers.size).toBe(0);
     await until('re-registration', () => listed(b.url, n.id));
     expect(n.lines.some((l) => l.msg === 'the marketplace does not know this node; registering again')).toBe(true);
     expect(n.lines.filter((l) => l.msg.startsWith('heartbeat failed'))).toHaveLength(1);
+    await until('a heartbeat accepted again', () => n.reg.status().last_error === null && n.reg.registered);
   });
 
   test('a market that is down at start: no crash, registration retried with backoff until it comes up', async () => {
@@ -117,6 +126,8 @@ describe('startRegistration', () => {
     expect(failures[0]!.level).toBe(40);
     expect(failures.slice(1).every((l) => l.level === 20)).toBe(true);
     expect(failures[0]).toMatchObject({ reason: 'ECONNREFUSED' });
+    expect(n.reg.status()).toMatchObject({ registered: false, registered_at: null, last_heartbeat_at: null, last_error: { during: 'registration', reason: 'ECONNREFUSED' } });
+    expect(readiness(false, true, n.reg.status())).toEqual({ ready: false, reasons: [`not registered with the marketplace at http://127.0.0.1:${port}: last registration failed: ECONNREFUSED`] });
     const { url } = await startMarket(port);
     await until('registration once the market is up', () => listed(url, n.id));
   });
@@ -126,6 +137,8 @@ describe('startRegistration', () => {
     const n = node(url, { models: [{ id: 'unpriced/model', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1 }] });
     await until('the refusal', () => n.lines.some((l) => l.code === 'registration_invalid'));
     expect(n.lines.find((l) => l.code === 'registration_invalid')).toMatchObject({ level: 50, status: 400, reason: expect.stringMatching(/^price_list: has no price/) });
+    expect(n.reg.status().last_error).toMatchObject({ during: 'registration', status: 400, code: 'registration_invalid', reason: expect.stringMatching(/^price_list: has no price/) });
+    expect(readiness(false, true, n.reg.status()).reasons[0]).toMatch(/^not registered with the marketplace at .*: last registration failed: registration_invalid \(price_list: has no price/);
     const t0 = Date.now();
     await n.reg.stop();
     expect(Date.now() - t0).toBeLessThan(500);
@@ -143,5 +156,20 @@ describe('startRegistration', () => {
     await until('the error, twice', () => n.lines.filter((l) => l.msg === 'marketplace registration loop error').length >= 2);
     expect(n.reg.registered).toBe(true);
     expect(await listed(url, n.id)).toBe(true);
+  });
+});
+
+describe('readiness', () => {
+  const market = { url: 'http://m', registered: true, registered_at: 1, last_heartbeat_at: 2, last_error: null };
+  test('stopping wins over everything', () => {
+    expect(readiness(true, false, { ...market, registered: false })).toEqual({ ready: false, reasons: ['stopping'] });
+  });
+  test('no marketplace key and not registered: both reasons', () => {
+    const r = readiness(false, false, { ...market, registered: false, registered_at: null, last_heartbeat_at: null });
+    expect(r.ready).toBe(false);
+    expect(r.reasons).toEqual(['no marketplace public key configured: every ticket would be refused', 'not registered with the marketplace at http://m: registration in progress']);
+  });
+  test('no marketplace URL configured: registration does not count', () => {
+    expect(readiness(false, true, undefined)).toEqual({ ready: true, reasons: [] });
   });
 });
