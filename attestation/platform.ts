@@ -2,6 +2,8 @@
 // module: Node's crypto is looked up at run time through process.getBuiltinModule (Node 22.3+).
 // Everything that uses it has a pure-TypeScript fallback that gives identical answers.
 
+import { bytesEqual } from './bytes.ts';
+
 /** The parts of node:crypto that this package uses. */
 export interface NativeCrypto {
   /** The digest of bytes, or of a string's UTF-8 bytes. */
@@ -88,7 +90,7 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
     ed25519Verify(publicKey, message, signature) {
       // The last key, compared by content (a caller may reuse a buffer): checking a log repeats one key.
       let key: unknown;
-      if (lastPublicBytes && sameBytes(lastPublicBytes, publicKey)) key = lastPublicKey;
+      if (lastPublicBytes && bytesEqual(lastPublicBytes, publicKey)) key = lastPublicKey;
       else {
         key = cache(publicKeys, keyId(publicKey), () => c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }));
         lastPublicBytes = publicKey.slice();
@@ -104,12 +106,6 @@ function join(a: Uint8Array, b: Uint8Array): Uint8Array {
   out.set(a);
   out.set(b, a.length);
   return out;
-}
-
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
 }
 
 function keyId(bytes: Uint8Array): string {

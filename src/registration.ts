@@ -191,10 +191,8 @@ export function startRegistration(o: RegistrationOptions): Registration {
           heartbeatFailing = false;
         } else {
           failed('heartbeat', r);
-        }
-        if (r.kind !== 'ok' && !heartbeatFailing) {
+          if (!heartbeatFailing) log?.warn({ market: base, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message }, 'heartbeat failed; still serving, will keep trying');
           heartbeatFailing = true;
-          log?.warn({ market: base, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message }, 'heartbeat failed; still serving, will keep trying');
         }
         await sleep(interval);
       } catch (e) {

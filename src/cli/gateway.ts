@@ -6,6 +6,7 @@ import { normalizeMarketUrl } from '../gateway/market-client.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { isLoopbackHost } from '../ops/server.ts';
 import { CliError } from './cli-error.ts';
+import { untilSignal } from './until-signal.ts';
 
 /** "127.0.0.1:11435", "[::1]:11435", "localhost" (default port) → host and port. */
 export function parseListen(s: string): { host: string; port: number } {
@@ -38,23 +39,6 @@ export function gatewayCommand(): Command {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }
       process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n`);
-      await new Promise<void>((resolve) => {
-        let stopping = false;
-        const onSignal = (sig: string): void => {
-          if (stopping) {
-            process.stderr.write(`seller-node: ${sig} again: exiting now\n`);
-            process.exit(1);
-          }
-          stopping = true;
-          process.stderr.write(`seller-node: ${sig}: finishing in-flight requests, settling receipts\n`);
-          gw.close().then(resolve, (e: Error) => {
-            process.stderr.write(`seller-node: stop failed: ${e.message}\n`);
-            process.exitCode = 1;
-            resolve();
-          });
-        };
-        process.on('SIGTERM', onSignal);
-        process.on('SIGINT', onSignal);
-      });
+      await untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close());
     });
 }

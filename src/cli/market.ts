@@ -5,6 +5,7 @@ import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '..
 import { createMarket } from '../market/market.ts';
 import { createLogger } from '../ops/logger.ts';
 import { CliError } from './cli-error.ts';
+import { untilSignal } from './until-signal.ts';
 
 export const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
@@ -42,20 +43,6 @@ export function marketCommand(): Command {
       }
       process.stdout.write(`seller-node market: ${url}\n  public key ${market.publicKey}\n`);
       process.stderr.write(`key: ${keyFile}\nnodes trust it with: marketplace: { url: ${url}, public_keys: ["${market.publicKey}"] }\n`);
-      await new Promise<void>((resolve) => {
-        let stopping = false;
-        const onSignal = (sig: string) => {
-          if (stopping) process.exit(1);
-          stopping = true;
-          process.stderr.write(`seller-node market: ${sig}: stopping\n`);
-          market.close().then(resolve, (e: Error) => {
-            process.stderr.write(`seller-node market: close failed: ${e.message}\n`);
-            process.exitCode = 1;
-            resolve();
-          });
-        };
-        process.on('SIGTERM', onSignal);
-        process.on('SIGINT', onSignal);
-      });
+      await untilSignal('seller-node market', 'stopping', () => market.close());
     });
 }

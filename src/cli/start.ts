@@ -4,6 +4,7 @@ import { IdentityError } from '../identity.ts';
 import { NodeStartError, startNode } from '../node.ts';
 import { ReceiptLogError } from '../store/receipt-log.ts';
 import { CliError } from './cli-error.ts';
+import { untilSignal } from './until-signal.ts';
 
 export function startCommand(): Command {
   return new Command('start')
@@ -18,23 +19,6 @@ export function startCommand(): Command {
         throw e;
       }
       process.stdout.write(`seller-node started: provider ${node.providerId}\n  peer ${node.peerId}\n${node.addresses.map((a) => `  listening ${a}\n`).join('')}  ops ${node.opsUrl}\n  price version ${node.priceVersion}\n`);
-      await new Promise<void>((resolve) => {
-        let stopping = false;
-        const onSignal = (sig: string) => {
-          if (stopping) {
-            process.stderr.write(`seller-node: ${sig} again: exiting now\n`);
-            process.exit(1);
-          }
-          stopping = true;
-          process.stderr.write(`seller-node: ${sig}: finishing in-flight requests, flushing receipts\n`);
-          node.stop().then(resolve, (e: Error) => {
-            process.stderr.write(`seller-node: stop failed: ${e.message}\n`);
-            process.exitCode = 1;
-            resolve();
-          });
-        };
-        process.on('SIGTERM', onSignal);
-        process.on('SIGINT', onSignal);
-      });
+      await untilSignal('seller-node', 'finishing in-flight requests, flushing receipts', () => node.stop());
     });
 }

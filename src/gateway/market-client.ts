@@ -4,7 +4,7 @@
 // market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { isHex } from '../../attestation/bytes.ts';
-import type { TicketRequest } from '../market/tickets.ts';
+import type { IssuedTicketResponse, TicketRequest } from '../market/tickets.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
 
 export interface ProviderModel {
@@ -31,16 +31,9 @@ export interface ProviderEntry {
   accepting?: boolean;
 }
 
+/** What the market answers to POST /v1/tickets: the gateway reads the market's own response type. */
 export type { TicketRequest };
-
-export interface TicketGrant {
-  ticket: DsseEnvelope;
-  request_id: string;
-  provider: string;
-  peer_id: string;
-  addresses: string[];
-  price_version: string;
-}
+export type TicketGrant = IssuedTicketResponse;
 
 export interface MarketKey {
   public_key: string;
