@@ -24,7 +24,7 @@ import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { InferService } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { openStateDb } from '../src/store/state-db.ts';
-import { benchP2pEcho } from './p2p-echo.ts';
+import { benchP2pEcho, timed } from './p2p-echo.ts';
 import { record } from './lib.ts';
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
@@ -41,7 +41,7 @@ export async function benchNode(n: number): Promise<void> {
   await adapter.start();
   const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, checkpointIntervalMs: 0 });
   const db = openStateDb(path.join(dir, 's.db'));
-  const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 8 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
+  const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 64 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
   const service = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: marketId }], providerId: provider }), models: new Map([[model.id, model]]), priceVersion: 'p1' });
   const node = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
@@ -52,33 +52,53 @@ export async function benchNode(n: number): Promise<void> {
     const now = Date.now();
     const ticket = signEnvelope(TICKET_PAYLOAD_TYPE, utf8(canonicalize({
       v: 1, ticket_id: `t-${crypto.randomUUID()}`, request_id: `r-${crypto.randomUUID()}`, provider, account: 'bench', endpoint: 'chat/completions', model: 'tiny/llama',
-      price_version: 'p1', max_cost_micro_usd: '1000000', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), routing: {}, issued_at: now - 1000, expires_at: now + 60_000,
+      price_version: 'p1', max_cost_micro_usd: '1000000', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), routing: { max_wait_ms: 60_000 }, issued_at: now - 1000, expires_at: now + 60_000,
     })), { keyid: marketId, seed: market });
     return { head: { endpoint: 'chat/completions', ticket }, bytes };
   };
   try {
-    // (1) small paid requests: one output token, everything else real.
+    // (1) small paid requests: one output token, everything else real (ticket checked and marked
+    // used, prompt tokenized and evaluated, receipt signed and fsynced before the answer ends).
+    // Tickets are signed beforehand: that is the marketplace's work, not the node's. Measured one at
+    // a time (latency-bound: every step waits for the last) and with 16 in flight (throughput),
+    // each against the bare echo at the same concurrency.
     const small = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, seed: 1, temperature: 0 };
+    const CONCURRENT = 16;
+    const total = 50 + n + 50 + 2 * n;
+    const asks = Array.from({ length: total }, () => ask(small));
+    let next = 0;
     const one = async () => {
-      const { head, bytes } = ask(small);
+      const { head, bytes } = asks[next++]!;
       const r = await readResponse(await request(buyer, addr, INFER_PROTOCOL, head, bytes));
       if (r.head.status !== 200) throw new Error(`status ${r.head.status}`);
     };
-    for (let i = 0; i < 50; i++) await one();
-    const t0 = performance.now();
-    for (let i = 0; i < n; i++) await one();
-    const nodeRate = n / ((performance.now() - t0) / 1000);
+    await timed(one, 50);
+    const seqRate = n / ((await timed(one, n)) / 1000);
+    await timed(one, 50, CONCURRENT);
+    const concRate = (2 * n) / ((await timed(one, 2 * n, CONCURRENT)) / 1000);
+    // What the runtime alone does with the same request, called directly: a bound on the node.
+    const runtimeOnce = async () => {
+      const gen = adapter.generate({ input: { kind: 'chat', messages: small.messages as never }, maxTokens: 1, sampling: { temperature: 0, seed: 1 } });
+      while (!(await gen.next()).done);
+    };
+    await timed(runtimeOnce, 50);
+    const runtimeRate = n / ((await timed(runtimeOnce, n)) / 1000);
     const echo = await benchP2pEcho(n);
-    record({ name: 'small paid requests through the node over libp2p /s', value: nodeRate, unit: '/s', baseline: echo.bare, ratio: nodeRate / echo.bare, target: '>= 0.7', pass: nodeRate / echo.bare >= 0.7 });
+    const echoConc = await benchP2pEcho(2 * n, CONCURRENT);
+    record({ name: 'small paid requests, one at a time /s', value: seqRate, unit: '/s', baseline: echo.bare, ratio: seqRate / echo.bare, target: '>= 0.7', pass: seqRate / echo.bare >= 0.7 });
+    record({ name: `small paid requests, ${CONCURRENT} in flight /s`, value: concRate, unit: '/s', baseline: echoConc.bare, ratio: concRate / echoConc.bare, target: '>= 0.7', pass: concRate / echoConc.bare >= 0.7 });
+    record({ name: '  (the runtime alone, same request, direct) /s', value: runtimeRate, unit: '/s', baseline: echo.bare, ratio: runtimeRate / echo.bare });
 
     // (2) streaming relay tokens/s, and (3) time to first token added by the node.
     const long = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 400, seed: 3, temperature: 1, stream: true };
+    // Paired rounds, the order alternating, so drift on this machine hits both sides alike; the
+    // figure is the median of the per-round ratios.
     const directRuns: { tps: number; ttft: number }[] = [];
     const nodeRuns: { tps: number; ttft: number }[] = [];
-    for (let round = 0; round < 5; round++) {
+    const direct = async () => {
       // Tokens/s is the steady streaming rate, first token to last (time to first token is its own
       // figure below), for the runtime alone and through the node.
-      let t = performance.now();
+      const t = performance.now();
       let first = 0;
       let last = 0;
       let tokens = 0;
@@ -91,17 +111,17 @@ export async function benchNode(n: number): Promise<void> {
         tokens += r.value.tokens.length;
       }
       directRuns.push({ tps: (tokens - 1) / ((last - t - first) / 1000), ttft: first });
+    };
+    const viaNode = async () => {
       const { head, bytes } = ask(long);
-      t = performance.now();
-      first = 0;
-      last = 0;
+      const t = performance.now();
+      let first = 0;
+      let last = 0;
       const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
       let trailer: Record<string, unknown> = {};
-      let events = 0;
       let firstTokens = 0;
       for await (const f of res.frames) {
         if (f.kind === 'data') {
-          events++;
           const deltas = Buffer.from(f.bytes).toString('utf8').split('"delta":{"content"').length - 1;
           if (deltas && !first) {
             first = performance.now() - t; // the first DATA frame is the role event
@@ -112,11 +132,22 @@ export async function benchNode(n: number): Promise<void> {
       }
       const out = (trailer.usage as { output_tokens: number }).output_tokens;
       nodeRuns.push({ tps: (out - firstTokens) / ((last - t - first) / 1000), ttft: first });
+    };
+    await direct();
+    await viaNode(); // warm-up pair, not counted
+    directRuns.length = nodeRuns.length = 0;
+    for (let round = 0; round < 15; round++) {
+      if (round % 2) {
+        await viaNode();
+        await direct();
+      } else {
+        await direct();
+        await viaNode();
+      }
     }
-    const dTps = median(directRuns.map((r) => r.tps));
-    const nTps = median(nodeRuns.map((r) => r.tps));
-    record({ name: 'streaming relay tokens/s (libp2p, first to last token)', value: nTps, unit: 'tok/s', baseline: dTps, ratio: nTps / dTps, target: '>= 0.95', pass: nTps / dTps >= 0.95 });
-    const added = median(nodeRuns.map((r) => r.ttft)) - median(directRuns.map((r) => r.ttft));
+    const ratio = median(nodeRuns.map((r, i) => r.tps / directRuns[i]!.tps));
+    record({ name: 'streaming relay tokens/s (libp2p, first to last token)', value: median(nodeRuns.map((r) => r.tps)), unit: 'tok/s', baseline: median(directRuns.map((r) => r.tps)), ratio, target: '>= 0.95', pass: ratio >= 0.95 });
+    const added = median(nodeRuns.map((r, i) => r.ttft - directRuns[i]!.ttft));
     record({ name: 'time to first token added by the node, p50', value: added, unit: 'ms', target: '<= 2 ms', pass: added <= 2 });
   } finally {
     await buyer.stop();

@@ -1,5 +1,5 @@
 // Request rate over libp2p on loopback, two hosts in this process, one connection, one request at a
-// time: (a) a bare libp2p echo (open a stream, write one small message, read it back, close) as the
+// time or several in flight: (a) a bare libp2p echo (open a stream, write one small message, read it back, close) as the
 // baseline, and (b) the same exchange through request-stream (HEAD + small body → HEAD + DATA + TRAILER).
 // The ratio framed/bare is the cost of the framing layer on top of stream setup.
 import { createHost, type Host } from '../src/p2p/host.ts';
@@ -23,23 +23,31 @@ async function framedEcho(client: Host, addr: Multiaddr, msg: Uint8Array): Promi
   if (r.body.length !== msg.length || r.head.status !== 200) throw new Error('framed echo returned the wrong response');
 }
 
+/** Runs `count` calls of `one`, `concurrency` at a time; resolves with the wall time in ms. */
+export async function timed(one: () => Promise<void>, count: number, concurrency = 1): Promise<number> {
+  let left = count;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: Math.min(concurrency, count) }, async () => {
+      while (left-- > 0) await one();
+    }),
+  );
+  return performance.now() - t0;
+}
+
 /** Requests per second of each exchange, measured in alternating rounds so drift hits both alike. */
-async function rates(n: number, kinds: Array<() => Promise<void>>, rounds = 4): Promise<number[]> {
-  for (const one of kinds) for (let i = 0; i < Math.min(200, n); i++) await one(); // warm-up: JIT, yamux windows
+async function rates(n: number, kinds: Array<() => Promise<void>>, concurrency: number, rounds = 4): Promise<number[]> {
+  for (const one of kinds) await timed(one, Math.min(200, n), concurrency); // warm-up: JIT, yamux windows
   const ms = kinds.map(() => 0);
   const per = Math.max(1, Math.ceil(n / rounds));
   for (let r = 0; r < rounds; r++) {
-    for (let k = 0; k < kinds.length; k++) {
-      const one = kinds[k]!;
-      const t0 = performance.now();
-      for (let i = 0; i < per; i++) await one();
-      ms[k]! += performance.now() - t0;
-    }
+    for (let k = 0; k < kinds.length; k++) ms[k]! += await timed(kinds[k]!, per, concurrency);
   }
   return ms.map((t) => (per * rounds) / (t / 1000));
 }
 
-export async function benchP2pEcho(n: number): Promise<{ bare: number; framed: number }> {
+/** Echo rates over one connection, `concurrency` requests in flight (1: one at a time). */
+export async function benchP2pEcho(n: number, concurrency = 1): Promise<{ bare: number; framed: number }> {
   const server = await createHost({ seed: new Uint8Array(32).fill(0xb1), listen: ['/ip4/127.0.0.1/tcp/0'] });
   const client = await createHost({ seed: new Uint8Array(32).fill(0xb2), listen: [] });
   try {
@@ -58,10 +66,10 @@ export async function benchP2pEcho(n: number): Promise<{ bare: number; framed: n
     });
     const addr = server.getMultiaddrs()[0]!;
     const msg = new TextEncoder().encode('{"model":"tiny","prompt":"hello"}');
-    const [bare = 0, framed = 0] = await rates(n, [() => bareEcho(client, addr, msg), () => framedEcho(client, addr, msg)]);
+    const [bare = 0, framed = 0] = await rates(n, [() => bareEcho(client, addr, msg), () => framedEcho(client, addr, msg)], concurrency);
     const fmt = (x: number) => Math.round(x).toLocaleString('en-US');
     process.stdout.write(
-      `p2p echo, loopback, sequential (n=${n}): bare libp2p ${fmt(bare)} req/s, request-stream ${fmt(framed)} req/s, ratio ${(framed / bare).toFixed(3)}\n`,
+      `p2p echo, loopback, ${concurrency === 1 ? 'one at a time' : `${concurrency} in flight`} (n=${n}): bare libp2p ${fmt(bare)} req/s, request-stream ${fmt(framed)} req/s, ratio ${(framed / bare).toFixed(3)}\n`,
     );
     return { bare, framed };
   } finally {
@@ -70,4 +78,4 @@ export async function benchP2pEcho(n: number): Promise<{ bare: number; framed: n
   }
 }
 
-if (import.meta.main) await benchP2pEcho(Number(process.argv[2] ?? 2000));
+if (import.meta.main) await benchP2pEcho(Number(process.argv[2] ?? 2000), Number(process.argv[3] ?? 1));

@@ -123,6 +123,19 @@ describe('InferService', () => {
     expect(v.value.payload.response_sha256).toBe(sha(out));
   });
 
+  test('buyers who leave mid-write free the runtime slot each time (one slot: later requests still run)', async () => {
+    for (let i = 0; i < 3; i++) {
+      const ac = new AbortController();
+      // The write itself fails (the stream is gone) before the signal fires.
+      const { res } = recorder({ failAfter: 2, onData: (n) => n === 3 && ac.abort() });
+      await service.handle({ ...request('chat/completions', { ...chatBody, stream: true, max_tokens: 300 }), signal: ac.signal }, res);
+    }
+    const { res, out } = recorder();
+    await service.handle(request('chat/completions', chatBody), res);
+    expect(out.head?.status).toBe(200);
+    expect(out.trailer?.status).toBe('completed');
+  });
+
   test('generation is capped so the worst case never exceeds the hold', async () => {
     const { res, out } = recorder();
     // Hold 20 micro-USD: input ~15 tokens × 0.15 = 3, so at most floor((20e6 - 15·150000) / 600000) outputs.

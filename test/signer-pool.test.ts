@@ -33,6 +33,26 @@ describe('SignerPool', () => {
     }
   });
 
+  test('inline: a small batch is signed on the calling thread while no worker is busy, with the same bytes', async () => {
+    // The dying worker would count a fallback for every batch it was given.
+    const pool = new SignerPool({ seed, threads: 1, workerUrl: new URL('./helpers/dying-signer-worker.ts', import.meta.url) });
+    try {
+      const one = { ...task, payloads: '{"i":0}' };
+      const signed = await pool.sign(one, { inline: true });
+      expect(toHex(signed.sigs)).toBe(toHex(signBatch(seed, one).sigs));
+      expect(pool.fallbacks).toBe(0);
+      // While a batch is on a worker, even an inline-eligible batch goes to the workers.
+      const big = pool.sign(task);
+      expect(pool.running).toBe(1);
+      await pool.sign(one, { inline: true });
+      await big;
+      expect(pool.fallbacks).toBe(2);
+      expect(pool.running).toBe(0);
+    } finally {
+      await pool.close();
+    }
+  });
+
   test('refuses a seed of the wrong size', () => {
     expect(() => new SignerPool({ seed: seed.subarray(1), threads: 0 })).toThrow(RangeError);
   });

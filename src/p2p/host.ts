@@ -8,6 +8,7 @@ import { noise } from '@chainsafe/libp2p-noise';
 import { yamux } from '@chainsafe/libp2p-yamux';
 import type { Libp2p } from '@libp2p/interface';
 import { libp2pPrivateKeyFromSeed, providerIdFromPeerId } from './peer-id.ts';
+import { hostLogger } from './quiet-logger.ts';
 import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER } from './stream-limits.ts';
 
 export type Host = Libp2p;
@@ -24,8 +25,10 @@ export interface HostOptions {
 /** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
 export async function createHost(opts: HostOptions): Promise<Host> {
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
+  const logger = hostLogger();
   return createLibp2p({
     privateKey,
+    ...(logger ? { logger } : {}),
     addresses: { listen: opts.listen },
     transports: [tcp()],
     connectionEncrypters: [noise()],

@@ -3,7 +3,7 @@
 // work and charges nothing; every request that did work ends in a durable signed receipt for
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import crypto from 'node:crypto';
-import type { RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
+import type { GeneratedChunk, GenerationResult, RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
 import { concatBytes, toHex } from '../../attestation/bytes.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
@@ -16,6 +16,7 @@ import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/ide
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
+import { readAhead } from './read-ahead.ts';
 import { ServiceError } from '../service-error.ts';
 import { chatCompletion, CompletionStream, ResponsesStream, responsesBody, textCompletion, usageOut } from './openai-format.ts';
 
@@ -66,6 +67,9 @@ export interface InferServiceOptions {
 
 
 const EMPTY = new Uint8Array(0);
+
+/** Chunks a runtime may produce ahead of the relay (tokens, for the embedded runtime). */
+const READ_AHEAD_CHUNKS = 32;
 
 /** Where a receipt trailer carries its summary for observe(). */
 const SUMMARY = Symbol('receipt summary');
@@ -267,11 +271,13 @@ export class InferService {
     let text = '';
     let status: ReceiptStatus = 'completed';
     let result = { finishReason: 'stop' as 'stop' | 'length' | 'abort', inputTokens: 0, outputTokens: 0, usageRuntime: {} as Record<string, unknown> };
+    let gen: AsyncGenerator<GeneratedChunk, GenerationResult, void> | undefined;
     try {
       const streaming = Boolean(stream ?? rstream);
       await res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
       await send(stream?.start() ?? rstream?.start());
-      const gen = model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal });
+      // Read ahead: the runtime computes the next tokens while this one is relayed.
+      gen = readAhead(model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal }), READ_AHEAD_CHUNKS);
       for (;;) {
         const n = await gen.next();
         if (n.done) {
@@ -292,6 +298,7 @@ export class InferService {
     } catch {
       // The buyer went away mid-write, or the runtime failed: bill exactly what was delivered.
       events.discard();
+      await gen?.return(undefined as never).catch(() => undefined); // stops the runtime, frees its slot
       status = req.signal.aborted ? 'cancelled' : 'failed';
     }
     // Streamed: the tokens whose bytes reached the stream. Whole body: the work performed.

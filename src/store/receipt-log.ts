@@ -102,6 +102,9 @@ export interface StoredCheckpoint {
 /** How many request ids the in-memory index keeps (about 100 bytes each). */
 const RECENT_REQUESTS = 200_000;
 
+/** Batches this small are signed on the event loop when the signer threads are idle (see SignerPool.sign). */
+const INLINE_SIGN_MAX = 2;
+
 export class ReceiptLog {
   readonly providerId: string;
   readonly origin: string;
@@ -258,7 +261,7 @@ export class ReceiptLog {
     const batch = this.nextBatch++;
     const firstSeq = Number(items[0]!.payload.seq);
     const requestKeys = Float64Array.from(items, (p) => requestKey(p.payload.request_id));
-    const signing = this.signer.sign({ payloads: items.map((p) => p.text).join('\n'), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId });
+    const signing = this.signer.sign({ payloads: items.map((p) => p.text).join('\n'), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId }, { inline: items.length <= INLINE_SIGN_MAX });
     // Hand batches to the writer in seq order, whichever finishes signing first.
     const result = Promise.all([signing, this.handedOver]).then(async ([signed]) => {
       await this.writer.commit(batch, firstSeq, requestKeys, signed);
