@@ -7,6 +7,7 @@
 // threads signing at the same time) and, in seq order, to a writer thread that commits each batch
 // in one transaction (one fsync: group commit). A caller is resolved only after its batch's commit
 // returned. Neither signing nor fsync waits run on the event loop.
+import { performance } from 'node:perf_hooks';
 import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
 import { envelopeLine, type DsseEnvelope } from '../../attestation/dsse.ts';
@@ -116,6 +117,7 @@ export class ReceiptLog {
   private readonly signer: SignerPool;
   private readonly writer: BatchWriter;
   private nextSeq: number;
+  private elu = { at: -Infinity, last: performance.eventLoopUtilization(), busy: false };
   private nextBatch = 0;
   /** The hand-over of the latest batch to the writer: batches are handed over in seq order. */
   private handedOver: Promise<unknown> = Promise.resolve();
@@ -261,7 +263,8 @@ export class ReceiptLog {
     const batch = this.nextBatch++;
     const firstSeq = Number(items[0]!.payload.seq);
     const requestKeys = Float64Array.from(items, (p) => requestKey(p.payload.request_id));
-    const signing = this.signer.sign({ payloads: items.map((p) => p.text).join('\n'), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId }, { inline: items.length <= INLINE_SIGN_MAX });
+    const inline = items.length <= INLINE_SIGN_MAX && !this.loopBusy();
+    const signing = this.signer.sign({ payloads: items.map((p) => p.text).join('\n'), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId }, { inline });
     // Hand batches to the writer in seq order, whichever finishes signing first.
     const result = Promise.all([signing, this.handedOver]).then(async ([signed]) => {
       await this.writer.commit(batch, firstSeq, requestKeys, signed);
@@ -269,6 +272,20 @@ export class ReceiptLog {
     });
     this.handedOver = result.catch(() => undefined);
     return { items, result };
+  }
+
+  /**
+   * Whether the event loop was more than half busy over the last ~50 ms. A lone receipt is signed
+   * on the event loop only when it has time to spare; on a busy node the signer threads (the other
+   * cores) take even single receipts.
+   */
+  private loopBusy(): boolean {
+    const now = performance.now();
+    if (now - this.elu.at >= 50) {
+      const current = performance.eventLoopUtilization();
+      this.elu = { at: now, last: current, busy: performance.eventLoopUtilization(current, this.elu.last).utilization > 0.5 };
+    }
+    return this.elu.busy;
   }
 
   private settle(items: Pending[], signed: SignedBatch): void {
