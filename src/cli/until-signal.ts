@@ -1,27 +1,36 @@
 // Long-running commands (start, market, gateway) run until SIGTERM or SIGINT, then stop gracefully.
 // A second signal while stopping exits at once with code 1; a failed stop sets exit code 1.
 
+/** The parts of `process` this uses (tests pass a fake). */
+export interface SignalHost {
+  on(event: 'SIGTERM' | 'SIGINT', listener: (signal: string) => void): unknown;
+  stderr: { write(text: string): unknown };
+  exit(code: number): void;
+  exitCode?: number | string | null | undefined;
+}
+
 /**
  * Resolves once `stop` has finished after the first SIGTERM/SIGINT.
  * `name` prefixes the messages on stderr; `doing` says what the stop does ("stopping", …).
  */
-export function untilSignal(name: string, doing: string, stop: () => Promise<void>): Promise<void> {
+export function untilSignal(name: string, doing: string, stop: () => Promise<void>, host: SignalHost = process): Promise<void> {
   return new Promise<void>((resolve) => {
     let stopping = false;
     const onSignal = (sig: string): void => {
       if (stopping) {
-        process.stderr.write(`${name}: ${sig} again: exiting now\n`);
-        process.exit(1);
+        host.stderr.write(`${name}: ${sig} again: exiting now\n`);
+        host.exit(1);
+        return;
       }
       stopping = true;
-      process.stderr.write(`${name}: ${sig}: ${doing}\n`);
+      host.stderr.write(`${name}: ${sig}: ${doing}\n`);
       stop().then(resolve, (e: Error) => {
-        process.stderr.write(`${name}: stop failed: ${e.message}\n`);
-        process.exitCode = 1;
+        host.stderr.write(`${name}: stop failed: ${e.message}\n`);
+        host.exitCode = 1;
         resolve();
       });
     };
-    process.on('SIGTERM', onSignal);
-    process.on('SIGINT', onSignal);
+    host.on('SIGTERM', onSignal);
+    host.on('SIGINT', onSignal);
   });
 }

@@ -1,0 +1,62 @@
+import { EventEmitter } from 'node:events';
+import { describe, expect, test } from 'vitest';
+import { untilSignal, type SignalHost } from '../src/cli/until-signal.ts';
+
+function fakeProcess() {
+  const emitter = new EventEmitter();
+  const out: string[] = [];
+  const exits: number[] = [];
+  const host: SignalHost & { signal(s: 'SIGTERM' | 'SIGINT'): void } = {
+    on: (event, listener) => emitter.on(event, () => listener(event)),
+    stderr: { write: (t: string) => out.push(t) },
+    exit: (code: number) => void exits.push(code),
+    exitCode: undefined,
+    signal: (s) => void emitter.emit(s),
+  };
+  return { host, out, exits };
+}
+
+describe('untilSignal', () => {
+  test('the first signal stops gracefully and resolves; the exit code is untouched', async () => {
+    const { host, out, exits } = fakeProcess();
+    let stopped = 0;
+    const done = untilSignal('seller-node', 'stopping', async () => void stopped++, host);
+    host.signal('SIGTERM');
+    await done;
+    expect(stopped).toBe(1);
+    expect(out).toEqual(['seller-node: SIGTERM: stopping\n']);
+    expect(exits).toEqual([]);
+    expect(host.exitCode).toBeUndefined();
+  });
+
+  test('a second signal while stopping exits at once with code 1', async () => {
+    const { host, out, exits } = fakeProcess();
+    let finish!: () => void;
+    void untilSignal('seller-node market', 'stopping', () => new Promise<void>((r) => (finish = r)), host);
+    host.signal('SIGINT');
+    host.signal('SIGTERM');
+    expect(out).toEqual(['seller-node market: SIGINT: stopping\n', 'seller-node market: SIGTERM again: exiting now\n']);
+    expect(exits).toEqual([1]);
+    finish();
+  });
+
+  test('a stop that fails says why and sets exit code 1', async () => {
+    const { host, out, exits } = fakeProcess();
+    const done = untilSignal('seller-node', 'flushing receipts', () => Promise.reject(new Error('disk full')), host);
+    host.signal('SIGTERM');
+    await done;
+    expect(out).toEqual(['seller-node: SIGTERM: flushing receipts\n', 'seller-node: stop failed: disk full\n']);
+    expect(host.exitCode).toBe(1);
+    expect(exits).toEqual([]);
+  });
+
+  test('nothing happens before a signal', async () => {
+    const { host, out } = fakeProcess();
+    let stopped = false;
+    const done = untilSignal('x', 'stopping', async () => void (stopped = true), host);
+    const raced = await Promise.race([done.then(() => 'resolved'), new Promise((r) => setTimeout(() => r('pending'), 20))]);
+    expect(raced).toBe('pending');
+    expect(stopped).toBe(false);
+    expect(out).toEqual([]);
+  });
+});
