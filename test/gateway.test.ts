@@ -381,4 +381,29 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(missing.status).toBe(404);
     expect(((await missing.json()) as { error: { code: string } }).error.code).toBe('request_not_found');
   });
+  test('with a records file, GET /v1/requests/{id} answers after the gateway restarts', async () => {
+    const file = path.join(dir, 'gateway-records.db');
+    const first = await createGateway({ market: marketUrl, port: 0, recordsPath: file });
+    let id: string;
+    let before: RequestRecord;
+    try {
+      const r = await fetch(`${first.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello' }], max_tokens: 5, seed: 2 }) });
+      expect(r.status).toBe(200);
+      id = ((await r.json()) as { service: { request_id: string } }).service.request_id;
+      await first.idle();
+      before = (await (await fetch(`${first.url}/requests/${id}`)).json()) as RequestRecord;
+      expect(before.status).toBe('completed');
+    } finally {
+      await first.close();
+    }
+    const second = await createGateway({ market: marketUrl, port: 0, recordsPath: file });
+    try {
+      const after = await fetch(`${second.url}/requests/${id}`);
+      expect(after.status).toBe(200);
+      expect(await after.json()).toEqual(before);
+      expect(verifyReceipt((before.receipt as DsseEnvelope), { provider: node.providerId }).ok).toBe(true);
+    } finally {
+      await second.close();
+    }
+  });
 });

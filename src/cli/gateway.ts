@@ -1,4 +1,4 @@
-// `seller-node gateway --market URL [--listen 127.0.0.1:11435]`: the marketplace's OpenAI-compatible
+// `seller-node gateway --market URL [--listen 127.0.0.1:11435] [--records FILE]`: the marketplace's OpenAI-compatible
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
 import { createGateway, GATEWAY_DEFAULT_PORT } from '../gateway/gateway.ts';
@@ -21,8 +21,9 @@ export function gatewayCommand(): Command {
     .description("serve the marketplace's OpenAI-compatible API locally (/v1), sending requests straight to providers over libp2p")
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
     .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
+    .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; logLevel: string }) => {
+    .action(async (opts: { market: string; listen: string; records?: string; logLevel: string }) => {
       const { host, port } = parseListen(opts.listen);
       try {
         normalizeMarketUrl(opts.market);
@@ -34,11 +35,11 @@ export function gatewayCommand(): Command {
       if (!isLoopbackHost(host)) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication\n`);
       let gw;
       try {
-        gw = await createGateway({ market: opts.market, host, port, logger });
+        gw = await createGateway({ market: opts.market, host, port, logger, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }
-      process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n`);
+      process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  records ${opts.records ?? 'in memory'}\n`);
       await untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close());
     });
 }

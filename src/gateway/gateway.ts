@@ -64,6 +64,8 @@ export interface GatewayOptions {
   receiptFetchMs?: number;
   /** How many request records to keep in memory (default 10,000). */
   maxRecords?: number;
+  /** An SQLite file that keeps every request record across restarts (default: memory only). */
+  recordsPath?: string;
   /** Per-call timeout towards the marketplace (default 10 s). */
   marketTimeoutMs?: number;
 }
@@ -181,11 +183,17 @@ interface Paid {
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
-  const records = new RequestRecords(opts.maxRecords);
+  const records = new RequestRecords(opts.maxRecords, opts.recordsPath);
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;
   const seed = opts.seed ?? new Uint8Array(crypto.randomBytes(32));
-  const host = await createHost({ seed, listen: [] });
+  let host: Host;
+  try {
+    host = await createHost({ seed, listen: [] });
+  } catch (e) {
+    records.close();
+    throw e;
+  }
   /** Settlements under way, by request id: GET /v1/requests/{id} waits for one briefly. */
   const settling = new Map<string, Promise<void>>();
 
@@ -764,6 +772,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {
     await host.stop();
+    records.close();
     throw e;
   }
   const addr = app.server.address() as AddressInfo;
@@ -789,6 +798,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       await idle();
       await host.stop();
+      records.close();
     },
   };
 }

@@ -1,7 +1,11 @@
 // The gateway's settled request records (GET /v1/requests/{id}): one per request it took a ticket
-// for, kept in memory (the oldest dropped first when full). A record is `in_progress` until the
-// request ends; then it holds the verified receipt, its usage and cost, and whether the
-// marketplace accepted the receipt.
+// for. A record is `in_progress` until the request ends; then it holds the verified receipt, its
+// usage and cost, and whether the marketplace accepted the receipt.
+//
+// Kept in memory (the most recent `limit`), and, with a file, written through to SQLite (WAL) at
+// every change, so records outlive the gateway: after a restart every record is still answered,
+// and one left `in_progress` by a gateway that stopped mid-request says `interrupted`.
+import Database from 'better-sqlite3';
 import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
@@ -18,7 +22,9 @@ export type RecordStatus =
   /** The buyer left before any work was done (and the node wrote no receipt). */
   | 'abandoned'
   /** The provider's answer or receipt did not verify; its receipt was not settled. */
-  | 'bad_provider_response';
+  | 'bad_provider_response'
+  /** The gateway stopped while the request ran; the provider's log holds its receipt, if any. */
+  | 'interrupted';
 
 export interface RequestRecord {
   request_id: string;
@@ -40,20 +46,79 @@ export interface RequestRecord {
   finished_at: number | null;
 }
 
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS request_records (request_id TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS request_aliases (request_id TEXT PRIMARY KEY, target TEXT NOT NULL) WITHOUT ROWID;
+`;
+
 export class RequestRecords {
   private readonly map = new Map<string, RequestRecord>();
   private readonly limit: number;
+  private readonly db: Database.Database | undefined;
+  private readonly put: Database.Statement<[string, string]> | undefined;
+  private readonly putAlias: Database.Statement<[string, string]> | undefined;
+  private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
 
-  constructor(limit = 10_000) {
+  /** `file`: an SQLite file that keeps every record across restarts (created if missing). */
+  constructor(limit = 10_000, file?: string) {
     this.limit = limit;
+    if (file === undefined) return;
+    const db = new Database(file);
+    try {
+      db.pragma('journal_mode = WAL');
+      db.pragma('synchronous = NORMAL');
+      db.exec(SCHEMA);
+      // Requests that were running when the gateway last stopped will never end here.
+      const now = Date.now();
+      const stale = db.prepare<[], { request_id: string; record: string }>(`SELECT request_id, record FROM request_records WHERE json_extract(record, '$.status') = 'in_progress'`).all();
+      const update = db.prepare<[string, string]>('UPDATE request_records SET record = ? WHERE request_id = ?');
+      db.transaction(() => {
+        for (const row of stale) {
+          const rec = JSON.parse(row.record) as RequestRecord;
+          rec.status = 'interrupted';
+          rec.error = { code: 'gateway_interrupted', message: "the gateway stopped before this request ended; the provider's log holds its receipt if it did any work" };
+          rec.finished_at = now;
+          update.run(JSON.stringify(rec), row.request_id);
+        }
+      })();
+    } catch (e) {
+      db.close();
+      throw new Error(`request records ${file}: ${(e as Error).message}`);
+    }
+    this.db = db;
+    this.put = db.prepare('INSERT OR REPLACE INTO request_records (request_id, record) VALUES (?, ?)');
+    this.putAlias = db.prepare('INSERT OR REPLACE INTO request_aliases (request_id, target) VALUES (?, ?)');
+    this.load = db.prepare(
+      'SELECT record FROM request_records WHERE request_id = coalesce((SELECT target FROM request_aliases WHERE request_id = @id), @id)',
+    );
   }
 
   get(id: string): RequestRecord | undefined {
-    return this.map.get(id);
+    const hit = this.map.get(id);
+    if (hit || !this.load) return hit;
+    const row = this.load.get({ id });
+    return row ? (JSON.parse(row.record) as RequestRecord) : undefined;
+  }
+
+  /** The record to change: from memory, or (evicted from memory) from the file, then kept in memory. */
+  private live(id: string): RequestRecord | undefined {
+    const hit = this.map.get(id);
+    if (hit || !this.load) return hit;
+    const rec = this.get(id);
+    if (rec) this.map.set(rec.request_id, rec);
+    return rec;
   }
 
   get size(): number {
     return this.map.size;
+  }
+
+  close(): void {
+    this.db?.close();
+  }
+
+  private save(rec: RequestRecord): void {
+    this.put?.run(rec.request_id, JSON.stringify(rec));
   }
 
   begin(r: { request_id: string; endpoint: string; model: string; provider: string | null }): RequestRecord {
@@ -61,12 +126,13 @@ export class RequestRecords {
     this.map.delete(r.request_id);
     this.map.set(r.request_id, rec);
     while (this.map.size > this.limit) this.map.delete(this.map.keys().next().value!);
+    this.save(rec);
     return rec;
   }
 
   /** The request ended with a verified receipt. */
   settle(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, settlement: { ok: true } | { ok: false; code: string; message: string }): RequestRecord | undefined {
-    const rec = this.map.get(id);
+    const rec = this.live(id);
     if (!rec) return undefined;
     const p = receipt.payload;
     rec.status = p.status;
@@ -78,24 +144,27 @@ export class RequestRecords {
     rec.settled = settlement.ok;
     if (!settlement.ok) rec.settlement_error = { code: settlement.code, message: settlement.message };
     rec.finished_at = Date.now();
+    this.save(rec);
     return rec;
   }
 
   /** `id` was answered by an earlier request (an idempotent retry): it shows that request's record. */
   alias(id: string, target: string): void {
-    const rec = this.map.get(target);
+    const rec = this.live(target);
     if (!rec || id === target) return;
     this.map.delete(id);
     this.map.set(id, rec);
+    this.putAlias?.run(id, target);
   }
 
   /** The request ended without a receipt the gateway accepts. */
-  fail(id: string, status: Exclude<RecordStatus, 'in_progress' | 'completed' | 'cancelled' | 'failed'> | 'failed', error: { code: string; message: string }): RequestRecord | undefined {
-    const rec = this.map.get(id);
+  fail(id: string, status: Exclude<RecordStatus, 'in_progress' | 'completed' | 'cancelled' | 'failed' | 'interrupted'> | 'failed', error: { code: string; message: string }): RequestRecord | undefined {
+    const rec = this.live(id);
     if (!rec) return undefined;
     rec.status = status;
     rec.error = error;
     rec.finished_at = Date.now();
+    this.save(rec);
     return rec;
   }
 }

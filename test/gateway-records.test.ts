@@ -1,0 +1,70 @@
+// The gateway's request records: in memory, and written through to SQLite when given a file.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, test } from 'vitest';
+import type { ReceiptPayload } from '../attestation/receipt.ts';
+import type { DsseEnvelope } from '../attestation/dsse.ts';
+import { RequestRecords } from '../src/gateway/records.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-records-'));
+afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+const envelope: DsseEnvelope = { payload: 'eyJ9', payloadType: 'application/vnd.test', signatures: [{ keyid: 'k', sig: 'c2ln' }] };
+const receipt = (id: string) => ({
+  envelope,
+  payload: { request_id: id, status: 'completed', provider: 'ab'.repeat(32), usage: { input_tokens: 7, output_tokens: 3 }, cost_micro_usd: '1234567' } as unknown as ReceiptPayload,
+});
+const begin = (r: RequestRecords, id: string) => r.begin({ request_id: id, endpoint: 'chat/completions', model: 'tiny/llama', provider: null });
+
+describe('RequestRecords', () => {
+  test('in memory: the most recent `limit` records, begin → settle with exact cost', () => {
+    const r = new RequestRecords(2);
+    for (const id of ['a', 'b', 'c']) begin(r, id);
+    expect(r.get('a')).toBeUndefined();
+    const rec = r.settle('c', receipt('c'), { ok: true })!;
+    expect(rec).toMatchObject({ status: 'completed', cost: '1.234567', cost_micro_usd: '1234567', usage: { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 }, settled: true });
+    r.close();
+  });
+
+  test('with a file: every change is kept, aliases too, and a record evicted from memory is still answered', () => {
+    const file = path.join(dir, 'a.db');
+    const r = new RequestRecords(1, file);
+    begin(r, 'one');
+    r.settle('one', receipt('one'), { ok: false, code: 'market_down', message: 'the market did not answer' });
+    r.alias('retry-of-one', 'one');
+    begin(r, 'two');
+    r.fail('two', 'refused', { code: 'no_provider', message: 'nobody sells that' });
+    // 'one' fell out of memory (limit 1) but the file has it, under both ids.
+    expect(r.get('one')).toMatchObject({ status: 'completed', settled: false, settlement_error: { code: 'market_down' } });
+    expect(r.get('retry-of-one')).toEqual(r.get('one'));
+    r.close();
+    const again = new RequestRecords(10, file);
+    expect(again.get('one')).toMatchObject({ status: 'completed', receipt: envelope });
+    expect(again.get('retry-of-one')?.request_id).toBe('one');
+    expect(again.get('two')).toMatchObject({ status: 'refused', error: { code: 'no_provider' } });
+    expect(again.get('three')).toBeUndefined();
+    again.close();
+  });
+
+  test('a request running when the gateway stopped reads `interrupted` after the restart', () => {
+    const file = path.join(dir, 'b.db');
+    const r = new RequestRecords(10, file);
+    begin(r, 'running');
+    r.close();
+    const again = new RequestRecords(10, file);
+    expect(again.get('running')).toMatchObject({ status: 'interrupted', error: { code: 'gateway_interrupted' }, finished_at: expect.any(Number) });
+    // A record that settles after its eviction from memory is loaded from the file and saved.
+    again.settle('running', receipt('running'), { ok: true });
+    again.close();
+    const third = new RequestRecords(10, file);
+    expect(third.get('running')?.status).toBe('completed');
+    third.close();
+  });
+
+  test('a file that is not a database is refused with its path', () => {
+    const file = path.join(dir, 'not-a-db');
+    fs.writeFileSync(file, 'hello, this is not SQLite '.repeat(100));
+    expect(() => new RequestRecords(10, file)).toThrow(/request records .*not-a-db/);
+  });
+});
