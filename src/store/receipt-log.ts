@@ -6,7 +6,8 @@
 // a request finishes, however many finish together. Batches then go to the signer pool (worker
 // threads signing at the same time) and, in seq order, to a writer thread that commits each batch
 // in one transaction (one fsync: group commit). A caller is resolved only after its batch's commit
-// returned. Neither signing nor fsync waits run on the event loop.
+// returned. Signing runs on the signer threads (a batch of one or two on an idle event loop
+// excepted: see loopBusy) and fsync waits never run on the event loop.
 import { performance } from 'node:perf_hooks';
 import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
