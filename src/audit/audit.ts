@@ -9,7 +9,7 @@ import { isHex } from '../../attestation/bytes.ts';
 import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
 import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
 import { checkChunk, type CheckedChunk, type CheckTask } from './check-lines.ts';
-import { readChunks } from './chunks.ts';
+import { DEFAULT_CHUNK_BYTES, readChunks } from './chunks.ts';
 
 export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_malformed';
 
@@ -67,7 +67,10 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   const checkpoints = readCheckpoints(opts.dir);
   if ('code' in checkpoints) return fault(checkpoints, provider);
 
-  const threads = opts.threads ?? 2;
+  // A log of one chunk is one task: checked here, without starting (and tearing down) workers.
+  const size = fs.statSync(receiptsFile, { throwIfNoEntry: false })?.size ?? Infinity;
+  const oneChunk = size <= (opts.chunkBytes ?? DEFAULT_CHUNK_BYTES);
+  const threads = oneChunk ? 0 : (opts.threads ?? 2);
   const pool = threads > 0 ? new Piscina({ filename: WORKER.href, minThreads: threads, maxThreads: threads }) : undefined;
   const run = (task: CheckTask): Promise<CheckedChunk> => (pool ? pool.run(task) : Promise.resolve(checkChunk(task)));
   const chain = new ReceiptChain();

@@ -4,7 +4,10 @@ import fs from 'node:fs';
 
 export type Chunk = { bytes: Uint8Array; firstLine: number; lines: number } | { tooLong: number };
 
-export async function* readChunks(file: string, chunkSize = 1 << 20, maxLine = 1 << 20): AsyncGenerator<Chunk> {
+/** Bytes of whole lines a chunk holds at most (one worker task). */
+export const DEFAULT_CHUNK_BYTES = 1 << 20;
+
+export async function* readChunks(file: string, chunkSize = DEFAULT_CHUNK_BYTES, maxLine = 1 << 20): AsyncGenerator<Chunk> {
   const fh = await fs.promises.open(file, 'r');
   try {
     let carry = new Uint8Array(0);
