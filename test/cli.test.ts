@@ -135,6 +135,17 @@ describe.concurrent('usage errors', () => {
   it('verify --provider that is not 64 hex', async () => {
     expectCleanError(await runCli(['verify', 'x.json', '--provider', 'ab']), /--provider must be 64 lowercase hex/, 2);
   });
+
+  it('gateway without --market, with a market that is not a URL, with a bad --listen', async () => {
+    expectCleanError(await runCli(['gateway']), /required option '--market <url>'/);
+    expectCleanError(await runCli(['gateway', '--market', 'not a url']), /--market: /, 2);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', 'a:b:c']), /--listen must be HOST:PORT/, 2);
+  });
+
+  it('gateway --records in a folder that does not exist: a clean error naming the file', async () => {
+    const file = path.join(tmp, 'no-such-folder', 'records.db');
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder/, 1);
+  });
 });
 
 describe('init', () => {

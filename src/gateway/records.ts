@@ -63,8 +63,9 @@ export class RequestRecords {
   constructor(limit = 10_000, file?: string) {
     this.limit = limit;
     if (file === undefined) return;
-    const db = new Database(file);
+    let db: Database.Database | undefined;
     try {
+      db = new Database(file);
       db.pragma('journal_mode = WAL');
       db.pragma('synchronous = NORMAL');
       db.exec(SCHEMA);
@@ -82,7 +83,7 @@ export class RequestRecords {
         }
       })();
     } catch (e) {
-      db.close();
+      db?.close();
       throw new Error(`request records ${file}: ${(e as Error).message}`);
     }
     this.db = db;
