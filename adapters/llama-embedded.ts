@@ -156,8 +156,11 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         }
       }
     } finally {
-      await evaluation?.return();
-      this.idle.push(sequence);
+      try {
+        await evaluation?.return();
+      } finally {
+        this.idle.push(sequence);
+      }
     }
     return {
       finishReason,

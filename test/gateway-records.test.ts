@@ -62,6 +62,27 @@ describe('RequestRecords', () => {
     third.close();
   });
 
+  test('one gateway a file: a second opener is refused at once, the first keeps working', () => {
+    const file = path.join(dir, 'c.db');
+    const a = new RequestRecords(10, file);
+    begin(a, 'live');
+    expect(() => new RequestRecords(10, file)).toThrow(/request records .*c\.db: database is locked/);
+    expect(a.get('live')?.status).toBe('in_progress'); // not marked interrupted by the second opener
+    a.fail('live', 'refused', { code: 'no_provider', message: 'x' });
+    a.close();
+    expect(new RequestRecords(10, file).get('live')?.status).toBe('refused');
+  });
+
+  test('a write that fails changes nothing in memory', () => {
+    const r = new RequestRecords(10, path.join(dir, 'd.db'));
+    begin(r, 'x');
+    r.close();
+    expect(() => r.fail('x', 'refused', { code: 'no_provider', message: 'x' })).toThrow(/not open/);
+    expect(r.get('x')?.status).toBe('in_progress');
+    expect(() => begin(r, 'y')).toThrow(/not open/);
+    expect(r.size).toBe(1); // 'y' was not kept
+  });
+
   test('a file that is not a database is refused with its path', () => {
     const file = path.join(dir, 'not-a-db');
     fs.writeFileSync(file, 'hello, this is not SQLite '.repeat(100));

@@ -82,6 +82,14 @@ describe('readAhead', () => {
     expect(s.state.closed).toBe(1);
   });
 
+  test('a reader closed before its first next() never starts the source', async () => {
+    const s = source(10);
+    const g = readAhead(s.gen, 4);
+    await new Promise((r) => setTimeout(r, 20));
+    await g.return('never read');
+    expect(s.state.produced).toBe(0);
+  });
+
   test('depth must be a positive integer', () => {
     expect(() => readAhead(source(1).gen, 0)).toThrow(RangeError);
     expect(() => readAhead(source(1).gen, 1.5)).toThrow(RangeError);

@@ -414,10 +414,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     for (const a of attempts) {
       if (a === outcome.a) continue;
       a.ac.abort(new Error('lost the hedge'));
-      void running[attempts.indexOf(a)]!.then((r) => {
-        r.res?.abort('lost the hedge');
-        return settleFromNode(a.p, 'abandoned');
-      });
+      // Tracked at once, so close() waits for this settlement before it closes the records.
+      void track(
+        a.p.requestId,
+        running[attempts.indexOf(a)]!.then((r) => {
+          r.res?.abort('lost the hedge');
+          return settleFromNode(a.p, 'abandoned');
+        }),
+      );
     }
     const p = outcome.a.p;
     reply.header('x-request-id', p.requestId);
@@ -796,9 +800,12 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       } finally {
         clearTimeout(force);
       }
-      await idle();
-      await host.stop();
-      records.close();
+      try {
+        await idle();
+        await host.stop();
+      } finally {
+        records.close();
+      }
     },
   };
 }

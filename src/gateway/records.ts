@@ -65,9 +65,12 @@ export class RequestRecords {
     if (file === undefined) return;
     let db: Database.Database | undefined;
     try {
-      db = new Database(file);
+      // One gateway a file: the exclusive lock, taken now, refuses a second opener at once.
+      db = new Database(file, { timeout: 0 });
+      db.pragma('locking_mode = EXCLUSIVE');
       db.pragma('journal_mode = WAL');
       db.pragma('synchronous = NORMAL');
+      db.exec('BEGIN EXCLUSIVE; COMMIT');
       db.exec(SCHEMA);
       // Requests that were running when the gateway last stopped will never end here.
       const now = Date.now();
@@ -124,29 +127,35 @@ export class RequestRecords {
 
   begin(r: { request_id: string; endpoint: string; model: string; provider: string | null }): RequestRecord {
     const rec: RequestRecord = { ...r, status: 'in_progress', usage: null, cost: null, cost_micro_usd: null, receipt: null, settled: false, created_at: Date.now(), finished_at: null };
+    this.save(rec); // first: a write that fails changes nothing
     this.map.delete(r.request_id);
     this.map.set(r.request_id, rec);
     while (this.map.size > this.limit) this.map.delete(this.map.keys().next().value!);
-    this.save(rec);
     return rec;
   }
 
   /** The request ended with a verified receipt. */
   settle(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, settlement: { ok: true } | { ok: false; code: string; message: string }): RequestRecord | undefined {
+    const p = receipt.payload;
+    return this.update(id, {
+      status: p.status,
+      provider: p.provider,
+      usage: { prompt_tokens: p.usage.input_tokens, completion_tokens: p.usage.output_tokens, total_tokens: p.usage.input_tokens + p.usage.output_tokens },
+      cost_micro_usd: p.cost_micro_usd,
+      cost: formatUsd(BigInt(p.cost_micro_usd)),
+      receipt: receipt.envelope,
+      settled: settlement.ok,
+      ...(settlement.ok ? {} : { settlement_error: { code: settlement.code, message: settlement.message } }),
+      finished_at: Date.now(),
+    });
+  }
+
+  /** Writes the changed record first, then changes it in memory: a failed write changes nothing. */
+  private update(id: string, change: Partial<RequestRecord>): RequestRecord | undefined {
     const rec = this.live(id);
     if (!rec) return undefined;
-    const p = receipt.payload;
-    rec.status = p.status;
-    rec.provider = p.provider;
-    rec.usage = { prompt_tokens: p.usage.input_tokens, completion_tokens: p.usage.output_tokens, total_tokens: p.usage.input_tokens + p.usage.output_tokens };
-    rec.cost_micro_usd = p.cost_micro_usd;
-    rec.cost = formatUsd(BigInt(p.cost_micro_usd));
-    rec.receipt = receipt.envelope;
-    rec.settled = settlement.ok;
-    if (!settlement.ok) rec.settlement_error = { code: settlement.code, message: settlement.message };
-    rec.finished_at = Date.now();
-    this.save(rec);
-    return rec;
+    this.save({ ...rec, ...change });
+    return Object.assign(rec, change);
   }
 
   /** `id` was answered by an earlier request (an idempotent retry): it shows that request's record. */
@@ -160,12 +169,7 @@ export class RequestRecords {
 
   /** The request ended without a receipt the gateway accepts. */
   fail(id: string, status: Exclude<RecordStatus, 'in_progress' | 'completed' | 'cancelled' | 'failed' | 'interrupted'> | 'failed', error: { code: string; message: string }): RequestRecord | undefined {
-    const rec = this.live(id);
-    if (!rec) return undefined;
-    rec.status = status;
-    rec.error = error;
-    rec.finished_at = Date.now();
-    this.save(rec);
-    return rec;
+    return this.update(id, { status, error, finished_at: Date.now() });
   }
+
 }

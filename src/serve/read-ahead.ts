@@ -3,9 +3,11 @@
 // each token would cost the runtime's time plus the relay's. Read ahead, the runtime works on token
 // n+1 while token n is being framed and written: the stream runs at the slower of the two rates.
 //
-// The source is always closed: when it ends, when it throws, and when the consumer stops early
-// (return() or a throw into the loop), after its current step. Its own finally (a runtime slot
-// going back to the pool) therefore runs exactly once.
+// The source runs from the first next(). Once started it is always closed: when it ends, when it
+// throws, and when the consumer stops early (return() or a throw into the loop), after its current
+// step; its own finally (a runtime slot going back to the pool) therefore runs exactly once. A
+// reader closed before its first next() never starts the source. As with any async generator, a
+// return() waits behind a next() already pending.
 
 export function readAhead<T, R>(source: AsyncGenerator<T, R, void>, depth: number): AsyncGenerator<T, R, void> {
   if (!Number.isInteger(depth) || depth < 1) throw new RangeError('readAhead: depth must be a positive integer');
@@ -23,7 +25,7 @@ export function readAhead<T, R>(source: AsyncGenerator<T, R, void>, depth: numbe
     wakeProducer = undefined;
   };
 
-  const pump = (async () => {
+  const run = async (): Promise<void> => {
     try {
       for (;;) {
         const r = await source.next();
@@ -37,9 +39,11 @@ export function readAhead<T, R>(source: AsyncGenerator<T, R, void>, depth: numbe
       failure = { error: e };
       signalConsumer();
     }
-  })();
+  };
 
   async function* consume(): AsyncGenerator<T, R, void> {
+    // Started by the first next(): a reader closed before it ever read starts nothing.
+    const pump = run();
     try {
       for (;;) {
         while (queue.length === 0 && !failure) await new Promise<void>((resolve) => (wakeConsumer = resolve));
