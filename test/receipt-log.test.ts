@@ -65,6 +65,25 @@ describe('ReceiptLog', () => {
     expect(log.byRequestId('nope')).toEqual([]);
   });
 
+  test('byRequestId finds every receipt of a request id in seq order, from memory and after a reopen', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log = openLog(file, s);
+    const body = (i: number, requestId: string) => ({ ...syntheticReceiptBody(i), request_id: requestId });
+    const appended = [];
+    for (const [i, id] of ['retried', 'other', 'retried', 'third', 'retried'].entries()) appended.push(await log.append(body(i, id)));
+    const expected = [0, 2, 4].map((seq) => ({ seq, line: appended[seq]!.line }));
+    expect(log.byRequestId('retried')).toEqual(expected);
+    expect(log.byRequestId('other')).toEqual([{ seq: 1, line: appended[1]!.line }]);
+    await log.close();
+    open.splice(open.indexOf(log), 1);
+    // Reopened, nothing is in memory: the stored batches' request keys are scanned.
+    const again = openLog(file, s);
+    expect(again.byRequestId('retried')).toEqual(expected);
+    expect(again.byRequestId('third')).toEqual([{ seq: 3, line: appended[3]!.line }]);
+    expect(again.byRequestId('never')).toEqual([]);
+  });
+
   test('in-process and worker signing produce identical bytes', async () => {
     const s = seed();
     const a = openLog(path.join(tmp(), 'a.db'), s, { threads: 0 });

@@ -134,7 +134,7 @@ export class ReceiptLog {
    * Request key → seqs of recent durable receipts. Every durable seq ≥ recentFloor is in it; older
    * ones are found by scanning the stored batches' request keys (rare: a marketplace asking late).
    */
-  private readonly recent = new Map<number, number[]>();
+  private readonly recent = new Map<number, number | number[]>(); // one seq, or several (retries, key collisions)
   private recentFloor: number;
 
   private constructor(opts: ReceiptLogOptions) {
@@ -304,13 +304,15 @@ export class ReceiptLog {
   }
 
   private remember(key: number, seq: number): void {
-    const seqs = this.recent.get(key);
-    if (seqs) seqs.push(seq);
-    else this.recent.set(key, [seq]);
+    // A plain number for the usual single receipt: no array per receipt to allocate and collect.
+    const had = this.recent.get(key);
+    if (had === undefined) this.recent.set(key, seq);
+    else if (typeof had === 'number') this.recent.set(key, [had, seq]);
+    else had.push(seq);
     if (this.recent.size > RECENT_REQUESTS) {
-      const [oldest, evicted] = this.recent.entries().next().value as [number, number[]];
+      const [oldest, evicted] = this.recent.entries().next().value as [number, number | number[]];
       this.recent.delete(oldest);
-      this.recentFloor = Math.max(this.recentFloor, ...evicted.map((s) => s + 1));
+      this.recentFloor = Math.max(this.recentFloor, (typeof evicted === 'number' ? evicted : Math.max(...evicted)) + 1);
     }
   }
 
@@ -373,7 +375,8 @@ export class ReceiptLog {
   byRequestId(requestId: string): { seq: number; line: string }[] {
     const out: { seq: number; line: string }[] = [];
     const key = requestKey(requestId);
-    const seqs = (this.recent.get(key) ?? []).filter((s) => s >= this.recentFloor);
+    const got = this.recent.get(key);
+    const seqs = (got === undefined ? [] : typeof got === 'number' ? [got] : [...got]).filter((s) => s >= this.recentFloor);
     const scan = this.db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?');
     for (const r of scan.iterate(this.recentFloor)) {
       const keys = rowRequestKeys(r);
