@@ -70,7 +70,7 @@ describe('ReceiptLog', () => {
     const file = path.join(tmp(), 'r.db');
     const log = openLog(file, s);
     const body = (i: number, requestId: string) => ({ ...syntheticReceiptBody(i), request_id: requestId });
-    const appended = [];
+    const appended: Awaited<ReturnType<ReceiptLog['append']>>[] = [];
     for (const [i, id] of ['retried', 'other', 'retried', 'third', 'retried'].entries()) appended.push(await log.append(body(i, id)));
     const expected = [0, 2, 4].map((seq) => ({ seq, line: appended[seq]!.line }));
     expect(log.byRequestId('retried')).toEqual(expected);

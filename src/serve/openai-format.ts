@@ -46,10 +46,16 @@ export class CompletionStream {
   private readonly base: { id: string; object: string; created: number; model: string };
   private readonly chat: boolean;
   private readonly encoder = new TextEncoder();
+  /** A delta event is these two around the JSON string of its text: one stringify a token. */
+  private readonly deltaHead: string;
+  private readonly deltaTail: string;
 
   constructor(chat: boolean, requestId: string, model: string, created: number) {
     this.chat = chat;
     this.base = { id: `${chat ? 'chatcmpl' : 'cmpl'}-${requestId}`, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model };
+    const base = JSON.stringify(this.base).slice(0, -1);
+    this.deltaHead = chat ? `data: ${base},"choices":[{"index":0,"delta":{"content":` : `data: ${base},"choices":[{"index":0,"text":`;
+    this.deltaTail = chat ? '},"finish_reason":null}]}\n\n' : ',"logprobs":null,"finish_reason":null}]}\n\n';
   }
 
   private event(v: object): Uint8Array {
@@ -62,7 +68,8 @@ export class CompletionStream {
   }
 
   delta(text: string): Uint8Array {
-    return this.event({ ...this.base, choices: [this.chat ? { index: 0, delta: { content: text }, finish_reason: null } : { index: 0, text, logprobs: null, finish_reason: null }] });
+    // Byte for byte what event() gives for { ...base, choices: [{ index: 0, delta: { content } … }] }.
+    return this.encoder.encode(this.deltaHead + JSON.stringify(text) + this.deltaTail);
   }
 
   finish(reason: Finish): Uint8Array {
