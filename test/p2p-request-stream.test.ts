@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import crypto from 'node:crypto';
 import type { Multiaddr } from '@multiformats/multiaddr';
 import { createHost, hostProviderId, type Host } from '../src/p2p/host.ts';
+import { protocolMergeCacheOf } from '../src/p2p/protocol-merge-cache.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { identityFromSeed } from '../src/identity.ts';
 import { FrameDecoder, encodeData, encodeHead, encodeTrailer, type Frame } from '../src/p2p/frames.ts';
@@ -182,6 +183,12 @@ describe('request/response', () => {
       );
       expect(results.length).toBe(n);
       expect(client.getConnections(server.peerId).length).toBe(1);
+      // libp2p's per-stream "peer speaks this protocol" peer-store merges are answered from the
+      // cache once recorded, on both sides (src/p2p/protocol-merge-cache.ts).
+      const before = [protocolMergeCacheOf(client)!.skipped, protocolMergeCacheOf(server)!.skipped];
+      for (let i = 0; i < 3; i++) await readResponse(await request(client, addr, proto, { i }, new Uint8Array(1)));
+      expect(protocolMergeCacheOf(client)!.skipped - before[0]!).toBe(3);
+      expect(protocolMergeCacheOf(server)!.skipped - before[1]!).toBe(3);
     } finally {
       await srv.stop();
     }

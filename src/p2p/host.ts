@@ -8,6 +8,7 @@ import { noise } from '@chainsafe/libp2p-noise';
 import { yamux } from '@chainsafe/libp2p-yamux';
 import type { Libp2p } from '@libp2p/interface';
 import { libp2pPrivateKeyFromSeed, providerIdFromPeerId } from './peer-id.ts';
+import { cacheProtocolMerges } from './protocol-merge-cache.ts';
 import { hostLogger } from './quiet-logger.ts';
 import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER } from './stream-limits.ts';
 
@@ -26,7 +27,7 @@ export interface HostOptions {
 export async function createHost(opts: HostOptions): Promise<Host> {
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
   const logger = hostLogger();
-  return createLibp2p({
+  const host = await createLibp2p({
     privateKey,
     ...(logger ? { logger } : {}),
     addresses: { listen: opts.listen },
@@ -41,6 +42,8 @@ export async function createHost(opts: HostOptions): Promise<Host> {
     services: {},
     start: true,
   });
+  cacheProtocolMerges(host);
+  return host;
 }
 
 /** The provider id (hex Ed25519 public key) of a host. */
