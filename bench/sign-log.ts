@@ -1,6 +1,7 @@
 // Receipts signed and durably logged per second (ReceiptLog: 2 signer workers, SQLite WAL with
 // group commit, fsync per batch) against raw node:crypto Ed25519 signing of the same payload
-// bytes on both cores. Also: event-loop lag p99 while the log signs at full rate.
+// bytes on both cores. Also: event-loop lag p99 while the log signs at full rate. Three rounds,
+// baseline and log alternating; the figures are the medians.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -24,21 +25,36 @@ for (const m of workerData.messages) crypto.sign(null, m, key);
 parentPort.postMessage({ ms: performance.now() - t0, n: workerData.messages.length });
 `;
 
-export async function benchSignLog(n: number): Promise<void> {
+export async function benchSignLog(n: number, rounds = 3): Promise<void> {
   const seed = new Uint8Array(crypto.randomBytes(32));
   const provider = identityFromSeed(seed).providerId;
   // The exact bytes the log signs: PAE over each canonical payload.
   const messages = Array.from({ length: n }, (_, i) =>
     pae(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize({ v: 1, provider, seq: String(i), prev: GENESIS_PREV, ...syntheticReceiptBody(i) }))),
   );
+  const bodies = Array.from({ length: n }, (_, i) => syntheticReceiptBody(i));
   const half = Math.ceil(n / 2);
-  // Each worker times its own signing loop (thread start-up is not signing); both run at once.
-  const runs = await inWorkers<{ ms: number }>(RAW_SIGNER, [{ seed, messages: messages.slice(0, half) }, { seed, messages: messages.slice(half) }], 2);
-  const rawRate = n / (Math.max(...runs.map((r) => r.ms)) / 1000);
+  // Rounds alternate baseline and log, so drift on a shared machine hits both; figures are medians.
+  const rows: { raw: number; log: number; p99: number; perCommit: number }[] = [];
+  for (let round = 0; round < rounds; round++) {
+    // Each worker times its own signing loop (thread start-up is not signing); both run at once.
+    const runs = await inWorkers<{ ms: number }>(RAW_SIGNER, [{ seed, messages: messages.slice(0, half) }, { seed, messages: messages.slice(half) }], 2);
+    const raw = n / (Math.max(...runs.map((r) => r.ms)) / 1000);
+    rows.push({ raw, ...(await logRun(seed, bodies)) });
+  }
+  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+  const ratio = med(rows.map((r) => r.log / r.raw));
+  record({ name: 'receipts signed + durably logged /s', value: med(rows.map((r) => r.log)), unit: '/s', baseline: med(rows.map((r) => r.raw)), ratio, target: '>= 0.6', pass: ratio >= 0.6 });
+  record({ name: '  (receipts per commit, i.e. per fsync)', value: med(rows.map((r) => r.perCommit)), unit: 'receipts/fsync' });
+  const p99 = med(rows.map((r) => r.p99));
+  record({ name: `event-loop lag p99 while signing at full rate (worst round ${Math.max(...rows.map((r) => r.p99)).toFixed(1)} ms)`, value: p99, unit: 'ms', target: '<= 10 ms', pass: p99 <= 10 });
+}
 
+/** One full-rate run of a fresh receipt log: receipts/s, event-loop lag p99, receipts per commit. */
+async function logRun(seed: Uint8Array, bodies: ReturnType<typeof syntheticReceiptBody>[]): Promise<{ log: number; p99: number; perCommit: number }> {
+  const n = bodies.length;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-log-'));
   const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, checkpointIntervalMs: 0 });
-  const bodies = Array.from({ length: n }, (_, i) => syntheticReceiptBody(i));
   const lag = monitorEventLoopDelay({ resolution: 1 });
   lag.enable();
   const t1 = performance.now();
@@ -62,14 +78,10 @@ export async function benchSignLog(n: number): Promise<void> {
     else await new Promise((r) => setImmediate(r));
   }
   await log.flush();
-  const logRate = n / ((performance.now() - t1) / 1000);
+  const rate = n / ((performance.now() - t1) / 1000);
   lag.disable();
   const stats = log.stats();
   await log.close();
   fs.rmSync(dir, { recursive: true, force: true });
-  const ratio = logRate / rawRate;
-  record({ name: 'receipts signed + durably logged /s', value: logRate, unit: '/s', baseline: rawRate, ratio, target: '>= 0.6', pass: ratio >= 0.6 });
-  record({ name: `  (commits: ${stats.commits} for ${n} receipts)`, value: n / stats.commits, unit: 'receipts/fsync' });
-  const p99 = lag.percentile(99) / 1e6;
-  record({ name: 'event-loop lag p99 while signing at full rate', value: p99, unit: 'ms', target: '<= 10 ms', pass: p99 <= 10 });
+  return { log: rate, p99: lag.percentile(99) / 1e6, perCommit: n / stats.commits };
 }
