@@ -18,6 +18,7 @@ function fakeHost() {
         calls.push({ peer: peer.toString(), data });
         return { id: peer, protocols: data.protocols ?? [] } as never;
       },
+      delete: async (_peer: PeerId) => {},
     },
   };
   const cache = cacheProtocolMerges(host as never, { ttlMs: 1000, now: () => clock });
@@ -39,12 +40,16 @@ describe('cacheProtocolMerges', () => {
     expect(calls.length).toBe(3);
   });
 
-  test('a change to the peer\'s record (peer:update) and age both send the next merge through', async () => {
+  test('a change to the peer\'s record (peer:update), its deletion and age all send the next merge through', async () => {
     const { host, calls, update, advance } = fakeHost();
     await host.peerStore.merge(id('a'), { protocols: ['/p/1'] });
     update('a');
     await host.peerStore.merge(id('a'), { protocols: ['/p/1'] });
     expect(calls.length).toBe(2);
+    await host.peerStore.delete(id('a'));
+    await host.peerStore.merge(id('a'), { protocols: ['/p/1'] });
+    expect(calls.length).toBe(3);
+    calls.pop();
     advance(999);
     await host.peerStore.merge(id('a'), { protocols: ['/p/1'] });
     expect(calls.length).toBe(2);

@@ -4,9 +4,11 @@
 // the path to the first token. This wraps the host's peerStore.merge so that a merge of nothing but
 // protocols already recorded for that peer, recently, by this wrapper, is answered at once.
 //
-// Exactness: the skipped merge would have found the protocol present and written nothing. The
-// cache entry is dropped when the peer's record changes (peer:update), and lives at most ttlMs in
-// case the record was deleted or pruned without an event; merges for the host's own peer id, and
+// What is skipped: the merge would have found the protocol present and rewritten the record with
+// nothing changed but its `updated` time (no peer:update event); that time is then refreshed once
+// a ttlMs instead of on every stream (libp2p ages peers out after hours, not seconds). The cache
+// entry is dropped when the peer's record changes (peer:update) or is deleted, and lives at most
+// ttlMs in case the record was pruned without an event; merges for the host's own peer id, and
 // merges carrying anything besides protocols, always go through.
 import type { Libp2p, Peer, PeerId, PeerData, PeerStore } from '@libp2p/interface';
 
@@ -23,7 +25,7 @@ export interface ProtocolMergeCache {
   readonly skipped: number;
 }
 
-type MergeHost = Pick<Libp2p, 'peerId' | 'addEventListener'> & { peerStore: Pick<PeerStore, 'merge'> };
+type MergeHost = Pick<Libp2p, 'peerId' | 'addEventListener'> & { peerStore: Pick<PeerStore, 'merge'> & Partial<Pick<PeerStore, 'delete'>> };
 
 const caches = new WeakMap<object, ProtocolMergeCache>();
 
@@ -35,7 +37,7 @@ export function protocolMergeCacheOf(host: object): ProtocolMergeCache | undefin
 export function cacheProtocolMerges(host: MergeHost, opts: ProtocolMergeCacheOptions = {}): ProtocolMergeCache {
   const ttlMs = opts.ttlMs ?? 60_000;
   const maxPeers = opts.maxPeers ?? 10_000;
-  const now = opts.now ?? Date.now;
+  const now = opts.now ?? (() => performance.now()); // monotonic: a clock step cannot stretch the ttl
   const self = host.peerId.toString();
   /** peer id → protocol → when it was last merged. */
   const known = new Map<string, Map<string, number>>();
@@ -44,11 +46,19 @@ export function cacheProtocolMerges(host: MergeHost, opts: ProtocolMergeCacheOpt
   const store = host.peerStore;
   const merge = store.merge.bind(store);
 
-  host.addEventListener('peer:update', (e) => {
-    const id = e.detail.peer.id.toString();
-    known.delete(id);
-    last.delete(id);
-  });
+  const forget = (peer: string): void => {
+    known.delete(peer);
+    last.delete(peer);
+  };
+  host.addEventListener('peer:update', (e) => forget(e.detail.peer.id.toString()));
+  // A deleted record sends no event.
+  const del = store.delete?.bind(store);
+  if (del) {
+    store.delete = async (id: PeerId, options?: Parameters<PeerStore['delete']>[1]): Promise<void> => {
+      forget(id.toString());
+      return del(id, options);
+    };
+  }
 
   store.merge = async (id: PeerId, data: PeerData, options?: Parameters<PeerStore['merge']>[2]): Promise<Peer> => {
     const peer = id.toString();

@@ -312,7 +312,7 @@ export class ReceiptLog {
     if (this.recent.size > RECENT_REQUESTS) {
       const [oldest, evicted] = this.recent.entries().next().value as [number, number | number[]];
       this.recent.delete(oldest);
-      this.recentFloor = Math.max(this.recentFloor, (typeof evicted === 'number' ? evicted : Math.max(...evicted)) + 1);
+      this.recentFloor = Math.max(this.recentFloor, (typeof evicted === 'number' ? evicted : evicted[evicted.length - 1]!) + 1); // seqs only grow
     }
   }
 
