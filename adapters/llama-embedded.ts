@@ -19,8 +19,17 @@ export interface LlamaEmbeddedOptions {
   gpu?: 'auto' | false;
 }
 
-let llamaPromise: Promise<Llama> | undefined;
-const llamaFor = (gpu: 'auto' | false) => (llamaPromise ??= getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false }));
+/** One llama.cpp binding per GPU setting; a failed load is not remembered (the next start retries). */
+const llamas = new Map<'auto' | false, Promise<Llama>>();
+function llamaFor(gpu: 'auto' | false): Promise<Llama> {
+  let p = llamas.get(gpu);
+  if (!p) {
+    p = getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false });
+    p.catch(() => llamas.delete(gpu));
+    llamas.set(gpu, p);
+  }
+  return p;
+}
 
 /** SHA-256 of a file, streamed (models are gigabytes). */
 export async function fileSha256(file: string): Promise<string> {
@@ -33,7 +42,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private readonly opts: LlamaEmbeddedOptions;
   private model: LlamaModel | undefined;
   private context: LlamaContext | undefined;
-  private embedding: LlamaEmbeddingContext | undefined;
+  private embedding: Promise<LlamaEmbeddingContext> | undefined;
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
   private runtimeVersion = 'node-llama-cpp';
@@ -65,7 +74,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async stop(): Promise<void> {
-    await this.embedding?.dispose();
+    await (await this.embedding?.catch(() => undefined))?.dispose();
     await this.context?.dispose();
     await this.model?.dispose();
     this.embedding = this.context = this.model = undefined;
@@ -172,14 +181,19 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   async embed(inputs: string[]): Promise<EmbeddingResult> {
     const model = this.m;
-    this.embedding ??= await model.createEmbeddingContext({ threads: this.opts.threads ?? 1 });
+    // One context, even when the first embeddings requests arrive together.
+    this.embedding ??= model.createEmbeddingContext({ threads: this.opts.threads ?? 1 }).catch((e: unknown) => {
+      this.embedding = undefined; // not remembered: the next request tries again
+      throw e;
+    });
+    const embedding = await this.embedding;
     const vectors: number[][] = [];
     let inputTokens = 0;
     for (const text of inputs) {
       // The same tokens count_tokens reports for a prompt (BOS included) are the ones embedded.
       const tokens = await this.inputTokens({ kind: 'prompt', prompt: text });
       inputTokens += tokens.length;
-      vectors.push([...(await this.embedding.getEmbeddingFor(tokens)).vector]);
+      vectors.push([...(await embedding.getEmbeddingFor(tokens)).vector]);
     }
     return { vectors, inputTokens };
   }

@@ -52,6 +52,12 @@ async function measureTokensPerSecond(adapter: RuntimeAdapter): Promise<number> 
 }
 
 export async function startNode(config: NodeConfig, opts: { logDestination?: number } = {}): Promise<RunningNode> {
+  // Every model is checked before anything starts: a bad second model fails at once, not after the first loaded.
+  if (config.models.length === 0) throw new NodeStartError('config: models: a node needs at least one model to sell');
+  for (const m of config.models) {
+    if (m.adapter !== 'llama-embedded') throw new NodeStartError(`models: ${m.id}: the ${m.adapter} adapter is not available in this version`);
+    if (!fs.existsSync(m.path!)) throw new NodeStartError(`models: ${m.id}: model file ${m.path} not found (seller-node dev-model --out FILE writes a tiny test model)`);
+  }
   const logger = createLogger({ level: config.log_level, ...(opts.logDestination !== undefined ? { destination: opts.logDestination } : {}) });
   const identity = loadKeyFile(config.key);
   fs.mkdirSync(config.data_dir, { recursive: true });
@@ -61,11 +67,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   const undo = async () => {
     for (const c of cleanup.reverse()) await Promise.resolve(c()).catch(() => undefined);
   };
-  if (config.models.length === 0) throw new NodeStartError('config: models: a node needs at least one model to sell');
   try {
     for (const m of config.models) {
-      if (m.adapter !== 'llama-embedded') throw new NodeStartError(`models: ${m.id}: the ${m.adapter} adapter is not available in this version`);
-      if (!fs.existsSync(m.path!)) throw new NodeStartError(`models: ${m.id}: model file ${m.path} not found (seller-node dev-model --out FILE writes a tiny test model)`);
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
       await adapter.start();
       cleanup.push(() => adapter.stop());
@@ -92,11 +95,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const pruner = setInterval(() => gate.prune(), 60_000).unref();
     cleanup.push(() => clearInterval(pruner));
-    const metrics = createMetrics();
-    for (const m of models.values()) {
-      metrics.slotsInUse.set({ model: m.id }, 0);
-      metrics.queueDepth.set({ model: m.id }, 0);
-    }
+    // Slots and queue are read from admission at each scrape, so they are live mid-request.
+    const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
       log,
       gate,
@@ -105,11 +105,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       priceVersion: prices.payload.version,
       observe: (e) => {
         metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
-        const m = models.get(e.model);
-        if (m) {
-          metrics.slotsInUse.set({ model: m.id }, m.admission.inUse);
-          metrics.queueDepth.set({ model: m.id }, m.admission.queued);
-        }
         if (e.code?.startsWith('ticket_')) metrics.ticketRefusals.inc({ reason: e.code });
         if (e.receipt) {
           metrics.receiptsSigned.inc();
@@ -198,8 +193,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         await infer.stop();
         await logServer.stop();
         await capacity.stop();
-        await log.flush();
-        await undo();
+        await undo(); // closes the receipt log last of all: it flushes every receipt first
         logger.info({}, 'node stopped');
       },
     };

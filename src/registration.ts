@@ -3,6 +3,7 @@
 // node keeps serving (tickets it already holds stay good) and keeps trying: registration with
 // backoff, heartbeats at their interval. A heartbeat answered 404 unknown_provider (the market
 // restarted or forgot us) makes the node register again. Nothing here ever throws into the node.
+import { normalizeMarketUrl } from './market-url.ts';
 import { utf8 } from '../attestation/bytes.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
 import { signEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
@@ -74,7 +75,7 @@ type Outcome =
   | { kind: 'unreachable'; message: string };
 
 export function startRegistration(o: RegistrationOptions): Registration {
-  const base = o.marketUrl.replace(/\/+$/, '');
+  const base = normalizeMarketUrl(o.marketUrl);
   const log = o.logger;
   const initialBackoff = o.backoff?.initialMs ?? 500;
   const maxBackoff = Math.max(initialBackoff, o.backoff?.maxMs ?? 10_000);

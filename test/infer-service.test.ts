@@ -263,4 +263,24 @@ describe('InferService', () => {
     const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
     expect(v.ok && v.value.payload.usage.input_tokens === body.usage.prompt_tokens && v.value.payload.usage.output_tokens === 0).toBe(true);
   });
+
+  test('embeddings whose input costs more than the hold are refused before any work: 403, no receipt', async () => {
+    const { res, out } = recorder();
+    const before = log.stats().receipts;
+    const embed = adapter.embed.bind(adapter);
+    let embedded = 0;
+    adapter.embed = (inputs) => (embedded++, embed(inputs));
+    const req = request('embeddings', { model: 'tiny/llama', input: ['hello world '.repeat(50)] }, {}, { max_cost_micro_usd: '1' });
+    try {
+      await service.handle(req, res);
+    } finally {
+      adapter.embed = embed;
+    }
+    expect(embedded).toBe(0);
+    expect(out.head?.status).toBe(403);
+    expect(out.trailer?.error).toMatchObject({ code: 'request_cost_limit_exceeded', message: expect.stringMatching(/above the hold/) });
+    expect(out.data).toEqual([]);
+    await log.flush();
+    expect(log.stats().receipts).toBe(before);
+  });
 });

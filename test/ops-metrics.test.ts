@@ -136,4 +136,16 @@ describe('earnings counter is exact', () => {
     m.earnings.add('m', 5n);
     expect(line(await m.registry.metrics(), 'seller_earnings_micro_usd_total{model="m"}')).toBe('seller_earnings_micro_usd_total{model="m"} 12350');
   });
+
+  test('slots in use and queue depth are read live from admission at every scrape', async () => {
+    const live = { inUse: 1, queued: 0 };
+    const m = createMetrics({ defaultMetrics: false, admission: () => [{ model: 'tiny/llama', ...live }] });
+    expect(await m.registry.metrics()).toContain('seller_slots_in_use{model="tiny/llama"} 1');
+    expect(await m.registry.metrics()).toContain('seller_queue_depth{model="tiny/llama"} 0');
+    live.inUse = 2;
+    live.queued = 3; // mid-request: nothing has finished, the scrape still sees it
+    const text = await m.registry.metrics();
+    expect(text).toContain('seller_slots_in_use{model="tiny/llama"} 2');
+    expect(text).toContain('seller_queue_depth{model="tiny/llama"} 3');
+  });
 });

@@ -92,6 +92,9 @@ describe('startRegistration', () => {
     expect(n.lines.find((l) => l.msg === 'registered with the marketplace')).toMatchObject({ heartbeat_interval_ms: 100 });
     const st = n.reg.status();
     expect(st).toMatchObject({ url: url.replace(/\/+$/, ''), registered: true, last_error: null });
+    // A market URL written with its /v1 API prefix names the same market.
+    const v1 = node(`${url.replace(/\/+$/, '')}/v1/`);
+    await until('registration through a /v1 URL', () => listed(url, v1.id));
     expect(st.registered_at).toBeGreaterThan(0);
     expect(st.last_heartbeat_at!).toBeGreaterThanOrEqual(st.registered_at!);
     expect(readiness(false, true, st)).toEqual({ ready: true, reasons: [] });

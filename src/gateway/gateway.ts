@@ -600,6 +600,38 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return fit.map((c) => ({ provider: c.provider, context: c.model.context }));
   }
 
+  /** Errors of not reaching a provider at all (tokenize fails over to the next one on these). */
+  const unreached = new WeakSet<GatewayError>();
+
+  /** A provider's own tokenization of a body (its tokenizer and chat template). */
+  async function askTokens(c: { provider: ProviderEntry }, endpoint: 'tokenize' | 'count_tokens', body: Uint8Array): Promise<{ count: number; tokens: unknown[] | null }> {
+    let r;
+    try {
+      const target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
+      r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint }, body, { signal: AbortSignal.timeout(30_000) }));
+    } catch (e) {
+      const err = e instanceof GatewayError ? e : new GatewayError(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);
+      unreached.add(err);
+      throw err;
+    }
+    const status = typeof r.head.status === 'number' ? r.head.status : 0;
+    if (status !== 200) {
+      const err = readErrorBody(r.trailer);
+      if (!err || status < 400 || status > 599) throw new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`);
+      throw new GatewayError(status, err.code, err.message);
+    }
+    let v: unknown;
+    try {
+      v = JSON.parse(Buffer.from(r.body).toString('utf8'));
+    } catch {
+      v = undefined;
+    }
+    if (!isObj(v) || typeof v.count !== 'number' || !Number.isSafeInteger(v.count) || v.count < 0 || (v.tokens !== undefined && !Array.isArray(v.tokens))) {
+      throw new GatewayError(502, 'bad_provider_response', 'the provider\'s tokenization is malformed');
+    }
+    return { count: v.count, tokens: Array.isArray(v.tokens) ? v.tokens : null };
+  }
+
   async function tokenize(endpoint: 'tokenize' | 'count_tokens', req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     const controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
@@ -607,34 +639,20 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const list = candidates(await market.providers(), model, controls);
     let lastError: GatewayError | undefined;
     for (const c of list) {
-      let target: Multiaddr[];
-      let r;
+      let t;
       try {
-        target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
-        r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint }, body, { signal: AbortSignal.timeout(30_000) }));
+        t = await askTokens(c, endpoint, body);
       } catch (e) {
-        lastError = e instanceof GatewayError ? e : new GatewayError(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);
-        continue; // failover to the next provider
-      }
-      const status = typeof r.head.status === 'number' ? r.head.status : 0;
-      if (status !== 200) {
-        const err = readErrorBody(r.trailer);
-        if (!err || status < 400 || status > 599) throw new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`);
-        throw new GatewayError(status, err.code, err.message);
-      }
-      let v: unknown;
-      try {
-        v = JSON.parse(Buffer.from(r.body).toString('utf8'));
-      } catch {
-        v = undefined;
-      }
-      if (!isObj(v) || typeof v.count !== 'number' || !Number.isSafeInteger(v.count) || v.count < 0 || (v.tokens !== undefined && !Array.isArray(v.tokens))) {
-        throw new GatewayError(502, 'bad_provider_response', 'the provider\'s tokenization is malformed');
+        if (e instanceof GatewayError && unreached.has(e)) {
+          lastError = e;
+          continue; // failover to the next provider
+        }
+        throw e;
       }
       return reply
         .code(200)
         .type(JSON_TYPE)
-        .send({ object: 'tokenization', model, count: v.count, tokens: Array.isArray(v.tokens) ? v.tokens : null, max_model_len: c.context ?? null, provider: c.provider.provider });
+        .send({ object: 'tokenization', model, count: t.count, tokens: t.tokens, max_model_len: c.context ?? null, provider: c.provider.provider });
     }
     throw lastError ?? new GatewayError(503, 'no_provider', 'no provider could be reached');
   }
@@ -643,15 +661,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** The provider's own count of a request's input tokens (its tokenizer and chat template). */
   async function countAt(c: { provider: ProviderEntry }, body: Uint8Array): Promise<number> {
-    const target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
-    const r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint: 'count_tokens' }, body, { signal: AbortSignal.timeout(30_000) }));
-    const v = r.head.status === 200 ? (JSON.parse(Buffer.from(r.body).toString('utf8')) as { count?: unknown }) : undefined;
-    if (!v || typeof v.count !== 'number' || !Number.isSafeInteger(v.count)) {
-      const err = readErrorBody(r.trailer);
-      throw err ? new GatewayError(typeof r.head.status === 'number' ? r.head.status : 502, err.code, err.message) : new GatewayError(502, 'bad_provider_response', 'the provider\'s token count is malformed');
-    }
-    return v.count;
+    return (await askTokens(c, 'count_tokens', body)).count;
   }
+
 
   app.post('/v1/estimates', async (req, reply) => {
     for (const h of ['x-service-max-cost-usd', 'x-service-estimate']) {

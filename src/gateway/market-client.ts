@@ -2,6 +2,7 @@
 // key, the provider list, tickets and receipt settlement. Failures become GatewayErrors: the
 // market's own error envelope and status are relayed; an unreachable market is 502
 // market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
+import { normalizeMarketUrl } from '../market-url.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { isHex } from '../../attestation/bytes.ts';
 import type { IssuedTicketResponse, TicketRequest } from '../market/tickets.ts';
@@ -52,17 +53,7 @@ export interface MarketClientOptions {
   fetch?: typeof fetch;
 }
 
-/** "http://h:p", "http://h:p/" and "http://h:p/v1" all name the same market. */
-export function normalizeMarketUrl(url: string): string {
-  let u: URL;
-  try {
-    u = new URL(url);
-  } catch {
-    throw new TypeError(`market URL "${url}" is not a URL`);
-  }
-  if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`market URL "${url}" must be http or https`);
-  return u.toString().replace(/\/+$/, '').replace(/\/v1$/, '');
-}
+export { normalizeMarketUrl };
 
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);

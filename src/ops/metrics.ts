@@ -71,6 +71,8 @@ export interface Metrics {
 export interface MetricsOptions {
   /** Collect prom-client's default process and Node.js metrics on this registry (default true). */
   defaultMetrics?: boolean;
+  /** Live slots and queue per model, read at every scrape into seller_slots_in_use and seller_queue_depth. */
+  admission?: () => Iterable<{ model: string; inUse: number; queued: number }>;
 }
 
 export function createMetrics(options: MetricsOptions = {}): Metrics {
@@ -107,17 +109,28 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
       for (const [model, total] of totals) this.inc({ model }, Number(total));
     },
   });
+  const live = options.admission;
   const queueDepth = new Gauge({
     name: 'seller_queue_depth',
     help: 'Requests waiting for a slot, by model.',
     labelNames: ['model'] as const,
     registers,
+    ...(live && {
+      collect() {
+        for (const a of live()) this.set({ model: a.model }, a.queued);
+      },
+    }),
   });
   const slotsInUse = new Gauge({
     name: 'seller_slots_in_use',
     help: 'Slots busy generating, by model.',
     labelNames: ['model'] as const,
     registers,
+    ...(live && {
+      collect() {
+        for (const a of live()) this.set({ model: a.model }, a.inUse);
+      },
+    }),
   });
   const requestDuration = new Histogram({
     name: 'seller_request_duration_seconds',

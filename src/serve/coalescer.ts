@@ -61,6 +61,7 @@ export class Coalescer {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
     this.parts = [];
+    this.size = 0;
     this.tokens = 0;
   }
 }

@@ -196,6 +196,11 @@ export class InferService {
 
   private async embeddings(p: Extract<ParsedRequest, { endpoint: 'embeddings' }>, model: ServedModel, ticket: TicketPayload, req: InferRequest, res: InferResponse): Promise<void> {
     const started = this.now();
+    // The input's cost is known before any work: a hold that does not cover it is refused first.
+    let counted = 0;
+    for (const text of p.input) counted += (await model.adapter.inputTokens({ kind: 'prompt', prompt: text })).length;
+    const worst = computeCost({ input_tokens: counted, output_tokens: 0 }, model.rates);
+    if (worst > BigInt(ticket.max_cost_micro_usd)) return this.refuse(res, new Refusal(403, 'request_cost_limit_exceeded', `the input costs ${worst} micro-USD, above the hold`));
     let release: (() => void) | undefined;
     try {
       release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms ?? 0, signal: req.signal });
@@ -205,7 +210,6 @@ export class InferService {
     try {
       const e = await model.adapter.embed(p.input);
       const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
-      if (cost > BigInt(ticket.max_cost_micro_usd)) return await this.refuse(res, new Refusal(403, 'request_cost_limit_exceeded', `the input costs ${cost} micro-USD, above the hold`));
       const body = new TextEncoder().encode(
         JSON.stringify({
           object: 'list',
