@@ -1,8 +1,8 @@
 // Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
 // every field), then the arithmetic (cost from usage and rates, never above the hold).
-import { fromBase64, fromHex, fromUtf8, isHex, toHex, utf8 } from './bytes.ts';
+import { fromHex, isHex, toHex, utf8 } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey } from './dsse.ts';
-import { readPayload } from './signed-payload.ts';
+import { peekPayload, readPayload } from './signed-payload.ts';
 import { sha256 } from './hash.ts';
 import { leafHash } from './merkle.ts';
 import { expectedCost, RECEIPT_PAYLOAD_TYPE, validateReceiptPayload, type ReceiptPayload } from './receipt.ts';
@@ -98,13 +98,12 @@ export function withSeq(error: VerifyError, seq: string | undefined): VerifyErro
  * report. Never trusted for anything else.
  */
 export function peekSeq(envelope: string | DsseEnvelope): string | undefined {
+  let env: DsseEnvelope;
   try {
-    const env = typeof envelope === 'string' ? (JSON.parse(envelope) as DsseEnvelope) : envelope;
-    const bytes = fromBase64(env.payload);
-    const text = bytes && fromUtf8(bytes);
-    const seq = text === undefined ? undefined : (JSON.parse(text) as { seq?: unknown }).seq;
-    return typeof seq === 'string' && /^(0|[1-9][0-9]{0,29})$/.test(seq) ? seq : undefined;
+    env = typeof envelope === 'string' ? (JSON.parse(envelope) as DsseEnvelope) : envelope;
   } catch {
     return undefined;
   }
+  const seq = env !== null && typeof env === 'object' ? peekPayload(env)?.seq : undefined;
+  return typeof seq === 'string' && /^(0|[1-9][0-9]{0,29})$/.test(seq) ? seq : undefined;
 }

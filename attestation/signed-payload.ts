@@ -1,6 +1,7 @@
 // The common middle of every signed-object check: the signed bytes must be UTF-8, RFC 8785
 // canonical JSON, and a valid payload of the expected kind (the validator names the bad field).
-import { fromUtf8 } from './bytes.ts';
+import { fromBase64, fromUtf8 } from './bytes.ts';
+import type { DsseEnvelope } from './dsse.ts';
 import { parseCanonical } from './canonical-json.ts';
 import { FieldError } from './fields.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
@@ -15,5 +16,20 @@ export function readPayload<T>(bytes: Uint8Array, validate: (value: unknown) => 
   } catch (e) {
     if (e instanceof FieldError) return fail('payload_invalid', `${what} ${e.message}`, { field: e.field });
     throw e;
+  }
+}
+
+/**
+ * The payload of an envelope as a JSON object, UNVERIFIED: only to find the key or ticket to verify
+ * with, or to name a seq in a report. Undefined when it is not base64 UTF-8 JSON of an object.
+ */
+export function peekPayload(env: Pick<DsseEnvelope, 'payload'>): Record<string, unknown> | undefined {
+  try {
+    const bytes = typeof env.payload === 'string' ? fromBase64(env.payload) : undefined;
+    const text = bytes && fromUtf8(bytes);
+    const v: unknown = text === undefined ? undefined : JSON.parse(text);
+    return v !== null && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
+  } catch {
+    return undefined;
   }
 }

@@ -229,6 +229,24 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 2);
   });
 
+  test('an idempotent request verifies its ticket once, then records its use', async () => {
+    const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
+    const check = gate.check.bind(gate);
+    let checks = 0;
+    gate.check = (env, expect) => (checks++, check(env, expect));
+    const svc = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const { res, out } = recorder();
+    const req = request('chat/completions', chatBody, { idempotency_key: 'once-1' });
+    await svc.handle(req, res);
+    expect(out.trailer?.status).toBe('completed');
+    expect(checks).toBe(1);
+    // The ticket is now used: the same ticket under another key is refused as a replay.
+    const again = recorder();
+    await svc.handle({ ...req, head: { ...req.head, idempotency_key: 'once-2' } }, again.res);
+    expect(again.out.head?.status).toBe(409);
+    expect(again.out.trailer?.error).toMatchObject({ code: 'ticket_replayed' });
+  });
+
   test('responses: the responses body, and the responses event protocol without [DONE]', async () => {
     const plain = recorder();
     await service.handle(request('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 12, seed: 2 }), plain.res);

@@ -25,12 +25,7 @@ export function auditCommand(): Command {
       const report = await audit({ dir, threads: opts.threads, ...(opts.provider ? { provider: opts.provider } : {}) });
       let replayed: ReplayReport | undefined;
       if (report.ok && opts.replay) {
-        let requests;
-        try {
-          requests = readRequestsFile(opts.requests!);
-        } catch (e) {
-          throw new CliError((e as Error).message);
-        }
+        const requests = readRequestsFile(opts.requests!);
         replayed = await replay({ receipts: receiptPayloads(dir), requests, modelPath: opts.model!, ...(opts.context ? { contextLength: opts.context } : {}) });
       }
       process.stdout.write(opts.json ? JSON.stringify({ ...report, ...(replayed ? { replay: replayed } : {}) }, null, 2) + '\n' : formatReport(report) + (replayed ? formatReplay(replayed) : ''));

@@ -13,6 +13,7 @@ import { createKeyFile } from '../identity.ts';
 import { createMarket } from '../market/market.ts';
 import { startNode } from '../node.ts';
 import { intOption } from './cli-error.ts';
+import { untilSignal } from './until-signal.ts';
 
 export function demoCommand(): Command {
   return new Command('demo')
@@ -72,13 +73,8 @@ export function demoCommand(): Command {
           return;
         }
         say('Ctrl-C stops all three.');
-        await new Promise<void>((resolve) => {
-          const stop = () => resolve();
-          process.once('SIGINT', stop);
-          process.once('SIGTERM', stop);
-        });
-        say('stopping: gateway, node (in-flight requests finish, receipts flushed), marketplace');
-        await stopAll();
+        // As start/market/gateway: a second signal while stopping exits at once.
+        await untilSignal('seller-node demo', 'stopping gateway, node (in-flight requests finish, receipts flushed), marketplace', stopAll);
       } catch (e) {
         await stopAll();
         throw e;

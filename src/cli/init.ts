@@ -1,8 +1,7 @@
 import fs from 'node:fs';
 import { Command } from 'commander';
-import { createKeyFile, IdentityError } from '../identity.ts';
+import { createKeyFile } from '../identity.ts';
 import { dataDirPaths } from '../data-dir.ts';
-import { CliError } from './cli-error.ts';
 import { defaultConfigYaml } from '../config.ts';
 
 export function initCommand(): Command {
@@ -12,13 +11,7 @@ export function initCommand(): Command {
     .action((opts: { data: string }) => {
       const p = dataDirPaths(opts.data);
       fs.mkdirSync(p.dir, { recursive: true, mode: 0o700 });
-      let id;
-      try {
-        id = createKeyFile(p.key);
-      } catch (e) {
-        if (e instanceof IdentityError) throw new CliError(e.message);
-        throw e;
-      }
+      const id = createKeyFile(p.key);
       if (!fs.existsSync(p.config)) fs.writeFileSync(p.config, defaultConfigYaml(), { mode: 0o600 });
       process.stdout.write(`${id.providerId}\n`);
       process.stderr.write(`key: ${p.key}\nconfig: ${p.config}\n`);

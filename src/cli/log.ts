@@ -1,19 +1,12 @@
 import path from 'node:path';
 import { Command } from 'commander';
 import { openReceiptLog } from '../data-dir.ts';
-import { IdentityError } from '../identity.ts';
 import { exportLog } from '../store/export.ts';
-import { ReceiptLogError } from '../store/receipt-log.ts';
 import { syntheticReceiptBody } from '../store/synthetic.ts';
-import { CliError, intOption } from './cli-error.ts';
+import { intOption } from './cli-error.ts';
 
 function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}) {
-  try {
-    return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 });
-  } catch (e) {
-    if (e instanceof IdentityError || e instanceof ReceiptLogError) throw new CliError(e.message);
-    throw e;
-  }
+  return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 });
 }
 
 export function logCommand(): Command {

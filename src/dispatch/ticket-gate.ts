@@ -56,9 +56,12 @@ export class TicketGate {
   /** Checks the ticket and, if it passes, marks it used (durably) in the same step. */
   admit(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
     const checked = this.check(envelope, expect);
-    if (!checked.ok) return checked;
-    const t = checked.ticket;
-    // The primary key makes "check and mark used" one atomic, durable step.
+    return checked.ok ? this.use(checked.ticket) : checked;
+  }
+
+  /** Marks a ticket that passed check() as used; refused if it was used before. */
+  use(t: TicketPayload): { ok: true; ticket: TicketPayload } | TicketRefusal {
+    // The primary key makes "mark used" atomic and durable: a second use finds the row.
     if (this.insert.run(t.ticket_id, t.request_id, this.now(), t.expires_at).changes === 0) {
       return refuse(409, 'ticket_replayed', `ticket ${t.ticket_id} was used before`);
     }

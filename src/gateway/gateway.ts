@@ -36,7 +36,8 @@ import { ContractError, parseRequest, type ParsedRequest } from '../serve/contra
 import { MarketClient, type ProviderEntry, type TicketRequest } from './market-client.ts';
 import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
 import { RequestRecords, type RequestRecord } from './records.ts';
-import { parseRoutingHeaders, normalizeQuantization, type RoutingControls } from './routing-headers.ts';
+import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
+import { quantizationBucket } from '../dispatch/routing.ts';
 
 export const GATEWAY_DEFAULT_PORT = 11435;
 export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
@@ -593,7 +594,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     let fit = serving
       .map((p) => ({ provider: p, model: p.models.find((m) => m.id === model)! }))
       .filter(({ provider: p }) => r.min_attestation_tier === undefined || p.attestation_tier === undefined || p.attestation_tier >= r.min_attestation_tier)
-      .filter(({ model: m }) => (r.min_context === undefined || (m.context ?? 0) >= r.min_context) && (r.quantization === undefined || (m.quantization !== undefined && normalizeQuantization(m.quantization) === r.quantization)) && (r.min_tokens_per_second === undefined || (m.tokens_per_second ?? 0) >= r.min_tokens_per_second));
+      .filter(({ model: m }) => (r.min_context === undefined || (m.context ?? 0) >= r.min_context) && (r.quantization === undefined || (m.quantization !== undefined && quantizationBucket(m.quantization) === r.quantization)) && (r.min_tokens_per_second === undefined || (m.tokens_per_second ?? 0) >= r.min_tokens_per_second));
     const preferred = controls.preferredProviders;
     if (preferred) fit = fit.filter((c) => preferred.includes(c.provider.provider)).sort((a, b) => preferred.indexOf(a.provider.provider) - preferred.indexOf(b.provider.provider));
     if (fit.length === 0) throw new GatewayError(503, 'no_provider', `no live provider of "${model.slice(0, 256)}" meets the routing controls`);
@@ -740,7 +741,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         const e = byId.get(m.id) ?? { id: m.id, providers: new Set<string>(), context: 0, quantizations: new Set<string>(), seen: Number.MAX_SAFE_INTEGER };
         e.providers.add(p.provider);
         e.context = Math.max(e.context, m.context ?? 0);
-        if (m.quantization) e.quantizations.add(normalizeQuantization(m.quantization));
+        if (m.quantization) e.quantizations.add(quantizationBucket(m.quantization));
         if (typeof p.last_seen === 'number') e.seen = Math.min(e.seen, p.last_seen);
         byId.set(m.id, e);
       }

@@ -2,6 +2,7 @@
 // ticket routing fields the marketplace and the node act on (attestation/ticket.ts TicketRouting).
 // Every header is optional; a malformed one is refused with 400 invalid_request naming it, before
 // anything is asked of the marketplace.
+import { quantizationBucket } from '../dispatch/routing.ts';
 import { parseUsd } from '../../attestation/money.ts';
 import type { AttestationTier } from '../../attestation/receipt.ts';
 import type { TicketRouting } from '../../attestation/ticket.ts';
@@ -64,11 +65,6 @@ function usdMicro(name: string, v: string): string {
   return micro.toString();
 }
 
-/** Canonical quantization bucket: lowercase, "_" becomes "-". */
-export function normalizeQuantization(q: string): string {
-  return q.toLowerCase().replaceAll('_', '-');
-}
-
 /** Reads every X-Service-* routing and cost header. Throws GatewayError (400) naming the first bad one. */
 export function parseRoutingHeaders(headers: HeaderBag): RoutingControls {
   const routing: TicketRouting = {};
@@ -86,7 +82,7 @@ export function parseRoutingHeaders(headers: HeaderBag): RoutingControls {
   v = get('X-Service-Quant');
   if (v !== undefined) {
     if (!QUANT_RE.test(v)) throw invalid('X-Service-Quant', 'expected 1 to 32 letters, digits, "_", "-" or ".", starting with a letter or digit');
-    routing.quantization = normalizeQuantization(v);
+    routing.quantization = quantizationBucket(v);
   }
   v = get('X-Service-Prefer-Providers');
   if (v !== undefined) {

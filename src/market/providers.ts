@@ -1,11 +1,11 @@
 // Providers: checking a registration (signed by the node's key, PeerId of that key, a price list
 // the same key signed covering every model, recent), accepting heartbeats (the node's signed
 // capacity snapshot), and deciding who is live.
-import { fromBase64, fromHex, fromUtf8, isHex } from '../../attestation/bytes.ts';
+import { fromHex, isHex } from '../../attestation/bytes.ts';
 import { checkEnvelopeShape, verifyEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { verifyPriceList } from '../../attestation/price-list.ts';
-import { readPayload } from '../../attestation/signed-payload.ts';
+import { peekPayload, readPayload } from '../../attestation/signed-payload.ts';
 import type { VerifyError } from '../../attestation/result.ts';
 import { CAPACITY_PAYLOAD_TYPE, type CapacitySnapshot } from '../p2p/capacity-protocol.ts';
 import { peerIdFromProviderId } from '../p2p/peer-id.ts';
@@ -26,15 +26,8 @@ const SIGNATURE_CODES = new Set(['unknown_key', 'signature_invalid', 'signature_
  * signature is then checked against exactly that key). Undefined when it cannot be read.
  */
 function claimedProvider(env: DsseEnvelope): string | undefined {
-  const bytes = fromBase64(env.payload);
-  const text = bytes && fromUtf8(bytes);
-  if (text === undefined) return undefined;
-  try {
-    const p = (JSON.parse(text) as { provider?: unknown } | null)?.provider;
-    return isHex(p, 32) ? p : undefined;
-  } catch {
-    return undefined;
-  }
+  const p = peekPayload(env)?.provider;
+  return isHex(p, 32) ? p : undefined;
 }
 
 /** Shape, payload type, claimed provider and signature by that provider's key: the common start of both bodies. */

@@ -4,7 +4,8 @@
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import crypto from 'node:crypto';
 import type { GeneratedChunk, GenerationResult, RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
-import { concatBytes, toHex } from '../../attestation/bytes.ts';
+import { concatBytes, toHex, utf8 } from '../../attestation/bytes.ts';
+import { sha256 } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
@@ -140,12 +141,14 @@ export class InferService {
     // An idempotent request: a retry is answered from the record, never run or billed twice.
     let account: string;
     let lookup: Lookup;
+    let checkedTicket: TicketPayload;
     try {
       if (typeof key !== 'string' || key.length === 0 || key.length > 256) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: expected 1 to 256 characters');
       const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
+      checkedTicket = checked.ticket;
       account = checked.ticket.account;
-      lookup = this.o.idempotency.begin(account, key, toHex(crypto.createHash('sha256').update(req.body).digest()));
+      lookup = this.o.idempotency.begin(account, key, toHex(sha256(req.body)));
       if (lookup.kind === 'conflict') throw new Refusal(409, lookup.code, lookup.message);
     } catch (e) {
       return this.refuse(res, e);
@@ -158,18 +161,19 @@ export class InferService {
     }
     const recording = record(res);
     try {
-      await this.serve(p, model, req, recording.res);
+      await this.serve(p, model, req, recording.res, checkedTicket);
     } finally {
       this.o.idempotency.finish(account, key, recording.result());
     }
   }
 
-  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse): Promise<void> {
+  /** `checked`: the ticket, when the caller has already checked it (then only its use is recorded). */
+  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, checked?: TicketPayload): Promise<void> {
     let ticket: TicketPayload;
     try {
       const t = req.head.ticket;
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
-      const admitted = this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
+      const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
       if (!admitted.ok) throw new Refusal(admitted.status, admitted.code, admitted.message);
       ticket = admitted.ticket;
     } catch (e) {
@@ -190,7 +194,7 @@ export class InferService {
     const tokens = await model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! });
     const body = { model: model.id, count: tokens.length, ...(p.returnTokens ? { tokens } : {}) };
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
-    await res.data(new TextEncoder().encode(JSON.stringify(body)));
+    await res.data(utf8(JSON.stringify(body)));
     await res.trailer({});
   }
 
@@ -210,7 +214,7 @@ export class InferService {
     try {
       const e = await model.adapter.embed(p.input);
       const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
-      const body = new TextEncoder().encode(
+      const body = utf8(
         JSON.stringify({
           object: 'list',
           data: e.vectors.map((embedding, index) => ({ object: 'embedding', index, embedding })),
@@ -219,10 +223,9 @@ export class InferService {
           service: { request_id: ticket.request_id },
         }),
       );
-      const hash = crypto.createHash('sha256').update(body);
       await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
       await res.data(body);
-      const receipt = await this.receipt(model, ticket, req, { status: 'completed', started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: hash.digest('hex') });
+      const receipt = await this.receipt(model, ticket, req, { status: 'completed', started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: toHex(sha256(body)) });
       await res.trailer(receipt);
     } finally {
       release();
@@ -326,7 +329,7 @@ export class InferService {
             : chat
               ? chatCompletion(ticket.request_id, model.id, created, text, finish, usage)
               : textCompletion(ticket.request_id, model.id, created, text, finish, usage);
-          await send(new TextEncoder().encode(JSON.stringify(body)));
+          await send(utf8(JSON.stringify(body)));
         }
       }
     } catch {
@@ -365,7 +368,7 @@ export class InferService {
       price: { version: this.o.priceVersion, rates: { input_per_mtok: model.rates.input_per_mtok.toString(), output_per_mtok: model.rates.output_per_mtok.toString() } },
       cost_micro_usd: cost.toString(),
       hold_micro_usd: ticket.max_cost_micro_usd,
-      request_sha256: toHex(crypto.createHash('sha256').update(req.body).digest()),
+      request_sha256: toHex(sha256(req.body)),
       response_sha256: r.responseSha256,
       attestation: { tier: this.o.tier ?? 'T1', evidence_sha256: null },
     });
