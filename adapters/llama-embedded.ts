@@ -118,7 +118,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const sequence = this.idle.pop();
     if (!sequence) throw new Error('no free slot: the node admits at most `slots` requests at once');
     const output: Token[] = [];
-    let emitted = '';
+    /** Decoded text not sent yet because it ends in what may be the start of a stop sequence. */
+    let held = '';
     /** Index of the first output token whose text has not been emitted yet. */
     let from = 0;
     // The evaluation ends by itself when the model produces an end-of-generation token.
@@ -145,15 +146,19 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
             chunk = text;
             from = output.length;
           }
-          const stopAt = req.stop?.length ? firstStop(emitted + chunk, req.stop, emitted.length) : -1;
+          // What was sent never ends in a stop's beginning (that part is held), so a stop can only
+          // start in held + chunk; the text before it is sent, the stop and anything after are not.
+          const full = held + chunk;
+          const stopAt = req.stop?.length ? firstStop(full, req.stop) : -1;
           if (stopAt >= 0) {
-            chunk = (emitted + chunk).slice(emitted.length, stopAt);
-            if (chunk) yield { text: chunk, tokens: [token] };
+            held = '';
+            yield { text: full.slice(0, stopAt), tokens: [token] };
             finishReason = 'stop';
             break;
           }
-          emitted += chunk;
-          yield { text: chunk, tokens: [token] };
+          const keep = req.stop?.length ? stopPrefixLength(full, req.stop) : 0;
+          held = full.slice(full.length - keep);
+          yield { text: full.slice(0, full.length - keep), tokens: [token] };
           if (req.signal?.aborted) {
             finishReason = 'abort';
             break;
@@ -163,6 +168,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
             break;
           }
         }
+        // Text held for a stop that never came is part of the answer after all.
+        if (held) yield { text: held, tokens: [] };
       }
     } finally {
       try {
@@ -199,13 +206,27 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 }
 
-/** Index in `text` where a stop sequence begins, at or after `from` minus the longest stop. */
-function firstStop(text: string, stops: string[], from: number): number {
+/** Index in `text` where the earliest stop sequence begins, or -1. */
+function firstStop(text: string, stops: string[]): number {
   let best = -1;
   for (const s of stops) {
     if (!s) continue;
-    const i = text.indexOf(s, Math.max(0, from - s.length + 1));
+    const i = text.indexOf(s);
     if (i >= 0 && (best < 0 || i < best)) best = i;
+  }
+  return best;
+}
+
+/** The length of the longest end of `text` that is the beginning (not the whole) of a stop sequence. */
+function stopPrefixLength(text: string, stops: string[]): number {
+  let best = 0;
+  for (const s of stops) {
+    for (let k = Math.min(text.length, s.length - 1); k > best; k--) {
+      if (text.endsWith(s.slice(0, k))) {
+        best = k;
+        break;
+      }
+    }
   }
   return best;
 }

@@ -35,7 +35,7 @@ describe('verifyCheckpointConsistency (what a buyer checks between two checkpoin
     const origin = receiptLogOrigin(id);
     const forked = signCheckpoint({ origin, size: 33, rootHash: log.root(32) }, { name: origin, seed });
     expect(verifyCheckpointConsistency(newer, forked, [], id)).toMatchObject({ ok: false, error: { code: 'checkpoint_fork' } });
-    expect(verifyCheckpointConsistency(older, newer, proof, '00'.repeat(32))).toMatchObject({ ok: false });
+    expect(verifyCheckpointConsistency(older, newer, proof, '00'.repeat(32))).toMatchObject({ ok: false, error: { code: 'note_no_known_signature' } });
     await log.close();
   });
 });

@@ -25,7 +25,8 @@ describe('signed price lists', () => {
     const resign = (p: unknown) => signEnvelope(PRICELIST_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: key.id, seed: key.seed });
     expect(verifyPriceList(envelope, { provider: testKey().id })).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
     expect(verifyPriceList(resign({ ...payload, version: 'p-0000000000000000' }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'version' } });
-    expect(verifyPriceList(resign({ ...payload, models: [...payload.models, payload.models[0]] }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid' } });
+    expect(verifyPriceList(resign({ ...payload, models: [...payload.models, payload.models[0]] }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: `models[${payload.models.length}].model` } });
+    expect(verifyPriceList(resign({ ...payload, provider: 'ab'.repeat(32) }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'provider_mismatch' } });
     expect(verifyPriceList(resign({ ...payload, models: [{ ...payload.models[0]!, input_per_mtok: 1.5 }] }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'models[0].input_per_mtok' } });
     expect(verifyPriceList('nope', { provider: key.id })).toMatchObject({ ok: false, error: { code: 'envelope_not_json' } });
     expect(() => signPriceList(key.seed, key.id, [])).toThrow(/models/);
