@@ -20,6 +20,8 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
+import { waitFor } from './helpers/wait.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 
 const RATES = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 const MODEL = 'tiny/llama';
@@ -32,42 +34,13 @@ let node: RunningNode;
 let gw: Gateway;
 let client: OpenAI;
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(50);
-  }
-}
-
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-e2e-'));
   market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 1000 });
   marketUrl = (await market.listen()).url;
   writeTinyLlama(path.join(dir, 'tiny.gguf'));
   createKeyFile(path.join(dir, 'node.key'));
-  const yaml = [
-    'key: ./node.key',
-    'data_dir: ./data',
-    'listen: [/ip4/127.0.0.1/tcp/0]',
-    'marketplace:',
-    `  url: "${marketUrl}"`,
-    `  public_keys: ["${market.publicKey}"]`,
-    'models:',
-    `  - id: ${MODEL}`,
-    '    adapter: llama-embedded',
-    '    path: ./tiny.gguf',
-    `    context: ${CONTEXT}`,
-    '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
-    '    slots: 2',
-    'ops: { http: "127.0.0.1:0" }',
-    'receipts: { signer_threads: 1, checkpoint_interval_ms: 0 }',
-    'log_level: error',
-  ].join('\n');
+  const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl, context: CONTEXT, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
   node = await startNode(parseConfig(yaml, dir));
   // The node registers itself with the market (marketplace.url); wait until the market lists it.
   await waitFor('the node to register', async () => {

@@ -16,6 +16,8 @@ import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { assertCliBuilt, CLI_BIN, runCli } from './helpers/cli-run.ts';
 import { testKey } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+import { waitFor } from './helpers/wait.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 
 const dir = tempDir('seller-node-market-e2e-');
 const children: ChildProcess[] = [];
@@ -33,16 +35,6 @@ function spawnCli(args: string[]): { child: ChildProcess; exited: Promise<number
   child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
   const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
   return { child, exited, stdout: () => out, stderr: () => err };
-}
-
-async function waitFor<T>(what: string, get: () => T | undefined | Promise<T | undefined>, ms = 15_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await get();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 async function startMarketProcess(data: string) {
@@ -69,23 +61,7 @@ describe('seller-node market + seller-node start', () => {
     writeTinyLlama(path.join(nodeDir, 'tiny.gguf'));
     fs.writeFileSync(
       path.join(nodeDir, 'config.yaml'),
-      [
-        'key: ./node.key',
-        'data_dir: ./data',
-        'listen: [/ip4/127.0.0.1/tcp/0]',
-        'marketplace:',
-        `  url: ${market.url}`,
-        `  public_keys: ["${market.key}"]`,
-        'models:',
-        '  - id: tiny/llama',
-        '    adapter: llama-embedded',
-        '    path: ./tiny.gguf',
-        '    context: 512',
-        '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
-        'ops: { http: "127.0.0.1:0" }',
-        'receipts: { signer_threads: 1 }',
-        'log_level: warn',
-      ].join('\n'),
+      tinyNodeConfigYaml({ publicKey: market.key, marketUrl: market.url }),
     );
     const provider = loadKeyFile(path.join(nodeDir, 'node.key')).providerId;
     const node = spawnCli(['start', '--config', path.join(nodeDir, 'config.yaml')]);

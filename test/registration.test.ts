@@ -8,6 +8,7 @@ import { createLogger } from '../src/ops/logger.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { readiness, signCapacity, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
 import { testKey } from './helpers/receipts.ts';
+import { until } from './helpers/wait.ts';
 
 const marketKey = testKey();
 const cleanups: (() => Promise<void>)[] = [];
@@ -68,14 +69,6 @@ function node(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg
   });
   cleanups.push(() => reg.stop());
   return { reg, id: key.id, lines };
-}
-
-async function until(what: string, check: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 const listed = async (url: string, id: string) => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; live: boolean }[]).some((p) => p.provider === id && p.live);

@@ -4,7 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { afterAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { fromHex, toHex, utf8 } from '../attestation/bytes.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -16,33 +16,17 @@ import { verifyEnvelope } from '../attestation/dsse.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { loadKeyFile } from '../src/identity.ts';
-import { runCli } from './helpers/cli-run.ts';
+import { assertCliBuilt, CLI_BIN, runCli } from './helpers/cli-run.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
-import { REPO_ROOT } from './helpers/vectors.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 
 const dir = tempDir('seller-node-start-');
 afterAll(() => removeTemp(dir));
 const market = testKey();
 
 function config(extra = ''): string {
-  return [
-    'key: ./node.key',
-    'data_dir: ./data',
-    'listen: [/ip4/127.0.0.1/tcp/0]',
-    'marketplace:',
-    `  public_keys: ["${market.id}"]`,
-    'models:',
-    '  - id: tiny/llama',
-    '    adapter: llama-embedded',
-    '    path: ./tiny.gguf',
-    '    context: 512',
-    '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
-    'ops: { http: "127.0.0.1:0" }',
-    'receipts: { signer_threads: 1 }',
-    'log_level: warn',
-    extra,
-  ].join('\n');
+  return tinyNodeConfigYaml({ publicKey: market.id, extra });
 }
 
 function waitForStart(child: ChildProcess): Promise<{ addr: string; ops: string; priceVersion: string }> {
@@ -59,12 +43,14 @@ function waitForStart(child: ChildProcess): Promise<{ addr: string; ops: string;
   });
 }
 
+beforeAll(assertCliBuilt);
+
 describe('seller-node start', () => {
   test('serves a paid request over libp2p, reports it on /metrics, and stops cleanly on SIGTERM', async () => {
     expect((await runCli(['init', '--data', dir])).code).toBe(0);
     writeTinyLlama(path.join(dir, 'tiny.gguf'));
     fs.writeFileSync(path.join(dir, 'config.yaml'), config());
-    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/seller-node.js'), 'start', '--config', path.join(dir, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [CLI_BIN, 'start', '--config', path.join(dir, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
@@ -114,7 +100,7 @@ describe('seller-node start', () => {
     expect((await runCli(['init', '--data', d2])).code).toBe(0);
     writeTinyLlama(path.join(d2, 'tiny.gguf'));
     fs.writeFileSync(path.join(d2, 'config.yaml'), config());
-    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/seller-node.js'), 'start', '--config', path.join(d2, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [CLI_BIN, 'start', '--config', path.join(d2, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
     const { addr, priceVersion } = await waitForStart(child);
     const provider = loadKeyFile(path.join(d2, 'node.key')).providerId;

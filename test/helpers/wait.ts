@@ -1,0 +1,17 @@
+// Polling for a condition in tests that drive real processes and servers.
+
+/** Resolves with fn's first defined value; throws "timed out waiting for <what>" after `ms`. */
+export async function waitFor<T>(what: string, fn: () => T | undefined | Promise<T | undefined>, ms = 15_000, everyMs = 50): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+/** Resolves once check() holds; throws "timed out waiting for <what>" after `ms`. */
+export async function until(what: string, check: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
+  await waitFor(what, async () => ((await check()) ? true : undefined), ms, 20);
+}
