@@ -58,6 +58,13 @@ const TOP_FIELDS = [
   'cost_micro_usd', 'hold_micro_usd', 'request_sha256', 'response_sha256', 'attestation',
 ] as const;
 
+/** Rates as receipts, price lists and the market write them: decimal strings. */
+export function ratesToWire(r: Rates): WireRates {
+  const w: WireRates = { input_per_mtok: r.input_per_mtok.toString(), output_per_mtok: r.output_per_mtok.toString() };
+  if (r.per_unit) w.per_unit = Object.fromEntries(Object.entries(r.per_unit).map(([k, v]) => [k, v.toString()]));
+  return w;
+}
+
 export function ratesFromWire(w: WireRates): Rates {
   const r: Rates = { input_per_mtok: BigInt(w.input_per_mtok), output_per_mtok: BigInt(w.output_per_mtok) };
   if (w.per_unit) r.per_unit = Object.fromEntries(Object.entries(w.per_unit).map(([k, v]) => [k, BigInt(v)]));

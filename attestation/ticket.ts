@@ -1,4 +1,7 @@
 // Tickets (design.md §Tickets): the hold the marketplace signs for one request to one provider.
+import { utf8 } from './bytes.ts';
+import { canonicalize } from './canonical-json.ts';
+import { signEnvelope, type DsseEnvelope } from './dsse.ts';
 import * as f from './fields.ts';
 import { ATTESTATION_TIERS, type AttestationTier } from './receipt.ts';
 
@@ -83,4 +86,9 @@ export function validateTicketPayload(value: unknown): TicketPayload {
   }
   if (r.hedge !== undefined && typeof r.hedge !== 'boolean') throw new f.FieldError('routing.hedge', 'expected a boolean');
   return p as unknown as TicketPayload;
+}
+
+/** A marketplace's signed ticket: the payload's canonical JSON in a DSSE envelope (not validated here). */
+export function signTicket(payload: TicketPayload | Record<string, unknown>, signer: { keyid: string; seed: Uint8Array }): DsseEnvelope {
+  return signEnvelope(TICKET_PAYLOAD_TYPE, utf8(canonicalize(payload)), signer);
 }

@@ -21,6 +21,7 @@ import { readiness, signCapacity, startRegistration, type Registration } from '.
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
+import { ratesToWire } from '../attestation/receipt.ts';
 
 export class NodeStartError extends Error {
   override name = 'NodeStartError';
@@ -80,7 +81,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const prices = signPriceList(
       identity.seed,
       identity.providerId,
-      [...models.values()].map((m) => ({ model: m.id, input_per_mtok: m.rates.input_per_mtok.toString(), output_per_mtok: m.rates.output_per_mtok.toString() })),
+      [...models.values()].map((m) => ({ model: m.id, ...ratesToWire(m.rates) })),
     );
     const log = ReceiptLog.open({
       path: path.join(config.data_dir, 'receipts.db'),

@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'vitest';
 import { utf8 } from '../attestation/bytes.ts';
 import { serializeEnvelope, signEnvelope } from '../attestation/dsse.ts';
-import { validateReceiptPayload } from '../attestation/receipt.ts';
+import { ratesFromWire, ratesToWire, validateReceiptPayload } from '../attestation/receipt.ts';
 import { FieldError } from '../attestation/fields.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
@@ -119,5 +119,14 @@ describe('buildReceiptPayload + receiptPayloadJson', () => {
   test('a lone surrogate in a free-text field is refused with the field named', () => {
     const p = { ...receiptPayload(key), model: 'bad\uD800model' };
     expect(fieldOf(p)).toBe('model');
+  });
+});
+
+describe('rates on the wire', () => {
+  test('decimal strings both ways, per-unit rates included, exactly', () => {
+    const rates = { input_per_mtok: 150_000n, output_per_mtok: 12_345_678_901_234_567_890n, per_unit: { image: 40_000n } };
+    expect(ratesToWire(rates)).toEqual({ input_per_mtok: '150000', output_per_mtok: '12345678901234567890', per_unit: { image: '40000' } });
+    expect(ratesFromWire(ratesToWire(rates))).toEqual(rates);
+    expect(ratesToWire({ input_per_mtok: 1n, output_per_mtok: 2n })).toEqual({ input_per_mtok: '1', output_per_mtok: '2' });
   });
 });

@@ -15,12 +15,11 @@ import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { fileSha256, LlamaEmbeddedAdapter } from '../../adapters/llama-embedded.ts';
-import { fromBase64, toHex, utf8 } from '../../attestation/bytes.ts';
-import { canonicalize } from '../../attestation/canonical-json.ts';
-import { signEnvelope } from '../../attestation/dsse.ts';
+import { fromBase64, toHex } from '../../attestation/bytes.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
+import { sha256 } from '../../attestation/hash.ts';
 import { ratesFromWire, type ReceiptPayload } from '../../attestation/receipt.ts';
-import { TICKET_PAYLOAD_TYPE } from '../../attestation/ticket.ts';
+import { signTicket } from '../../attestation/ticket.ts';
 import { Admission } from '../dispatch/admission.ts';
 import { TicketGate } from '../dispatch/ticket-gate.ts';
 import { InferService } from '../serve/infer-service.ts';
@@ -70,7 +69,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   try {
     for (const r of todo) {
       const body = opts.requests.get(r.request_id)!;
-      const bodySha = toHex(crypto.createHash('sha256').update(body).digest());
+      const bodySha = toHex(sha256(body));
       if (bodySha !== r.request_sha256) {
         report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: 'the given body does not hash to request_sha256' });
         continue;
@@ -84,9 +83,8 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
         tier: r.attestation.tier,
         now: () => r.started_at,
       });
-      const ticket = signEnvelope(
-        TICKET_PAYLOAD_TYPE,
-        utf8(canonicalize({ v: 1, ticket_id: `replay-${r.seq}-${report.replayed}`, request_id: r.request_id, provider: nodeId, account: 'replay', endpoint: r.endpoint, model: r.model, price_version: r.price.version, max_cost_micro_usd: r.hold_micro_usd, body_sha256: bodySha, routing: {}, issued_at: r.started_at - 1, expires_at: r.started_at + 60_000 })),
+      const ticket = signTicket(
+        { v: 1, ticket_id: `replay-${r.seq}-${report.replayed}`, request_id: r.request_id, provider: nodeId, account: 'replay', endpoint: r.endpoint, model: r.model, price_version: r.price.version, max_cost_micro_usd: r.hold_micro_usd, body_sha256: bodySha, routing: {}, issued_at: r.started_at - 1, expires_at: r.started_at + 60_000 },
         { keyid: marketId, seed: market },
       );
       const hash = crypto.createHash('sha256');

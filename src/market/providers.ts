@@ -13,6 +13,7 @@ import { validateCapacitySnapshot } from './capacity.ts';
 import { MarketError } from './errors.ts';
 import { REGISTRATION_PAYLOAD_TYPE, validateRegistrationPayload, type RegistrationPayload } from './registration-payload.ts';
 import type { MarketStore, ProviderRecord } from './store.ts';
+import { ratesToWire } from '../../attestation/receipt.ts';
 
 /** How far a registration's issued_at (or a heartbeat's at) may be from the market's clock. */
 export const MAX_CLOCK_DIFFERENCE_MS = 5 * 60_000;
@@ -147,7 +148,7 @@ export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs
     models: p.models,
     price_version: p.price_version,
     // From the provider's verified price list: micro-USD per million tokens, decimal strings.
-    rates: Object.fromEntries([...p.rates].map(([id, r]) => [id, { input_per_mtok: r.input_per_mtok.toString(), output_per_mtok: r.output_per_mtok.toString() }])),
+    rates: Object.fromEntries([...p.rates].map(([id, r]) => [id, ratesToWire(r)])),
     attestation_tier: p.attestation_tier,
     last_seen: p.last_seen,
     live: isLive(p, now, heartbeatIntervalMs),

@@ -1,13 +1,11 @@
 // Ticket issuance: pick a live provider that serves the model and meets the routing, set the hold,
 // sign a ticket valid for 60 s, and remember it so receipts can be matched to it.
 import crypto from 'node:crypto';
-import { utf8 } from '../../attestation/bytes.ts';
-import { canonicalize } from '../../attestation/canonical-json.ts';
-import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { ATTESTATION_TIERS } from '../../attestation/receipt.ts';
-import { TICKET_PAYLOAD_TYPE, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
+import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
 import { quantizationBucket } from '../dispatch/routing.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
@@ -132,7 +130,7 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
 
   const hold = req.max_cost_micro_usd ?? worstCaseHold(best.m.context, best.rates).toString();
   const payload = validated({ ...draft, provider: best.p.provider, price_version: best.p.price_version, max_cost_micro_usd: hold });
-  const ticket = signEnvelope(TICKET_PAYLOAD_TYPE, utf8(canonicalize(payload)), ctx.signer);
+  const ticket = signTicket(payload, ctx.signer);
   best.p.last_ticket_at = now;
   store.addTicket(
     { ticket_id: payload.ticket_id, request_id: payload.request_id, provider: payload.provider, endpoint: payload.endpoint, model: payload.model, price_version: payload.price_version, hold: BigInt(hold), issued_at: payload.issued_at, expires_at: payload.expires_at },

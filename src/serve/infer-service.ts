@@ -7,7 +7,7 @@ import type { GeneratedChunk, GenerationResult, RuntimeAdapter } from '../../ada
 import { concatBytes, toHex, utf8 } from '../../attestation/bytes.ts';
 import { sha256 } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
-import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
+import { ratesToWire, type AttestationTier, type ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
@@ -365,7 +365,7 @@ export class InferService {
       finished_at: Math.max(this.now(), r.firstToken ?? r.started),
       usage: { input_tokens: r.input, output_tokens: r.output },
       usage_runtime: r.usageRuntime,
-      price: { version: this.o.priceVersion, rates: { input_per_mtok: model.rates.input_per_mtok.toString(), output_per_mtok: model.rates.output_per_mtok.toString() } },
+      price: { version: this.o.priceVersion, rates: ratesToWire(model.rates) },
       cost_micro_usd: cost.toString(),
       hold_micro_usd: ticket.max_cost_micro_usd,
       request_sha256: toHex(sha256(req.body)),

@@ -6,7 +6,7 @@ import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { sha256 } from '../../attestation/hash.ts';
 import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, type ReceiptPayload } from '../../attestation/receipt.ts';
-import { TICKET_PAYLOAD_TYPE, type TicketPayload } from '../../attestation/ticket.ts';
+import { signTicket as signMarketTicket, type TicketPayload } from '../../attestation/ticket.ts';
 import { syntheticReceiptBody } from '../../src/store/synthetic.ts';
 
 export interface TestKey {
@@ -51,5 +51,5 @@ export function ticketPayload(provider: string, over: Partial<TicketPayload> = {
 }
 
 export function signTicket(market: TestKey, payload: unknown): DsseEnvelope {
-  return signEnvelope(TICKET_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: market.id, seed: market.seed });
+  return signMarketTicket(payload as Record<string, unknown>, { keyid: market.id, seed: market.seed });
 }
