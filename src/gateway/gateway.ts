@@ -32,7 +32,7 @@ import { readResponse, request as p2pRequest, type Response as P2pResponse } fro
 import type { JsonObject } from '../p2p/frames.ts';
 import { errorBody, GatewayError, invalid, readErrorBody } from './errors.ts';
 import { EstimateStore, ESTIMATE_ENDPOINTS, priceEstimate } from './estimates.ts';
-import { ContractError, parseRequest, type ParsedRequest } from '../serve/contract.ts';
+import { ContractError, MAX_REQUEST_BODY, parseRequest, type ParsedRequest } from '../serve/contract.ts';
 import { MarketClient, type ProviderEntry, type TicketRequest } from './market-client.ts';
 import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
 import { RequestRecords, type RequestRecord } from './records.ts';
@@ -86,7 +86,6 @@ export interface Gateway {
   close(graceMs?: number): Promise<void>;
 }
 
-const MAX_BODY = 8 << 20; // the node's request body limit
 const JSON_TYPE = 'application/json; charset=utf-8';
 const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 const DONE_EVENT = new TextEncoder().encode('data: [DONE]\n\n');
@@ -209,7 +208,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
 
   const app = fastify({
     logger: false,
-    bodyLimit: MAX_BODY,
+    bodyLimit: MAX_REQUEST_BODY,
     genReqId: () => `req-${crypto.randomUUID()}`,
     return503OnClosing: true,
   });
@@ -217,7 +216,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // The exact body bytes for every content type: the ticket binds their SHA-256, so nothing may
   // parse, re-encode or trim them on the way to the provider.
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_BODY }, (_req, body, done) => done(null, body));
+  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_REQUEST_BODY }, (_req, body, done) => done(null, body));
 
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
@@ -226,7 +225,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   app.setErrorHandler((err: FastifyError | GatewayError, _req, reply) => {
     if (err instanceof GatewayError) return reply.code(err.status).type(JSON_TYPE).send(err.body());
     const status = typeof err.statusCode === 'number' ? err.statusCode : 500;
-    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return reply.code(413).type(JSON_TYPE).send(errorBody('request_too_large', `the body is larger than ${MAX_BODY} bytes`));
+    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return reply.code(413).type(JSON_TYPE).send(errorBody('request_too_large', `the body is larger than ${MAX_REQUEST_BODY} bytes`));
     if (status >= 400 && status < 500) return reply.code(status).type(JSON_TYPE).send(errorBody('invalid_request', err.message));
     log.error({ err: err.message }, 'gateway error');
     return reply.code(500).type(JSON_TYPE).send(errorBody('internal_error', 'the gateway failed'));

@@ -33,7 +33,8 @@ export type ParsedRequest =
   | { endpoint: 'tokenize' | 'count_tokens'; model: string; messages?: ChatMessage[]; prompt?: string; returnTokens: boolean };
 
 const ROLES = ['system', 'user', 'assistant', 'tool', 'developer'] as const;
-const MAX_BODY = 8 << 20;
+/** The largest request body the text API accepts (the gateway refuses larger ones before a ticket). */
+export const MAX_REQUEST_BODY = 8 << 20;
 
 type Obj = Record<string, unknown>;
 
@@ -129,7 +130,7 @@ function generation(o: Obj): GenerationParams {
 /** Parses a body for an endpoint. Throws ContractError naming the field. */
 export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest {
   if (!TEXT_ENDPOINTS.includes(endpoint as TextEndpoint)) throw new ContractError('', `unknown endpoint "${endpoint.slice(0, 64)}"`);
-  if (body.length > MAX_BODY) throw new ContractError('', `body larger than ${MAX_BODY} bytes`);
+  if (body.length > MAX_REQUEST_BODY) throw new ContractError('', `body larger than ${MAX_REQUEST_BODY} bytes`);
   let value: unknown;
   try {
     value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
