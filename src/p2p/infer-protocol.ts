@@ -12,11 +12,7 @@ export function serveInfer(host: Host, service: InferService, opts: HandleReques
   return handleRequests(
     host,
     INFER_PROTOCOL,
-    (req, res) =>
-      service.handle(
-        { head: req.head, body: req.body, signal: req.signal },
-        { head: (h) => res.head(h), data: (b) => res.data(b), trailer: (t) => res.trailer(t) },
-      ),
+    (req, res) => service.handle(req, res),
     opts,
   );
 }

@@ -10,6 +10,7 @@ import { formatProofBundle } from '../../attestation/tlog-proof.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import type { Host } from './host.ts';
 import { handleRequests, type RequestServer } from './request-stream.ts';
+import { errorBody } from '../service-error.ts';
 
 export const LOG_PROTOCOL = '/service/log/1.0.0';
 
@@ -19,7 +20,7 @@ const isSize = (v: unknown): v is number => typeof v === 'number' && Number.isSa
 
 export function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
   const json = (v: unknown): Answer => ({ status: 200, type: 'application/json', body: JSON.stringify(v) });
-  const bad = (code: string, message: string, status = 400): Answer => ({ status, error: { code, message } });
+  const bad = (code: string, message: string, status = 400): Answer => ({ status, ...errorBody(code, message) });
   switch (head.op) {
     case 'receipt': {
       if (typeof head.request_id !== 'string' || head.request_id.length === 0 || head.request_id.length > 128) return bad('invalid_request', 'request_id: expected 1 to 128 characters');

@@ -160,10 +160,7 @@ export async function handleRequests(
       const read = await readRequest(reader, maxBodyBytes, readTimeoutMs);
       if ('bad' in read) {
         reader.discard();
-        if (stream.writeStatus === 'writable' && !ac.signal.aborted) {
-          await res.head({ status: read.bad.status });
-          await res.trailer({ error: { code: read.bad.code, message: read.bad.message } });
-        }
+        if (stream.writeStatus === 'writable') await res.finishWithError(read.bad.status, read.bad.code, read.bad.message);
         if (!(await remoteDone(stream, lingerMs))) stream.abort(new StreamError('aborted', 'the client kept sending after an error reply'));
         return;
       }
@@ -174,7 +171,6 @@ export async function handleRequests(
       } catch (e) {
         if (!ac.signal.aborted) report(e, remotePeer);
       }
-      await res.settled();
       if (!res.finished && !ac.signal.aborted) {
         await res.finishWithError(500, 'internal_error', res.headSent ? 'the response ended without a trailer' : 'the request failed');
       }

@@ -12,6 +12,7 @@ import { concatBytes } from '../../attestation/bytes.ts';
 import type { Stream } from '@libp2p/interface';
 import { DEFAULT_FRAME_LIMITS, encodeData, encodeHead, encodeTrailer, type FrameLimits, type JsonObject } from './frames.ts';
 import { StreamError, waitForDrain } from './frame-io.ts';
+import { errorBody } from '../service-error.ts';
 
 export interface ResponseWriter {
   /** Sends the HEAD frame (status, headers). Exactly once, first. */
@@ -135,7 +136,7 @@ export class StreamResponseWriter implements ResponseWriter {
   async finishWithError(status: number, code: string, message: string): Promise<void> {
     if (this.state === 'done' || this.signal.aborted) return;
     if (this.state === 'start') await this.head({ status });
-    await this.trailer({ error: { code, message } });
+    await this.trailer({ ...errorBody(code, message) });
   }
 
   /** Throws when the request was cancelled or an earlier write failed. */
