@@ -227,7 +227,9 @@ function validate(raw: Raw, base: string): NodeConfig {
   if (!isObject(ops)) throw new ConfigError('ops', 'expected a mapping');
   only(ops, 'ops', ['http']);
   const http = str(ops.http ?? DEFAULTS.ops.http, 'ops.http');
-  if (!/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/.test(http)) throw new ConfigError('ops.http', 'expected host:port, e.g. 127.0.0.1:9464');
+  if (!/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/.test(http) || Number(http.slice(http.lastIndexOf(':') + 1)) > 65535) {
+    throw new ConfigError('ops.http', 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464');
+  }
 
   const rc = pick<unknown>('receipts');
   if (!isObject(rc)) throw new ConfigError('receipts', 'expected a mapping');

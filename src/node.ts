@@ -125,20 +125,13 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     let registration: Registration | undefined;
     const infer = await serveInfer(host, service);
     const logServer = await serveLog(host, log);
+    /** What each model is (registration), and with live figures (capacity, /status). */
+    const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
       accepting: !stopping,
-      models: [...models.values()].map((m) => ({
-        id: m.id,
-        context: m.adapter.info.contextLength,
-        quantization: m.quantization,
-        tokens_per_second: m.tokensPerSecond,
-        slots: m.admission.slots,
-        free_slots: Math.max(0, m.admission.free),
-        queued: m.admission.queued,
-        queue_limit: m.admission.queueLimit,
-      })),
+      models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
     const [opsHost, opsPort] = splitHostPort(config.ops.http);
@@ -152,7 +145,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         peer_id: host.peerId.toString(),
         addresses: host.getMultiaddrs().map((a) => a.toString()),
         price_version: prices.payload.version,
-        models: [...models.values()].map((m) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, slots_in_use: m.admission.inUse, queued: m.admission.queued, tokens_per_second: m.tokensPerSecond })),
+        models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
         receipts: log.stats(),
         in_flight: infer.inFlight,
         uptime_s: Math.round(process.uptime()),
@@ -170,7 +163,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         peerId: host.peerId.toString(),
         addresses: () => host.getMultiaddrs().map((a) => a.toString()),
         priceList: { envelope: prices.envelope, version: prices.payload.version },
-        models: [...models.values()].map((m) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond })),
+        models: [...models.values()].map(describe),
         tier: 'T1',
         capacity: () => signCapacity(identity, capacitySnapshot()),
         logger,

@@ -66,6 +66,7 @@ describe('config', () => {
     ['marketplace: { url: ftp://x }', 'marketplace.url'],
     ['marketplace: { public_keys: [abc] }', 'marketplace.public_keys[0]'],
     ['ops: { http: "0.0.0.0" }', 'ops.http'],
+    ['ops: { http: "127.0.0.1:99999" }', 'ops.http'],
     ['models: {}', 'models'],
     ['models: [{ adapter: vllm }]', 'models[0].id'],
     ['models: [{ id: a, adapter: tgi }]', 'models[0].adapter'],
