@@ -20,7 +20,7 @@ export class ConfigError extends Error {
   }
 }
 
-export const ADAPTERS = ['llama-embedded', 'llama-server', 'vllm', 'comfyui'] as const;
+const ADAPTERS = ['llama-embedded', 'llama-server', 'vllm', 'comfyui'] as const;
 export type AdapterKind = (typeof ADAPTERS)[number];
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal'] as const;
 
@@ -57,7 +57,7 @@ export interface NodeConfig {
   log_level: (typeof LOG_LEVELS)[number];
 }
 
-export const DEFAULTS = {
+const DEFAULTS = {
   key: './node.key',
   data_dir: '.',
   listen: ['/ip4/0.0.0.0/tcp/4101'],

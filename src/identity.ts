@@ -24,7 +24,7 @@ export function identityFromSeed(seed: Uint8Array): NodeIdentity {
   return { seed, publicKey, providerId: toHex(publicKey) };
 }
 
-export function seedToPem(seed: Uint8Array): string {
+function seedToPem(seed: Uint8Array): string {
   const der = Buffer.concat([PKCS8_ED25519_PREFIX, seed]);
   return `-----BEGIN PRIVATE KEY-----\n${der.toString('base64')}\n-----END PRIVATE KEY-----\n`;
 }

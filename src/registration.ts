@@ -4,15 +4,11 @@
 // backoff, heartbeats at their interval. A heartbeat answered 404 unknown_provider (the market
 // restarted or forgot us) makes the node register again. Nothing here ever throws into the node.
 import { normalizeMarketUrl } from './market-url.ts';
-import { utf8 } from '../attestation/bytes.ts';
-import { canonicalize } from '../attestation/canonical-json.ts';
-import { signEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
+import type { DsseEnvelope } from '../attestation/dsse.ts';
 import type { AttestationTier } from '../attestation/receipt.ts';
-import { REGISTRATION_PAYLOAD_TYPE, signRegistration, type RegisteredModel, type RegistrationPayload } from './market/registration-payload.ts';
+import { signRegistration, type RegisteredModel, type RegistrationPayload } from './market/registration-payload.ts';
 import type { Logger } from './ops/logger.ts';
-import { CAPACITY_PAYLOAD_TYPE, type CapacitySnapshot } from './p2p/capacity-protocol.ts';
 
-export { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel };
 
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
 
@@ -62,10 +58,6 @@ export interface Registration {
 }
 
 /** Signs a capacity snapshot as the node's /service/capacity protocol does (the heartbeat body). */
-export function signCapacity(signer: { seed: Uint8Array; providerId: string }, snapshot: Omit<CapacitySnapshot, 'v' | 'provider' | 'at'>, at = Date.now()): DsseEnvelope {
-  const payload: CapacitySnapshot = { v: 1, provider: signer.providerId, at, ...snapshot };
-  return signEnvelope(CAPACITY_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: signer.providerId, seed: signer.seed });
-}
 
 type Outcome =
   | { kind: 'ok'; body: Record<string, unknown> }

@@ -4,7 +4,7 @@ import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { parseListen } from '../src/cli/gateway.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
 import { dialTarget } from '../src/gateway/gateway.ts';
-import { normalizeMarketUrl } from '../src/gateway/market-client.ts';
+import { normalizeMarketUrl } from '../src/market-url.ts';
 import { parseRoutingHeaders } from '../src/gateway/routing-headers.ts';
 import { testKey } from './helpers/receipts.ts';
 

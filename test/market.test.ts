@@ -13,7 +13,7 @@ import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel, type RegistrationPayload } from '../src/market/registration-payload.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
-import { signCapacity } from '../src/registration.ts';
+import { signCapacity } from '../src/p2p/capacity-protocol.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
 import { signTicket, testKey, ticketPayload, type TestKey } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';

@@ -6,7 +6,8 @@ import { signPriceList } from '../attestation/price-list.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { createLogger } from '../src/ops/logger.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
-import { readiness, signCapacity, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { signCapacity } from '../src/p2p/capacity-protocol.ts';
+import { readiness, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
 import { testKey } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
 

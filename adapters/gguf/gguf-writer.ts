@@ -35,13 +35,13 @@ export const GGUF_TYPE = {
 } as const;
 
 /** ggml tensor type codes used here. */
-export const GGML_TYPE = {
+const GGML_TYPE = {
   F32: 0,
 } as const;
 
-export const GGUF_MAGIC = 'GGUF';
-export const GGUF_VERSION = 3;
-export const GGUF_DEFAULT_ALIGNMENT = 32;
+const GGUF_MAGIC = 'GGUF';
+const GGUF_VERSION = 3;
+const GGUF_DEFAULT_ALIGNMENT = 32;
 
 export type GgufValue =
   | { readonly type: 'uint32'; readonly value: number }

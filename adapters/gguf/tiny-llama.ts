@@ -55,7 +55,7 @@ export const TINY_LLAMA_CHAT_TEMPLATE =
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /** SentencePiece / GGUF token types (llama_token_type). */
-export const TOKEN_TYPE = {
+const TOKEN_TYPE = {
   NORMAL: 1,
   UNKNOWN: 2,
   CONTROL: 3,
@@ -80,7 +80,7 @@ export const TINY_LLAMA_TOKENS = {
 export const SPACE_MARKER = '\u2581';
 
 /** Common English words; each becomes "▁word" plus all its "▁" prefixes. */
-export const TINY_LLAMA_WORDS: readonly string[] = [
+const TINY_LLAMA_WORDS: readonly string[] = [
   'hello', 'world', 'the', 'be', 'to', 'of', 'and', 'a', 'in', 'that', 'have', 'i', 'it', 'for', 'not', 'on',
   'with', 'he', 'as', 'you', 'do', 'at', 'this', 'but', 'his', 'by', 'from', 'they', 'we', 'say', 'her', 'she',
   'or', 'an', 'will', 'my', 'one', 'all', 'would', 'there', 'their', 'what', 'so', 'up', 'out', 'if', 'about',

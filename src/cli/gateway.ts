@@ -2,7 +2,7 @@
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
 import { createGateway, GATEWAY_DEFAULT_PORT } from '../gateway/gateway.ts';
-import { normalizeMarketUrl } from '../gateway/market-client.ts';
+import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { isLoopbackHost } from '../ops/server.ts';
 import { CliError } from './cli-error.ts';

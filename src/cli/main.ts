@@ -12,7 +12,7 @@ import { marketCommand } from './market.ts';
 import { gatewayCommand } from './gateway.ts';
 import { CliError } from './cli-error.ts';
 
-export function buildProgram(): Command {
+function buildProgram(): Command {
   const program = new Command('seller-node')
     .description('Sell inference into a decentralised marketplace, with signed receipts anyone can verify.')
     .version(process.env.npm_package_version ?? '0.1.0', '-V, --version')

@@ -7,7 +7,7 @@ import { createLogger } from '../ops/logger.ts';
 import { CliError } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
-export const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
+const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
 function parseListen(s: string): { host: string; port: number } {
   const m = /^(\[[0-9a-fA-F:]+\]|[^\s:[\]]+):(\d{1,5})$/.exec(s);

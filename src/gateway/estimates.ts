@@ -7,7 +7,7 @@
 import crypto from 'node:crypto';
 import { computeCost } from '../../attestation/money.ts';
 
-export const ESTIMATE_TTL_MS = 10 * 60_000;
+const ESTIMATE_TTL_MS = 10 * 60_000;
 
 /** The marketplace API's endpoint names for estimates, and the paths this gateway serves them at. */
 export const ESTIMATE_ENDPOINTS: Record<string, string> = {

@@ -53,7 +53,6 @@ export interface MarketClientOptions {
   fetch?: typeof fetch;
 }
 
-export { normalizeMarketUrl };
 
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);

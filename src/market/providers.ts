@@ -61,7 +61,7 @@ export interface VerifiedRegistration {
 }
 
 /** Checks a registration envelope; throws MarketError (400 registration_invalid, 401 signature_invalid). */
-export function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
+function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   const code = 'registration_invalid';
   const { provider, payload: bytes } = verifySignedBody(body, REGISTRATION_PAYLOAD_TYPE, code, 'registration');
   const read = readPayload(bytes, validateRegistrationPayload, 'registration');

@@ -65,7 +65,7 @@ function freeSlots(p: ProviderRecord, model: RegisteredModel): number {
 }
 
 /** The worst case at the model's context: ceil(context × max(in, out rate) / 10^6). */
-export function worstCaseHold(context: number, rates: Rates): bigint {
+function worstCaseHold(context: number, rates: Rates): bigint {
   const rate = rates.input_per_mtok > rates.output_per_mtok ? rates.input_per_mtok : rates.output_per_mtok;
   return (BigInt(context) * rate + 999_999n) / 1_000_000n;
 }

@@ -22,7 +22,7 @@ export type { Logger } from 'pino';
 export const LOGGER_LEVELS: readonly LevelWithSilent[] = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'];
 
 /** Keys whose values may hold prompt or output text (or a body containing it). */
-export const SENSITIVE_KEYS: readonly string[] = [
+const SENSITIVE_KEYS: readonly string[] = [
   'prompt', 'prompts', 'messages', 'input', 'inputs', 'content', 'text', 'output', 'outputs',
   'choices', 'completion', 'delta', 'instructions', 'system', 'tool_calls', 'body',
 ];

@@ -61,7 +61,7 @@ export interface OpsServer {
   close(): Promise<void>;
 }
 
-export const OPS_ROUTES: readonly string[] = ['/healthz', '/readyz', '/status', '/metrics'];
+const OPS_ROUTES: readonly string[] = ['/healthz', '/readyz', '/status', '/metrics'];
 
 const JSON_TYPE = 'application/json; charset=utf-8';
 

@@ -4,7 +4,7 @@
 // envelope (payload type application/vnd.service.capacity.v1+json) and an empty trailer.
 import { utf8 } from '../../attestation/bytes.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
-import { signEnvelope } from '../../attestation/dsse.ts';
+import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import type { Host } from './host.ts';
 import { handleRequests, type RequestServer } from './request-stream.ts';
 
@@ -32,10 +32,15 @@ export interface CapacitySnapshot {
   models: CapacityModel[];
 }
 
+/** A signed capacity snapshot: served on /service/capacity/1.0.0 and sent as heartbeats. */
+export function signCapacity(signer: { seed: Uint8Array; providerId: string }, snapshot: Omit<CapacitySnapshot, 'v' | 'provider' | 'at'>, at = Date.now()): DsseEnvelope {
+  const payload: CapacitySnapshot = { v: 1, provider: signer.providerId, at, ...snapshot };
+  return signEnvelope(CAPACITY_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: signer.providerId, seed: signer.seed });
+}
+
 export function serveCapacity(host: Host, signer: { seed: Uint8Array; providerId: string }, snapshot: () => Omit<CapacitySnapshot, 'v' | 'provider' | 'at'>): Promise<RequestServer> {
   return handleRequests(host, CAPACITY_PROTOCOL, async (_req, res) => {
-    const payload: CapacitySnapshot = { v: 1, provider: signer.providerId, at: Date.now(), ...snapshot() };
-    const env = signEnvelope(CAPACITY_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: signer.providerId, seed: signer.seed });
+    const env = signCapacity(signer, snapshot());
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
     await res.data(utf8(JSON.stringify(env)));
     await res.trailer({});

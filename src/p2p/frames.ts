@@ -19,7 +19,7 @@ export type Frame =
 
 export type FrameKind = Frame['kind'];
 
-export const KIND_BYTE = { head: 0x01, data: 0x02, trailer: 0x03 } as const satisfies Record<FrameKind, number>;
+const KIND_BYTE = { head: 0x01, data: 0x02, trailer: 0x03 } as const satisfies Record<FrameKind, number>;
 
 export type FrameErrorCode = 'frame_too_large' | 'frame_malformed' | 'frame_truncated';
 

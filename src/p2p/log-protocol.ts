@@ -18,7 +18,7 @@ type Answer = { status: number; type: string; body: string } | { status: number;
 
 const isSize = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
 
-export function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
+function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
   const json = (v: unknown): Answer => ({ status: 200, type: 'application/json', body: JSON.stringify(v) });
   const bad = (code: string, message: string, status = 400): Answer => ({ status, ...errorBody(code, message) });
   switch (head.op) {

@@ -42,7 +42,7 @@ export function peerIdFromProviderId(providerId: string): PeerId {
 }
 
 /** True when the string looks like a provider id rather than a base58/CID PeerId string. */
-export function isProviderId(s: string): boolean {
+function isProviderId(s: string): boolean {
   return isHex(s, 32);
 }
 

@@ -5,7 +5,7 @@ import { sha256 } from '../../attestation/hash.ts';
 import { computeCost } from '../../attestation/money.ts';
 import type { ReceiptBody, ReceiptStatus } from '../../attestation/receipt.ts';
 
-export const SYNTHETIC_PRICE = { version: 'synthetic-1', rates: { input_per_mtok: '150000', output_per_mtok: '600000' } };
+const SYNTHETIC_PRICE = { version: 'synthetic-1', rates: { input_per_mtok: '150000', output_per_mtok: '600000' } };
 const MODEL_SHA = toHex(sha256(utf8('synthetic model')));
 const STATUSES: ReceiptStatus[] = ['completed', 'completed', 'completed', 'completed', 'completed', 'completed', 'cancelled', 'failed'];
 
