@@ -133,3 +133,25 @@ describe('URLs and --listen', () => {
     expect(() => parseListen('a:b:c')).toThrow();
   });
 });
+
+describe('a gateway whose marketplace does not answer', () => {
+  test('paid and free requests get 502 market_unreachable in the error envelope; the gateway stays up', async () => {
+    const { createGateway } = await import('../src/gateway/gateway.ts');
+    // Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
+    const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, marketTimeoutMs: 2000 });
+    try {
+      for (const [endpoint, body] of [
+        ['chat/completions', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }],
+        ['tokenize', { model: 'tiny/llama', prompt: 'hi' }],
+      ] as const) {
+        const r = await fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+        expect(r.status, endpoint).toBe(502);
+        expect(((await r.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'market_unreachable', message: expect.stringContaining('did not answer') });
+      }
+      expect((await fetch(`${gw.url}/models`)).status).toBe(502);
+      expect(gw.records.size).toBe(0); // nothing was paid for, nothing recorded
+    } finally {
+      await gw.close();
+    }
+  });
+});

@@ -45,7 +45,7 @@ export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): 
     return { status: 400, code: 'context_length_exceeded', message: `input (${need.inputTokens}) plus output (${need.maxOutputTokens}) tokens exceed the model's context of ${offer.contextLength}` };
   }
   if (routing.min_context !== undefined && offer.contextLength < routing.min_context) {
-    return { status: 503, code: 'routing_unsatisfied', message: `context ${offer.contextLength} is below the requested minimum ${routing.min_context}` };
+    return { status: 503, code: 'routing_unsatisfied', message: `context ${offer.contextLength} is below ${routing.min_context}, the requested minimum` };
   }
   if (routing.quantization !== undefined && quantizationBucket(routing.quantization) !== offer.quantization) {
     return { status: 503, code: 'routing_unsatisfied', message: `quantization is ${offer.quantization}, not ${quantizationBucket(routing.quantization)}` };

@@ -4,9 +4,8 @@ import crypto from 'node:crypto';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
-import { ATTESTATION_TIERS } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
-import { quantizationBucket } from '../dispatch/routing.ts';
+import { checkRouting, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
 import type { RegisteredModel } from './registration-payload.ts';
@@ -43,20 +42,16 @@ export interface TicketContext {
   heartbeatIntervalMs: number;
 }
 
-/** Why a live provider cannot take this request, or undefined when it can. */
-function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: Rates): string | undefined {
-  if (p.capacity && !p.capacity.accepting) return 'not accepting work (stopping)';
-  if (r.min_context !== undefined && m.context < r.min_context) return `context ${m.context} is below ${r.min_context}`;
-  if (r.quantization !== undefined && quantizationBucket(r.quantization) !== m.quantization) return `quantization ${m.quantization} is not ${quantizationBucket(r.quantization)}`;
-  if (r.min_tokens_per_second !== undefined && m.tokens_per_second < r.min_tokens_per_second) return `throughput ${m.tokens_per_second} tokens/s is below ${r.min_tokens_per_second}`;
-  if (r.min_attestation_tier !== undefined && ATTESTATION_TIERS.indexOf(p.attestation_tier) < ATTESTATION_TIERS.indexOf(r.min_attestation_tier)) return `tier ${p.attestation_tier} is below ${r.min_attestation_tier}`;
-  if (r.max_input_price_micro_usd_per_mtok !== undefined && rates.input_per_mtok > BigInt(r.max_input_price_micro_usd_per_mtok)) return `${PRICE} input price ${rates.input_per_mtok} is above ${r.max_input_price_micro_usd_per_mtok}`;
-  if (r.max_output_price_micro_usd_per_mtok !== undefined && rates.output_per_mtok > BigInt(r.max_output_price_micro_usd_per_mtok)) return `${PRICE} output price ${rates.output_per_mtok} is above ${r.max_output_price_micro_usd_per_mtok}`;
-  return undefined;
+/**
+ * Why a live provider cannot take this request, or undefined when it can: the node's own routing
+ * check (src/dispatch/routing.ts) against what the provider registered. The market does not know
+ * the request's tokens, so only the node judges context fit and the worst-case cost ceilings.
+ */
+function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: Rates): Refusal | undefined {
+  if (p.capacity && !p.capacity.accepting) return { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (stopping)' };
+  const offer = { contextLength: m.context, quantization: m.quantization, tokensPerSecond: m.tokens_per_second, tier: p.attestation_tier, rates };
+  return checkRouting(offer, r, { inputTokens: 0, maxOutputTokens: 0 });
 }
-
-/** Marks the reasons that are price ceilings: when every candidate fails on price, the answer is 403. */
-const PRICE = 'price ceiling:';
 
 /** Free slots as the latest heartbeat reported them (all slots when none arrived yet). */
 function freeSlots(p: ProviderRecord, model: RegisteredModel): number {
@@ -112,7 +107,7 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
   if (serving.length === 0) throw new MarketError(404, 'model_not_found', `no registered provider serves model "${req.model.slice(0, 200)}"`);
   const live = serving.filter((c) => isLive(c.p, now, ctx.heartbeatIntervalMs));
   if (live.length === 0) throw new MarketError(503, 'no_provider', `${serving.length} registered provider(s) serve "${req.model.slice(0, 200)}", none is live`);
-  const reasons: string[] = [];
+  const reasons: Refusal[] = [];
   const eligible = live.filter((c) => {
     const why = unmet(draft.routing, c.p, c.m, c.rates);
     if (why) reasons.push(why);
@@ -124,8 +119,8 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
     : eligible.sort((a, b) => freeSlots(b.p, b.m) - freeSlots(a.p, a.m) || a.p.last_ticket_at - b.p.last_ticket_at)[0];
   if (!best) {
     // The spec: a price ceiling refuses the request before any hold, with 403 price_ceiling_exceeded.
-    if (reasons.length > 0 && reasons.every((r) => r.startsWith(PRICE))) throw new MarketError(403, 'price_ceiling_exceeded', `every provider of "${req.model.slice(0, 200)}" is above the price ceiling: ${reasons[0]!.slice(PRICE.length + 1)}`);
-    throw new MarketError(503, 'no_provider', `no live provider of "${req.model.slice(0, 200)}" meets the routing: ${reasons[0]}`);
+    if (reasons.length > 0 && reasons.every((r) => r.code === 'price_ceiling_exceeded')) throw new MarketError(403, 'price_ceiling_exceeded', `every provider of "${req.model.slice(0, 200)}" is above the price ceiling: ${reasons[0]!.message}`);
+    throw new MarketError(503, 'no_provider', `no live provider of "${req.model.slice(0, 200)}" meets the routing: ${reasons[0]?.message}`);
   }
 
   const hold = req.max_cost_micro_usd ?? worstCaseHold(best.m.context, best.rates).toString();
