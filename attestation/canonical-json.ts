@@ -130,6 +130,14 @@ function keysSorted(value: unknown, depth: number): boolean {
   return true;
 }
 
+/**
+ * Whether JSON.stringify(value) is already its canonical form (every object's keys enumerate in
+ * sorted order). Throws CanonicalJsonError on anything JCS refuses, as canonicalize would.
+ */
+export function isSortedJson(value: unknown): boolean {
+  return alreadySorted(value, 0);
+}
+
 /** The RFC 8785 canonical form of a JSON value, as a string. Throws CanonicalJsonError. */
 export function canonicalize(value: unknown): string {
   // Build objects with sorted keys (see sortKeys) and this is one walk plus native JSON.stringify.

@@ -2,7 +2,7 @@
 // browsers bundle this file unchanged), @noble/hashes otherwise. Both give the same bytes.
 import { sha256 as nobleSha256, sha512 as nobleSha512 } from '@noble/hashes/sha2.js';
 import { nodeCrypto } from './platform.ts';
-import { utf8 } from './bytes.ts';
+import { toHex, utf8 } from './bytes.ts';
 
 const native = nodeCrypto();
 
@@ -15,6 +15,12 @@ export function sha256(data: Uint8Array): Uint8Array {
 export function sha256Text(s: string): Uint8Array {
   if (native) return native.hash('sha256', s);
   return nobleSha256(utf8(s));
+}
+
+/** SHA-256 of a string's UTF-8 bytes, as lowercase hex. */
+export function sha256TextHex(s: string): string {
+  if (native) return native.hashHex('sha256', s);
+  return toHex(nobleSha256(utf8(s)));
 }
 
 /** SHA-256 of the parts laid end to end; strings count as their UTF-8 bytes. */

@@ -8,6 +8,8 @@ import { bytesEqual } from './bytes.ts';
 export interface NativeCrypto {
   /** The digest of bytes, or of a string's UTF-8 bytes. */
   hash(algorithm: 'sha256' | 'sha512', data: Uint8Array | string): Uint8Array;
+  /** The digest as lowercase hex. */
+  hashHex(algorithm: 'sha256' | 'sha512', data: Uint8Array | string): string;
   /** The digest of the parts laid end to end; strings count as their UTF-8 bytes. */
   hashParts(algorithm: 'sha256' | 'sha512', parts: readonly (Uint8Array | string)[]): Uint8Array;
   ed25519Sign(seed: Uint8Array, message: Uint8Array): Uint8Array;
@@ -17,6 +19,7 @@ export interface NativeCrypto {
 interface NodeHash {
   update(d: Uint8Array | string): NodeHash;
   digest(): Uint8Array;
+  digest(encoding: 'hex'): string;
 }
 
 interface NodeCryptoModule {
@@ -75,6 +78,7 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       const b = hash(alg, data);
       return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
     },
+    hashHex: (alg, data) => c.createHash(alg).update(data).digest('hex'),
     hashParts: (alg, parts) => {
       const h = c.createHash(alg);
       for (const p of parts) h.update(p);

@@ -2,7 +2,7 @@
 // the node's previous receipt. Validated identically by the signer and by every verifier.
 import * as f from './fields.ts';
 import { computeCost, type Rates, type Usage } from './money.ts';
-import { canonicalize, sortKeys } from './canonical-json.ts';
+import { canonicalize, isSortedJson, sortKeys } from './canonical-json.ts';
 
 export const RECEIPT_PAYLOAD_TYPE = 'application/vnd.service.receipt.v1+json';
 export const RECEIPT_VERSION = 1;
@@ -137,8 +137,7 @@ export function validateReceiptPayload(value: unknown): ReceiptPayload {
 export function receiptPayloadJson(p: ReceiptPayload): string {
   // Throws on anything JCS refuses. Integer-like keys ("10", "9") always enumerate first in JS,
   // whatever the insertion order, so such a usage_runtime takes the general path.
-  if (canonicalize(p.usage_runtime) !== JSON.stringify(p.usage_runtime)) return canonicalize(p);
-  return JSON.stringify(p);
+  return isSortedJson(p.usage_runtime) ? JSON.stringify(p) : canonicalize(p);
 }
 
 /** The cost this receipt should state, from its own usage and rates. */

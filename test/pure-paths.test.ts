@@ -36,6 +36,8 @@ describe('pure TypeScript paths give the native answers', () => {
     const d = new Uint8Array(crypto.randomBytes(1000));
     expect(NodeBuffer.from(hash.sha256(d)).toString('hex')).toBe(crypto.createHash('sha256').update(d).digest('hex'));
     expect(NodeBuffer.from(hash.sha512(d)).toString('hex')).toBe(crypto.createHash('sha512').update(d).digest('hex'));
+    const text = 'prev chain \u00e9\u{1F600} ' + crypto.randomBytes(20).toString('hex');
+    expect(hash.sha256TextHex(text)).toBe(crypto.createHash('sha256').update(text, 'utf8').digest('hex'));
   });
   test('Ed25519 sign and verify (noble) match node:crypto', () => {
     const { privateKey, publicKey } = crypto.generateKeyPairSync('ed25519');
@@ -47,5 +49,17 @@ describe('pure TypeScript paths give the native answers', () => {
     expect(ed.ed25519Verify(sig, msg, pub)).toBe(true);
     sig[0]! ^= 1;
     expect(ed.ed25519Verify(sig, msg, pub)).toBe(false);
+  });
+  test('the public key of a seed, remembered by content: a reused buffer with another seed gets its own key', () => {
+    const seed = new Uint8Array(crypto.randomBytes(32));
+    const pubOf = (s: Uint8Array) => new Uint8Array(crypto.createPublicKey(crypto.createPrivateKey({ key: NodeBuffer.concat([NodeBuffer.from('302e020100300506032b657004220420', 'hex'), s]), format: 'der', type: 'pkcs8' })).export({ format: 'der', type: 'spki' }).subarray(-32));
+    const first = ed.ed25519PublicKey(seed);
+    expect(first).toEqual(pubOf(seed));
+    first.fill(0); // the caller owns its copy
+    expect(ed.ed25519PublicKey(seed)).toEqual(pubOf(seed));
+    const other = seed.slice();
+    seed.set(crypto.randomBytes(32)); // the same buffer, another seed
+    expect(ed.ed25519PublicKey(seed)).toEqual(pubOf(seed));
+    expect(ed.ed25519PublicKey(other)).toEqual(pubOf(other));
   });
 });

@@ -13,7 +13,7 @@ import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
 import { envelopeLine, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
-import { sha256, sha256Text } from '../../attestation/hash.ts';
+import { sha256, sha256TextHex } from '../../attestation/hash.ts';
 import { MerkleTree } from '../../attestation/merkle.ts';
 import { signNote } from '../../attestation/note.ts';
 import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, receiptPayloadJson, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
@@ -92,6 +92,8 @@ interface Pending {
 
 interface Batch {
   items: Pending[];
+  /** requestKey of each item's request id. */
+  requestKeys: Float64Array;
   result: Promise<SignedBatch>;
 }
 
@@ -228,7 +230,7 @@ export class ReceiptLog {
     }
     // From here on nothing can fail before the seq is taken: the chain advances in call order.
     this.nextSeq++;
-    this.lastPayloadHash = toHex(sha256Text(text));
+    this.lastPayloadHash = sha256TextHex(text);
     return new Promise<AppendedReceipt>((resolve, reject) => {
       this.pending.push({ payload, text, resolve, reject });
       this.running ??= this.drain();
@@ -245,7 +247,7 @@ export class ReceiptLog {
       const batch = inFlight.shift()!;
       if (!batch) break;
       try {
-        this.settle(batch.items, await batch.result);
+        this.settle(batch, await batch.result);
       } catch (e) {
         this.fail(batch.items, e as Error);
       }
@@ -272,7 +274,7 @@ export class ReceiptLog {
       return signed;
     });
     this.handedOver = result.catch(() => undefined);
-    return { items, result };
+    return { items, requestKeys, result };
   }
 
   /**
@@ -289,11 +291,11 @@ export class ReceiptLog {
     return this.elu.busy;
   }
 
-  private settle(items: Pending[], signed: SignedBatch): void {
+  private settle({ items, requestKeys }: Batch, signed: SignedBatch): void {
     this.commits++;
     items.forEach((p, i) => {
       // (the payload bytes went to the writer thread; the text is what the caller gets)
-      this.remember(requestKey(p.payload.request_id), this.tree.size);
+      this.remember(requestKeys[i]!, this.tree.size);
       this.tree.append(signed.leaves.subarray(i * 32, i * 32 + 32));
       p.resolve(new AppendedReceipt(p.payload, p.text, signed.sigs.subarray(i * 64, i * 64 + 64), this.providerId));
     });
