@@ -245,7 +245,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const v = verifyTicket(grant.ticket, { marketplaceKeys: [{ publicKey: key.public_key, keyid: key.key_id }], provider: grant.provider, body: bodySha256 });
     if (!v.ok) throw new GatewayError(502, 'bad_market_response', `the marketplace's ticket does not verify: ${v.error.code}: ${v.error.message}`);
     const t = v.value.payload;
-    if (t.endpoint !== endpoint || t.model !== model || t.request_id !== grant.request_id) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
+    // The market issues the ticket under the request id it was given (docs/market-api.md): one for
+    // any other id is another request's, and taking it would put this request's record over that one.
+    if (t.endpoint !== endpoint || t.model !== model || t.request_id !== requestId || grant.request_id !== requestId) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
     if (controls.maxCostMicroUsd !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(controls.maxCostMicroUsd)) {
       throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
     }
@@ -554,7 +556,6 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
-      void settleFromNode(p, 'failed');
       endStream(raw, 'bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
       return reply;
     }

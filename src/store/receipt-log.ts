@@ -78,6 +78,15 @@ export class AppendedReceipt {
   }
 }
 
+function prepareStatements(db: Database.Database) {
+  return {
+    insertCheckpoint: db.prepare<[number, Uint8Array, string, number]>('INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)'),
+    latestCheckpoint: db.prepare<[], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints ORDER BY size DESC LIMIT 1'),
+    batchAt: db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1'),
+    requestKeysBelow: db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?'),
+  };
+}
+
 function envelopeOf(payload: Uint8Array, sig: Uint8Array, keyid: string): DsseEnvelope {
   // Keys in canonical order.
   return { payload: toBase64(payload), payloadType: RECEIPT_PAYLOAD_TYPE, signatures: [{ keyid, sig: toBase64(sig) }] };
@@ -138,6 +147,8 @@ export class ReceiptLog {
    */
   private readonly recent = new Map<number, number | number[]>(); // one seq, or several (retries, key collisions)
   private recentFloor: number;
+  /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
+  private readonly stmt: ReturnType<typeof prepareStatements>;
 
   private constructor(opts: ReceiptLogOptions) {
     const id = identityFromSeed(opts.seed);
@@ -180,6 +191,7 @@ export class ReceiptLog {
       this.db.close();
       throw e;
     }
+    this.stmt = prepareStatements(this.db);
     const threads = opts.threads ?? 2;
     this.signer = new SignerPool({ seed: this.seed, threads });
     this.writer = threads > 0 ? new WriterThread(opts.path) : new InProcessWriter(this.db);
@@ -337,13 +349,13 @@ export class ReceiptLog {
     if (size === 0 || size <= this.lastCheckpointSize || size > this.tree.size) return undefined;
     const root = this.tree.root(size);
     const note = signNote(formatCheckpoint({ origin: this.origin, size, rootHash: root }), [{ name: this.origin, seed: this.seed }]);
-    this.db.prepare('INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)').run(size, root, note, Date.now());
+    this.stmt.insertCheckpoint.run(size, root, note, Date.now());
     this.lastCheckpointSize = size;
     return note;
   }
 
   latestCheckpoint(): StoredCheckpoint | undefined {
-    const r = this.db.prepare<[], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints ORDER BY size DESC LIMIT 1').get();
+    const r = this.stmt.latestCheckpoint.get();
     return r && { size: r.size, note: r.note, createdAt: r.created_at };
   }
 
@@ -359,7 +371,7 @@ export class ReceiptLog {
   }
 
   private batchAt(seq: number): { batch: SignedBatch; index: number } | undefined {
-    const r = this.db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1').get(seq);
+    const r = this.stmt.batchAt.get(seq);
     if (!r || seq >= r.first_seq + r.count) return undefined;
     return { batch: rowToBatch(r), index: seq - r.first_seq };
   }
@@ -379,8 +391,7 @@ export class ReceiptLog {
     const key = requestKey(requestId);
     const got = this.recent.get(key);
     const seqs = (got === undefined ? [] : typeof got === 'number' ? [got] : [...got]).filter((s) => s >= this.recentFloor);
-    const scan = this.db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?');
-    for (const r of scan.iterate(this.recentFloor)) {
+    for (const r of this.stmt.requestKeysBelow.iterate(this.recentFloor)) {
       const keys = rowRequestKeys(r);
       for (let i = 0; i < r.count; i++) if (keys[i] === key && r.first_seq + i < this.recentFloor) seqs.push(r.first_seq + i);
     }
