@@ -182,8 +182,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       async stop(graceMs = 30_000) {
         stopping = true;
         for (const m of models.values()) m.admission.close();
-        const deadline = Date.now() + graceMs;
-        while (infer.inFlight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+        if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
         await infer.stop();
         await logServer.stop();
         await capacity.stop();

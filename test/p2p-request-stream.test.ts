@@ -120,6 +120,35 @@ describe('host', () => {
   });
 });
 
+describe('drain', () => {
+  it('waits for running handlers, reports the ones still running at the deadline, and cancels nothing', async () => {
+    const release = deferred<void>();
+    const entered = deferred<void>();
+    const { proto, srv } = await serve(async (_req, res) => {
+      entered.resolve();
+      await release.promise;
+      await res.head({ status: 200 });
+      await res.trailer({ done: true });
+    });
+    try {
+      expect(await srv.drain(1000)).toBe(true); // nothing running
+      const pending = request(client, addr, proto, {}).then(readResponse);
+      await entered.promise;
+      expect(srv.inFlight).toBe(1);
+      expect(await srv.drain(30)).toBe(false); // the handler is held: still running at the deadline
+      expect(srv.inFlight).toBe(1);
+      release.resolve();
+      expect(await srv.drain(10_000)).toBe(true);
+      expect(srv.inFlight).toBe(0);
+      const r = await pending; // drained, not cancelled: the request finished normally
+      expect(r.head).toEqual({ status: 200 });
+      expect(r.trailer).toEqual({ done: true });
+    } finally {
+      await srv.stop();
+    }
+  });
+});
+
 describe('request/response', () => {
   it('round-trips a 1 MB body and 1000 data frames back', async () => {
     const { proto, srv } = await serve(async (req, res) => {

@@ -556,6 +556,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
+      void settleFromNode(p, 'failed');
       endStream(raw, 'bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
       return reply;
     }

@@ -50,6 +50,11 @@ export interface RequestServer {
   readonly protocol: string;
   /** Requests being read or handled right now. */
   readonly inFlight: number;
+  /**
+   * Resolves true once no request is in flight (new ones included while waiting), false if some
+   * still are after timeoutMs. Admits and cancels nothing: the caller stops admission first.
+   */
+  drain(timeoutMs: number): Promise<boolean>;
   /** Unregisters the protocol, cancels running requests, waits (bounded) for their handlers. */
   stop(): Promise<void>;
 }
@@ -202,6 +207,22 @@ export async function handleRequests(
     protocol,
     get inFlight() {
       return exchanges.size;
+    },
+    async drain(timeoutMs: number) {
+      const deadline = Date.now() + timeoutMs;
+      while (exchanges.size > 0) {
+        const left = deadline - Date.now();
+        if (left <= 0) return false;
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([
+          Promise.allSettled([...exchanges].map((x) => x.done)),
+          new Promise<void>((resolve) => {
+            timer = setTimeout(resolve, left);
+          }),
+        ]);
+        clearTimeout(timer);
+      }
+      return true;
     },
     async stop() {
       if (stopping) return;
