@@ -10,6 +10,7 @@ import path from 'node:path';
 import YAML from 'yaml';
 import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
+import { parseHostPort } from './host-port.ts';
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -227,7 +228,7 @@ function validate(raw: Raw, base: string): NodeConfig {
   if (!isObject(ops)) throw new ConfigError('ops', 'expected a mapping');
   only(ops, 'ops', ['http']);
   const http = str(ops.http ?? DEFAULTS.ops.http, 'ops.http');
-  if (!/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/.test(http) || Number(http.slice(http.lastIndexOf(':') + 1)) > 65535) {
+  if (!parseHostPort(http)) {
     throw new ConfigError('ops.http', 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464');
   }
 

@@ -5,7 +5,8 @@ import path from 'node:path';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
-import type { NodeConfig } from './config.ts';
+import { ConfigError, type NodeConfig } from './config.ts';
+import { parseHostPort } from './host-port.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
@@ -134,7 +135,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
-    const [opsHost, opsPort] = splitHostPort(config.ops.http);
+    const opsListen = parseHostPort(config.ops.http);
+    if (!opsListen) throw new ConfigError('ops.http', 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464');
+    const { host: opsHost, port: opsPort } = opsListen;
     const ops = createOpsServer({
       host: opsHost,
       port: opsPort,
@@ -194,9 +197,4 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     await undo();
     throw e;
   }
-}
-
-function splitHostPort(s: string): [string, number] {
-  const i = s.lastIndexOf(':');
-  return [s.slice(0, i).replace(/^\[|\]$/g, ''), Number(s.slice(i + 1))];
 }

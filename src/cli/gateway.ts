@@ -2,6 +2,7 @@
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
 import { createGateway, GATEWAY_DEFAULT_PORT } from '../gateway/gateway.ts';
+import { parseHostPort, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { isLoopbackHost } from '../ops/server.ts';
@@ -9,11 +10,10 @@ import { CliError } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
 /** "127.0.0.1:11435", "[::1]:11435", "localhost" (default port) → host and port. */
-export function parseListen(s: string): { host: string; port: number } {
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:[\]]+))(?::([0-9]{1,5}))?$/.exec(s.trim());
-  const port = m?.[3] === undefined ? GATEWAY_DEFAULT_PORT : Number(m[3]);
-  if (!m || port > 65535) throw new CliError(`--listen must be HOST:PORT (like 127.0.0.1:${GATEWAY_DEFAULT_PORT}), got "${s}"`, 2);
-  return { host: (m[1] ?? m[2])!, port };
+export function parseListen(s: string): HostPort {
+  const hp = parseHostPort(s.trim(), GATEWAY_DEFAULT_PORT);
+  if (!hp) throw new CliError(`--listen must be HOST:PORT (like 127.0.0.1:${GATEWAY_DEFAULT_PORT}), got "${s}"`, 2);
+  return hp;
 }
 
 export function gatewayCommand(): Command {

@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
 import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
+import { parseHostPort, type HostPort } from '../host-port.ts';
 import { createMarket } from '../market/market.ts';
 import { createLogger } from '../ops/logger.ts';
 import { CliError } from './cli-error.ts';
@@ -9,11 +10,10 @@ import { untilSignal } from './until-signal.ts';
 
 const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
-function parseListen(s: string): { host: string; port: number } {
-  const m = /^(\[[0-9a-fA-F:]+\]|[^\s:[\]]+):(\d{1,5})$/.exec(s);
-  const port = m ? Number(m[2]) : NaN;
-  if (!m || port > 65535) throw new CliError(`--listen must be host:port, e.g. ${DEFAULT_MARKET_LISTEN}; got "${s}"`, 2);
-  return { host: m[1]!.replace(/^\[|\]$/g, ''), port };
+function parseListen(s: string): HostPort {
+  const hp = parseHostPort(s);
+  if (!hp) throw new CliError(`--listen must be host:port, e.g. ${DEFAULT_MARKET_LISTEN}; got "${s}"`, 2);
+  return hp;
 }
 
 export function marketCommand(): Command {
