@@ -22,9 +22,12 @@ export function gatewayCommand(): Command {
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
     .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
+    .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', '120000')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; records?: string; logLevel: string }) => {
+    .action(async (opts: { market: string; listen: string; records?: string; providerIdleMs: string; logLevel: string }) => {
       const { host, port } = parseListen(opts.listen);
+      const providerIdleMs = Number(opts.providerIdleMs);
+      if (!/^[0-9]{1,9}$/.test(opts.providerIdleMs) || providerIdleMs < 1000) throw new CliError(`--provider-idle-ms must be a whole number of milliseconds, at least 1000; got "${opts.providerIdleMs}"`, 2);
       try {
         normalizeMarketUrl(opts.market);
       } catch (e) {
@@ -35,7 +38,7 @@ export function gatewayCommand(): Command {
       if (!isLoopbackHost(host)) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication\n`);
       let gw;
       try {
-        gw = await createGateway({ market: opts.market, host, port, logger, ...(opts.records ? { recordsPath: opts.records } : {}) });
+        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }

@@ -69,6 +69,13 @@ export interface GatewayOptions {
   recordsPath?: string;
   /** Per-call timeout towards the marketplace (default 10 s). */
   marketTimeoutMs?: number;
+  /**
+   * The longest a provider may send nothing: before its HEAD (queueing at the node included, which
+   * X-Service-Max-Wait-Ms bounds at 60 s) and between frames (default 120 s). A provider silent
+   * for longer is cut off: 504 provider_timeout before the HEAD; after it, a 502 (or an SSE error
+   * event) with that code, and what it did is settled from its log.
+   */
+  providerIdleMs?: number;
 }
 
 export interface Gateway {
@@ -162,6 +169,27 @@ function drained(raw: ServerResponse): Promise<void> {
   });
 }
 
+/** Aborts a provider request when nothing has arrived for `ms`; every frame (and the HEAD) restarts the clock. */
+class IdleWatch {
+  timedOut = false;
+  private stopped = false;
+  private readonly timer: NodeJS.Timeout;
+  constructor(ac: AbortController, ms: number) {
+    this.timer = setTimeout(() => {
+      this.timedOut = true;
+      ac.abort(new Error(`the provider sent nothing for ${ms} ms`));
+    }, ms);
+    this.timer.unref();
+  }
+  kick(): void {
+    if (!this.stopped) this.timer.refresh();
+  }
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.timer);
+  }
+}
+
 function endsWith(bytes: Uint8Array, tail: Uint8Array): boolean {
   if (bytes.length < tail.length) return false;
   for (let i = 0; i < tail.length; i++) if (bytes[bytes.length - tail.length + i] !== tail[i]) return false;
@@ -186,6 +214,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const records = new RequestRecords(opts.maxRecords, opts.recordsPath);
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;
+  const providerIdleMs = opts.providerIdleMs ?? 120_000;
   const seed = opts.seed ?? new Uint8Array(crypto.randomBytes(32));
   let host: Host;
   try {
@@ -376,7 +405,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);
     const hedged = controls.routing.hedge && endpoint !== 'embeddings' ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`) : undefined;
-    const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => ({ g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac: new AbortController() }));
+    const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
+      const ac = new AbortController();
+      return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, providerIdleMs) };
+    });
     for (const a of attempts) records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
 
     // A buyer who leaves cancels the request at the node: its stream is reset, generation stops,
@@ -401,7 +433,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         return { ok: false, a, stage: 'connect', e: e as Error };
       }
       try {
-        return { ok: true, a, res, head: await res.head };
+        const head = await res.head;
+        a.idle.kick();
+        return { ok: true, a, res, head };
       } catch (e) {
         return { ok: false, a, stage: 'head', e: e as Error, res };
       }
@@ -415,6 +449,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // The loser is cancelled; what it did is settled from its node's log.
     for (const a of attempts) {
       if (a === outcome.a) continue;
+      a.idle.stop();
       a.ac.abort(new Error('lost the hedge'));
       // Tracked at once, so close() waits for this settlement before it closes the records.
       void track(
@@ -432,11 +467,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       throw e;
     };
 
+    const idle = outcome.a.idle;
     if (!outcome.ok) {
+      idle.stop();
       if (gone.signal.aborted) return abandon(p, reply);
       if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
       // The stream opened but no head came: the provider may have started; its log knows.
       void settleFromNode(p, 'failed');
+      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${providerIdleMs} ms`);
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
     const { res, head } = outcome;
@@ -450,13 +488,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       } catch {
         // fall through: no error envelope
       }
+      idle.stop();
       const err = readErrorBody(trailer);
       if (!err || status < 400 || status > 599) return fail('bad_provider_response', new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`));
       return fail('refused', new GatewayError(status, err.code, err.message));
     }
     const contentType = typeof headers['content-type'] === 'string' ? headers['content-type'] : '';
-    if (contentType.startsWith('text/event-stream')) return relayStream(p, res, reply, gone.signal, () => (finishedStream = true));
-    return relayBody(p, res, reply, gone.signal);
+    if (contentType.startsWith('text/event-stream')) return relayStream(p, res, reply, gone.signal, idle, () => (finishedStream = true));
+    return relayBody(p, res, reply, gone.signal, idle);
   }
 
   /** The buyer left: the node's receipt (if it did any work) is settled in the background. */
@@ -466,12 +505,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply;
   }
 
-  async function relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal): Promise<unknown> {
+  async function relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch): Promise<unknown> {
     const hash = crypto.createHash('sha256');
     const parts: Uint8Array[] = [];
     let trailer: JsonObject | undefined;
     try {
       for await (const f of res.frames) {
+        idle.kick();
         if (f.kind === 'data') {
           hash.update(f.bytes);
           parts.push(f.bytes);
@@ -480,7 +520,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     } catch (e) {
       if (gone.aborted) return abandon(p, reply);
       void settleFromNode(p, 'failed');
+      if (idle.timedOut) throw new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
       throw new GatewayError(502, 'bad_provider_response', `the provider's answer broke off: ${(e as Error).message}`);
+    } finally {
+      idle.stop();
     }
     const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
     if (!checked.ok) {
@@ -510,7 +553,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.code(200).type(JSON_TYPE).send(JSON.stringify(out));
   }
 
-  async function relayStream(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, markFinished: () => void): Promise<unknown> {
+  async function relayStream(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch, markFinished: () => void): Promise<unknown> {
     // Once the buyer has the whole answer ([DONE]) they may ask for the record at once, while the
     // trailer is still on its way: GET /v1/requests/{id} then waits for this relay to settle.
     let relayed!: () => void;
@@ -522,13 +565,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       tracking = true;
     };
     try {
-      return await relayStreamFrames(p, res, reply, gone, finished);
+      return await relayStreamFrames(p, res, reply, gone, idle, finished);
     } finally {
+      idle.stop();
       relayed();
     }
   }
 
-  async function relayStreamFrames(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, finished: () => void): Promise<unknown> {
+  async function relayStreamFrames(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch, finished: () => void): Promise<unknown> {
     reply.hijack();
     const raw = reply.raw;
     raw.writeHead(200, {
@@ -543,6 +587,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     let trailer: JsonObject | undefined;
     try {
       for await (const f of res.frames) {
+        idle.kick();
         if (f.kind === 'data') {
           hash.update(f.bytes);
           if (endsWith(f.bytes, DONE_EVENT) || endsResponsesStream(f.bytes)) finished();
@@ -557,7 +602,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
       void settleFromNode(p, 'failed');
-      endStream(raw, 'bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
+      if (idle.timedOut) endStream(raw, 'provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
+      else endStream(raw, 'bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
       return reply;
     }
     finished();

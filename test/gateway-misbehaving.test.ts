@@ -1,0 +1,609 @@
+// The gateway against parties that misbehave, on real transports: a scripted provider node (real
+// libp2p on loopback, a real receipt log served over /service/log) and a market proxy in front of
+// a real development market (it can rewrite the ticket the market grants and fail the receipt
+// POST). A real node on the tiny model answers the good request after every case, through the
+// same gateway: a misbehaving party costs one request, never the gateway.
+//
+//   provider: receipts that do not verify or are another request's → 502 bad_provider_response,
+//             recorded, never settled; a stream closed or reset without a TRAILER → 502 (or an SSE
+//             error event), settled from the node's log when it has a receipt, else
+//             `provider_failed`; an HTTP status without an error envelope → 502.
+//   market:   a ticket that does not verify, is another request's or holds more than
+//             X-Service-Max-Cost-Usd → 502 bad_market_response, no record, nothing charged, the
+//             provider never dialled; POST /v1/receipts failing (5xx, dropped) is retried (3 tries
+//             in all), refused (4xx, ok:false) is not, and the record says which.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toBase64, utf8 } from '../attestation/bytes.ts';
+import { canonicalize } from '../attestation/canonical-json.ts';
+import { parseEnvelope, serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
+import { computeCost, formatUsd, type Usage } from '../attestation/money.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { peekPayload } from '../attestation/signed-payload.ts';
+import { signTicket, type TicketPayload } from '../attestation/ticket.ts';
+import { parseConfig } from '../src/config.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import type { RequestRecord } from '../src/gateway/records.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+import type { JsonObject } from '../src/p2p/frames.ts';
+import { Exchange, MarketProxy, SCRIPTED_RATES, SCRIPTED_USAGE, ScriptedNode, type Behaviour, type TicketGrant } from './helpers/misbehaving-node.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { waitFor } from './helpers/wait.ts';
+
+const MODEL = 'tiny/llama';
+const RECEIPT_FETCH_MS = 800;
+
+let dir: string;
+let marketSeed: Uint8Array;
+let market: Market;
+let marketUrl: string;
+let proxy: MarketProxy;
+let node: RunningNode;
+let scripted: ScriptedNode;
+let gw: Gateway;
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-misbehaving-'));
+  marketSeed = new Uint8Array(crypto.randomBytes(32));
+  // A long heartbeat interval keeps the scripted node (which never heartbeats) live for the run.
+  market = createMarket({ seed: marketSeed, heartbeatIntervalMs: 60_000 });
+  marketUrl = (await market.listen()).url;
+  proxy = await MarketProxy.start(marketUrl);
+  writeTinyLlama(path.join(dir, 'tiny.gguf'));
+  createKeyFile(path.join(dir, 'node.key'));
+  const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
+  node = await startNode(parseConfig(yaml, dir));
+  scripted = await ScriptedNode.start(dir);
+  scripted.behaviour = honest;
+  await scripted.register(marketUrl);
+  await waitFor('both providers to be listed', async () => {
+    const list = (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string }[];
+    return [node.providerId, scripted.providerId].every((id) => list.some((p) => p.provider === id)) ? true : undefined;
+  });
+  gw = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS });
+});
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await scripted?.stop();
+  await node?.stop(1000);
+  await proxy?.close();
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+// Every case starts with a market that passes everything through and a fresh count of receipt POSTs.
+beforeEach(() => proxy.reset());
+
+// After every case the same gateway answers a good request at the real node, settled as usual.
+afterEach(async () => {
+  proxy.reset();
+  scripted.behaviour = honest;
+  expect(scripted.errors.splice(0).map((e) => e.message), 'the scripted node\'s own failures').toEqual([]);
+  const res = await post(chatBody('are you still there?'), toNode());
+  expect(res.status).toBe(200);
+  const id = res.headers.get('x-request-id')!;
+  const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+  expect(body.service.request_id).toBe(id);
+  expect(verifyReceipt(body.service.receipt, { provider: node.providerId }).ok).toBe(true);
+  expect(await record(id)).toMatchObject({ status: 'completed', settled: true, provider: node.providerId });
+  expect(await marketHas(id)).toBe(true);
+});
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+const toScripted = (): Record<string, string> => ({ 'x-service-prefer-providers': scripted.providerId });
+const toNode = (): Record<string, string> => ({ 'x-service-prefer-providers': node.providerId });
+
+function chatBody(content = 'hello', extra: object = {}): string {
+  return JSON.stringify({ model: MODEL, messages: [{ role: 'user', content }], max_tokens: 8, seed: 1, ...extra });
+}
+
+function post(body: string, headers: Record<string, string> = {}, endpoint = 'chat/completions'): Promise<Response> {
+  return fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+}
+
+/** The request's record, as GET /v1/requests/{id} answers it (it waits for a settlement under way). */
+async function record(id: string): Promise<RequestRecord> {
+  const r = await fetch(`${gw.url}/requests/${encodeURIComponent(id)}`);
+  expect(r.status, `GET /v1/requests/${id}`).toBe(200);
+  return (await r.json()) as RequestRecord;
+}
+
+async function marketHas(id: string): Promise<boolean> {
+  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
+  await r.arrayBuffer();
+  return r.status === 200;
+}
+
+async function marketReceipts(): Promise<number> {
+  return ((await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number }).receipts;
+}
+
+/** A response in the spec's error envelope: exactly {error: {code, message}}, JSON, with an x-request-id. */
+async function expectError(res: Response, status: number, code: string, message?: RegExp): Promise<{ id: string; message: string; body: Record<string, unknown> }> {
+  const body = (await res.json()) as Record<string, unknown> & { error: { code: string; message: string } };
+  expect([res.status, body.error?.code], JSON.stringify(body)).toEqual([status, code]);
+  expect(res.headers.get('content-type')).toMatch(/^application\/json/);
+  expect(typeof body.error.message).toBe('string');
+  expect(body.error.message.length).toBeGreaterThan(0);
+  if (message) expect(body.error.message).toMatch(message);
+  const id = res.headers.get('x-request-id');
+  expect(id).toMatch(/^req-/);
+  return { id: id!, message: body.error.message, body };
+}
+
+/** The SSE events of a relayed stream, each event's data line (the gateway's error event included). */
+function sseData(text: string): string[] {
+  return text
+    .split('\n\n')
+    .filter((e) => e.length > 0)
+    .map((e) => e.split('\n').find((l) => l.startsWith('data: '))?.slice('data: '.length) ?? '');
+}
+
+const JSON_HEAD = { status: 200, headers: { 'content-type': 'application/json' } };
+const SSE_HEAD = { status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } };
+
+/** A chat completion body whose usage (and usage.cost) is `usage`'s. */
+function completion(usage: Usage = SCRIPTED_USAGE): string {
+  return JSON.stringify({
+    id: 'chatcmpl-scripted',
+    object: 'chat.completion',
+    created: 1,
+    model: MODEL,
+    choices: [{ index: 0, message: { role: 'assistant', content: 'scripted' }, finish_reason: 'stop' }],
+    usage: { prompt_tokens: usage.input_tokens, completion_tokens: usage.output_tokens, total_tokens: usage.input_tokens + usage.output_tokens, cost: formatUsd(computeCost(usage, SCRIPTED_RATES)) },
+  });
+}
+
+const chunk = (content: string): string => `data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+
+/** What a correct node does: HEAD, the body, a durable receipt for exactly that, the TRAILER. */
+const honest: Behaviour = async (ex) => {
+  await ex.head(JSON_HEAD);
+  await ex.data(completion());
+  await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+};
+
+/** HEAD, an honest body, then the TRAILER carrying whatever `receipt` makes of the exchange. */
+function answersWith(receipt: (ex: Exchange) => string | undefined | Promise<string | undefined>, body: string = completion()): Behaviour {
+  return async (ex) => {
+    await ex.head(JSON_HEAD);
+    await ex.data(body);
+    const line = await receipt(ex);
+    await ex.trailer(line === undefined ? {} : Exchange.receiptTrailer(line));
+  };
+}
+
+const other = (what: string): string => crypto.createHash('sha256').update(what).digest('hex');
+
+/** What a run of the scripted node must leave behind when the gateway refused its answer. */
+async function expectRefusedAnswer(res: Response, message: RegExp, before: { receipts: number; requests: number }): Promise<RequestRecord> {
+  const e = await expectError(res, 502, 'bad_provider_response', message);
+  expect(scripted.requests).toBe(before.requests + 1);
+  const rec = await record(e.id);
+  expect(rec).toMatchObject({ request_id: e.id, status: 'bad_provider_response', provider: scripted.providerId, settled: false, receipt: null, cost: null, usage: null });
+  expect(rec.error).toEqual({ code: 'bad_provider_response', message: e.message });
+  expect(proxy.receiptPosts).toBe(0); // no settlement was even attempted
+  expect(await marketHas(e.id)).toBe(false);
+  expect(await marketReceipts()).toBe(before.receipts);
+  return rec;
+}
+
+async function snapshot(): Promise<{ receipts: number; requests: number }> {
+  return { receipts: await marketReceipts(), requests: scripted.requests };
+}
+
+// ---- the provider -------------------------------------------------------------------------------
+
+describe('a provider whose receipt does not check out: 502 bad_provider_response, recorded, never settled', () => {
+  test('control: the scripted node answering honestly is relayed, verified and settled', async () => {
+    const before = await snapshot();
+    const res = await post(chatBody('honest'), toScripted());
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const body = (await res.json()) as { usage: { cost: string }; service: { request_id: string; receipt: DsseEnvelope } };
+    const v = verifyReceipt(body.service.receipt, { provider: scripted.providerId });
+    expect(v.ok && v.value.payload).toMatchObject({ request_id: id, status: 'completed', usage: SCRIPTED_USAGE });
+    expect(await record(id)).toMatchObject({ status: 'completed', settled: true, provider: scripted.providerId, cost: body.usage.cost });
+    expect(proxy.receiptPosts).toBe(1);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+    expect(scripted.requests).toBe(before.requests + 1);
+  });
+
+  const forger = new Uint8Array(crypto.randomBytes(32));
+  const cases: [string, Behaviour, RegExp][] = [
+    ['a forged signature (another key under the provider\'s key id)', answersWith((ex) => ex.signedReceipt({}, forger)), /does not verify: signature_invalid/],
+    ['a receipt for another request_id', answersWith((ex) => ex.logReceipt({ request_id: 'req-someone-else' })), /request_id is req-someone-else/],
+    ['a receipt for another ticket', answersWith((ex) => ex.logReceipt({ ticket_id: 'tkt-another-ticket' })), /ticket_id is tkt-another-ticket/],
+    ['a receipt for another request body', answersWith((ex) => ex.logReceipt({ request_sha256: other('another body') })), /request_sha256/],
+    ['a receipt for another response (response_sha256 is not the bytes relayed)', answersWith((ex) => ex.logReceipt({ response_sha256: other('another answer') })), /response_sha256/],
+    ['a receipt with another hold than the ticket\'s', answersWith((ex) => ex.logReceipt({ hold_micro_usd: String(BigInt(ex.ticket.max_cost_micro_usd) + 1n) })), /hold_micro_usd/],
+    ['a receipt whose cost is not its usage at its rates', answersWith((ex) => ex.signedReceipt({ cost_micro_usd: '1' })), /does not verify: cost_mismatch/],
+    ['a receipt signed by another key under its own key id', answersWith((ex) => ex.signedReceipt({}, forger).replace(`"keyid":"${scripted.providerId}"`, `"keyid":"${'ab'.repeat(32)}"`)), /does not verify: unknown_key/],
+    ['no receipt at all', answersWith(() => undefined), /carries no receipt/],
+    ['a body whose usage is not the receipt\'s', answersWith((ex) => ex.logReceipt(), completion({ input_tokens: 7, output_tokens: 4 })), /usage\.completion_tokens is 4, the receipt says 3/],
+    ['a body that is not JSON', answersWith((ex) => ex.logReceipt(), 'not json at all'), /not a JSON object/],
+  ];
+  test.each(cases)('%s', async (name, behaviour, message) => {
+    scripted.behaviour = behaviour;
+    const before = await snapshot();
+    await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
+  });
+
+  test('streamed: the relayed events end with a bad_provider_response event; recorded, never settled', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('one'));
+      await ex.data(chunk('two'));
+      await ex.data('data: [DONE]\n\n');
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt({ request_id: 'req-someone-else' })));
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('stream', { stream: true }), toScripted());
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    const id = res.headers.get('x-request-id')!;
+    const events = sseData(await res.text());
+    expect(events.slice(0, 3).map((d) => (d === '[DONE]' ? d : (JSON.parse(d) as { choices: { delta: { content: string } }[] }).choices[0]!.delta.content))).toEqual(['one', 'two', '[DONE]']);
+    expect(events).toHaveLength(4);
+    const err = JSON.parse(events[3]!) as { error: { code: string; message: string } };
+    expect(err.error).toMatchObject({ code: 'bad_provider_response', message: expect.stringMatching(/request_id is req-someone-else/) });
+    expect(await record(id)).toMatchObject({ status: 'bad_provider_response', error: err.error, settled: false, receipt: null });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+});
+
+describe('a provider that breaks off without a TRAILER: 502, settled from the node\'s log when it has a receipt', () => {
+  test('closes the stream without answering, no receipt at the node → 502; record failed/provider_failed', async () => {
+    scripted.behaviour = (ex) => ex.close();
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('silent'), toScripted()), 502, 'bad_provider_response', /did not answer/);
+    const rec = await record(e.id);
+    expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null, cost: null });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('resets mid-body after logging a `failed` receipt → 502; that receipt is fetched, verified, settled and recorded', async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted","object":"chat.comp');
+      logged = await ex.logReceipt({ status: 'failed', usage: { input_tokens: 7, output_tokens: 1 } });
+      ex.reset();
+    };
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('reset'), toScripted()), 502, 'bad_provider_response', /broke off/);
+    const rec = await record(e.id);
+    const env = parseEnvelope(logged);
+    if (!env.ok) throw new Error('the logged line is not an envelope');
+    expect(rec).toMatchObject({ status: 'failed', settled: true, provider: scripted.providerId, usage: { prompt_tokens: 7, completion_tokens: 1, total_tokens: 8 }, cost: formatUsd(computeCost({ input_tokens: 7, output_tokens: 1 }, SCRIPTED_RATES)) });
+    expect(rec.receipt).toEqual(env.value);
+    expect(rec.settlement_error).toBeUndefined();
+    expect(proxy.receiptPosts).toBe(1);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+    const m = (await (await fetch(`${marketUrl}/v1/receipts/${e.id}`)).json()) as { status: string; receipt: string };
+    expect(m).toMatchObject({ status: 'failed', receipt: logged });
+  });
+
+  test('closes cleanly mid-body, no receipt at the node → 502; record failed/provider_failed, nothing settled', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted"');
+      await ex.close();
+    };
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('truncated'), toScripted()), 502, 'bad_provider_response', /broke off: the stream ended before the TRAILER/);
+    expect(await record(e.id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('the node\'s log has a receipt for the request, but not for this ticket → recorded bad_provider_response, not settled', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":');
+      await ex.logReceipt({ ticket_id: 'tkt-not-the-one-sent', status: 'failed', usage: { input_tokens: 7, output_tokens: 0 } });
+      ex.reset();
+    };
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('wrong log'), toScripted()), 502, 'bad_provider_response', /broke off/);
+    expect(await record(e.id)).toMatchObject({ status: 'bad_provider_response', error: { code: 'bad_provider_response', message: expect.stringMatching(/ticket_id is tkt-not-the-one-sent/) }, settled: false, receipt: null });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('streamed, reset after two events with a `cancelled` receipt logged → the events, then an SSE error event; settled from the log', async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('a'));
+      await ex.data(chunk('b'));
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
+      ex.reset();
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('stream reset', { stream: true }), toScripted());
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const events = sseData(await res.text());
+    expect(events).toHaveLength(3);
+    expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off/) } });
+    const rec = await record(id);
+    expect(rec).toMatchObject({ status: 'cancelled', settled: true, usage: { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
+  test('streamed, closed cleanly after [DONE] without a TRAILER, no receipt → an SSE error event; record failed/provider_failed', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('x'));
+      await ex.data('data: [DONE]\n\n');
+      await ex.close();
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('stream close', { stream: true }), toScripted());
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const events = sseData(await res.text());
+    expect(events).toHaveLength(3);
+    expect(events[1]).toBe('[DONE]');
+    expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off: the stream ended before the TRAILER/) } });
+    expect(await record(id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('a TRAILER with a verified `failed` receipt → 502 provider_failed carrying the receipt; settled for what it billed', async () => {
+    const partial = '{"id":"chatcmpl-scripted","obj';
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data(partial);
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt({ status: 'failed', usage: { input_tokens: 7, output_tokens: 0 } }), 'failed'));
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('failed run'), toScripted());
+    const e = await expectError(res, 502, 'provider_failed', /ended failed/);
+    const service = e.body.service as { request_id: string; receipt: DsseEnvelope };
+    expect(service.request_id).toBe(e.id);
+    const v = verifyReceipt(service.receipt, { provider: scripted.providerId });
+    expect(v.ok && v.value.payload).toMatchObject({ status: 'failed', request_id: e.id });
+    expect(await record(e.id)).toMatchObject({ status: 'failed', settled: true, receipt: service.receipt });
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+});
+
+describe('a provider that goes silent is cut off after providerIdleMs; what it did is settled from its log', () => {
+  const IDLE_MS = 300;
+  let quick: Gateway;
+  let release: () => void = () => undefined;
+  /** Holds the scripted node's handler until the test releases it (the gateway has reset the stream by then). */
+  const silence = (): Promise<void> => new Promise<void>((r) => (release = r));
+  const postQuick = (body: string): Promise<Response> => fetch(`${quick.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body });
+  beforeAll(async () => {
+    quick = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, providerIdleMs: IDLE_MS });
+  });
+  afterAll(async () => {
+    await quick?.close(1000);
+  });
+  afterEach(() => release());
+
+  test('no HEAD at all → 504 provider_timeout; record failed/provider_failed, nothing settled', async () => {
+    scripted.behaviour = () => silence();
+    const before = await snapshot();
+    const e = await expectError(await postQuick(chatBody('say nothing')), 504, 'provider_timeout', new RegExp(`within ${IDLE_MS} ms`));
+    const rec = await waitFor('the record to settle', async () => {
+      const r = await fetch(`${quick.url}/requests/${e.id}`);
+      const j = (await r.json()) as RequestRecord;
+      return j.status === 'failed' ? j : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null, cost: null });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('silent mid-body → 502 provider_timeout', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted"');
+      await silence();
+    };
+    await expectError(await postQuick(chatBody('then nothing')), 502, 'provider_timeout', /sent nothing for 300 ms/);
+  });
+
+  test('streamed, silent after two events with a `cancelled` receipt logged → the events, a provider_timeout event; settled from the log', async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('a'));
+      await ex.data(chunk('b'));
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
+      await silence();
+    };
+    const before = await snapshot();
+    const res = await postQuick(chatBody('stall', { stream: true }));
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const events = sseData(await res.text());
+    expect(events).toHaveLength(3);
+    expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'provider_timeout', message: expect.stringMatching(/sent nothing for 300 ms/) } });
+    const rec = await waitFor('the record to settle', async () => {
+      const j = (await (await fetch(`${quick.url}/requests/${id}`)).json()) as RequestRecord;
+      return j.settled ? j : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'cancelled', usage: { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
+  test('a provider that keeps sending is never cut off, however long the answer takes in all', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      // Nine gaps of a third of the idle limit: the whole answer takes far longer than the limit, no gap does.
+      for (let i = 0; i < 9; i++) {
+        await ex.data(chunk(String(i)));
+        await new Promise((r) => setTimeout(r, IDLE_MS / 3));
+      }
+      await ex.data('data: [DONE]\n\n');
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+    };
+    const res = await postQuick(chatBody('slow but steady', { stream: true }));
+    const events = sseData(await res.text());
+    expect(events.at(-1)).toBe('[DONE]');
+    expect(events).toHaveLength(10);
+  });
+});
+
+describe('a provider that answers an HTTP status without an error envelope: 502 bad_provider_response', () => {
+  /** HEAD `head`, then the TRAILER `trailer` (or, when undefined, a close without one). */
+  const answers = (head: JsonObject, trailer?: JsonObject, data?: string): Behaviour => async (ex) => {
+    await ex.head(head);
+    if (data !== undefined) await ex.data(data);
+    await (trailer === undefined ? ex.close() : ex.trailer(trailer));
+  };
+  const cases: [string, Behaviour, RegExp][] = [
+    ['HEAD 500, empty TRAILER', answers({ status: 500 }, {}), /answered HTTP 500 without an error/],
+    ['HEAD 503, then the stream closes without a TRAILER', answers({ status: 503, headers: { 'content-type': 'application/json' } }), /answered HTTP 503 without an error/],
+    ['HEAD 500, TRAILER whose error is a string', answers({ status: 500 }, { error: 'boom' }), /answered HTTP 500 without an error/],
+    ['HEAD 500, TRAILER whose error has no code', answers({ status: 500 }, { error: { message: 'no code' } }), /answered HTTP 500 without an error/],
+    ['HEAD 302 with an error envelope (not an error status)', answers({ status: 302 }, { error: { code: 'moved', message: 'elsewhere' } }), /answered HTTP 302 without an error/],
+    ['HEAD without a status', answers({ headers: {} }, { error: { code: 'oops', message: 'x' } }), /answered HTTP 0 without an error/],
+    ['HEAD status "200" as a string', answers({ status: '200', headers: { 'content-type': 'application/json' } }, {}, completion()), /answered HTTP 0 without an error/],
+  ];
+  test.each(cases)('%s', async (name, behaviour, message) => {
+    scripted.behaviour = behaviour;
+    const before = await snapshot();
+    await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
+  });
+
+  test('control: a refusal with its error envelope is relayed with its status and code, recorded `refused`', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head({ status: 429, headers: { 'content-type': 'application/json' } });
+      await ex.trailer({ error: { code: 'no_capacity', message: 'scripted: busy' } });
+    };
+    const e = await expectError(await post(chatBody('busy'), toScripted()), 429, 'no_capacity', /^scripted: busy$/);
+    expect(await record(e.id)).toMatchObject({ status: 'refused', error: { code: 'no_capacity', message: 'scripted: busy' }, settled: false });
+    expect(proxy.receiptPosts).toBe(0);
+  });
+});
+
+// ---- the market ---------------------------------------------------------------------------------
+
+describe('a market whose ticket is not what was asked for: 502 bad_market_response, nothing recorded or charged', () => {
+  const payloadOf = (g: TicketGrant): TicketPayload => peekPayload(g.ticket) as unknown as TicketPayload;
+  /** The grant with its ticket changed and signed again by the market's own key (or `seed`). */
+  const resigned = (change: (t: TicketPayload, g: TicketGrant) => TicketPayload, seed?: Uint8Array) => (g: TicketGrant) => ({
+    ...g,
+    ticket: signTicket(change(payloadOf(g), g), { keyid: market.publicKey, seed: seed ?? marketSeed }),
+  });
+  const otherKey = new Uint8Array(crypto.randomBytes(32));
+
+  const cases: [string, (g: TicketGrant) => unknown, RegExp, Record<string, string>?][] = [
+    ['signed by a key that is not the market\'s', resigned((t) => t, otherKey), /does not verify: signature_invalid/],
+    ['its payload changed after signing', (g) => ({ ...g, ticket: { ...g.ticket, payload: toBase64(utf8(canonicalize({ ...payloadOf(g), max_cost_micro_usd: '1' }))) } }), /does not verify: signature_invalid/],
+    ['for another body', resigned((t) => ({ ...t, body_sha256: other('another body') })), /does not verify: ticket_body_mismatch/],
+    ['for another provider than the one to dial', resigned((t) => ({ ...t, provider: node.providerId })), /does not verify: ticket_wrong_provider/],
+    ['expired', resigned((t) => ({ ...t, issued_at: Date.now() - 200_000, expires_at: Date.now() - 100_000 })), /does not verify: ticket_expired/],
+    ['for another model', resigned((t) => ({ ...t, model: 'other/model' })), /for another request/],
+    ['for another endpoint', resigned((t) => ({ ...t, endpoint: 'completions' })), /for another request/],
+    ['whose request id is not the grant\'s', (g) => ({ ...g, request_id: `${g.request_id}-x` }), /for another request/],
+    ['for another request (ticket and grant agree on an id that is not this request\'s)', (g) => {
+      const id = `req-${crypto.randomUUID()}`;
+      return { ...resigned((t) => ({ ...t, request_id: id }))(g), request_id: id };
+    }, /for another request/],
+    ['holding more than X-Service-Max-Cost-Usd', resigned((t) => ({ ...t, max_cost_micro_usd: String(BigInt(t.max_cost_micro_usd) + 1n) })), /holds 101 micro-USD, above X-Service-Max-Cost-Usd/, { 'x-service-max-cost-usd': '0.0001' }],
+    ['with a peer id that is not the provider\'s', (g) => ({ ...g, peer_id: node.peerId }), /is not provider/],
+    ['malformed (no envelope)', (g) => ({ ...g, ticket: 'not an envelope' }), /ticket is malformed/],
+  ];
+  test.each(cases)('%s', async (name, rewrite, message, headers) => {
+    proxy.ticket = rewrite;
+    const before = await snapshot();
+    const loggedBefore = scripted.log.size;
+    const e = await expectError(await post(chatBody(name), { ...toScripted(), ...headers }), 502, 'bad_market_response', message);
+    const missing = await fetch(`${gw.url}/requests/${e.id}`);
+    expect(missing.status).toBe(404);
+    expect(((await missing.json()) as { error: { code: string } }).error.code).toBe('request_not_found');
+    expect(scripted.requests).toBe(before.requests); // the provider was never dialled
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketHas(e.id)).toBe(false);
+    expect(await marketReceipts()).toBe(before.receipts);
+    expect(scripted.log.size).toBe(loggedBefore);
+  });
+
+  test('a ticket naming an earlier request\'s id is refused, and that request\'s record stays as it was', async () => {
+    const first = await post(chatBody('first'), toNode());
+    expect(first.status).toBe(200);
+    const firstId = first.headers.get('x-request-id')!;
+    await first.json();
+    const settled = await record(firstId);
+    expect(settled).toMatchObject({ status: 'completed', settled: true });
+    proxy.ticket = (g) => ({ ...resigned((t) => ({ ...t, request_id: firstId }))(g), request_id: firstId });
+    const before = await snapshot();
+    await expectError(await post(chatBody('second'), toScripted()), 502, 'bad_market_response', /for another request/);
+    expect(scripted.requests).toBe(before.requests);
+    expect(await record(firstId)).toEqual(settled);
+  });
+});
+
+describe('settlement: POST /v1/receipts failing is retried, refused is not, and the record says which', () => {
+  async function run(answer: (attempt: number) => 'forward' | 'drop' | { status: number; body?: unknown }): Promise<{ id: string; rec: RequestRecord; receipt: DsseEnvelope }> {
+    proxy.receipt = answer;
+    const res = await post(chatBody('settle me'), toNode());
+    // The buyer has the answer and its verified receipt whatever the market did with it.
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const body = (await res.json()) as { service: { receipt: DsseEnvelope } };
+    expect(verifyReceipt(body.service.receipt, { provider: node.providerId }).ok).toBe(true);
+    const rec = await record(id);
+    expect(rec).toMatchObject({ status: 'completed', receipt: body.service.receipt });
+    return { id, rec, receipt: body.service.receipt };
+  }
+
+  test('a 503 with the market\'s envelope, then success: retried once, settled', async () => {
+    const { id, rec } = await run((n) => (n === 1 ? { status: 503, body: { error: { code: 'unavailable', message: 'try again' } } } : 'forward'));
+    expect(proxy.receiptPosts).toBe(2);
+    expect(rec.settled).toBe(true);
+    expect(rec.settlement_error).toBeUndefined();
+    expect(await marketHas(id)).toBe(true);
+  });
+
+  test('the connection dropped on the first POST, then success: retried, settled', async () => {
+    const { id, rec } = await run((n) => (n === 1 ? 'drop' : 'forward'));
+    expect(proxy.receiptPosts).toBe(2);
+    expect(rec.settled).toBe(true);
+    expect(await marketHas(id)).toBe(true);
+  });
+
+  test('a 500 without an envelope every time: three tries, then recorded unsettled (bad_market_response)', async () => {
+    const { id, rec } = await run(() => ({ status: 500, body: 'upstream exploded' }));
+    expect(proxy.receiptPosts).toBe(3);
+    expect(rec.settled).toBe(false);
+    expect(rec.settlement_error).toMatchObject({ code: 'bad_market_response', message: expect.stringMatching(/HTTP 500/) });
+    expect(await marketHas(id)).toBe(false);
+  });
+
+  test('a 4xx refusal with its code: not retried, recorded unsettled with that code', async () => {
+    const { id, rec } = await run(() => ({ status: 400, body: { error: { code: 'receipt_ticket_mismatch', message: 'scripted refusal' } } }));
+    expect(proxy.receiptPosts).toBe(1);
+    expect(rec.settled).toBe(false);
+    expect(rec.settlement_error).toEqual({ code: 'receipt_ticket_mismatch', message: 'scripted refusal' });
+    expect(await marketHas(id)).toBe(false);
+  });
+
+  test('200 without ok: true: not retried, recorded settlement_refused', async () => {
+    const { id, rec } = await run(() => ({ status: 200, body: { ok: false } }));
+    expect(proxy.receiptPosts).toBe(1);
+    expect(rec.settled).toBe(false);
+    expect(rec.settlement_error?.code).toBe('settlement_refused');
+    expect(await marketHas(id)).toBe(false);
+  });
+});
