@@ -52,7 +52,6 @@ describe('X-Service-* routing headers', () => {
         max_output_price_micro_usd_per_mtok: '12000000',
         max_request_price_micro_usd: '1234567',
       },
-      maxCostMicroUsd: '1',
       preferredProviders: [p1.toLowerCase(), p2],
     });
     expect(parseRoutingHeaders({ 'x-service-min-att-tier': 'T4' }).routing.min_attestation_tier).toBe('T4');

@@ -267,7 +267,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown }> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
-    if (controls.maxCostMicroUsd !== undefined) ask.max_cost_micro_usd = controls.maxCostMicroUsd;
+    const maxCost = controls.routing.max_cost_micro_usd;
+    if (maxCost !== undefined) ask.max_cost_micro_usd = maxCost;
     if (controls.preferredProviders) ask.providers = controls.preferredProviders;
     const grant = await market.ticket(ask);
     const key = await market.marketKey();
@@ -277,7 +278,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // The market issues the ticket under the request id it was given (docs/market-api.md): one for
     // any other id is another request's, and taking it would put this request's record over that one.
     if (t.endpoint !== endpoint || t.model !== model || t.request_id !== requestId || grant.request_id !== requestId) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
-    if (controls.maxCostMicroUsd !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(controls.maxCostMicroUsd)) {
+    if (maxCost !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(maxCost)) {
       throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
     }
     // The market applies the set; a ticket for anyone else is still never used.
@@ -399,8 +400,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const est = estimates.get(controls.estimateId);
       if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
       if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== bodySha256) throw invalid('X-Service-Estimate', 'the estimate is for another request');
-      const cap = controls.maxCostMicroUsd === undefined ? est.maxHoldMicroUsd : BigInt(controls.maxCostMicroUsd) < est.maxHoldMicroUsd ? BigInt(controls.maxCostMicroUsd) : est.maxHoldMicroUsd;
-      controls.maxCostMicroUsd = cap.toString();
+      const asked = controls.routing.max_cost_micro_usd;
+      const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
       controls.routing.max_cost_micro_usd = cap.toString();
     }
     const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);

@@ -9,10 +9,11 @@ import type { TicketRouting } from '../../attestation/ticket.ts';
 import { invalid } from './errors.ts';
 
 export interface RoutingControls {
-  /** The routing fields for the ticket request. */
+  /**
+   * The routing fields for the ticket request. routing.max_cost_micro_usd (X-Service-Max-Cost-Usd,
+   * or an estimate's maximum) is also the hold the gateway asks the marketplace for.
+   */
   routing: TicketRouting;
-  /** X-Service-Max-Cost-Usd in micro-USD: also the hold the gateway asks the marketplace for. */
-  maxCostMicroUsd?: string;
   /** X-Service-Prefer-Providers: an ordered strict set of provider ids (lowercase hex). */
   preferredProviders?: string[];
   /** X-Service-Estimate: an estimate id from POST /v1/estimates. */
@@ -110,10 +111,7 @@ export function parseRoutingHeaders(headers: HeaderBag): RoutingControls {
   v = get('X-Service-Max-Wait-Ms');
   if (v !== undefined) routing.max_wait_ms = integer('X-Service-Max-Wait-Ms', v, 0, 60000);
   v = get('X-Service-Max-Cost-Usd');
-  if (v !== undefined) {
-    routing.max_cost_micro_usd = usdMicro('X-Service-Max-Cost-Usd', v);
-    out.maxCostMicroUsd = routing.max_cost_micro_usd;
-  }
+  if (v !== undefined) routing.max_cost_micro_usd = usdMicro('X-Service-Max-Cost-Usd', v);
   v = get('X-Service-Max-Input-Price-Per-Million-Usd');
   if (v !== undefined) routing.max_input_price_micro_usd_per_mtok = usdMicro('X-Service-Max-Input-Price-Per-Million-Usd', v);
   v = get('X-Service-Max-Output-Price-Per-Million-Usd');
