@@ -5,7 +5,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
-import type { ChatMessage, EmbeddingResult, GeneratedChunk, GenerateRequest, GenerationInput, GenerationResult, RuntimeAdapter, RuntimeInfo } from './runtime-adapter.ts';
+import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
   modelPath: string;
@@ -95,7 +95,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async renderChat(messages: ChatMessage[]): Promise<string> {
-    if (!this.template) throw new Error('the model has no chat template');
+    if (!this.template) throw new UnsupportedInputError('token_count_unsupported', 'this model has no chat template: it takes prompts (completions), not chat messages');
     const t = this.m.tokens;
     return this.template.render({ messages, add_generation_prompt: true, bos_token: t.bosString ?? '', eos_token: t.eosString ?? '' });
   }
@@ -125,6 +125,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     // The evaluation ends by itself when the model produces an end-of-generation token.
     let finishReason: GenerationResult['finishReason'] = 'stop';
     let evaluation: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    /** Whether the prompt went to the runtime: a run stopped before that evaluated (and bills) nothing. */
+    let evaluated = false;
     try {
       await sequence.clearHistory();
       if (req.signal?.aborted) finishReason = 'abort';
@@ -136,6 +138,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           ...(req.sampling.topK !== undefined ? { topK: req.sampling.topK } : {}),
           ...(req.sampling.topP !== undefined ? { topP: req.sampling.topP } : {}),
         });
+        evaluated = true;
         for await (const token of evaluation) {
           output.push(token);
           // Decode the tokens not emitted yet, in the context of the ones before them (how a
@@ -178,11 +181,12 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         this.idle.push(sequence);
       }
     }
+    const prompt = evaluated ? input.length : 0;
     return {
       finishReason,
-      inputTokens: input.length,
+      inputTokens: prompt,
       outputTokens: output.length,
-      usageRuntime: { prompt_tokens: input.length, completion_tokens: output.length, total_tokens: input.length + output.length },
+      usageRuntime: { prompt_tokens: prompt, completion_tokens: output.length, total_tokens: prompt + output.length },
     };
   }
 

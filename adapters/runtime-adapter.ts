@@ -39,8 +39,22 @@ export interface GeneratedChunk {
   tokens: number[];
 }
 
+/**
+ * An input the runtime cannot take as asked, e.g. chat messages for a model without a chat template
+ * (`token_count_unsupported`: it has no exact way to tokenize them). Thrown before any work.
+ */
+export class UnsupportedInputError extends Error {
+  override name = 'UnsupportedInputError';
+  readonly code: string;
+  constructor(code: string, message: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
 export interface GenerationResult {
   finishReason: FinishReason;
+  /** Input tokens evaluated: 0 when the run ended before its prompt was (nothing to bill). */
   inputTokens: number;
   outputTokens: number;
   /** Usage as the runtime itself reported it, for the receipt's usage_runtime. */

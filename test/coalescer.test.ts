@@ -22,6 +22,25 @@ describe('Coalescer', () => {
     await c.flush();
     expect(writes.join('')).toBe('abcd');
   });
+  test('tokens whose text is held back count as delivered only with the next bytes written', async () => {
+    const writes: string[] = [];
+    const c = new Coalescer(async (x) => void writes.push(dec(x)), { windowMs: 0 });
+    await c.push(b('Hel'), 1);
+    await c.push(b(''), 1); // text held (a partial character, a possible stop): nothing to write
+    await c.push(b(''), 1);
+    await c.flush();
+    expect(writes).toEqual(['Hel']);
+    expect(c.delivered).toBe(1);
+    await c.push(b('lo'), 1); // the held text goes out with this one: all four tokens reached the buyer
+    await c.flush();
+    expect(writes).toEqual(['Hel', 'lo']);
+    expect(c.delivered).toBe(4);
+    await c.push(b(''), 1);
+    c.discard(); // the buyer left: the held token never reached them
+    await c.flush();
+    expect(c.delivered).toBe(4);
+  });
+
   test('tokens queued when the write side fails are not delivered; later pushes fail', async () => {
     let fail = false;
     const c = new Coalescer(async () => {

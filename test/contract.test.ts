@@ -43,6 +43,29 @@ describe('request contracts', () => {
   ])('%s %j is refused naming "%s"', (endpoint, body, f) => {
     expect(field(endpoint, body)).toBe(f);
   });
+  test('features the node does not implement are refused naming them, never ignored; their defaults are accepted', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    const refused: [string, object, string][] = [
+      ['chat/completions', { ...chat, n: 2 }, 'n'],
+      ['chat/completions', { ...chat, logprobs: true }, 'logprobs'],
+      ['chat/completions', { ...chat, top_logprobs: 3 }, 'top_logprobs'],
+      ['chat/completions', { ...chat, tools: [{ type: 'function', function: { name: 'f' } }] }, 'tools'],
+      ['chat/completions', { ...chat, functions: [{ name: 'f' }] }, 'functions'],
+      ['chat/completions', { ...chat, response_format: { type: 'json_object' } }, 'response_format.type'],
+      ['chat/completions', { ...chat, response_format: 'json' }, 'response_format'],
+      ['completions', { model: 'm', prompt: 'p', best_of: 3 }, 'best_of'],
+      ['completions', { model: 'm', prompt: 'p', logprobs: 2 }, 'logprobs'],
+      ['completions', { model: 'm', prompt: 'p', echo: true }, 'echo'],
+      ['completions', { model: 'm', prompt: 'p', suffix: 'end' }, 'suffix'],
+      ['responses', { model: 'm', input: 'x', tools: [{ type: 'web_search' }] }, 'tools'],
+    ];
+    for (const [endpoint, body, f] of refused) expect(field(endpoint, body), JSON.stringify(body)).toBe(f);
+    const accepted: [string, object][] = [
+      ['chat/completions', { ...chat, n: 1, logprobs: false, tools: [], response_format: { type: 'text' }, top_logprobs: null }],
+      ['completions', { model: 'm', prompt: 'p', best_of: 1, echo: false, suffix: '', logprobs: null, n: null }],
+    ];
+    for (const [endpoint, body] of accepted) expect(field(endpoint, body), JSON.stringify(body)).toBe('ok');
+  });
   test('responses: a string input, message inputs with text parts, instructions as system', () => {
     expect(parseRequest('responses', enc({ model: 'm', input: 'hi', max_output_tokens: 9 }))).toMatchObject({ endpoint: 'responses', messages: [{ role: 'user', content: 'hi' }], maxTokens: 9, stream: false });
     const r = parseRequest('responses', enc({ model: 'm', instructions: 'be brief', input: [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'a' }, { type: 'input_text', text: 'b' }] }], stream: true }));

@@ -237,7 +237,7 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
   });
 
-  test('streamed: the relayed events end with a bad_provider_response event; recorded, never settled', async () => {
+  test('streamed: [DONE] is held until the receipt verifies; a bad one ends the stream with a bad_provider_response event instead; recorded, never settled', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(SSE_HEAD);
       await ex.data(chunk('one'));
@@ -251,9 +251,9 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
     const id = res.headers.get('x-request-id')!;
     const events = sseData(await res.text());
-    expect(events.slice(0, 3).map((d) => (d === '[DONE]' ? d : (JSON.parse(d) as { choices: { delta: { content: string } }[] }).choices[0]!.delta.content))).toEqual(['one', 'two', '[DONE]']);
-    expect(events).toHaveLength(4);
-    const err = JSON.parse(events[3]!) as { error: { code: string; message: string } };
+    expect(events.slice(0, 2).map((d) => (JSON.parse(d) as { choices: { delta: { content: string } }[] }).choices[0]!.delta.content)).toEqual(['one', 'two']);
+    expect(events).toHaveLength(3); // no [DONE]: a client stops reading there, and would never see the error
+    const err = JSON.parse(events[2]!) as { error: { code: string; message: string } };
     expect(err.error).toMatchObject({ code: 'bad_provider_response', message: expect.stringMatching(/request_id is req-someone-else/) });
     expect(await record(id)).toMatchObject({ status: 'bad_provider_response', error: err.error, settled: false, receipt: null });
     expect(proxy.receiptPosts).toBe(0);
@@ -343,7 +343,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
-  test('streamed, closed cleanly after [DONE] without a TRAILER, no receipt → an SSE error event; record failed/provider_failed', async () => {
+  test('streamed, closed cleanly after [DONE] without a TRAILER, no receipt → the held [DONE] is replaced by an SSE error event; record failed/provider_failed', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(SSE_HEAD);
       await ex.data(chunk('x'));
@@ -355,12 +355,29 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     expect(res.status).toBe(200);
     const id = res.headers.get('x-request-id')!;
     const events = sseData(await res.text());
-    expect(events).toHaveLength(3);
-    expect(events[1]).toBe('[DONE]');
-    expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off: the stream ended before the TRAILER/) } });
+    expect(events).toHaveLength(2);
+    expect(JSON.parse(events[1]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off: the stream ended before the TRAILER/) } });
     expect(await record(id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
     expect(proxy.receiptPosts).toBe(0);
     expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('streamed, a TRAILER with a verified `failed` receipt and the node\'s error → the events, then a provider_failed event (no [DONE]); settled', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('partial'));
+      const line = await ex.logReceipt({ status: 'failed', usage: { input_tokens: 7, output_tokens: 1 } });
+      await ex.trailer({ ...Exchange.receiptTrailer(line, 'failed'), error: { code: 'runtime_failed', message: 'the run failed: out of memory' } });
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('stream fail', { stream: true }), toScripted());
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const events = sseData(await res.text());
+    expect(events).toHaveLength(2);
+    expect(JSON.parse(events[1]!)).toEqual({ error: { code: 'provider_failed', message: expect.stringMatching(/ended failed: the run failed: out of memory/) } });
+    expect(await record(id)).toMatchObject({ status: 'failed', settled: true, usage: { prompt_tokens: 7, completion_tokens: 1 } });
+    expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
   test('a TRAILER with a verified `failed` receipt → 502 provider_failed carrying the receipt; settled for what it billed', async () => {

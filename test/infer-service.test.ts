@@ -3,7 +3,7 @@
 import crypto from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { toHex, utf8 } from '../attestation/bytes.ts';
-import { computeCost, formatUsd } from '../attestation/money.ts';
+import { computeCost, formatUsd, maxOutputTokensWithin } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
@@ -159,7 +159,11 @@ describe('InferService', () => {
       [request('chat/completions', chatBody, {}, { price_version: 'p0' }), 409, 'ticket_price_version_mismatch'],
       [request('chat/completions', chatBody, {}, { max_cost_micro_usd: '0' }), 403, 'request_cost_limit_exceeded'],
       [request('chat/completions', chatBody, {}, { routing: { quantization: 'q8-0' } }), 503, 'routing_unsatisfied'],
-      [request('chat/completions', { ...chatBody, max_tokens: 600 }, {}, { routing: { min_context: 600 } }), 503, 'routing_unsatisfied'],
+      [request('chat/completions', chatBody, {}, { routing: { min_context: 600 } }), 503, 'routing_unsatisfied'],
+      // max_tokens beyond what the context leaves is refused, never quietly cut (context 512)
+      [request('chat/completions', { ...chatBody, max_tokens: 600 }), 400, 'context_length_exceeded'],
+      [request('chat/completions', { ...chatBody, max_tokens: 600 }, {}, { routing: { min_context: 100 } }), 400, 'context_length_exceeded'],
+      [request('chat/completions', { ...chatBody, n: 3 }), 400, 'invalid_request'],
     ];
     for (const [req, status, code] of cases) {
       const { res, out } = recorder();
@@ -300,5 +304,173 @@ describe('InferService', () => {
     expect(out.data).toEqual([]);
     await log.flush();
     expect(log.stats().receipts).toBe(before);
+  });
+});
+
+/** The request id a test ticket carries. */
+const idOf = (req: ReturnType<typeof request>): string => JSON.parse(Buffer.from(req.ticket.payload, 'base64').toString()).request_id;
+
+describe('charging exactly the work performed', () => {
+  test('a buyer who leaves before the runtime starts: a cancelled receipt billing nothing', async () => {
+    const ac = new AbortController();
+    const { res } = recorder();
+    const head = res.head;
+    res.head = async (h) => {
+      await head(h);
+      ac.abort(); // gone right after the HEAD: before the prompt reaches the runtime
+    };
+    const req = { ...request('chat/completions', { ...chatBody, stream: true }), signal: ac.signal };
+    await service.handle(req, res);
+    const lines = log.byRequestId(idOf(req));
+    expect(lines).toHaveLength(1);
+    const v = verifyReceipt(lines[0]!.line, { provider: node.id });
+    if (!v.ok) throw new Error(v.error.message);
+    expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { input_tokens: 0, output_tokens: 0 }, cost_micro_usd: '0', first_token_at: null });
+  });
+
+  test('a cancelled stream bills only tokens whose text was written, not text still held back for a stop sequence', async () => {
+    // Every chunk after the first is held back (empty text): only the first token reached the buyer.
+    const generate = adapter.generate.bind(adapter);
+    adapter.generate = async function* (r) {
+      yield { text: 'Hello', tokens: [1] };
+      yield { text: '', tokens: [2] };
+      yield { text: '', tokens: [3] };
+      throw new Error('the buyer left'); // stands in for the stream going away
+    };
+    const ac = new AbortController();
+    const { res, out } = recorder();
+    const data = res.data;
+    let writes = 0;
+    res.data = async (b) => {
+      await data(b);
+      if (++writes === 2) ac.abort(); // the role event, then "Hello"
+    };
+    const req = { ...request('chat/completions', { ...chatBody, stream: true, stop: ['XYZ'] }), signal: ac.signal };
+    try {
+      await service.handle(req, res);
+    } finally {
+      adapter.generate = generate;
+    }
+    const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+    if (!v.ok) throw new Error(v.error.message);
+    expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { output_tokens: 1 }, response_sha256: sha(out) });
+  });
+
+  test('a run that fails mid-stream: the trailer carries an error envelope beside the receipt for what was delivered', async () => {
+    const generate = adapter.generate.bind(adapter);
+    adapter.generate = async function* (r) {
+      const inner = generate(r);
+      for (let i = 0; i < 3; i++) {
+        const n = await inner.next();
+        if (n.done) break;
+        yield n.value;
+      }
+      await inner.return(undefined as never);
+      throw new Error('the GPU fell off the bus');
+    };
+    const { res, out } = recorder();
+    try {
+      await service.handle(request('chat/completions', { ...chatBody, stream: true, max_tokens: 50 }), res);
+    } finally {
+      adapter.generate = generate;
+    }
+    expect(out.trailer).toMatchObject({ status: 'failed', error: { code: 'runtime_failed', message: expect.stringMatching(/the GPU fell off the bus/) } });
+    const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+    if (!v.ok) throw new Error(v.error.message);
+    expect(v.value.payload).toMatchObject({ status: 'failed', usage: { output_tokens: 3 }, response_sha256: sha(out) });
+    expect(text(out)).not.toContain('[DONE]');
+  });
+
+  test('a hold that covers the input but not one output token: 403 request_cost_limit_exceeded, no receipt', async () => {
+    const messages = [{ role: 'user', content: 'hi' }];
+    const n = await adapter.countInputTokens({ kind: 'chat', messages: messages as never });
+    // The largest hold that covers the input and still buys no output token.
+    let hold = computeCost({ input_tokens: n, output_tokens: 0 }, rates);
+    while (maxOutputTokensWithin(hold + 1n, n, rates) < 1) hold++;
+    expect(maxOutputTokensWithin(hold, n, rates)).toBe(0);
+    const before = log.size;
+    const { res, out } = recorder();
+    await service.handle(request('chat/completions', { ...chatBody, messages }, {}, { max_cost_micro_usd: hold.toString() }), res);
+    expect([out.head?.status, out.trailer?.error?.code]).toEqual([403, 'request_cost_limit_exceeded']);
+    expect(out.trailer?.error?.message).toMatch(/not one output token/);
+    expect(log.size).toBe(before);
+  });
+});
+
+describe('embeddings', () => {
+  test('the routing controls hold: price ceilings 403, quantization and tier 503, nothing charged', async () => {
+    const before = log.size;
+    const body = { model: 'tiny/llama', input: ['hello world'] };
+    const cases: [object, number, string][] = [
+      [{ max_input_price_micro_usd_per_mtok: '1' }, 403, 'price_ceiling_exceeded'],
+      [{ min_attestation_tier: 'T3' }, 503, 'routing_unsatisfied'],
+      [{ quantization: 'q4-0' }, 503, 'routing_unsatisfied'],
+      [{ max_cost_micro_usd: '0' }, 403, 'request_cost_limit_exceeded'],
+    ];
+    for (const [routing, status, code] of cases) {
+      const { res, out } = recorder();
+      await service.handle(request('embeddings', body, {}, { routing }), res);
+      expect([out.head?.status, out.trailer?.error?.code], JSON.stringify(routing)).toEqual([status, code]);
+    }
+    expect(log.size).toBe(before);
+  });
+
+  test('a buyer who leaves after the vectors were computed still gets a receipt for the work', async () => {
+    const ac = new AbortController();
+    const { res } = recorder({ failAfter: 0 });
+    const head = res.head;
+    res.head = async (h) => {
+      await head(h);
+      ac.abort();
+    };
+    const req = { ...request('embeddings', { model: 'tiny/llama', input: ['hello world'] }), signal: ac.signal };
+    await service.handle(req, res);
+    const lines = log.byRequestId(idOf(req));
+    expect(lines).toHaveLength(1);
+    const v = verifyReceipt(lines[0]!.line, { provider: node.id });
+    if (!v.ok) throw new Error(v.error.message);
+    const n = await adapter.countInputTokens({ kind: 'prompt', prompt: 'hello world' });
+    expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { input_tokens: n, output_tokens: 0 }, response_sha256: crypto.createHash('sha256').digest('hex') });
+  });
+});
+
+describe('idempotency keys', () => {
+  test('the same key and body sent to another endpoint is another request: 409, not the first answer', async () => {
+    const body = { model: 'tiny/llama', input: 'hello' };
+    const first = recorder();
+    await service.handle(request('embeddings', body, { idempotency_key: 'xk-endpoint' }), first.res);
+    expect(first.out.trailer?.status).toBe('completed');
+    const second = recorder();
+    await service.handle(request('responses', body, { idempotency_key: 'xk-endpoint' }), second.res);
+    expect([second.out.head?.status, second.out.trailer?.error?.code]).toEqual([409, 'idempotency_key_reused']);
+    expect(second.out.data).toEqual([]);
+  });
+});
+
+describe('a model without a chat template', () => {
+  test('chat and count_tokens of messages answer 400 token_count_unsupported, never an estimate; prompts still work', async () => {
+    const render = adapter.renderChat.bind(adapter);
+    const tpl = (adapter as unknown as { template: unknown }).template;
+    (adapter as unknown as { template: unknown }).template = undefined;
+    const before = log.size;
+    try {
+      for (const [endpoint, body] of [
+        ['count_tokens', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }],
+        ['tokenize', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }],
+        ['chat/completions', chatBody],
+      ] as const) {
+        const { res, out } = recorder();
+        await service.handle(request(endpoint, body), res);
+        expect([out.head?.status, out.trailer?.error?.code], endpoint).toEqual([400, 'token_count_unsupported']);
+        expect(out.data).toEqual([]);
+      }
+      const { res, out } = recorder();
+      await service.handle(request('count_tokens', { model: 'tiny/llama', prompt: 'hi' }), res);
+      expect(out.head?.status).toBe(200);
+    } finally {
+      (adapter as unknown as { template: unknown }).template = tpl;
+    }
+    expect(log.size).toBe(before);
+    expect(render).toBeDefined();
   });
 });

@@ -20,6 +20,8 @@ export interface Need {
   inputTokens: number;
   /** Output tokens the request asks for at most (its max_tokens, or what the context leaves). */
   maxOutputTokens: number;
+  /** Tokens that must fit in the context at once (default input + output; embeddings: the longest input). */
+  contextNeed?: number;
 }
 
 export interface Refusal {
@@ -41,7 +43,11 @@ export function worstCaseCost(need: Need, rates: Rates): bigint {
 
 /** Undefined when the node can serve the request as asked; otherwise the first reason it cannot. */
 export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): Refusal | undefined {
-  if (need.inputTokens + need.maxOutputTokens > offer.contextLength) {
+  if (need.contextNeed !== undefined) {
+    if (need.contextNeed > offer.contextLength) {
+      return { status: 400, code: 'context_length_exceeded', message: `an input of ${need.contextNeed} tokens exceeds the model's context of ${offer.contextLength}` };
+    }
+  } else if (need.inputTokens + need.maxOutputTokens > offer.contextLength) {
     return { status: 400, code: 'context_length_exceeded', message: `input (${need.inputTokens}) plus output (${need.maxOutputTokens}) tokens exceed the model's context of ${offer.contextLength}` };
   }
   if (routing.min_context !== undefined && offer.contextLength < routing.min_context) {

@@ -98,9 +98,16 @@ const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 const DONE_EVENT = new TextEncoder().encode('data: [DONE]\n\n');
 const RESPONSES_END = /(?:^|\n)event: response\.(?:completed|incomplete|failed)\n[^\n]*\n\n$/;
 
-/** The responses event protocol has no [DONE]: its last event is response.completed (or incomplete). */
-function endsResponsesStream(bytes: Uint8Array): boolean {
-  return RESPONSES_END.test(new TextDecoder().decode(bytes.subarray(Math.max(0, bytes.length - 65536))));
+/**
+ * Where a DATA frame's closing event starts (`data: [DONE]`, or the responses protocol's last event:
+ * it has no [DONE]), or -1 when the frame does not end the stream.
+ */
+function terminalEventAt(bytes: Uint8Array): number {
+  if (endsWith(bytes, DONE_EVENT)) return bytes.length - DONE_EVENT.length;
+  const m = RESPONSES_END.exec(new TextDecoder().decode(bytes.subarray(Math.max(0, bytes.length - 65536))));
+  if (!m) return -1;
+  const event = m[0].startsWith('\n') ? m[0].slice(1) : m[0];
+  return bytes.length - Buffer.byteLength(event);
 }
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
@@ -586,13 +593,23 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     raw.flushHeaders();
     const hash = crypto.createHash('sha256');
     let trailer: JsonObject | undefined;
+    // The stream's last event ([DONE], or the responses protocol's closing event) is held until the
+    // receipt verifies: a client stops reading there, so an answer whose receipt fails must end
+    // with the error event instead.
+    let held: Uint8Array | undefined;
+    const write = async (bytes: Uint8Array): Promise<void> => {
+      if (bytes.length && !gone.aborted && !raw.destroyed && !raw.write(bytes)) await drained(raw);
+    };
     try {
       for await (const f of res.frames) {
         idle.kick();
         if (f.kind === 'data') {
           hash.update(f.bytes);
-          if (endsWith(f.bytes, DONE_EVENT) || endsResponsesStream(f.bytes)) finished();
-          if (!gone.aborted && !raw.destroyed && !raw.write(f.bytes)) await drained(raw);
+          if (held) await write(held); // more after the last event: relayed in order, as sent
+          const cut = terminalEventAt(f.bytes);
+          held = cut < 0 ? undefined : f.bytes.subarray(cut);
+          if (held) finished();
+          await write(cut < 0 ? f.bytes : f.bytes.subarray(0, cut));
         } else trailer = f.value;
       }
     } catch (e) {
@@ -616,6 +633,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         return;
       }
       await settle(checked.payload.request_id, checked, p.requestId);
+      if (checked.payload.status !== 'completed') {
+        // The run failed or was cut short at the node: its receipt bills only what it delivered.
+        const why = isObj(trailer?.error) && typeof trailer.error.message === 'string' ? `: ${trailer.error.message.slice(0, 200)}` : '';
+        endStream(raw, 'provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
+        return;
+      }
+      if (held) await write(held);
       endStream(raw);
     })();
     await track(p.requestId, work);

@@ -1,7 +1,8 @@
 // Stream events written in quick succession go out together: the first at once (time to first
 // token), later ones at most `windowMs` later, in one DATA frame. A libp2p frame costs a muxer
 // frame, a Noise message and a syscall on each side; a token every half millisecond would pay
-// that per token. Tokens count as delivered only once their bytes were written.
+// that per token. Tokens count as delivered only once their bytes were written: a token whose text
+// is still held back (a partial character, a possible stop sequence) waits for the next bytes.
 import { concatBytes } from '../../attestation/bytes.ts';
 
 export class Coalescer {
@@ -39,7 +40,7 @@ export class Coalescer {
   flush(): Promise<void> {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    if (this.parts.length === 0 && this.tokens === 0) return this.chain;
+    if (this.parts.length === 0) return this.chain; // tokens without bytes yet wait for the next write
     const parts = this.parts;
     const tokens = this.tokens;
     this.parts = [];

@@ -105,7 +105,29 @@ function responsesInput(o: Obj): ChatMessage[] {
   return out;
 }
 
+/**
+ * OpenAI features this node does not implement: set to anything but their default, they are refused
+ * (400) rather than quietly ignored, so a buyer never pays for an answer that is not what was asked.
+ */
+function unsupported(o: Obj): void {
+  const set = (v: unknown) => v !== undefined && v !== null;
+  if (set(o.n) && o.n !== 1) throw new ContractError('n', 'only one choice (n = 1) is supported');
+  if (set(o.best_of) && o.best_of !== 1) throw new ContractError('best_of', 'only best_of = 1 is supported');
+  if (set(o.logprobs) && o.logprobs !== false) throw new ContractError('logprobs', 'log probabilities are not supported');
+  if (set(o.top_logprobs) && o.top_logprobs !== 0) throw new ContractError('top_logprobs', 'log probabilities are not supported');
+  if (o.echo === true) throw new ContractError('echo', 'echoing the prompt is not supported');
+  if (set(o.suffix) && o.suffix !== '') throw new ContractError('suffix', 'suffixes (insertion) are not supported');
+  for (const k of ['tools', 'functions'] as const) {
+    if (set(o[k]) && !(Array.isArray(o[k]) && o[k].length === 0)) throw new ContractError(k, 'tool calling is not supported by this model');
+  }
+  if (set(o.response_format)) {
+    const rf = object(o.response_format, 'response_format');
+    if (rf.type !== 'text') throw new ContractError('response_format.type', 'only "text" is supported');
+  }
+}
+
 function generation(o: Obj): GenerationParams {
+  unsupported(o);
   const so = o.stream_options === undefined || o.stream_options === null ? {} : object(o.stream_options, 'stream_options');
   const stream = optBool(o.stream, 'stream') ?? false;
   const includeUsage = optBool(so.include_usage, 'stream_options.include_usage') ?? false;

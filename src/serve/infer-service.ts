@@ -3,22 +3,22 @@
 // work and charges nothing; every request that did work ends in a durable signed receipt for
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import crypto from 'node:crypto';
-import type { GeneratedChunk, GenerationResult, RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
+import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
 import { concatBytes, toHex, utf8 } from '../../attestation/bytes.ts';
-import { sha256 } from '../../attestation/hash.ts';
+import { sha256, sha256Parts } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
 import { ratesToWire, type AttestationTier, type ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
-import { checkRouting } from '../dispatch/routing.ts';
+import { checkRouting, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
 import { readAhead } from './read-ahead.ts';
-import { ServiceError } from '../service-error.ts';
+import { errorBody, ServiceError } from '../service-error.ts';
 import { chatCompletion, CompletionStream, ResponsesStream, responsesBody, textCompletion, usageOut } from './openai-format.ts';
 
 export interface ServedModel {
@@ -148,7 +148,8 @@ export class InferService {
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
       account = checked.ticket.account;
-      lookup = this.o.idempotency.begin(account, key, toHex(sha256(req.body)));
+      // The endpoint is part of the request: the same body sent to another endpoint under the key is another request.
+      lookup = this.o.idempotency.begin(account, key, toHex(sha256Parts(`${p.endpoint}\n`, req.body)));
       if (lookup.kind === 'conflict') throw new Refusal(409, lookup.code, lookup.message);
     } catch (e) {
       return this.refuse(res, e);
@@ -184,14 +185,19 @@ export class InferService {
   }
 
   private async refuse(res: InferResponse, e: unknown): Promise<void> {
-    const r = e instanceof Refusal ? e : new Refusal(500, 'internal_error', 'the node failed before doing any work');
+    const r = e instanceof Refusal ? e : e instanceof UnsupportedInputError ? new Refusal(400, e.code, e.message) : new Refusal(500, 'internal_error', 'the node failed before doing any work');
     await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
     await res.trailer({ ...r.body() });
   }
 
   private async tokenize(p: TokenizeRequest, model: ServedModel, res: InferResponse): Promise<void> {
     // Exactly what a generation would be billed for: the chat template and BOS included.
-    const tokens = await model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! });
+    let tokens: number[];
+    try {
+      tokens = await model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! });
+    } catch (e) {
+      return this.refuse(res, e);
+    }
     const body = { model: model.id, count: tokens.length, ...(p.returnTokens ? { tokens } : {}) };
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
     await res.data(utf8(JSON.stringify(body)));
@@ -202,7 +208,16 @@ export class InferService {
     const started = this.now();
     // The input's cost is known before any work: a hold that does not cover it is refused first.
     let counted = 0;
-    for (const text of p.input) counted += (await model.adapter.inputTokens({ kind: 'prompt', prompt: text })).length;
+    let longest = 0;
+    for (const text of p.input) {
+      const n = (await model.adapter.inputTokens({ kind: 'prompt', prompt: text })).length;
+      counted += n;
+      longest = Math.max(longest, n);
+    }
+    // The routing controls hold for embeddings too; each input is embedded on its own, so the
+    // context must take the longest one.
+    const refusal = checkRouting(this.offer(model), ticket.routing, { inputTokens: counted, maxOutputTokens: 0, contextNeed: longest });
+    if (refusal) return this.refuse(res, new Refusal(refusal.status, refusal.code, refusal.message));
     const worst = computeCost({ input_tokens: counted, output_tokens: 0 }, model.rates);
     if (worst > BigInt(ticket.max_cost_micro_usd)) return this.refuse(res, new Refusal(403, 'request_cost_limit_exceeded', `the input costs ${worst} micro-USD, above the hold`));
     let release: (() => void) | undefined;
@@ -223,10 +238,19 @@ export class InferService {
           service: { request_id: ticket.request_id },
         }),
       );
-      await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
-      await res.data(body);
-      const receipt = await this.receipt(model, ticket, req, { status: 'completed', started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: toHex(sha256(body)) });
-      await res.trailer(receipt);
+      // The work is done and billed whatever happens next; a buyer who left gets a `cancelled`
+      // receipt for it, covering the bytes that reached them (none, or the whole body).
+      let status: ReceiptStatus = 'completed';
+      let delivered: Uint8Array = new Uint8Array(0);
+      try {
+        await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
+        await res.data(body);
+        delivered = body;
+      } catch {
+        status = 'cancelled';
+      }
+      const receipt = await this.receipt(model, ticket, req, { status, started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: toHex(sha256(delivered)) });
+      await res.trailer(receipt).catch(() => undefined); // a buyer who left still has a receipt in the log
     } finally {
       release();
     }
@@ -240,18 +264,17 @@ export class InferService {
     try {
       tokens = await model.adapter.inputTokens(input);
       const inputTokens = tokens.length;
-      const room = model.adapter.info.contextLength - inputTokens;
-      const asked = Math.min(p.maxTokens ?? room, room);
+      // max_tokens as asked: more than the context leaves is refused (context_length_exceeded), never
+      // quietly cut; without it, whatever room the context leaves.
+      const asked = p.maxTokens ?? model.adapter.info.contextLength - inputTokens;
       // The worst case must stay within the ticket's hold: generation is capped to what it pays for.
       const affordable = maxOutputTokensWithin(BigInt(ticket.max_cost_micro_usd), inputTokens, model.rates);
-      if (affordable < 0) throw new Refusal(403, 'request_cost_limit_exceeded', 'the hold does not cover the input tokens');
+      if (affordable < 1) throw new Refusal(403, 'request_cost_limit_exceeded', affordable < 0 ? 'the hold does not cover the input tokens' : 'the hold covers the input tokens but not one output token');
       maxTokens = Math.min(asked, affordable);
-      const offer = { contextLength: model.adapter.info.contextLength, quantization: model.quantization, tokensPerSecond: model.tokensPerSecond, tier: this.o.tier ?? 'T1', rates: model.rates };
       // Ceilings and the buyer's cost cap judge the worst case of what was asked (spec: refused before
       // spend if its worst case is higher); the hold then caps what is generated.
-      const refusal = checkRouting(offer, ticket.routing, { inputTokens, maxOutputTokens: Math.max(1, asked) });
+      const refusal = checkRouting(this.offer(model), ticket.routing, { inputTokens, maxOutputTokens: Math.max(1, asked) });
       if (refusal) throw new Refusal(refusal.status, refusal.code, refusal.message);
-      if (maxTokens < 1) throw new Refusal(400, 'context_length_exceeded', 'no room is left in the context for output');
     } catch (e) {
       return this.refuse(res, e);
     }
@@ -277,7 +300,8 @@ export class InferService {
     const events = new Coalescer(send);
     let text = '';
     let status: ReceiptStatus = 'completed';
-    let result = { finishReason: 'stop' as 'stop' | 'length' | 'abort', inputTokens: 0, outputTokens: 0, usageRuntime: {} as Record<string, unknown> };
+    let result: GenerationResult | undefined;
+    let failure: string | undefined;
     let gen: AsyncGenerator<GeneratedChunk, GenerationResult, void> | undefined;
     try {
       const streaming = Boolean(stream ?? rstream);
@@ -301,21 +325,26 @@ export class InferService {
         }
       }
       await events.flush();
-      if (req.signal.aborted || result.finishReason === 'abort') status = 'cancelled';
-    } catch {
-      // The buyer went away mid-write, or the runtime failed: bill exactly what was delivered.
+      if (req.signal.aborted || result?.finishReason === 'abort') status = 'cancelled';
+    } catch (e) {
+      // The buyer went away mid-write, or the runtime failed: bill exactly what was delivered. A
+      // buyer still there first gets the text the runtime produced before it failed.
+      if (!req.signal.aborted) await events.flush().catch(() => undefined);
       events.discard();
       await gen?.return(undefined as never).catch(() => undefined); // stops the runtime, frees its slot
       status = req.signal.aborted ? 'cancelled' : 'failed';
+      if (status === 'failed') failure = e instanceof Error ? e.message.slice(0, 200) : 'the runtime failed';
     }
+    // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
+    // failure or a buyer who left, only when a token came back (proof the prompt was evaluated).
+    const inputTokens = result ? result.inputTokens : firstToken !== null ? tokens.length : 0;
     // Streamed: the tokens whose bytes reached the stream. Whole body: the work performed.
     const delivered = stream || rstream ? events.delivered : generated;
     try {
-      const output = status === 'completed' ? result.outputTokens : delivered;
-      const inputTokens = result.inputTokens || tokens.length;
+      const output = status === 'completed' ? result!.outputTokens : delivered;
       const cost = computeCost({ input_tokens: inputTokens, output_tokens: output }, model.rates);
       const usage = usageOut(inputTokens, output, formatUsd(cost));
-      const finish = result.finishReason === 'length' ? 'length' : 'stop';
+      const finish = result?.finishReason === 'length' ? 'length' : 'stop';
       if (status === 'completed') {
         if (stream) {
           await send(stream.finish(finish));
@@ -332,15 +361,24 @@ export class InferService {
           await send(utf8(JSON.stringify(body)));
         }
       }
-    } catch {
+    } catch (e) {
       status = req.signal.aborted ? 'cancelled' : 'failed';
+      if (status === 'failed') failure = e instanceof Error ? e.message.slice(0, 200) : 'the response could not be written';
     } finally {
       release();
     }
-    const output = status === 'completed' ? result.outputTokens : delivered;
-    const inputTokens = result.inputTokens || tokens.length;
-    const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime: result.usageRuntime, responseSha256: hash.digest('hex') });
-    await res.trailer(receipt).catch(() => undefined); // a buyer who left still has a receipt in the log
+    const output = status === 'completed' ? result!.outputTokens : delivered;
+    const usageRuntime = result?.usageRuntime ?? { prompt_tokens: inputTokens, completion_tokens: output };
+    const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime, responseSha256: hash.digest('hex') });
+    // A failed run's trailer says why, beside the receipt for what it delivered (design.md: the
+    // trailer carries an error envelope and, where work was done, a receipt).
+    const trailer = failure === undefined ? receipt : { ...receipt, ...errorBody('runtime_failed', `the run failed: ${failure}`) };
+    await res.trailer(trailer).catch(() => undefined); // a buyer who left still has a receipt in the log
+  }
+
+  /** What this node offers for a model, as routing controls judge it. */
+  private offer(model: ServedModel): Offer {
+    return { contextLength: model.adapter.info.contextLength, quantization: model.quantization, tokensPerSecond: model.tokensPerSecond, tier: this.o.tier ?? 'T1', rates: model.rates };
   }
 
   private async receipt(
