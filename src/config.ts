@@ -43,6 +43,8 @@ export interface ModelConfig {
   prices: ModelPrices;
   slots: number;
   queue: number;
+  /** How long a request may wait for a slot when the buyer set no X-Service-Max-Wait-Ms. */
+  max_wait_ms: number;
 }
 
 export interface NodeConfig {
@@ -84,7 +86,7 @@ export function defaultConfigYaml(): string {
   ].join('\n');
 }
 
-const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16 };
+const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000 };
 
 type Raw = Record<string, unknown>;
 
@@ -193,7 +195,7 @@ function validate(raw: Raw, base: string): NodeConfig {
   const parsedModels = models.map((m, i) => {
     const where = `models[${i}]`;
     if (!isObject(m)) throw new ConfigError(where, 'expected a mapping');
-    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue']);
+    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms']);
     const full: Raw = { ...MODEL_DEFAULTS, ...m };
     const id = str(full.id, `${where}.id`);
     if (ids.has(id)) throw new ConfigError(`${where}.id`, `"${id}" is listed twice`);
@@ -221,6 +223,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       },
       slots: int(full.slots, `${where}.slots`, 1, 1024),
       queue: int(full.queue, `${where}.queue`, 0, 100_000),
+      max_wait_ms: int(full.max_wait_ms, `${where}.max_wait_ms`, 0, 60_000),
     };
   });
 

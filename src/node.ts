@@ -76,7 +76,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       cleanup.push(() => adapter.stop());
       adapters.push(adapter);
       const tps = await measureTokensPerSecond(adapter);
-      models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
+      models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
       logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256 }, 'model ready');
     }
     const prices = signPriceList(

@@ -42,7 +42,7 @@ describe('Admission', () => {
     const a = new Admission({ slots: 1, queue: 5 });
     const r = await a.acquire();
     const ac = new AbortController();
-    const w = a.acquire({ signal: ac.signal });
+    const w = a.acquire({ maxWaitMs: 60_000, signal: ac.signal });
     ac.abort();
     expect(await code(w)).toBe('aborted');
     expect(a.queued).toBe(0);
@@ -56,7 +56,7 @@ describe('Admission', () => {
   test('close refuses waiting and new requests; running ones still release', async () => {
     const a = new Admission({ slots: 1, queue: 5 });
     const r = await a.acquire();
-    const w = a.acquire();
+    const w = a.acquire({ maxWaitMs: 60_000 });
     a.close();
     expect(await code(w)).toBe('closed');
     expect(await code(a.acquire())).toBe('closed');
@@ -64,8 +64,26 @@ describe('Admission', () => {
     expect(a.inUse).toBe(0);
   });
 
+  test('a request that names no wait gets the default: none unless configured, then queued up to it', async () => {
+    const now = new Admission({ slots: 1, queue: 5 });
+    const held = await now.acquire();
+    expect(await code(now.acquire())).toBe('admission_timeout');
+    held();
+    const queued = new Admission({ slots: 1, queue: 5, defaultMaxWaitMs: 10_000 });
+    const first = await queued.acquire();
+    const waiting = queued.acquire(); // no wait of its own: queued under the default
+    expect(queued.queued).toBe(1);
+    expect(await code(queued.acquire({ maxWaitMs: 0 }))).toBe('admission_timeout'); // its own bound wins
+    first();
+    const second = await waiting;
+    expect(queued.inUse).toBe(1);
+    second();
+  });
+
   test('bad limits are refused', () => {
     expect(() => new Admission({ slots: 0, queue: 1 })).toThrow(RangeError);
     expect(() => new Admission({ slots: 1, queue: -1 })).toThrow(RangeError);
+    expect(() => new Admission({ slots: 1, queue: 1, defaultMaxWaitMs: -1 })).toThrow(RangeError);
+    expect(() => new Admission({ slots: 1, queue: 1, defaultMaxWaitMs: Number.NaN })).toThrow(RangeError);
   });
 });

@@ -20,15 +20,20 @@ interface Waiter {
 export class Admission {
   readonly slots: number;
   readonly queueLimit: number;
+  /** How long a request that names no wait of its own may wait for a slot (default 0: not at all). */
+  readonly defaultMaxWaitMs: number;
   private running = 0;
   private readonly waiting: Waiter[] = [];
   private closed = false;
 
-  constructor(opts: { slots: number; queue: number }) {
+  constructor(opts: { slots: number; queue: number; defaultMaxWaitMs?: number }) {
     if (!Number.isSafeInteger(opts.slots) || opts.slots < 1) throw new RangeError('slots must be at least 1');
     if (!Number.isSafeInteger(opts.queue) || opts.queue < 0) throw new RangeError('queue must be 0 or more');
+    const wait = opts.defaultMaxWaitMs ?? 0;
+    if (!(wait >= 0)) throw new RangeError('defaultMaxWaitMs must be 0 or more');
     this.slots = opts.slots;
     this.queueLimit = opts.queue;
+    this.defaultMaxWaitMs = wait;
   }
 
   get inUse(): number {
@@ -46,7 +51,8 @@ export class Admission {
 
   /**
    * Resolves with a release function once a slot is held. maxWaitMs 0 means "start now or not at
-   * all". Rejects with queue_full, admission_timeout, aborted (the signal) or closed.
+   * all"; undefined, the default wait. Rejects with queue_full, admission_timeout, aborted (the
+   * signal) or closed.
    */
   acquire(opts: { maxWaitMs?: number; signal?: AbortSignal } = {}): Promise<() => void> {
     if (this.closed) return Promise.reject(new AdmissionError('closed', 'the node is shutting down'));
@@ -55,7 +61,7 @@ export class Admission {
       this.running++;
       return Promise.resolve(this.releaser());
     }
-    const maxWait = opts.maxWaitMs ?? Infinity;
+    const maxWait = opts.maxWaitMs ?? this.defaultMaxWaitMs;
     if (maxWait <= 0) return Promise.reject(new AdmissionError('admission_timeout', 'no slot is free and the request may not wait'));
     if (this.waiting.length >= this.queueLimit) return Promise.reject(new AdmissionError('queue_full', `all ${this.slots} slots are busy and ${this.queueLimit} requests are waiting`));
     return new Promise((resolve, reject) => {

@@ -222,7 +222,7 @@ export class InferService {
     if (worst > BigInt(ticket.max_cost_micro_usd)) return this.refuse(res, new Refusal(403, 'request_cost_limit_exceeded', `the input costs ${worst} micro-USD, above the hold`));
     let release: (() => void) | undefined;
     try {
-      release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms ?? 0, signal: req.signal });
+      release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms, signal: req.signal });
     } catch (e) {
       return this.refuse(res, admissionRefusal(e));
     }
@@ -280,7 +280,7 @@ export class InferService {
     }
     let release: () => void;
     try {
-      release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms ?? 0, signal: req.signal });
+      release = await model.admission.acquire({ maxWaitMs: ticket.routing.max_wait_ms, signal: req.signal });
     } catch (e) {
       return this.refuse(res, admissionRefusal(e));
     }
