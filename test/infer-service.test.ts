@@ -435,6 +435,36 @@ describe('embeddings', () => {
 });
 
 describe('idempotency keys', () => {
+  test('a whole-body request whose buyer dropped is finished and recorded: the retry gets it, billed once', async () => {
+    const before = log.size;
+    const ac = new AbortController();
+    // The connection drops as the answer starts: every write fails from the HEAD on.
+    const dropped = { head: async () => (ac.abort(), Promise.reject(new Error('stream reset'))), data: async () => Promise.reject(new Error('stream reset')), trailer: async () => Promise.reject(new Error('stream reset')) } as InferResponse;
+    const body = { ...chatBody, max_tokens: 30 };
+    await service.handle({ ...request('chat/completions', body, { idempotency_key: 'net-drop' }), signal: ac.signal }, dropped);
+    expect(log.size).toBe(before + 1);
+    const retry = recorder();
+    await service.handle(request('chat/completions', body, { idempotency_key: 'net-drop' }), retry.res);
+    expect(retry.out.head?.status).toBe(200);
+    const v = verifyReceipt(retry.out.trailer!.receipt, { provider: node.id });
+    if (!v.ok) throw new Error(v.error.message);
+    const answer = JSON.parse(text(retry.out));
+    expect(v.value.payload).toMatchObject({ status: 'completed', usage: { output_tokens: answer.usage.completion_tokens }, response_sha256: sha(retry.out) });
+    expect(log.size).toBe(before + 1); // one run, one receipt, billed once
+  });
+
+  test('a stream under a key still stops with its buyer (cancelled, billed for what was delivered); its retry runs again', async () => {
+    const before = log.size;
+    const ac = new AbortController();
+    const { res } = recorder({ failAfter: 2, onData: (n) => n === 2 && ac.abort() });
+    const body = { ...chatBody, stream: true, max_tokens: 200 };
+    await service.handle({ ...request('chat/completions', body, { idempotency_key: 'stream-drop' }), signal: ac.signal }, res);
+    const retry = recorder();
+    await service.handle(request('chat/completions', body, { idempotency_key: 'stream-drop' }), retry.res);
+    expect(retry.out.trailer?.status).toBe('completed');
+    expect(log.size).toBe(before + 2);
+  });
+
   test('the same key and body sent to another endpoint is another request: 409, not the first answer', async () => {
     const body = { model: 'tiny/llama', input: 'hello' };
     const first = recorder();
