@@ -240,6 +240,12 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(((await badEndpoint.json()) as { error: { message: string } }).error.message).toMatch(/^endpoint:/);
     const badBody = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL } }) });
     expect(((await badBody.json()) as { error: { message: string } }).error.message).toMatch(/^body\.messages:/);
+    // As at the node: max_tokens beyond the context is refused, not cut down to fit.
+    const tooLong = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body: { ...body, max_tokens: 1 << 20 } }) });
+    expect([tooLong.status, ((await tooLong.json()) as { error: { code: string } }).error.code]).toEqual([400, 'context_length_exceeded']);
+    // The representative-price ceiling judges the model's price for 1,000 + 1,000 tokens, not this request.
+    const pricey = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-max-representative-request-price-usd': '0.000001' }, body: JSON.stringify({ endpoint: 'CHAT', body }) });
+    expect([pricey.status, ((await pricey.json()) as { error: { code: string } }).error.code]).toEqual([403, 'price_ceiling_exceeded']);
   });
 
   test('embeddings: one vector per input, billed for input tokens only', async () => {

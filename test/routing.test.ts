@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'vitest';
-import { checkRouting, quantizationBucket, worstCaseCost, type Offer } from '../src/dispatch/routing.ts';
+import { checkRouting, quantizationBucket, representativePrice, worstCaseCost, type Offer } from '../src/dispatch/routing.ts';
 
 const offer: Offer = { contextLength: 2048, quantization: 'q4-k-m', tokensPerSecond: 1500, tier: 'T2', rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
 const need = { inputTokens: 100, maxOutputTokens: 400 };
@@ -27,7 +27,12 @@ describe('routing controls at the node', () => {
     expect(code({ max_output_price_micro_usd_per_mtok: '599999' })).toBe('price_ceiling_exceeded');
     const worst = worstCaseCost(need, offer.rates); // ceil((100·150000 + 400·600000) / 10^6) = 255
     expect(worst).toBe(255n);
-    expect(code({ max_request_price_micro_usd: String(worst - 1n) })).toBe('price_ceiling_exceeded');
+    // The representative request (1,000 in + 1,000 out) costs 150 + 600 = 750 micro-USD here,
+    // whatever this request's own size: the ceiling judges the price, not the request.
+    expect(representativePrice(offer.rates)).toBe(750n);
+    expect(code({ max_request_price_micro_usd: '749' })).toBe('price_ceiling_exceeded');
+    expect(code({ max_request_price_micro_usd: '750' })).toBe('ok');
+    expect(code({ max_request_price_micro_usd: '750' }, { inputTokens: 1500, maxOutputTokens: 500 })).toBe('ok'); // a bigger request, same price
     expect(checkRouting(offer, { max_cost_micro_usd: String(worst - 1n) }, need)).toMatchObject({ status: 403, code: 'request_cost_limit_exceeded' });
     expect(code({ max_cost_micro_usd: String(worst) })).toBe('ok');
   });

@@ -36,6 +36,18 @@ export function quantizationBucket(q: string): string {
 
 const tierRank = (t: AttestationTier) => ATTESTATION_TIERS.indexOf(t);
 
+/**
+ * The representative request of a text model, which X-Service-Max-Representative-Request-Price-Usd
+ * bounds (the spec's pricing.representative_request_au; it does not say what the request is):
+ * 1,000 input and 1,000 output tokens.
+ */
+export const REPRESENTATIVE_REQUEST = { input_tokens: 1000, output_tokens: 1000 } as const;
+
+/** What the representative request costs at these rates. */
+export function representativePrice(rates: Rates): bigint {
+  return computeCost(REPRESENTATIVE_REQUEST, rates);
+}
+
 /** The worst case a request can cost: all its input and every output token it may generate. */
 export function worstCaseCost(need: Need, rates: Rates): bigint {
   return computeCost({ input_tokens: need.inputTokens, output_tokens: need.maxOutputTokens }, rates);
@@ -72,9 +84,9 @@ export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): 
     }
   }
   if (routing.max_request_price_micro_usd !== undefined) {
-    const worst = worstCaseCost(need, offer.rates);
-    if (worst > BigInt(routing.max_request_price_micro_usd)) {
-      return { status: 403, code: 'price_ceiling_exceeded', message: `the request's worst case ${worst} micro-USD is above the representative price ceiling ${routing.max_request_price_micro_usd}` };
+    const representative = representativePrice(offer.rates);
+    if (representative > BigInt(routing.max_request_price_micro_usd)) {
+      return { status: 403, code: 'price_ceiling_exceeded', message: `the representative request (1,000 input + 1,000 output tokens) costs ${representative} micro-USD, above the ceiling ${routing.max_request_price_micro_usd}` };
     }
   }
   if (routing.max_cost_micro_usd !== undefined) {

@@ -37,7 +37,7 @@ import { MarketClient, type ProviderEntry, type TicketRequest } from './market-c
 import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
 import { RequestRecords, type RequestRecord } from './records.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
-import { quantizationBucket } from '../dispatch/routing.ts';
+import { quantizationBucket, representativePrice } from '../dispatch/routing.ts';
 
 export const GATEWAY_DEFAULT_PORT = 11435;
 export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
@@ -775,9 +775,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       inputTokens = await countAt(c!, Buffer.from(JSON.stringify({ model: parsed.model, ...count })));
     }
     const room = Math.max(0, (c!.context ?? 0) - inputTokens);
-    const maxOutput = parsed.endpoint === 'embeddings' ? 0 : Math.min('maxTokens' in parsed && parsed.maxTokens !== undefined ? parsed.maxTokens : room, room);
+    const asked = 'maxTokens' in parsed && parsed.maxTokens !== undefined ? parsed.maxTokens : undefined;
+    // As the node: max_tokens beyond what the context leaves is refused, never cut.
+    if (parsed.endpoint !== 'embeddings' && asked !== undefined && asked > room) throw new GatewayError(400, 'context_length_exceeded', `input (${inputTokens}) plus max_tokens (${asked}) exceed the model's context of ${c!.context ?? 0}`);
+    const maxOutput = parsed.endpoint === 'embeddings' ? 0 : (asked ?? room);
     const maxHold = priceEstimate(inputTokens, maxOutput, rates);
-    if (r.max_request_price_micro_usd !== undefined && maxHold > BigInt(r.max_request_price_micro_usd)) throw new GatewayError(403, 'price_ceiling_exceeded', 'the request\'s worst case is above the representative price ceiling');
+    if (r.max_request_price_micro_usd !== undefined && representativePrice({ input_per_mtok: BigInt(rates.input_per_mtok), output_per_mtok: BigInt(rates.output_per_mtok) }) > BigInt(r.max_request_price_micro_usd)) {
+      throw new GatewayError(403, 'price_ceiling_exceeded', 'the representative request (1,000 input + 1,000 output tokens) costs more than X-Service-Max-Representative-Request-Price-Usd');
+    }
     const est = estimates.add({
       endpoint,
       model: parsed.model,
