@@ -65,6 +65,11 @@ export function ratesToWire(r: Rates): WireRates {
   return w;
 }
 
+/** Whether wire rates (a receipt's price.rates) are exactly these rates, per-unit rates included. */
+export function ratesMatch(w: WireRates, r: Rates): boolean {
+  return canonicalize(w) === canonicalize(ratesToWire(r));
+}
+
 export function ratesFromWire(w: WireRates): Rates {
   const r: Rates = { input_per_mtok: BigInt(w.input_per_mtok), output_per_mtok: BigInt(w.output_per_mtok) };
   if (w.per_unit) r.per_unit = Object.fromEntries(Object.entries(w.per_unit).map(([k, v]) => [k, BigInt(v)]));

@@ -23,6 +23,7 @@ import { canonicalize } from '../attestation/canonical-json.ts';
 import { parseEnvelope, serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { computeCost, formatUsd, type Usage } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { ratesToWire } from '../attestation/receipt.ts';
 import { peekPayload } from '../attestation/signed-payload.ts';
 import { signTicket, type TicketPayload } from '../attestation/ticket.ts';
 import { parseConfig } from '../src/config.ts';
@@ -227,6 +228,15 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     ['a receipt with another hold than the ticket\'s', answersWith((ex) => ex.logReceipt({ hold_micro_usd: String(BigInt(ex.ticket.max_cost_micro_usd) + 1n) })), /hold_micro_usd/],
     ['a receipt whose cost is not its usage at its rates', answersWith((ex) => ex.signedReceipt({ cost_micro_usd: '1' })), /does not verify: cost_mismatch/],
     ['a receipt signed by another key under its own key id', answersWith((ex) => ex.signedReceipt({}, forger).replace(`"keyid":"${scripted.providerId}"`, `"keyid":"${'ab'.repeat(32)}"`)), /does not verify: unknown_key/],
+    ['a receipt under another price version', answersWith((ex) => ex.logReceipt({ price: { version: 'p-made-up', rates: ratesToWire(SCRIPTED_RATES) } })), /price\.version is p-made-up/],
+    [
+      'a receipt at made-up rates under the ticket\'s price version (its arithmetic right)',
+      answersWith((ex) => {
+        const rates = { ...SCRIPTED_RATES, output_per_mtok: SCRIPTED_RATES.output_per_mtok * 100n };
+        return ex.logReceipt({ price: { version: ex.ticket.price_version, rates: ratesToWire(rates) }, cost_micro_usd: computeCost(SCRIPTED_USAGE, rates).toString() });
+      }),
+      /rates .* are not price version/,
+    ],
     ['no receipt at all', answersWith(() => undefined), /carries no receipt/],
     ['a body whose usage is not the receipt\'s', answersWith((ex) => ex.logReceipt(), completion({ input_tokens: 7, output_tokens: 4 })), /usage\.completion_tokens is 4, the receipt says 3/],
     ['a body that is not JSON', answersWith((ex) => ex.logReceipt(), 'not json at all'), /not a JSON object/],

@@ -131,8 +131,11 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
 
     // The same receipt checked as the gateway does, but for another body: refused.
     const line = serializeEnvelope(body.service.receipt as DsseEnvelope);
-    const exp = { provider: node.providerId, requestId: id, ticketId: p.ticket_id, endpoint: 'chat/completions', model: MODEL, bodySha256: p.request_sha256, holdMicroUsd: p.hold_micro_usd };
+    const exp = { provider: node.providerId, requestId: id, ticketId: p.ticket_id, endpoint: 'chat/completions', model: MODEL, bodySha256: p.request_sha256, holdMicroUsd: p.hold_micro_usd, priceVersion: p.price.version, rates: p.price.rates };
     expect(checkReceipt(line, exp).ok).toBe(true);
+    // Billed under another price version, or at rates other than the ticket's: refused.
+    expect(checkReceipt(line, { ...exp, priceVersion: 'other' })).toMatchObject({ ok: false, message: expect.stringMatching(/price\.version/) });
+    expect(checkReceipt(line, { ...exp, rates: { ...p.price.rates, output_per_mtok: '1' } })).toMatchObject({ ok: false, message: expect.stringMatching(/rates/) });
     expect(checkReceipt(line, { ...exp, bodySha256: '0'.repeat(64) })).toMatchObject({ ok: false, message: expect.stringMatching(/request_sha256/) });
     expect(checkReceipt(line, { ...exp, provider: market.publicKey })).toMatchObject({ ok: false });
   });

@@ -1,6 +1,7 @@
 // The development marketplace through its HTTP API (real fastify on 127.0.0.1, port 0, global
 // fetch): registration checks, heartbeats, ticket issuance, receipt collection with real receipts
 // from the serving core on the tiny model, totals.
+import { computeCost } from '../attestation/money.ts';
 import crypto from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { fromBase64, toBase64, toHex, utf8 } from '../attestation/bytes.ts';
@@ -366,5 +367,20 @@ describe('receipts from a real serving core', () => {
     expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, request_id: 'req-other' }) })).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
     const totals = (await call(base, 'GET', '/v1/totals')).body;
     expect(totals.receipts).toBe(3); // the three collected in this describe, each once
+  });
+
+  test('a receipt under the ticket\'s price version but at made-up rates is refused, and nothing is counted', async () => {
+    const { line } = await paidRequest({ max_cost_micro_usd: '100000' });
+    const payload = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));
+    // Output billed at 100× the registered rate, with the cost recomputed so the arithmetic holds.
+    const rates = { ...payload.price.rates, output_per_mtok: String(BigInt(payload.price.rates.output_per_mtok) * 100n) };
+    const cost = computeCost(payload.usage, { input_per_mtok: BigInt(rates.input_per_mtok), output_per_mtok: BigInt(rates.output_per_mtok) });
+    expect(cost <= BigInt(payload.hold_micro_usd)).toBe(true);
+    const inflated = serializeEnvelope(signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize({ ...payload, price: { ...payload.price, rates }, cost_micro_usd: cost.toString() })), { keyid: node.id, seed: node.seed }));
+    const before = (await call(base, 'GET', '/v1/totals')).body;
+    const r = await call(base, 'POST', '/v1/receipts', { receipt: inflated });
+    expect(r).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch', message: expect.stringMatching(/rates .* are not those of price version/) } } });
+    expect((await call(base, 'GET', '/v1/totals')).body).toEqual(before);
+    expect((await call(base, 'POST', '/v1/receipts', { receipt: line })).status).toBe(200); // the honest one still settles
   });
 });

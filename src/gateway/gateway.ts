@@ -23,6 +23,7 @@ import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, ty
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
 import { formatUsd } from '../../attestation/money.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
+import type { WireRates } from '../../attestation/receipt.ts';
 import { verifyTicket } from '../../attestation/ticket-verify.ts';
 import { createHost, type Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
@@ -271,7 +272,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // ---- paid endpoints ------------------------------------------------------------------------
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
-  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown }> {
+  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown; rates?: WireRates }> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
     const maxCost = controls.routing.max_cost_micro_usd;
@@ -292,7 +293,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     if (controls.preferredProviders && !controls.preferredProviders.includes(grant.provider)) {
       throw new GatewayError(503, 'no_provider', `the marketplace chose provider ${grant.provider}, outside X-Service-Prefer-Providers`);
     }
-    return { ticket: t, provider: grant.provider, target: dialTarget(grant.provider, grant.peer_id, grant.addresses), envelope: grant.ticket };
+    return { ticket: t, provider: grant.provider, target: dialTarget(grant.provider, grant.peer_id, grant.addresses), envelope: grant.ticket, ...(grant.rates ? { rates: grant.rates } : {}) };
   }
 
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
@@ -374,7 +375,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       provider: granted.provider,
       target: granted.target,
       idempotent,
-      exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint, model, bodySha256, holdMicroUsd: t.max_cost_micro_usd },
+      exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint, model, bodySha256, holdMicroUsd: t.max_cost_micro_usd, priceVersion: t.price_version, ...(granted.rates ? { rates: granted.rates } : {}) },
     };
   }
 

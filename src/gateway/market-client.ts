@@ -4,6 +4,7 @@
 // market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
 import { normalizeMarketUrl } from '../market-url.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import type { WireRates } from '../../attestation/receipt.ts';
 import { isHex } from '../../attestation/bytes.ts';
 import type { IssuedTicketResponse, TicketRequest } from '../market/tickets.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
@@ -58,6 +59,18 @@ const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
 const MICRO_RE = /^(0|[1-9][0-9]{0,29})$/;
+
+/** One model's rates as a ticket grant states them; a malformed one is a bad market answer. */
+function readWireRates(r: Record<string, unknown>): WireRates {
+  const micro = (x: unknown): x is string => typeof x === 'string' && MICRO_RE.test(x);
+  if (!micro(r.input_per_mtok) || !micro(r.output_per_mtok)) throw bad('ticket rates');
+  const out: WireRates = { input_per_mtok: r.input_per_mtok, output_per_mtok: r.output_per_mtok };
+  if (r.per_unit !== undefined) {
+    if (!isObj(r.per_unit) || !Object.values(r.per_unit).every(micro)) throw bad('ticket rates');
+    out.per_unit = r.per_unit as Record<string, string>;
+  }
+  return out;
+}
 
 /** Model id → rates, keeping only well-formed micro-USD decimal strings. */
 function readRates(v: Record<string, unknown>): NonNullable<ProviderEntry['rates']> {
@@ -168,6 +181,7 @@ export class MarketClient {
       peer_id: v.peer_id,
       addresses: v.addresses.filter((a): a is string => typeof a === 'string'),
       price_version: typeof v.price_version === 'string' ? v.price_version : '',
+      ...(isObj(v.rates) ? { rates: readWireRates(v.rates) } : {}),
     };
   }
 

@@ -3,7 +3,7 @@
 // usage × rates, cost ≤ hold), and that it is the receipt of THIS request: the ticket, the exact
 // body bytes, the hold, and (when the gateway saw the whole answer) the exact response bytes.
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
-import type { ReceiptPayload } from '../../attestation/receipt.ts';
+import { ratesFromWire, ratesMatch, type ReceiptPayload, type WireRates } from '../../attestation/receipt.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
 
 export interface ReceiptExpectation {
@@ -14,6 +14,10 @@ export interface ReceiptExpectation {
   model: string;
   bodySha256: string;
   holdMicroUsd: string;
+  /** The ticket's price version: the receipt must bill under it. */
+  priceVersion: string;
+  /** The rates of that price version, as the market stated them with the ticket: the receipt must bill at exactly these. */
+  rates?: WireRates;
   /** SHA-256 (hex) of every DATA byte received, when the answer arrived whole. */
   responseSha256?: string;
 }
@@ -37,7 +41,11 @@ export function checkReceipt(line: unknown, exp: ReceiptExpectation, allowReplay
     ['request_sha256', p.request_sha256, exp.bodySha256],
   ];
   if (!replay) {
-    mismatches.push(['request_id', p.request_id, exp.requestId], ['ticket_id', p.ticket_id, exp.ticketId], ['hold_micro_usd', p.hold_micro_usd, exp.holdMicroUsd]);
+    mismatches.push(['request_id', p.request_id, exp.requestId], ['ticket_id', p.ticket_id, exp.ticketId], ['hold_micro_usd', p.hold_micro_usd, exp.holdMicroUsd], ['price.version', p.price.version, exp.priceVersion]);
+    // A receipt's cost is usage × ITS rates: rates other than the price list's would bill anything up to the hold.
+    if (exp.rates && !ratesMatch(p.price.rates, ratesFromWire(exp.rates))) {
+      return { ok: false, message: `the receipt's rates ${JSON.stringify(p.price.rates).slice(0, 200)} are not price version ${exp.priceVersion}'s ${JSON.stringify(exp.rates).slice(0, 200)}` };
+    }
   }
   if (exp.responseSha256 !== undefined) mismatches.push(['response_sha256', p.response_sha256, exp.responseSha256]);
   for (const [field, got, want] of mismatches) {

@@ -5,6 +5,7 @@ import { isHex } from '../../attestation/bytes.ts';
 import { peekPayload } from '../../attestation/signed-payload.ts';
 import { parseEnvelope, serializeEnvelope } from '../../attestation/dsse.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
+import { ratesMatch, ratesToWire } from '../../attestation/receipt.ts';
 import { MarketError } from './errors.ts';
 import type { MarketStore, ReceiptRecord } from './store.ts';
 
@@ -33,6 +34,7 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
     : r.model !== ticket.model ? `model is ${r.model}, the ticket's is ${ticket.model}`
     : r.endpoint !== ticket.endpoint ? `endpoint is ${r.endpoint}, the ticket's is ${ticket.endpoint}`
     : r.price.version !== ticket.price_version ? `price version is ${r.price.version}, the ticket's is ${ticket.price_version}`
+    : !ratesMatch(r.price.rates, ticket.rates) ? `rates ${JSON.stringify(r.price.rates)} are not those of price version ${ticket.price_version} (${JSON.stringify(ratesToWire(ticket.rates))})`
     : r.hold_micro_usd !== ticket.hold.toString() ? `hold_micro_usd is ${r.hold_micro_usd}, the ticket's hold is ${ticket.hold}`
     : undefined;
   if (mismatch) throw new MarketError(400, 'receipt_ticket_mismatch', `the receipt is not for ticket ${ticket.ticket_id}: ${mismatch}`);

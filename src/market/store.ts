@@ -34,6 +34,8 @@ export interface IssuedTicket {
   endpoint: string;
   model: string;
   price_version: string;
+  /** The model's rates under that price version, from the provider's verified price list. */
+  rates: Rates;
   hold: bigint;
   issued_at: number;
   expires_at: number;

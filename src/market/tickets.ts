@@ -4,6 +4,7 @@ import crypto from 'node:crypto';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
+import { ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
 import { checkRouting, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { MarketError } from './errors.ts';
@@ -33,6 +34,8 @@ export interface IssuedTicketResponse {
   peer_id: string;
   addresses: string[];
   price_version: string;
+  /** The model's rates under that price version: what the receipt must bill at (optional for other markets). */
+  rates?: WireRates;
 }
 
 export interface TicketContext {
@@ -128,8 +131,8 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
   const ticket = signTicket(payload, ctx.signer);
   best.p.last_ticket_at = now;
   store.addTicket(
-    { ticket_id: payload.ticket_id, request_id: payload.request_id, provider: payload.provider, endpoint: payload.endpoint, model: payload.model, price_version: payload.price_version, hold: BigInt(hold), issued_at: payload.issued_at, expires_at: payload.expires_at },
+    { ticket_id: payload.ticket_id, request_id: payload.request_id, provider: payload.provider, endpoint: payload.endpoint, model: payload.model, price_version: payload.price_version, rates: best.rates, hold: BigInt(hold), issued_at: payload.issued_at, expires_at: payload.expires_at },
     now,
   );
-  return { ticket, request_id: payload.request_id, provider: best.p.provider, peer_id: best.p.peer_id, addresses: best.p.addresses, price_version: best.p.price_version };
+  return { ticket, request_id: payload.request_id, provider: best.p.provider, peer_id: best.p.peer_id, addresses: best.p.addresses, price_version: best.p.price_version, rates: ratesToWire(best.rates) };
 }
