@@ -186,7 +186,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         stopping = true;
         for (const m of models.values()) m.admission.close();
         if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
-        service.stop(); // runs that outlive their buyer (idempotent whole bodies) end now
         await infer.stop();
         await logServer.stop();
         await capacity.stop();

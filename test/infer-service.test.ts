@@ -435,22 +435,23 @@ describe('embeddings', () => {
 });
 
 describe('idempotency keys', () => {
-  test('a whole-body request whose buyer dropped is finished and recorded: the retry gets it, billed once', async () => {
+  test('a request under a key whose buyer dropped is cancelled, billed for its work, not recorded: the retry runs', async () => {
     const before = log.size;
     const ac = new AbortController();
     // The connection drops as the answer starts: every write fails from the HEAD on.
     const dropped = { head: async () => (ac.abort(), Promise.reject(new Error('stream reset'))), data: async () => Promise.reject(new Error('stream reset')), trailer: async () => Promise.reject(new Error('stream reset')) } as InferResponse;
     const body = { ...chatBody, max_tokens: 30 };
-    await service.handle({ ...request('chat/completions', body, { idempotency_key: 'net-drop' }), signal: ac.signal }, dropped);
-    expect(log.size).toBe(before + 1);
+    const first = request('chat/completions', body, { idempotency_key: 'net-drop' });
+    await service.handle({ ...first, signal: ac.signal }, dropped);
+    const cancelled = log.byRequestId(idOf(first));
+    expect(cancelled).toHaveLength(1);
+    const c = verifyReceipt(cancelled[0]!.line, { provider: node.id });
+    if (!c.ok) throw new Error(c.error.message);
+    expect(c.value.payload).toMatchObject({ status: 'cancelled', usage: { input_tokens: 0, output_tokens: 0 }, cost_micro_usd: '0' });
     const retry = recorder();
     await service.handle(request('chat/completions', body, { idempotency_key: 'net-drop' }), retry.res);
-    expect(retry.out.head?.status).toBe(200);
-    const v = verifyReceipt(retry.out.trailer!.receipt, { provider: node.id });
-    if (!v.ok) throw new Error(v.error.message);
-    const answer = JSON.parse(text(retry.out));
-    expect(v.value.payload).toMatchObject({ status: 'completed', usage: { output_tokens: answer.usage.completion_tokens }, response_sha256: sha(retry.out) });
-    expect(log.size).toBe(before + 1); // one run, one receipt, billed once
+    expect(retry.out.trailer?.status).toBe('completed');
+    expect(log.size).toBe(before + 2);
   });
 
   test('a stream under a key still stops with its buyer (cancelled, billed for what was delivered); its retry runs again', async () => {

@@ -83,8 +83,6 @@ class Refusal extends ServiceError {
 export class InferService {
   private readonly o: InferServiceOptions;
   private readonly now: () => number;
-  /** Aborted by stop(): what idempotent whole-body runs follow instead of their buyer (see handleRequest). */
-  private readonly stopping = new AbortController();
 
   constructor(opts: InferServiceOptions) {
     this.o = opts;
@@ -162,21 +160,14 @@ export class InferService {
       if (r.body.length) await res.data(r.body);
       return res.trailer(r.trailer);
     }
-    // A whole-body answer under an idempotency key is finished and recorded even if its buyer
-    // leaves: the retry then gets it, billed once (the spec's "disconnecting does not guarantee
-    // cancellation"). A stream stops with its buyer, as streams do; its retry runs again.
-    const whole = p.endpoint === 'embeddings' || !p.stream;
-    const recording = record(whole ? keepGoing(res) : res);
+    // A run whose buyer leaves is cancelled (billed for its work) and not recorded: its retry runs
+    // again. Finishing it for the retry instead would also finish every cancelled hedge loser.
+    const recording = record(res);
     try {
-      await this.serve(p, model, whole ? { ...req, signal: this.stopping.signal } : req, recording.res, checkedTicket);
+      await this.serve(p, model, req, recording.res, checkedTicket);
     } finally {
       this.o.idempotency.finish(account, key, recording.result());
     }
-  }
-
-  /** The node is stopping: runs that outlive their buyer (idempotent whole bodies) stop too. */
-  stop(): void {
-    this.stopping.abort(new Error('the node is stopping'));
   }
 
   /** `checked`: the ticket, when the caller has already checked it (then only its use is recorded). */
@@ -431,27 +422,6 @@ export class InferService {
       [SUMMARY]: { status: r.status, inputTokens: r.input, outputTokens: r.output, costMicroUsd: cost, firstTokenMs: r.firstToken === null ? null : r.firstToken - r.started },
     };
   }
-}
-
-/**
- * Passes a response through until a write fails (the buyer left), then goes on without it: the
- * run completes and is recorded for the retry.
- */
-function keepGoing(res: InferResponse): InferResponse {
-  let gone = false;
-  const pass = async (write: () => Promise<void>) => {
-    if (gone) return;
-    try {
-      await write();
-    } catch {
-      gone = true;
-    }
-  };
-  return {
-    head: (h) => pass(() => res.head(h)),
-    data: (b) => pass(() => res.data(b)),
-    trailer: (t) => pass(() => res.trailer(t)),
-  };
 }
 
 /** Passes a response through and keeps a copy: what a completed idempotent request recorded. */
