@@ -595,6 +595,26 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
     return { id, rec, receipt: body.service.receipt };
   }
 
+  test('the buyer\'s answer never waits for the market: body and stream end while the receipt POST is held', async () => {
+    for (const stream of [false, true]) {
+      let release!: () => void;
+      const hold = new Promise<void>((r) => (release = r));
+      proxy.reset();
+      proxy.receipt = () => ({ hold });
+      const res = await post(chatBody(`held settle ${stream}`, stream ? { stream: true } : {}), toNode());
+      expect(res.status).toBe(200);
+      const id = res.headers.get('x-request-id')!;
+      const text = await res.text(); // the whole answer, [DONE] included, while the market has not answered
+      if (stream) expect(sseData(text).at(-1)).toBe('[DONE]');
+      else expect((JSON.parse(text) as { service: { request_id: string } }).service.request_id).toBe(id);
+      await waitFor('the receipt POST to reach the market', async () => (proxy.receiptPosts === 1 ? true : undefined));
+      expect(await marketHas(id)).toBe(false);
+      release();
+      expect(await record(id)).toMatchObject({ status: 'completed', settled: true }); // GET waits for the settlement
+      expect(await marketHas(id)).toBe(true);
+    }
+  });
+
   test('a 503 with the market\'s envelope, then success: retried once, settled', async () => {
     const { id, rec } = await run((n) => (n === 1 ? { status: 503, body: { error: { code: 'unavailable', message: 'try again' } } } : 'forward'));
     expect(proxy.receiptPosts).toBe(2);

@@ -541,8 +541,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const id = checked.payload.request_id; // an idempotent retry is answered with the first request's receipt
     if (id !== p.requestId) reply.header('x-request-id', id);
+    // Settled in the background: the buyer's answer waits for the receipt to verify, never for the
+    // market (GET /v1/requests/{id} and close() wait for the settlement).
     if (checked.payload.status !== 'completed') {
-      await track(id, settle(id, checked, p.requestId).then(() => undefined));
+      void track(id, settle(id, checked, p.requestId).then(() => undefined));
       return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope } });
     }
     let body: unknown;
@@ -558,7 +560,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const out = body as Record<string, unknown>;
     out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope };
-    await track(id, settle(id, checked, p.requestId).then(() => undefined));
+    void track(id, settle(id, checked, p.requestId).then(() => undefined));
     return reply.code(200).type(JSON_TYPE).send(JSON.stringify(out));
   }
 
@@ -633,15 +635,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         endStream(raw, 'bad_provider_response', checked.message);
         return;
       }
-      await settle(checked.payload.request_id, checked, p.requestId);
       if (checked.payload.status !== 'completed') {
         // The run failed or was cut short at the node: its receipt bills only what it delivered.
         const why = isObj(trailer?.error) && typeof trailer.error.message === 'string' ? `: ${trailer.error.message.slice(0, 200)}` : '';
         endStream(raw, 'provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
-        return;
+      } else {
+        if (held) await write(held);
+        endStream(raw);
       }
-      if (held) await write(held);
-      endStream(raw);
+      // The stream has ended: the market is told after, never in the buyer's way.
+      await settle(checked.payload.request_id, checked, p.requestId);
     })();
     await track(p.requestId, work);
     return reply;

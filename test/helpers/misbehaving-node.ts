@@ -239,7 +239,8 @@ export interface TicketGrant {
   price_version: string;
 }
 
-export type ReceiptAnswer = 'forward' | 'drop' | { status: number; body?: unknown };
+/** forward it; drop the connection; answer this; or forward it once `hold` resolves. */
+export type ReceiptAnswer = 'forward' | 'drop' | { status: number; body?: unknown } | { hold: Promise<void> };
 
 export class MarketProxy {
   readonly url: string;
@@ -291,7 +292,8 @@ export class MarketProxy {
         req.socket.destroy();
         return;
       }
-      if (how !== 'forward') return send(how.status, how.body);
+      if (typeof how === 'object' && 'hold' in how) await how.hold;
+      else if (how !== 'forward') return send(how.status, how.body);
     }
     const r = await fetch(`${target}${req.url}`, {
       method: req.method,
