@@ -104,7 +104,54 @@ describe('hedged dispatch', () => {
     const res = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 5 }) });
     expect(res.status).toBe(200);
     await res.json();
+    expect((await record(res.headers.get('x-request-id')!)).settled).toBe(true); // settlement follows the answer
     const after = ((await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number }).receipts;
     expect(after).toBe(before + 1);
+  });
+
+  test('a retry under the same Idempotency-Key goes back to the first provider: the same answer and receipt, billed once', async () => {
+    const totals = async () => ((await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number; cost_micro_usd: string });
+    const send = () =>
+      fetch(`${gw.url}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': 'retry-at-the-same-node' },
+        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'say it once' }], max_tokens: 12, seed: 3 }),
+      });
+    const before = await totals();
+    const first = await send();
+    expect(first.status).toBe(200);
+    const a = (await first.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    expect((await record(a.service.request_id)).settled).toBe(true);
+    // Two providers serve the model and the market alternates between them: every retry still lands where the first ran.
+    for (let i = 0; i < 3; i++) {
+      const retry = await send();
+      expect(retry.status).toBe(200);
+      const b = (await retry.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+      expect(b.service.request_id).toBe(a.service.request_id);
+      expect(b.service.receipt).toEqual(a.service.receipt);
+    }
+    expect((await totals()).receipts).toBe(before.receipts + 1);
+  });
+
+  test('a hedge under X-Service-Max-Cost-Usd holds half the cap an attempt: both together never spend more than the cap', async () => {
+    const holdOf = (env: DsseEnvelope) => JSON.parse(Buffer.from(env.payload, 'base64').toString()) as { hold_micro_usd: string; cost_micro_usd: string; usage: { output_tokens: number } };
+    for (const maxTokens of [200, 400]) {
+      // Worst cases ≈ 122 and ≈ 242 micro-USD: both within the cap of 300, so neither is refused.
+      const res = await fetch(`${gw.url}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-service-hedge': '1', 'x-service-max-cost-usd': '0.0003' },
+        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: maxTokens, seed: 5 }),
+      });
+      expect(res.status).toBe(200);
+      const id = res.headers.get('x-request-id')!;
+      const winner = holdOf(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt);
+      expect(winner.hold_micro_usd).toBe('150');
+      expect(BigInt(winner.cost_micro_usd) <= 150n).toBe(true); // the node capped generation at what half the cap pays for
+      const otherId = id.endsWith('-hedge') ? id.slice(0, -'-hedge'.length) : `${id}-hedge`;
+      const other = await record(otherId);
+      const otherCost = other.receipt ? BigInt(holdOf(other.receipt).cost_micro_usd) : 0n;
+      if (other.receipt) expect(holdOf(other.receipt).hold_micro_usd).toBe('150');
+      expect(BigInt(winner.cost_micro_usd) + otherCost <= 300n).toBe(true);
+    }
   });
 });

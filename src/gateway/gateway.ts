@@ -272,10 +272,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // ---- paid endpoints ------------------------------------------------------------------------
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
-  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown; rates?: WireRates }> {
+  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold = controls.routing.max_cost_micro_usd): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown; rates?: WireRates }> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
-    const maxCost = controls.routing.max_cost_micro_usd;
+    const maxCost = hold;
     if (maxCost !== undefined) ask.max_cost_micro_usd = maxCost;
     if (controls.preferredProviders) ask.providers = controls.preferredProviders;
     const grant = await market.ticket(ask);
@@ -380,17 +380,46 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /**
+   * Idempotency-Key → the provider its first attempt went to. A node answers a retry from its own
+   * record, so the retry must go back there; anywhere else it would run (and be billed) again.
+   */
+  const idempotentAt = new Map<string, string>();
+  const IDEMPOTENT_REMEMBERED = 10_000;
+
+  /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
+  async function ticketFor(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, idem: string | undefined, hold?: string) {
+    const key = idem === undefined ? undefined : `${endpoint}\n${idem}`;
+    const first = key === undefined ? undefined : idempotentAt.get(key);
+    let granted: Awaited<ReturnType<typeof takeTicket>> | undefined;
+    if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
+      try {
+        granted = await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold);
+      } catch (e) {
+        // That provider is gone or cannot take it now: the retry runs elsewhere (and is billed there).
+        if (!(e instanceof GatewayError) || (e.code !== 'no_provider' && e.status !== 503)) throw e;
+      }
+    }
+    granted ??= await takeTicket(endpoint, model, bodySha256, controls, requestId, hold);
+    if (key !== undefined) {
+      idempotentAt.delete(key);
+      idempotentAt.set(key, granted.provider);
+      if (idempotentAt.size > IDEMPOTENT_REMEMBERED) idempotentAt.delete(idempotentAt.keys().next().value!);
+    }
+    return granted;
+  }
+
+  /**
    * X-Service-Hedge: a second ticket for another live provider of the model, or undefined when
    * there is none (the request then runs once). The two race; the loser is cancelled at its node
    * and settled for the work it did.
    */
-  async function hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, first: string, requestId: string) {
+  async function hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, first: string, requestId: string, hold?: string) {
     const others = (await market.providers())
       .filter((e) => e.provider !== first && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model))
       .map((e) => e.provider);
     if (others.length === 0) return undefined;
     try {
-      return await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: others }, requestId);
+      return await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: others }, requestId, hold);
     } catch {
       return undefined; // no second route: run once
     }
@@ -412,8 +441,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
       controls.routing.max_cost_micro_usd = cap.toString();
     }
-    const granted = await takeTicket(endpoint, model, bodySha256, controls, req.id);
-    const hedged = controls.routing.hedge && endpoint !== 'embeddings' ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`) : undefined;
+    // A hedge runs twice: under X-Service-Max-Cost-Usd each attempt holds half the cap, so the two
+    // together never spend more than the buyer allowed (the cap still judges the request; the
+    // node caps each attempt's generation at what its hold pays for).
+    const hedge = controls.routing.hedge === true && endpoint !== 'embeddings';
+    const cap = controls.routing.max_cost_micro_usd;
+    const hold = hedge && cap !== undefined ? (BigInt(cap) / 2n).toString() : cap;
+    const granted = await ticketFor(endpoint, model, bodySha256, controls, req.id, idem, hold);
+    const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`, hold) : undefined;
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
       return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, providerIdleMs) };
