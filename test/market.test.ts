@@ -148,6 +148,30 @@ describe('registration', () => {
     const listed = ((await get('/v1/providers')).body as any[]).find((x) => x.provider === p.key.id);
     expect(listed.addresses).toEqual(['/ip4/127.0.0.1/tcp/4101']);
   });
+
+  test('the registration in force sent again changes nothing; other contents under its issued_at are refused', async () => {
+    const p = provider();
+    const now = Date.now();
+    const env = registration(p, { issued_at: now });
+    expect((await post('/v1/providers/register', env)).status).toBe(200);
+    expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { accepting: false }))).status).toBe(200);
+    const before = market.store.providers.get(p.key.id)!;
+    const seen = before.last_seen;
+    // A replay (anyone can resend a signed envelope) is acknowledged, and keeps the provider's state.
+    expect((await post('/v1/providers/register', env)).status).toBe(200);
+    const after = market.store.providers.get(p.key.id)!;
+    expect(after.last_seen).toBe(seen);
+    expect(after.capacity?.accepting).toBe(false);
+    const other = await post('/v1/providers/register', registration(p, { issued_at: now, addresses: ['/ip4/10.0.0.9/tcp/1'] }));
+    expect(other.body.error).toMatchObject({ code: 'registration_invalid', message: expect.stringMatching(/^issued_at: .*later issued_at/) });
+  });
+
+  test('an attestation tier above T1 is refused: this market verifies no evidence yet', async () => {
+    for (const tier of ['T2', 'T3', 'T4']) {
+      const r = await post('/v1/providers/register', registration(provider(), { attestation_tier: tier }));
+      expect(r.body.error, tier).toMatchObject({ code: 'registration_invalid', message: expect.stringMatching(new RegExp(`^attestation_tier: ${tier} needs attestation evidence`)) });
+    }
+  });
 });
 
 describe('heartbeat', () => {
@@ -172,6 +196,25 @@ describe('heartbeat', () => {
     await post('/v1/providers/register', registration(p));
     expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { at: Date.now() - 10 * 60_000 }))).body.error).toMatchObject({ code: 'heartbeat_invalid', message: expect.stringMatching(/^at: /) });
     expect((await post('/v1/providers/heartbeat', { payload: 'x', signatures: [] })).body.error).toMatchObject({ code: 'heartbeat_invalid', message: 'payloadType: missing' });
+  });
+
+  test('a snapshot dated well ahead of the market is refused, so it cannot shadow the on-time ones after it', async () => {
+    const p = provider();
+    await post('/v1/providers/register', registration(p));
+    expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { at: Date.now() + 120_000 }))).body.error).toMatchObject({ code: 'heartbeat_invalid', message: expect.stringMatching(/^at: .*ahead/) });
+    expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { accepting: false }))).status).toBe(200);
+    expect(market.store.providers.get(p.key.id)?.capacity?.accepting).toBe(false);
+  });
+
+  test('a snapshot from before the registration in force neither refreshes liveness nor replaces the capacity', async () => {
+    const p = provider();
+    const now = Date.now();
+    const old = heartbeatOf(p, { at: now - 60_000, accepting: true });
+    await post('/v1/providers/register', registration(p, { issued_at: now }));
+    const seen = market.store.providers.get(p.key.id)!.last_seen;
+    expect((await post('/v1/providers/heartbeat', old)).status).toBe(200);
+    expect(market.store.providers.get(p.key.id)!.capacity).toBeUndefined();
+    expect(market.store.providers.get(p.key.id)!.last_seen).toBe(seen);
   });
 });
 

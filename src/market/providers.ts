@@ -14,9 +14,12 @@ import { MarketError } from './errors.ts';
 import { REGISTRATION_PAYLOAD_TYPE, validateRegistrationPayload, type RegistrationPayload } from './registration-payload.ts';
 import type { MarketStore, ProviderRecord } from './store.ts';
 import { ratesToWire } from '../../attestation/receipt.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
 
 /** How far a registration's issued_at (or a heartbeat's at) may be from the market's clock. */
 export const MAX_CLOCK_DIFFERENCE_MS = 5 * 60_000;
+/** How far ahead of the market's clock a heartbeat's `at` may be. */
+export const MAX_HEARTBEAT_AHEAD_MS = 30_000;
 /** A provider is live while its last registration or heartbeat is this many intervals old at most. */
 export const LIVE_INTERVALS = 3;
 
@@ -82,15 +85,28 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   if (Math.abs(now - p.issued_at) > MAX_CLOCK_DIFFERENCE_MS) {
     throw new MarketError(400, code, `issued_at: ${p.issued_at} is more than 5 minutes from the market's clock (${now})`);
   }
+  // Buyers route on the tier (X-Service-Min-Att-Tier): a claim above T1 needs evidence this market
+  // does not verify yet, so it is refused rather than believed.
+  if (p.attestation_tier !== 'T1') {
+    throw new MarketError(400, code, `attestation_tier: ${p.attestation_tier} needs attestation evidence, which this market does not verify yet; register as T1`);
+  }
   return { payload: p, rates };
 }
 
-/** Registers (or re-registers) a provider. An older registration than the one in force is refused. */
+/**
+ * Registers (or re-registers) a provider. An older registration than the one in force is refused;
+ * the one in force, sent again, is acknowledged and changes nothing (a replay must not bring a
+ * silent or stopping provider back to life).
+ */
 export function register(store: MarketStore, body: unknown, now: number): ProviderRecord {
   const { payload: p, rates } = verifyRegistration(body, now);
   const old = store.providers.get(p.provider);
   if (old && p.issued_at < old.issued_at) {
     throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is older than the registration in force (${old.issued_at})`);
+  }
+  if (old && p.issued_at === old.issued_at) {
+    if (old.price_version === p.price_version && canonicalize(old.models) === canonicalize(p.models) && canonicalize(old.addresses) === canonicalize(p.addresses)) return old;
+    throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is that of the registration in force, with other contents: a new registration needs a later issued_at`);
   }
   const record: ProviderRecord = {
     provider: p.provider,
@@ -126,9 +142,12 @@ export function heartbeat(store: MarketStore, body: unknown, now: number): Provi
   if (snap.price_version !== record.price_version) {
     throw new MarketError(404, 'unknown_provider', `provider ${provider} is registered with price version ${record.price_version}, the heartbeat says ${snap.price_version}: register again`);
   }
-  if (Math.abs(now - snap.at) > MAX_CLOCK_DIFFERENCE_MS) throw new MarketError(400, code, `at: ${snap.at} is more than 5 minutes from the market's clock (${now})`);
-  // A replayed or reordered older snapshot neither refreshes liveness nor replaces a newer one.
-  if (!record.capacity || snap.at > record.capacity.at) {
+  if (now - snap.at > MAX_CLOCK_DIFFERENCE_MS) throw new MarketError(400, code, `at: ${snap.at} is more than 5 minutes behind the market's clock (${now})`);
+  // Snapshots are ordered by the node's clock: one far ahead would shadow every on-time one after it.
+  if (snap.at - now > MAX_HEARTBEAT_AHEAD_MS) throw new MarketError(400, code, `at: ${snap.at} is more than ${MAX_HEARTBEAT_AHEAD_MS / 1000} s ahead of the market's clock (${now})`);
+  // A replayed or reordered older snapshot, or one from before the registration in force, neither
+  // refreshes liveness nor replaces a newer one.
+  if (snap.at >= record.issued_at && (!record.capacity || snap.at > record.capacity.at)) {
     record.capacity = snap;
     record.last_seen = now;
   }
