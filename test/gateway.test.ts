@@ -232,6 +232,16 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     const done = (await run.json()) as { service: { receipt: DsseEnvelope } };
     const p = verified(done.service.receipt);
     expect(formatUsd(BigInt(p.hold_micro_usd))).toBe(est.max_hold);
+    // The same request with its JSON spaced and ordered otherwise is still the estimated one.
+    const respaced = `{ "seed": 3, "max_tokens": 20, "messages": [ { "content": "hello world", "role": "user" } ], "model": "${MODEL}" }`;
+    const again = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-estimate': est.estimate_id }, body: respaced });
+    expect(again.status).toBe(200);
+    await again.json();
+    // Other routing controls than the estimate's: refused naming the estimate.
+    const rerouted = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-estimate': est.estimate_id, 'x-service-min-ctx': '100' }, body: JSON.stringify(body) });
+    const rr = (await rerouted.json()) as { error: { code: string; message: string } };
+    expect([rerouted.status, rr.error.code]).toEqual([400, 'invalid_request']);
+    expect(rr.error.message).toMatch(/X-Service-Estimate.*other routing controls/);
     // Another body under the estimate, an unknown estimate, and a cost cap on /estimates are refused.
     const other = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-estimate': est.estimate_id }, body: JSON.stringify({ ...body, seed: 4 }) });
     expect([other.status, ((await other.json()) as { error: { code: string } }).error.code]).toEqual([400, 'invalid_request']);

@@ -21,7 +21,10 @@ export interface Estimate {
   estimateId: string;
   endpoint: string;
   model: string;
+  /** SHA-256 of the body's canonical JSON (RFC 8785): the same request however its JSON is spaced or ordered. */
   bodySha256: string;
+  /** The routing controls the estimate was made under, canonical JSON: execution must ask the same. */
+  routing: string;
   provider: string;
   priceVersion: string;
   inputTokens: number;

@@ -21,6 +21,8 @@ import type { AddressInfo } from 'node:net';
 import type { ServerResponse } from 'node:http';
 import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
+import { utf8 } from '../../attestation/bytes.ts';
+import { canonicalize } from '../../attestation/canonical-json.ts';
 import { formatUsd } from '../../attestation/money.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { WireRates } from '../../attestation/receipt.ts';
@@ -196,6 +198,21 @@ class IdleWatch {
     this.stopped = true;
     clearTimeout(this.timer);
   }
+}
+
+/** SHA-256 of a JSON body's canonical form (RFC 8785); undefined-safe: a body that is not JSON hashes as its bytes. */
+function canonicalBodySha256(body: Uint8Array): string {
+  try {
+    return sha256Hex(utf8(canonicalize(JSON.parse(Buffer.from(body).toString('utf8')))));
+  } catch {
+    return sha256Hex(body);
+  }
+}
+
+/** The routing controls an estimate is bound to, as one string (the cap and the estimate id aside). */
+function routingKey(c: RoutingControls): string {
+  const { max_cost_micro_usd: _cap, ...routing } = c.routing;
+  return canonicalize({ routing, preferred: c.preferredProviders ?? null });
 }
 
 function endsWith(bytes: Uint8Array, tail: Uint8Array): boolean {
@@ -436,7 +453,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       // higher live maximum is refused (403 request_cost_limit_exceeded) before any hold.
       const est = estimates.get(controls.estimateId);
       if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
-      if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== bodySha256) throw invalid('X-Service-Estimate', 'the estimate is for another request');
+      if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== canonicalBodySha256(body)) throw invalid('X-Service-Estimate', 'the estimate is for another request');
+      if (est.routing !== routingKey(controls)) throw invalid('X-Service-Estimate', 'the estimate was made under other routing controls');
       const asked = controls.routing.max_cost_micro_usd;
       const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
       controls.routing.max_cost_micro_usd = cap.toString();
@@ -825,7 +843,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const est = estimates.add({
       endpoint,
       model: parsed.model,
-      bodySha256: sha256Hex(bytes),
+      bodySha256: canonicalBodySha256(bytes),
+      routing: routingKey(controls),
       provider: c!.provider.provider,
       priceVersion: c!.provider.price_version ?? '',
       inputTokens,
