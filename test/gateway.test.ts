@@ -274,6 +274,21 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect((await record(res.service.request_id)).status).toBe('completed');
   });
 
+  test('embeddings: a batch holding more tokens than one context is served (the hold covers the whole batch)', async () => {
+    const one = 'the quick brown fox jumps over the lazy dog '.repeat(Math.ceil(CONTEXT / 20)).slice(0, CONTEXT * 2);
+    const perInput = await countTokens({ prompt: one });
+    // Over 5 contexts in all, each input within one: more than the market's default hold (one
+    // context at the higher of the two rates, 4× the input rate here) would cover.
+    const n = Math.ceil((5 * CONTEXT) / perInput) + 1;
+    expect(perInput).toBeLessThanOrEqual(CONTEXT);
+    const res = (await client.embeddings.create({ model: MODEL, input: Array.from({ length: n }, () => one) })) as OpenAI.CreateEmbeddingResponse & { service: { receipt: unknown } };
+    expect(res.data).toHaveLength(n);
+    const p = verified(res.service.receipt);
+    expect(p.usage.input_tokens).toBe(n * perInput);
+    expect(p.usage.input_tokens).toBeGreaterThan(5 * CONTEXT);
+    expect(BigInt(p.cost_micro_usd) <= BigInt(p.hold_micro_usd)).toBe(true);
+  });
+
   test('tokenize: the tokenization object, no ticket, no receipt', async () => {
     const receiptsBefore = ((await (await fetch(`${marketUrl}/v1/receipts`)).json()) as unknown[]).length;
     const r = await fetch(`${gw.url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: 'hello world', return_tokens: true }) });

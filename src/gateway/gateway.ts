@@ -397,6 +397,20 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /**
+   * The hold for embeddings without a cost cap. The market's default (one context's worth of
+   * tokens) is too small for a batch of inputs; no tokenizer counts more tokens than the body has
+   * bytes, so the body's length at the highest input rate among the model's providers covers it.
+   */
+  async function embeddingsHold(model: string, body: Uint8Array): Promise<string | undefined> {
+    let rate = 0n;
+    for (const p of await market.providers()) {
+      const r = p.rates?.[model];
+      if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
+    }
+    return rate === 0n ? undefined : ((BigInt(body.length) * rate + 999_999n) / 1_000_000n).toString();
+  }
+
+  /**
    * Idempotency-Key → the provider its first attempt went to. A node answers a retry from its own
    * record, so the retry must go back there; anywhere else it would run (and be billed) again.
    */
@@ -464,7 +478,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // node caps each attempt's generation at what its hold pays for).
     const hedge = controls.routing.hedge === true && endpoint !== 'embeddings';
     const cap = controls.routing.max_cost_micro_usd;
-    const hold = hedge && cap !== undefined ? (BigInt(cap) / 2n).toString() : cap;
+    const hold = hedge && cap !== undefined ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
     const granted = await ticketFor(endpoint, model, bodySha256, controls, req.id, idem, hold);
     const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`, hold) : undefined;
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
