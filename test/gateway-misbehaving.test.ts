@@ -490,6 +490,38 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
   });
 });
 
+describe('failover: a provider that cannot start the request (503 no_capacity) hands it to the next', () => {
+  const busy: Behaviour = async (ex) => {
+    await ex.head({ status: 503, headers: { 'content-type': 'application/json' } });
+    await ex.trailer({ error: { code: 'no_capacity', message: 'all 1 slots are busy' } });
+  };
+
+  test('X-Service-Prefer-Providers: the next in order answers; the refused attempt is recorded, nothing charged for it', async () => {
+    scripted.behaviour = busy;
+    const before = await snapshot();
+    const res = await post(chatBody('fail over'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    expect(body.service.request_id).toBe(id);
+    expect(verifyReceipt(body.service.receipt, { provider: node.providerId }).ok).toBe(true);
+    expect(scripted.requests).toBe(before.requests + 1);
+    expect(await record(id)).toMatchObject({ status: 'completed', provider: node.providerId, settled: true });
+    const first = await record(id.replace(/-f1$/, ''));
+    expect(first).toMatchObject({ status: 'refused', provider: scripted.providerId, error: { code: 'no_capacity' }, receipt: null });
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
+  test('never outside the set: with only the busy provider preferred, its 503 is the answer', async () => {
+    scripted.behaviour = busy;
+    const before = await snapshot();
+    const res = await post(chatBody('nowhere else'), toScripted());
+    await expectError(res, 503, 'no_capacity');
+    expect(scripted.requests).toBe(before.requests + 1);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+});
+
 describe('a provider that answers an HTTP status without an error envelope: 502 bad_provider_response', () => {
   /** HEAD `head`, then the TRAILER `trailer` (or, when undefined, a close without one). */
   const answers = (head: JsonObject, trailer?: JsonObject, data?: string): Behaviour => async (ex) => {

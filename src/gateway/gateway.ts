@@ -179,6 +179,20 @@ function drained(raw: ServerResponse): Promise<void> {
   });
 }
 
+/** How many times a paid request moves on to another provider that could not start it. */
+const MAX_FAILOVERS = 2;
+
+/** A provider could not start the request (nothing done, nothing charged): the next one may. */
+class Failover extends Error {
+  readonly provider: string;
+  readonly error: GatewayError;
+  constructor(provider: string, error: GatewayError) {
+    super(error.message);
+    this.provider = provider;
+    this.error = error;
+  }
+}
+
 /** Aborts a provider request when nothing has arrived for `ms`; every frame (and the HEAD) restarts the clock. */
 class IdleWatch {
   timedOut = false;
@@ -456,8 +470,39 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   }
 
+  /**
+   * A paid request. When its provider cannot start it (unreachable, or no capacity: nothing done,
+   * nothing charged) it fails over to the next provider: the next of X-Service-Prefer-Providers in
+   * order (never one outside the set), else any other live provider of the model; a few times at
+   * most, each attempt under its own request id and ticket. Hedged requests already run twice and
+   * do not fail over.
+   */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     const controls = parseRoutingHeaders(req.headers);
+    const tried: string[] = [];
+    let lastFailure: GatewayError | undefined;
+    for (let n = 0; ; n++) {
+      let routed = controls;
+      if (n > 0) {
+        const model = peekModel(bodyBytes(req));
+        const rest = controls.preferredProviders
+          ? controls.preferredProviders.filter((id) => !tried.includes(id))
+          : (await market.providers()).filter((e) => !tried.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
+        if (rest.length === 0) throw lastFailure!;
+        routed = { ...controls, preferredProviders: rest };
+      }
+      try {
+        return await paidAttempt(endpoint, req, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
+      } catch (e) {
+        if (!(e instanceof Failover)) throw e;
+        tried.push(e.provider);
+        lastFailure = e.error;
+        if (n >= MAX_FAILOVERS) throw e.error;
+      }
+    }
+  }
+
+  async function paidAttempt(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, controls: RoutingControls, requestId: string, mayFailOver: boolean): Promise<unknown> {
     const idem = idempotencyKey(req.headers);
     const body = bodyBytes(req);
     const model = peekModel(body);
@@ -479,8 +524,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const hedge = controls.routing.hedge === true && endpoint !== 'embeddings';
     const cap = controls.routing.max_cost_micro_usd;
     const hold = hedge && cap !== undefined ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
-    const granted = await ticketFor(endpoint, model, bodySha256, controls, req.id, idem, hold);
-    const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${req.id}-hedge`, hold) : undefined;
+    const granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
+    const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${requestId}-hedge`, hold) : undefined;
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
       return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, providerIdleMs) };
@@ -540,6 +585,11 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     reply.header('x-request-id', p.requestId);
     const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
       records.fail(p.requestId, status, { code: e.code, message: e.message });
+      // Nothing was done and nothing charged: the next provider may start it.
+      if (mayFailOver && attempts.length === 1 && !gone.signal.aborted && e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) {
+        raw.off('close', onClose);
+        throw new Failover(p.provider, e);
+      }
       throw e;
     };
 
