@@ -197,6 +197,13 @@ async function expectRefusedAnswer(res: Response, message: RegExp, before: { rec
   return rec;
 }
 
+/** One case of a provider whose answer the gateway must refuse: 502 bad_provider_response, recorded, nothing settled. */
+async function refusedAnswerCase(name: string, behaviour: Behaviour, message: RegExp): Promise<void> {
+  scripted.behaviour = behaviour;
+  const before = await snapshot();
+  await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
+}
+
 async function snapshot(): Promise<{ receipts: number; requests: number }> {
   return { receipts: await marketReceipts(), requests: scripted.requests };
 }
@@ -241,11 +248,7 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     ['a body whose usage is not the receipt\'s', answersWith((ex) => ex.logReceipt(), completion({ input_tokens: 7, output_tokens: 4 })), /usage\.completion_tokens is 4, the receipt says 3/],
     ['a body that is not JSON', answersWith((ex) => ex.logReceipt(), 'not json at all'), /not a JSON object/],
   ];
-  test.each(cases)('%s', async (name, behaviour, message) => {
-    scripted.behaviour = behaviour;
-    const before = await snapshot();
-    await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
-  });
+  test.each(cases)('%s', refusedAnswerCase);
 
   test('streamed: [DONE] is held until the receipt verifies; a bad one ends the stream with a bad_provider_response event instead; recorded, never settled', async () => {
     scripted.behaviour = async (ex) => {
@@ -538,11 +541,7 @@ describe('a provider that answers an HTTP status without an error envelope: 502 
     ['HEAD without a status', answers({ headers: {} }, { error: { code: 'oops', message: 'x' } }), /answered HTTP 0 without an error/],
     ['HEAD status "200" as a string', answers({ status: '200', headers: { 'content-type': 'application/json' } }, {}, completion()), /answered HTTP 0 without an error/],
   ];
-  test.each(cases)('%s', async (name, behaviour, message) => {
-    scripted.behaviour = behaviour;
-    const before = await snapshot();
-    await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
-  });
+  test.each(cases)('%s', refusedAnswerCase);
 
   test('control: a refusal with its error envelope is relayed with its status and code, recorded `refused`', async () => {
     scripted.behaviour = async (ex) => {

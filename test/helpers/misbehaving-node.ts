@@ -22,6 +22,7 @@ import { buildReceiptPayload, GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, ratesToWire, t
 import { peekPayload } from '../../attestation/signed-payload.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import { signRegistration } from '../../src/market/registration-payload.ts';
+import type { IssuedTicketResponse } from '../../src/market/tickets.ts';
 import { FrameReader, writeBytes } from '../../src/p2p/frame-io.ts';
 import { encodeData, encodeHead, encodeTrailer, type JsonObject } from '../../src/p2p/frames.ts';
 import { createHost, type Host } from '../../src/p2p/host.ts';
@@ -230,14 +231,8 @@ export class ScriptedNode {
 
 // ---- the market proxy ----------------------------------------------------------------------------
 
-export interface TicketGrant {
-  ticket: DsseEnvelope;
-  request_id: string;
-  provider: string;
-  peer_id: string;
-  addresses: string[];
-  price_version: string;
-}
+/** What the market grants for POST /v1/tickets. */
+export type TicketGrant = IssuedTicketResponse;
 
 /** forward it; drop the connection; answer this; or forward it once `hold` resolves. */
 export type ReceiptAnswer = 'forward' | 'drop' | { status: number; body?: unknown } | { hold: Promise<void> };
