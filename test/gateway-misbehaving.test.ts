@@ -525,6 +525,94 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
   });
 });
 
+describe('hedges, estimates and long streams around misbehaving providers', () => {
+  /** Busy for inference, but it answers token counts (an estimate asks the first candidate). */
+  const busyButCounts: Behaviour = async (ex) => {
+    if (ex.requestHead.endpoint === 'count_tokens' || ex.requestHead.endpoint === 'tokenize') {
+      await ex.head(JSON_HEAD);
+      await ex.data(JSON.stringify({ model: MODEL, count: 200 })); // more than the real node counts: its estimate covers the request there
+      await ex.trailer({});
+      return;
+    }
+    await ex.head({ status: 503, headers: { 'content-type': 'application/json' } });
+    await ex.trailer({ error: { code: 'no_capacity', message: 'all 1 slots are busy' } });
+  };
+
+  test('a request made under X-Service-Estimate fails over like any other', async () => {
+    scripted.behaviour = busyButCounts;
+    const prefer = { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` };
+    const body = chatBody('estimate, then fail over');
+    const er = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', ...prefer }, body: JSON.stringify({ endpoint: 'CHAT', body: JSON.parse(body) }) });
+    expect(er.status).toBe(200);
+    const est = (await er.json()) as { estimate_id: string };
+    const res = await post(body, { ...prefer, 'x-service-estimate': est.estimate_id });
+    expect(res.status).toBe(200);
+    const r = (await res.json()) as { service: { receipt: DsseEnvelope } };
+    expect(verifyReceipt(r.service.receipt, { provider: node.providerId }).ok).toBe(true);
+  });
+
+  test('a hedge whose half caps cannot start it runs once with the whole cap', async () => {
+    scripted.behaviour = busyButCounts;
+    const messages = [{ role: 'user', content: 'hello there, how are you doing today' }];
+    const count = ((await (await post(JSON.stringify({ model: MODEL, messages }), toNode(), 'count_tokens')).json()) as { count: number }).count;
+    // The cap pays for the input and one output token; half of it pays for neither.
+    const cap = formatUsd(computeCost({ input_tokens: count, output_tokens: 1 }, SCRIPTED_RATES));
+    const body = JSON.stringify({ model: MODEL, messages, max_tokens: 1 });
+    expect((await post(body, { ...toNode(), 'x-service-max-cost-usd': cap })).status).toBe(200); // control: unhedged, it runs
+    const res = await post(body, { 'x-service-hedge': '1', 'x-service-max-cost-usd': cap });
+    expect(res.status).toBe(200);
+    const r = (await res.json()) as { service: { receipt: DsseEnvelope } };
+    const v = verifyReceipt(r.service.receipt, { provider: node.providerId });
+    if (!v.ok) throw new Error(v.error.message);
+    expect(formatUsd(BigInt(v.value.payload.hold_micro_usd))).toBe(cap);
+  });
+
+  test('hedge + Idempotency-Key: a retry goes to the provider whose answer the buyer got', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    scripted.behaviour = async (ex) => {
+      await gate; // the primary (if it is this one) answers only after the hedge has won
+      try {
+        await honest(ex);
+      } catch {
+        // cancelled as the hedge's loser: its stream is gone
+      }
+    };
+    const key = `idem-${crypto.randomUUID()}`;
+    const body = chatBody('hedged and idempotent');
+    const first = await post(body, { 'x-service-hedge': '1', 'idempotency-key': key });
+    release();
+    expect(first.status).toBe(200);
+    const a = (await first.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    expect(verifyReceipt(a.service.receipt, { provider: node.providerId }).ok).toBe(true); // the real node won
+    await record(a.service.request_id);
+    const before = await snapshot();
+    const retry = await post(body, { 'idempotency-key': key });
+    expect(retry.status).toBe(200);
+    const b = (await retry.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    expect(b.service.request_id).toBe(a.service.request_id);
+    expect(b.service.receipt).toEqual(a.service.receipt);
+    expect(scripted.requests).toBe(before.requests); // the loser was not asked again
+  });
+
+  test('responses stream: a closing event larger than a frame is still held, so a bad receipt ends the stream with the error instead', async () => {
+    const big = 'x'.repeat(200_000);
+    scripted.behaviour = async (ex) => {
+      await ex.head({ status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } });
+      await ex.data(`event: response.output_text.delta\ndata: ${JSON.stringify({ type: 'response.output_text.delta', delta: 'hi' })}\n\n`);
+      const closing = `event: response.completed\ndata: ${JSON.stringify({ type: 'response.completed', response: { output: [{ content: [{ text: big }] }] } })}\n\n`;
+      // Split across DATA frames, as a node's frame size limit would.
+      for (let i = 0; i < closing.length; i += 60_000) await ex.data(closing.slice(i, i + 60_000));
+      await ex.trailer(Exchange.receiptTrailer(ex.signedReceipt({ cost_micro_usd: '1' })));
+    };
+    const res = await post(JSON.stringify({ model: MODEL, input: 'hi', stream: true }), toScripted(), 'responses');
+    const text = await res.text();
+    expect(text).toMatch(/^event: response\.output_text\.delta\n/);
+    expect(text).not.toContain('event: response.completed');
+    expect(sseData(text).at(-1)).toMatch(/"code":"bad_provider_response"/);
+  });
+});
+
 describe('a provider that answers an HTTP status without an error envelope: 502 bad_provider_response', () => {
   /** HEAD `head`, then the TRAILER `trailer` (or, when undefined, a close without one). */
   const answers = (head: JsonObject, trailer?: JsonObject, data?: string): Behaviour => async (ex) => {

@@ -289,6 +289,16 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(BigInt(p.cost_micro_usd) <= BigInt(p.hold_micro_usd)).toBe(true);
   });
 
+  test('X-Service-Hedge with no second provider runs once, holding the whole cap', async () => {
+    const messages = [{ role: 'user' as const, content: 'hello there, how are you doing today' }];
+    const count = await countTokens({ messages });
+    const cap = costUsd(count, 1); // the input and one output token: half of it would pay for neither
+    const res = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-hedge': '1', 'x-service-max-cost-usd': cap }, body: JSON.stringify({ model: MODEL, messages, max_tokens: 1 }) });
+    expect(res.status).toBe(200);
+    const p = verified(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt);
+    expect(formatUsd(BigInt(p.hold_micro_usd))).toBe(cap);
+  });
+
   test('tokenize: the tokenization object, no ticket, no receipt', async () => {
     const receiptsBefore = ((await (await fetch(`${marketUrl}/v1/receipts`)).json()) as unknown[]).length;
     const r = await fetch(`${gw.url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: 'hello world', return_tokens: true }) });

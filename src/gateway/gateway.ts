@@ -21,7 +21,7 @@ import type { AddressInfo } from 'node:net';
 import type { ServerResponse } from 'node:http';
 import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
-import { utf8 } from '../../attestation/bytes.ts';
+import { concatBytes, utf8 } from '../../attestation/bytes.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
 import { formatUsd } from '../../attestation/money.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
@@ -99,18 +99,34 @@ export interface Gateway {
 const JSON_TYPE = 'application/json; charset=utf-8';
 const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 const DONE_EVENT = new TextEncoder().encode('data: [DONE]\n\n');
-const RESPONSES_END = /(?:^|\n)event: response\.(?:completed|incomplete|failed)\n[^\n]*\n\n$/;
 
-/**
- * Where a DATA frame's closing event starts (`data: [DONE]`, or the responses protocol's last event:
- * it has no [DONE]), or -1 when the frame does not end the stream.
- */
-function terminalEventAt(bytes: Uint8Array): number {
-  if (endsWith(bytes, DONE_EVENT)) return bytes.length - DONE_EVENT.length;
-  const m = RESPONSES_END.exec(new TextDecoder().decode(bytes.subarray(Math.max(0, bytes.length - 65536))));
-  if (!m) return -1;
-  const event = m[0].startsWith('\n') ? m[0].slice(1) : m[0];
-  return bytes.length - Buffer.byteLength(event);
+// A relayed stream is cut into whole SSE events (each ends with a blank line) so that its closing
+// event (`data: [DONE]`, or the responses protocol's last event: it has no [DONE]) can be held.
+const BLANK_LINE = Buffer.from('\n\n');
+
+/** Where the last complete SSE event of `bytes` ends (just after its blank line), or 0. */
+function eventsEnd(bytes: Uint8Array): number {
+  const i = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).lastIndexOf(BLANK_LINE);
+  return i < 0 ? 0 : i + 2;
+}
+
+/** Where the last event of complete events starts. */
+function lastEventAt(events: Uint8Array): number {
+  if (events.length < 3) return 0;
+  const i = Buffer.from(events.buffer, events.byteOffset, events.byteLength).lastIndexOf(BLANK_LINE, events.length - 3);
+  return i < 0 ? 0 : i + 2;
+}
+
+/** Whether one whole SSE event closes the stream: `data: [DONE]`, or the responses protocol's last event. */
+function isTerminalEvent(event: Uint8Array): boolean {
+  if (bytesEqualTo(event, DONE_EVENT)) return true;
+  const head = new TextDecoder().decode(event.subarray(0, 64));
+  return RESPONSES_END_EVENT.test(head);
+}
+const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\n/;
+
+function bytesEqualTo(a: Uint8Array, b: Uint8Array): boolean {
+  return a.length === b.length && endsWith(a, b);
 }
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
@@ -186,10 +202,13 @@ const MAX_FAILOVERS = 2;
 class Failover extends Error {
   readonly provider: string;
   readonly error: GatewayError;
-  constructor(provider: string, error: GatewayError) {
+  /** Not the provider's fault: the hedge's half cap was too small; run once, unhedged. */
+  readonly unhedge: boolean;
+  constructor(provider: string, error: GatewayError, unhedge = false) {
     super(error.message);
     this.provider = provider;
     this.error = error;
+    this.unhedge = unhedge;
   }
 }
 
@@ -197,16 +216,31 @@ class Failover extends Error {
 class IdleWatch {
   timedOut = false;
   private stopped = false;
-  private readonly timer: NodeJS.Timeout;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly ac: AbortController;
+  private readonly ms: number;
   constructor(ac: AbortController, ms: number) {
+    this.ac = ac;
+    this.ms = ms;
+    this.arm();
+  }
+  private arm(): void {
     this.timer = setTimeout(() => {
       this.timedOut = true;
-      ac.abort(new Error(`the provider sent nothing for ${ms} ms`));
-    }, ms);
+      this.ac.abort(new Error(`the provider sent nothing for ${this.ms} ms`));
+    }, this.ms);
     this.timer.unref();
   }
   kick(): void {
-    if (!this.stopped) this.timer.refresh();
+    if (!this.stopped) this.timer?.refresh();
+  }
+  /** The wait is the buyer's (slow to read): the provider's clock stops until resume(). */
+  pause(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+  resume(): void {
+    if (!this.stopped && !this.timer) this.arm();
   }
   stop(): void {
     this.stopped = true;
@@ -445,12 +479,15 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
     }
     granted ??= await takeTicket(endpoint, model, bodySha256, controls, requestId, hold);
-    if (key !== undefined) {
-      idempotentAt.delete(key);
-      idempotentAt.set(key, granted.provider);
-      if (idempotentAt.size > IDEMPOTENT_REMEMBERED) idempotentAt.delete(idempotentAt.keys().next().value!);
-    }
     return granted;
+  }
+
+  /** The provider that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
+  function rememberIdempotent(endpoint: PaidEndpoint, idem: string, provider: string): void {
+    const key = `${endpoint}\n${idem}`;
+    idempotentAt.delete(key);
+    idempotentAt.set(key, provider);
+    if (idempotentAt.size > IDEMPOTENT_REMEMBERED) idempotentAt.delete(idempotentAt.keys().next().value!);
   }
 
   /**
@@ -478,25 +515,43 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
    * do not fail over.
    */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-    const controls = parseRoutingHeaders(req.headers);
+    let controls = parseRoutingHeaders(req.headers);
+    const body = bodyBytes(req);
+    const model = peekModel(body);
+    if (controls.estimateId !== undefined) {
+      // The request must be the one estimated, under the same routing controls; its hold is capped
+      // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
+      const est = estimates.get(controls.estimateId);
+      if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
+      if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== canonicalBodySha256(body)) throw invalid('X-Service-Estimate', 'the estimate is for another request');
+      if (est.routing !== routingKey(controls)) throw invalid('X-Service-Estimate', 'the estimate was made under other routing controls');
+      const asked = controls.routing.max_cost_micro_usd;
+      const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
+      controls.routing.max_cost_micro_usd = cap.toString();
+    }
     const tried: string[] = [];
     let lastFailure: GatewayError | undefined;
     for (let n = 0; ; n++) {
       let routed = controls;
-      if (n > 0) {
-        const model = peekModel(bodyBytes(req));
+      if (n > 0 && tried.length > 0) {
         const rest = controls.preferredProviders
           ? controls.preferredProviders.filter((id) => !tried.includes(id))
           : (await market.providers()).filter((e) => !tried.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
         if (rest.length === 0) throw lastFailure!;
-        routed = { ...controls, preferredProviders: rest };
+        // The first provider already had the buyer's whole wait: the next starts now or refuses.
+        routed = { ...controls, preferredProviders: rest, routing: { ...controls.routing, max_wait_ms: 0 } };
       }
       try {
         return await paidAttempt(endpoint, req, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
       } catch (e) {
         if (!(e instanceof Failover)) throw e;
-        tried.push(e.provider);
         lastFailure = e.error;
+        if (e.unhedge) {
+          // Half the cap could not pay for a hedged attempt: run once, with the whole cap.
+          controls = { ...controls, routing: { ...controls.routing, hedge: false } };
+          continue;
+        }
+        tried.push(e.provider);
         if (n >= MAX_FAILOVERS) throw e.error;
       }
     }
@@ -507,25 +562,17 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const body = bodyBytes(req);
     const model = peekModel(body);
     const bodySha256 = sha256Hex(body);
-    if (controls.estimateId !== undefined) {
-      // The request must be the one estimated; its hold is capped at the estimate's maximum, so a
-      // higher live maximum is refused (403 request_cost_limit_exceeded) before any hold.
-      const est = estimates.get(controls.estimateId);
-      if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
-      if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== canonicalBodySha256(body)) throw invalid('X-Service-Estimate', 'the estimate is for another request');
-      if (est.routing !== routingKey(controls)) throw invalid('X-Service-Estimate', 'the estimate was made under other routing controls');
-      const asked = controls.routing.max_cost_micro_usd;
-      const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
-      controls.routing.max_cost_micro_usd = cap.toString();
-    }
     // A hedge runs twice: under X-Service-Max-Cost-Usd each attempt holds half the cap, so the two
-    // together never spend more than the buyer allowed (the cap still judges the request; the
-    // node caps each attempt's generation at what its hold pays for).
+    // together never hold more than the buyer allowed (the cap still judges the request; each node
+    // caps its generation at what its hold pays for). Without a second provider it runs once, with
+    // the whole cap; if half the cap cannot pay for an attempt, it runs once too (see paid()).
     const hedge = controls.routing.hedge === true && endpoint !== 'embeddings';
     const cap = controls.routing.max_cost_micro_usd;
-    const hold = hedge && cap !== undefined ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
-    const granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
+    const halved = hedge && cap !== undefined;
+    const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
+    let granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
     const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${requestId}-hedge`, hold) : undefined;
+    if (halved && !hedged) granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap); // (the half-cap ticket is never used)
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
       return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, providerIdleMs) };
@@ -590,6 +637,12 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         raw.off('close', onClose);
         throw new Failover(p.provider, e);
       }
+      // A hedged pair under half the cap each, neither started (refused, or no capacity): half the
+      // cap may be what stopped them, so the request runs once, with the whole cap.
+      if (halved && attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503)) {
+        raw.off('close', onClose);
+        throw new Failover(p.provider, e, true);
+      }
       throw e;
     };
 
@@ -605,6 +658,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const { res, head } = outcome;
     const status = typeof head.status === 'number' ? head.status : 0;
+    if (status === 200 && idem !== undefined) rememberIdempotent(endpoint, idem, p.provider);
     const headers = isObj(head.headers) ? head.headers : {};
     if (status !== 200) {
       // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.
@@ -716,21 +770,42 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // The stream's last event ([DONE], or the responses protocol's closing event) is held until the
     // receipt verifies: a client stops reading there, so an answer whose receipt fails must end
     // with the error event instead.
+    // Events are relayed whole: bytes after a frame's last blank line wait for the frame that ends
+    // their event, so a closing event split across frames is still recognised and held.
     let held: Uint8Array | undefined;
+    let partial: Uint8Array = new Uint8Array(0);
     const write = async (bytes: Uint8Array): Promise<void> => {
-      if (bytes.length && !gone.aborted && !raw.destroyed && !raw.write(bytes)) await drained(raw);
+      if (!bytes.length || gone.aborted || raw.destroyed || raw.write(bytes)) return;
+      // The buyer is slow to read: that wait is theirs, not the provider's.
+      idle.pause();
+      try {
+        await drained(raw);
+      } finally {
+        idle.resume();
+      }
     };
     try {
       for await (const f of res.frames) {
         idle.kick();
         if (f.kind === 'data') {
           hash.update(f.bytes);
+          const bytes = partial.length ? concatBytes(partial, f.bytes) : f.bytes;
+          const end = eventsEnd(bytes);
+          partial = bytes.subarray(end);
+          if (end === 0) continue;
+          const events = bytes.subarray(0, end);
           if (held) await write(held); // more after the last event: relayed in order, as sent
-          const cut = terminalEventAt(f.bytes);
-          held = cut < 0 ? undefined : f.bytes.subarray(cut);
+          const cut = lastEventAt(events);
+          held = isTerminalEvent(events.subarray(cut)) ? events.subarray(cut) : undefined;
           if (held) finished();
-          await write(cut < 0 ? f.bytes : f.bytes.subarray(0, cut));
+          await write(held ? events.subarray(0, cut) : events);
         } else trailer = f.value;
+      }
+      if (partial.length) {
+        // Bytes that end no event: relayed as they are.
+        if (held) await write(held);
+        held = undefined;
+        await write(partial);
       }
     } catch (e) {
       if (gone.aborted) {
