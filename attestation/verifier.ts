@@ -7,7 +7,7 @@ export { verifyReceipt, type VerifiedReceipt, type ReceiptVerifyOptions } from '
 export { verifyTicket, type VerifiedTicket, type TicketVerifyOptions, type MarketplaceKey } from './ticket-verify.ts';
 export { verifyCheckpoint, parseCheckpoint, receiptLogOrigin, type VerifiedCheckpoint, type CheckpointKey } from './checkpoint.ts';
 export { verifyInclusion, verifyConsistency, rootFromInclusion, leafHash, MerkleTree } from './merkle.ts';
-export { verifyLog, ReceiptChain, checkCheckpoints, type LogSummary, type VerifyLogInput, type ChainLink } from './log-verify.ts';
+export { verifyLog, verifyCheckpointConsistency, ReceiptChain, checkCheckpoints, type LogSummary, type VerifyLogInput, type ChainLink } from './log-verify.ts';
 export { verifyProofBundle, parseProofBundle, formatProofBundle, type ProofBundle } from './tlog-proof.ts';
 export { verifyReceiptProof, type VerifiedReceiptProof } from './receipt-proof.ts';
 export { openNote, parseVerifierKey } from './note.ts';

@@ -250,6 +250,11 @@ afterAll(async () => {
 }, 60_000);
 
 describe('seller-node/verifier in a browser', () => {
+  it('exports every function of the README\'s verifier API', () => {
+    const api = ['verifyReceipt', 'verifyTicket', 'verifyCheckpoint', 'verifyInclusion', 'verifyConsistency', 'verifyCheckpointConsistency', 'verifyLog', 'verifyReceiptProof', 'ed25519Verify'];
+    expect(api.filter((name) => typeof (nodeVerifier as Record<string, unknown>)[name] !== 'function')).toEqual([]);
+  });
+
   it('bundles for the browser without any Node module', () => {
     const inputs = Object.keys(metafile.inputs);
     expect(inputs).toContain('attestation/verifier.ts');

@@ -2,8 +2,9 @@
 // (loopback by default) at http://127.0.0.1:11435/v1, sending each request straight to a provider
 // over libp2p with a ticket from the marketplace.
 //
-//   POST /v1/chat/completions, /v1/completions, /v1/embeddings   paid: ticket → provider → receipt
-//   POST /v1/tokenize, /v1/count_tokens                          free: no ticket, hold or receipt
+//   POST /v1/chat/completions, /v1/completions, /v1/responses,
+//        /v1/embeddings                                          paid: ticket → provider → receipt
+//   POST /v1/tokenize, /v1/count_tokens, /v1/estimates           free: no ticket, hold or receipt
 //   GET  /v1/models, /v1/models/by-id?id=…, /v1/models/{id}      the market's live providers' models
 //   GET  /v1/requests/{id}                                       the settled record of a request
 //
