@@ -95,7 +95,7 @@ describe('hedged dispatch', () => {
       expect(['cancelled', 'completed']).toContain(v.ok && v.value.payload.status);
       expect(loser.settled).toBe(true);
     } else {
-      expect(loser.error?.code).toBe('request_abandoned'); // cancelled before it did any work
+      expect(loser.error?.code).toBe('hedge_cancelled'); // cancelled before it did any work
     }
   });
 

@@ -593,6 +593,73 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     expect(b.service.request_id).toBe(a.service.request_id);
     expect(b.service.receipt).toEqual(a.service.receipt);
     expect(scripted.requests).toBe(before.requests); // the loser was not asked again
+    // The same retry still asking for a hedge: answered from the record, nothing raced or billed.
+    const receipts = await marketReceipts();
+    const again = await post(body, { 'x-service-hedge': '1', 'idempotency-key': key });
+    expect(again.status).toBe(200);
+    expect(((await again.json()) as { service: { request_id: string } }).service.request_id).toBe(a.service.request_id);
+    expect(scripted.requests).toBe(before.requests);
+    expect(await marketReceipts()).toBe(receipts);
+  });
+
+  test('a hedge is not rerun unhedged when its other half may have started (cut off before its HEAD)', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 1 } }); // it did some work...
+      ex.reset(); // ...and broke off before its HEAD
+    };
+    const messages = [{ role: 'user', content: 'hello there, how are you doing today' }];
+    const count = ((await (await post(JSON.stringify({ model: MODEL, messages }), toNode(), 'count_tokens')).json()) as { count: number }).count;
+    const cap = formatUsd(computeCost({ input_tokens: count, output_tokens: 1 }, SCRIPTED_RATES)); // half of it starts nothing at the real node
+    const before = await snapshot();
+    const res = await post(JSON.stringify({ model: MODEL, messages, max_tokens: 1 }), { 'x-service-hedge': '1', 'x-service-max-cost-usd': cap });
+    expect([403, 502]).toContain(res.status);
+    const id = res.headers.get('x-request-id')!.replace(/-hedge$/, '');
+    expect((await fetch(`${gw.url}/requests/${id}-f1`)).status).toBe(404); // no rerun
+    await record(id);
+    await record(`${id}-hedge`);
+    expect(await marketReceipts()).toBeLessThanOrEqual(before.receipts + 1); // at most the cut-off half's own work
+  });
+
+  const badReceiptStream = (frames: string[]): Behaviour => async (ex) => {
+    await ex.head(SSE_HEAD);
+    for (const f of frames) await ex.data(f);
+    await ex.trailer(Exchange.receiptTrailer(ex.signedReceipt({ cost_micro_usd: '1' })));
+  };
+
+  test('CRLF-framed events are relayed live and their [DONE] is held like any other', async () => {
+    scripted.behaviour = badReceiptStream([`data: ${JSON.stringify({ a: 1 })}\r\n\r\n`, 'data: [DONE]\r\n\r\n']);
+    const text = await (await post(chatBody('crlf', { stream: true }), toScripted())).text();
+    expect(text.startsWith('data: {"a":1}\r\n\r\n')).toBe(true);
+    expect(text).not.toContain('[DONE]');
+    expect(text).toMatch(/data: \{"error":\{"code":"bad_provider_response"/);
+  });
+
+  test('[DONE] followed by extra line ends is still the closing event, held', async () => {
+    scripted.behaviour = badReceiptStream([chunk('x'), 'data: [DONE]\n\n\n']);
+    const text = await (await post(chatBody('done and more', { stream: true }), toScripted())).text();
+    expect(text).not.toContain('[DONE]');
+    expect(sseData(text).at(-1)).toMatch(/"code":"bad_provider_response"/);
+  });
+
+  test('a last event without its blank line: relayed as it is, and the error event still comes on a line of its own', async () => {
+    scripted.behaviour = badReceiptStream([chunk('a'), 'data: {"b":2}']); // the last event never finished
+    const text = await (await post(chatBody('open event', { stream: true }), toScripted())).text();
+    expect(text).toContain('data: {"b":2}\n\ndata: {"error":');
+    expect(JSON.parse(sseData(text).at(-1)!)).toMatchObject({ error: { code: 'bad_provider_response' } });
+  });
+
+  test('an event larger than the gateway holds (over 4 MiB, no blank line yet) is relayed as it comes, byte for byte', async () => {
+    const piece = 'y'.repeat(60_000);
+    const frames = ['data: ', ...Array.from({ length: 80 }, () => piece), '\n\n'];
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      for (const f of frames) await ex.data(f);
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+    };
+    const res = await post(chatBody('huge event', { stream: true }), toScripted());
+    const text = await res.text();
+    expect(text).toBe(frames.join(''));
+    expect((await record(res.headers.get('x-request-id')!)).status).toBe('completed');
   });
 
   test('responses stream: a closing event larger than a frame is still held, so a bad receipt ends the stream with the error instead', async () => {

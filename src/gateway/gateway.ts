@@ -99,36 +99,56 @@ export interface Gateway {
 
 const JSON_TYPE = 'application/json; charset=utf-8';
 const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
-const DONE_EVENT = new TextEncoder().encode('data: [DONE]\n\n');
 
 // A relayed stream is cut into whole SSE events (each ends with a blank line) so that its closing
 // event (`data: [DONE]`, or the responses protocol's last event: it has no [DONE]) can be held.
-const BLANK_LINE = Buffer.from('\n\n');
+/** The largest SSE event held back whole; a larger one is relayed as it arrives. */
+const MAX_HELD_EVENT = 4 << 20;
 
-/** Where the last complete SSE event of `bytes` ends (just after its blank line), or 0. */
-function eventsEnd(bytes: Uint8Array): number {
-  const i = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).lastIndexOf(BLANK_LINE);
-  return i < 0 ? 0 : i + 2;
+/** Where the last blank line of `bytes` ends (SSE allows LF and CRLF line ends), or 0. */
+function blankLineEnd(bytes: Uint8Array): number {
+  const b = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const end = (sep: string): number => {
+    const i = b.lastIndexOf(sep);
+    return i < 0 ? 0 : i + sep.length;
+  };
+  return Math.max(end('\n\n'), end('\r\n\r\n'), end('\r\r'));
 }
 
-/** Where the last event of complete events starts. */
+function endsWithBlankLine(b: Uint8Array): boolean {
+  const n = b.length;
+  return (n >= 2 && b[n - 1] === 10 && (b[n - 2] === 10 || (n >= 4 && b[n - 2] === 13 && b[n - 3] === 10 && b[n - 4] === 13))) || (n >= 2 && b[n - 1] === 13 && b[n - 2] === 13);
+}
+
+/**
+ * Where the last complete event ends in `next` (just after its blank line), counting a blank line
+ * that starts at the end of the previous chunk; 0 when `next` completes no event. Only `next` and
+ * a few bytes before it are searched, so a long event costs linear time.
+ */
+function eventsEndAcross(prev: Uint8Array | undefined, next: Uint8Array): number {
+  const inNext = blankLineEnd(next);
+  if (inNext > 0 || !prev) return inNext;
+  const tail = prev.subarray(Math.max(0, prev.length - 3));
+  const joint = blankLineEnd(concatBytes(tail, next.subarray(0, 3)));
+  return joint > tail.length ? joint - tail.length : 0;
+}
+
+/** Where the last event of complete events starts (trailing extra line ends belong to it). */
 function lastEventAt(events: Uint8Array): number {
-  if (events.length < 3) return 0;
-  const i = Buffer.from(events.buffer, events.byteOffset, events.byteLength).lastIndexOf(BLANK_LINE, events.length - 3);
-  return i < 0 ? 0 : i + 2;
+  let e = events.length;
+  while (e > 0 && (events[e - 1] === 10 || events[e - 1] === 13)) e--;
+  return blankLineEnd(events.subarray(0, e));
 }
 
 /** Whether one whole SSE event closes the stream: `data: [DONE]`, or the responses protocol's last event. */
 function isTerminalEvent(event: Uint8Array): boolean {
-  if (bytesEqualTo(event, DONE_EVENT)) return true;
-  const head = new TextDecoder().decode(event.subarray(0, 64));
-  return RESPONSES_END_EVENT.test(head);
+  let e = event.length;
+  while (e > 0 && (event[e - 1] === 10 || event[e - 1] === 13)) e--;
+  const head = new TextDecoder().decode(event.subarray(0, Math.min(e, 64)));
+  return (e === DONE_LINE.length && head === DONE_LINE) || RESPONSES_END_EVENT.test(head);
 }
-const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\n/;
-
-function bytesEqualTo(a: Uint8Array, b: Uint8Array): boolean {
-  return a.length === b.length && endsWith(a, b);
-}
+const DONE_LINE = 'data: [DONE]';
+const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\r?\n/;
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -262,12 +282,6 @@ function canonicalBodySha256(body: Uint8Array): string {
 function routingKey(c: RoutingControls): string {
   const { max_cost_micro_usd: _cap, ...routing } = c.routing;
   return canonicalize({ routing, preferred: c.preferredProviders ?? null });
-}
-
-function endsWith(bytes: Uint8Array, tail: Uint8Array): boolean {
-  if (bytes.length < tail.length) return false;
-  for (let i = 0; i < tail.length; i++) if (bytes[bytes.length - tail.length + i] !== tail[i]) return false;
-  return true;
 }
 
 interface Paid {
@@ -412,13 +426,21 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
-  function settleFromNode(p: Paid, why: 'abandoned' | 'failed'): Promise<void> {
+  function settleFromNode(p: Paid, why: 'abandoned' | 'failed', lostHedge = false): Promise<void> {
     return track(
       p.requestId,
       (async () => {
         const c = await fetchReceipt(p);
         if (c === undefined) {
-          records.fail(p.requestId, why, why === 'abandoned' ? { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' } : { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' });
+          records.fail(
+            p.requestId,
+            why,
+            lostHedge
+              ? { code: 'hedge_cancelled', message: "the hedge's other attempt was used; this one was cancelled before it did any work; nothing was charged" }
+              : why === 'abandoned'
+                ? { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' }
+                : { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' },
+          );
         } else if (!c.ok) {
           records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
         } else {
@@ -470,10 +492,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   async function ticketFor(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, idem: string | undefined, hold?: string) {
     const key = idem === undefined ? undefined : `${endpoint}\n${idem}`;
     const first = key === undefined ? undefined : idempotentAt.get(key);
-    let granted: Awaited<ReturnType<typeof takeTicket>> | undefined;
+    let granted: (Awaited<ReturnType<typeof takeTicket>> & { remembered?: boolean }) | undefined;
     if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
       try {
-        granted = await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold);
+        granted = { ...(await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold)), remembered: true };
       } catch (e) {
         // That provider is gone or cannot take it now: the retry runs elsewhere (and is billed there).
         if (!(e instanceof GatewayError) || (e.code !== 'no_provider' && e.status !== 503)) throw e;
@@ -533,14 +555,15 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const tried: string[] = [];
     let lastFailure: GatewayError | undefined;
     for (let n = 0; ; n++) {
-      let routed = controls;
+      // After the first attempt the buyer's wait is spent: every later one starts at once or refuses.
+      let routed = n > 0 ? { ...controls, routing: { ...controls.routing, max_wait_ms: 0 } } : controls;
       if (n > 0 && tried.length > 0) {
         const rest = controls.preferredProviders
           ? controls.preferredProviders.filter((id) => !tried.includes(id))
           : (await market.providers()).filter((e) => !tried.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
         if (rest.length === 0) throw lastFailure!;
         // The first provider already had the buyer's whole wait: the next starts now or refuses.
-        routed = { ...controls, preferredProviders: rest, routing: { ...controls.routing, max_wait_ms: 0 } };
+        routed = { ...routed, preferredProviders: rest };
       }
       try {
         return await paidAttempt(endpoint, req, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
@@ -572,7 +595,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const halved = hedge && cap !== undefined;
     const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
     let granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
-    const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${requestId}-hedge`, hold) : undefined;
+    // A retry sent back to the provider that answered it is answered from its record: nothing to race.
+    const hedged = hedge && !granted.remembered ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${requestId}-hedge`, hold) : undefined;
     if (halved && !hedged) granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap); // (the half-cap ticket is never used)
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
@@ -611,9 +635,12 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     };
     const running = attempts.map(dispatch);
     let outcome = await Promise.race(running);
+    /** Whether the other half of a hedge failed without starting (not reached, or refused before work). */
+    let otherNotStarted = false;
     if (attempts.length > 1 && !(outcome.ok && outcome.head.status === 200)) {
       const other = await running[outcome.a === attempts[0] ? 1 : 0]!;
       if (other.ok && other.head.status === 200) outcome = other;
+      else otherNotStarted = other.ok ? other.head.status === 403 || other.head.status === 503 : other.stage === 'connect';
     }
     // The loser is cancelled; what it did is settled from its node's log.
     for (const a of attempts) {
@@ -625,7 +652,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         a.p.requestId,
         running[attempts.indexOf(a)]!.then((r) => {
           r.res?.abort('lost the hedge');
-          return settleFromNode(a.p, 'abandoned');
+          return settleFromNode(a.p, 'abandoned', true);
         }),
       );
     }
@@ -640,7 +667,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       // A hedged pair under half the cap each, neither started (refused, or no capacity): half the
       // cap may be what stopped them, so the request runs once, with the whole cap.
-      if (halved && attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503)) {
+      if (halved && attempts.length === 2 && otherNotStarted && !gone.signal.aborted && (e.status === 403 || e.status === 503)) {
         raw.off('close', onClose);
         throw new Failover(p.provider, e, true);
       }
@@ -756,6 +783,20 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   async function relayStreamFrames(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch, finished: () => void): Promise<unknown> {
+    /** Relays what is pending (after anything held), unheld: an event too large to hold, or the stream's unterminated end. */
+    const flushPending = async (): Promise<void> => {
+      if (held) await write(held);
+      held = undefined;
+      const chunks = pending;
+      pending = [];
+      pendingBytes = 0;
+      for (const c of chunks) await write(c);
+    };
+    /** The gateway's own closing error event, on a line of its own even after an unterminated event. */
+    const endWithError = (code: string, message: string): void => {
+      if (openEvent && !raw.destroyed && !raw.writableEnded) raw.write('\n\n');
+      endStream(raw, code, message);
+    };
     reply.hijack();
     const raw = reply.raw;
     raw.writeHead(200, {
@@ -772,11 +813,17 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // receipt verifies: a client stops reading there, so an answer whose receipt fails must end
     // with the error event instead.
     // Events are relayed whole: bytes after a frame's last blank line wait for the frame that ends
-    // their event, so a closing event split across frames is still recognised and held.
+    // their event, so a closing event split across frames is still recognised and held. An event
+    // larger than MAX_HELD_EVENT is relayed as it comes instead (never held, never buffered whole).
     let held: Uint8Array | undefined;
-    let partial: Uint8Array = new Uint8Array(0);
+    let pending: Uint8Array[] = [];
+    let pendingBytes = 0;
+    /** The last bytes written end inside an event (no blank line after them). */
+    let openEvent = false;
     const write = async (bytes: Uint8Array): Promise<void> => {
-      if (!bytes.length || gone.aborted || raw.destroyed || raw.write(bytes)) return;
+      if (!bytes.length) return;
+      openEvent = !endsWithBlankLine(bytes);
+      if (gone.aborted || raw.destroyed || raw.write(bytes)) return;
       // The buyer is slow to read: that wait is theirs, not the provider's.
       idle.pause();
       try {
@@ -790,11 +837,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         idle.kick();
         if (f.kind === 'data') {
           hash.update(f.bytes);
-          const bytes = partial.length ? concatBytes(partial, f.bytes) : f.bytes;
-          const end = eventsEnd(bytes);
-          partial = bytes.subarray(end);
-          if (end === 0) continue;
-          const events = bytes.subarray(0, end);
+          const end = eventsEndAcross(pending[pending.length - 1], f.bytes);
+          if (end === 0) {
+            pending.push(f.bytes);
+            pendingBytes += f.bytes.length;
+            if (pendingBytes > MAX_HELD_EVENT) await flushPending();
+            continue;
+          }
+          const events = pending.length ? concatBytes(...pending, f.bytes.subarray(0, end)) : f.bytes.subarray(0, end);
+          pending = end < f.bytes.length ? [f.bytes.subarray(end)] : [];
+          pendingBytes = f.bytes.length - end;
           if (held) await write(held); // more after the last event: relayed in order, as sent
           const cut = lastEventAt(events);
           held = isTerminalEvent(events.subarray(cut)) ? events.subarray(cut) : undefined;
@@ -802,12 +854,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
           await write(held ? events.subarray(0, cut) : events);
         } else trailer = f.value;
       }
-      if (partial.length) {
-        // Bytes that end no event: relayed as they are.
-        if (held) await write(held);
-        held = undefined;
-        await write(partial);
-      }
+      if (pendingBytes) await flushPending(); // bytes that end no event: relayed as they are
     } catch (e) {
       if (gone.aborted) {
         void settleFromNode(p, 'abandoned');
@@ -816,8 +863,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
       void settleFromNode(p, 'failed');
-      if (idle.timedOut) endStream(raw, 'provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
-      else endStream(raw, 'bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
+      if (idle.timedOut) endWithError('provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
+      else endWithError('bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
       return reply;
     }
     finished();
@@ -825,13 +872,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
       if (!checked.ok) {
         records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
-        endStream(raw, 'bad_provider_response', checked.message);
+        endWithError('bad_provider_response', checked.message);
         return;
       }
       if (checked.payload.status !== 'completed') {
         // The run failed or was cut short at the node: its receipt bills only what it delivered.
         const why = isObj(trailer?.error) && typeof trailer.error.message === 'string' ? `: ${trailer.error.message.slice(0, 200)}` : '';
-        endStream(raw, 'provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
+        endWithError('provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
       } else {
         if (held) await write(held);
         endStream(raw);
