@@ -80,6 +80,14 @@ describe('Admission', () => {
     second();
   });
 
+  test('the default wait bounds a request that names none: it times out, and leaves the queue', async () => {
+    const short = new Admission({ slots: 1, queue: 5, defaultMaxWaitMs: 20 });
+    const held = await short.acquire();
+    expect(await code(short.acquire())).toBe('admission_timeout'); // nothing frees the slot: only the default can end the wait
+    expect(short.queued).toBe(0);
+    held();
+  });
+
   test('bad limits are refused', () => {
     expect(() => new Admission({ slots: 0, queue: 1 })).toThrow(RangeError);
     expect(() => new Admission({ slots: 1, queue: -1 })).toThrow(RangeError);

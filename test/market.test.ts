@@ -211,7 +211,7 @@ describe('heartbeat', () => {
     const p = provider();
     const now = Date.now();
     const old = heartbeatOf(p, { at: now - 60_000, accepting: true });
-    await post('/v1/providers/register', registration(p, { issued_at: now }));
+    expect((await post('/v1/providers/register', registration(p, { issued_at: now }))).status).toBe(200);
     const seen = market.store.providers.get(p.key.id)!.last_seen;
     expect((await post('/v1/providers/heartbeat', old)).status).toBe(200);
     expect(market.store.providers.get(p.key.id)!.capacity).toBeUndefined();
