@@ -191,9 +191,8 @@ async function expectRefusedAnswer(res: Response, message: RegExp, before: { rec
   const rec = await record(e.id);
   expect(rec).toMatchObject({ request_id: e.id, status: 'bad_provider_response', provider: scripted.providerId, settled: false, receipt: null, cost: null, usage: null });
   expect(rec.error).toEqual({ code: 'bad_provider_response', message: e.message });
-  expect(proxy.receiptPosts).toBe(0); // no settlement was even attempted
   expect(await marketHas(e.id)).toBe(false);
-  expect(await marketReceipts()).toBe(before.receipts);
+  await expectNothingSettled(before);
   return rec;
 }
 
@@ -202,6 +201,12 @@ async function refusedAnswerCase(name: string, behaviour: Behaviour, message: Re
   scripted.behaviour = behaviour;
   const before = await snapshot();
   await expectRefusedAnswer(await post(chatBody(name), toScripted()), message, before);
+}
+
+/** No settlement was even attempted, and the market counts no new receipt. */
+async function expectNothingSettled(before: { receipts: number }): Promise<void> {
+  expect(proxy.receiptPosts).toBe(0);
+  expect(await marketReceipts()).toBe(before.receipts);
 }
 
 async function snapshot(): Promise<{ receipts: number; requests: number }> {
@@ -269,8 +274,7 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     const err = JSON.parse(events[2]!) as { error: { code: string; message: string } };
     expect(err.error).toMatchObject({ code: 'bad_provider_response', message: expect.stringMatching(/request_id is req-someone-else/) });
     expect(await record(id)).toMatchObject({ status: 'bad_provider_response', error: err.error, settled: false, receipt: null });
-    expect(proxy.receiptPosts).toBe(0);
-    expect(await marketReceipts()).toBe(before.receipts);
+    await expectNothingSettled(before);
   });
 });
 
@@ -281,8 +285,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     const e = await expectError(await post(chatBody('silent'), toScripted()), 502, 'bad_provider_response', /did not answer/);
     const rec = await record(e.id);
     expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null, cost: null });
-    expect(proxy.receiptPosts).toBe(0);
-    expect(await marketReceipts()).toBe(before.receipts);
+    await expectNothingSettled(before);
   });
 
   test('resets mid-body after logging a `failed` receipt → 502; that receipt is fetched, verified, settled and recorded', async () => {
@@ -316,8 +319,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     const before = await snapshot();
     const e = await expectError(await post(chatBody('truncated'), toScripted()), 502, 'bad_provider_response', /broke off: the stream ended before the TRAILER/);
     expect(await record(e.id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
-    expect(proxy.receiptPosts).toBe(0);
-    expect(await marketReceipts()).toBe(before.receipts);
+    await expectNothingSettled(before);
   });
 
   test('the node\'s log has a receipt for the request, but not for this ticket → recorded bad_provider_response, not settled', async () => {
@@ -330,8 +332,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     const before = await snapshot();
     const e = await expectError(await post(chatBody('wrong log'), toScripted()), 502, 'bad_provider_response', /broke off/);
     expect(await record(e.id)).toMatchObject({ status: 'bad_provider_response', error: { code: 'bad_provider_response', message: expect.stringMatching(/ticket_id is tkt-not-the-one-sent/) }, settled: false, receipt: null });
-    expect(proxy.receiptPosts).toBe(0);
-    expect(await marketReceipts()).toBe(before.receipts);
+    await expectNothingSettled(before);
   });
 
   test('streamed, reset after two events with a `cancelled` receipt logged → the events, then an SSE error event; settled from the log', async () => {
@@ -371,8 +372,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     expect(events).toHaveLength(2);
     expect(JSON.parse(events[1]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off: the stream ended before the TRAILER/) } });
     expect(await record(id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
-    expect(proxy.receiptPosts).toBe(0);
-    expect(await marketReceipts()).toBe(before.receipts);
+    await expectNothingSettled(before);
   });
 
   test('streamed, a TRAILER with a verified `failed` receipt and the node\'s error → the events, then a provider_failed event (no [DONE]); settled', async () => {
@@ -437,8 +437,7 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
       return j.status === 'failed' ? j : undefined;
     });
     expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null, cost: null });
-    expect(proxy.receiptPosts).toBe(0);
-    expect(await marketReceipts()).toBe(before.receipts);
+    await expectNothingSettled(before);
   });
 
   test('silent mid-body → 502 provider_timeout', async () => {

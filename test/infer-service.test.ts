@@ -310,6 +310,15 @@ describe('InferService', () => {
 /** The request id a test ticket carries. */
 const idOf = (req: ReturnType<typeof request>): string => JSON.parse(Buffer.from(req.ticket.payload, 'base64').toString()).request_id;
 
+/** The one durable receipt the log holds for a request, verified: its payload. */
+function onlyReceiptOf(req: ReturnType<typeof request>) {
+  const lines = log.byRequestId(idOf(req));
+  expect(lines).toHaveLength(1);
+  const v = verifyReceipt(lines[0]!.line, { provider: node.id });
+  if (!v.ok) throw new Error(v.error.message);
+  return v.value.payload;
+}
+
 describe('charging exactly the work performed', () => {
   test('a buyer who leaves before the runtime starts: a cancelled receipt billing nothing', async () => {
     const ac = new AbortController();
@@ -321,11 +330,7 @@ describe('charging exactly the work performed', () => {
     };
     const req = { ...request('chat/completions', { ...chatBody, stream: true }), signal: ac.signal };
     await service.handle(req, res);
-    const lines = log.byRequestId(idOf(req));
-    expect(lines).toHaveLength(1);
-    const v = verifyReceipt(lines[0]!.line, { provider: node.id });
-    if (!v.ok) throw new Error(v.error.message);
-    expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { input_tokens: 0, output_tokens: 0 }, cost_micro_usd: '0', first_token_at: null });
+    expect(onlyReceiptOf(req)).toMatchObject({ status: 'cancelled', usage: { input_tokens: 0, output_tokens: 0 }, cost_micro_usd: '0', first_token_at: null });
   });
 
   test('a cancelled stream bills only tokens whose text was written, not text still held back for a stop sequence', async () => {
@@ -428,12 +433,8 @@ describe('embeddings', () => {
     };
     const req = { ...request('embeddings', { model: 'tiny/llama', input: ['hello world'] }), signal: ac.signal };
     await service.handle(req, res);
-    const lines = log.byRequestId(idOf(req));
-    expect(lines).toHaveLength(1);
-    const v = verifyReceipt(lines[0]!.line, { provider: node.id });
-    if (!v.ok) throw new Error(v.error.message);
     const n = await adapter.countInputTokens({ kind: 'prompt', prompt: 'hello world' });
-    expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { input_tokens: n, output_tokens: 0 }, response_sha256: crypto.createHash('sha256').digest('hex') });
+    expect(onlyReceiptOf(req)).toMatchObject({ status: 'cancelled', usage: { input_tokens: n, output_tokens: 0 }, response_sha256: crypto.createHash('sha256').digest('hex') });
   });
 });
 
@@ -446,11 +447,7 @@ describe('idempotency keys', () => {
     const body = { ...chatBody, max_tokens: 30 };
     const first = request('chat/completions', body, { idempotency_key: 'net-drop' });
     await service.handle({ ...first, signal: ac.signal }, dropped);
-    const cancelled = log.byRequestId(idOf(first));
-    expect(cancelled).toHaveLength(1);
-    const c = verifyReceipt(cancelled[0]!.line, { provider: node.id });
-    if (!c.ok) throw new Error(c.error.message);
-    expect(c.value.payload).toMatchObject({ status: 'cancelled', usage: { input_tokens: 0, output_tokens: 0 }, cost_micro_usd: '0' });
+    expect(onlyReceiptOf(first)).toMatchObject({ status: 'cancelled', usage: { input_tokens: 0, output_tokens: 0 }, cost_micro_usd: '0' });
     const retry = recorder();
     await service.handle(request('chat/completions', body, { idempotency_key: 'net-drop' }), retry.res);
     expect(retry.out.trailer?.status).toBe('completed');
@@ -464,12 +461,9 @@ describe('idempotency keys', () => {
     const body = { ...chatBody, stream: true, max_tokens: 200 };
     const firstReq = request('chat/completions', body, { idempotency_key: 'stream-drop' });
     await service.handle({ ...firstReq, signal: ac.signal }, res);
-    const cancelled = log.byRequestId(idOf(firstReq));
-    expect(cancelled).toHaveLength(1);
-    const c = verifyReceipt(cancelled[0]!.line, { provider: node.id });
-    if (!c.ok) throw new Error(c.error.message);
-    expect(c.value.payload.status).toBe('cancelled');
-    expect(c.value.payload.usage.output_tokens).toBeLessThan(200);
+    const cancelled = onlyReceiptOf(firstReq);
+    expect(cancelled.status).toBe('cancelled');
+    expect(cancelled.usage.output_tokens).toBeLessThan(200);
     const retry = recorder();
     await service.handle(request('chat/completions', body, { idempotency_key: 'stream-drop' }), retry.res);
     expect(retry.out.trailer?.status).toBe('completed');

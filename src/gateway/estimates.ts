@@ -6,6 +6,7 @@
 // maximum is refused before any hold.
 import crypto from 'node:crypto';
 import { computeCost } from '../../attestation/money.ts';
+import { ratesFromWire } from '../../attestation/receipt.ts';
 
 const ESTIMATE_TTL_MS = 10 * 60_000;
 
@@ -35,7 +36,7 @@ export interface Estimate {
 }
 
 export function priceEstimate(inputTokens: number, maxOutputTokens: number, rates: { input_per_mtok: string; output_per_mtok: string }): bigint {
-  return computeCost({ input_tokens: inputTokens, output_tokens: maxOutputTokens }, { input_per_mtok: BigInt(rates.input_per_mtok), output_per_mtok: BigInt(rates.output_per_mtok) });
+  return computeCost({ input_tokens: inputTokens, output_tokens: maxOutputTokens }, ratesFromWire(rates));
 }
 
 export class EstimateStore {

@@ -24,9 +24,9 @@ import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, ty
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
-import { formatUsd } from '../../attestation/money.ts';
+import { computeCost, formatUsd } from '../../attestation/money.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
-import type { WireRates } from '../../attestation/receipt.ts';
+import { ratesFromWire, type WireRates } from '../../attestation/receipt.ts';
 import { verifyTicket } from '../../attestation/ticket-verify.ts';
 import { createHost, type Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
@@ -116,8 +116,8 @@ function blankLineEnd(bytes: Uint8Array): number {
 }
 
 function endsWithBlankLine(b: Uint8Array): boolean {
-  const n = b.length;
-  return (n >= 2 && b[n - 1] === 10 && (b[n - 2] === 10 || (n >= 4 && b[n - 2] === 13 && b[n - 3] === 10 && b[n - 4] === 13))) || (n >= 2 && b[n - 1] === 13 && b[n - 2] === 13);
+  const tail = b.subarray(Math.max(0, b.length - 4));
+  return tail.length > 0 && blankLineEnd(tail) === tail.length;
 }
 
 /**
@@ -282,6 +282,15 @@ function canonicalBodySha256(body: Uint8Array): string {
 function routingKey(c: RoutingControls): string {
   const { max_cost_micro_usd: _cap, ...routing } = c.routing;
   return canonicalize({ routing, preferred: c.preferredProviders ?? null });
+}
+
+/** A paid request as the buyer sent it: the same for every attempt at it. */
+interface PaidAsk {
+  endpoint: PaidEndpoint;
+  body: Buffer;
+  model: string;
+  bodySha256: string;
+  idem: string | undefined;
 }
 
 interface Paid {
@@ -478,7 +487,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const r = p.rates?.[model];
       if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
     }
-    return rate === 0n ? undefined : ((BigInt(body.length) * rate + 999_999n) / 1_000_000n).toString();
+    return rate === 0n ? undefined : computeCost({ input_tokens: body.length, output_tokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
   }
 
   /**
@@ -487,11 +496,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
    */
   const idempotentAt = new Map<string, string>();
   const IDEMPOTENT_REMEMBERED = 10_000;
+  const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;
+
+  /** Live providers of a model that take requests, in the market's order, but for `except`. */
+  async function liveProvidersOf(model: string, except: readonly string[]): Promise<string[]> {
+    return (await market.providers()).filter((e) => !except.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
+  }
 
   /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
   async function ticketFor(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, idem: string | undefined, hold?: string) {
-    const key = idem === undefined ? undefined : `${endpoint}\n${idem}`;
-    const first = key === undefined ? undefined : idempotentAt.get(key);
+    const first = idem === undefined ? undefined : idempotentAt.get(idempotentKey(endpoint, idem));
     let granted: (Awaited<ReturnType<typeof takeTicket>> & { remembered?: boolean }) | undefined;
     if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
       try {
@@ -507,7 +521,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** The provider that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
   function rememberIdempotent(endpoint: PaidEndpoint, idem: string, provider: string): void {
-    const key = `${endpoint}\n${idem}`;
+    const key = idempotentKey(endpoint, idem);
     idempotentAt.delete(key);
     idempotentAt.set(key, provider);
     if (idempotentAt.size > IDEMPOTENT_REMEMBERED) idempotentAt.delete(idempotentAt.keys().next().value!);
@@ -518,10 +532,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
    * there is none (the request then runs once). The two race; the loser is cancelled at its node
    * and settled for the work it did.
    */
-  async function hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, first: string, requestId: string, hold?: string) {
-    const others = (await market.providers())
-      .filter((e) => e.provider !== first && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model))
-      .map((e) => e.provider);
+  async function hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, live: readonly string[], first: string, requestId: string, hold?: string) {
+    const others = live.filter((p) => p !== first);
     if (others.length === 0) return undefined;
     try {
       return await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: others }, requestId, hold);
@@ -541,6 +553,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     let controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
     const model = peekModel(body);
+    // What every attempt sends: worked out once, however many attempts there are.
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers) };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
       // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
@@ -560,13 +574,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       if (n > 0 && tried.length > 0) {
         const rest = controls.preferredProviders
           ? controls.preferredProviders.filter((id) => !tried.includes(id))
-          : (await market.providers()).filter((e) => !tried.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
+          : await liveProvidersOf(model, tried);
         if (rest.length === 0) throw lastFailure!;
         // The first provider already had the buyer's whole wait: the next starts now or refuses.
         routed = { ...routed, preferredProviders: rest };
       }
       try {
-        return await paidAttempt(endpoint, req, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
+        return await paidAttempt(ask, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
       } catch (e) {
         if (!(e instanceof Failover)) throw e;
         lastFailure = e.error;
@@ -581,23 +595,23 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   }
 
-  async function paidAttempt(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, controls: RoutingControls, requestId: string, mayFailOver: boolean): Promise<unknown> {
-    const idem = idempotencyKey(req.headers);
-    const body = bodyBytes(req);
-    const model = peekModel(body);
-    const bodySha256 = sha256Hex(body);
+  async function paidAttempt(ask: PaidAsk, reply: FastifyReply, controls: RoutingControls, requestId: string, mayFailOver: boolean): Promise<unknown> {
+    const { endpoint, body, model, bodySha256, idem } = ask;
     // A hedge runs twice: under X-Service-Max-Cost-Usd each attempt holds half the cap, so the two
     // together never hold more than the buyer allowed (the cap still judges the request; each node
     // caps its generation at what its hold pays for). Without a second provider it runs once, with
     // the whole cap; if half the cap cannot pay for an attempt, it runs once too (see paid()).
-    const hedge = controls.routing.hedge === true && endpoint !== 'embeddings';
+    // A retry going back to the provider that answered it is answered from its record: nothing to race.
+    const retry = idem !== undefined && idempotentAt.has(idempotentKey(endpoint, idem));
+    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? await liveProvidersOf(model, []) : [];
+    const hedge = live.length >= 2;
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;
     const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
     let granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
-    // A retry sent back to the provider that answered it is answered from its record: nothing to race.
-    const hedged = hedge && !granted.remembered ? await hedgeTicket(endpoint, model, bodySha256, controls, granted.provider, `${requestId}-hedge`, hold) : undefined;
-    if (halved && !hedged) granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap); // (the half-cap ticket is never used)
+    const hedged = hedge && !granted.remembered ? await hedgeTicket(endpoint, model, bodySha256, controls, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
+    // The second provider was listed but could not be ticketed: one attempt, with the whole cap.
+    if (halved && !hedged) granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap);
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
       return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, providerIdleMs) };
@@ -1024,7 +1038,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     if (parsed.endpoint !== 'embeddings' && asked !== undefined && asked > room) throw new GatewayError(400, 'context_length_exceeded', `input (${inputTokens}) plus max_tokens (${asked}) exceed the model's context of ${c!.context ?? 0}`);
     const maxOutput = parsed.endpoint === 'embeddings' ? 0 : (asked ?? room);
     const maxHold = priceEstimate(inputTokens, maxOutput, rates);
-    if (r.max_request_price_micro_usd !== undefined && representativePrice({ input_per_mtok: BigInt(rates.input_per_mtok), output_per_mtok: BigInt(rates.output_per_mtok) }) > BigInt(r.max_request_price_micro_usd)) {
+    if (r.max_request_price_micro_usd !== undefined && representativePrice(ratesFromWire(rates)) > BigInt(r.max_request_price_micro_usd)) {
       throw new GatewayError(403, 'price_ceiling_exceeded', 'the representative request (1,000 input + 1,000 output tokens) costs more than X-Service-Max-Representative-Request-Price-Usd');
     }
     const est = estimates.add({
