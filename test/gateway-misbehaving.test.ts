@@ -779,6 +779,8 @@ describe('a market whose ticket is not what was asked for: 502 bad_market_respon
     ['holding more than X-Service-Max-Cost-Usd', resigned((t) => ({ ...t, max_cost_micro_usd: String(BigInt(t.max_cost_micro_usd) + 1n) })), /holds 101 micro-USD, above X-Service-Max-Cost-Usd/, { 'x-service-max-cost-usd': '0.0001' }],
     ['with a peer id that is not the provider\'s', (g) => ({ ...g, peer_id: node.peerId }), /is not provider/],
     ['malformed (no envelope)', (g) => ({ ...g, ticket: 'not an envelope' }), /ticket is malformed/],
+    ['with rates that are not micro-USD decimals', (g) => ({ ...g, rates: { input_per_mtok: '1.5', output_per_mtok: '600000' } }), /ticket rates is malformed/],
+    ['with per-unit rates that are not micro-USD decimals', (g) => ({ ...g, rates: { ...g.rates, per_unit: { image: -1 } } }), /ticket rates is malformed/],
   ];
   test.each(cases)('%s', async (name, rewrite, message, headers) => {
     proxy.ticket = rewrite;
