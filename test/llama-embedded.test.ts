@@ -67,6 +67,21 @@ describe('LlamaEmbeddedAdapter', () => {
     expect(ids(other)).not.toEqual(ids(again));
   });
 
+  test('a generation does not depend on another running beside it (audit replay runs requests one at a time)', async () => {
+    // Two slots decode in shared batches; each request must still get exactly the tokens it gets alone.
+    const a: GenerateRequest = { input: chat, maxTokens: 40, sampling: { temperature: 1, seed: 3 } };
+    const b: GenerateRequest = { input: { kind: 'chat', messages: [{ role: 'user', content: 'the quick brown fox' }] }, maxTokens: 40, sampling: { temperature: 0.7, seed: 11 } };
+    const ids = (x: { chunks: GeneratedChunk[] }) => x.chunks.flatMap((c) => c.tokens);
+    const aloneA = ids(await run(a));
+    const aloneB = ids(await run(b));
+    expect(aloneA).not.toEqual(aloneB);
+    for (let round = 0; round < 3; round++) {
+      const [ta, tb] = await Promise.all([run(a), run(b)]);
+      expect(ids(ta)).toEqual(aloneA);
+      expect(ids(tb)).toEqual(aloneB);
+    }
+  });
+
   test('aborting stops generation promptly and still accounts for every token produced', async () => {
     const ac = new AbortController();
     const chunks: GeneratedChunk[] = [];
