@@ -8,9 +8,11 @@ import { noise } from '@chainsafe/libp2p-noise';
 import { yamux } from '@chainsafe/libp2p-yamux';
 import type { Libp2p } from '@libp2p/interface';
 import { libp2pPrivateKeyFromSeed, providerIdFromPeerId } from './peer-id.ts';
+import { corkHostWrites } from './cork-writes.ts';
 import { cacheProtocolMerges } from './protocol-merge-cache.ts';
 import { hostLogger } from './quiet-logger.ts';
 import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER } from './stream-limits.ts';
+import { halfWindowUpdates } from './yamux-window-updates.ts';
 
 export type Host = Libp2p;
 
@@ -25,6 +27,7 @@ export interface HostOptions {
 
 /** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
 export async function createHost(opts: HostOptions): Promise<Host> {
+  halfWindowUpdates();
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
   const logger = hostLogger();
   const host = await createLibp2p({
@@ -40,9 +43,12 @@ export async function createHost(opts: HostOptions): Promise<Host> {
     ],
     connectionManager: opts.maxConnections !== undefined ? { maxConnections: opts.maxConnections } : {},
     services: {},
-    start: true,
+    start: false,
   });
+  // Before start, so that the first connection (even one accepted at once) is covered too.
   cacheProtocolMerges(host);
+  corkHostWrites(host);
+  await host.start();
   return host;
 }
 

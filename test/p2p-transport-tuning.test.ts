@@ -1,0 +1,144 @@
+// The host's transport tuning, on real libp2p over loopback: a Noise message leaves in one socket
+// write (corked), and yamux tops a stream's receive window up only once half of it is spent, while
+// large transfers still flow.
+import crypto from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Connection, Stream } from '@libp2p/interface';
+import type { Multiaddr } from '@multiformats/multiaddr';
+import { createHost, type Host } from '../src/p2p/host.ts';
+import { corkConnectionWrites } from '../src/p2p/cork-writes.ts';
+import { halfWindowUpdates } from '../src/p2p/yamux-window-updates.ts';
+
+const PROTO = '/test/tuning/1.0.0';
+let server: Host;
+let client: Host;
+let addr: Multiaddr;
+/** What the server sends back for a request "<count> <size>": count messages of size bytes, one per turn. */
+beforeAll(async () => {
+  server = await createHost({ seed: new Uint8Array(32).fill(71), listen: ['/ip4/127.0.0.1/tcp/0'] });
+  client = await createHost({ seed: new Uint8Array(32).fill(72), listen: [] });
+  addr = server.getMultiaddrs()[0]!;
+  await server.handle(PROTO, async (stream) => {
+    try {
+      for await (const chunk of stream) {
+        const [count, size] = new TextDecoder().decode(chunk.subarray()).split(' ').map(Number);
+        for (let i = 0; i < count!; i++) {
+          if (!stream.send(crypto.randomBytes(size!))) await new Promise((r) => stream.addEventListener('drain', r, { once: true }));
+          await new Promise((r) => setImmediate(r));
+        }
+      }
+      await stream.close();
+    } catch (e) {
+      stream.abort(e as Error);
+    }
+  });
+});
+afterAll(async () => {
+  await client?.stop();
+  await server?.stop();
+});
+
+interface SocketSpy {
+  writes: number;
+  restore(): void;
+}
+
+/** Counts the write system calls (write or writev) of a connection's TCP socket. */
+function spyOnSocket(conn: Connection): SocketSpy {
+  const socket = (conn as unknown as { maConn: { socket: Record<string, unknown> } }).maConn.socket;
+  const spy = { writes: 0, restore: () => {} };
+  const originals: Record<string, unknown> = {};
+  for (const name of ['_write', '_writev']) {
+    const original = socket[name] as (...a: unknown[]) => unknown;
+    originals[name] = Object.hasOwn(socket, name) ? original : undefined;
+    socket[name] = function (this: unknown, ...args: unknown[]) {
+      spy.writes++;
+      return original.apply(this, args);
+    };
+  }
+  spy.restore = () => {
+    for (const [name, original] of Object.entries(originals)) {
+      if (original === undefined) delete socket[name];
+      else socket[name] = original;
+    }
+  };
+  return spy;
+}
+
+/** Reads `total` bytes from a stream. */
+async function readBytes(stream: Stream, total: number): Promise<number> {
+  let got = 0;
+  for await (const chunk of stream) {
+    got += chunk.byteLength;
+    if (got >= total) break;
+  }
+  return got;
+}
+
+async function openStream(): Promise<{ stream: Stream; conn: Connection }> {
+  const stream = await client.dialProtocol(addr, PROTO);
+  const conn = client.getConnections(server.peerId)[0]!;
+  // One round trip first, so the stream is established on both sides before anything is counted.
+  stream.send(new TextEncoder().encode('1 10'));
+  expect(await readBytes(stream, 10)).toBe(10);
+  return { stream, conn };
+}
+
+describe('transport tuning', () => {
+  it('a Noise message (length prefix and ciphertext) leaves in one socket write', async () => {
+    const { stream, conn } = await openStream();
+    const spy = spyOnSocket(conn);
+    try {
+      for (let i = 0; i < 5; i++) {
+        stream.send(new TextEncoder().encode('0 0'));
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      expect(spy.writes).toBe(5);
+    } finally {
+      spy.restore();
+      await stream.close();
+    }
+  });
+
+  it('corking is applied once per connection and refused for a connection without a TCP socket', () => {
+    const conn = client.getConnections(server.peerId)[0]!;
+    expect(corkConnectionWrites(conn)).toBe(true); // already corked: still true, not wrapped twice
+    const sendData = (conn as unknown as { maConn: { sendData: unknown } }).maConn.sendData;
+    corkConnectionWrites(conn);
+    expect((conn as unknown as { maConn: { sendData: unknown } }).maConn.sendData).toBe(sendData);
+    expect(corkConnectionWrites({} as Connection)).toBe(false);
+    expect(corkConnectionWrites({ maConn: { socket: {} } } as unknown as Connection)).toBe(false);
+  });
+
+  it('small frames are received without a window update for each', async () => {
+    expect(halfWindowUpdates()).toBe(true);
+    const { stream, conn } = await openStream();
+    const spy = spyOnSocket(conn);
+    try {
+      // 200 frames of 100 bytes: 20 KB, well under half of yamux's initial 256 KiB window.
+      stream.send(new TextEncoder().encode('200 100'));
+      const before = spy.writes; // the request itself
+      expect(await readBytes(stream, 200 * 100)).toBe(200 * 100);
+      expect(spy.writes - before).toBe(0);
+    } finally {
+      spy.restore();
+      await stream.close();
+    }
+  });
+
+  it('a transfer many windows long still flows: the window is topped up once half is spent', async () => {
+    const { stream, conn } = await openStream();
+    const spy = spyOnSocket(conn);
+    try {
+      // 12 MiB in 64 KiB messages: far more than the initial window, so updates must go out.
+      stream.send(new TextEncoder().encode(`${12 * 16} ${64 * 1024}`));
+      expect(await readBytes(stream, 12 * 1024 * 1024)).toBe(12 * 1024 * 1024);
+      expect(spy.writes).toBeGreaterThan(1);
+      // Far fewer updates than frames received (one per frame before).
+      expect(spy.writes).toBeLessThan(12 * 16);
+    } finally {
+      spy.restore();
+      await stream.close();
+    }
+  });
+});
