@@ -80,9 +80,8 @@ export async function request(
   const stream = await host.dialProtocol(toDialTarget(target), protocol, {
     signal,
     maxOutboundStreams: opts.maxOutboundStreams ?? 128,
-    // Send the protocol id with the first frames instead of waiting a round trip for the answer
-    // (an unsupported protocol then fails on the first read, as a stream error).
-    negotiateFully: false,
+    // libp2p 3 negotiates the protocol before the first byte of the request goes out (one round
+    // trip; it has no optimistic select, whatever `negotiateFully` says): docs/decisions.md.
   });
   const reader = new FrameReader(stream, { limits, highWaterMark: opts.highWaterMark });
   let localError: Error | undefined; // why we reset the stream, if we did
