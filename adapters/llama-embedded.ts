@@ -199,7 +199,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     };
   }
 
-  async embed(inputs: string[]): Promise<EmbeddingResult> {
+  async embed(inputs: string[], known?: number[][]): Promise<EmbeddingResult> {
     const model = this.m;
     // One context, even when the first embeddings requests arrive together.
     this.embedding ??= model.createEmbeddingContext({ threads: this.opts.threads ?? 1 }).catch((e: unknown) => {
@@ -209,9 +209,9 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const embedding = await this.embedding;
     const vectors: number[][] = [];
     let inputTokens = 0;
-    for (const text of inputs) {
+    for (const [i, text] of inputs.entries()) {
       // The same tokens count_tokens reports for a prompt (BOS included) are the ones embedded.
-      const tokens = await this.inputTokens({ kind: 'prompt', prompt: text });
+      const tokens = (known?.[i] as Token[] | undefined) ?? (await this.inputTokens({ kind: 'prompt', prompt: text }));
       inputTokens += tokens.length;
       vectors.push([...(await embedding.getEmbeddingFor(tokens)).vector]);
     }

@@ -92,5 +92,6 @@ export interface RuntimeAdapter {
   countInputTokens(input: GenerationInput): Promise<number>;
   /** Streams chunks; the returned value is the final accounting. */
   generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void>;
-  embed(inputs: string[]): Promise<EmbeddingResult>;
+  /** One vector per input; `inputTokens[i]` is inputTokens(prompt i) when the caller already has them. */
+  embed(inputs: string[], inputTokens?: number[][]): Promise<EmbeddingResult>;
 }

@@ -27,11 +27,10 @@ function isLowerHex(s: string): boolean {
   }
   return true;
 }
-const HEX_RE = { test: isLowerHex };
 
 /** Strict lowercase hex to bytes; throws on odd length, upper case or any other character. */
 export function fromHex(hex: string): Uint8Array {
-  if (typeof hex !== 'string' || !HEX_RE.test(hex)) throw new TypeError('expected lowercase hex');
+  if (typeof hex !== 'string' || !isLowerHex(hex)) throw new TypeError('expected lowercase hex');
   const out = new Uint8Array(hex.length / 2);
   for (let i = 0; i < out.length; i++) out[i] = parseInt(hex.slice(2 * i, 2 * i + 2), 16);
   return out;
@@ -39,7 +38,7 @@ export function fromHex(hex: string): Uint8Array {
 
 /** True when `s` is lowercase hex of exactly `bytes` bytes. */
 export function isHex(s: unknown, bytes?: number): s is string {
-  return typeof s === 'string' && (bytes === undefined || s.length === 2 * bytes) && HEX_RE.test(s);
+  return typeof s === 'string' && (bytes === undefined || s.length === 2 * bytes) && isLowerHex(s);
 }
 
 const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';

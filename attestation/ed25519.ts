@@ -120,24 +120,9 @@ export function ed25519SignNoble(seed: Uint8Array, message: Uint8Array): Uint8Ar
   return ed.sign(message, seed);
 }
 
-function sameSeed(a: Uint8Array, b: Uint8Array): boolean {
-  let d = 0;
-  for (let i = 0; i < 32; i++) d |= a[i]! ^ b[i]!;
-  return d === 0;
-}
-
-let lastSeed: Uint8Array | undefined;
-let lastPublicKey: Uint8Array | undefined;
-
 export function ed25519PublicKey(seed: Uint8Array): Uint8Array {
   if (seed.length !== 32) throw new RangeError('an Ed25519 seed is 32 bytes');
-  // A node derives its one key's public half again and again (each checkpoint): remember the last,
-  // compared by content in constant time (a caller may reuse a buffer for another seed).
-  if (!lastSeed || !sameSeed(lastSeed, seed)) {
-    lastPublicKey = ed.getPublicKey(seed);
-    lastSeed = seed.slice();
-  }
-  return lastPublicKey!.slice();
+  return ed.getPublicKey(seed);
 }
 
 /** A fresh random 32-byte seed from the platform's CSPRNG (Web Crypto, present in Node and browsers). */

@@ -41,6 +41,8 @@ export interface NoteVerifier {
 export interface NoteSigner {
   name: string;
   seed: Uint8Array;
+  /** The seed's public key, when the caller holds it already (else it is derived, per note). */
+  publicKey?: Uint8Array;
 }
 
 /** One signature line of a note, parsed but not verified. */
@@ -184,7 +186,7 @@ export function signNote(text: string, signers: NoteSigner[]): string {
   let out = text + '\n';
   for (const s of signers) {
     if (!isValidKeyName(s.name)) throw new TypeError('invalid note key name');
-    const id = noteKeyId(s.name, ed25519PublicKey(s.seed));
+    const id = noteKeyId(s.name, s.publicKey ?? ed25519PublicKey(s.seed));
     const sig = ed25519Sign(s.seed, msg);
     out += `${EM_DASH_PREFIX}${s.name} ${toBase64(concatBytes(id, sig))}\n`;
   }

@@ -22,6 +22,23 @@ export function record(f: Figure): Figure {
   return f;
 }
 
+/** Runs `count` calls of `one`, `concurrency` at a time; resolves with the wall time in ms. */
+export async function timed(one: () => Promise<void>, count: number, concurrency = 1): Promise<number> {
+  let left = count;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: Math.min(concurrency, count) }, async () => {
+      while (left-- > 0) await one();
+    }),
+  );
+  return performance.now() - t0;
+}
+
+/** The middle value (the upper one of an even count). */
+export function median(xs: number[]): number {
+  return [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+}
+
 export function fmt(n: number): string {
   return n >= 100 ? Math.round(n).toLocaleString('en-US') : n.toFixed(3);
 }

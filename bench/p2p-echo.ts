@@ -5,6 +5,7 @@
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { handleRequests, readResponse, request } from '../src/p2p/request-stream.ts';
 import type { Multiaddr } from '@multiformats/multiaddr';
+import { timed } from './lib.ts';
 
 const BARE = '/bench/echo-bare/1.0.0';
 const FRAMED = '/bench/echo-framed/1.0.0';
@@ -21,18 +22,6 @@ async function bareEcho(client: Host, addr: Multiaddr, msg: Uint8Array): Promise
 async function framedEcho(client: Host, addr: Multiaddr, msg: Uint8Array): Promise<void> {
   const r = await readResponse(await request(client, addr, FRAMED, { endpoint: '/echo' }, msg));
   if (r.body.length !== msg.length || r.head.status !== 200) throw new Error('framed echo returned the wrong response');
-}
-
-/** Runs `count` calls of `one`, `concurrency` at a time; resolves with the wall time in ms. */
-export async function timed(one: () => Promise<void>, count: number, concurrency = 1): Promise<number> {
-  let left = count;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: Math.min(concurrency, count) }, async () => {
-      while (left-- > 0) await one();
-    }),
-  );
-  return performance.now() - t0;
 }
 
 /** Requests per second of each exchange, measured in alternating rounds so drift hits both alike. */

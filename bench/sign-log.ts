@@ -14,7 +14,7 @@ import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE } from '../attestation/receipt.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { identityFromSeed } from '../src/identity.ts';
-import { inWorkers, record } from './lib.ts';
+import { inWorkers, median, record } from './lib.ts';
 
 const RAW_SIGNER = `
 import { workerData, parentPort } from 'node:worker_threads';
@@ -38,15 +38,22 @@ export async function benchSignLog(n: number, rounds = 3): Promise<void> {
   const rows: { raw: number; log: number; p99: number; perCommit: number }[] = [];
   for (let round = 0; round < rounds; round++) {
     // Each worker times its own signing loop (thread start-up is not signing); both run at once.
-    const runs = await inWorkers<{ ms: number }>(RAW_SIGNER, [{ seed, messages: messages.slice(0, half) }, { seed, messages: messages.slice(half) }], 2);
-    const raw = n / (Math.max(...runs.map((r) => r.ms)) / 1000);
-    rows.push({ raw, ...(await logRun(seed, bodies)) });
+    const rawRun = async () => {
+      const runs = await inWorkers<{ ms: number }>(RAW_SIGNER, [{ seed, messages: messages.slice(0, half) }, { seed, messages: messages.slice(half) }], 2);
+      return n / (Math.max(...runs.map((r) => r.ms)) / 1000);
+    };
+    if (round % 2) {
+      const log = await logRun(seed, bodies);
+      rows.push({ raw: await rawRun(), ...log });
+    } else {
+      const raw = await rawRun();
+      rows.push({ raw, ...(await logRun(seed, bodies)) });
+    }
   }
-  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-  const ratio = med(rows.map((r) => r.log / r.raw));
-  record({ name: 'receipts signed + durably logged /s', value: med(rows.map((r) => r.log)), unit: '/s', baseline: med(rows.map((r) => r.raw)), ratio, target: '>= 0.6', pass: ratio >= 0.6 });
-  record({ name: '  (receipts per commit, i.e. per fsync)', value: med(rows.map((r) => r.perCommit)), unit: 'receipts/fsync' });
-  const p99 = med(rows.map((r) => r.p99));
+  const ratio = median(rows.map((r) => r.log / r.raw));
+  record({ name: 'receipts signed + durably logged /s', value: median(rows.map((r) => r.log)), unit: '/s', baseline: median(rows.map((r) => r.raw)), ratio, target: '>= 0.6', pass: ratio >= 0.6 });
+  record({ name: '  (receipts per commit, i.e. per fsync)', value: median(rows.map((r) => r.perCommit)), unit: 'receipts/fsync' });
+  const p99 = median(rows.map((r) => r.p99));
   record({ name: `event-loop lag p99 while signing at full rate (worst round ${Math.max(...rows.map((r) => r.p99)).toFixed(1)} ms)`, value: p99, unit: 'ms', target: '<= 10 ms', pass: p99 <= 10 });
 }
 

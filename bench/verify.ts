@@ -10,7 +10,7 @@ import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { RECEIPT_PAYLOAD_TYPE } from '../attestation/receipt.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
-import { record } from './lib.ts';
+import { median, record } from './lib.ts';
 
 export async function benchVerify(n: number): Promise<number> {
   const seed = new Uint8Array(crypto.randomBytes(32));
@@ -55,10 +55,9 @@ export async function benchVerify(n: number): Promise<number> {
       pairs.push({ raw: r, ours: ours(from, to) });
     }
   }
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   const ratio = median(pairs.map((p) => p.ours / p.raw));
-  const rawRate = median(pairs.map((p) => p.raw));
   const ourRate = median(pairs.map((p) => p.ours));
-  record({ name: 'verifyReceipt /s (from JSON text, strict)', value: ourRate, unit: '/s', baseline: rawRate, ratio, target: '>= 0.85', pass: ratio >= 0.85 });
-  return rawRate;
+  record({ name: 'verifyReceipt /s (from JSON text, strict)', value: ourRate, unit: '/s', baseline: median(pairs.map((p) => p.raw)), ratio, target: '>= 0.85', pass: ratio >= 0.85 });
+  // The audit's budget is 100,000 ÷ this rate: the fastest raw block, so the budget is the strict one.
+  return Math.max(...pairs.map((p) => p.raw));
 }

@@ -5,7 +5,7 @@ import path from 'node:path';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
-import { ConfigError, type NodeConfig } from './config.ts';
+import type { NodeConfig } from './config.ts';
 import { parseHostPort } from './host-port.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
@@ -135,9 +135,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
-    const opsListen = parseHostPort(config.ops.http);
-    if (!opsListen) throw new ConfigError('ops.http', 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464');
-    const { host: opsHost, port: opsPort } = opsListen;
+    const { host: opsHost, port: opsPort } = parseHostPort(config.ops.http)!; // checked by parseConfig
     const ops = createOpsServer({
       host: opsHost,
       port: opsPort,

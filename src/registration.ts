@@ -57,8 +57,6 @@ export interface Registration {
   stop(): Promise<void>;
 }
 
-/** Signs a capacity snapshot as the node's /service/capacity protocol does (the heartbeat body). */
-
 type Outcome =
   | { kind: 'ok'; body: Record<string, unknown> }
   /** The market answered with an error. */

@@ -123,6 +123,8 @@ describe('signed-note vectors', () => {
     expect(toHex(s.value.publicKey)).toBe(toHex(PETER_KEYS[0]!.publicKey));
     expect(formatSignerKey(s.value.name, s.value.seed)).toBe(skey);
     expect(signNote(PETER.signedText, [{ name: s.value.name, seed: s.value.seed }])).toBe(PETER.note);
+    // A signer that passes its public key (the receipt log does) signs the same bytes.
+    expect(signNote(PETER.signedText, [{ name: s.value.name, seed: s.value.seed, publicKey: s.value.publicKey }])).toBe(PETER.note);
   });
 
   it('two signatures, both known: signing with both test keys is not needed, both verify', () => {

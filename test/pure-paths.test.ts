@@ -50,7 +50,7 @@ describe('pure TypeScript paths give the native answers', () => {
     sig[0]! ^= 1;
     expect(ed.ed25519Verify(sig, msg, pub)).toBe(false);
   });
-  test('the public key of a seed, remembered by content: a reused buffer with another seed gets its own key', () => {
+  test('the public key of a seed matches node:crypto, also for a buffer reused for another seed', () => {
     const seed = new Uint8Array(crypto.randomBytes(32));
     const pubOf = (s: Uint8Array) => new Uint8Array(crypto.createPublicKey(crypto.createPrivateKey({ key: NodeBuffer.concat([NodeBuffer.from('302e020100300506032b657004220420', 'hex'), s]), format: 'der', type: 'pkcs8' })).export({ format: 'der', type: 'spki' }).subarray(-32));
     const first = ed.ed25519PublicKey(seed);

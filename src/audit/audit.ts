@@ -68,7 +68,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   if ('code' in checkpoints) return fault(checkpoints, provider);
 
   // A log of one chunk is one task: checked here, without starting (and tearing down) workers.
-  const size = fs.statSync(receiptsFile, { throwIfNoEntry: false })?.size ?? Infinity;
+  const size = fs.statSync(receiptsFile).size;
   const oneChunk = size <= (opts.chunkBytes ?? DEFAULT_CHUNK_BYTES);
   const threads = oneChunk ? 0 : (opts.threads ?? 2);
   const pool = threads > 0 ? new Piscina({ filename: WORKER.href, minThreads: threads, maxThreads: threads }) : undefined;

@@ -1,12 +1,12 @@
 // `seller-node gateway --market URL [--listen 127.0.0.1:11435] [--records FILE]`: the marketplace's OpenAI-compatible
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
-import { createGateway, GATEWAY_DEFAULT_PORT } from '../gateway/gateway.ts';
+import { createGateway, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/gateway.ts';
 import { parseHostPort, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { isLoopbackHost } from '../ops/server.ts';
-import { CliError } from './cli-error.ts';
+import { CliError, intOption } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
 /** "127.0.0.1:11435", "[::1]:11435", "localhost" (default port) → host and port. */
@@ -22,12 +22,10 @@ export function gatewayCommand(): Command {
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
     .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
-    .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', '120000')
+    .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; records?: string; providerIdleMs: string; logLevel: string }) => {
+    .action(async (opts: { market: string; listen: string; records?: string; providerIdleMs: number; logLevel: string }) => {
       const { host, port } = parseListen(opts.listen);
-      const providerIdleMs = Number(opts.providerIdleMs);
-      if (!/^[0-9]{1,9}$/.test(opts.providerIdleMs) || providerIdleMs < 1000) throw new CliError(`--provider-idle-ms must be a whole number of milliseconds, at least 1000; got "${opts.providerIdleMs}"`, 2);
       try {
         normalizeMarketUrl(opts.market);
       } catch (e) {
@@ -38,7 +36,7 @@ export function gatewayCommand(): Command {
       if (!isLoopbackHost(host)) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication\n`);
       let gw;
       try {
-        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs, ...(opts.records ? { recordsPath: opts.records } : {}) });
+        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }

@@ -41,7 +41,9 @@ const tierRank = (t: AttestationTier) => ATTESTATION_TIERS.indexOf(t);
  * bounds (the spec's pricing.representative_request_au; it does not say what the request is):
  * 1,000 input and 1,000 output tokens.
  */
-export const REPRESENTATIVE_REQUEST = { input_tokens: 1000, output_tokens: 1000 } as const;
+const REPRESENTATIVE_REQUEST = { input_tokens: 1000, output_tokens: 1000 } as const;
+/** How the representative request is named in refusals. */
+export const REPRESENTATIVE_REQUEST_TEXT = `the representative request (${REPRESENTATIVE_REQUEST.input_tokens.toLocaleString('en-US')} input + ${REPRESENTATIVE_REQUEST.output_tokens.toLocaleString('en-US')} output tokens)`;
 
 /** What the representative request costs at these rates. */
 export function representativePrice(rates: Rates): bigint {
@@ -86,7 +88,7 @@ export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): 
   if (routing.max_request_price_micro_usd !== undefined) {
     const representative = representativePrice(offer.rates);
     if (representative > BigInt(routing.max_request_price_micro_usd)) {
-      return { status: 403, code: 'price_ceiling_exceeded', message: `the representative request (1,000 input + 1,000 output tokens) costs ${representative} micro-USD, above the ceiling ${routing.max_request_price_micro_usd}` };
+      return { status: 403, code: 'price_ceiling_exceeded', message: `${REPRESENTATIVE_REQUEST_TEXT} costs ${representative} micro-USD, above the ceiling ${routing.max_request_price_micro_usd}` };
     }
   }
   if (routing.max_cost_micro_usd !== undefined) {

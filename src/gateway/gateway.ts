@@ -41,9 +41,11 @@ import { MarketClient, type ProviderEntry, type TicketRequest } from './market-c
 import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
 import { RequestRecords, type RequestRecord } from './records.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
-import { quantizationBucket, representativePrice } from '../dispatch/routing.ts';
+import { quantizationBucket, REPRESENTATIVE_REQUEST_TEXT, representativePrice } from '../dispatch/routing.ts';
 
 export const GATEWAY_DEFAULT_PORT = 11435;
+/** How long a provider may send nothing before the gateway cuts it off (--provider-idle-ms). */
+export const PROVIDER_IDLE_DEFAULT_MS = 120_000;
 export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
 export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
 export const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
@@ -144,15 +146,20 @@ function lastEventAt(events: Uint8Array): number {
 function isTerminalEvent(event: Uint8Array): boolean {
   let e = event.length;
   while (e > 0 && (event[e - 1] === 10 || event[e - 1] === 13)) e--;
-  const head = new TextDecoder().decode(event.subarray(0, Math.min(e, 64)));
+  const head = LATIN1.decode(event.subarray(0, Math.min(e, 64)));
   return (e === DONE_LINE.length && head === DONE_LINE) || RESPONSES_END_EVENT.test(head);
 }
 const DONE_LINE = 'data: [DONE]';
+// The closing markers are ASCII: matching them needs no UTF-8 decoding (and no decoder per event).
+const LATIN1 = new TextDecoder('latin1');
 const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\r?\n/;
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const sha256Hex = (b: Uint8Array): string => crypto.createHash('sha256').update(b).digest('hex');
+
+/** Not reaching a provider at all: tokenize fails over to the next provider on these. */
+class ProviderUnreached extends GatewayError {}
 
 /** The exact body bytes (the content-type parser hands every body over untouched). */
 function bodyBytes(req: FastifyRequest): Buffer {
@@ -291,6 +298,8 @@ interface PaidAsk {
   model: string;
   bodySha256: string;
   idem: string | undefined;
+  /** The hold when the buyer sets no cap: for embeddings, one that covers the whole batch. */
+  uncappedHold: string | undefined;
 }
 
 interface Paid {
@@ -311,7 +320,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const records = new RequestRecords(opts.maxRecords, opts.recordsPath);
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;
-  const providerIdleMs = opts.providerIdleMs ?? 120_000;
+  const providerIdleMs = opts.providerIdleMs ?? PROVIDER_IDLE_DEFAULT_MS;
   const seed = opts.seed ?? new Uint8Array(crypto.randomBytes(32));
   let host: Host;
   try {
@@ -554,7 +563,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const body = bodyBytes(req);
     const model = peekModel(body);
     // What every attempt sends: worked out once, however many attempts there are.
-    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers) };
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers), uncappedHold: undefined };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
       // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
@@ -566,6 +575,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
       controls.routing.max_cost_micro_usd = cap.toString();
     }
+    if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = await embeddingsHold(model, body);
     const tried: string[] = [];
     let lastFailure: GatewayError | undefined;
     for (let n = 0; ; n++) {
@@ -596,7 +606,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   async function paidAttempt(ask: PaidAsk, reply: FastifyReply, controls: RoutingControls, requestId: string, mayFailOver: boolean): Promise<unknown> {
-    const { endpoint, body, model, bodySha256, idem } = ask;
+    const { endpoint, body, model, bodySha256, idem, uncappedHold } = ask;
     // A hedge runs twice: under X-Service-Max-Cost-Usd each attempt holds half the cap, so the two
     // together never hold more than the buyer allowed (the cap still judges the request; each node
     // caps its generation at what its hold pays for). Without a second provider it runs once, with
@@ -607,7 +617,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const hedge = live.length >= 2;
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;
-    const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? (endpoint === 'embeddings' ? await embeddingsHold(model, body) : undefined);
+    const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? uncappedHold;
     let granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
     const hedged = hedge && !granted.remembered ? await hedgeTicket(endpoint, model, bodySha256, controls, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
     // The second provider was listed but could not be ticketed: one attempt, with the whole cap.
@@ -727,6 +737,20 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply;
   }
 
+  /** The provider's answer broke off (the buyer still there): its receipt, if any, is settled from the node's log. */
+  function brokeOff(p: Paid, e: unknown, idle: IdleWatch, what: 'answer' | 'stream'): GatewayError {
+    void settleFromNode(p, 'failed');
+    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
+    return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
+  }
+
+  /** The TRAILER's receipt checked against the answer relayed; a bad one fails the record. */
+  function checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): CheckedReceipt {
+    const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
+    if (!checked.ok) records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
+    return checked;
+  }
+
   async function relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch): Promise<unknown> {
     const hash = crypto.createHash('sha256');
     const parts: Uint8Array[] = [];
@@ -741,17 +765,12 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
     } catch (e) {
       if (gone.aborted) return abandon(p, reply);
-      void settleFromNode(p, 'failed');
-      if (idle.timedOut) throw new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
-      throw new GatewayError(502, 'bad_provider_response', `the provider's answer broke off: ${(e as Error).message}`);
+      throw brokeOff(p, e, idle, 'answer');
     } finally {
       idle.stop();
     }
-    const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
-    if (!checked.ok) {
-      records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
-      throw new GatewayError(502, 'bad_provider_response', checked.message);
-    }
+    const checked = checkTrailer(p, trailer, hash);
+    if (!checked.ok) throw new GatewayError(502, 'bad_provider_response', checked.message);
     const id = checked.payload.request_id; // an idempotent retry is answered with the first request's receipt
     if (id !== p.requestId) reply.header('x-request-id', id);
     // Settled in the background: the buyer's answer waits for the receipt to verify, never for the
@@ -876,16 +895,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
-      void settleFromNode(p, 'failed');
-      if (idle.timedOut) endWithError('provider_timeout', `the provider sent nothing for ${providerIdleMs} ms and was cut off`);
-      else endWithError('bad_provider_response', `the provider's stream broke off: ${(e as Error).message}`);
+      const err = brokeOff(p, e, idle, 'stream');
+      endWithError(err.code, err.message);
       return reply;
     }
     finished();
     const work = (async () => {
-      const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
+      const checked = checkTrailer(p, trailer, hash);
       if (!checked.ok) {
-        records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
         endWithError('bad_provider_response', checked.message);
         return;
       }
@@ -931,9 +948,6 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return fit.map((c) => ({ provider: c.provider, context: c.model.context }));
   }
 
-  /** Errors of not reaching a provider at all (tokenize fails over to the next one on these). */
-  const unreached = new WeakSet<GatewayError>();
-
   /** A provider's own tokenization of a body (its tokenizer and chat template). */
   async function askTokens(c: { provider: ProviderEntry }, endpoint: 'tokenize' | 'count_tokens', body: Uint8Array): Promise<{ count: number; tokens: unknown[] | null }> {
     let r;
@@ -941,9 +955,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
       r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint }, body, { signal: AbortSignal.timeout(30_000) }));
     } catch (e) {
-      const err = e instanceof GatewayError ? e : new GatewayError(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);
-      unreached.add(err);
-      throw err;
+      throw e instanceof GatewayError ? new ProviderUnreached(e.status, e.code, e.message) : new ProviderUnreached(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);
     }
     const status = typeof r.head.status === 'number' ? r.head.status : 0;
     if (status !== 200) {
@@ -974,7 +986,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       try {
         t = await askTokens(c, endpoint, body);
       } catch (e) {
-        if (e instanceof GatewayError && unreached.has(e)) {
+        if (e instanceof ProviderUnreached) {
           lastError = e;
           continue; // failover to the next provider
         }
@@ -989,11 +1001,6 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   for (const endpoint of FREE_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => tokenize(endpoint, req, reply));
-
-  /** The provider's own count of a request's input tokens (its tokenizer and chat template). */
-  async function countAt(c: { provider: ProviderEntry }, body: Uint8Array): Promise<number> {
-    return (await askTokens(c, 'count_tokens', body)).count;
-  }
 
 
   app.post('/v1/estimates', async (req, reply) => {
@@ -1025,12 +1032,15 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     if ((r.max_input_price_micro_usd_per_mtok !== undefined && BigInt(rates.input_per_mtok) > BigInt(r.max_input_price_micro_usd_per_mtok)) || (r.max_output_price_micro_usd_per_mtok !== undefined && BigInt(rates.output_per_mtok) > BigInt(r.max_output_price_micro_usd_per_mtok))) {
       throw new GatewayError(403, 'price_ceiling_exceeded', 'the price is above the ceiling');
     }
+    if (r.max_request_price_micro_usd !== undefined && representativePrice(ratesFromWire(rates)) > BigInt(r.max_request_price_micro_usd)) {
+      throw new GatewayError(403, 'price_ceiling_exceeded', `${REPRESENTATIVE_REQUEST_TEXT} costs more than X-Service-Max-Representative-Request-Price-Usd`);
+    }
     let inputTokens = 0;
     if (parsed.endpoint === 'embeddings') {
-      for (const text of parsed.input) inputTokens += await countAt(c!, Buffer.from(JSON.stringify({ model: parsed.model, prompt: text })));
+      for (const text of parsed.input) inputTokens += (await askTokens(c!, 'count_tokens', Buffer.from(JSON.stringify({ model: parsed.model, prompt: text })))).count;
     } else {
       const count = parsed.endpoint === 'completions' ? { prompt: parsed.prompt } : { messages: parsed.messages };
-      inputTokens = await countAt(c!, Buffer.from(JSON.stringify({ model: parsed.model, ...count })));
+      inputTokens = (await askTokens(c!, 'count_tokens', Buffer.from(JSON.stringify({ model: parsed.model, ...count })))).count;
     }
     const room = Math.max(0, (c!.context ?? 0) - inputTokens);
     const asked = 'maxTokens' in parsed && parsed.maxTokens !== undefined ? parsed.maxTokens : undefined;
@@ -1038,9 +1048,6 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     if (parsed.endpoint !== 'embeddings' && asked !== undefined && asked > room) throw new GatewayError(400, 'context_length_exceeded', `input (${inputTokens}) plus max_tokens (${asked}) exceed the model's context of ${c!.context ?? 0}`);
     const maxOutput = parsed.endpoint === 'embeddings' ? 0 : (asked ?? room);
     const maxHold = priceEstimate(inputTokens, maxOutput, rates);
-    if (r.max_request_price_micro_usd !== undefined && representativePrice(ratesFromWire(rates)) > BigInt(r.max_request_price_micro_usd)) {
-      throw new GatewayError(403, 'price_ceiling_exceeded', 'the representative request (1,000 input + 1,000 output tokens) costs more than X-Service-Max-Representative-Request-Price-Usd');
-    }
     const est = estimates.add({
       endpoint,
       model: parsed.model,

@@ -6,6 +6,7 @@ import { normalizeMarketUrl } from '../market-url.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { WireRates } from '../../attestation/receipt.ts';
 import { isHex } from '../../attestation/bytes.ts';
+import { isMicroString } from '../../attestation/money.ts';
 import type { IssuedTicketResponse, TicketRequest } from '../market/tickets.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
 
@@ -58,15 +59,12 @@ export interface MarketClientOptions {
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
-const MICRO_RE = /^(0|[1-9][0-9]{0,29})$/;
-
 /** One model's rates as a ticket grant states them; a malformed one is a bad market answer. */
 function readWireRates(r: Record<string, unknown>): WireRates {
-  const micro = (x: unknown): x is string => typeof x === 'string' && MICRO_RE.test(x);
-  if (!micro(r.input_per_mtok) || !micro(r.output_per_mtok)) throw bad('ticket rates');
+  if (!isMicroString(r.input_per_mtok) || !isMicroString(r.output_per_mtok)) throw bad('ticket rates');
   const out: WireRates = { input_per_mtok: r.input_per_mtok, output_per_mtok: r.output_per_mtok };
   if (r.per_unit !== undefined) {
-    if (!isObj(r.per_unit) || !Object.values(r.per_unit).every(micro)) throw bad('ticket rates');
+    if (!isObj(r.per_unit) || !Object.values(r.per_unit).every(isMicroString)) throw bad('ticket rates');
     out.per_unit = r.per_unit as Record<string, string>;
   }
   return out;
@@ -76,7 +74,7 @@ function readWireRates(r: Record<string, unknown>): WireRates {
 function readRates(v: Record<string, unknown>): NonNullable<ProviderEntry['rates']> {
   const out: NonNullable<ProviderEntry['rates']> = {};
   for (const [id, r] of Object.entries(v)) {
-    if (isObj(r) && typeof r.input_per_mtok === 'string' && MICRO_RE.test(r.input_per_mtok) && typeof r.output_per_mtok === 'string' && MICRO_RE.test(r.output_per_mtok)) {
+    if (isObj(r) && isMicroString(r.input_per_mtok) && isMicroString(r.output_per_mtok)) {
       out[id] = { input_per_mtok: r.input_per_mtok, output_per_mtok: r.output_per_mtok };
     }
   }

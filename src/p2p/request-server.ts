@@ -213,14 +213,7 @@ export async function handleRequests(
       while (exchanges.size > 0) {
         const left = deadline - Date.now();
         if (left <= 0) return false;
-        let timer: NodeJS.Timeout | undefined;
-        await Promise.race([
-          Promise.allSettled([...exchanges].map((x) => x.done)),
-          new Promise<void>((resolve) => {
-            timer = setTimeout(resolve, left);
-          }),
-        ]);
-        clearTimeout(timer);
+        await settledWithin([...exchanges], left);
       }
       return true;
     },
@@ -235,14 +228,19 @@ export async function handleRequests(
       const running = [...exchanges];
       // Resetting the stream fires each handler's signal through the stream's 'close' event.
       for (const x of running) x.stream.abort(new StreamError('aborted', 'the server is stopping'));
-      let timer: NodeJS.Timeout | undefined;
-      await Promise.race([
-        Promise.allSettled(running.map((x) => x.done)),
-        new Promise<void>((resolve) => {
-          timer = setTimeout(resolve, stopTimeoutMs);
-        }),
-      ]);
-      clearTimeout(timer);
+      await settledWithin(running, stopTimeoutMs);
     },
   };
+}
+
+/** Resolves when every exchange has finished, or after `ms`, whichever comes first. */
+async function settledWithin(exchanges: readonly { done: Promise<unknown> }[], ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    Promise.allSettled(exchanges.map((x) => x.done)),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, ms);
+    }),
+  ]);
+  clearTimeout(timer);
 }

@@ -48,7 +48,7 @@ export class Coalescer {
     this.tokens = 0;
     this.last = performance.now();
     this.chain = this.chain.then(async () => {
-      if (parts.length) await this.write(parts.length === 1 ? parts[0]! : concatBytes(...parts));
+      await this.write(parts.length === 1 ? parts[0]! : concatBytes(...parts));
       this.delivered += tokens;
     });
     this.chain.catch((e: unknown) => {

@@ -209,13 +209,14 @@ export class InferService {
   private async embeddings(p: Extract<ParsedRequest, { endpoint: 'embeddings' }>, model: ServedModel, ticket: TicketPayload, req: InferRequest, res: InferResponse): Promise<void> {
     const started = this.now();
     // The input's cost is known before any work: a hold that does not cover it is refused first.
-    let counted = 0;
-    let longest = 0;
-    for (const text of p.input) {
-      const n = (await model.adapter.inputTokens({ kind: 'prompt', prompt: text })).length;
-      counted += n;
-      longest = Math.max(longest, n);
+    const tokens: number[][] = [];
+    try {
+      for (const text of p.input) tokens.push(await model.adapter.inputTokens({ kind: 'prompt', prompt: text }));
+    } catch (e) {
+      return this.refuse(res, e);
     }
+    const counted = tokens.reduce((sum, t) => sum + t.length, 0);
+    const longest = tokens.reduce((most, t) => Math.max(most, t.length), 0);
     // The routing controls hold for embeddings too; each input is embedded on its own, so the
     // context must take the longest one.
     const refusal = checkRouting(this.offer(model), ticket.routing, { inputTokens: counted, maxOutputTokens: 0, contextNeed: longest });
@@ -229,7 +230,7 @@ export class InferService {
       return this.refuse(res, admissionRefusal(e));
     }
     try {
-      const e = await model.adapter.embed(p.input);
+      const e = await model.adapter.embed(p.input, tokens);
       const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
       const body = utf8(
         JSON.stringify({
@@ -408,7 +409,7 @@ export class InferService {
       price: { version: this.o.priceVersion, rates: ratesToWire(model.rates) },
       cost_micro_usd: cost.toString(),
       hold_micro_usd: ticket.max_cost_micro_usd,
-      request_sha256: toHex(sha256(req.body)),
+      request_sha256: ticket.body_sha256, // the ticket was admitted for exactly these bytes (checked)
       response_sha256: r.responseSha256,
       attestation: { tier: this.o.tier ?? 'T1', evidence_sha256: null },
     });

@@ -123,6 +123,7 @@ export class ReceiptLog {
   readonly origin: string;
   private readonly db: Database.Database;
   private readonly seed: Uint8Array;
+  private readonly publicKey: Uint8Array;
   private readonly tree: MerkleTree;
   private readonly checkpointEvery: number;
   private readonly maxBatch: number;
@@ -155,6 +156,7 @@ export class ReceiptLog {
     this.providerId = id.providerId;
     this.origin = receiptLogOrigin(id.providerId);
     this.seed = opts.seed;
+    this.publicKey = id.publicKey;
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
     this.maxBatch = opts.maxBatch ?? 128;
     this.db = openDb(opts.path);
@@ -348,7 +350,7 @@ export class ReceiptLog {
   checkpoint(size = this.tree.size): string | undefined {
     if (size === 0 || size <= this.lastCheckpointSize || size > this.tree.size) return undefined;
     const root = this.tree.root(size);
-    const note = signNote(formatCheckpoint({ origin: this.origin, size, rootHash: root }), [{ name: this.origin, seed: this.seed }]);
+    const note = signNote(formatCheckpoint({ origin: this.origin, size, rootHash: root }), [{ name: this.origin, seed: this.seed, publicKey: this.publicKey }]);
     this.stmt.insertCheckpoint.run(size, root, note, Date.now());
     this.lastCheckpointSize = size;
     return note;
@@ -390,7 +392,7 @@ export class ReceiptLog {
     const out: { seq: number; line: string }[] = [];
     const key = requestKey(requestId);
     const got = this.recent.get(key);
-    const seqs = (got === undefined ? [] : typeof got === 'number' ? [got] : [...got]).filter((s) => s >= this.recentFloor);
+    const seqs = (got === undefined ? [] : typeof got === 'number' ? [got] : got).filter((s) => s >= this.recentFloor);
     for (const r of this.stmt.requestKeysBelow.iterate(this.recentFloor)) {
       const keys = rowRequestKeys(r);
       for (let i = 0; i < r.count; i++) if (keys[i] === key && r.first_seq + i < this.recentFloor) seqs.push(r.first_seq + i);
