@@ -148,6 +148,12 @@ describe('a gateway whose marketplace does not answer', () => {
         expect(((await r.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'market_unreachable', message: expect.stringContaining('did not answer') });
       }
       expect((await fetch(`${gw.url}/models`)).status).toBe(502);
+      // A body over the limit is refused before the market is asked anything.
+      const { MAX_REQUEST_BODY } = await import('../src/serve/contract.ts');
+      const big = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: 'x'.repeat(MAX_REQUEST_BODY + 1) });
+      expect(big.status).toBe(413);
+      expect(((await big.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'request_too_large', message: expect.stringContaining(String(MAX_REQUEST_BODY)) });
+      expect((await fetch(`${gw.url}/models`)).status).toBe(502); // still up
       expect(gw.records.size).toBe(0); // nothing was paid for, nothing recorded
     } finally {
       await gw.close();

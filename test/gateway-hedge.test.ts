@@ -14,6 +14,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
+import { waitFor } from './helpers/wait.ts';
 
 const MODEL = 'tiny/llama';
 let dir: string;
@@ -22,7 +23,6 @@ let marketUrl: string;
 const nodes: RunningNode[] = [];
 let gw: Gateway;
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 beforeAll(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-hedge-'));
@@ -44,11 +44,10 @@ beforeAll(async () => {
     ].join('\n');
     nodes.push(await startNode(parseConfig(yaml, path.join(dir, name))));
   }
-  for (let i = 0; i < 200; i++) {
+  await waitFor('both nodes to register', async () => {
     const list = (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string }[];
-    if (nodes.every((n) => list.some((p) => p.provider === n.providerId))) break;
-    await sleep(50);
-  }
+    return nodes.every((n) => list.some((p) => p.provider === n.providerId)) || undefined;
+  });
   gw = await createGateway({ market: marketUrl, port: 0 });
 });
 afterAll(async () => {
@@ -59,12 +58,10 @@ afterAll(async () => {
 });
 
 async function record(id: string): Promise<RequestRecord> {
-  for (let i = 0; i < 100; i++) {
+  return waitFor(`request ${id} to settle`, async () => {
     const r = (await (await fetch(`${gw.url}/requests/${id}`)).json()) as RequestRecord;
-    if (r.status !== 'in_progress') return r;
-    await sleep(50);
-  }
-  throw new Error(`request ${id} never settled`);
+    return r.status !== 'in_progress' ? r : undefined;
+  });
 }
 
 describe('hedged dispatch', () => {
@@ -153,7 +150,9 @@ describe('hedged dispatch', () => {
       // The hedge really ran: the other half went to the other provider.
       expect(other.provider).toBeDefined();
       expect(other.provider).not.toBe((JSON.parse(Buffer.from(receipt.payload, 'base64').toString()) as { provider: string }).provider);
+      // The loser billed its half at most, or did no work at all.
       if (other.receipt) expect(holdOf(other.receipt).hold_micro_usd).toBe('150');
+      else expect(other.error?.code).toBe('hedge_cancelled');
     }
   });
 });

@@ -20,6 +20,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, test } fr
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toBase64, utf8 } from '../attestation/bytes.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
+import { sha256TextHex } from '../attestation/hash.ts';
 import { parseEnvelope, serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { computeCost, formatUsd, type Usage } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -148,6 +149,13 @@ function sseData(text: string): string[] {
     .map((e) => e.split('\n').find((l) => l.startsWith('data: '))?.slice('data: '.length) ?? '');
 }
 
+/** A relayed stream's answer: 200 and an event stream, its request id and its events' data lines. */
+async function streamed(res: Response): Promise<{ id: string; events: string[] }> {
+  expect(res.status).toBe(200);
+  expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
+  return { id: res.headers.get('x-request-id')!, events: sseData(await res.text()) };
+}
+
 const JSON_HEAD = { status: 200, headers: { 'content-type': 'application/json' } };
 const SSE_HEAD = { status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } };
 
@@ -182,7 +190,7 @@ function answersWith(receipt: (ex: Exchange) => string | undefined | Promise<str
   };
 }
 
-const other = (what: string): string => crypto.createHash('sha256').update(what).digest('hex');
+const other = sha256TextHex; // the hash of something else
 
 /** What a run of the scripted node must leave behind when the gateway refused its answer. */
 async function expectRefusedAnswer(res: Response, message: RegExp, before: { receipts: number; requests: number }): Promise<RequestRecord> {
@@ -265,10 +273,7 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     };
     const before = await snapshot();
     const res = await post(chatBody('stream', { stream: true }), toScripted());
-    expect(res.status).toBe(200);
-    expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
-    const id = res.headers.get('x-request-id')!;
-    const events = sseData(await res.text());
+    const { id, events } = await streamed(res);
     expect(events.slice(0, 2).map((d) => (JSON.parse(d) as { choices: { delta: { content: string } }[] }).choices[0]!.delta.content)).toEqual(['one', 'two']);
     expect(events).toHaveLength(3); // no [DONE]: a client stops reading there, and would never see the error
     const err = JSON.parse(events[2]!) as { error: { code: string; message: string } };
@@ -346,9 +351,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     };
     const before = await snapshot();
     const res = await post(chatBody('stream reset', { stream: true }), toScripted());
-    expect(res.status).toBe(200);
-    const id = res.headers.get('x-request-id')!;
-    const events = sseData(await res.text());
+    const { id, events } = await streamed(res);
     expect(events).toHaveLength(3);
     expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off/) } });
     const rec = await record(id);
@@ -366,9 +369,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     };
     const before = await snapshot();
     const res = await post(chatBody('stream close', { stream: true }), toScripted());
-    expect(res.status).toBe(200);
-    const id = res.headers.get('x-request-id')!;
-    const events = sseData(await res.text());
+    const { id, events } = await streamed(res);
     expect(events).toHaveLength(2);
     expect(JSON.parse(events[1]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off: the stream ended before the TRAILER/) } });
     expect(await record(id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
@@ -384,9 +385,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     };
     const before = await snapshot();
     const res = await post(chatBody('stream fail', { stream: true }), toScripted());
-    expect(res.status).toBe(200);
-    const id = res.headers.get('x-request-id')!;
-    const events = sseData(await res.text());
+    const { id, events } = await streamed(res);
     expect(events).toHaveLength(2);
     expect(JSON.parse(events[1]!)).toEqual({ error: { code: 'provider_failed', message: expect.stringMatching(/ended failed: the run failed: out of memory/) } });
     expect(await record(id)).toMatchObject({ status: 'failed', settled: true, usage: { prompt_tokens: 7, completion_tokens: 1 } });
@@ -460,9 +459,7 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     };
     const before = await snapshot();
     const res = await postQuick(chatBody('stall', { stream: true }));
-    expect(res.status).toBe(200);
-    const id = res.headers.get('x-request-id')!;
-    const events = sseData(await res.text());
+    const { id, events } = await streamed(res);
     expect(events).toHaveLength(3);
     expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'provider_timeout', message: expect.stringMatching(new RegExp(`sent nothing for ${IDLE_MS} ms`)) } });
     const rec = await waitFor('the record to settle', async () => {
@@ -519,6 +516,22 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
     const first = await record(id.replace(/-f1$/, ''));
     expect(first).toMatchObject({ status: 'refused', provider: scripted.providerId, error: { code: 'no_capacity' }, receipt: null });
     expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
+  test('a token count that is not a count → 502 bad_provider_response; nothing recorded, the gateway still counts at a good node', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data(JSON.stringify({ model: MODEL, count: -1 }));
+      await ex.trailer({});
+    };
+    const before = await snapshot();
+    const records = gw.records.size;
+    await expectError(await post(JSON.stringify({ model: MODEL, prompt: 'hi' }), toScripted(), 'count_tokens'), 502, 'bad_provider_response', /tokenization is malformed/);
+    expect(scripted.requests).toBe(before.requests + 1);
+    expect(gw.records.size).toBe(records);
+    const good = await post(JSON.stringify({ model: MODEL, prompt: 'hi' }), toNode(), 'count_tokens');
+    expect(good.status).toBe(200);
+    expect(((await good.json()) as { count: number }).count).toBeGreaterThan(0);
   });
 
   test('never outside the set: with only the busy provider preferred, its 503 is the answer', async () => {

@@ -125,10 +125,9 @@ describe('InferService', () => {
 
   test('buyers who leave mid-write free the runtime slot each time (one slot: later requests still run)', async () => {
     for (let i = 0; i < 3; i++) {
-      const ac = new AbortController();
-      // The write itself fails (the stream is gone) before the signal fires.
-      const { res } = recorder({ failAfter: 2, onData: (n) => n === 3 && ac.abort() });
-      await service.handle({ ...request('chat/completions', { ...chatBody, stream: true, max_tokens: 300 }), signal: ac.signal }, res);
+      // The write itself fails (the stream is gone) and the request's signal never fires.
+      const { res } = recorder({ failAfter: 2 });
+      await service.handle(request('chat/completions', { ...chatBody, stream: true, max_tokens: 300 }), res);
     }
     const { res, out } = recorder();
     await service.handle(request('chat/completions', chatBody), res);
@@ -164,6 +163,8 @@ describe('InferService', () => {
       [request('chat/completions', { ...chatBody, max_tokens: 600 }), 400, 'context_length_exceeded'],
       [request('chat/completions', { ...chatBody, max_tokens: 600 }, {}, { routing: { min_context: 100 } }), 400, 'context_length_exceeded'],
       [request('chat/completions', { ...chatBody, n: 3 }), 400, 'invalid_request'],
+      // each input is embedded on its own: one longer than the context is refused before any work
+      [request('embeddings', { model: 'tiny/llama', input: ['hi', 'hello world '.repeat(400)] }), 400, 'context_length_exceeded'],
     ];
     for (const [req, status, code] of cases) {
       const { res, out } = recorder();

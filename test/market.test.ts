@@ -267,6 +267,8 @@ describe('tickets', () => {
     // A price ceiling every provider is above is refused as the spec says: 403 before any hold.
     expect(await ask({ routing: { max_output_price_micro_usd_per_mtok: '1000' } })).toMatchObject({ status: 403, body: { error: { code: 'price_ceiling_exceeded' } } });
     expect(await ask({ routing: { max_input_price_micro_usd_per_mtok: '1' } })).toMatchObject({ status: 403, body: { error: { code: 'price_ceiling_exceeded' } } });
+    // The representative-request ceiling (1,000 input + 1,000 output tokens at the provider's rates).
+    expect(await ask({ routing: { max_request_price_micro_usd: '1' } })).toMatchObject({ status: 403, body: { error: { code: 'price_ceiling_exceeded', message: expect.stringMatching(/representative request/) } } });
     // A price ceiling together with another unmet control is still "no provider".
     expect((await ask({ routing: { max_output_price_micro_usd_per_mtok: '1000', min_context: 100_000 } })).body.error.code).toBe('no_provider');
     expect((await ask({ routing: { min_attestation_tier: 'T3' } })).body.error.code).toBe('no_provider');

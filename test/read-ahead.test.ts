@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'vitest';
 import { readAhead } from '../src/serve/read-ahead.ts';
+import { until } from './helpers/wait.ts';
 
 /** A source that records how far it ran and whether its finally ran. */
 function source(n: number, opts: { failAt?: number } = {}) {
@@ -42,8 +43,9 @@ describe('readAhead', () => {
     const s = source(100);
     const g = readAhead(s.gen, 5);
     expect((await g.next()).value).toBe(0);
+    await until('the producer to fill the queue', () => s.state.produced >= 6);
+    // Then a while longer, in which an unbounded producer would run on: one taken, five queued, no more.
     await new Promise((r) => setTimeout(r, 50));
-    // One taken, five queued, and the producer waits for room.
     expect(s.state.produced).toBe(6);
     await g.return('stopped');
     expect(s.state.closed).toBe(1);

@@ -13,12 +13,12 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import type { Stream } from '@libp2p/interface';
 import { toHex, utf8 } from '../../attestation/bytes.ts';
-import { canonicalize } from '../../attestation/canonical-json.ts';
-import { serializeEnvelope, signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
+import { serializeEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
+import { sha256, sha256TextHex } from '../../attestation/hash.ts';
 import { computeCost, type Rates } from '../../attestation/money.ts';
 import { signPriceList } from '../../attestation/price-list.ts';
-import { buildReceiptPayload, GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, ratesToWire, type ReceiptBody } from '../../attestation/receipt.ts';
+import { buildReceiptPayload, GENESIS_PREV, ratesToWire, type ReceiptBody } from '../../attestation/receipt.ts';
 import { peekPayload } from '../../attestation/signed-payload.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import { signRegistration } from '../../src/market/registration-payload.ts';
@@ -30,12 +30,12 @@ import { INFER_PROTOCOL } from '../../src/p2p/infer-protocol.ts';
 import { serveLog } from '../../src/p2p/log-protocol.ts';
 import type { RequestServer } from '../../src/p2p/request-stream.ts';
 import { ReceiptLog } from '../../src/store/receipt-log.ts';
+import { signReceipt, testKey } from './receipts.ts';
 
 export const SCRIPTED_RATES: Rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 /** The usage an honest scripted answer bills unless told otherwise. */
 export const SCRIPTED_USAGE = { input_tokens: 7, output_tokens: 3 };
 
-const sha256Hex = (b: Uint8Array | string): string => crypto.createHash('sha256').update(b).digest('hex');
 
 /** One request as the scripted node received it, and the means to answer it (or not). */
 export class Exchange {
@@ -54,7 +54,7 @@ export class Exchange {
     this.stream = stream;
     this.requestHead = head;
     this.body = body;
-    this.bodySha256 = sha256Hex(body);
+    this.bodySha256 = toHex(sha256(body));
     this.ticket = (peekPayload(head.ticket as DsseEnvelope) ?? {}) as unknown as TicketPayload;
   }
 
@@ -86,7 +86,7 @@ export class Exchange {
 
   /** SHA-256 of every DATA byte sent so far: the honest response_sha256. */
   get responseSha256(): string {
-    return sha256Hex(Buffer.concat(this.sent));
+    return toHex(sha256(Buffer.concat(this.sent)));
   }
 
   /** The honest receipt body of this request for what was sent so far, with `over` applied. */
@@ -98,7 +98,7 @@ export class Exchange {
       ticket_id: this.ticket.ticket_id,
       endpoint: this.ticket.endpoint,
       model: this.ticket.model,
-      model_sha256: sha256Hex('scripted model'),
+      model_sha256: sha256TextHex('scripted model'),
       runtime: { adapter: 'scripted', version: '1' },
       quantization: 'f32',
       status: 'completed',
@@ -128,7 +128,7 @@ export class Exchange {
    */
   signedReceipt(over: Partial<ReceiptBody> = {}, seed: Uint8Array = this.node.seed): string {
     const payload = buildReceiptPayload(this.node.providerId, '0', GENESIS_PREV, this.receiptBody(over));
-    return serializeEnvelope(signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: this.node.providerId, seed }));
+    return serializeEnvelope(signReceipt({ ...testKey(seed), id: this.node.providerId }, payload));
   }
 
   /** A node's success trailer around a receipt line. */
