@@ -149,6 +149,21 @@ function sseData(text: string): string[] {
     .map((e) => e.split('\n').find((l) => l.startsWith('data: '))?.slice('data: '.length) ?? '');
 }
 
+/** Two streamed events and a `cancelled` receipt for them in the node's log, then `end` (a reset, silence). */
+function twoEventsCancelledThen(end: (ex: Exchange) => unknown): { behaviour: Behaviour; logged: string } {
+  const run = {
+    logged: '',
+    behaviour: (async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('a'));
+      await ex.data(chunk('b'));
+      run.logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
+      await end(ex);
+    }) as Behaviour,
+  };
+  return run;
+}
+
 /** A relayed stream's answer: 200 and an event stream, its request id and its events' data lines. */
 async function streamed(res: Response): Promise<{ id: string; events: string[] }> {
   expect(res.status).toBe(200);
@@ -341,14 +356,8 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
   });
 
   test('streamed, reset after two events with a `cancelled` receipt logged → the events, then an SSE error event; settled from the log', async () => {
-    let logged = '';
-    scripted.behaviour = async (ex) => {
-      await ex.head(SSE_HEAD);
-      await ex.data(chunk('a'));
-      await ex.data(chunk('b'));
-      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
-      ex.reset();
-    };
+    const run = twoEventsCancelledThen((ex) => ex.reset());
+    scripted.behaviour = run.behaviour;
     const before = await snapshot();
     const res = await post(chatBody('stream reset', { stream: true }), toScripted());
     const { id, events } = await streamed(res);
@@ -356,7 +365,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off/) } });
     const rec = await record(id);
     expect(rec).toMatchObject({ status: 'cancelled', settled: true, usage: { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 } });
-    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(serializeEnvelope(rec.receipt!)).toBe(run.logged);
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
@@ -449,14 +458,8 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
   });
 
   test('streamed, silent after two events with a `cancelled` receipt logged → the events, a provider_timeout event; settled from the log', async () => {
-    let logged = '';
-    scripted.behaviour = async (ex) => {
-      await ex.head(SSE_HEAD);
-      await ex.data(chunk('a'));
-      await ex.data(chunk('b'));
-      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
-      await silence();
-    };
+    const run = twoEventsCancelledThen(() => silence());
+    scripted.behaviour = run.behaviour;
     const before = await snapshot();
     const res = await postQuick(chatBody('stall', { stream: true }));
     const { id, events } = await streamed(res);
@@ -467,7 +470,7 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
       return j.settled ? j : undefined;
     });
     expect(rec).toMatchObject({ status: 'cancelled', usage: { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 } });
-    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(serializeEnvelope(rec.receipt!)).toBe(run.logged);
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
