@@ -1,9 +1,14 @@
 // Byte helpers shared by the verifier and the node. No `node:` imports: this runs in browsers too.
 // Where Node's Buffer exists (found as a global, never imported) it is used for speed.
 
+interface BufferInstance extends Uint8Array {
+  toString(encoding?: string): string;
+  write(s: string, offset: number, length: number, encoding: string): number;
+}
 interface BufferLike {
-  from(data: string, encoding: string): Uint8Array & { toString(encoding: string): string };
-  from(data: ArrayBufferLike, offset: number, length: number): Uint8Array & { toString(encoding: string): string };
+  from(data: string, encoding: string): BufferInstance;
+  from(data: ArrayBufferLike, offset: number, length: number): BufferInstance;
+  allocUnsafe(n: number): BufferInstance;
 }
 const NodeBuffer: BufferLike | undefined = (globalThis as { Buffer?: BufferLike }).Buffer;
 
@@ -18,12 +23,16 @@ export function toHex(bytes: Uint8Array): string {
   return out;
 }
 
-/** Even length, only 0-9 and a-f (a character loop: quicker than a regex on hashes). */
+// 1 for the characters of lowercase hex, by char code below 128.
+const LOWER_HEX = new Uint8Array(128);
+for (const c of '0123456789abcdef') LOWER_HEX[c.charCodeAt(0)] = 1;
+
+/** Even length, only 0-9 and a-f (a table loop: about twice as quick as a regex on hashes). */
 function isLowerHex(s: string): boolean {
   if (s.length % 2 !== 0) return false;
   for (let i = 0; i < s.length; i++) {
     const c = s.charCodeAt(i);
-    if (!((c >= 48 && c <= 57) || (c >= 97 && c <= 102))) return false;
+    if (c > 127 || LOWER_HEX[c] === 0) return false;
   }
   return true;
 }
@@ -67,40 +76,73 @@ export function toBase64(bytes: Uint8Array): string {
 }
 
 /**
+ * The length of the bytes a strict standard base64 string decodes to, or undefined when its length
+ * or padding cannot be canonical (the characters themselves are checked by decoding).
+ */
+export function base64DecodedLength(s: string): number | undefined {
+  if (typeof s !== 'string' || s.length % 4 !== 0) return undefined;
+  const pad = s.endsWith('==') ? 2 : s.endsWith('=') ? 1 : 0;
+  return (s.length / 4) * 3 - pad;
+}
+
+/**
  * Strict standard base64 to bytes: padding required, no whitespace, and the unused bits of the
  * last character must be zero, so every byte string has exactly one accepted encoding.
  * Returns undefined on any deviation.
  */
 export function fromBase64(s: string): Uint8Array | undefined {
-  if (typeof s !== 'string' || s.length % 4 !== 0) return undefined;
+  const n = base64DecodedLength(s);
+  if (n === undefined) return undefined;
+  const out = newBytes(n);
+  return decodeBase64Into(s, out, 0) ? out : undefined;
+}
+
+/**
+ * Decodes strict standard base64 into `out` at `offset`, exactly base64DecodedLength(s) bytes
+ * (the caller sized `out` for them). False on any deviation; `out` may then hold partial bytes.
+ */
+export function decodeBase64Into(s: string, out: Uint8Array, offset: number): boolean {
+  const n = base64DecodedLength(s);
+  if (n === undefined || offset + n > out.length) return false;
+  const pad = (s.length / 4) * 3 - n;
   if (NodeBuffer) {
     // Buffer decoding is lenient: it skips characters outside the alphabet, stops at a misplaced
     // "=", accepts the URL alphabet and ignores the unused bits of the last character. Each of
-    // those shows as a length that is not the one the padding implies, a "-" or "_", or nonzero
-    // spare bits; with none of them the input is the one canonical encoding of its bytes.
-    const pad = s.endsWith('==') ? 2 : s.endsWith('=') ? 1 : 0;
-    const buf = NodeBuffer.from(s, 'base64');
-    if (buf.byteLength !== (s.length / 4) * 3 - pad || s.includes('-') || s.includes('_')) return undefined;
-    if (pad === 2 && (B64_INDEX[s.charCodeAt(s.length - 3)]! & 15) !== 0) return undefined;
-    if (pad === 1 && (B64_INDEX[s.charCodeAt(s.length - 2)]! & 3) !== 0) return undefined;
-    return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
+    // those shows as fewer bytes written than the padding implies, a "-" or "_", or nonzero spare
+    // bits; with none of them the input is the one canonical encoding of its bytes.
+    if (s.includes('-') || s.includes('_')) return false;
+    if (asBuffer(out).write(s, offset, n, 'base64') !== n) return false;
+    if (pad === 2 && (B64_INDEX[s.charCodeAt(s.length - 3)]! & 15) !== 0) return false;
+    if (pad === 1 && (B64_INDEX[s.charCodeAt(s.length - 2)]! & 3) !== 0) return false;
+    return true;
   }
-  if (!B64_RE.test(s)) return undefined;
-  const pad = s.endsWith('==') ? 2 : s.endsWith('=') ? 1 : 0;
-  const out = new Uint8Array((s.length / 4) * 3 - pad);
-  let o = 0;
+  if (!B64_RE.test(s)) return false;
+  let o = offset;
+  const end = offset + n;
   for (let i = 0; i < s.length; i += 4) {
     const a = B64_INDEX[s.charCodeAt(i)]!;
     const b = B64_INDEX[s.charCodeAt(i + 1)]!;
     const c = s[i + 2] === '=' ? 0 : B64_INDEX[s.charCodeAt(i + 2)]!;
     const d = s[i + 3] === '=' ? 0 : B64_INDEX[s.charCodeAt(i + 3)]!;
-    const n = (a << 18) | (b << 12) | (c << 6) | d;
-    if (o < out.length) out[o++] = n >> 16;
-    if (o < out.length) out[o++] = (n >> 8) & 255;
-    if (o < out.length) out[o++] = n & 255;
-    if (i + 4 === s.length && (pad === 2 ? (b & 15) !== 0 : pad === 1 ? (c & 3) !== 0 : false)) return undefined;
+    const v = (a << 18) | (b << 12) | (c << 6) | d;
+    if (o < end) out[o++] = v >> 16;
+    if (o < end) out[o++] = (v >> 8) & 255;
+    if (o < end) out[o++] = v & 255;
+    if (i + 4 === s.length && (pad === 2 ? (b & 15) !== 0 : pad === 1 ? (c & 3) !== 0 : false)) return false;
   }
-  return out;
+  return true;
+}
+
+/**
+ * A new byte array whose contents the caller overwrites in full. Node hands out slices of a
+ * shared pool (no zero-fill, no allocation per call for small sizes); elsewhere a plain array.
+ */
+export function newBytes(n: number): Uint8Array {
+  if (NodeBuffer) {
+    const b = NodeBuffer.allocUnsafe(n);
+    return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+  }
+  return new Uint8Array(n);
 }
 
 const encoder = new TextEncoder();

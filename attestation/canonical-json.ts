@@ -179,7 +179,7 @@ export function parseCanonical(text: string): { value: unknown; canonical: boole
     // JSON.parse yields only JSON types, and a lone surrogate can only come from a \uD8xx..\uDFxx
     // escape in the text (valid UTF-8 holds none), so without such an escape the only question is
     // key order: when every object's keys enumerate sorted, JSON.stringify writes the JCS form.
-    canonical = !SURROGATE_ESCAPE.test(text) && keysSorted(value, 0) ? JSON.stringify(value) === text : serialise(value, 0) === text;
+    canonical = !(text.includes('\\u') && SURROGATE_ESCAPE.test(text)) && keysSorted(value, 0) ? JSON.stringify(value) === text : serialise(value, 0) === text;
   } catch {
     canonical = false;
   }

@@ -1,6 +1,6 @@
 // DSSE envelopes (secure-systems-lab/dsse v1): the signature covers PAE(payloadType, payload), never
 // a re-serialisation, so the verifier checks exactly the bytes it was given.
-import { fromBase64, toBase64, utf8 } from './bytes.ts';
+import { base64DecodedLength, decodeBase64Into, fromBase64, newBytes, toBase64, utf8 } from './bytes.ts';
 import { ed25519Sign, ed25519Verify } from './ed25519.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 import { canonicalize } from './canonical-json.ts';
@@ -28,21 +28,43 @@ const PAE_PREFIX = 'DSSEv1 ';
 /** "DSSEv1 LEN(type) type " as bytes, per payload type (a handful are ever used). */
 const typePrefixes = new Map<string, Uint8Array>();
 
-/** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. */
-export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
+function typePrefix(payloadType: string): Uint8Array {
   let prefix = typePrefixes.get(payloadType);
   if (prefix === undefined) {
     prefix = utf8(`${PAE_PREFIX}${utf8(payloadType).length} ${payloadType} `);
     if (typePrefixes.size < 64) typePrefixes.set(payloadType, prefix);
   }
-  const len = String(payload.length);
-  const out = new Uint8Array(prefix.length + len.length + 1 + payload.length);
+  return prefix;
+}
+
+/** A PAE array for a body of `length` bytes, filled up to the body, and where the body starts. */
+function paeHead(payloadType: string, length: number): { out: Uint8Array; bodyAt: number } {
+  const prefix = typePrefix(payloadType);
+  const len = String(length);
+  const out = newBytes(prefix.length + len.length + 1 + length);
   out.set(prefix);
   let o = prefix.length;
   for (let i = 0; i < len.length; i++) out[o++] = len.charCodeAt(i);
   out[o++] = 0x20;
-  out.set(payload, o);
+  return { out, bodyAt: o };
+}
+
+/** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. */
+export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
+  const { out, bodyAt } = paeHead(payloadType, payload.length);
+  out.set(payload, bodyAt);
   return out;
+}
+
+/**
+ * PAE over a base64 payload, decoded straight into place (one array, one copy), with the payload
+ * bytes as a view into it. Undefined when the payload is not strict standard base64.
+ */
+export function paeOfBase64(payloadType: string, payloadB64: string): { message: Uint8Array; payload: Uint8Array } | undefined {
+  const n = base64DecodedLength(payloadB64);
+  if (n === undefined) return undefined;
+  const { out, bodyAt } = paeHead(payloadType, n);
+  return decodeBase64Into(payloadB64, out, bodyAt) ? { message: out, payload: out.subarray(bodyAt) } : undefined;
 }
 
 /** Signs payload bytes with an Ed25519 seed. */
@@ -106,9 +128,9 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
   if (env.payloadType !== opts.payloadType) {
     return fail('payload_type_mismatch', `payloadType is "${String(env.payloadType).slice(0, 100)}", expected "${opts.payloadType}"`);
   }
-  const payload = fromBase64(env.payload);
-  if (!payload) return fail('payload_not_base64', 'envelope.payload is not canonical standard base64');
-  let message: Uint8Array | undefined;
+  const decoded = paeOfBase64(env.payloadType, env.payload);
+  if (!decoded) return fail('payload_not_base64', 'envelope.payload is not canonical standard base64');
+  const { message, payload } = decoded;
   let verified: string | undefined;
   let failedKeyless = false;
   for (const s of env.signatures) {
@@ -116,8 +138,7 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
     if (candidates.length === 0) continue;
     const sig = fromBase64(s.sig);
     if (!sig) return fail('signature_malformed', 'a signature is not canonical standard base64');
-    message ??= pae(env.payloadType, payload);
-    const good = candidates.find((k) => (k.verify ?? ed25519Verify)(sig, message!, k.publicKey));
+    const good = candidates.find((k) => (k.verify ?? ed25519Verify)(sig, message, k.publicKey));
     if (!good) {
       if (s.keyid === undefined) {
         failedKeyless = true;

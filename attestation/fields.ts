@@ -59,9 +59,10 @@ export function uint(v: unknown, field: string): number {
   return v;
 }
 
-export function micro(v: unknown, field: string): bigint {
+/** A micro-USD amount on the wire: a canonical decimal integer string (checked, not converted). */
+export function micro(v: unknown, field: string): string {
   if (!isMicroString(v)) throw new FieldError(field, 'expected a decimal integer string (no sign, no leading zeros)');
-  return BigInt(v);
+  return v;
 }
 
 export function oneOf<T extends string>(v: unknown, field: string, values: readonly T[]): T {

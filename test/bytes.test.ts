@@ -42,7 +42,8 @@ describe('hex is lowercase and exact', () => {
     expect(fromHex(toHex(b))).toEqual(b);
   });
   test('refuses upper case, odd length, other characters', () => {
-    for (const bad of ['A0', 'abc', 'zz', ' 00']) expect(() => fromHex(bad)).toThrow(TypeError);
+    // Characters beyond ASCII too: a table indexed by char code must not wrap or overflow.
+    for (const bad of ['A0', 'abc', 'zz', ' 00', 'a\u00e1', '\u0130a', '\u{1F600}']) expect(() => fromHex(bad)).toThrow(TypeError);
     expect(isHex('ab'.repeat(32), 32)).toBe(true);
     expect(isHex('AB'.repeat(32), 32)).toBe(false);
     expect(isHex('ab', 32)).toBe(false);

@@ -1,7 +1,8 @@
 import { p256 } from '@noble/curves/nist.js';
 import { describe, expect, test } from 'vitest';
-import { toHex, utf8 } from '../attestation/bytes.ts';
-import { pae, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
+import crypto from 'node:crypto';
+import { fromBase64, toHex, utf8 } from '../attestation/bytes.ts';
+import { pae, paeOfBase64, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { readVectorJson } from './helpers/vectors.ts';
 
@@ -87,5 +88,32 @@ describe('envelopeLine', () => {
       const env = signEnvelope(type, utf8('{"a":"b"}'), { keyid: 'ab'.repeat(32), seed });
       expect(envelopeLine(env.payload, type, env.signatures[0]!.keyid!, env.signatures[0]!.sig)).toBe(serializeEnvelope(env));
     }
+  });
+});
+
+describe('PAE decoded straight from base64', () => {
+  test('equals pae over the decoded bytes, and the payload view is those bytes', () => {
+    for (let n = 0; n < 70; n++) {
+      const b = new Uint8Array(crypto.randomBytes(n));
+      const got = paeOfBase64('application/x-test', Buffer.from(b).toString('base64'))!;
+      expect(toHex(got.message)).toBe(toHex(pae('application/x-test', b)));
+      expect(toHex(got.payload)).toBe(toHex(b));
+    }
+  });
+  test('refuses exactly what fromBase64 refuses (fuzz)', () => {
+    const chars = 'AQgwBC+/=-_ \n\\';
+    const rand = crypto.randomBytes(5000 * 9);
+    let refused = 0;
+    for (let i = 0; i < 5000; i++) {
+      const len = 4 * (1 + (rand[i * 9]! % 2));
+      let s = '';
+      for (let j = 0; j < len; j++) s += chars[rand[i * 9 + 1 + j]! % chars.length]!;
+      const plain = fromBase64(s);
+      const got = paeOfBase64('t', s);
+      expect(got === undefined, JSON.stringify(s)).toBe(plain === undefined);
+      if (plain) expect(toHex(got!.message)).toBe(toHex(pae('t', plain)));
+      else refused++;
+    }
+    expect(refused).toBeGreaterThan(0);
   });
 });
