@@ -24,7 +24,7 @@ interface NodeHash {
 
 interface NodeCryptoModule {
   createHash(alg: string): NodeHash;
-  hash?: (alg: string, data: Uint8Array | string, enc: 'buffer') => Uint8Array;
+  hash?: ((alg: string, data: Uint8Array | string, enc: 'buffer') => Uint8Array) & ((alg: string, data: Uint8Array | string, enc: 'hex') => string);
   createPrivateKey(o: { key: Uint8Array; format: 'der'; type: 'pkcs8' }): unknown;
   createPublicKey(o: { key: Uint8Array; format: 'der'; type: 'spki' }): unknown;
   sign(alg: null, data: Uint8Array, key: unknown): Uint8Array;
@@ -67,6 +67,8 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
     }
     return k;
   };
+  let lastSeed: Uint8Array | undefined;
+  let lastPrivateKey: unknown;
   let lastPublicBytes: Uint8Array | undefined;
   let lastPublicKey: unknown;
   const hash = c.hash
@@ -78,7 +80,7 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       const b = hash(alg, data);
       return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
     },
-    hashHex: (alg, data) => c.createHash(alg).update(data).digest('hex'),
+    hashHex: c.hash ? (alg, data) => c.hash!(alg, data, 'hex') : (alg, data) => c.createHash(alg).update(data).digest('hex'),
     hashParts: (alg, parts) => {
       const h = c.createHash(alg);
       for (const p of parts) h.update(p);
@@ -87,7 +89,14 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
     },
     ed25519Sign(seed, message) {
       // Keyed by content, never by object identity: a caller may reuse a buffer for another key.
-      const key = cache(privateKeys, keyId(seed), () => c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
+      // The last seed is compared directly: a node signs everything with one key.
+      let key: unknown;
+      if (lastSeed && bytesEqual(lastSeed, seed)) key = lastPrivateKey;
+      else {
+        key = cache(privateKeys, keyId(seed), () => c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
+        lastSeed = seed.slice();
+        lastPrivateKey = key;
+      }
       const s = c.sign(null, message, key);
       return new Uint8Array(s.buffer, s.byteOffset, s.byteLength);
     },
