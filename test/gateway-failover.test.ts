@@ -1,0 +1,146 @@
+// Failover through the gateway: a provider the marketplace still lists but that cannot be reached
+// is skipped. The request runs on the next provider, only that provider bills, and the attempt
+// that never reached anyone is recorded as failed with provider_unreachable, charged nothing.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import type { DsseEnvelope } from '../attestation/dsse.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { parseConfig } from '../src/config.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import type { RequestRecord } from '../src/gateway/records.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+import { waitFor } from './helpers/wait.ts';
+
+const MODEL = 'tiny/llama';
+let dir: string;
+let market: Market;
+let marketUrl: string;
+let live: RunningNode;
+let gone: RunningNode;
+let gw: Gateway;
+
+async function nodeIn(name: string): Promise<RunningNode> {
+  fs.mkdirSync(path.join(dir, name));
+  createKeyFile(path.join(dir, name, 'node.key'));
+  const yaml = [
+    'key: ./node.key',
+    'data_dir: ./data',
+    'listen: [/ip4/127.0.0.1/tcp/0]',
+    `marketplace: { url: "${marketUrl}", public_keys: ["${market.publicKey}"] }`,
+    `models: [{ id: ${MODEL}, adapter: llama-embedded, path: ../tiny.gguf, context: 1024, slots: 2, prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" } }]`,
+    'ops: { http: "127.0.0.1:0" }',
+    'receipts: { signer_threads: 1, checkpoint_interval_ms: 0 }',
+    'log_level: error',
+  ].join('\n');
+  return startNode(parseConfig(yaml, path.join(dir, name)));
+}
+
+async function providers(): Promise<{ provider: string; live: boolean }[]> {
+  return (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string; live: boolean }[];
+}
+
+async function totals(): Promise<{ by_provider: Record<string, { receipts: number; cost_micro_usd: string }> }> {
+  return (await (await fetch(`${marketUrl}/v1/totals`)).json()) as { by_provider: Record<string, { receipts: number; cost_micro_usd: string }> };
+}
+
+function chat(headers: Record<string, string> = {}, seed = 1): Promise<Response> {
+  return fetch(`${gw.url}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: 8, seed }),
+  });
+}
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-failover-'));
+  // A long heartbeat interval: a node that stops stays listed as live for minutes, as a node
+  // that has just crashed or lost its network is until the marketplace notices.
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 60_000 });
+  marketUrl = (await market.listen()).url;
+  writeTinyLlama(path.join(dir, 'tiny.gguf'));
+  live = await nodeIn('live');
+  gone = await nodeIn('gone');
+  await waitFor('both nodes to register', async () => {
+    const list = await providers();
+    return [live, gone].every((n) => list.some((p) => p.provider === n.providerId)) || undefined;
+  });
+  await gone.stop(1000);
+  gw = await createGateway({ market: marketUrl, port: 0 });
+});
+afterAll(async () => {
+  await gw?.close(1000);
+  await live?.stop(1000);
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+describe('failover past a provider that cannot be reached', () => {
+  test('the stopped node is still listed as live (the premise of every test here)', async () => {
+    expect((await providers()).find((p) => p.provider === gone.providerId)?.live).toBe(true);
+  });
+
+  test('preferred first but unreachable: the next provider serves and bills; the first attempt is failed, charged nothing', async () => {
+    const res = await chat({ 'x-service-prefer-providers': `${gone.providerId},${live.providerId}` });
+    expect(res.status).toBe(200);
+    const finalId = res.headers.get('x-request-id')!;
+    const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    expect(body.service.request_id).toBe(finalId);
+    const v = verifyReceipt(body.service.receipt, { provider: live.providerId });
+    expect(v.ok && v.value.payload.status).toBe('completed');
+    // The first attempt carries the gateway's base id; the failover's id is derived from it.
+    expect(finalId).toMatch(/-f1$/);
+    const firstId = finalId.replace(/-f1$/, '');
+    const first = (await (await fetch(`${gw.url}/requests/${firstId}`)).json()) as RequestRecord;
+    expect(first).toMatchObject({ status: 'failed', provider: gone.providerId, receipt: null, cost_micro_usd: null, error: { code: 'provider_unreachable' } });
+    const second = await waitFor('the served request to settle', async () => {
+      const r = (await (await fetch(`${gw.url}/requests/${finalId}`)).json()) as RequestRecord;
+      return r.settled ? r : undefined;
+    });
+    expect(second).toMatchObject({ status: 'completed', provider: live.providerId });
+    const t = await totals();
+    expect(t.by_provider[gone.providerId]).toBeUndefined();
+    expect(t.by_provider[live.providerId]?.receipts).toBeGreaterThanOrEqual(1);
+  });
+
+  test('without a preference every request is served, whichever provider the marketplace tickets first', async () => {
+    for (let i = 0; i < 4; i++) {
+      const res = await chat({}, 10 + i);
+      expect(res.status).toBe(200);
+      const body = (await res.json()) as { service: { receipt: DsseEnvelope } };
+      expect(verifyReceipt(body.service.receipt, { provider: live.providerId }).ok).toBe(true);
+    }
+    expect((await totals()).by_provider[gone.providerId]).toBeUndefined();
+  });
+
+  test('tokenize fails over too', async () => {
+    const res = await fetch(`${gw.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-service-prefer-providers': `${gone.providerId},${live.providerId}` },
+      body: JSON.stringify({ model: MODEL, prompt: 'hello world' }),
+    });
+    expect(res.status).toBe(200);
+    expect(((await res.json()) as { provider: string }).provider).toBe(live.providerId);
+  });
+
+  test('when every preferred provider is unreachable: 503 provider_unreachable in the error envelope, nothing billed, the gateway stays up', async () => {
+    const before = await totals();
+    const res = await chat({ 'x-service-prefer-providers': gone.providerId });
+    expect(res.status).toBe(503);
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe('provider_unreachable');
+    const tok = await fetch(`${gw.url}/tokenize`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-service-prefer-providers': gone.providerId },
+      body: JSON.stringify({ model: MODEL, prompt: 'hello' }),
+    });
+    expect(tok.status).toBe(503);
+    expect(((await tok.json()) as { error: { code: string } }).error.code).toBe('provider_unreachable');
+    expect(await totals()).toEqual(before);
+    expect((await chat({}, 99)).status).toBe(200);
+  });
+});
