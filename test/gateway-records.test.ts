@@ -73,14 +73,20 @@ describe('RequestRecords', () => {
     expect(new RequestRecords(10, file).get('live')?.status).toBe('refused');
   });
 
-  test('a write that fails changes nothing in memory', () => {
-    const r = new RequestRecords(10, path.join(dir, 'd.db'));
+  test('a write that fails is reported and the record still changes in memory (the file is bookkeeping, never the answer)', () => {
+    const errors: string[] = [];
+    const r = new RequestRecords(10, path.join(dir, 'd.db'), (e, id) => errors.push(`${id}: ${e.message}`));
     begin(r, 'x');
-    r.close();
-    expect(() => r.fail('x', 'refused', { code: 'no_provider', message: 'x' })).toThrow(/not open/);
-    expect(r.get('x')?.status).toBe('in_progress');
-    expect(() => begin(r, 'y')).toThrow(/not open/);
-    expect(r.size).toBe(1); // 'y' was not kept
+    expect(r.writeErrors).toBe(0);
+    r.close(); // every later write fails
+    expect(r.fail('x', 'refused', { code: 'no_provider', message: 'x' })?.status).toBe('refused');
+    expect(r.get('x')?.status).toBe('refused');
+    begin(r, 'y');
+    expect(r.settle('y', receipt('y'), { ok: true })).toMatchObject({ status: 'completed', cost_micro_usd: '1234567' });
+    r.alias('retry-of-y', 'y');
+    expect(r.get('retry-of-y')?.request_id).toBe('y');
+    expect(r.writeErrors).toBe(4);
+    expect(errors).toEqual([expect.stringMatching(/^x: .*not open/), expect.stringMatching(/^y: /), expect.stringMatching(/^y: /), expect.stringMatching(/^retry-of-y: /)]);
   });
 
   test('a file that is not a database is refused with its path', () => {

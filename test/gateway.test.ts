@@ -398,6 +398,30 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(missing.status).toBe(404);
     expect(((await missing.json()) as { error: { code: string } }).error.code).toBe('request_not_found');
   });
+  test('a records file that fails mid-life costs the buyer nothing: answers, receipts and GET /v1/requests/{id} go on, the failure is logged', async () => {
+    const logged: { obj: Record<string, unknown>; msg?: string }[] = [];
+    const logger = { info: () => {}, warn: () => {}, error: (obj: object, msg?: string) => logged.push({ obj: obj as Record<string, unknown>, msg }) };
+    const g = await createGateway({ market: marketUrl, port: 0, recordsPath: path.join(dir, 'failing-records.db'), logger });
+    try {
+      g.records.close(); // from here on every write to the file fails, as on a full or broken disk
+      const secret = 'a prompt that must never reach a log';
+      const r = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: secret }], max_tokens: 5, seed: 4 }) });
+      expect(r.status).toBe(200);
+      const body = (await r.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+      expect(verified(body.service.receipt).status).toBe('completed');
+      const s = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: secret }], max_tokens: 5, seed: 4, stream: true }) });
+      expect(s.status).toBe(200);
+      expect(await s.text()).toContain('data: [DONE]');
+      await g.idle();
+      const rec = (await (await fetch(`${g.url}/requests/${body.service.request_id}`)).json()) as RequestRecord;
+      expect(rec).toMatchObject({ status: 'completed', settled: true, receipt: body.service.receipt });
+      expect(g.records.writeErrors).toBeGreaterThanOrEqual(4);
+      expect(logged.some((l) => l.obj.request_id === body.service.request_id && /records file/.test(l.msg ?? ''))).toBe(true);
+      expect(JSON.stringify(logged)).not.toContain(secret);
+    } finally {
+      await g.close();
+    }
+  });
   test('with a records file, GET /v1/requests/{id} answers after the gateway restarts', async () => {
     const file = path.join(dir, 'gateway-records.db');
     const first = await createGateway({ market: marketUrl, port: 0, recordsPath: file });

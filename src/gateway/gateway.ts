@@ -317,7 +317,9 @@ interface Paid {
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
-  const records = new RequestRecords(opts.maxRecords, opts.recordsPath);
+  const records = new RequestRecords(opts.maxRecords, opts.recordsPath, (e, id) =>
+    log.error({ request_id: id, err: e.message }, 'request record not written to the records file (kept in memory)'),
+  );
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;
   const providerIdleMs = opts.providerIdleMs ?? PROVIDER_IDLE_DEFAULT_MS;

@@ -59,9 +59,18 @@ export class RequestRecords {
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
 
-  /** `file`: an SQLite file that keeps every record across restarts (created if missing). */
-  constructor(limit = 10_000, file?: string) {
+  private readonly onWriteError: ((e: Error, requestId: string) => void) | undefined;
+  private failedWrites = 0;
+
+  /**
+   * `file`: an SQLite file that keeps every record across restarts (created if missing).
+   * `onWriteError`: told of every write to the file that fails (disk full, I/O error). The record
+   * still changes in memory: the file is the gateway's own bookkeeping, and a buyer's answer (whose
+   * receipt the node and the marketplace hold) must never turn into an error because of it.
+   */
+  constructor(limit = 10_000, file?: string, onWriteError?: (e: Error, requestId: string) => void) {
     this.limit = limit;
+    this.onWriteError = onWriteError;
     if (file === undefined) return;
     let db: Database.Database | undefined;
     try {
@@ -108,7 +117,10 @@ export class RequestRecords {
   private live(id: string): RequestRecord | undefined {
     const hit = this.map.get(id);
     if (hit || !this.load) return hit;
-    const rec = this.get(id);
+    let rec: RequestRecord | undefined;
+    // A file that cannot be read is reported like one that cannot be written: the change is lost
+    // to this (evicted) record, never to the request that is making it.
+    this.write(id, () => (rec = this.get(id)));
     if (rec) this.map.set(rec.request_id, rec);
     return rec;
   }
@@ -121,13 +133,27 @@ export class RequestRecords {
     this.db?.close();
   }
 
+  /** Writes to the records file that failed since start (the records stayed in memory). */
+  get writeErrors(): number {
+    return this.failedWrites;
+  }
+
   private save(rec: RequestRecord): void {
-    this.put?.run(rec.request_id, JSON.stringify(rec));
+    this.write(rec.request_id, () => this.put?.run(rec.request_id, JSON.stringify(rec)));
+  }
+
+  private write(requestId: string, run: () => unknown): void {
+    try {
+      run();
+    } catch (e) {
+      this.failedWrites++;
+      this.onWriteError?.(e as Error, requestId);
+    }
   }
 
   begin(r: { request_id: string; endpoint: string; model: string; provider: string | null }): RequestRecord {
     const rec: RequestRecord = { ...r, status: 'in_progress', usage: null, cost: null, cost_micro_usd: null, receipt: null, settled: false, created_at: Date.now(), finished_at: null };
-    this.save(rec); // first: a write that fails changes nothing
+    this.save(rec);
     this.map.delete(r.request_id);
     this.map.set(r.request_id, rec);
     while (this.map.size > this.limit) this.map.delete(this.map.keys().next().value!);
@@ -150,7 +176,7 @@ export class RequestRecords {
     });
   }
 
-  /** Writes the changed record first, then changes it in memory: a failed write changes nothing. */
+  /** Writes the changed record through to the file and changes it in memory. */
   private update(id: string, change: Partial<RequestRecord>): RequestRecord | undefined {
     const rec = this.live(id);
     if (!rec) return undefined;
@@ -164,7 +190,7 @@ export class RequestRecords {
     if (!rec || id === target) return;
     this.map.delete(id);
     this.map.set(id, rec);
-    this.putAlias?.run(id, target);
+    this.write(id, () => this.putAlias?.run(id, target));
   }
 
   /** The request ended without a receipt the gateway accepts. */
