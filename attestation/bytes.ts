@@ -9,6 +9,7 @@ interface BufferLike {
   from(data: string, encoding: string): BufferInstance;
   from(data: ArrayBufferLike, offset: number, length: number): BufferInstance;
   allocUnsafe(n: number): BufferInstance;
+  byteLength(s: string, encoding: string): number;
 }
 const NodeBuffer: BufferLike | undefined = (globalThis as { Buffer?: BufferLike }).Buffer;
 
@@ -103,9 +104,12 @@ export function fromBase64(s: string): Uint8Array | undefined {
  */
 export function decodeBase64Into(s: string, out: Uint8Array, offset: number): boolean {
   const n = base64DecodedLength(s);
-  if (n === undefined || offset + n > out.length) return false;
+  if (n === undefined || !Number.isInteger(offset) || offset < 0 || offset + n > out.length) return false;
   const pad = (s.length / 4) * 3 - n;
   if (NodeBuffer) {
+    // Node's decoder reads only the low byte of each UTF-16 unit ("\u0141" as "A"): anything
+    // beyond ASCII (its UTF-8 is longer than the string) is refused before it gets there.
+    if (NodeBuffer.byteLength(s, 'utf8') !== s.length) return false;
     // Buffer decoding is lenient: it skips characters outside the alphabet, stops at a misplaced
     // "=", accepts the URL alphabet and ignores the unused bits of the last character. Each of
     // those shows as fewer bytes written than the padding implies, a "-" or "_", or nonzero spare
@@ -176,6 +180,14 @@ export function concatBytes(...parts: Uint8Array[]): Uint8Array {
     o += p.length;
   }
   return out;
+}
+
+/**
+ * A fresh copy of the bytes in a plain Uint8Array. (`slice()` is no copy on a Node Buffer: it is a
+ * view of the same memory, so a cache keyed on it would follow the caller's later writes.)
+ */
+export function copyBytes(bytes: Uint8Array): Uint8Array {
+  return new Uint8Array(bytes);
 }
 
 export function bytesEqual(a: Uint8Array, b: Uint8Array): boolean {

@@ -11,7 +11,7 @@
 import * as ed from '@noble/ed25519';
 import { sha512 as nobleSha512 } from '@noble/hashes/sha2.js';
 import { nodeCrypto } from './platform.ts';
-import { bytesEqual, toHex } from './bytes.ts';
+import { bytesEqual, copyBytes, toHex } from './bytes.ts';
 
 ed.hashes.sha512 = nobleSha512;
 
@@ -90,7 +90,7 @@ let lastGoodKey: Uint8Array | undefined;
 function acceptableKey(publicKey: Uint8Array): boolean {
   if (lastGoodKey && bytesEqual(lastGoodKey, publicKey)) return true;
   if (!canonicalY(publicKey) || SMALL_ORDER.has(toHex(publicKey))) return false;
-  lastGoodKey = publicKey.slice();
+  lastGoodKey = copyBytes(publicKey);
   return true;
 }
 

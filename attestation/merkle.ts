@@ -4,7 +4,7 @@
 //
 // Sizes and indices are JavaScript numbers, so everything is limited to Number.MAX_SAFE_INTEGER and
 // uses arithmetic (not 32-bit bitwise operators) on them.
-import { bytesEqual } from './bytes.ts';
+import { bytesEqual, copyBytes } from './bytes.ts';
 import { sha256, sha256Parts, sha256Text } from './hash.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 
@@ -186,7 +186,7 @@ export class MerkleTree {
       }
     }
     let hash = parts.pop()!;
-    if (parts.length === 0) return hash.slice();
+    if (parts.length === 0) return copyBytes(hash);
     while (parts.length > 0) hash = nodeHash(parts.pop()!, hash);
     return hash;
   }

@@ -59,7 +59,7 @@ export function computeCost(usage: Usage, rates: Rates): bigint {
   const tokens = BigInt(usage.input_tokens) * rates.input_per_mtok + BigInt(usage.output_tokens) * rates.output_per_mtok;
   let cost = ceilDiv(tokens, TOKENS_PER_RATE_UNIT);
   for (const [unit, count] of Object.entries(usage.units ?? {})) {
-    const rate = rates.per_unit?.[unit];
+    const rate = rates.per_unit && Object.hasOwn(rates.per_unit, unit) ? rates.per_unit[unit] : undefined;
     if (rate === undefined) throw new RangeError(`no rate for unit "${unit}"`);
     cost += BigInt(count) * rate;
   }

@@ -2,7 +2,7 @@
 // module: Node's crypto is looked up at run time through process.getBuiltinModule (Node 22.3+).
 // Everything that uses it has a pure-TypeScript fallback that gives identical answers.
 
-import { bytesEqual } from './bytes.ts';
+import { bytesEqual, copyBytes } from './bytes.ts';
 
 /** The parts of node:crypto that this package uses. */
 export interface NativeCrypto {
@@ -94,7 +94,7 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       if (lastSeed && bytesEqual(lastSeed, seed)) key = lastPrivateKey;
       else {
         key = cache(privateKeys, keyId(seed), () => c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
-        lastSeed = seed.slice();
+        lastSeed = copyBytes(seed);
         lastPrivateKey = key;
       }
       const s = c.sign(null, message, key);
@@ -106,7 +106,7 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       if (lastPublicBytes && bytesEqual(lastPublicBytes, publicKey)) key = lastPublicKey;
       else {
         key = cache(publicKeys, keyId(publicKey), () => c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }));
-        lastPublicBytes = publicKey.slice();
+        lastPublicBytes = copyBytes(publicKey);
         lastPublicKey = key;
       }
       return c.verify(null, message, key, signature);

@@ -1,6 +1,6 @@
 // Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
 // every field), then the arithmetic (cost from usage and rates, never above the hold).
-import { fromHex, isHex, toHex, utf8 } from './bytes.ts';
+import { copyBytes, fromHex, isHex, toHex, utf8 } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey } from './dsse.ts';
 import { peekPayload, readPayload } from './signed-payload.ts';
 import { sha256 } from './hash.ts';
@@ -53,7 +53,7 @@ function providerKey(p: string | Uint8Array): ProviderKey | undefined {
     if (lastKey?.id === p) return lastKey;
     return isHex(p, 32) ? (lastKey = make(p, fromHex(p))) : undefined;
   }
-  return p instanceof Uint8Array && p.length === 32 ? make(toHex(p), p.slice()) : undefined;
+  return p instanceof Uint8Array && p.length === 32 ? make(toHex(p), copyBytes(p)) : undefined;
 }
 
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {

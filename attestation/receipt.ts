@@ -120,7 +120,7 @@ export function validateReceiptPayload(value: unknown): ReceiptPayload {
   f.micro(rates.output_per_mtok, 'price.rates.output_per_mtok');
   const perUnit = rates.per_unit === undefined ? {} : f.record(rates.per_unit, 'price.rates.per_unit', f.micro);
   for (const unit of Object.keys((usage.units as Record<string, number> | undefined) ?? {})) {
-    if (!(unit in perUnit)) throw new f.FieldError(`usage.units.${unit}`, 'no rate for this unit in price.rates.per_unit');
+    if (!Object.hasOwn(perUnit, unit)) throw new f.FieldError(`usage.units.${unit}`, 'no rate for this unit in price.rates.per_unit');
   }
   f.micro(p.cost_micro_usd, 'cost_micro_usd');
   f.micro(p.hold_micro_usd, 'hold_micro_usd');

@@ -162,6 +162,19 @@ describe('strict verification, fast path and noble agree', () => {
     expect(ed25519Verify(sigA, m, pub)).toBe(false);
   });
 
+  test('the same holds for Node Buffers, whose slice() is a view and not a copy', () => {
+    const a = Buffer.from(fromHex(vectors[0]!.priv));
+    const m = new Uint8Array([4, 5, 6]);
+    ed25519Sign(a, m);
+    a.set(fromHex(vectors[1]!.priv));
+    expect(toHex(ed25519Sign(a, m))).toBe(toHex(ed25519SignNoble(fromHex(vectors[1]!.priv), m)));
+    const pub = Buffer.from(fromHex(vectors[0]!.pub));
+    const sigA = ed25519SignNoble(fromHex(vectors[0]!.priv), m);
+    expect(ed25519Verify(sigA, m, pub)).toBe(true);
+    pub.set(fromHex(vectors[1]!.pub));
+    expect(ed25519Verify(sigA, m, pub)).toBe(false);
+  });
+
   test('sign refuses a seed of the wrong size', () => {
     expect(() => ed25519Sign(seed.subarray(1), msg)).toThrow(RangeError);
   });

@@ -45,6 +45,9 @@ describe('cost = ceil((in × in_rate + out × out_rate) / 10^6) + units × unit_
     const r = { ...rates, per_unit: { images: 40_000n } };
     expect(computeCost({ input_tokens: 10, output_tokens: 0, units: { images: 3 } }, r)).toBe(2n + 120_000n);
     expect(() => computeCost({ input_tokens: 0, output_tokens: 0, units: { seconds: 1 } }, r)).toThrow(/no rate/);
+    for (const inherited of ['constructor', 'toString', '__proto__']) {
+      expect(() => computeCost({ input_tokens: 0, output_tokens: 0, units: JSON.parse(`{"${inherited}": 1}`) }, r), inherited).toThrow(/no rate/);
+    }
   });
   test('maxOutputTokensWithin keeps the worst case within the hold, and one more token would not', () => {
     for (const [hold, input] of [[1000n, 100], [451n, 1000], [1n, 0], [999_999n, 12345]] as const) {

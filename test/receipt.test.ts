@@ -39,6 +39,8 @@ describe('receipt payload validation names the bad field', () => {
     ['usage.output_tokens', (p) => (p.usage = { input_tokens: 1, output_tokens: -1 })],
     ['usage.input_tokens', (p) => (p.usage = { input_tokens: 1.5, output_tokens: 1 })],
     ['usage.units.images', (p) => (p.usage = { input_tokens: 1, output_tokens: 1, units: { images: 1 } })],
+    // A unit named like an inherited property has no rate either (an `in` test would find one).
+    ['usage.units.constructor', (p) => (p.usage = { input_tokens: 1, output_tokens: 1, units: { constructor: 1 } })],
     ['usage_runtime', (p) => (p.usage_runtime = [])],
     ['price.rates.output_per_mtok', (p) => (p.price = { version: 'v', rates: { input_per_mtok: '1', output_per_mtok: 1.5 } })],
     ['cost_micro_usd', (p) => (p.cost_micro_usd = 12)],
