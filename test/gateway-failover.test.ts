@@ -114,6 +114,11 @@ describe('failover past a provider that cannot be reached', () => {
       expect(res.status).toBe(200);
       const body = (await res.json()) as { service: { receipt: DsseEnvelope } };
       expect(verifyReceipt(body.service.receipt, { provider: live.providerId }).ok).toBe(true);
+      // Where the marketplace ticketed the stopped node first, that attempt is on record as such.
+      const id = res.headers.get('x-request-id')!;
+      if (id.endsWith('-f1')) {
+        expect(((await (await fetch(`${gw.url}/requests/${id.slice(0, -3)}`)).json()) as RequestRecord).error?.code).toBe('provider_unreachable');
+      }
     }
     expect((await totals()).by_provider[gone.providerId]).toBeUndefined();
   });
@@ -129,6 +134,7 @@ describe('failover past a provider that cannot be reached', () => {
   });
 
   test('when every preferred provider is unreachable: 503 provider_unreachable in the error envelope, nothing billed, the gateway stays up', async () => {
+    await gw.idle(); // earlier answers' receipts are posted after their responses end
     const before = await totals();
     const res = await chat({ 'x-service-prefer-providers': gone.providerId });
     expect(res.status).toBe(503);

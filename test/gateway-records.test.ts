@@ -73,20 +73,41 @@ describe('RequestRecords', () => {
     expect(new RequestRecords(10, file).get('live')?.status).toBe('refused');
   });
 
-  test('a write that fails is reported and the record still changes in memory (the file is bookkeeping, never the answer)', () => {
+  test('a file that fails is reported and the records still change in memory (the file is bookkeeping, never the answer)', () => {
     const errors: string[] = [];
-    const r = new RequestRecords(10, path.join(dir, 'd.db'), (e, id) => errors.push(`${id}: ${e.message}`));
+    const r = new RequestRecords(10, path.join(dir, 'd.db'), (e, id, op) => errors.push(`${op} ${id}: ${e.message}`));
     begin(r, 'x');
-    expect(r.writeErrors).toBe(0);
-    r.close(); // every later write fails
+    expect(r.fileErrors).toBe(0);
+    r.close(); // every later read and write fails
     expect(r.fail('x', 'refused', { code: 'no_provider', message: 'x' })?.status).toBe('refused');
     expect(r.get('x')?.status).toBe('refused');
     begin(r, 'y');
     expect(r.settle('y', receipt('y'), { ok: true })).toMatchObject({ status: 'completed', cost_micro_usd: '1234567' });
     r.alias('retry-of-y', 'y');
     expect(r.get('retry-of-y')?.request_id).toBe('y');
-    expect(r.writeErrors).toBe(4);
-    expect(errors).toEqual([expect.stringMatching(/^x: .*not open/), expect.stringMatching(/^y: /), expect.stringMatching(/^y: /), expect.stringMatching(/^retry-of-y: /)]);
+    // An id in neither memory nor a readable file is a miss, reported, never an exception.
+    expect(r.get('never-seen')).toBeUndefined();
+    expect(r.fileErrors).toBe(5);
+    expect(errors).toEqual([
+      expect.stringMatching(/^write x: .*not open/),
+      expect.stringMatching(/^write y: /),
+      expect.stringMatching(/^write y: /),
+      expect.stringMatching(/^write retry-of-y: /),
+      expect.stringMatching(/^read never-seen: /),
+    ]);
+  });
+
+  test('a record whose latest change the file lacks is never evicted, so it never reads as older than it is', () => {
+    const r = new RequestRecords(2, path.join(dir, 'e.db'), () => undefined);
+    begin(r, 'saved');
+    r.close(); // the file fails from here on
+    for (const id of ['a', 'b', 'c']) begin(r, id);
+    r.settle('a', receipt('a'), { ok: true });
+    // Over the limit of 2: only 'saved' (in the file) could go; the unsaved ones all stay.
+    expect(r.size).toBe(3);
+    expect(r.get('a')).toMatchObject({ status: 'completed' });
+    for (const id of ['b', 'c']) expect(r.get(id)).toMatchObject({ status: 'in_progress' });
+    expect(r.get('saved')).toBeUndefined(); // evicted, and the file cannot be read: a miss
   });
 
   test('a file that is not a database is refused with its path', () => {

@@ -415,7 +415,11 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
       await g.idle();
       const rec = (await (await fetch(`${g.url}/requests/${body.service.request_id}`)).json()) as RequestRecord;
       expect(rec).toMatchObject({ status: 'completed', settled: true, receipt: body.service.receipt });
-      expect(g.records.writeErrors).toBeGreaterThanOrEqual(4);
+      expect(g.records.fileErrors).toBeGreaterThanOrEqual(4);
+      // An id the gateway never saw: 404 as always, though the file cannot be read.
+      const unknown = await fetch(`${g.url}/requests/req-never-seen`);
+      expect(unknown.status).toBe(404);
+      expect(((await unknown.json()) as { error: { code: string } }).error.code).toBe('request_not_found');
       expect(logged.some((l) => l.obj.request_id === body.service.request_id && /records file/.test(l.msg ?? ''))).toBe(true);
       expect(JSON.stringify(logged)).not.toContain(secret);
     } finally {

@@ -317,8 +317,8 @@ interface Paid {
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
-  const records = new RequestRecords(opts.maxRecords, opts.recordsPath, (e, id) =>
-    log.error({ request_id: id, err: e.message }, 'request record not written to the records file (kept in memory)'),
+  const records = new RequestRecords(opts.maxRecords, opts.recordsPath, (e, id, op) =>
+    log.error({ request_id: id, op, err: e.message }, op === 'write' ? 'request record not written to the records file (kept in memory)' : 'request records file could not be read'),
   );
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;

@@ -59,18 +59,22 @@ export class RequestRecords {
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
 
-  private readonly onWriteError: ((e: Error, requestId: string) => void) | undefined;
-  private failedWrites = 0;
+  private readonly onFileError: ((e: Error, requestId: string, op: 'read' | 'write') => void) | undefined;
+  private failures = 0;
+  /** Ids whose latest change is not in the file (its write failed): kept in memory, not evicted. */
+  private readonly unsaved = new Set<string>();
 
   /**
    * `file`: an SQLite file that keeps every record across restarts (created if missing).
-   * `onWriteError`: told of every write to the file that fails (disk full, I/O error). The record
-   * still changes in memory: the file is the gateway's own bookkeeping, and a buyer's answer (whose
-   * receipt the node and the marketplace hold) must never turn into an error because of it.
+   * `onFileError`: told of every read or write of the file that fails (disk full, I/O error). The
+   * record still changes in memory, and one whose latest change could not be written stays there
+   * (not evicted) until a later write of it succeeds: the file is the gateway's own bookkeeping,
+   * and a buyer's answer (whose receipt the node and the marketplace hold) must never turn into an
+   * error because of it, nor a finished request read as still running.
    */
-  constructor(limit = 10_000, file?: string, onWriteError?: (e: Error, requestId: string) => void) {
+  constructor(limit = 10_000, file?: string, onFileError?: (e: Error, requestId: string, op: 'read' | 'write') => void) {
     this.limit = limit;
-    this.onWriteError = onWriteError;
+    this.onFileError = onFileError;
     if (file === undefined) return;
     let db: Database.Database | undefined;
     try {
@@ -106,10 +110,12 @@ export class RequestRecords {
     );
   }
 
+  /** The record, from memory or the file. A file that cannot be read is reported and counts as a miss. */
   get(id: string): RequestRecord | undefined {
     const hit = this.map.get(id);
     if (hit || !this.load) return hit;
-    const row = this.load.get({ id });
+    let row: { record: string } | undefined;
+    this.guard(id, 'read', () => (row = this.load!.get({ id })));
     return row ? (JSON.parse(row.record) as RequestRecord) : undefined;
   }
 
@@ -117,11 +123,12 @@ export class RequestRecords {
   private live(id: string): RequestRecord | undefined {
     const hit = this.map.get(id);
     if (hit || !this.load) return hit;
-    let rec: RequestRecord | undefined;
-    // A file that cannot be read is reported like one that cannot be written: the change is lost
-    // to this (evicted) record, never to the request that is making it.
-    this.write(id, () => (rec = this.get(id)));
-    if (rec) this.map.set(rec.request_id, rec);
+    // (A file that cannot be read loses the change to this evicted record, never to the request.)
+    const rec = this.get(id);
+    if (rec) {
+      this.map.set(rec.request_id, rec);
+      this.evict();
+    }
     return rec;
   }
 
@@ -133,21 +140,38 @@ export class RequestRecords {
     this.db?.close();
   }
 
-  /** Writes to the records file that failed since start (the records stayed in memory). */
-  get writeErrors(): number {
-    return this.failedWrites;
+  /** Reads and writes of the records file that failed since start (the records stayed in memory). */
+  get fileErrors(): number {
+    return this.failures;
   }
 
   private save(rec: RequestRecord): void {
-    this.write(rec.request_id, () => this.put?.run(rec.request_id, JSON.stringify(rec)));
+    this.stored(rec.request_id, () => this.put?.run(rec.request_id, JSON.stringify(rec)));
   }
 
-  private write(requestId: string, run: () => unknown): void {
+  /** A write of `id`'s row: on failure `id` is pinned in memory until a later write succeeds. */
+  private stored(id: string, run: () => unknown): void {
+    if (this.guard(id, 'write', run)) this.unsaved.delete(id);
+    else this.unsaved.add(id);
+  }
+
+  private guard(requestId: string, op: 'read' | 'write', run: () => unknown): boolean {
     try {
       run();
+      return true;
     } catch (e) {
-      this.failedWrites++;
-      this.onWriteError?.(e as Error, requestId);
+      this.failures++;
+      this.onFileError?.(e as Error, requestId, op);
+      return false;
+    }
+  }
+
+  /** Drops the oldest records beyond the limit, except those the file does not have (see unsaved). */
+  private evict(): void {
+    if (this.map.size <= this.limit) return;
+    for (const id of this.map.keys()) {
+      if (this.map.size <= this.limit) return;
+      if (!this.unsaved.has(id)) this.map.delete(id);
     }
   }
 
@@ -156,7 +180,7 @@ export class RequestRecords {
     this.save(rec);
     this.map.delete(r.request_id);
     this.map.set(r.request_id, rec);
-    while (this.map.size > this.limit) this.map.delete(this.map.keys().next().value!);
+    this.evict();
     return rec;
   }
 
@@ -190,7 +214,8 @@ export class RequestRecords {
     if (!rec || id === target) return;
     this.map.delete(id);
     this.map.set(id, rec);
-    this.write(id, () => this.putAlias?.run(id, target));
+    this.stored(id, () => this.putAlias?.run(id, target));
+    this.evict();
   }
 
   /** The request ended without a receipt the gateway accepts. */
