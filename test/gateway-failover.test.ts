@@ -15,6 +15,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 import { waitFor } from './helpers/wait.ts';
 
 const MODEL = 'tiny/llama';
@@ -26,19 +27,12 @@ let gone: RunningNode;
 let gw: Gateway;
 
 async function nodeIn(name: string): Promise<RunningNode> {
-  fs.mkdirSync(path.join(dir, name));
-  createKeyFile(path.join(dir, name, 'node.key'));
-  const yaml = [
-    'key: ./node.key',
-    'data_dir: ./data',
-    'listen: [/ip4/127.0.0.1/tcp/0]',
-    `marketplace: { url: "${marketUrl}", public_keys: ["${market.publicKey}"] }`,
-    `models: [{ id: ${MODEL}, adapter: llama-embedded, path: ../tiny.gguf, context: 1024, slots: 2, prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" } }]`,
-    'ops: { http: "127.0.0.1:0" }',
-    'receipts: { signer_threads: 1, checkpoint_interval_ms: 0 }',
-    'log_level: error',
-  ].join('\n');
-  return startNode(parseConfig(yaml, path.join(dir, name)));
+  const home = path.join(dir, name);
+  fs.mkdirSync(home);
+  createKeyFile(path.join(home, 'node.key'));
+  writeTinyLlama(path.join(home, 'tiny.gguf'));
+  const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
+  return startNode(parseConfig(yaml, home));
 }
 
 async function providers(): Promise<{ provider: string; live: boolean }[]> {
@@ -63,7 +57,6 @@ beforeAll(async () => {
   // that has just crashed or lost its network is until the marketplace notices.
   market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 60_000 });
   marketUrl = (await market.listen()).url;
-  writeTinyLlama(path.join(dir, 'tiny.gguf'));
   live = await nodeIn('live');
   gone = await nodeIn('gone');
   await waitFor('both nodes to register', async () => {

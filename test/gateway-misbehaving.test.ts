@@ -910,6 +910,26 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
     }
   });
 
+  test('closing waits for a settlement at most its grace: a held receipt POST cannot keep a gateway from stopping', async () => {
+    let release!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
+    proxy.receipt = () => ({ hold });
+    const warned: string[] = [];
+    const g = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, logger: { info: () => {}, warn: (_o, msg) => warned.push(msg ?? ''), error: () => {} } });
+    try {
+      const res = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toNode() }, body: chatBody('held while closing') });
+      expect(res.status).toBe(200);
+      await res.arrayBuffer();
+      await waitFor('the receipt POST to reach the market', async () => (proxy.receiptPosts === 1 ? true : undefined));
+      // Resolves by the grace, not by the market: the POST stays held until after it returns
+      // (without the grace this would wait for the release below, forever).
+      await g.close(300);
+      expect(warned).toContain('gateway closed with settlements still running');
+    } finally {
+      release();
+    }
+  });
+
   test('a 503 with the market\'s envelope, then success: retried once, settled', async () => {
     const { id, rec } = await run((n) => (n === 1 ? { status: 503, body: { error: { code: 'unavailable', message: 'try again' } } } : 'forward'));
     expect(proxy.receiptPosts).toBe(2);

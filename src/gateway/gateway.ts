@@ -95,7 +95,10 @@ export interface Gateway {
   readonly records: RequestRecords;
   /** Resolves when every settlement under way (receipts being verified, fetched or posted) is done. */
   idle(): Promise<void>;
-  /** Stops listening, lets running requests finish for up to graceMs (default 10 s), settles, stops libp2p. */
+  /**
+   * Stops listening, lets running requests finish for up to graceMs (default 10 s), then waits up
+   * to graceMs more for settlements under way, stops libp2p and closes the records.
+   */
   close(graceMs?: number): Promise<void>;
 }
 
@@ -1159,7 +1162,14 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         clearTimeout(force);
       }
       try {
-        await idle();
+        // Settlements (receipts fetched from nodes, posted to the market) get their own grace too:
+        // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
+        // in_progress (with a records file it reads `interrupted` after the next start); the
+        // receipt itself is in the node's log and reaches the market from there.
+        let timer: NodeJS.Timeout | undefined;
+        const drained = await Promise.race([idle().then(() => true), new Promise<false>((r) => (timer = setTimeout(() => r(false), graceMs)))]);
+        clearTimeout(timer);
+        if (!drained) log.warn({ pending: settling.size, grace_ms: graceMs }, 'gateway closed with settlements still running');
         await host.stop();
       } finally {
         records.close();
