@@ -17,10 +17,10 @@ export function sha256Text(s: string): Uint8Array {
   return nobleSha256(utf8(s));
 }
 
-/** SHA-256 of a string's UTF-8 bytes, as lowercase hex. */
-export function sha256TextHex(s: string): string {
-  if (native) return native.hashHex('sha256', s);
-  return toHex(nobleSha256(utf8(s)));
+/** SHA-256 as lowercase hex, of bytes or of a string's UTF-8 bytes. */
+export function sha256Hex(data: Uint8Array | string): string {
+  if (native) return native.hashHex('sha256', data);
+  return toHex(nobleSha256(typeof data === 'string' ? utf8(data) : data));
 }
 
 /** SHA-256 of the parts laid end to end; strings count as their UTF-8 bytes. */

@@ -2,7 +2,7 @@
 // module: Node's crypto is looked up at run time through process.getBuiltinModule (Node 22.3+).
 // Everything that uses it has a pure-TypeScript fallback that gives identical answers.
 
-import { bytesEqual, copyBytes } from './bytes.ts';
+import { bytesEqual, concatBytes, copyBytes } from './bytes.ts';
 
 /** The parts of node:crypto that this package uses. */
 export interface NativeCrypto {
@@ -54,23 +54,33 @@ export function disableNativeCrypto(): void {
   disabled = true;
 }
 
-function wrap(c: NodeCryptoModule): NativeCrypto {
-  const privateKeys = new Map<string, unknown>();
-  const publicKeys = new Map<string, unknown>();
-  const keyCacheLimit = 1024;
-  const cache = (map: Map<string, unknown>, id: string, make: () => unknown) => {
-    let k = map.get(id);
-    if (k === undefined) {
-      if (map.size >= keyCacheLimit) map.clear();
-      k = make();
-      map.set(id, k);
+/**
+ * Node key objects by their raw bytes: the last key compared directly (a node signs with one key,
+ * a log is checked against one), others in a bounded map. Keyed by content, never by object
+ * identity: a caller may reuse a buffer for another key.
+ */
+function keyCache(make: (raw: Uint8Array) => unknown): (raw: Uint8Array) => unknown {
+  const byId = new Map<string, unknown>();
+  let lastBytes: Uint8Array | undefined;
+  let lastKey: unknown;
+  return (raw) => {
+    if (lastBytes && bytesEqual(lastBytes, raw)) return lastKey;
+    const id = keyId(raw);
+    let key = byId.get(id);
+    if (key === undefined) {
+      if (byId.size >= 1024) byId.clear();
+      key = make(raw);
+      byId.set(id, key);
     }
-    return k;
+    lastBytes = copyBytes(raw);
+    lastKey = key;
+    return key;
   };
-  let lastSeed: Uint8Array | undefined;
-  let lastPrivateKey: unknown;
-  let lastPublicBytes: Uint8Array | undefined;
-  let lastPublicKey: unknown;
+}
+
+function wrap(c: NodeCryptoModule): NativeCrypto {
+  const privateKey = keyCache((seed) => c.createPrivateKey({ key: concatBytes(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
+  const publicKey = keyCache((raw) => c.createPublicKey({ key: concatBytes(SPKI_PREFIX, raw), format: 'der', type: 'spki' }));
   const hash = c.hash
     ? (alg: string, data: Uint8Array | string) => c.hash!(alg, data, 'buffer')
     : (alg: string, data: Uint8Array | string) => c.createHash(alg).update(data).digest();
@@ -88,37 +98,13 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
     },
     ed25519Sign(seed, message) {
-      // Keyed by content, never by object identity: a caller may reuse a buffer for another key.
-      // The last seed is compared directly: a node signs everything with one key.
-      let key: unknown;
-      if (lastSeed && bytesEqual(lastSeed, seed)) key = lastPrivateKey;
-      else {
-        key = cache(privateKeys, keyId(seed), () => c.createPrivateKey({ key: join(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
-        lastSeed = copyBytes(seed);
-        lastPrivateKey = key;
-      }
-      const s = c.sign(null, message, key);
+      const s = c.sign(null, message, privateKey(seed));
       return new Uint8Array(s.buffer, s.byteOffset, s.byteLength);
     },
-    ed25519Verify(publicKey, message, signature) {
-      // The last key, compared by content (a caller may reuse a buffer): checking a log repeats one key.
-      let key: unknown;
-      if (lastPublicBytes && bytesEqual(lastPublicBytes, publicKey)) key = lastPublicKey;
-      else {
-        key = cache(publicKeys, keyId(publicKey), () => c.createPublicKey({ key: join(SPKI_PREFIX, publicKey), format: 'der', type: 'spki' }));
-        lastPublicBytes = copyBytes(publicKey);
-        lastPublicKey = key;
-      }
-      return c.verify(null, message, key, signature);
+    ed25519Verify(raw, message, signature) {
+      return c.verify(null, message, publicKey(raw), signature);
     },
   };
-}
-
-function join(a: Uint8Array, b: Uint8Array): Uint8Array {
-  const out = new Uint8Array(a.length + b.length);
-  out.set(a);
-  out.set(b, a.length);
-  return out;
 }
 
 function keyId(bytes: Uint8Array): string {

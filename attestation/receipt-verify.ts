@@ -3,7 +3,7 @@
 import { copyBytes, fromHex, isHex, toHex, utf8 } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey } from './dsse.ts';
 import { peekPayload, readPayload } from './signed-payload.ts';
-import { sha256 } from './hash.ts';
+import { sha256Hex } from './hash.ts';
 import { leafHash } from './merkle.ts';
 import { expectedCost, RECEIPT_PAYLOAD_TYPE, validateReceiptPayload, type ReceiptPayload } from './receipt.ts';
 import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
@@ -82,7 +82,7 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
     if (typeof envelope === 'string' && envelope !== line) {
       return fail('envelope_not_canonical', 'the line is not the canonical JSON of its envelope (the bytes the Merkle leaf commits to)', { seq });
     }
-    out.payloadSha256 = toHex(sha256(payloadBytes));
+    out.payloadSha256 = sha256Hex(payloadBytes);
     out.leafHash = leafHash(utf8(line));
   }
   return ok(out);

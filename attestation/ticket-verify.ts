@@ -4,7 +4,7 @@
 import { fromHex, isHex, toHex } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import { readPayload } from './signed-payload.ts';
-import { sha256 } from './hash.ts';
+import { sha256Hex } from './hash.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 import { TICKET_PAYLOAD_TYPE, validateTicketPayload, type TicketPayload } from './ticket.ts';
 
@@ -61,7 +61,7 @@ function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyO
   if (now + skew < payload.issued_at) return fail('ticket_not_yet_valid', `ticket is issued at ${payload.issued_at}, now is ${now}`);
   if (now - skew >= payload.expires_at) return fail('ticket_expired', `ticket expired at ${payload.expires_at}, now is ${now}`);
   if (opts.body !== undefined) {
-    const digest = typeof opts.body === 'string' ? opts.body : toHex(sha256(opts.body));
+    const digest = typeof opts.body === 'string' ? opts.body : sha256Hex(opts.body);
     if (digest !== payload.body_sha256) return fail('ticket_body_mismatch', 'the request body is not the one the ticket was issued for');
   }
   return ok({ payload, keyid: v.value.keyid });

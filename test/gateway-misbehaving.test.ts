@@ -20,7 +20,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, test } fr
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toBase64, utf8 } from '../attestation/bytes.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
-import { sha256TextHex } from '../attestation/hash.ts';
+import { sha256Hex } from '../attestation/hash.ts';
 import { parseEnvelope, serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { computeCost, formatUsd, type Usage } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -205,7 +205,7 @@ function answersWith(receipt: (ex: Exchange) => string | undefined | Promise<str
   };
 }
 
-const other = sha256TextHex; // the hash of something else
+const other = sha256Hex; // the hash of something else
 
 /** What a run of the scripted node must leave behind when the gateway refused its answer. */
 async function expectRefusedAnswer(res: Response, message: RegExp, before: { receipts: number; requests: number }): Promise<RequestRecord> {

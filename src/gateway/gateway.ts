@@ -23,6 +23,7 @@ import type { ServerResponse } from 'node:http';
 import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
 import { computeCost, formatUsd } from '../../attestation/money.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
@@ -159,7 +160,6 @@ const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\r
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-const sha256Hex = (b: Uint8Array): string => crypto.createHash('sha256').update(b).digest('hex');
 
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
 class ProviderUnreached extends GatewayError {}

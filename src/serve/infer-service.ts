@@ -4,8 +4,8 @@
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import crypto from 'node:crypto';
 import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
-import { concatBytes, toHex, utf8 } from '../../attestation/bytes.ts';
-import { sha256, sha256Parts } from '../../attestation/hash.ts';
+import { concatBytes, utf8 } from '../../attestation/bytes.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
 import { ratesToWire, type AttestationTier, type ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
@@ -148,8 +148,9 @@ export class InferService {
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
       account = checked.ticket.account;
-      // The endpoint is part of the request: the same body sent to another endpoint under the key is another request.
-      lookup = this.o.idempotency.begin(account, key, toHex(sha256Parts(`${p.endpoint}\n`, req.body)));
+      // The endpoint is part of the request: the same body sent to another endpoint under the key is
+      // another request. The ticket check has just matched the body to the ticket's body_sha256.
+      lookup = this.o.idempotency.begin(account, key, sha256Hex(`${p.endpoint}\n${checked.ticket.body_sha256}`));
       if (lookup.kind === 'conflict') throw new Refusal(409, lookup.code, lookup.message);
     } catch (e) {
       return this.refuse(res, e);
@@ -252,7 +253,7 @@ export class InferService {
       } catch {
         status = 'cancelled';
       }
-      const receipt = await this.receipt(model, ticket, req, { status, started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: toHex(sha256(delivered)) });
+      const receipt = await this.receipt(model, ticket, req, { status, started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: sha256Hex(delivered) });
       await res.trailer(receipt).catch(() => undefined); // a buyer who left still has a receipt in the log
     } finally {
       release();

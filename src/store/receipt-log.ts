@@ -13,7 +13,7 @@ import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
 import { envelopeLine, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { FieldError } from '../../attestation/fields.ts';
-import { sha256, sha256TextHex } from '../../attestation/hash.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { MerkleTree } from '../../attestation/merkle.ts';
 import { signNote } from '../../attestation/note.ts';
 import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, receiptPayloadJson, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
@@ -183,7 +183,7 @@ export class ReceiptLog {
       }
       this.nextSeq = this.tree.size;
       this.recentFloor = this.tree.size;
-      this.lastPayloadHash = last ? toHex(sha256(last)) : GENESIS_PREV;
+      this.lastPayloadHash = last ? sha256Hex(last) : GENESIS_PREV;
       const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
       this.lastCheckpointSize = cp?.size ?? 0;
       if (cp && (cp.size > this.tree.size || toHex(this.tree.root(cp.size)) !== toHex(cp.root))) {
@@ -244,7 +244,7 @@ export class ReceiptLog {
     }
     // From here on nothing can fail before the seq is taken: the chain advances in call order.
     this.nextSeq++;
-    this.lastPayloadHash = sha256TextHex(text);
+    this.lastPayloadHash = sha256Hex(text);
     return new Promise<AppendedReceipt>((resolve, reject) => {
       this.pending.push({ payload, text, resolve, reject });
       this.running ??= this.drain();

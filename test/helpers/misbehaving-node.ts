@@ -15,7 +15,7 @@ import type { Stream } from '@libp2p/interface';
 import { toHex, utf8 } from '../../attestation/bytes.ts';
 import { serializeEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
-import { sha256, sha256TextHex } from '../../attestation/hash.ts';
+import { sha256, sha256Hex } from '../../attestation/hash.ts';
 import { computeCost, type Rates } from '../../attestation/money.ts';
 import { signPriceList } from '../../attestation/price-list.ts';
 import { buildReceiptPayload, GENESIS_PREV, ratesToWire, type ReceiptBody } from '../../attestation/receipt.ts';
@@ -98,7 +98,7 @@ export class Exchange {
       ticket_id: this.ticket.ticket_id,
       endpoint: this.ticket.endpoint,
       model: this.ticket.model,
-      model_sha256: sha256TextHex('scripted model'),
+      model_sha256: sha256Hex('scripted model'),
       runtime: { adapter: 'scripted', version: '1' },
       quantization: 'f32',
       status: 'completed',
