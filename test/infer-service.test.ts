@@ -287,6 +287,27 @@ describe('InferService', () => {
     expect(v).toMatchObject({ ok: true, value: { payload: { usage: { input_tokens: body.usage.prompt_tokens, output_tokens: 0 } } } });
   });
 
+  test('embeddings whose runtime fails: 500 runtime_failed naming why, nothing billed, the slot back', async () => {
+    const embed = adapter.embed.bind(adapter);
+    adapter.embed = async () => {
+      throw new Error('the GPU fell off the bus');
+    };
+    const before = log.stats().receipts;
+    const { res, out } = recorder();
+    try {
+      await service.handle(request('embeddings', { model: 'tiny/llama', input: ['hello world'] }), res);
+    } finally {
+      adapter.embed = embed;
+    }
+    expect(out.head?.status).toBe(500);
+    expect(out.trailer).toEqual({ error: { code: 'runtime_failed', message: expect.stringMatching(/the GPU fell off the bus/) } });
+    expect(log.stats().receipts).toBe(before);
+    // The admission slot came back: the next request is served.
+    const again = recorder();
+    await service.handle(request('embeddings', { model: 'tiny/llama', input: ['hello world'] }), again.res);
+    expect(again.out.head?.status).toBe(200);
+  });
+
   test('embeddings whose input costs more than the hold are refused before any work: 403, no receipt', async () => {
     const { res, out } = recorder();
     const before = log.stats().receipts;

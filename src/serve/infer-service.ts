@@ -231,7 +231,14 @@ export class InferService {
       return this.refuse(res, admissionRefusal(e));
     }
     try {
-      const e = await model.adapter.embed(p.input, tokens);
+      let e: Awaited<ReturnType<typeof model.adapter.embed>>;
+      try {
+        e = await model.adapter.embed(p.input, tokens);
+      } catch (err) {
+        // Nothing reached the buyer and nothing is billed: a refusal that says why.
+        const why = err instanceof Error ? err.message.slice(0, 200) : 'the runtime failed';
+        return await this.refuse(res, new Refusal(500, 'runtime_failed', `the run failed: ${why}`));
+      }
       const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
       const body = utf8(
         JSON.stringify({
