@@ -5,6 +5,9 @@ import { signEnvelope, type DsseEnvelope } from './dsse.ts';
 import * as f from './fields.ts';
 import { ATTESTATION_TIERS, type AttestationTier } from './receipt.ts';
 
+/** The longest a request may wait for a slot (X-Service-Max-Wait-Ms, routing.max_wait_ms, a model's max_wait_ms). */
+export const MAX_WAIT_MS = 60_000;
+
 export const TICKET_PAYLOAD_TYPE = 'application/vnd.service.ticket.v1+json';
 export const TICKET_VERSION = 1;
 
@@ -79,7 +82,7 @@ export function validateTicketPayload(value: unknown): TicketPayload {
   }
   if (r.max_wait_ms !== undefined) {
     const w = f.uint(r.max_wait_ms, 'routing.max_wait_ms');
-    if (w > 60000) throw new f.FieldError('routing.max_wait_ms', 'expected 0 to 60000');
+    if (w > MAX_WAIT_MS) throw new f.FieldError('routing.max_wait_ms', `expected 0 to ${MAX_WAIT_MS}`);
   }
   for (const k of ['max_cost_micro_usd', 'max_input_price_micro_usd_per_mtok', 'max_output_price_micro_usd_per_mtok', 'max_request_price_micro_usd'] as const) {
     if (r[k] !== undefined) f.micro(r[k], `routing.${k}`);

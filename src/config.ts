@@ -10,6 +10,7 @@ import path from 'node:path';
 import YAML from 'yaml';
 import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
+import { MAX_WAIT_MS } from '../attestation/ticket.ts';
 import { parseHostPort } from './host-port.ts';
 
 export class ConfigError extends Error {
@@ -223,7 +224,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       },
       slots: int(full.slots, `${where}.slots`, 1, 1024),
       queue: int(full.queue, `${where}.queue`, 0, 100_000),
-      max_wait_ms: int(full.max_wait_ms, `${where}.max_wait_ms`, 0, 60_000),
+      max_wait_ms: int(full.max_wait_ms, `${where}.max_wait_ms`, 0, MAX_WAIT_MS),
     };
   });
 

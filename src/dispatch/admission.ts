@@ -21,7 +21,7 @@ export class Admission {
   readonly slots: number;
   readonly queueLimit: number;
   /** How long a request that names no wait of its own may wait for a slot (default 0: not at all). */
-  readonly defaultMaxWaitMs: number;
+  private readonly defaultMaxWaitMs: number;
   private running = 0;
   private readonly waiting: Waiter[] = [];
   private closed = false;

@@ -5,8 +5,8 @@
 // must be the same request, and its hold is capped at the estimate's maximum, so a higher live
 // maximum is refused before any hold.
 import crypto from 'node:crypto';
-import { computeCost } from '../../attestation/money.ts';
-import { ratesFromWire } from '../../attestation/receipt.ts';
+import { canonicalBytes } from '../../attestation/canonical-json.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 
 const ESTIMATE_TTL_MS = 10 * 60_000;
 
@@ -35,8 +35,13 @@ export interface Estimate {
   expiresAt: number;
 }
 
-export function priceEstimate(inputTokens: number, maxOutputTokens: number, rates: { input_per_mtok: string; output_per_mtok: string }): bigint {
-  return computeCost({ input_tokens: inputTokens, output_tokens: maxOutputTokens }, ratesFromWire(rates));
+/** SHA-256 of a JSON body's canonical form (RFC 8785), what an estimate is keyed on; a body that is not JSON hashes as its bytes. */
+export function canonicalBodySha256(body: Uint8Array): string {
+  try {
+    return sha256Hex(canonicalBytes(JSON.parse(Buffer.from(body).toString('utf8'))));
+  } catch {
+    return sha256Hex(body);
+  }
 }
 
 export class EstimateStore {

@@ -22,7 +22,7 @@ import type { AddressInfo } from 'node:net';
 import type { ServerResponse } from 'node:http';
 import { fastify, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
-import { concatBytes, utf8 } from '../../attestation/bytes.ts';
+import { concatBytes } from '../../attestation/bytes.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
 import { computeCost, formatUsd } from '../../attestation/money.ts';
@@ -36,13 +36,14 @@ import { peerIdFromProviderId } from '../p2p/peer-id.ts';
 import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
 import type { JsonObject } from '../p2p/frames.ts';
 import { errorBody, GatewayError, invalid, readErrorBody } from './errors.ts';
-import { EstimateStore, ESTIMATE_ENDPOINTS, priceEstimate } from './estimates.ts';
+import { canonicalBodySha256, EstimateStore, ESTIMATE_ENDPOINTS } from './estimates.ts';
 import { ContractError, MAX_REQUEST_BODY, parseRequest, type ParsedRequest } from '../serve/contract.ts';
 import { MarketClient, type ProviderEntry, type TicketRequest } from './market-client.ts';
 import { checkReceipt, type CheckedReceipt, type ReceiptExpectation } from './receipt-check.ts';
 import { RequestRecords, type RequestRecord } from './records.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
-import { quantizationBucket, REPRESENTATIVE_REQUEST_TEXT, representativePrice } from '../dispatch/routing.ts';
+import { quantizationBucket, REPRESENTATIVE_REQUEST_TEXT, representativePrice, worstCaseCost } from '../dispatch/routing.ts';
+import { settledWithin } from '../settled-within.ts';
 
 export const GATEWAY_DEFAULT_PORT = 11435;
 /** How long a provider may send nothing before the gateway cuts it off (--provider-idle-ms). */
@@ -160,6 +161,13 @@ const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\r
 const noopLogger: GatewayLogger = { info: () => undefined, warn: () => undefined, error: () => undefined };
 const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** Why a request that ended without a trailer is recorded as it is, when its node has no receipt. */
+const NO_RECEIPT = {
+  lost_hedge: { code: 'hedge_cancelled', message: "the hedge's other attempt was used; this one was cancelled before it did any work; nothing was charged" },
+  abandoned: { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' },
+  failed: { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' },
+} as const;
 
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
 class ProviderUnreached extends GatewayError {}
@@ -279,14 +287,6 @@ class IdleWatch {
   }
 }
 
-/** SHA-256 of a JSON body's canonical form (RFC 8785); undefined-safe: a body that is not JSON hashes as its bytes. */
-function canonicalBodySha256(body: Uint8Array): string {
-  try {
-    return sha256Hex(utf8(canonicalize(JSON.parse(Buffer.from(body).toString('utf8')))));
-  } catch {
-    return sha256Hex(body);
-  }
-}
 
 /** The routing controls an estimate is bound to, as one string (the cap and the estimate id aside). */
 function routingKey(c: RoutingControls): string {
@@ -375,11 +375,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // ---- paid endpoints ------------------------------------------------------------------------
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
-  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold = controls.routing.max_cost_micro_usd): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown; rates?: WireRates }> {
+  async function takeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<{ ticket: TicketPayload; provider: string; target: Multiaddr[]; envelope: unknown; rates?: WireRates }> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
-    const maxCost = hold;
-    if (maxCost !== undefined) ask.max_cost_micro_usd = maxCost;
+    if (hold !== undefined) ask.max_cost_micro_usd = hold;
     if (controls.preferredProviders) ask.providers = controls.preferredProviders;
     const grant = await market.ticket(ask);
     const key = await market.marketKey();
@@ -389,7 +388,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // The market issues the ticket under the request id it was given (docs/market-api.md): one for
     // any other id is another request's, and taking it would put this request's record over that one.
     if (t.endpoint !== endpoint || t.model !== model || t.request_id !== requestId || grant.request_id !== requestId) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
-    if (maxCost !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(maxCost)) {
+    if (hold !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(hold)) {
       throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
     }
     // The market applies the set; a ticket for anyone else is still never used.
@@ -449,21 +448,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
-  function settleFromNode(p: Paid, why: 'abandoned' | 'failed', lostHedge = false): Promise<void> {
+  function settleFromNode(p: Paid, why: 'abandoned' | 'failed' | 'lost_hedge'): Promise<void> {
     return track(
       p.requestId,
       (async () => {
         const c = await fetchReceipt(p);
         if (c === undefined) {
-          records.fail(
-            p.requestId,
-            why,
-            lostHedge
-              ? { code: 'hedge_cancelled', message: "the hedge's other attempt was used; this one was cancelled before it did any work; nothing was charged" }
-              : why === 'abandoned'
-                ? { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' }
-                : { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' },
-          );
+          records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
         } else if (!c.ok) {
           records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
         } else {
@@ -520,10 +511,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
   async function ticketFor(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, idem: string | undefined, hold?: string) {
     const first = idem === undefined ? undefined : idempotentAt.get(idempotentKey(endpoint, idem));
-    let granted: (Awaited<ReturnType<typeof takeTicket>> & { remembered?: boolean }) | undefined;
+    let granted: Awaited<ReturnType<typeof takeTicket>> | undefined;
     if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
       try {
-        granted = { ...(await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold)), remembered: true };
+        granted = await takeTicket(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold);
       } catch (e) {
         // That provider is gone or cannot take it now: the retry runs elsewhere (and is billed there).
         if (!(e instanceof GatewayError) || (e.code !== 'no_provider' && e.status !== 503)) throw e;
@@ -604,8 +595,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
           controls = { ...controls, routing: { ...controls.routing, hedge: false } };
           continue;
         }
+        // (Only an attempt with failovers left throws a plain Failover: see paidAttempt's mayFailOver.)
         tried.push(e.provider);
-        if (n >= MAX_FAILOVERS) throw e.error;
       }
     }
   }
@@ -624,7 +615,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const halved = hedge && cap !== undefined;
     const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? uncappedHold;
     let granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
-    const hedged = hedge && !granted.remembered ? await hedgeTicket(endpoint, model, bodySha256, controls, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
+    // (A retry going back to its first provider is never hedged: `retry` turned the hedge off.)
+    const hedged = hedge ? await hedgeTicket(endpoint, model, bodySha256, controls, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
     // The second provider was listed but could not be ticketed: one attempt, with the whole cap.
     if (halved && !hedged) granted = await ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap);
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
@@ -681,7 +673,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         a.p.requestId,
         running[attempts.indexOf(a)]!.then((r) => {
           r.res?.abort('lost the hedge');
-          return settleFromNode(a.p, 'abandoned', true);
+          return settleFromNode(a.p, 'lost_hedge');
         }),
       );
     }
@@ -1052,7 +1044,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // As the node: max_tokens beyond what the context leaves is refused, never cut.
     if (parsed.endpoint !== 'embeddings' && asked !== undefined && asked > room) throw new GatewayError(400, 'context_length_exceeded', `input (${inputTokens}) plus max_tokens (${asked}) exceed the model's context of ${c!.context ?? 0}`);
     const maxOutput = parsed.endpoint === 'embeddings' ? 0 : (asked ?? room);
-    const maxHold = priceEstimate(inputTokens, maxOutput, rates);
+    const maxHold = worstCaseCost({ inputTokens, maxOutputTokens: maxOutput }, ratesFromWire(rates));
     const est = estimates.add({
       endpoint,
       model: parsed.model,
@@ -1125,7 +1117,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     // wait (bounded) for the settled record rather than show it half done.
     const deadline = Date.now() + receiptFetchMs + 5000;
     for (let pending = settling.get(id); pending && Date.now() < deadline; pending = settling.get(id)) {
-      await Promise.race([pending, sleep(Math.max(0, deadline - Date.now()))]);
+      await settledWithin(pending, Math.max(0, deadline - Date.now()));
     }
     const rec = records.get(id);
     if (!rec) throw new GatewayError(404, 'request_not_found', `unknown request ${id}`);
@@ -1166,10 +1158,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
         // in_progress (with a records file it reads `interrupted` after the next start); the
         // receipt itself is in the node's log and reaches the market from there.
-        let timer: NodeJS.Timeout | undefined;
-        const drained = await Promise.race([idle().then(() => true), new Promise<false>((r) => (timer = setTimeout(() => r(false), graceMs)))]);
-        clearTimeout(timer);
-        if (!drained) log.warn({ pending: settling.size, grace_ms: graceMs }, 'gateway closed with settlements still running');
+        if (!(await settledWithin(idle(), graceMs))) log.warn({ pending: settling.size, grace_ms: graceMs }, 'gateway closed with settlements still running');
         await host.stop();
       } finally {
         records.close();

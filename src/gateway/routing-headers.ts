@@ -5,7 +5,7 @@
 import { quantizationBucket } from '../dispatch/routing.ts';
 import { parseUsd } from '../../attestation/money.ts';
 import type { AttestationTier } from '../../attestation/receipt.ts';
-import type { TicketRouting } from '../../attestation/ticket.ts';
+import { MAX_WAIT_MS, type TicketRouting } from '../../attestation/ticket.ts';
 import { invalid } from './errors.ts';
 
 export interface RoutingControls {
@@ -109,7 +109,7 @@ export function parseRoutingHeaders(headers: HeaderBag): RoutingControls {
     routing.min_tokens_per_second = n;
   }
   v = get('X-Service-Max-Wait-Ms');
-  if (v !== undefined) routing.max_wait_ms = integer('X-Service-Max-Wait-Ms', v, 0, 60000);
+  if (v !== undefined) routing.max_wait_ms = integer('X-Service-Max-Wait-Ms', v, 0, MAX_WAIT_MS);
   v = get('X-Service-Max-Cost-Usd');
   if (v !== undefined) routing.max_cost_micro_usd = usdMicro('X-Service-Max-Cost-Usd', v);
   v = get('X-Service-Max-Input-Price-Per-Million-Usd');

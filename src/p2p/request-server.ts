@@ -13,6 +13,7 @@ import { FrameError, frameLimits, type FrameLimits, type JsonObject } from './fr
 import { FrameReader, StreamError } from './frame-io.ts';
 import { StreamResponseWriter, type ResponseWriter } from './response-writer.ts';
 import { PeerIdentityError, providerIdFromPeerId } from './peer-id.ts';
+import { settledWithin } from '../settled-within.ts';
 
 export interface IncomingRequest {
   head: JsonObject;
@@ -213,7 +214,7 @@ export async function handleRequests(
       while (exchanges.size > 0) {
         const left = deadline - Date.now();
         if (left <= 0) return false;
-        await settledWithin([...exchanges], left);
+        await settledWithin(Promise.allSettled([...exchanges].map((x) => x.done)), left);
       }
       return true;
     },
@@ -228,19 +229,7 @@ export async function handleRequests(
       const running = [...exchanges];
       // Resetting the stream fires each handler's signal through the stream's 'close' event.
       for (const x of running) x.stream.abort(new StreamError('aborted', 'the server is stopping'));
-      await settledWithin(running, stopTimeoutMs);
+      await settledWithin(Promise.allSettled(running.map((x) => x.done)), stopTimeoutMs);
     },
   };
-}
-
-/** Resolves when every exchange has finished, or after `ms`, whichever comes first. */
-async function settledWithin(exchanges: readonly { done: Promise<unknown> }[], ms: number): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([
-    Promise.allSettled(exchanges.map((x) => x.done)),
-    new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, ms);
-    }),
-  ]);
-  clearTimeout(timer);
 }
