@@ -36,7 +36,7 @@ import { startNode, type RunningNode } from '../src/node.ts';
 import type { JsonObject } from '../src/p2p/frames.ts';
 import { Exchange, MarketProxy, SCRIPTED_RATES, SCRIPTED_USAGE, ScriptedNode, type Behaviour, type TicketGrant } from './helpers/misbehaving-node.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
-import { waitFor } from './helpers/wait.ts';
+import { waitFor, waitForListed } from './helpers/wait.ts';
 
 const MODEL = 'tiny/llama';
 const RECEIPT_FETCH_MS = 800;
@@ -64,10 +64,7 @@ beforeAll(async () => {
   scripted = await ScriptedNode.start(dir);
   scripted.behaviour = honest;
   await scripted.register(marketUrl);
-  await waitFor('both providers to be listed', async () => {
-    const list = (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string }[];
-    return [node.providerId, scripted.providerId].every((id) => list.some((p) => p.provider === id)) ? true : undefined;
-  });
+  await waitForListed(marketUrl, [node.providerId, scripted.providerId]);
   gw = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS });
 });
 
@@ -919,12 +916,16 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
     try {
       const res = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toNode() }, body: chatBody('held while closing') });
       expect(res.status).toBe(200);
+      const id = res.headers.get('x-request-id')!;
       await res.arrayBuffer();
       await waitFor('the receipt POST to reach the market', async () => (proxy.receiptPosts === 1 ? true : undefined));
       // Resolves by the grace, not by the market: the POST stays held until after it returns
       // (without the grace this would wait for the release below, forever).
       await g.close(300);
       expect(warned).toContain('gateway closed with settlements still running');
+      release();
+      // The held POST goes through once released: later tests count the market's receipts.
+      await waitFor('the released receipt to reach the market', async () => ((await marketHas(id)) ? true : undefined));
     } finally {
       release();
     }

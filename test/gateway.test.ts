@@ -20,7 +20,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
-import { waitFor } from './helpers/wait.ts';
+import { waitFor, waitForListed } from './helpers/wait.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 
 const RATES = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
@@ -43,10 +43,7 @@ beforeAll(async () => {
   const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl, context: CONTEXT, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
   node = await startNode(parseConfig(yaml, dir));
   // The node registers itself with the market (marketplace.url); wait until the market lists it.
-  await waitFor('the node to register', async () => {
-    const list = (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string }[];
-    return list.some((p) => p.provider === node.providerId) ? true : undefined;
-  });
+  await waitForListed(marketUrl, [node.providerId]);
   gw = await createGateway({ market: marketUrl, port: 0 });
   client = new OpenAI({ baseURL: gw.url, apiKey: 'sk-svc-v1-test', maxRetries: 0 });
 });

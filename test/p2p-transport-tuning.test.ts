@@ -99,12 +99,16 @@ describe('transport tuning', () => {
     }
   });
 
-  it('corking is applied once per connection and refused for a connection without a TCP socket', () => {
-    const conn = client.getConnections(server.peerId)[0]!;
-    expect(corkConnectionWrites(conn)).toBe(true); // already corked: still true, not wrapped twice
-    const sendData = (conn as unknown as { maConn: { sendData: unknown } }).maConn.sendData;
-    corkConnectionWrites(conn);
-    expect((conn as unknown as { maConn: { sendData: unknown } }).maConn.sendData).toBe(sendData);
+  it('corking is applied once per connection and refused for a connection without a TCP socket', async () => {
+    const { stream, conn } = await openStream();
+    try {
+      // The host corked this connection when it opened: corking it again is a no-op that says so.
+      const sendData = (conn as unknown as { maConn: { sendData: unknown } }).maConn.sendData;
+      expect(corkConnectionWrites(conn)).toBe(true);
+      expect((conn as unknown as { maConn: { sendData: unknown } }).maConn.sendData).toBe(sendData);
+    } finally {
+      await stream.close();
+    }
     expect(corkConnectionWrites({} as Connection)).toBe(false);
     expect(corkConnectionWrites({ maConn: { socket: {} } } as unknown as Connection)).toBe(false);
   });

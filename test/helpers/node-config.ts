@@ -1,5 +1,11 @@
 // The YAML of a node serving the tiny model from ./tiny.gguf with the key ./node.key, as the
-// end-to-end tests start it (through the CLI or startNode).
+// end-to-end tests start it (through the CLI or startNode), and such a node started in-process.
+import fs from 'node:fs';
+import path from 'node:path';
+import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
+import { parseConfig } from '../../src/config.ts';
+import { createKeyFile } from '../../src/identity.ts';
+import { startNode, type RunningNode } from '../../src/node.ts';
 
 export interface TinyNodeConfig {
   /** The marketplace key the node trusts (hex). */
@@ -35,4 +41,12 @@ export function tinyNodeConfigYaml(c: TinyNodeConfig): string {
     `log_level: ${c.logLevel ?? 'warn'}`,
     c.extra ?? '',
   ].join('\n');
+}
+
+/** A node in a new folder `home` (its key, the tiny model, `tinyNodeConfigYaml(c)`), started in-process. */
+export async function startTinyNode(home: string, c: TinyNodeConfig): Promise<RunningNode> {
+  fs.mkdirSync(home, { recursive: true });
+  createKeyFile(path.join(home, 'node.key'));
+  writeTinyLlama(path.join(home, 'tiny.gguf'));
+  return startNode(parseConfig(tinyNodeConfigYaml(c), home));
 }

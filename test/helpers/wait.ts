@@ -15,3 +15,15 @@ export async function waitFor<T>(what: string, fn: () => T | undefined | Promise
 export async function until(what: string, check: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
   await waitFor(what, async () => ((await check()) ? true : undefined), ms, 20);
 }
+
+/** Resolves once the marketplace at `marketUrl` lists every provider id of `ids` (GET /v1/providers). */
+export async function waitForListed(marketUrl: string, ids: readonly string[]): Promise<void> {
+  await until(
+    `the market to list ${ids.length === 1 ? 'the provider' : `all ${ids.length} providers`}`,
+    async () => {
+      const list = (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string }[];
+      return ids.every((id) => list.some((p) => p.provider === id));
+    },
+    15_000,
+  );
+}
