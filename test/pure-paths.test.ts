@@ -2,6 +2,7 @@
 // native one (computed here with Node directly).
 import crypto from 'node:crypto';
 import { beforeAll, describe, expect, test } from 'vitest';
+import { LENIENT_BASE64 } from './helpers/base64-cases.ts';
 
 const NodeBuffer = Buffer;
 let bytes: typeof import('../attestation/bytes.ts');
@@ -30,7 +31,7 @@ describe('pure TypeScript paths give the native answers', () => {
       expect(bytes.fromBase64(s)).toEqual(b);
       expect(bytes.toHex(b)).toBe(NodeBuffer.from(b).toString('hex'));
     }
-    for (const bad of ['QQ', 'QQ=', 'QR==', 'QUJ=', 'Q Q==', 'QQ==\n', '-_8=', 'QQ==QQ==', '====', 'A===', '\u0141AAA', 'QQ\u013D=', '\u012DAAA']) expect(bytes.fromBase64(bad), bad).toBeUndefined();
+    for (const bad of LENIENT_BASE64) expect(bytes.fromBase64(bad), bad).toBeUndefined();
   });
   test('sha256 and sha512 (noble)', () => {
     const d = new Uint8Array(crypto.randomBytes(1000));
