@@ -22,6 +22,7 @@ import { readiness, startRegistration, type Registration } from './registration.
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
+import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
 
 export class NodeStartError extends Error {
@@ -65,15 +66,16 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   fs.mkdirSync(config.data_dir, { recursive: true });
   const models = new Map<string, ServedModel>();
   const adapters: RuntimeAdapter[] = [];
-  const cleanup: (() => Promise<void> | void)[] = [];
+  // Shutdown steps, named: one that hangs is reported by name (see stopStep), and undone in reverse.
+  const cleanup: [string, () => Promise<void> | void][] = [];
   const undo = async () => {
-    for (const c of cleanup.reverse()) await Promise.resolve(c()).catch(() => undefined);
+    for (const [name, c] of cleanup.reverse()) await stopStep(logger, name, c);
   };
   try {
     for (const m of config.models) {
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
       await adapter.start();
-      cleanup.push(() => adapter.stop());
+      cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       adapters.push(adapter);
       const tps = await measureTokensPerSecond(adapter);
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
@@ -91,12 +93,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       checkpointEvery: config.receipts.checkpoint_every,
       checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
     });
-    cleanup.push(() => log.close());
+    cleanup.push(['receipt log', () => log.close()]);
     const db = openStateDb(path.join(config.data_dir, 'state.db'));
-    cleanup.push(() => void db.close());
+    cleanup.push(['state database', () => void db.close()]);
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const pruner = setInterval(() => gate.prune(), 60_000).unref();
-    cleanup.push(() => clearInterval(pruner));
+    cleanup.push(['ticket pruner', () => clearInterval(pruner)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
@@ -121,7 +123,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       },
     });
     const host = await createHost({ seed: identity.seed, listen: config.listen });
-    cleanup.push(() => host.stop());
+    cleanup.push(['libp2p host', () => host.stop()]);
     let stopping = false;
     let registration: Registration | undefined;
     const infer = await serveInfer(host, service);
@@ -154,7 +156,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       }),
     });
     const opsAddr = await ops.listen();
-    cleanup.push(() => ops.close());
+    cleanup.push(['ops HTTP', () => ops.close()]);
     const addresses = host.getMultiaddrs().map((a) => a.toString());
     if (config.marketplace.url) {
       registration = startRegistration({
@@ -170,7 +172,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         logger,
       });
       const r = registration;
-      cleanup.push(() => r.stop());
+      cleanup.push(['marketplace registration', () => r.stop()]);
     }
     logger.info({ provider_id: identity.providerId, peer_id: host.peerId.toString(), addresses, ops: opsAddr.url, price_version: prices.payload.version }, 'node started');
     return {
@@ -184,9 +186,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         stopping = true;
         for (const m of models.values()) m.admission.close();
         if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
-        await infer.stop();
-        await logServer.stop();
-        await capacity.stop();
+        await stopStep(logger, 'infer protocol', () => infer.stop());
+        await stopStep(logger, 'log protocol', () => logServer.stop());
+        await stopStep(logger, 'capacity protocol', () => capacity.stop());
         await undo(); // closes the receipt log last of all: it flushes every receipt first
         logger.info({}, 'node stopped');
       },
