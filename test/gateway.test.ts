@@ -258,6 +258,23 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect([pricey.status, ((await pricey.json()) as { error: { code: string } }).error.code]).toEqual([403, 'price_ceiling_exceeded']);
   });
 
+  test('estimates for embeddings: each input counted on its own; one longer than the context is refused, as the node refuses it', async () => {
+    const estimate = (input: string[]) => fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'EMBEDDINGS', body: { model: MODEL, input } }) });
+    const fits = ['hello world', 'the cat sat'];
+    const r = await estimate(fits);
+    expect(r.status).toBe(200);
+    const est = (await r.json()) as { input_tokens: number; max_output_tokens: number; max_hold: string };
+    const counts = (await Promise.all(fits.map((prompt) => countTokens({ prompt })))).reduce((a, b) => a + b, 0);
+    expect(est).toMatchObject({ input_tokens: counts, max_output_tokens: 0, max_hold: costUsd(counts, 0) });
+
+    const long = 'the quick brown fox jumps over the lazy dog '.repeat(CONTEXT);
+    expect(await countTokens({ prompt: long })).toBeGreaterThan(CONTEXT);
+    const over = await estimate(['hello world', long]);
+    expect([over.status, ((await over.json()) as { error: { code: string } }).error.code]).toEqual([400, 'context_length_exceeded']);
+    const run = await fetch(`${gw.url}/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, input: ['hello world', long] }) });
+    expect([run.status, ((await run.json()) as { error: { code: string } }).error.code]).toEqual([400, 'context_length_exceeded']);
+  });
+
   test('embeddings: one vector per input, billed for input tokens only', async () => {
     const input = ['hello world', 'the cat sat'];
     const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

@@ -5,8 +5,9 @@
 // must be the same request, and its hold is capped at the estimate's maximum, so a higher live
 // maximum is refused before any hold.
 import crypto from 'node:crypto';
-import { canonicalBytes } from '../../attestation/canonical-json.ts';
+import { canonicalBytes, canonicalize } from '../../attestation/canonical-json.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
+import type { RoutingControls } from './routing-headers.ts';
 
 const ESTIMATE_TTL_MS = 10 * 60_000;
 
@@ -42,6 +43,12 @@ export function canonicalBodySha256(body: Uint8Array): string {
   } catch {
     return sha256Hex(body);
   }
+}
+
+/** The routing controls an estimate is bound to, as one string (the cap and the estimate id aside). */
+export function routingKey(c: RoutingControls): string {
+  const { max_cost_micro_usd: _cap, ...routing } = c.routing;
+  return canonicalize({ routing, preferred: c.preferredProviders ?? null });
 }
 
 export class EstimateStore {

@@ -1,0 +1,245 @@
+// POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings: the paid endpoints.
+// The exact body bytes are hashed, the X-Service-* headers become the ticket's routing, the
+// marketplace issues a ticket (Ticketing), the provider is dialled by its PeerId, and its answer
+// is relayed (Relay). A provider that cannot start the request fails over to the next; a hedged
+// request races two providers.
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { sha256Hex } from '../../attestation/hash.ts';
+import type { JsonObject } from '../p2p/frames.ts';
+import type { Host } from '../p2p/host.ts';
+import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
+import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
+import { GatewayError, invalid, readErrorBody } from './errors.ts';
+import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates.ts';
+import { IdleWatch } from './idle-watch.ts';
+import type { RequestRecords } from './records.ts';
+import type { Relay } from './relay.ts';
+import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
+import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
+import type { Settlements } from './settlement.ts';
+import { PAID_ENDPOINTS, paidOf, type PaidEndpoint, type Ticketing } from './tickets.ts';
+
+export interface PaidRouteDeps {
+  host: Host;
+  ticketing: Ticketing;
+  relay: Relay;
+  settlements: Settlements;
+  records: RequestRecords;
+  estimates: EstimateStore;
+  /** How long a provider may send nothing (IdleWatch). */
+  providerIdleMs: number;
+}
+
+/** How many times a paid request moves on to another provider that could not start it. */
+const MAX_FAILOVERS = 2;
+
+/** A provider could not start the request (nothing done, nothing charged): the next one may. */
+class Failover extends Error {
+  readonly provider: string;
+  readonly error: GatewayError;
+  /** Not the provider's fault: the hedge's half cap was too small; run once, unhedged. */
+  readonly unhedge: boolean;
+  constructor(provider: string, error: GatewayError, unhedge = false) {
+    super(error.message);
+    this.provider = provider;
+    this.error = error;
+    this.unhedge = unhedge;
+  }
+}
+
+/** A paid request as the buyer sent it: the same for every attempt at it. */
+interface PaidAsk {
+  endpoint: PaidEndpoint;
+  body: Buffer;
+  model: string;
+  bodySha256: string;
+  idem: string | undefined;
+  /** The hold when the buyer sets no cap: for embeddings, one that covers the whole batch. */
+  uncappedHold: string | undefined;
+}
+
+export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void {
+  const { ticketing, relay, settlements, records } = d;
+
+  /**
+   * A paid request. When its provider cannot start it (unreachable, or no capacity: nothing done,
+   * nothing charged) it fails over to the next provider: the next of X-Service-Prefer-Providers in
+   * order (never one outside the set), else any other live provider of the model; a few times at
+   * most, each attempt under its own request id and ticket. Hedged requests already run twice and
+   * do not fail over.
+   */
+  async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+    let controls = parseRoutingHeaders(req.headers);
+    const body = bodyBytes(req);
+    const model = peekModel(body);
+    // What every attempt sends: worked out once, however many attempts there are.
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers), uncappedHold: undefined };
+    if (controls.estimateId !== undefined) {
+      // The request must be the one estimated, under the same routing controls; its hold is capped
+      // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
+      const est = d.estimates.get(controls.estimateId);
+      if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
+      if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== canonicalBodySha256(body)) throw invalid('X-Service-Estimate', 'the estimate is for another request');
+      if (est.routing !== routingKey(controls)) throw invalid('X-Service-Estimate', 'the estimate was made under other routing controls');
+      const asked = controls.routing.max_cost_micro_usd;
+      const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
+      controls.routing.max_cost_micro_usd = cap.toString();
+    }
+    if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = await ticketing.embeddingsHold(model, body);
+    const tried: string[] = [];
+    let lastFailure: GatewayError | undefined;
+    for (let n = 0; ; n++) {
+      // After the first attempt the buyer's wait is spent: every later one starts at once or refuses.
+      let routed = n > 0 ? { ...controls, routing: { ...controls.routing, max_wait_ms: 0 } } : controls;
+      if (n > 0 && tried.length > 0) {
+        const rest = controls.preferredProviders
+          ? controls.preferredProviders.filter((id) => !tried.includes(id))
+          : await ticketing.liveProvidersOf(model, tried);
+        if (rest.length === 0) throw lastFailure!;
+        // The first provider already had the buyer's whole wait: the next starts now or refuses.
+        routed = { ...routed, preferredProviders: rest };
+      }
+      try {
+        return await paidAttempt(ask, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
+      } catch (e) {
+        if (!(e instanceof Failover)) throw e;
+        lastFailure = e.error;
+        if (e.unhedge) {
+          // Half the cap could not pay for a hedged attempt: run once, with the whole cap.
+          controls = { ...controls, routing: { ...controls.routing, hedge: false } };
+          continue;
+        }
+        // (Only an attempt with failovers left throws a plain Failover: see paidAttempt's mayFailOver.)
+        tried.push(e.provider);
+      }
+    }
+  }
+
+  async function paidAttempt(ask: PaidAsk, reply: FastifyReply, controls: RoutingControls, requestId: string, mayFailOver: boolean): Promise<unknown> {
+    const { endpoint, body, model, bodySha256, idem, uncappedHold } = ask;
+    // A hedge runs twice: under X-Service-Max-Cost-Usd each attempt holds half the cap, so the two
+    // together never hold more than the buyer allowed (the cap still judges the request; each node
+    // caps its generation at what its hold pays for). Without a second provider it runs once, with
+    // the whole cap; if half the cap cannot pay for an attempt, it runs once too (see paid()).
+    // A retry going back to the provider that answered it is answered from its record: nothing to race.
+    const retry = ticketing.isRetry(endpoint, idem);
+    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? await ticketing.liveProvidersOf(model, []) : [];
+    const hedge = live.length >= 2;
+    const cap = controls.routing.max_cost_micro_usd;
+    const halved = hedge && cap !== undefined;
+    const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? uncappedHold;
+    let granted = await ticketing.ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
+    // (A retry going back to its first provider is never hedged: `retry` turned the hedge off.)
+    const hedged = hedge ? await ticketing.hedgeTicket(endpoint, model, bodySha256, controls, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
+    // The second provider was listed but could not be ticketed: one attempt, with the whole cap.
+    if (halved && !hedged) granted = await ticketing.ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap);
+    const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
+      const ac = new AbortController();
+      return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
+    });
+    for (const a of attempts) records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
+
+    // A buyer who leaves cancels the request at the node: its stream is reset, generation stops,
+    // and the node writes a `cancelled` receipt for what it delivered.
+    const raw = reply.raw;
+    const gone = new AbortController();
+    let finishedStream = false; // the whole SSE answer ([DONE]) was relayed: nothing left to cancel
+    const onClose = (): void => {
+      if (!raw.writableFinished && !finishedStream) gone.abort(new Error('the buyer left'));
+    };
+    raw.on('close', onClose);
+    if (raw.destroyed) onClose();
+    for (const a of attempts) gone.signal.addEventListener('abort', () => a.ac.abort(gone.signal.reason), { once: true });
+
+    // Dispatch every attempt; the first to answer 200 wins, a refusal waits for the other.
+    type Outcome = { ok: true; a: (typeof attempts)[number]; res: P2pResponse; head: JsonObject } | { ok: false; a: (typeof attempts)[number]; stage: 'connect' | 'head'; e: Error; res?: P2pResponse };
+    const dispatch = async (a: (typeof attempts)[number]): Promise<Outcome> => {
+      let res: P2pResponse;
+      try {
+        res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal });
+      } catch (e) {
+        return { ok: false, a, stage: 'connect', e: e as Error };
+      }
+      try {
+        const head = await res.head;
+        a.idle.kick();
+        return { ok: true, a, res, head };
+      } catch (e) {
+        return { ok: false, a, stage: 'head', e: e as Error, res };
+      }
+    };
+    const running = attempts.map(dispatch);
+    let outcome = await Promise.race(running);
+    /** Whether the other half of a hedge failed without starting (not reached, or refused before work). */
+    let otherNotStarted = false;
+    if (attempts.length > 1 && !(outcome.ok && outcome.head.status === 200)) {
+      const other = await running[outcome.a === attempts[0] ? 1 : 0]!;
+      if (other.ok && other.head.status === 200) outcome = other;
+      else otherNotStarted = other.ok ? other.head.status === 403 || other.head.status === 503 : other.stage === 'connect';
+    }
+    // The loser is cancelled; what it did is settled from its node's log.
+    for (const a of attempts) {
+      if (a === outcome.a) continue;
+      a.idle.stop();
+      a.ac.abort(new Error('lost the hedge'));
+      // Tracked at once, so close() waits for this settlement before it closes the records.
+      void settlements.track(
+        a.p.requestId,
+        running[attempts.indexOf(a)]!.then((r) => {
+          r.res?.abort('lost the hedge');
+          return settlements.settleFromNode(a.p, 'lost_hedge');
+        }),
+      );
+    }
+    const p = outcome.a.p;
+    reply.header('x-request-id', p.requestId);
+    const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
+      records.fail(p.requestId, status, { code: e.code, message: e.message });
+      // Nothing was done and nothing charged: the next provider may start it.
+      if (mayFailOver && attempts.length === 1 && !gone.signal.aborted && e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) {
+        raw.off('close', onClose);
+        throw new Failover(p.provider, e);
+      }
+      // A hedged pair under half the cap each, neither started (refused, or no capacity): half the
+      // cap may be what stopped them, so the request runs once, with the whole cap.
+      if (halved && attempts.length === 2 && otherNotStarted && !gone.signal.aborted && (e.status === 403 || e.status === 503)) {
+        raw.off('close', onClose);
+        throw new Failover(p.provider, e, true);
+      }
+      throw e;
+    };
+
+    const idle = outcome.a.idle;
+    if (!outcome.ok) {
+      idle.stop();
+      if (gone.signal.aborted) return relay.abandon(p, reply);
+      if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
+      // The stream opened but no head came: the provider may have started; its log knows.
+      void settlements.settleFromNode(p, 'failed');
+      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${d.providerIdleMs} ms`);
+      throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
+    }
+    const { res, head } = outcome;
+    const status = typeof head.status === 'number' ? head.status : 0;
+    if (status === 200 && idem !== undefined) ticketing.remember(endpoint, idem, p.provider);
+    const headers = isObj(head.headers) ? head.headers : {};
+    if (status !== 200) {
+      // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.
+      let trailer: JsonObject = {};
+      try {
+        trailer = (await readResponse(res)).trailer;
+      } catch {
+        // fall through: no error envelope
+      }
+      idle.stop();
+      const err = readErrorBody(trailer);
+      if (!err || status < 400 || status > 599) return fail('bad_provider_response', new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`));
+      return fail('refused', new GatewayError(status, err.code, err.message));
+    }
+    const contentType = typeof headers['content-type'] === 'string' ? headers['content-type'] : '';
+    if (contentType.startsWith('text/event-stream')) return relay.relayStream(p, res, reply, gone.signal, idle, () => (finishedStream = true));
+    return relay.relayBody(p, res, reply, gone.signal, idle);
+  }
+
+  for (const endpoint of PAID_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => paid(endpoint, req, reply));
+}

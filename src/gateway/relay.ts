@@ -1,0 +1,261 @@
+// Relaying a provider's answer to the buyer. A JSON body is collected, checked against its
+// receipt and sent with `service.receipt`. A stream is relayed event by event as it arrives, its
+// closing event held until the trailer's receipt verifies. The buyer leaving cancels the request
+// at the node; a provider that breaks off ends the stream with an error event. Every receipt is
+// settled in the background (Settlements).
+import crypto from 'node:crypto';
+import type { ServerResponse } from 'node:http';
+import type { FastifyReply } from 'fastify';
+import { concatBytes } from '../../attestation/bytes.ts';
+import { formatUsd } from '../../attestation/money.ts';
+import type { JsonObject } from '../p2p/frames.ts';
+import type { Response as P2pResponse } from '../p2p/request-stream.ts';
+import { errorBody, GatewayError } from './errors.ts';
+import type { IdleWatch } from './idle-watch.ts';
+import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
+import type { RequestRecords } from './records.ts';
+import { isObj } from './request-body.ts';
+import type { Settlements, VerifiedReceipt } from './settlement.ts';
+import { endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT } from './sse-events.ts';
+import type { Paid } from './tickets.ts';
+
+export const JSON_TYPE = 'application/json; charset=utf-8';
+
+export interface RelayDeps {
+  settlements: Settlements;
+  records: RequestRecords;
+  /** For the provider_timeout message: how long a provider may stay silent. */
+  providerIdleMs: number;
+}
+
+export class Relay {
+  private readonly d: RelayDeps;
+
+  constructor(deps: RelayDeps) {
+    this.d = deps;
+  }
+
+  /** The buyer left: the node's receipt (if it did any work) is settled in the background. */
+  abandon(p: Paid, reply: FastifyReply): FastifyReply {
+    void this.d.settlements.settleFromNode(p, 'abandoned');
+    reply.hijack();
+    return reply;
+  }
+
+  /** The provider's answer broke off (the buyer still there): its receipt, if any, is settled from the node's log. */
+  private brokeOff(p: Paid, e: unknown, idle: IdleWatch, what: 'answer' | 'stream'): GatewayError {
+    void this.d.settlements.settleFromNode(p, 'failed');
+    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${this.d.providerIdleMs} ms and was cut off`);
+    return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
+  }
+
+  /** The TRAILER's receipt checked against the answer relayed; a bad one fails the record. */
+  private checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): CheckedReceipt {
+    const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
+    if (!checked.ok) this.d.records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
+    return checked;
+  }
+
+  async relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch): Promise<unknown> {
+    const hash = crypto.createHash('sha256');
+    const parts: Uint8Array[] = [];
+    let trailer: JsonObject | undefined;
+    try {
+      for await (const f of res.frames) {
+        idle.kick();
+        if (f.kind === 'data') {
+          hash.update(f.bytes);
+          parts.push(f.bytes);
+        } else trailer = f.value;
+      }
+    } catch (e) {
+      if (gone.aborted) return this.abandon(p, reply);
+      throw this.brokeOff(p, e, idle, 'answer');
+    } finally {
+      idle.stop();
+    }
+    const checked = this.checkTrailer(p, trailer, hash);
+    if (!checked.ok) throw new GatewayError(502, 'bad_provider_response', checked.message);
+    const id = checked.payload.request_id; // an idempotent retry is answered with the first request's receipt
+    if (id !== p.requestId) reply.header('x-request-id', id);
+    // Settled in the background: the buyer's answer waits for the receipt to verify, never for the
+    // market (GET /v1/requests/{id} and close() wait for the settlement).
+    if (checked.payload.status !== 'completed') {
+      this.d.settlements.settleLater(id, checked, p.requestId);
+      return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope } });
+    }
+    let body: unknown;
+    try {
+      body = JSON.parse(Buffer.concat(parts).toString('utf8'));
+    } catch {
+      body = undefined;
+    }
+    const problem = !isObj(body) ? 'the body is not a JSON object' : usageMismatch(body, checked);
+    if (problem) {
+      this.d.records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: problem });
+      throw new GatewayError(502, 'bad_provider_response', problem);
+    }
+    const out = body as Record<string, unknown>;
+    out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope };
+    this.d.settlements.settleLater(id, checked, p.requestId);
+    return reply.code(200).type(JSON_TYPE).send(JSON.stringify(out));
+  }
+
+  async relayStream(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch, markFinished: () => void): Promise<unknown> {
+    // Once the buyer has the whole answer ([DONE]) they may ask for the record at once, while the
+    // trailer is still on its way: GET /v1/requests/{id} then waits for this relay to settle.
+    let relayed!: () => void;
+    const whenRelayed = new Promise<void>((r) => (relayed = r));
+    let tracking = false;
+    const finished = (): void => {
+      markFinished();
+      if (!tracking) void this.d.settlements.track(p.requestId, whenRelayed);
+      tracking = true;
+    };
+    try {
+      return await this.relayStreamFrames(p, res, reply, gone, idle, finished);
+    } finally {
+      idle.stop();
+      relayed();
+    }
+  }
+
+  private async relayStreamFrames(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch, finished: () => void): Promise<unknown> {
+    /** Relays what is pending (after anything held), unheld: an event too large to hold, or the stream's unterminated end. */
+    const flushPending = async (): Promise<void> => {
+      if (held) await write(held);
+      held = undefined;
+      const chunks = pending;
+      pending = [];
+      pendingBytes = 0;
+      for (const c of chunks) await write(c);
+    };
+    /** The gateway's own closing error event, on a line of its own even after an unterminated event. */
+    const endWithError = (code: string, message: string): void => {
+      if (openEvent && !raw.destroyed && !raw.writableEnded) raw.write('\n\n');
+      endStream(raw, code, message);
+    };
+    reply.hijack();
+    const raw = reply.raw;
+    raw.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+      'x-request-id': p.requestId,
+      'x-service-stream-mode': 'live',
+    });
+    raw.flushHeaders();
+    const hash = crypto.createHash('sha256');
+    let trailer: JsonObject | undefined;
+    // The stream's last event ([DONE], or the responses protocol's closing event) is held until the
+    // receipt verifies: a client stops reading there, so an answer whose receipt fails must end
+    // with the error event instead.
+    // Events are relayed whole: bytes after a frame's last blank line wait for the frame that ends
+    // their event, so a closing event split across frames is still recognised and held. An event
+    // larger than MAX_HELD_EVENT is relayed as it comes instead (never held, never buffered whole).
+    let held: Uint8Array | undefined;
+    let pending: Uint8Array[] = [];
+    let pendingBytes = 0;
+    /** The last bytes written end inside an event (no blank line after them). */
+    let openEvent = false;
+    const write = async (bytes: Uint8Array): Promise<void> => {
+      if (!bytes.length) return;
+      openEvent = !endsWithBlankLine(bytes);
+      if (gone.aborted || raw.destroyed || raw.write(bytes)) return;
+      // The buyer is slow to read: that wait is theirs, not the provider's.
+      idle.pause();
+      try {
+        await drained(raw);
+      } finally {
+        idle.resume();
+      }
+    };
+    try {
+      for await (const f of res.frames) {
+        idle.kick();
+        if (f.kind === 'data') {
+          hash.update(f.bytes);
+          const end = eventsEndAcross(pending[pending.length - 1], f.bytes);
+          if (end === 0) {
+            pending.push(f.bytes);
+            pendingBytes += f.bytes.length;
+            if (pendingBytes > MAX_HELD_EVENT) await flushPending();
+            continue;
+          }
+          const events = pending.length ? concatBytes(...pending, f.bytes.subarray(0, end)) : f.bytes.subarray(0, end);
+          pending = end < f.bytes.length ? [f.bytes.subarray(end)] : [];
+          pendingBytes = f.bytes.length - end;
+          if (held) await write(held); // more after the last event: relayed in order, as sent
+          const cut = lastEventAt(events);
+          held = isTerminalEvent(events.subarray(cut)) ? events.subarray(cut) : undefined;
+          if (held) finished();
+          await write(held ? events.subarray(0, cut) : events);
+        } else trailer = f.value;
+      }
+      if (pendingBytes) await flushPending(); // bytes that end no event: relayed as they are
+    } catch (e) {
+      if (gone.aborted) {
+        void this.d.settlements.settleFromNode(p, 'abandoned');
+        return reply;
+      }
+      // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
+      finished();
+      const err = this.brokeOff(p, e, idle, 'stream');
+      endWithError(err.code, err.message);
+      return reply;
+    }
+    finished();
+    const work = (async () => {
+      const checked = this.checkTrailer(p, trailer, hash);
+      if (!checked.ok) {
+        endWithError('bad_provider_response', checked.message);
+        return;
+      }
+      if (checked.payload.status !== 'completed') {
+        // The run failed or was cut short at the node: its receipt bills only what it delivered.
+        const why = isObj(trailer?.error) && typeof trailer.error.message === 'string' ? `: ${trailer.error.message.slice(0, 200)}` : '';
+        endWithError('provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
+      } else {
+        if (held) await write(held);
+        endStream(raw);
+      }
+      // The stream has ended: the market is told after, never in the buyer's way.
+      await this.d.settlements.settle(checked.payload.request_id, checked, p.requestId);
+    })();
+    await this.d.settlements.track(p.requestId, work);
+    return reply;
+  }
+}
+
+/** Ends a relayed stream; with an error, as one last SSE event the buyer's client reports. */
+function endStream(raw: ServerResponse, code?: string, message?: string): void {
+  if (raw.destroyed || raw.writableEnded) return;
+  if (code) raw.write(`data: ${JSON.stringify(errorBody(code, message ?? code))}\n\n`);
+  raw.end();
+}
+
+/** Resolves once the response can take more bytes, or has closed. */
+function drained(raw: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      raw.off('drain', done);
+      raw.off('close', done);
+      resolve();
+    };
+    raw.on('drain', done);
+    raw.on('close', done);
+  });
+}
+
+/** Why a completed JSON body disagrees with its receipt (usage and cost), or undefined. */
+function usageMismatch(body: Record<string, unknown>, r: VerifiedReceipt): string | undefined {
+  const u = body.usage;
+  if (!isObj(u)) return undefined;
+  const p = r.payload;
+  if (u.prompt_tokens !== undefined && u.prompt_tokens !== p.usage.input_tokens) return `usage.prompt_tokens is ${String(u.prompt_tokens)}, the receipt says ${p.usage.input_tokens}`;
+  if (u.completion_tokens !== undefined && u.completion_tokens !== p.usage.output_tokens) return `usage.completion_tokens is ${String(u.completion_tokens)}, the receipt says ${p.usage.output_tokens}`;
+  if (u.input_tokens !== undefined && u.input_tokens !== p.usage.input_tokens) return `usage.input_tokens is ${String(u.input_tokens)}, the receipt says ${p.usage.input_tokens}`;
+  if (u.output_tokens !== undefined && u.output_tokens !== p.usage.output_tokens) return `usage.output_tokens is ${String(u.output_tokens)}, the receipt says ${p.usage.output_tokens}`;
+  if (u.cost !== undefined && u.cost !== formatUsd(BigInt(p.cost_micro_usd))) return `usage.cost is ${String(u.cost)}, the receipt says ${formatUsd(BigInt(p.cost_micro_usd))}`;
+  return undefined;
+}

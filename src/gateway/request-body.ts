@@ -1,0 +1,31 @@
+// What the gateway reads of a buyer's request before a ticket: the exact body bytes, the model it
+// names and its Idempotency-Key. The node checks the whole contract.
+import type { FastifyRequest } from 'fastify';
+import { invalid } from './errors.ts';
+
+export const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+
+/** The exact body bytes (the content-type parser hands every body over untouched). */
+export function bodyBytes(req: FastifyRequest): Buffer {
+  return Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
+}
+
+/** The model a body names: enough to ask for a ticket. */
+export function peekModel(body: Uint8Array): string {
+  let value: unknown;
+  try {
+    value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+  } catch {
+    throw invalid('body', 'expected UTF-8 JSON');
+  }
+  if (!isObj(value)) throw invalid('body', 'expected a JSON object');
+  if (typeof value.model !== 'string' || value.model.length === 0 || value.model.length > 256) throw invalid('model', 'expected a model id');
+  return value.model;
+}
+
+export function idempotencyKey(headers: FastifyRequest['headers']): string | undefined {
+  const v = headers['idempotency-key'];
+  if (v === undefined) return undefined;
+  if (Array.isArray(v) || v.length === 0 || v.length > 256) throw invalid('Idempotency-Key', 'expected 1 to 256 characters');
+  return v;
+}

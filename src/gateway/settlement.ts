@@ -1,0 +1,148 @@
+// Settling paid requests: every verified receipt is posted to the marketplace (retried briefly
+// while it is unreachable) and recorded; a request that ended without a trailer has its receipt
+// fetched from the node's log (/service/log/1.0.0) first. Settlements run in the background and are
+// tracked by request id, so that GET /v1/requests/{id} and close() can wait for them.
+import type { Host } from '../p2p/host.ts';
+import { LOG_PROTOCOL } from '../p2p/log-protocol.ts';
+import { readResponse, request as p2pRequest } from '../p2p/request-stream.ts';
+import { settledWithin } from '../settled-within.ts';
+import { GatewayError } from './errors.ts';
+import type { GatewayLogger } from './gateway-logger.ts';
+import type { MarketClient } from './market-client.ts';
+import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
+import type { RequestRecord, RequestRecords } from './records.ts';
+import type { Paid } from './tickets.ts';
+
+export type VerifiedReceipt = Extract<CheckedReceipt, { ok: true }>;
+
+/** Why a request that ended without a trailer ended, when its node has no receipt for it. */
+export type EarlyEnd = 'abandoned' | 'failed' | 'lost_hedge';
+
+/** How a request that ended early is recorded when its node has no receipt. */
+const NO_RECEIPT = {
+  lost_hedge: { code: 'hedge_cancelled', message: "the hedge's other attempt was used; this one was cancelled before it did any work; nothing was charged" },
+  abandoned: { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' },
+  failed: { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' },
+} as const;
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export interface SettlementDeps {
+  log: GatewayLogger;
+  market: MarketClient;
+  records: RequestRecords;
+  host: Host;
+  /** How long to keep asking a node for the receipt of a request that ended early. */
+  receiptFetchMs: number;
+}
+
+export class Settlements {
+  private readonly d: SettlementDeps;
+  /** Settlements under way, by request id. */
+  private readonly settling = new Map<string, Promise<void>>();
+
+  constructor(deps: SettlementDeps) {
+    this.d = deps;
+  }
+
+  /** How many settlements are under way. */
+  get pending(): number {
+    return this.settling.size;
+  }
+
+  /** Runs `work` as the settlement of request `id`: failures are logged, and waiters see it. */
+  track(id: string, work: Promise<void>): Promise<void> {
+    const p = work.catch((e: unknown) => this.d.log.error({ request_id: id, err: (e as Error)?.message }, 'settlement failed'));
+    this.settling.set(id, p);
+    void p.finally(() => {
+      if (this.settling.get(id) === p) this.settling.delete(id);
+    });
+    return p;
+  }
+
+  /** Waits (until `deadline`, epoch ms) for the settlement of request `id`, including one that starts while waiting. */
+  async waitFor(id: string, deadline: number): Promise<void> {
+    for (let pending = this.settling.get(id); pending && Date.now() < deadline; pending = this.settling.get(id)) {
+      await settledWithin(pending, Math.max(0, deadline - Date.now()));
+    }
+  }
+
+  /** Resolves when every settlement under way (and any they start) is done. */
+  async idle(): Promise<void> {
+    while (this.settling.size > 0) await Promise.allSettled([...this.settling.values()]);
+  }
+
+  /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
+  async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<RequestRecord | undefined> {
+    const { market, records, log } = this.d;
+    let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        const ack = await market.postReceipt(r.line);
+        outcome = ack.ok ? { ok: true } : { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' };
+        break;
+      } catch (e) {
+        const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
+        outcome = { ok: false, code: g.code, message: g.message };
+        if (g.status < 500) break; // the market refused it: retrying will not change that
+        await sleep(200 * (attempt + 1));
+      }
+    }
+    if (!outcome.ok) log.warn({ request_id: id, code: outcome.code, message: outcome.message }, 'receipt not settled with the marketplace');
+    if (!records.get(id)) records.begin({ request_id: id, endpoint: r.payload.endpoint, model: r.payload.model, provider: r.payload.provider });
+    const rec = records.settle(id, r, outcome);
+    if (askedAs !== undefined && askedAs !== id) records.alias(askedAs, id);
+    return rec;
+  }
+
+  /** Settles a verified receipt in the background: the buyer's answer never waits for the market. */
+  settleLater(id: string, r: VerifiedReceipt, askedAs?: string): void {
+    void this.track(id, this.settle(id, r, askedAs).then(() => undefined));
+  }
+
+  /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
+  settleFromNode(p: Paid, why: EarlyEnd): Promise<void> {
+    const { records, log } = this.d;
+    return this.track(
+      p.requestId,
+      (async () => {
+        const c = await this.fetchReceipt(p);
+        if (c === undefined) {
+          records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
+        } else if (!c.ok) {
+          records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
+        } else {
+          await this.settle(p.requestId, c);
+        }
+        log.info({ request_id: p.requestId, status: records.get(p.requestId)?.status }, 'request ended early');
+      })(),
+    );
+  }
+
+  /**
+   * The receipt of a request whose stream ended early (the buyer left, or the connection broke),
+   * from the node's log, retried until it is there or `receiptFetchMs` has passed.
+   */
+  private async fetchReceipt(p: Paid): Promise<CheckedReceipt | undefined> {
+    const deadline = Date.now() + this.d.receiptFetchMs;
+    let last: CheckedReceipt | undefined;
+    for (let delay = 50; ; delay = Math.min(delay * 2, 400)) {
+      try {
+        const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal: AbortSignal.timeout(3000) }));
+        if (r.head.status === 200) {
+          const v = JSON.parse(Buffer.from(r.body).toString('utf8')) as { receipts?: unknown };
+          for (const line of Array.isArray(v.receipts) ? v.receipts : []) {
+            const c = checkReceipt(line, p.exp);
+            if (c.ok) return c;
+            last = c;
+          }
+          if (last) return last;
+        }
+      } catch (e) {
+        this.d.log.warn({ request_id: p.requestId, err: (e as Error).message }, 'receipt fetch failed');
+      }
+      if (Date.now() + delay > deadline) return undefined;
+      await sleep(delay);
+    }
+  }
+}

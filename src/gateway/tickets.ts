@@ -1,0 +1,157 @@
+// Tickets for the gateway's paid requests: asked of the marketplace, checked against what was
+// asked (market key, body hash, request id, cost cap, preferred providers), and steered: a retry
+// under an Idempotency-Key goes back to the provider that answered it, a hedge goes elsewhere.
+import type { Multiaddr } from '@multiformats/multiaddr';
+import { computeCost } from '../../attestation/money.ts';
+import type { WireRates } from '../../attestation/receipt.ts';
+import type { TicketPayload } from '../../attestation/ticket.ts';
+import { verifyTicket } from '../../attestation/ticket-verify.ts';
+import { dialTarget } from './dial-target.ts';
+import { GatewayError } from './errors.ts';
+import type { MarketClient, TicketRequest } from './market-client.ts';
+import type { ReceiptExpectation } from './receipt-check.ts';
+import type { RoutingControls } from './routing-headers.ts';
+
+export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
+export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
+
+/** A ticket the marketplace granted, checked, with where to dial its provider. */
+export interface Granted {
+  ticket: TicketPayload;
+  provider: string;
+  target: Multiaddr[];
+  envelope: unknown;
+  rates?: WireRates;
+}
+
+/** One attempt at a paid request: its ticket, its provider and what its receipt must say. */
+export interface Paid {
+  endpoint: PaidEndpoint;
+  requestId: string;
+  body: Buffer;
+  bodySha256: string;
+  ticket: TicketPayload;
+  provider: string;
+  target: Multiaddr[];
+  idempotent: boolean;
+  exp: ReceiptExpectation;
+}
+
+/** The Paid record of a granted ticket. */
+export function paidOf(endpoint: PaidEndpoint, model: string, body: Buffer, bodySha256: string, granted: Granted, idempotent: boolean): Paid {
+  const t = granted.ticket;
+  return {
+    endpoint,
+    requestId: t.request_id,
+    body,
+    bodySha256,
+    ticket: t,
+    provider: granted.provider,
+    target: granted.target,
+    idempotent,
+    exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint, model, bodySha256, holdMicroUsd: t.max_cost_micro_usd, priceVersion: t.price_version, ...(granted.rates ? { rates: granted.rates } : {}) },
+  };
+}
+
+/** How many Idempotency-Keys the gateway remembers the answering provider of. */
+const IDEMPOTENT_REMEMBERED = 10_000;
+
+export class Ticketing {
+  private readonly market: MarketClient;
+  /**
+   * Idempotency-Key → the provider its first attempt went to. A node answers a retry from its own
+   * record, so the retry must go back there; anywhere else it would run (and be billed) again.
+   */
+  private readonly idempotentAt = new Map<string, string>();
+
+  constructor(market: MarketClient) {
+    this.market = market;
+  }
+
+  /** Asks the marketplace for a ticket and checks it is what was asked for. */
+  async take(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<Granted> {
+    const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
+    if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
+    if (hold !== undefined) ask.max_cost_micro_usd = hold;
+    if (controls.preferredProviders) ask.providers = controls.preferredProviders;
+    const grant = await this.market.ticket(ask);
+    const key = await this.market.marketKey();
+    const v = verifyTicket(grant.ticket, { marketplaceKeys: [{ publicKey: key.public_key, keyid: key.key_id }], provider: grant.provider, body: bodySha256 });
+    if (!v.ok) throw new GatewayError(502, 'bad_market_response', `the marketplace's ticket does not verify: ${v.error.code}: ${v.error.message}`);
+    const t = v.value.payload;
+    // The market issues the ticket under the request id it was given (docs/market-api.md): one for
+    // any other id is another request's, and taking it would put this request's record over that one.
+    if (t.endpoint !== endpoint || t.model !== model || t.request_id !== requestId || grant.request_id !== requestId) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
+    if (hold !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(hold)) {
+      throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
+    }
+    // The market applies the set; a ticket for anyone else is still never used.
+    if (controls.preferredProviders && !controls.preferredProviders.includes(grant.provider)) {
+      throw new GatewayError(503, 'no_provider', `the marketplace chose provider ${grant.provider}, outside X-Service-Prefer-Providers`);
+    }
+    return { ticket: t, provider: grant.provider, target: dialTarget(grant.provider, grant.peer_id, grant.addresses), envelope: grant.ticket, ...(grant.rates ? { rates: grant.rates } : {}) };
+  }
+
+  /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
+  async ticketFor(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, idem: string | undefined, hold?: string): Promise<Granted> {
+    const first = idem === undefined ? undefined : this.idempotentAt.get(idempotentKey(endpoint, idem));
+    if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
+      try {
+        return await this.take(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold);
+      } catch (e) {
+        // That provider is gone or cannot take it now: the retry runs elsewhere (and is billed there).
+        if (!(e instanceof GatewayError) || (e.code !== 'no_provider' && e.status !== 503)) throw e;
+      }
+    }
+    return this.take(endpoint, model, bodySha256, controls, requestId, hold);
+  }
+
+  /**
+   * X-Service-Hedge: a second ticket for another live provider of the model, or undefined when
+   * there is none (the request then runs once). The two race; the loser is cancelled at its node
+   * and settled for the work it did.
+   */
+  async hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, live: readonly string[], first: string, requestId: string, hold?: string): Promise<Granted | undefined> {
+    const others = live.filter((p) => p !== first);
+    if (others.length === 0) return undefined;
+    try {
+      return await this.take(endpoint, model, bodySha256, { ...controls, preferredProviders: others }, requestId, hold);
+    } catch {
+      return undefined; // no second route: run once
+    }
+  }
+
+  /** Whether a request under this Idempotency-Key was answered before (a retry goes back there). */
+  isRetry(endpoint: PaidEndpoint, idem: string | undefined): boolean {
+    return idem !== undefined && this.idempotentAt.has(idempotentKey(endpoint, idem));
+  }
+
+  /** The provider that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
+  remember(endpoint: PaidEndpoint, idem: string, provider: string): void {
+    const key = idempotentKey(endpoint, idem);
+    this.idempotentAt.delete(key);
+    this.idempotentAt.set(key, provider);
+    if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
+  }
+
+  /** Live providers of a model that take requests, in the market's order, but for `except`. */
+  async liveProvidersOf(model: string, except: readonly string[]): Promise<string[]> {
+    return (await this.market.providers()).filter((e) => !except.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
+  }
+
+  /**
+   * The hold for embeddings without a cost cap. The market's default (one context's worth of
+   * tokens) is too small for a batch of inputs; no tokenizer counts more tokens than the body has
+   * bytes, so the body's length at the highest input rate among the model's providers covers it.
+   */
+  async embeddingsHold(model: string, body: Uint8Array): Promise<string | undefined> {
+    let rate = 0n;
+    for (const p of await this.market.providers()) {
+      const r = p.rates?.[model];
+      if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
+    }
+    return rate === 0n ? undefined : computeCost({ input_tokens: body.length, output_tokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
+  }
+}
+
+const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;
