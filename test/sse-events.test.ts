@@ -1,0 +1,57 @@
+// The SSE boundary helpers the gateway relays streams with: events are cut at blank lines (LF,
+// CRLF or CR line ends), including a blank line split between two chunks.
+import { describe, expect, test } from 'vitest';
+import { blankLineEnd, endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt } from '../src/gateway/sse-events.ts';
+
+const b = (s: string): Uint8Array => new TextEncoder().encode(s);
+
+describe('sse events', () => {
+  test('blankLineEnd finds the end of the last blank line, whatever the line ends', () => {
+    expect(blankLineEnd(b('data: a'))).toBe(0);
+    expect(blankLineEnd(b('data: a\n'))).toBe(0);
+    expect(blankLineEnd(b('data: a\n\n'))).toBe(9);
+    expect(blankLineEnd(b('data: a\n\ndata: b\n\ndata: c'))).toBe(18);
+    expect(blankLineEnd(b('data: a\r\n\r\ndata: b'))).toBe(11);
+    expect(blankLineEnd(b('data: a\r\rdata: b'))).toBe(9);
+  });
+
+  test('endsWithBlankLine', () => {
+    expect(endsWithBlankLine(b('data: a\n\n'))).toBe(true);
+    expect(endsWithBlankLine(b('data: a\r\n\r\n'))).toBe(true);
+    expect(endsWithBlankLine(b('data: a\n'))).toBe(false);
+    expect(endsWithBlankLine(b('data: a\n\ndata: b'))).toBe(false);
+    expect(endsWithBlankLine(new Uint8Array(0))).toBe(false);
+  });
+
+  test('eventsEndAcross: a blank line split between chunks ends the event in the next chunk', () => {
+    // "\n" | "\n"
+    expect(eventsEndAcross(b('data: a\n'), b('\ndata: b'))).toBe(1);
+    // "\r\n" | "\r\n"
+    expect(eventsEndAcross(b('data: a\r\n'), b('\r\ndata: b'))).toBe(2);
+    // "\r\n\r" | "\n"
+    expect(eventsEndAcross(b('data: a\r\n\r'), b('\ndata: b'))).toBe(1);
+    // no previous chunk, or nothing that ends an event
+    expect(eventsEndAcross(undefined, b('\ndata: b'))).toBe(0);
+    expect(eventsEndAcross(b('data: a'), b('\ndata: b'))).toBe(0);
+    expect(eventsEndAcross(b('data: a\n'), b('data: b'))).toBe(0);
+    // a blank line inside the next chunk wins: the last one counts
+    expect(eventsEndAcross(b('data: a\n'), b('\ndata: b\n\ndata: c'))).toBe(10);
+  });
+
+  test('lastEventAt: where the last of several whole events starts', () => {
+    const two = b('data: a\n\ndata: [DONE]\n\n');
+    expect(lastEventAt(two)).toBe(9);
+    expect(new TextDecoder().decode(two.subarray(lastEventAt(two)))).toBe('data: [DONE]\n\n');
+    expect(lastEventAt(b('data: only\n\n'))).toBe(0);
+  });
+
+  test('isTerminalEvent: [DONE] and the responses protocol\'s closing events, nothing else', () => {
+    expect(isTerminalEvent(b('data: [DONE]\n\n'))).toBe(true);
+    expect(isTerminalEvent(b('data: [DONE]\r\n\r\n'))).toBe(true);
+    expect(isTerminalEvent(b('data: [DONE] \n\n'))).toBe(false);
+    expect(isTerminalEvent(b('data: [DONE]x\n\n'))).toBe(false);
+    for (const t of ['completed', 'incomplete', 'failed']) expect(isTerminalEvent(b(`event: response.${t}\ndata: {}\n\n`))).toBe(true);
+    expect(isTerminalEvent(b('event: response.output_text.delta\ndata: {}\n\n'))).toBe(false);
+    expect(isTerminalEvent(b('data: {"choices":[]}\n\n'))).toBe(false);
+  });
+});
