@@ -2,6 +2,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import Database from 'better-sqlite3';
 import { afterAll, describe, expect, test } from 'vitest';
 import type { ReceiptPayload } from '../attestation/receipt.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
@@ -97,17 +98,57 @@ describe('RequestRecords', () => {
     ]);
   });
 
+  /** A records file that refuses the writes `when` selects (an SQLite trigger on NEW), as a failing disk. */
+  function failingFile(name: string, when: string): string {
+    const file = path.join(dir, name);
+    const db = new Database(file);
+    db.exec(`CREATE TABLE request_records (request_id TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
+      CREATE TABLE request_aliases (request_id TEXT PRIMARY KEY, target TEXT NOT NULL) WITHOUT ROWID;
+      CREATE TABLE failures_left (n INTEGER); INSERT INTO failures_left VALUES (2);
+      CREATE TRIGGER failing BEFORE INSERT ON request_records WHEN ${when}
+        BEGIN UPDATE failures_left SET n = n - 1; SELECT RAISE(FAIL, 'disk I/O error (simulated)'); END;`);
+    db.close();
+    return file;
+  }
+
   test('a record whose latest change the file lacks is never evicted, so it never reads as older than it is', () => {
-    const r = new RequestRecords(2, path.join(dir, 'e.db'), () => undefined);
-    begin(r, 'saved');
-    r.close(); // the file fails from here on
-    for (const id of ['a', 'b', 'c']) begin(r, id);
-    r.settle('a', receipt('a'), { ok: true });
-    // Over the limit of 2: only 'saved' (in the file) could go; the unsaved ones all stay.
+    const r = new RequestRecords(3, failingFile('pinned.db', "NEW.request_id LIKE 'unsaved%'"), () => undefined);
+    begin(r, 'unsaved'); // the oldest, and not in the file
+    for (const id of ['s1', 's2', 's3']) begin(r, id);
+    // Over the limit of 3: the oldest record the file has goes, not the older one it lacks.
     expect(r.size).toBe(3);
-    expect(r.get('a')).toMatchObject({ status: 'completed' });
-    for (const id of ['b', 'c']) expect(r.get(id)).toMatchObject({ status: 'in_progress' });
-    expect(r.get('saved')).toBeUndefined(); // evicted, and the file cannot be read: a miss
+    expect(r.get('unsaved')).toMatchObject({ status: 'in_progress' });
+    expect(r.get('s1')).toMatchObject({ status: 'in_progress' }); // evicted from memory, read from the file
+    expect(r.unsavedDropped).toBe(0);
+    r.close();
+  });
+
+  test('writes the file refused are written once it takes writes again, and the records can then be evicted', () => {
+    const file = failingFile('flaky.db', '(SELECT n FROM failures_left) > 0'); // the next two writes fail
+    const errors: string[] = [];
+    const r = new RequestRecords(2, file, (_e, id, op) => errors.push(`${op} ${id}`));
+    begin(r, 'a'); // refused
+    r.settle('a', receipt('a'), { ok: true }); // refused
+    begin(r, 'b'); // written, and then a's settled record too
+    expect(errors).toEqual(['write a', 'write a']);
+    for (const id of ['c', 'd']) begin(r, id);
+    expect(r.size).toBe(2); // a is in the file now: evictable like any other
+    r.close();
+    const again = new RequestRecords(2, file);
+    expect(again.get('a')).toMatchObject({ status: 'completed', cost_micro_usd: '1234567' });
+    expect(again.get('b')?.status).toBe('interrupted');
+    again.close();
+  });
+
+  test('a file that stays broken costs bounded memory: beyond `limit` waiting records the oldest change is given up, and said so', () => {
+    const errors: string[] = [];
+    const r = new RequestRecords(3, path.join(dir, 'broken.db'), (_e, id, op) => errors.push(`${op} ${id}`));
+    r.close(); // every write fails from here on
+    for (let i = 0; i < 10; i++) begin(r, `r${i}`);
+    expect(r.unsavedDropped).toBe(7);
+    expect(errors.filter((e) => e.startsWith('drop '))).toEqual(['drop r0', 'drop r1', 'drop r2', 'drop r3', 'drop r4', 'drop r5', 'drop r6']);
+    expect(r.size).toBe(3); // the three waiting records; the given-up ones were evicted
+    for (const id of ['r7', 'r8', 'r9']) expect(r.get(id)?.status).toBe('in_progress');
   });
 
   test('a file that is not a database is refused with its path', () => {

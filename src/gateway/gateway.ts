@@ -96,11 +96,17 @@ export interface Gateway {
 
 const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 
+const RECORDS_FILE_ERROR = {
+  read: 'request records file could not be read',
+  write: 'request record not written to the records file (kept in memory, written again later)',
+  drop: 'request record change given up unwritten: the records file has failed too long',
+} as const;
+
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
   const records = new RequestRecords(opts.maxRecords, opts.recordsPath, (e, id, op) =>
-    log.error({ request_id: id, op, err: e.message }, op === 'write' ? 'request record not written to the records file (kept in memory)' : 'request records file could not be read'),
+    log.error({ request_id: id, op, err: e.message }, RECORDS_FILE_ERROR[op]),
   );
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;

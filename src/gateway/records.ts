@@ -51,6 +51,12 @@ CREATE TABLE IF NOT EXISTS request_records (request_id TEXT PRIMARY KEY, record 
 CREATE TABLE IF NOT EXISTS request_aliases (request_id TEXT PRIMARY KEY, target TEXT NOT NULL) WITHOUT ROWID;
 `;
 
+/** What failed: a read or a write of the records file, or a failed write given up (too many waiting). */
+export type FileOp = 'read' | 'write' | 'drop';
+
+/** Failed writes retried after each successful one (see RequestRecords.unsaved). */
+const RETRIES_PER_WRITE = 16;
+
 export class RequestRecords {
   private readonly map = new Map<string, RequestRecord>();
   private readonly limit: number;
@@ -59,20 +65,27 @@ export class RequestRecords {
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
 
-  private readonly onFileError: ((e: Error, requestId: string, op: 'read' | 'write') => void) | undefined;
+  private readonly onFileError: ((e: Error, requestId: string, op: FileOp) => void) | undefined;
   private failures = 0;
-  /** Ids whose latest change is not in the file (its write failed): kept in memory, not evicted. */
-  private readonly unsaved = new Set<string>();
+  private dropped = 0;
+  /**
+   * Id → the write of its latest change, which failed: the record is kept in memory (not evicted)
+   * and the write is tried again after a later write succeeds. At most `limit` are kept; beyond
+   * that the oldest is given up (counted in `unsavedDropped`), so a disk that stays broken costs
+   * bounded memory.
+   */
+  private readonly unsaved = new Map<string, () => unknown>();
 
   /**
    * `file`: an SQLite file that keeps every record across restarts (created if missing).
    * `onFileError`: told of every read or write of the file that fails (disk full, I/O error). The
    * record still changes in memory, and one whose latest change could not be written stays there
-   * (not evicted) until a later write of it succeeds: the file is the gateway's own bookkeeping,
+   * (not evicted) until that write succeeds on a retry (after any later write succeeds) or a
+   * later write of it does, up to `limit` such records: the file is the gateway's own bookkeeping,
    * and a buyer's answer (whose receipt the node and the marketplace hold) must never turn into an
    * error because of it, nor a finished request read as still running.
    */
-  constructor(limit = 10_000, file?: string, onFileError?: (e: Error, requestId: string, op: 'read' | 'write') => void) {
+  constructor(limit = 10_000, file?: string, onFileError?: (e: Error, requestId: string, op: FileOp) => void) {
     this.limit = limit;
     this.onFileError = onFileError;
     if (file === undefined) return;
@@ -149,10 +162,30 @@ export class RequestRecords {
     this.stored(rec.request_id, () => this.put?.run(rec.request_id, JSON.stringify(rec)));
   }
 
-  /** A write of `id`'s row: on failure `id` is pinned in memory until a later write succeeds. */
+  /** Records whose latest change was given up unwritten because too many were waiting (see unsaved). */
+  get unsavedDropped(): number {
+    return this.dropped;
+  }
+
+  /** A write of `id`'s row: on failure `id` is pinned in memory and the write retried later (see unsaved). */
   private stored(id: string, run: () => unknown): void {
-    if (this.guard(id, 'write', run)) this.unsaved.delete(id);
-    else this.unsaved.add(id);
+    this.unsaved.delete(id); // this write supersedes a failed one
+    if (!this.guard(id, 'write', run)) {
+      this.unsaved.set(id, run);
+      if (this.unsaved.size > this.limit) {
+        const oldest = this.unsaved.keys().next().value!;
+        this.unsaved.delete(oldest);
+        this.dropped++;
+        this.onFileError?.(new Error(`more than ${this.limit} records wait for the records file: the oldest change is given up`), oldest, 'drop');
+      }
+      return;
+    }
+    // The file takes writes again: retry a few of the ones it refused, oldest first.
+    let n = 0;
+    for (const [pinned, write] of this.unsaved) {
+      if (n++ >= RETRIES_PER_WRITE || !this.guard(pinned, 'write', write)) break;
+      this.unsaved.delete(pinned);
+    }
   }
 
   private guard(requestId: string, op: 'read' | 'write', run: () => unknown): boolean {
