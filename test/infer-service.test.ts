@@ -135,6 +135,19 @@ describe('InferService', () => {
     expect(out.trailer?.status).toBe('completed');
   });
 
+  test('a write the stream refuses (the signal never fired) ends the run as cancelled, billed for what was delivered, with no runtime error', async () => {
+    const { res, out } = recorder({ failAfter: 3 });
+    const req = request('chat/completions', { ...chatBody, stream: true, max_tokens: 300 });
+    await service.handle(req, res);
+    expect(out.data).toHaveLength(3);
+    expect(out.trailer?.error).toBeUndefined();
+    const p = onlyReceiptOf(req);
+    expect(p.status).toBe('cancelled');
+    expect(p.response_sha256).toBe(sha(out));
+    expect(p.usage.output_tokens).toBeLessThan(300);
+    expect(BigInt(p.cost_micro_usd)).toBe(computeCost({ input_tokens: p.usage.input_tokens, output_tokens: p.usage.output_tokens }, rates));
+  });
+
   test('generation is capped so the worst case never exceeds the hold', async () => {
     const { res, out } = recorder();
     // Hold 20 micro-USD: input ~15 tokens × 0.15 = 3, so at most floor((20e6 - 15·150000) / 600000) outputs.

@@ -296,9 +296,19 @@ export class InferService {
       return this.refuse(res, admissionRefusal(e));
     }
     const hash = crypto.createHash('sha256');
+    /** The buyer's stream refused a write (reset or closed): delivery ended, not the run. */
+    let undeliverable = false;
+    const delivering = async (write: Promise<void>): Promise<void> => {
+      try {
+        await write;
+      } catch (e) {
+        undeliverable = true;
+        throw e;
+      }
+    };
     const send = async (bytes: Uint8Array | undefined) => {
       if (!bytes) return;
-      await res.data(bytes);
+      await delivering(res.data(bytes));
       hash.update(bytes);
     };
     const created = Math.floor(started / 1000);
@@ -316,7 +326,7 @@ export class InferService {
     let gen: AsyncGenerator<GeneratedChunk, GenerationResult, void> | undefined;
     try {
       const streaming = Boolean(stream ?? rstream);
-      await res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
+      await delivering(res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } }));
       await send(stream?.start() ?? rstream?.start());
       // Read ahead: the runtime computes the next tokens while this one is relayed.
       gen = readAhead(model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal }), READ_AHEAD_CHUNKS);
@@ -338,12 +348,13 @@ export class InferService {
       await events.flush();
       if (req.signal.aborted || result?.finishReason === 'abort') status = 'cancelled';
     } catch (e) {
-      // The buyer went away mid-write, or the runtime failed: bill exactly what was delivered. A
-      // buyer still there first gets the text the runtime produced before it failed.
-      if (!req.signal.aborted) await events.flush().catch(() => undefined);
+      // The buyer went away (or their stream refused a write), or the runtime failed: bill exactly
+      // what was delivered. A buyer still there first gets the text the runtime produced before it failed.
+      const gone = req.signal.aborted || undeliverable;
+      if (!gone) await events.flush().catch(() => undefined);
       events.discard();
       await gen?.return(undefined as never).catch(() => undefined); // stops the runtime, frees its slot
-      status = req.signal.aborted ? 'cancelled' : 'failed';
+      status = gone ? 'cancelled' : 'failed';
       if (status === 'failed') failure = e instanceof Error ? e.message.slice(0, 200) : 'the runtime failed';
     }
     // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
@@ -373,7 +384,7 @@ export class InferService {
         }
       }
     } catch (e) {
-      status = req.signal.aborted ? 'cancelled' : 'failed';
+      status = req.signal.aborted || undeliverable ? 'cancelled' : 'failed';
       if (status === 'failed') failure = e instanceof Error ? e.message.slice(0, 200) : 'the response could not be written';
     } finally {
       release();
