@@ -52,11 +52,25 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     this.opts = opts;
   }
 
+  /** Loads the model and its context. A start that fails releases whatever it had loaded. */
   async start(): Promise<void> {
-    const llama = await llamaFor(this.opts.gpu ?? false);
-    const [model, sha] = await Promise.all([llama.loadModel({ modelPath: this.opts.modelPath }), fileSha256(this.opts.modelPath)]);
-    this.model = model;
+    if (this.model) throw new Error('the embedded runtime is already started (stop it first)');
     const slots = this.opts.slots ?? 1;
+    if (!Number.isSafeInteger(slots) || slots < 1) throw new Error(`slots must be a positive integer, not ${slots}`);
+    const llama = await llamaFor(this.opts.gpu ?? false);
+    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), fileSha256(this.opts.modelPath)]);
+    if (loaded.status === 'rejected') throw loaded.reason;
+    this.model = loaded.value;
+    try {
+      if (hashed.status === 'rejected') throw hashed.reason;
+      await this.open(llama, loaded.value, hashed.value, slots);
+    } catch (e) {
+      await this.stop().catch(() => undefined);
+      throw e;
+    }
+  }
+
+  private async open(llama: Llama, model: LlamaModel, sha: string, slots: number): Promise<void> {
     const contextLength = Math.min(this.opts.contextLength ?? Math.min(model.trainContextSize, 4096), model.trainContextSize);
     this.context = await model.createContext({
       contextSize: contextLength * slots,

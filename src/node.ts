@@ -74,7 +74,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   try {
     for (const m of config.models) {
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
-      await adapter.start();
+      try {
+        await adapter.start(); // (a start that fails releases what it loaded)
+      } catch (e) {
+        throw new NodeStartError(`models: ${m.id}: model file ${m.path} could not be loaded: ${(e as Error).message}`, { cause: e });
+      }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       adapters.push(adapter);
       const tps = await measureTokensPerSecond(adapter);

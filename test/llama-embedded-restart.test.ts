@@ -4,7 +4,8 @@
 // starts once its file is fixed. The binding itself is cached per GPU setting, except a binding that
 // failed to load (adapters/llama-embedded.ts, llamaFor): that one is asked for again at the next start.
 // Last, a start that fails after the model loaded (its context does not fit), on its own and under
-// startNode, and what startNode says about a corrupt model file (two known bugs, as `test.fails`).
+// startNode (the model it loaded is released), and what startNode says about a corrupt model file
+// (the model id and the file).
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -147,6 +148,20 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     // Stopped for good: refused again, and a second stop is harmless.
     await expect(rt.tokenize('hello')).rejects.toThrow('the embedded runtime is not started');
     await rt.stop();
+  });
+
+  test('start() on a started adapter is refused (its model stays as it was); slots must be a positive integer', async () => {
+    const rt = new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256 });
+    await rt.start();
+    try {
+      await expect(rt.start()).rejects.toThrow('already started');
+      expect(await generateIds(rt)).toMatchObject({ outputTokens: 8 });
+    } finally {
+      await rt.stop();
+    }
+    for (const slots of [0, 1.5, -1]) {
+      await expect(new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256, slots }).start()).rejects.toThrow(`slots must be a positive integer, not ${slots}`);
+    }
   });
 
   test('a stopped adapter starts again with all its slots', async () => {
@@ -301,12 +316,10 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     }
   });
 
-  // The two startNode cases below are each a test of the setup, which must pass, and a `test.fails`
-  // that checks only what the source gets wrong (it passes while the bug is there: drop `.fails` once
-  // fixed). The setup is kept out of the `test.fails` so that a broken setup cannot pass it.
+  // The two startNode cases below: a test that fails the start, then a test of what it left behind.
   const node: { leftLoaded?: LlamaModel; corruptError?: Error } = {};
   afterAll(async () => {
-    if (node.leftLoaded && !node.leftLoaded.disposed) await node.leftLoaded.dispose(); // what startNode left behind
+    if (node.leftLoaded && !node.leftLoaded.disposed) await node.leftLoaded.dispose(); // (only if the release failed)
   });
   function nodeHome(model: Uint8Array): ReturnType<typeof parseConfig> {
     const home = fs.mkdtempSync(path.join(dir, 'node-'));
@@ -318,7 +331,9 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
   test('startNode fails when the context of a loaded model cannot be created', async () => {
     const fail = failNextContext();
     try {
-      await expect(startNode(nodeHome(good))).rejects.toThrow(InsufficientMemoryError);
+      const e = await startNode(nodeHome(good)).then(() => undefined, (err: unknown) => err as Error);
+      expect(e?.cause).toBeInstanceOf(InsufficientMemoryError);
+      expect(e?.message).toMatch(/^models: tiny\/llama: model file .*tiny\.gguf could not be loaded: /);
     } finally {
       fail.restore();
     }
@@ -326,12 +341,9 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     node.leftLoaded = fail.models[0];
   });
 
-  // KNOWN BUG. src/node.ts registers `adapter.stop()` for cleanup only after `await adapter.start()`
-  // resolved (lines 75-76), and LlamaEmbeddedAdapter.start() does not undo its own steps when a later
-  // one throws (adapters/llama-embedded.ts: `this.model` is set before createContext). So when the
-  // context does not fit (context x slots too large for the RAM/VRAM), startNode rejects and the model
-  // it loaded (gigabytes, for a real model) stays loaded in the process with nothing left to release it.
-  test.fails('startNode: the model whose context could not be created is released when the node fails to start', () => {
+  // A context that does not fit (context x slots too large for the RAM/VRAM): the model the start
+  // loaded (gigabytes, for a real model) is released, not left loaded in the process.
+  test('startNode: the model whose context could not be created is released when the node fails to start', () => {
     expect(node.leftLoaded?.disposed).toBe(true);
   });
 
@@ -344,12 +356,9 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     expect(node.corruptError!.message).toMatch(/Failed to load model/);
   });
 
-  // KNOWN GAP. A model file that exists but is corrupt (a truncated download) passes startNode's "file
-  // exists" check (src/node.ts:61) and fails in adapter.start() with node-llama-cpp's bare "Failed to
-  // load model", which startNode passes on unchanged: `seller-node start` prints "seller-node: Failed
-  // to load model" without saying which model or file (a missing file gets "models: <id>: model file
-  // <path> not found").
-  test.fails('startNode: a corrupt model file fails with an error naming the model and the file', () => {
+  // A model file that exists but is corrupt (a truncated download): the error names the model and
+  // the file, as a missing file's does.
+  test('startNode: a corrupt model file fails with an error naming the model and the file', () => {
     expect(node.corruptError?.message).toContain('tiny/llama');
     expect(node.corruptError?.message).toContain('tiny.gguf');
   });

@@ -56,9 +56,9 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
     return true;
   });
   if (todo.length === 0) return report;
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-replay-'));
   const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-replay-'));
   // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.
   const node = crypto.randomBytes(32);
   const market = crypto.randomBytes(32);
