@@ -10,6 +10,7 @@ import type { Libp2p } from '@libp2p/interface';
 import { libp2pPrivateKeyFromSeed, providerIdFromPeerId } from './peer-id.ts';
 import { corkHostWrites } from './cork-writes.ts';
 import { cacheProtocolMerges } from './protocol-merge-cache.ts';
+import { lengthPrefixWithoutThrow } from './length-prefix-no-throw.ts';
 import { hostLogger } from './quiet-logger.ts';
 import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER } from './stream-limits.ts';
 import { halfWindowUpdates } from './yamux-window-updates.ts';
@@ -28,6 +29,7 @@ export interface HostOptions {
 /** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
 export async function createHost(opts: HostOptions): Promise<Host> {
   halfWindowUpdates();
+  lengthPrefixWithoutThrow();
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
   const logger = hostLogger();
   const host = await createLibp2p({
