@@ -1,0 +1,222 @@
+// X-Service-Hedge under X-Service-Max-Cost-Usd: how the gateway sets each ticket's hold (the cap
+// the node bills within). A hedge asks for two tickets of half the cap each; when the second
+// provider is listed but cannot be ticketed, the request runs once and is re-ticketed with the
+// whole cap (paidAttempt: `if (halved && !hedged) granted = await ticketFor(…, cap)`). Either way
+// the buyer is billed at most the cap in all.
+//
+// Tickets are observed as the market grants them, through a proxy in front of the market; what was
+// billed, through the market's totals and receipts.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
+import type { DsseEnvelope } from '../attestation/dsse.ts';
+import { computeCost, formatUsd, type Rates } from '../attestation/money.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { peekPayload } from '../attestation/signed-payload.ts';
+import type { TicketPayload } from '../attestation/ticket.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import type { RequestRecord } from '../src/gateway/records.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import type { RunningNode } from '../src/node.ts';
+import { MarketProxy } from './helpers/misbehaving-node.ts';
+import { startTinyNode } from './helpers/node-config.ts';
+import { waitFor, waitForListed } from './helpers/wait.ts';
+
+const MODEL = 'tiny/llama';
+/** The tiny nodes' prices (node-config.ts): 0.15 and 0.60 USD per million tokens. */
+const RATES: Rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
+const MESSAGES = [{ role: 'user', content: 'hello world' }];
+
+let dir: string;
+let market: Market;
+let marketUrl: string;
+let proxy: MarketProxy;
+/** Context 1024: meets X-Service-Min-Ctx 1000. */
+let wide: RunningNode;
+/** Context 512: listed and live, but never ticketed under X-Service-Min-Ctx 1000. */
+let narrow: RunningNode;
+let gw: Gateway;
+/** The tickets the market granted, in order. */
+let granted: TicketPayload[] = [];
+/** The chat template's input tokens for MESSAGES, as the nodes count them. */
+let inputTokens: number;
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-hedge-cap-'));
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 1000 });
+  marketUrl = (await market.listen()).url;
+  const opts = { publicKey: market.publicKey, marketUrl, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' };
+  wide = await startTinyNode(path.join(dir, 'wide'), { ...opts, context: 1024 });
+  narrow = await startTinyNode(path.join(dir, 'narrow'), { ...opts, context: 512 });
+  await waitForListed(marketUrl, [wide.providerId, narrow.providerId]);
+  proxy = await MarketProxy.start(marketUrl);
+  // A hedge's loser that did no work is looked for at its node this long before it is recorded.
+  gw = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: 1500 });
+  const count = await post('count_tokens', JSON.stringify({ model: MODEL, messages: MESSAGES }), { 'x-service-prefer-providers': wide.providerId });
+  expect(count.status).toBe(200);
+  inputTokens = ((await count.json()) as { count: number }).count;
+});
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await proxy?.close();
+  await wide?.stop(1000);
+  await narrow?.stop(1000);
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+beforeEach(() => {
+  granted = [];
+  proxy.reset();
+  proxy.ticket = (g) => {
+    granted.push(peekPayload(g.ticket) as unknown as TicketPayload);
+    return g;
+  };
+});
+
+function post(endpoint: string, body: string, headers: Record<string, string> = {}): Promise<Response> {
+  return fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+}
+
+const chatBody = (maxTokens: number, seed: number): string => JSON.stringify({ model: MODEL, messages: MESSAGES, max_tokens: maxTokens, seed });
+
+interface Totals {
+  receipts: number;
+  cost_micro_usd: string;
+}
+async function totals(): Promise<Totals> {
+  return (await (await fetch(`${marketUrl}/v1/totals`)).json()) as Totals;
+}
+
+/** The receipts the market collected for a request id (404: none). */
+async function marketReceipt(id: string): Promise<{ cost_micro_usd: string; provider: string } | undefined> {
+  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
+  if (r.status === 404) {
+    await r.arrayBuffer();
+    return undefined;
+  }
+  expect(r.status).toBe(200);
+  return (await r.json()) as { cost_micro_usd: string; provider: string };
+}
+
+async function record(id: string): Promise<RequestRecord> {
+  return waitFor(`request ${id} to end`, async () => {
+    const r = (await (await fetch(`${gw.url}/requests/${encodeURIComponent(id)}`)).json()) as RequestRecord;
+    return r.status !== 'in_progress' ? r : undefined;
+  });
+}
+
+const payloadOf = (env: DsseEnvelope): { request_id: string; ticket_id: string; provider: string; hold_micro_usd: string; cost_micro_usd: string; status: string; usage: { input_tokens: number; output_tokens: number } } =>
+  JSON.parse(Buffer.from(env.payload, 'base64').toString()) as never;
+
+describe('hedged requests under a cost cap', () => {
+  // A cap of 300 micro-USD; 400 output tokens make a worst case of about 242 (above half the cap,
+  // within the whole cap), 200 tokens about 122 (within half the cap).
+  const CAP = 300n;
+  const capHeader = formatUsd(CAP);
+
+  test('the premise: the worst cases are where this file needs them; as the buyer\'s cap, half the cap refuses the 400-token request', async () => {
+    const worst400 = computeCost({ input_tokens: inputTokens, output_tokens: 400 }, RATES);
+    const worst200 = computeCost({ input_tokens: inputTokens, output_tokens: 200 }, RATES);
+    expect(worst400 > CAP / 2n && worst400 <= CAP).toBe(true);
+    expect(worst200 <= CAP / 2n).toBe(true);
+    // Unhedged, under half the cap, the node refuses the 400-token request before any work.
+    const res = await post('chat/completions', chatBody(400, 1), { 'x-service-prefer-providers': wide.providerId, 'x-service-max-cost-usd': formatUsd(CAP / 2n) });
+    const body = (await res.json()) as { error: { code: string } };
+    expect([res.status, body.error?.code]).toEqual([403, 'request_cost_limit_exceeded']);
+  });
+
+  test('the second provider is listed but cannot be ticketed: the request is re-ticketed with the whole cap, runs once, and is billed within the cap', async () => {
+    await gw.idle();
+    const before = await totals();
+    // X-Service-Min-Ctx 1000 rules out the narrow node at the market (its context is 512), but
+    // the gateway sees two live providers of the model, so it plans a hedge with half caps.
+    const res = await post('chat/completions', chatBody(400, 2), { 'x-service-hedge': '1', 'x-service-max-cost-usd': capHeader, 'x-service-min-ctx': '1000' });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    expect(id).not.toMatch(/-hedge$/);
+    const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    expect(body.service.request_id).toBe(id);
+    const v = verifyReceipt(body.service.receipt, { provider: wide.providerId });
+    expect(v.ok).toBe(true);
+    const receipt = payloadOf(body.service.receipt);
+    expect(receipt).toMatchObject({ request_id: id, provider: wide.providerId, status: 'completed' });
+    // The ticket the node ran under held the whole cap, and the node generated beyond what half
+    // the cap pays for (a node caps its generation at what its hold pays for: under a half-cap
+    // ticket this answer would have been cut short at `halfPays` tokens).
+    expect(receipt.hold_micro_usd).toBe(CAP.toString());
+    expect(BigInt(receipt.cost_micro_usd) <= CAP).toBe(true);
+    let halfPays = 0;
+    while (computeCost({ input_tokens: inputTokens, output_tokens: halfPays + 1 }, RATES) <= CAP / 2n) halfPays++;
+    expect(receipt.usage.input_tokens).toBe(inputTokens);
+    expect(receipt.usage.output_tokens).toBeGreaterThan(halfPays);
+
+    // Two grants, both for this request at the wide node: the half-cap ticket of the planned
+    // hedge, then the whole-cap ticket the request ran under. No ticket for a hedge.
+    expect(granted.map((t) => [t.request_id, t.provider, t.max_cost_micro_usd])).toEqual([
+      [id, wide.providerId, (CAP / 2n).toString()],
+      [id, wide.providerId, CAP.toString()],
+    ]);
+    expect(receipt.ticket_id).toBe(granted[1]!.ticket_id);
+    expect((await fetch(`${gw.url}/requests/${id}-hedge`)).status).toBe(404);
+
+    const rec = await record(id);
+    expect(rec).toMatchObject({ status: 'completed', provider: wide.providerId, settled: true, cost_micro_usd: receipt.cost_micro_usd });
+    await gw.idle();
+    const after = await totals();
+    expect(after.receipts).toBe(before.receipts + 1);
+    const billed = BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd);
+    expect(billed).toBe(BigInt(receipt.cost_micro_usd));
+    expect(billed <= CAP).toBe(true);
+  });
+
+  test('without a cap, a hedge that cannot get its second ticket runs once under the market\'s own hold: one ticket, no re-ticket', async () => {
+    const res = await post('chat/completions', chatBody(8, 3), { 'x-service-hedge': '1', 'x-service-min-ctx': '1000' });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const body = (await res.json()) as { service: { receipt: DsseEnvelope } };
+    const receipt = payloadOf(body.service.receipt);
+    expect(granted).toHaveLength(1);
+    expect(granted[0]).toMatchObject({ request_id: id, provider: wide.providerId });
+    expect(receipt).toMatchObject({ request_id: id, ticket_id: granted[0]!.ticket_id, hold_micro_usd: granted[0]!.max_cost_micro_usd });
+  });
+
+  test('the hedge runs: each half holds half the cap, at two providers, and the two together are billed at most the cap', async () => {
+    await gw.idle();
+    const before = await totals();
+    const res = await post('chat/completions', chatBody(200, 4), { 'x-service-hedge': '1', 'x-service-max-cost-usd': capHeader });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const body = (await res.json()) as { service: { receipt: DsseEnvelope } };
+    const winner = payloadOf(body.service.receipt);
+    expect(winner.hold_micro_usd).toBe((CAP / 2n).toString());
+    const base = id.replace(/-hedge$/, '');
+    const otherId = id.endsWith('-hedge') ? base : `${base}-hedge`;
+    // Two grants: the first ticket and the hedge's, each half the cap, at different providers.
+    expect(granted).toHaveLength(2);
+    expect(granted.map((t) => [t.request_id, t.max_cost_micro_usd])).toEqual([
+      [base, (CAP / 2n).toString()],
+      [`${base}-hedge`, (CAP / 2n).toString()],
+    ]);
+    expect(new Set(granted.map((t) => t.provider))).toEqual(new Set([wide.providerId, narrow.providerId]));
+
+    const loser = await record(otherId);
+    expect(loser.provider).not.toBe(winner.provider);
+    await record(id);
+    await gw.idle();
+    const after = await totals();
+    const billed = BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd);
+    // What the market billed is exactly the receipts of these two attempts, and within the cap.
+    const winnerBilled = await marketReceipt(id);
+    const loserBilled = await marketReceipt(otherId);
+    expect(winnerBilled?.cost_micro_usd).toBe(winner.cost_micro_usd);
+    expect(after.receipts - before.receipts).toBe(1 + (loserBilled ? 1 : 0));
+    expect(billed).toBe(BigInt(winner.cost_micro_usd) + BigInt(loserBilled?.cost_micro_usd ?? '0'));
+    expect(billed <= CAP).toBe(true);
+    if (loser.receipt) expect(payloadOf(loser.receipt).hold_micro_usd).toBe((CAP / 2n).toString());
+    else expect(loser.error?.code).toBe('hedge_cancelled');
+  });
+});

@@ -1,0 +1,376 @@
+// Relayed streams at their edges, against a scripted provider on real transports (libp2p on
+// loopback, a real receipt log served over /service/log):
+//
+//   - A slow buyer: while the buyer's socket does not drain, the gateway's wait is the buyer's, not
+//     the provider's: its IdleWatch is paused (and resumed once the socket drains), so a stream
+//     read far more slowly than providerIdleMs is never cut off with provider_timeout.
+//   - SSE events split across DATA frames (the blank line that ends an event, or an event mid-line):
+//     the buyer gets every event intact and in order, each as soon as its blank line has arrived,
+//     the closing event is still held until the receipt verifies, and the receipt is settled as
+//     for any stream.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { serializeEnvelope } from '../attestation/dsse.ts';
+import { sha256Hex } from '../attestation/hash.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import type { RequestRecord } from '../src/gateway/records.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { Exchange, ScriptedNode } from './helpers/misbehaving-node.ts';
+import { waitFor, waitForListed } from './helpers/wait.ts';
+
+const MODEL = 'tiny/llama';
+const SSE_HEAD = { status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } };
+
+let dir: string;
+let market: Market;
+let marketUrl: string;
+let scripted: ScriptedNode;
+let gw: Gateway;
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-stream-edges-'));
+  // A long heartbeat interval keeps the scripted node (which never heartbeats) live for the run.
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 60_000 });
+  marketUrl = (await market.listen()).url;
+  scripted = await ScriptedNode.start(dir);
+  await scripted.register(marketUrl);
+  await waitForListed(marketUrl, [scripted.providerId]);
+  gw = await createGateway({ market: marketUrl, port: 0, receiptFetchMs: 800 });
+});
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await scripted?.stop();
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+afterEach(() => {
+  expect(scripted.errors.splice(0).map((e) => e.message), 'the scripted node\'s own failures').toEqual([]);
+});
+
+const chatBody = (content: string): string => JSON.stringify({ model: MODEL, messages: [{ role: 'user', content }], max_tokens: 8, seed: 1, stream: true });
+
+const chunk = (content: string): string => `data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+
+/** Each event's data line (the gateway's own error event included), for LF- or CRLF-framed events. */
+function sseData(text: string): string[] {
+  return text
+    .split(/\r?\n\r?\n/)
+    .filter((e) => e.length > 0)
+    .map((e) => e.split(/\r?\n/).find((l) => l.startsWith('data: '))?.slice('data: '.length) ?? '');
+}
+
+const contentOf = (data: string): string => (JSON.parse(data) as { choices: { delta: { content: string } }[] }).choices[0]!.delta.content;
+
+async function record(g: Gateway, id: string): Promise<RequestRecord> {
+  const r = await fetch(`${g.url}/requests/${encodeURIComponent(id)}`);
+  expect(r.status, `GET /v1/requests/${id}`).toBe(200);
+  return (await r.json()) as RequestRecord;
+}
+
+async function marketHas(id: string): Promise<boolean> {
+  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
+  await r.arrayBuffer();
+  return r.status === 200;
+}
+
+/** The stream's record is completed and settled, with a receipt that verifies and binds exactly `sent`. */
+async function expectSettledFor(g: Gateway, id: string, sent: Uint8Array | string): Promise<void> {
+  const rec = await record(g, id); // GET waits for the settlement under way
+  expect(rec).toMatchObject({ request_id: id, status: 'completed', provider: scripted.providerId, settled: true });
+  const v = verifyReceipt(serializeEnvelope(rec.receipt!), { provider: scripted.providerId });
+  if (!v.ok) throw new Error(`the recorded receipt does not verify: ${v.error.message}`);
+  expect(v.value.payload).toMatchObject({ request_id: id, status: 'completed', response_sha256: sha256Hex(typeof sent === 'string' ? Buffer.from(sent) : sent) });
+  expect(await marketHas(id)).toBe(true);
+}
+
+// ---- a slow buyer --------------------------------------------------------------------------------
+
+describe('a buyer slow to read a stream: the provider is not cut off for the buyer\'s wait', () => {
+  const IDLE_MS = 300;
+  /** Each pause of the buyer: five times the provider's idle limit. */
+  const PAUSE_MS = 5 * IDLE_MS;
+  const PAUSES = 4;
+  /**
+   * 40 MB of events, each in its own DATA frame. Far more than every buffer between the provider and
+   * the buyer holds (the gateway's socket send buffer, up to 4 MiB here; the buyer's receive buffer;
+   * and upstream the gateway's frame reader, 1 MiB, and the yamux window, 4 MiB): the gateway's
+   * writes to the buyer stop draining long before the stream ends, at every pause.
+   */
+  const EVENT_BYTES = 64 * 1024;
+  const EVENTS = 640;
+  let slow: Gateway;
+
+  beforeAll(async () => {
+    slow = await createGateway({ market: marketUrl, port: 0, receiptFetchMs: 800, providerIdleMs: IDLE_MS });
+  });
+  afterAll(async () => {
+    await slow?.close(1000);
+  });
+
+  function event(i: number): Buffer {
+    const head = `data: {"id":"chatcmpl-scripted","object":"chat.completion.chunk","created":1,"model":"${MODEL}","choices":[{"index":0,"delta":{"content":"${i}:`;
+    const tail = '"},"finish_reason":null}]}\n\n';
+    return Buffer.from(head + 'x'.repeat(EVENT_BYTES - head.length - tail.length) + tail);
+  }
+
+  /**
+   * POSTs with a raw http.request and reads the answer slowly: it pauses PAUSE_MS before reading
+   * anything, then again every `every` bytes, PAUSES times in all. A paused response stops reading
+   * its socket (Node's HTTP client stops the socket once the response's buffer is full).
+   */
+  function readSlowly(url: string, body: string, every: number): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer; pauses: number }> {
+    return new Promise((resolve, reject) => {
+      const req = http.request(url, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-service-prefer-providers': scripted.providerId } }, (res) => {
+        const chunks: Buffer[] = [];
+        let received = 0;
+        let pauses = 0;
+        let nextPauseAt = every;
+        const pause = (): void => {
+          pauses++;
+          res.pause();
+          setTimeout(() => res.resume(), PAUSE_MS);
+        };
+        res.on('data', (c: Buffer) => {
+          chunks.push(c);
+          received += c.length;
+          if (pauses < PAUSES && received >= nextPauseAt) {
+            nextPauseAt += every;
+            pause();
+          }
+        });
+        pause(); // before the first byte is read
+        res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks), pauses }));
+        res.on('error', reject);
+      });
+      req.on('error', reject);
+      req.end(body);
+    });
+  }
+
+  test('a 40 MB stream read with four pauses of 5 × providerIdleMs completes with [DONE] and a settled receipt, never provider_timeout', async () => {
+    const events = Array.from({ length: EVENTS }, (_, i) => event(i));
+    const done = Buffer.from('data: [DONE]\n\n');
+    const expected = Buffer.concat([...events, done]);
+    /** Every hold-up of the provider's writes longer than 2 × IDLE_MS (its stream's window spent: the gateway had stopped reading it). */
+    const stalls: number[] = [];
+    let sentAll = false;
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      let last = Date.now();
+      for (const e of events) {
+        await ex.data(e);
+        const now = Date.now();
+        if (now - last > 2 * IDLE_MS) stalls.push(now - last);
+        last = now;
+      }
+      await ex.data(done);
+      sentAll = true;
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+    };
+    const res = await readSlowly(`${slow.url}/chat/completions`, chatBody('a long answer, read slowly'), expected.length / PAUSES);
+    expect(res.status).toBe(200);
+    expect(res.headers['content-type']).toMatch(/^text\/event-stream/);
+    // Every byte, in order, and the closing [DONE]: no provider_timeout event, nothing cut off.
+    const tail = res.body.subarray(Math.max(0, res.body.length - 4096)).toString();
+    expect(tail).not.toContain('provider_timeout');
+    expect(tail.endsWith('\n\ndata: [DONE]\n\n')).toBe(true);
+    expect(sentAll).toBe(true);
+    expect(res.body.length).toBe(expected.length);
+    expect(sha256Hex(res.body)).toBe(sha256Hex(expected));
+    await expectSettledFor(slow, res.headers['x-request-id'] as string, expected);
+    // The premise: the buyer read slowly, and at every pause the gateway was held up by the buyer
+    // for longer than the provider's idle limit (the provider could not send: its stream's window
+    // was spent, the gateway having stopped reading it while it waited for the buyer's socket).
+    expect(res.pauses).toBe(PAUSES);
+    expect(stalls.length).toBeGreaterThanOrEqual(2);
+  });
+
+  test('the provider\'s clock runs again once the buyer drains: a provider silent after the slow read is still cut off with provider_timeout', async () => {
+    // 24 MB, then silence: the buyer's first pause holds the gateway up (its clock paused), the
+    // buyer then reads everything, and the provider, silent, must be cut off IDLE_MS later. Were
+    // the clock not restarted it would never be: the provider gives up its silence after 4 s and
+    // ends the stream with [DONE] (which this test must then not see).
+    const events = Array.from({ length: 384 }, (_, i) => event(i));
+    const expected = Buffer.concat(events);
+    const stalls: number[] = [];
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    let cutOff = false;
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      let last = Date.now();
+      for (const e of events) {
+        await ex.data(e);
+        const now = Date.now();
+        if (now - last > 2 * IDLE_MS) stalls.push(now - last);
+        last = now;
+      }
+      await Promise.race([released, new Promise((r) => setTimeout(r, 4000))]);
+      try {
+        await ex.data('data: [DONE]\n\n');
+        await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+      } catch {
+        cutOff = true; // the gateway reset the stream: nothing more can be sent
+      }
+    };
+    const res = await readSlowly(`${slow.url}/chat/completions`, chatBody('a long answer, then silence'), Infinity);
+    release();
+    expect(res.status).toBe(200);
+    const id = res.headers['x-request-id'] as string;
+    expect(res.pauses).toBe(1);
+    const tailEvents = sseData(res.body.subarray(res.body.length - 4096).toString());
+    expect(tailEvents.at(-1)).not.toBe('[DONE]');
+    expect(JSON.parse(tailEvents.at(-1)!)).toEqual({ error: { code: 'provider_timeout', message: expect.stringMatching(new RegExp(`sent nothing for ${IDLE_MS} ms`)) } });
+    // Everything the provider sent came before the error event, intact.
+    expect(res.body.subarray(0, expected.length).equals(expected)).toBe(true);
+    await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined));
+    const rec = await waitFor('the record to end', async () => {
+      const r = await record(slow, id);
+      return r.status !== 'in_progress' ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
+    expect(await marketHas(id)).toBe(false);
+    // The premise: the buyer's pause did hold the gateway up for longer than the idle limit.
+    expect(stalls.length).toBeGreaterThanOrEqual(1);
+  });
+});
+
+// ---- events split across DATA frames ------------------------------------------------------------
+
+describe('SSE events split across DATA frames: relayed intact, in order, each once its blank line is in', () => {
+  /**
+   * The scripted node sends each entry of `script` as one DATA frame; an entry `{ seen: n }` waits
+   * (up to 5 s) until the buyer holds n events, and records whether it did. Then the TRAILER with
+   * an honest receipt (or, `bad`, one whose cost is wrong).
+   */
+  type Step = string | { seen: number };
+  async function run(script: Step[], opts: { bad?: boolean } = {}): Promise<{ id: string; text: string; sent: string; seen: boolean[] }> {
+    let buyerHas = 0;
+    const seen: boolean[] = [];
+    const sent: string[] = [];
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      for (const s of script) {
+        if (typeof s === 'string') {
+          sent.push(s);
+          await ex.data(s);
+        } else {
+          seen.push(await waitFor(`the buyer to hold ${s.seen} event(s)`, () => (buyerHas >= s.seen ? true : undefined), 5000, 10).catch(() => false));
+        }
+      }
+      await ex.trailer(Exchange.receiptTrailer(opts.bad ? ex.signedReceipt({ cost_micro_usd: '1' }) : await ex.logReceipt()));
+    };
+    const res = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-prefer-providers': scripted.providerId }, body: chatBody('split frames') });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    const reader = res.body!.getReader();
+    const dec = new TextDecoder();
+    let text = '';
+    for (let r = await reader.read(); !r.done; r = await reader.read()) {
+      text += dec.decode(r.value, { stream: true });
+      buyerHas = text.split(/\r?\n\r?\n/).length - 1;
+    }
+    return { id: res.headers.get('x-request-id')!, text, sent: sent.join(''), seen };
+  }
+
+  /** `event` cut at `at` (negative: from its end) into two DATA frames. */
+  const cut = (event: string, at: number): [string, string] => [event.slice(0, at), event.slice(at)];
+
+  test('the blank line split across two frames (LF: "\\n" | "\\n"): every event arrives whole, in order, as soon as its blank line is complete; [DONE] closes; settled', async () => {
+    const r = await run([...cut(chunk('one'), -1), { seen: 1 }, ...cut(chunk('two'), -1), { seen: 2 }, ...cut(chunk('three'), -1), ...cut('data: [DONE]\n\n', -1)]);
+    expect(r.seen).toEqual([true, true]); // each split event reached the buyer before the provider sent anything more
+    expect(r.text).toBe(r.sent);
+    expect(sseData(r.text)).toEqual([...['one', 'two', 'three'].map((c) => chunk(c).slice('data: '.length, -2)), '[DONE]']);
+    expect(sseData(r.text).slice(0, 3).map(contentOf)).toEqual(['one', 'two', 'three']);
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+
+  test('the next event starting in the frame that completes the previous one\'s blank line ("…\\n" | "\\ndata: …\\n\\n")', async () => {
+    const one = chunk('one');
+    const two = chunk('two');
+    const r = await run([one.slice(0, -1), `\n${two.slice(0, -1)}`, { seen: 1 }, `\n${chunk('three')}data: [DONE]`, '\n\n']);
+    expect(r.seen).toEqual([true]); // the first event went out with the frame that completed it
+    expect(r.text).toBe(r.sent);
+    expect(sseData(r.text).slice(0, 3).map(contentOf)).toEqual(['one', 'two', 'three']);
+    expect(sseData(r.text).at(-1)).toBe('[DONE]');
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+
+  test.each([
+    ['"\\r\\n" | "\\r\\n"', -2],
+    ['"\\r\\n\\r" | "\\n"', -1],
+    ['"\\r" | "\\n\\r\\n"', -3],
+  ])('CRLF-framed events with the blank line split %s: relayed whole and live, [DONE] closes; settled', async (_name, at) => {
+    const crlf = (s: string): string => s.replace(/\n\n$/, '\r\n\r\n');
+    const r = await run([...cut(crlf(chunk('a')), at), { seen: 1 }, ...cut(crlf(chunk('b')), at), { seen: 2 }, ...cut('data: [DONE]\r\n\r\n', at)]);
+    expect(r.seen).toEqual([true, true]);
+    expect(r.text).toBe(r.sent);
+    expect(sseData(r.text).slice(0, 2).map(contentOf)).toEqual(['a', 'b']);
+    expect(sseData(r.text).at(-1)).toBe('[DONE]');
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+
+  test('events split mid-line (inside the JSON, inside "data:", inside "[DONE]"): intact and in order; settled', async () => {
+    const one = chunk('one');
+    const two = chunk('two');
+    const r = await run([one.slice(0, 20), one.slice(20, 40), one.slice(40), { seen: 1 }, two.slice(0, 3), two.slice(3), chunk('three').slice(0, -10), `${chunk('three').slice(-10)}data: [DO`, 'NE]\n\n']);
+    expect(r.seen).toEqual([true]);
+    expect(r.text).toBe(r.sent);
+    expect(sseData(r.text).slice(0, 3).map(contentOf)).toEqual(['one', 'two', 'three']);
+    expect(sseData(r.text)).toHaveLength(4);
+    expect(sseData(r.text).at(-1)).toBe('[DONE]');
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+
+  test('an event sent one byte per DATA frame: relayed whole, once its last byte is in', async () => {
+    const one = chunk('one');
+    const r = await run([...one, { seen: 1 }, chunk('two'), 'data: [DONE]\n\n']);
+    expect(r.seen).toEqual([true]);
+    expect(r.text).toBe(r.sent);
+    expect(sseData(r.text).slice(0, 2).map(contentOf)).toEqual(['one', 'two']);
+    expect(sseData(r.text).at(-1)).toBe('[DONE]');
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+
+  test.each([
+    ['LF ("…[DONE]\\n" | "\\n")', ['data: [DONE]\n', '\n']],
+    ['CRLF ("…[DONE]\\r\\n\\r" | "\\n")', ['data: [DONE]\r\n\r', '\n']],
+    ['mid-line ("data: [DO" | "NE]\\n\\n")', ['data: [DO', 'NE]\n\n']],
+  ])('a [DONE] split across two frames, %s, is still held: a receipt that does not verify ends the stream with the error instead', async (_name, done) => {
+    const r = await run([chunk('one'), chunk('two'), ...done], { bad: true });
+    expect(r.text.startsWith(chunk('one') + chunk('two'))).toBe(true);
+    expect(r.text).not.toContain('[DONE]');
+    const events = sseData(r.text);
+    expect(events).toHaveLength(3);
+    expect(JSON.parse(events[2]!)).toMatchObject({ error: { code: 'bad_provider_response', message: expect.stringMatching(/cost_mismatch/) } });
+    expect(await record(gw, r.id)).toMatchObject({ status: 'bad_provider_response', settled: false, receipt: null });
+    expect(await marketHas(r.id)).toBe(false);
+  });
+
+  test.each([
+    ['CRLF, one byte of it per frame ("…\\r\\n" | "\\r" | "\\n")', ['data: [DONE]\r\n', '\r', '\n']],
+    ['LF with an empty DATA frame between its line ends ("…\\n" | "" | "\\n")', ['data: [DONE]\n', '', '\n']],
+  ])('a [DONE] whose blank line spans three frames, %s, is still held: a receipt that does not verify ends the stream with the error instead', async (_name, done) => {
+    const r = await run([chunk('one'), ...done], { bad: true });
+    expect(r.text.startsWith(chunk('one'))).toBe(true);
+    // A client stops reading at [DONE]: relayed before the error, the error is never seen.
+    expect(r.text).not.toContain('[DONE]');
+    expect(JSON.parse(sseData(r.text).at(-1)!)).toMatchObject({ error: { code: 'bad_provider_response' } });
+  });
+
+  test('a CRLF blank line spread over three frames still ends its event: the buyer has it before the provider sends more', async () => {
+    const a = chunk('a').replace(/\n\n$/, '\r\n');
+    const r = await run([a, '\r', '\n', { seen: 1 }, chunk('b'), 'data: [DONE]\n\n']);
+    expect(r.seen).toEqual([true]);
+    expect(r.text).toBe(r.sent);
+    expect(sseData(r.text).at(-1)).toBe('[DONE]');
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+});
