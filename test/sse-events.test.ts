@@ -25,17 +25,29 @@ describe('sse events', () => {
 
   test('eventsEndAcross: a blank line split between chunks ends the event in the next chunk', () => {
     // "\n" | "\n"
-    expect(eventsEndAcross(b('data: a\n'), b('\ndata: b'))).toBe(1);
+    expect(eventsEndAcross([b('data: a\n')], b('\ndata: b'))).toBe(1);
     // "\r\n" | "\r\n"
-    expect(eventsEndAcross(b('data: a\r\n'), b('\r\ndata: b'))).toBe(2);
+    expect(eventsEndAcross([b('data: a\r\n')], b('\r\ndata: b'))).toBe(2);
     // "\r\n\r" | "\n"
-    expect(eventsEndAcross(b('data: a\r\n\r'), b('\ndata: b'))).toBe(1);
-    // no previous chunk, or nothing that ends an event
-    expect(eventsEndAcross(undefined, b('\ndata: b'))).toBe(0);
-    expect(eventsEndAcross(b('data: a'), b('\ndata: b'))).toBe(0);
-    expect(eventsEndAcross(b('data: a\n'), b('data: b'))).toBe(0);
+    expect(eventsEndAcross([b('data: a\r\n\r')], b('\ndata: b'))).toBe(1);
+    // nothing before, or nothing that ends an event
+    expect(eventsEndAcross([], b('\ndata: b'))).toBe(0);
+    expect(eventsEndAcross([b('data: a')], b('\ndata: b'))).toBe(0);
+    expect(eventsEndAcross([b('data: a\n')], b('data: b'))).toBe(0);
     // a blank line inside the next chunk wins: the last one counts
-    expect(eventsEndAcross(b('data: a\n'), b('\ndata: b\n\ndata: c'))).toBe(10);
+    expect(eventsEndAcross([b('data: a\n')], b('\ndata: b\n\ndata: c'))).toBe(10);
+  });
+
+  test('eventsEndAcross: a blank line spread over three chunks, or with empty chunks between, still ends the event', () => {
+    // "\r\n" | "\r" | "\n"
+    expect(eventsEndAcross([b('data: [DONE]\r\n'), b('\r')], b('\n'))).toBe(1);
+    // "\r" | "\n\r" | "\n"
+    expect(eventsEndAcross([b('data: [DONE]\r'), b('\n\r')], b('\ndata: x'))).toBe(1);
+    // "\n" | "" | "\n"
+    expect(eventsEndAcross([b('data: [DONE]\n'), new Uint8Array(0)], b('\n'))).toBe(1);
+    // one byte a chunk
+    expect(eventsEndAcross([b('d'), b('\r'), b('\n'), b('\r')], b('\n'))).toBe(1);
+    expect(eventsEndAcross([b('d'), b('\r'), b('\n')], b('x'))).toBe(0);
   });
 
   test('lastEventAt: where the last of several whole events starts', () => {

@@ -175,7 +175,7 @@ export class Relay {
         idle.kick();
         if (f.kind === 'data') {
           hash.update(f.bytes);
-          const end = eventsEndAcross(pending[pending.length - 1], f.bytes);
+          const end = eventsEndAcross(pending, f.bytes);
           if (end === 0) {
             pending.push(f.bytes);
             pendingBytes += f.bytes.length;

@@ -28,15 +28,31 @@ export function endsWithBlankLine(b: Uint8Array): boolean {
 
 /**
  * Where the last complete event ends in `next` (just after its blank line), counting a blank line
- * that starts at the end of the previous chunk; 0 when `next` completes no event. Only `next` and
- * a few bytes before it are searched, so a long event costs linear time.
+ * that starts in the bytes before it (`before`: the chunks still pending, however many and however
+ * short); 0 when `next` completes no event. Only `next` and the last 3 bytes before it are searched,
+ * so a long event costs linear time.
  */
-export function eventsEndAcross(prev: Uint8Array | undefined, next: Uint8Array): number {
+export function eventsEndAcross(before: readonly Uint8Array[], next: Uint8Array): number {
   const inNext = blankLineEnd(next);
-  if (inNext > 0 || !prev) return inNext;
-  const tail = prev.subarray(Math.max(0, prev.length - 3));
+  if (inNext > 0) return inNext;
+  const tail = lastBytes(before, 3);
+  if (tail.length === 0) return 0;
   const joint = blankLineEnd(concatBytes(tail, next.subarray(0, 3)));
   return joint > tail.length ? joint - tail.length : 0;
+}
+
+/** The last `n` bytes of chunks laid end to end (fewer if they hold fewer). */
+function lastBytes(chunks: readonly Uint8Array[], n: number): Uint8Array {
+  const parts: Uint8Array[] = [];
+  let have = 0;
+  for (let i = chunks.length - 1; i >= 0 && have < n; i--) {
+    const c = chunks[i]!;
+    const take = Math.min(c.length, n - have);
+    if (take === 0) continue;
+    parts.unshift(c.subarray(c.length - take));
+    have += take;
+  }
+  return parts.length === 1 ? parts[0]! : concatBytes(...parts);
 }
 
 /** Where the last event of complete events starts (trailing extra line ends belong to it). */
