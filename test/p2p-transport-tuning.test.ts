@@ -8,6 +8,7 @@ import type { Multiaddr } from '@multiformats/multiaddr';
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { corkConnectionWrites } from '../src/p2p/cork-writes.ts';
 import { halfWindowUpdates } from '../src/p2p/yamux-window-updates.ts';
+import { readBytes, spyOnSocket } from './helpers/socket-spy.ts';
 import { until } from './helpers/wait.ts';
 
 const PROTO = '/test/tuning/1.0.0';
@@ -39,42 +40,6 @@ afterAll(async () => {
   await server?.stop();
 });
 
-interface SocketSpy {
-  writes: number;
-  restore(): void;
-}
-
-/** Counts the write system calls (write or writev) of a connection's TCP socket. */
-function spyOnSocket(conn: Connection): SocketSpy {
-  const socket = (conn as unknown as { maConn: { socket: Record<string, unknown> } }).maConn.socket;
-  const spy = { writes: 0, restore: () => {} };
-  const originals: Record<string, unknown> = {};
-  for (const name of ['_write', '_writev']) {
-    const original = socket[name] as (...a: unknown[]) => unknown;
-    originals[name] = Object.hasOwn(socket, name) ? original : undefined;
-    socket[name] = function (this: unknown, ...args: unknown[]) {
-      spy.writes++;
-      return original.apply(this, args);
-    };
-  }
-  spy.restore = () => {
-    for (const [name, original] of Object.entries(originals)) {
-      if (original === undefined) delete socket[name];
-      else socket[name] = original;
-    }
-  };
-  return spy;
-}
-
-/** Reads `total` bytes from a stream. */
-async function readBytes(stream: Stream, total: number): Promise<number> {
-  let got = 0;
-  for await (const chunk of stream) {
-    got += chunk.byteLength;
-    if (got >= total) break;
-  }
-  return got;
-}
 
 async function openStream(): Promise<{ stream: Stream; conn: Connection }> {
   const stream = await client.dialProtocol(addr, PROTO);

@@ -7,12 +7,12 @@
 //    sends one and lets the rest through.
 // The mocks reach only the fresh copies: the real YamuxStream is patched as usual for the hosts below.
 import crypto from 'node:crypto';
-import type { Connection, Stream } from '@libp2p/interface';
 import type { Multiaddr } from '@multiformats/multiaddr';
 import { StreamState, YamuxStream } from '@chainsafe/libp2p-yamux/stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { halfWindowUpdates } from '../src/p2p/yamux-window-updates.ts';
+import { readBytes, spyOnSocket } from './helpers/socket-spy.ts';
 import { until } from './helpers/wait.ts';
 
 const PATCHED = Symbol.for('seller-node.yamux-half-window-updates');
@@ -188,36 +188,6 @@ describe('halfWindowUpdates on real libp2p: a paused stream gets no window updat
     await server?.stop();
   });
 
-  /** Counts the write system calls of a connection's TCP socket (as in p2p-transport-tuning.test.ts). */
-  function countSocketWrites(conn: Connection): { writes: number; restore(): void } {
-    const socket = (conn as unknown as { maConn: { socket: Record<string, unknown> } }).maConn.socket;
-    const spy = { writes: 0, restore: () => {} };
-    const own: Record<string, unknown> = {};
-    for (const name of ['_write', '_writev']) {
-      const original = socket[name] as (...a: unknown[]) => unknown;
-      own[name] = Object.hasOwn(socket, name) ? original : undefined;
-      socket[name] = function (this: unknown, ...args: unknown[]) {
-        spy.writes++;
-        return original.apply(this, args);
-      };
-    }
-    spy.restore = () => {
-      for (const [name, original] of Object.entries(own)) {
-        if (original === undefined) delete socket[name];
-        else socket[name] = original;
-      }
-    };
-    return spy;
-  }
-
-  async function readBytes(stream: Stream, total: number): Promise<number> {
-    let got = 0;
-    for await (const chunk of stream) {
-      got += chunk.byteLength;
-      if (got >= total) break;
-    }
-    return got;
-  }
 
   it('the real YamuxStream is patched (the mocked copies above did not touch it)', () => {
     expect(halfWindowUpdates()).toBe(true);
@@ -241,7 +211,7 @@ describe('halfWindowUpdates on real libp2p: a paused stream gets no window updat
     expect(credit).toBeGreaterThan(window / 2); // the small reply did not earn an update
     const total = 4 * window;
 
-    const spy = countSocketWrites(conn);
+    const spy = spyOnSocket(conn);
     try {
       stream.pause();
       expect(y.state).toBe(StreamState.Paused);
