@@ -23,6 +23,7 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startTinyNode } from './helpers/node-config.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
+import { marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 let dir: string;
@@ -37,14 +38,7 @@ function nodeIn(name: string, slots: number): Promise<RunningNode> {
   return startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl, context: 1024, slots, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
 }
 
-interface Totals {
-  receipts: number;
-  cost_micro_usd: string;
-  by_provider: Record<string, { receipts: number; cost_micro_usd: string }>;
-}
-async function totals(): Promise<Totals> {
-  return (await (await fetch(`${marketUrl}/v1/totals`)).json()) as Totals;
-}
+const totals = (): Promise<MarketTotals> => marketTotals(marketUrl);
 
 /** Chat completions the live node has answered or refused, from its own metrics. */
 async function liveNodeRequests(): Promise<number> {

@@ -14,6 +14,7 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startTinyNode } from './helpers/node-config.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
+import { marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 let dir: string;
@@ -31,9 +32,7 @@ async function providers(): Promise<{ provider: string; live: boolean }[]> {
   return (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string; live: boolean }[];
 }
 
-async function totals(): Promise<{ by_provider: Record<string, { receipts: number; cost_micro_usd: string }> }> {
-  return (await (await fetch(`${marketUrl}/v1/totals`)).json()) as { by_provider: Record<string, { receipts: number; cost_micro_usd: string }> };
-}
+const totals = (): Promise<MarketTotals> => marketTotals(marketUrl);
 
 function chat(headers: Record<string, string> = {}, seed = 1): Promise<Response> {
   return fetch(`${gw.url}/chat/completions`, {

@@ -22,7 +22,8 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
 import { MarketProxy } from './helpers/misbehaving-node.ts';
 import { startTinyNode } from './helpers/node-config.ts';
-import { waitFor, waitForListed } from './helpers/wait.ts';
+import { waitForListed } from './helpers/wait.ts';
+import { endedRecord, marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 /** The tiny nodes' prices (node-config.ts): 0.15 and 0.60 USD per million tokens. */
@@ -83,13 +84,7 @@ function post(endpoint: string, body: string, headers: Record<string, string> = 
 
 const chatBody = (maxTokens: number, seed: number): string => JSON.stringify({ model: MODEL, messages: MESSAGES, max_tokens: maxTokens, seed });
 
-interface Totals {
-  receipts: number;
-  cost_micro_usd: string;
-}
-async function totals(): Promise<Totals> {
-  return (await (await fetch(`${marketUrl}/v1/totals`)).json()) as Totals;
-}
+const totals = (): Promise<MarketTotals> => marketTotals(marketUrl);
 
 /** The receipts the market collected for a request id (404: none). */
 async function marketReceipt(id: string): Promise<{ cost_micro_usd: string; provider: string } | undefined> {
@@ -102,12 +97,7 @@ async function marketReceipt(id: string): Promise<{ cost_micro_usd: string; prov
   return (await r.json()) as { cost_micro_usd: string; provider: string };
 }
 
-async function record(id: string): Promise<RequestRecord> {
-  return waitFor(`request ${id} to end`, async () => {
-    const r = (await (await fetch(`${gw.url}/requests/${encodeURIComponent(id)}`)).json()) as RequestRecord;
-    return r.status !== 'in_progress' ? r : undefined;
-  });
-}
+const record = (id: string): Promise<RequestRecord> => endedRecord(gw.url, id);
 
 const payloadOf = (env: DsseEnvelope): { request_id: string; ticket_id: string; provider: string; hold_micro_usd: string; cost_micro_usd: string; status: string; usage: { input_tokens: number; output_tokens: number } } =>
   JSON.parse(Buffer.from(env.payload, 'base64').toString()) as never;

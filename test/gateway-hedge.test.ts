@@ -12,7 +12,8 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startTinyNode } from './helpers/node-config.ts';
-import { waitFor, waitForListed } from './helpers/wait.ts';
+import { waitForListed } from './helpers/wait.ts';
+import { endedRecord } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 let dir: string;
@@ -39,12 +40,7 @@ afterAll(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
-async function record(id: string): Promise<RequestRecord> {
-  return waitFor(`request ${id} to settle`, async () => {
-    const r = (await (await fetch(`${gw.url}/requests/${id}`)).json()) as RequestRecord;
-    return r.status !== 'in_progress' ? r : undefined;
-  });
-}
+const record = (id: string): Promise<RequestRecord> => endedRecord(gw.url, id);
 
 describe('hedged dispatch', () => {
   test('the winner answers and is billed; the loser is cancelled and settled for its own work', async () => {

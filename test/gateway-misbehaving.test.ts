@@ -37,6 +37,7 @@ import type { JsonObject } from '../src/p2p/frames.ts';
 import { Exchange, MarketProxy, SCRIPTED_RATES, SCRIPTED_USAGE, ScriptedNode, type Behaviour, type TicketGrant } from './helpers/misbehaving-node.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
+import { gatewayRecord, marketHas as marketHasReceipt, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 const RECEIPT_FETCH_MS = 800;
@@ -108,18 +109,8 @@ function post(body: string, headers: Record<string, string> = {}, endpoint = 'ch
   return fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
 }
 
-/** The request's record, as GET /v1/requests/{id} answers it (it waits for a settlement under way). */
-async function record(id: string): Promise<RequestRecord> {
-  const r = await fetch(`${gw.url}/requests/${encodeURIComponent(id)}`);
-  expect(r.status, `GET /v1/requests/${id}`).toBe(200);
-  return (await r.json()) as RequestRecord;
-}
-
-async function marketHas(id: string): Promise<boolean> {
-  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
-  await r.arrayBuffer();
-  return r.status === 200;
-}
+const record = (id: string): Promise<RequestRecord> => gatewayRecord(gw.url, id);
+const marketHas = (id: string): Promise<boolean> => marketHasReceipt(marketUrl, id);
 
 async function marketReceipts(): Promise<number> {
   return ((await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number }).receipts;
@@ -138,13 +129,6 @@ async function expectError(res: Response, status: number, code: string, message?
   return { id: id!, message: body.error.message, body };
 }
 
-/** The SSE events of a relayed stream, each event's data line (the gateway's error event included). */
-function sseData(text: string): string[] {
-  return text
-    .split('\n\n')
-    .filter((e) => e.length > 0)
-    .map((e) => e.split('\n').find((l) => l.startsWith('data: '))?.slice('data: '.length) ?? '');
-}
 
 /** Two streamed events and a `cancelled` receipt for them in the node's log, then `end` (a reset, silence). */
 function twoEventsCancelledThen(end: (ex: Exchange) => unknown): { behaviour: Behaviour; logged: string } {

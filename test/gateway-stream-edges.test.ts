@@ -22,6 +22,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { Exchange, ScriptedNode } from './helpers/misbehaving-node.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
+import { gatewayRecord, marketHas as marketHasReceipt, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 const SSE_HEAD = { status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } };
@@ -58,27 +59,11 @@ const chatBody = (content: string): string => JSON.stringify({ model: MODEL, mes
 
 const chunk = (content: string): string => `data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
 
-/** Each event's data line (the gateway's own error event included), for LF- or CRLF-framed events. */
-function sseData(text: string): string[] {
-  return text
-    .split(/\r?\n\r?\n/)
-    .filter((e) => e.length > 0)
-    .map((e) => e.split(/\r?\n/).find((l) => l.startsWith('data: '))?.slice('data: '.length) ?? '');
-}
 
 const contentOf = (data: string): string => (JSON.parse(data) as { choices: { delta: { content: string } }[] }).choices[0]!.delta.content;
 
-async function record(g: Gateway, id: string): Promise<RequestRecord> {
-  const r = await fetch(`${g.url}/requests/${encodeURIComponent(id)}`);
-  expect(r.status, `GET /v1/requests/${id}`).toBe(200);
-  return (await r.json()) as RequestRecord;
-}
-
-async function marketHas(id: string): Promise<boolean> {
-  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
-  await r.arrayBuffer();
-  return r.status === 200;
-}
+const record = (g: Gateway, id: string): Promise<RequestRecord> => gatewayRecord(g.url, id);
+const marketHas = (id: string): Promise<boolean> => marketHasReceipt(marketUrl, id);
 
 /** The stream's record is completed and settled, with a receipt that verifies and binds exactly `sent`. */
 async function expectSettledFor(g: Gateway, id: string, sent: Uint8Array | string): Promise<void> {

@@ -22,6 +22,7 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { gatewayRecord } from './helpers/gateway-reads.ts';
 
 const RATES = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 const MODEL = 'tiny/llama';
@@ -73,11 +74,7 @@ function verified(envelope: unknown) {
   return v.value.payload;
 }
 
-async function record(id: string): Promise<RequestRecord> {
-  const r = await fetch(`${gw.url}/requests/${id}`);
-  expect(r.status).toBe(200);
-  return (await r.json()) as RequestRecord;
-}
+const record = (id: string): Promise<RequestRecord> => gatewayRecord(gw.url, id);
 
 /** The market's own copy of the settled receipt. */
 async function marketReceipt(id: string): Promise<{ status: string; cost_micro_usd: string; receipt: string }> {

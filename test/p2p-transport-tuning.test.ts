@@ -1,49 +1,24 @@
 // The host's transport tuning, on real libp2p over loopback: a Noise message leaves in one socket
 // write (corked), and yamux tops a stream's receive window up only once half of it is spent, while
 // large transfers still flow.
-import crypto from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Connection, Stream } from '@libp2p/interface';
-import type { Multiaddr } from '@multiformats/multiaddr';
-import { createHost, type Host } from '../src/p2p/host.ts';
 import { corkConnectionWrites } from '../src/p2p/cork-writes.ts';
 import { halfWindowUpdates } from '../src/p2p/yamux-window-updates.ts';
-import { readBytes, spyOnSocket } from './helpers/socket-spy.ts';
+import { readBytes, spyOnSocket, startBlastPair } from './helpers/socket-spy.ts';
 import { until } from './helpers/wait.ts';
 
-const PROTO = '/test/tuning/1.0.0';
-let server: Host;
-let client: Host;
-let addr: Multiaddr;
-/** What the server sends back for a request "<count> <size>": count messages of size bytes, one per turn. */
+/** Requests "<count> <size>": count messages of size bytes, one per turn. */
+let pair: Awaited<ReturnType<typeof startBlastPair>>;
 beforeAll(async () => {
-  server = await createHost({ seed: new Uint8Array(32).fill(71), listen: ['/ip4/127.0.0.1/tcp/0'] });
-  client = await createHost({ seed: new Uint8Array(32).fill(72), listen: [] });
-  addr = server.getMultiaddrs()[0]!;
-  await server.handle(PROTO, async (stream) => {
-    try {
-      for await (const chunk of stream) {
-        const [count, size] = new TextDecoder().decode(chunk.subarray()).split(' ').map(Number);
-        for (let i = 0; i < count!; i++) {
-          if (!stream.send(crypto.randomBytes(size!))) await new Promise((r) => stream.addEventListener('drain', r, { once: true }));
-          await new Promise((r) => setImmediate(r));
-        }
-      }
-      await stream.close();
-    } catch (e) {
-      stream.abort(e as Error);
-    }
-  });
+  pair = await startBlastPair('/test/tuning/1.0.0', 71, { turnEach: true });
 });
 afterAll(async () => {
-  await client?.stop();
-  await server?.stop();
+  await pair?.stop();
 });
 
-
 async function openStream(): Promise<{ stream: Stream; conn: Connection }> {
-  const stream = await client.dialProtocol(addr, PROTO);
-  const conn = client.getConnections(server.peerId)[0]!;
+  const { stream, conn } = await pair.open();
   // One round trip first, so the stream is established on both sides before anything is counted.
   stream.send(new TextEncoder().encode('1 10'));
   expect(await readBytes(stream, 10)).toBe(10);

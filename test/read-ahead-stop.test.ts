@@ -58,14 +58,20 @@ function gatedSource(opts: { cleanupError?: Error } = {}) {
   };
 }
 
+/** A reader 4 deep over a gated source, item 0 delivered and step 1 in flight. */
+async function atStepOne(): Promise<{ s: ReturnType<typeof gatedSource>; g: AsyncGenerator<number, unknown, unknown> }> {
+  const s = gatedSource();
+  const g = readAhead(s.gen, 4);
+  const first = g.next();
+  s.release(0);
+  expect(await first).toEqual({ value: 0, done: false });
+  await settle();
+  return { s, g };
+}
+
 describe('readAhead: stopping while the source is busy', () => {
   test('return() during a step of the source waits for that step, then closes the source once; its item is dropped', async () => {
-    const s = gatedSource();
-    const g = readAhead(s.gen, 4);
-    const first = g.next();
-    s.release(0);
-    expect(await first).toEqual({ value: 0, done: false });
-    await settle();
+    const { s, g } = await atStepOne();
     expect(s.state).toEqual({ started: 2, finished: 1, closed: 0 }); // step 1 in flight
     const stop = track(g.return('bye'));
     await settle();
@@ -99,12 +105,7 @@ describe('readAhead: stopping while the source is busy', () => {
   });
 
   test('an error from the step in flight when the consumer stopped is dropped: return() resolves, the source is closed once', async () => {
-    const s = gatedSource();
-    const g = readAhead(s.gen, 4);
-    const first = g.next();
-    s.release(0);
-    await first;
-    await settle();
+    const { s, g } = await atStepOne();
     const stop = track(g.return('bye'));
     await settle();
     s.fail(1, new Error('runtime failed after the buyer left'));
@@ -114,12 +115,7 @@ describe('readAhead: stopping while the source is busy', () => {
   });
 
   test('a throw() into the consumer during a step of the source also waits for the step, and rethrows the consumer\'s error', async () => {
-    const s = gatedSource();
-    const g = readAhead(s.gen, 4);
-    const first = g.next();
-    s.release(0);
-    await first;
-    await settle();
+    const { s, g } = await atStepOne();
     const thrown = track(g.throw(new Error('buyer left')));
     await settle();
     expect(thrown.settled()).toBe(false);

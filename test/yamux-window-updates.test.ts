@@ -6,13 +6,10 @@
 //    transfer): a paused stream still withholds every window update (backpressure), and resuming
 //    sends one and lets the rest through.
 // The mocks reach only the fresh copies: the real YamuxStream is patched as usual for the hosts below.
-import crypto from 'node:crypto';
-import type { Multiaddr } from '@multiformats/multiaddr';
 import { StreamState, YamuxStream } from '@chainsafe/libp2p-yamux/stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { createHost, type Host } from '../src/p2p/host.ts';
 import { halfWindowUpdates } from '../src/p2p/yamux-window-updates.ts';
-import { readBytes, spyOnSocket } from './helpers/socket-spy.ts';
+import { readBytes, spyOnSocket, startBlastPair } from './helpers/socket-spy.ts';
 import { until } from './helpers/wait.ts';
 
 const PATCHED = Symbol.for('seller-node.yamux-half-window-updates');
@@ -159,35 +156,14 @@ describe('halfWindowUpdates: when the patched sendWindowUpdate reaches the origi
 });
 
 describe('halfWindowUpdates on real libp2p: a paused stream gets no window update', () => {
-  const PROTO = '/test/yamux-window/1.0.0';
-  let server: Host;
-  let client: Host;
-  let addr: Multiaddr;
-
+  // For each request "<count> <size>": count random messages of size bytes, waiting for drain.
+  let pair: Awaited<ReturnType<typeof startBlastPair>>;
   beforeAll(async () => {
-    server = await createHost({ seed: new Uint8Array(32).fill(81), listen: ['/ip4/127.0.0.1/tcp/0'] });
-    client = await createHost({ seed: new Uint8Array(32).fill(82), listen: [] });
-    addr = server.getMultiaddrs()[0]!;
-    // For each request "<count> <size>": count random messages of size bytes, waiting for drain.
-    await server.handle(PROTO, async (stream) => {
-      try {
-        for await (const chunk of stream) {
-          const [count, size] = new TextDecoder().decode(chunk.subarray()).split(' ').map(Number);
-          for (let i = 0; i < count!; i++) {
-            if (!stream.send(crypto.randomBytes(size!))) await new Promise((r) => stream.addEventListener('drain', r, { once: true }));
-          }
-        }
-        await stream.close();
-      } catch (e) {
-        stream.abort(e as Error);
-      }
-    });
+    pair = await startBlastPair('/test/yamux-window/1.0.0', 81);
   });
   afterAll(async () => {
-    await client?.stop();
-    await server?.stop();
+    await pair?.stop();
   });
-
 
   it('the real YamuxStream is patched (the mocked copies above did not touch it)', () => {
     expect(halfWindowUpdates()).toBe(true);
@@ -197,8 +173,7 @@ describe('halfWindowUpdates on real libp2p: a paused stream gets no window updat
   });
 
   it('paused, the receiver sends no update: the sender stops once the window is spent; resumed, one update lets the rest through', async () => {
-    const stream = await client.dialProtocol(addr, PROTO);
-    const conn = client.getConnections(server.peerId)[0]!;
+    const { stream, conn } = await pair.open();
     expect(stream).toBeInstanceOf(YamuxStream);
     // The yamux fields the patch reads (private in the types) and the stream's unread bytes.
     const y = stream as unknown as { state: StreamState; recvWindow: number; recvWindowCapacity: number; readBuffer: { byteLength: number } };
