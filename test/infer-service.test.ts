@@ -36,14 +36,14 @@ interface Recorded {
   trailer?: Record<string, any>;
 }
 
-function recorder(opts: { failAfter?: number; onData?: (n: number) => void } = {}): { res: InferResponse; out: Recorded } {
+function recorder(opts: { failAfter?: number; failOn?: (b: Uint8Array) => boolean; onData?: (n: number) => void } = {}): { res: InferResponse; out: Recorded } {
   const out: Recorded = { data: [] };
   return {
     out,
     res: {
       head: async (h) => void (out.head = h),
       data: async (b) => {
-        if (opts.failAfter !== undefined && out.data.length >= opts.failAfter) throw new Error('stream closed');
+        if ((opts.failAfter !== undefined && out.data.length >= opts.failAfter) || opts.failOn?.(b)) throw new Error('stream closed');
         out.data.push(b);
         opts.onData?.(out.data.length);
       },
@@ -59,6 +59,8 @@ function request(endpoint: string, body: object, over: Record<string, unknown> =
 }
 
 const text = (r: Recorded) => Buffer.concat(r.data).toString('utf8');
+/** How many delta events (each at least one token) reached the buyer. */
+const deltaEvents = (r: Recorded): number => text(r).split('\n\n').filter((e) => e.includes('"delta":{"content"')).length;
 const sha = (r: Recorded) => crypto.createHash('sha256').update(Buffer.concat(r.data)).digest('hex');
 const chatBody = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 20, seed: 11, temperature: 0.7 };
 
@@ -108,19 +110,14 @@ describe('InferService', () => {
     const { res, out } = recorder({ failAfter: 4, onData: (n) => n === 4 && ac.abort() });
     const req = { ...request('chat/completions', { ...chatBody, stream: true, max_tokens: 200 }), signal: ac.signal };
     await service.handle(req, res);
-    const lines = log.byRequestId(req.ticket.payload ? JSON.parse(Buffer.from(req.ticket.payload, 'base64').toString()).request_id : '');
-    expect(lines.length).toBe(1);
-    const v = verifyReceipt(lines[0]!.line, { provider: node.id });
-    expect(v.ok).toBe(true);
-    if (!v.ok) return;
+    const p = onlyReceiptOf(req);
     // 4 writes reached the buyer: the role event, then deltas (a few tokens a write, coalesced).
     // Every delta event carries at least one token; tokens still queued when the buyer left are
     // not billed; the hash covers exactly the bytes that were written.
-    const deltas = text(out).split('\n\n').filter((e) => e.includes('"delta":{"content"')).length;
-    expect(v.value.payload.status).toBe('cancelled');
-    expect(v.value.payload.usage.output_tokens).toBeGreaterThanOrEqual(deltas);
-    expect(v.value.payload.usage.output_tokens).toBeLessThan(200);
-    expect(v.value.payload.response_sha256).toBe(sha(out));
+    expect(p.status).toBe('cancelled');
+    expect(p.usage.output_tokens).toBeGreaterThanOrEqual(deltaEvents(out));
+    expect(p.usage.output_tokens).toBeLessThan(200);
+    expect(p.response_sha256).toBe(sha(out));
   });
 
   test('buyers who leave mid-write free the runtime slot each time (one slot: later requests still run)', async () => {
@@ -140,12 +137,37 @@ describe('InferService', () => {
     const req = request('chat/completions', { ...chatBody, stream: true, max_tokens: 300 });
     await service.handle(req, res);
     expect(out.data).toHaveLength(3);
-    expect(out.trailer?.error).toBeUndefined();
+    expect(out.trailer).toMatchObject({ status: 'cancelled' });
+    expect(out.trailer).not.toHaveProperty('error');
     const p = onlyReceiptOf(req);
     expect(p.status).toBe('cancelled');
     expect(p.response_sha256).toBe(sha(out));
+    expect(p.usage.output_tokens).toBeGreaterThanOrEqual(deltaEvents(out));
     expect(p.usage.output_tokens).toBeLessThan(300);
     expect(BigInt(p.cost_micro_usd)).toBe(computeCost({ input_tokens: p.usage.input_tokens, output_tokens: p.usage.output_tokens }, rates));
+  });
+
+  test('a write refused after the run completed (the closing [DONE]) is cancelled too, billed for every token delivered', async () => {
+    const body = { ...chatBody, stream: true, max_tokens: 12 };
+    const whole = recorder();
+    const first = request('chat/completions', body);
+    await service.handle(first, whole.res);
+    const completed = onlyReceiptOf(first);
+    expect(completed.status).toBe('completed');
+    const { res, out } = recorder({ failOn: (b) => Buffer.from(b).toString().includes('[DONE]') });
+    const req = request('chat/completions', body);
+    await service.handle(req, res);
+    expect(text(out)).not.toContain('[DONE]');
+    expect(out.trailer).toMatchObject({ status: 'cancelled' });
+    expect(out.trailer).not.toHaveProperty('error');
+    const p = onlyReceiptOf(req);
+    expect(p.status).toBe('cancelled');
+    // The same seed: the same run. Billed for the tokens whose text went out before the closing
+    // write failed (at most what the completed run billed), the prompt in full.
+    expect(p.usage.input_tokens).toBe(completed.usage.input_tokens);
+    expect(p.usage.output_tokens).toBeGreaterThanOrEqual(deltaEvents(out));
+    expect(p.usage.output_tokens).toBeLessThanOrEqual(completed.usage.output_tokens);
+    expect(p.response_sha256).toBe(sha(out));
   });
 
   test('generation is capped so the worst case never exceeds the hold', async () => {

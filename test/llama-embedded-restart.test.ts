@@ -293,7 +293,7 @@ function failNextContext(): { models: LlamaModel[]; restore(): void } {
 }
 
 describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () => {
-  test('stop() releases the model it loaded, and the next start succeeds', async () => {
+  test('the failed start releases the model it loaded itself; stop() after it is harmless, and the next start succeeds', async () => {
     const rt = new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256 });
     const fail = failNextContext();
     try {
@@ -303,10 +303,11 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     }
     expect(fail.models.length).toBe(1);
     const [loaded] = fail.models;
-    expect(rt.info).toEqual(NOT_STARTED);
-    await rt.stop();
+    // Released by start() itself, before anyone calls stop().
     expect(loaded!.disposed).toBe(true);
+    expect(rt.info).toEqual(NOT_STARTED);
     await expect(rt.tokenize('hello')).rejects.toThrow('the embedded runtime is not started');
+    await rt.stop();
     await rt.start();
     try {
       expect(rt.info.modelSha256).toBe(sha256(good));
@@ -316,10 +317,33 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     }
   });
 
-  // The two startNode cases below: a test that fails the start, then a test of what it left behind.
-  const node: { leftLoaded?: LlamaModel; corruptError?: Error } = {};
+  test('a model file that cannot be hashed once the model loaded: the start fails and releases the model', async () => {
+    const realRead = fs.createReadStream;
+    // Only the adapter's own hashing read (4 MiB chunks) fails; llama.cpp's reads go through.
+    const read = vi.spyOn(fs, 'createReadStream').mockImplementation(((file: fs.PathLike, opts?: { highWaterMark?: number }) => {
+      const stream = realRead(file, opts as never);
+      if (opts?.highWaterMark === 1 << 22) process.nextTick(() => stream.destroy(Object.assign(new Error('EIO: i/o error, read'), { code: 'EIO' })));
+      return stream;
+    }) as typeof fs.createReadStream);
+    const dispose = vi.spyOn(LlamaModel.prototype, 'dispose');
+    const rt = new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256 });
+    try {
+      await expect(rt.start()).rejects.toThrow('EIO');
+    } finally {
+      read.mockRestore();
+    }
+    try {
+      expect(dispose).toHaveBeenCalledTimes(1);
+      expect(rt.info).toEqual(NOT_STARTED);
+      await expect(rt.tokenize('hello')).rejects.toThrow('the embedded runtime is not started');
+    } finally {
+      dispose.mockRestore();
+    }
+  });
+
+  const leftLoaded: LlamaModel[] = [];
   afterAll(async () => {
-    if (node.leftLoaded && !node.leftLoaded.disposed) await node.leftLoaded.dispose(); // (only if the release failed)
+    for (const m of leftLoaded) if (!m.disposed) await m.dispose(); // (only if the release failed)
   });
   function nodeHome(model: Uint8Array): ReturnType<typeof parseConfig> {
     const home = fs.mkdtempSync(path.join(dir, 'node-'));
@@ -328,7 +352,9 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     return parseConfig(tinyNodeConfigYaml({ publicKey: '00'.repeat(32), context: 256, logLevel: 'fatal' }), home);
   }
 
-  test('startNode fails when the context of a loaded model cannot be created', async () => {
+  // A context that does not fit (context x slots too large for the RAM/VRAM): the model the start
+  // loaded (gigabytes, for a real model) is released, not left loaded in the process.
+  test('startNode fails when the context of a loaded model cannot be created, naming the model, and releases the model', async () => {
     const fail = failNextContext();
     try {
       const e = await startNode(nodeHome(good)).then(() => undefined, (err: unknown) => err as Error);
@@ -338,28 +364,20 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
       fail.restore();
     }
     expect(fail.models.length).toBe(1);
-    node.leftLoaded = fail.models[0];
-  });
-
-  // A context that does not fit (context x slots too large for the RAM/VRAM): the model the start
-  // loaded (gigabytes, for a real model) is released, not left loaded in the process.
-  test('startNode: the model whose context could not be created is released when the node fails to start', () => {
-    expect(node.leftLoaded?.disposed).toBe(true);
-  });
-
-  test('startNode fails on a model file that exists but is corrupt', async () => {
-    node.corruptError = await startNode(nodeHome(good.subarray(0, good.length >> 1))).then(
-      () => undefined,
-      (e: unknown) => e as Error,
-    );
-    expect(node.corruptError).toBeInstanceOf(Error);
-    expect(node.corruptError!.message).toMatch(/Failed to load model/);
+    leftLoaded.push(...fail.models);
+    expect(fail.models[0]!.disposed).toBe(true);
   });
 
   // A model file that exists but is corrupt (a truncated download): the error names the model and
   // the file, as a missing file's does.
-  test('startNode: a corrupt model file fails with an error naming the model and the file', () => {
-    expect(node.corruptError?.message).toContain('tiny/llama');
-    expect(node.corruptError?.message).toContain('tiny.gguf');
+  test('startNode fails on a model file that exists but is corrupt, naming the model and the file', async () => {
+    const e = await startNode(nodeHome(good.subarray(0, good.length >> 1))).then(
+      () => undefined,
+      (err: unknown) => err as Error,
+    );
+    expect(e).toBeInstanceOf(Error);
+    expect(e!.message).toMatch(/Failed to load model/);
+    expect(e!.message).toContain('tiny/llama');
+    expect(e!.message).toContain('tiny.gguf');
   });
 });

@@ -296,19 +296,10 @@ export class InferService {
       return this.refuse(res, admissionRefusal(e));
     }
     const hash = crypto.createHash('sha256');
-    /** The buyer's stream refused a write (reset or closed): delivery ended, not the run. */
-    let undeliverable = false;
-    const delivering = async (write: Promise<void>): Promise<void> => {
-      try {
-        await write;
-      } catch (e) {
-        undeliverable = true;
-        throw e;
-      }
-    };
+    const delivery = watchDelivery(res);
     const send = async (bytes: Uint8Array | undefined) => {
       if (!bytes) return;
-      await delivering(res.data(bytes));
+      await delivery.res.data(bytes);
       hash.update(bytes);
     };
     const created = Math.floor(started / 1000);
@@ -326,7 +317,7 @@ export class InferService {
     let gen: AsyncGenerator<GeneratedChunk, GenerationResult, void> | undefined;
     try {
       const streaming = Boolean(stream ?? rstream);
-      await delivering(res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } }));
+      await delivery.res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
       await send(stream?.start() ?? rstream?.start());
       // Read ahead: the runtime computes the next tokens while this one is relayed.
       gen = readAhead(model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal }), READ_AHEAD_CHUNKS);
@@ -350,7 +341,7 @@ export class InferService {
     } catch (e) {
       // The buyer went away (or their stream refused a write), or the runtime failed: bill exactly
       // what was delivered. A buyer still there first gets the text the runtime produced before it failed.
-      const gone = req.signal.aborted || undeliverable;
+      const gone = req.signal.aborted || delivery.failed;
       if (!gone) await events.flush().catch(() => undefined);
       events.discard();
       await gen?.return(undefined as never).catch(() => undefined); // stops the runtime, frees its slot
@@ -384,7 +375,7 @@ export class InferService {
         }
       }
     } catch (e) {
-      status = req.signal.aborted || undeliverable ? 'cancelled' : 'failed';
+      status = req.signal.aborted || delivery.failed ? 'cancelled' : 'failed';
       if (status === 'failed') failure = e instanceof Error ? e.message.slice(0, 200) : 'the response could not be written';
     } finally {
       release();
@@ -483,4 +474,22 @@ function admissionRefusal(e: unknown): Refusal {
     return new Refusal(503, e.code === 'aborted' ? 'request_abandoned' : 'no_capacity', e.message);
   }
   return new Refusal(500, 'internal_error', 'admission failed');
+}
+
+/**
+ * The response, noting when the buyer's stream refuses a write (reset or closed): delivery ended
+ * there, not the run, so the receipt says `cancelled` (billed for what was delivered), not `failed`.
+ */
+function watchDelivery(res: InferResponse): { res: InferResponse; readonly failed: boolean } {
+  let failed = false;
+  const refused = (e: unknown): never => {
+    failed = true;
+    throw e;
+  };
+  return {
+    res: { head: (h) => res.head(h).catch(refused), data: (b) => res.data(b).catch(refused), trailer: (t) => res.trailer(t) },
+    get failed() {
+      return failed;
+    },
+  };
 }
