@@ -69,7 +69,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   // Shutdown steps, named: one that hangs is reported by name (see stopStep), and undone in reverse.
   const cleanup: [string, () => Promise<void> | void][] = [];
   const undo = async () => {
-    for (const [name, c] of cleanup.reverse()) await stopStep(logger, name, c);
+    // Taken out as they run: a second undo (a stop after a failed start) has nothing left to do.
+    for (const [name, c] of cleanup.splice(0).reverse()) await stopStep(logger, name, c);
   };
   try {
     for (const m of config.models) {
@@ -77,7 +78,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {
-        throw new NodeStartError(`models: ${m.id}: model file ${m.path} could not be loaded: ${(e as Error).message}`, { cause: e });
+        throw new NodeStartError(`models: ${m.id}: the runtime could not start on model file ${m.path}: ${(e as Error).message}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       adapters.push(adapter);
@@ -101,14 +102,19 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const db = openStateDb(path.join(config.data_dir, 'state.db'));
     cleanup.push(['state database', () => void db.close()]);
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
-    const pruner = setInterval(() => gate.prune(), 60_000).unref();
-    cleanup.push(['ticket pruner', () => clearInterval(pruner)]);
+    const idempotency = new IdempotencyStore(db);
+    // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
+    const pruner = setInterval(() => {
+      gate.prune();
+      idempotency.forgetOlderThan();
+    }, 60_000).unref();
+    cleanup.push(['state pruner', () => clearInterval(pruner)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
       log,
       gate,
-      idempotency: new IdempotencyStore(db),
+      idempotency,
       models,
       priceVersion: prices.payload.version,
       observe: (e) => {
@@ -129,9 +135,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const host = await createHost({ seed: identity.seed, listen: config.listen });
     cleanup.push(['libp2p host', () => host.stop()]);
     let stopping = false;
+    let stopped: Promise<void> | undefined;
     let registration: Registration | undefined;
     const infer = await serveInfer(host, service);
+    cleanup.push(['infer protocol', () => infer.stop()]);
     const logServer = await serveLog(host, log);
+    cleanup.push(['log protocol', () => logServer.stop()]);
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     const capacitySnapshot = () => ({
@@ -141,6 +150,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
+    cleanup.push(['capacity protocol', () => capacity.stop()]);
     const { host: opsHost, port: opsPort } = parseHostPort(config.ops.http)!; // checked by parseConfig
     const ops = createOpsServer({
       host: opsHost,
@@ -186,15 +196,15 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       opsUrl: opsAddr.url,
       priceVersion: prices.payload.version,
       logger,
-      async stop(graceMs = 30_000) {
-        stopping = true;
-        for (const m of models.values()) m.admission.close();
-        if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
-        await stopStep(logger, 'infer protocol', () => infer.stop());
-        await stopStep(logger, 'log protocol', () => logServer.stop());
-        await stopStep(logger, 'capacity protocol', () => capacity.stop());
-        await undo(); // closes the receipt log last of all: it flushes every receipt first
-        logger.info({}, 'node stopped');
+      stop(graceMs = 30_000) {
+        stopped ??= (async () => {
+          stopping = true;
+          for (const m of models.values()) m.admission.close();
+          if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
+          await undo(); // the protocols first, the receipt log last of all: it flushes every receipt first
+          logger.info({}, 'node stopped');
+        })();
+        return stopped;
       },
     };
   } catch (e) {

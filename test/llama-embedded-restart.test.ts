@@ -359,7 +359,7 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     try {
       const e = await startNode(nodeHome(good)).then(() => undefined, (err: unknown) => err as Error);
       expect(e?.cause).toBeInstanceOf(InsufficientMemoryError);
-      expect(e?.message).toMatch(/^models: tiny\/llama: model file .*tiny\.gguf could not be loaded: /);
+      expect(e?.message).toMatch(/^models: tiny\/llama: the runtime could not start on model file .*tiny\.gguf: /);
     } finally {
       fail.restore();
     }
