@@ -303,6 +303,19 @@ describe('SSE events split across DATA frames: relayed intact, in order, each on
     expect(JSON.parse(sseData(r.text).at(-1)!)).toMatchObject({ error: { code: 'bad_provider_response' } });
   });
 
+  test.each([
+    ['without the space ("data:[DONE]")', ['data:[DONE]\n\n']],
+    ['after a comment line (": ping\ndata: [DONE]")', [': ping\ndata: [DONE]\n\n']],
+    ['ended by LF then CRLF ("…[DONE]\n\r\n")', ['data: [DONE]\n\r\n']],
+    ['ended by LF then a lone CR at the end of the stream ("…[DONE]\n\r")', ['data: [DONE]\n\r']],
+    ['with no blank line before the stream ends ("data: [DONE]")', ['data: [DONE]']],
+  ])('a [DONE] written another way SSE allows, %s, is still held: a receipt that does not verify ends the stream with the error instead', async (_name, done) => {
+    const r = await run([chunk('one'), ...done], { bad: true });
+    expect(r.text.startsWith(chunk('one'))).toBe(true);
+    expect(r.text).not.toContain('[DONE]');
+    expect(JSON.parse(sseData(r.text).at(-1)!)).toMatchObject({ error: { code: 'bad_provider_response' } });
+  });
+
   test('a CRLF blank line spread over three frames still ends its event: the buyer has it before the provider sends more', async () => {
     const a = chunk('a').replace(/\n\n$/, '\r\n');
     const r = await run([a, '\r', '\n', { seen: 1 }, chunk('b'), 'data: [DONE]\n\n']);

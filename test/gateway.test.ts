@@ -93,6 +93,12 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(page.data.find((m) => m.id === MODEL)).toMatchObject({ object: 'model', context_length: CONTEXT, providers: 1 });
     const one = await fetch(`${gw.url}/models/by-id?id=${encodeURIComponent(MODEL)}`);
     expect(one.status).toBe(200);
+    for (const p of [MODEL, encodeURIComponent(MODEL)]) expect((await fetch(`${gw.url}/models/${p}`)).status, p).toBe(200);
+    // A literal "%" in an id is one character, decoded once: an unknown model, never a server error.
+    for (const p of ['a%25', '%25E0%25A4', 'tiny%252Fllama']) {
+      const r = await fetch(`${gw.url}/models/${p}`);
+      expect([r.status, ((await r.json()) as { error: { code: string } }).error.code], p).toEqual([404, 'model_not_found']);
+    }
     await expect(client.models.retrieve('nobody/nothing')).rejects.toMatchObject({ status: 404 });
   });
 
@@ -243,8 +249,11 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(unknown.status).toBe(400);
     const capped = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-max-cost-usd': '1' }, body: JSON.stringify({ endpoint: 'CHAT', body }) });
     expect(capped.status).toBe(400);
-    const badEndpoint = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'IMAGES', body }) });
-    expect(((await badEndpoint.json()) as { error: { message: string } }).error.message).toMatch(/^endpoint:/);
+    for (const name of ['IMAGES', 'constructor', '__proto__', 'toString']) {
+      const badEndpoint = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: name, body }) });
+      expect(badEndpoint.status, name).toBe(400);
+      expect(((await badEndpoint.json()) as { error: { message: string } }).error.message).toMatch(/^endpoint:/);
+    }
     const badBody = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL } }) });
     expect(((await badBody.json()) as { error: { message: string } }).error.message).toMatch(/^body\.messages:/);
     // As at the node: max_tokens beyond the context is refused, not cut down to fit.

@@ -15,6 +15,14 @@ describe('sse events', () => {
     expect(blankLineEnd(b('data: a\r\rdata: b'))).toBe(9);
   });
 
+  test('blankLineEnd: any two line ends in a row (LF, CR or CRLF), a CR at the very end not yet', () => {
+    expect(blankLineEnd(b('data: a\n\r\ndata: b'))).toBe(10); // LF then CRLF
+    expect(blankLineEnd(b('data: a\n\rdata: b'))).toBe(9); // LF then a lone CR
+    expect(blankLineEnd(b('data: a\r\n\rdata: b'))).toBe(10); // CRLF then a lone CR
+    expect(blankLineEnd(b('data: a\n\r'))).toBe(0); // the CR may be the start of a CRLF
+    expect(blankLineEnd(b('data: a\r\n'))).toBe(0);
+  });
+
   test('endsWithBlankLine', () => {
     expect(endsWithBlankLine(b('data: a\n\n'))).toBe(true);
     expect(endsWithBlankLine(b('data: a\r\n\r\n'))).toBe(true);
@@ -65,5 +73,12 @@ describe('sse events', () => {
     for (const t of ['completed', 'incomplete', 'failed']) expect(isTerminalEvent(b(`event: response.${t}\ndata: {}\n\n`))).toBe(true);
     expect(isTerminalEvent(b('event: response.output_text.delta\ndata: {}\n\n'))).toBe(false);
     expect(isTerminalEvent(b('data: {"choices":[]}\n\n'))).toBe(false);
+    // Written the other ways SSE allows: no space, other line ends, comments and fields first.
+    expect(isTerminalEvent(b('data:[DONE]\n\n'))).toBe(true);
+    expect(isTerminalEvent(b(': ping\nid: 7\ndata: [DONE]\r\r'))).toBe(true);
+    expect(isTerminalEvent(b('data: [DONE]'))).toBe(true);
+    expect(isTerminalEvent(b('data:  [DONE]\n\n'))).toBe(false); // two spaces: the value is " [DONE]"
+    expect(isTerminalEvent(b('data: [DONE]\ndata: more\n\n'))).toBe(false);
+    expect(isTerminalEvent(b(`data: ${JSON.stringify({ x: 1 })}\nevent:response.completed\n\n`))).toBe(true);
   });
 });

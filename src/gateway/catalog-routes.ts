@@ -41,5 +41,6 @@ export function registerCatalogRoutes(app: FastifyInstance, d: { market: MarketC
 
   app.get('/v1/models', async (_req, reply) => reply.type(JSON_TYPE).send({ object: 'list', data: await catalog(d.market) }));
   app.get('/v1/models/by-id', async (req, reply) => oneModel((req.query as Record<string, unknown>).id, reply));
-  app.get('/v1/models/*', async (req, reply) => oneModel(decodeURIComponent((req.params as Record<string, string>)['*'] ?? ''), reply));
+  // (the router has already decoded the path: decoding it again would misread a literal "%")
+  app.get('/v1/models/*', async (req, reply) => oneModel((req.params as Record<string, string>)['*'] ?? '', reply));
 }

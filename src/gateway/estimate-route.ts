@@ -29,7 +29,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     } catch {
       throw invalid('body', 'expected a JSON object {endpoint, body}');
     }
-    const endpoint = typeof ask?.endpoint === 'string' ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
+    const endpoint = typeof ask?.endpoint === 'string' && Object.hasOwn(ESTIMATE_ENDPOINTS, ask.endpoint) ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
     if (!endpoint) throw invalid('endpoint', `expected one of ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')}`);
     if (!isObj(ask.body)) throw invalid('body', 'expected the request body of that endpoint');
     const bytes = Buffer.from(JSON.stringify(ask.body));

@@ -192,7 +192,19 @@ export class Relay {
           await write(held ? events.subarray(0, cut) : events);
         } else trailer = f.value;
       }
-      if (pendingBytes) await flushPending(); // bytes that end no event: relayed as they are
+      if (pendingBytes) {
+        // The stream's end closes whatever is pending (a last lone CR, or no blank line at all): a
+        // closing event there is held like any other; anything else is relayed as it is.
+        const rest = concatBytes(...pending);
+        const cut = lastEventAt(rest);
+        if (isTerminalEvent(rest.subarray(cut))) {
+          pending = [rest.subarray(0, cut)];
+          pendingBytes = cut;
+          await flushPending();
+          held = rest.subarray(cut);
+          finished();
+        } else await flushPending();
+      }
     } catch (e) {
       if (gone.aborted) {
         void this.d.settlements.settleFromNode(p, 'abandoned');

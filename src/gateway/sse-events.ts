@@ -6,19 +6,27 @@ import { concatBytes } from '../../attestation/bytes.ts';
 /** The largest SSE event held back whole; a larger one is relayed as it arrives. */
 export const MAX_HELD_EVENT = 4 << 20;
 
-const DONE_LINE = 'data: [DONE]';
 // The closing markers are ASCII: matching them needs no UTF-8 decoding (and no decoder per event).
 const LATIN1 = new TextDecoder('latin1');
-const RESPONSES_END_EVENT = /^event: response\.(?:completed|incomplete|failed)\r?\n/;
+const RESPONSES_END = /^response\.(?:completed|incomplete|failed)$/;
+/** How much of an event is read for its fields when judging whether it closes the stream. */
+const TERMINAL_SCAN = 4096;
 
-/** Where the last blank line of `bytes` ends (SSE allows LF and CRLF line ends), or 0. */
+/**
+ * Where the last blank line of `bytes` ends, or 0. SSE ends a line with CRLF, LF or CR, so a blank
+ * line is any two line ends in a row: LF LF, CR CR, LF CRLF (and so CRLF CRLF), and LF or CRLF
+ * followed by a lone CR. A CR as the very last byte may be the start of a CRLF: it ends nothing yet.
+ */
 export function blankLineEnd(bytes: Uint8Array): number {
   const b = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const end = (sep: string): number => {
     const i = b.lastIndexOf(sep);
     return i < 0 ? 0 : i + sep.length;
   };
-  return Math.max(end('\n\n'), end('\r\n\r\n'), end('\r\r'));
+  // LF then a lone CR (one not followed by LF, and not the last byte).
+  let lfCr = b.lastIndexOf('\n\r');
+  while (lfCr >= 0 && (lfCr + 2 >= b.length || b[lfCr + 2] === 10)) lfCr = lfCr > 0 ? b.lastIndexOf('\n\r', lfCr - 1) : -1;
+  return Math.max(end('\n\n'), end('\n\r\n'), end('\r\r'), lfCr < 0 ? 0 : lfCr + 2);
 }
 
 export function endsWithBlankLine(b: Uint8Array): boolean {
@@ -62,10 +70,20 @@ export function lastEventAt(events: Uint8Array): number {
   return blankLineEnd(events.subarray(0, e));
 }
 
-/** Whether one whole SSE event closes the stream: `data: [DONE]`, or the responses protocol's last event. */
+/**
+ * Whether one whole SSE event closes the stream: data `[DONE]`, or the responses protocol's last
+ * event (`event: response.completed`, `.incomplete` or `.failed`), whatever the line ends, the
+ * space after the colon, comments or the order of the fields.
+ */
 export function isTerminalEvent(event: Uint8Array): boolean {
-  let e = event.length;
-  while (e > 0 && (event[e - 1] === 10 || event[e - 1] === 13)) e--;
-  const head = LATIN1.decode(event.subarray(0, Math.min(e, 64)));
-  return (e === DONE_LINE.length && head === DONE_LINE) || RESPONSES_END_EVENT.test(head);
+  const data: string[] = [];
+  for (const line of LATIN1.decode(event.subarray(0, TERMINAL_SCAN)).split(/\r\n|\r|\n/)) {
+    const colon = line.indexOf(':');
+    if (colon === 0 || line.length === 0) continue; // a comment, or the blank line
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? '' : line.slice(line[colon + 1] === ' ' ? colon + 2 : colon + 1);
+    if (field === 'event' && RESPONSES_END.test(value)) return true;
+    if (field === 'data') data.push(value);
+  }
+  return data.join('\n') === '[DONE]';
 }
