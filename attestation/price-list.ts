@@ -1,11 +1,11 @@
 // Signed price lists (design.md §Money): what each model costs, under a version that tickets and
 // receipts name. The version is derived from the prices themselves, so the same prices always
 // carry the same version and a changed price always carries a new one.
-import { fromHex, isHex, toHex, utf8 } from './bytes.ts';
+import { fromHex, isHex, utf8 } from './bytes.ts';
 import { canonicalize } from './canonical-json.ts';
 import { checkEnvelopeShape, parseEnvelope, signEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import * as f from './fields.ts';
-import { sha256 } from './hash.ts';
+import { sha256Hex } from './hash.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 import { readPayload } from './signed-payload.ts';
 import type { WireRates } from './receipt.ts';
@@ -26,7 +26,7 @@ export interface PriceListPayload {
 
 /** "p-" + 16 hex of SHA-256 over the canonical model prices. */
 export function priceVersion(models: readonly PriceListEntry[]): string {
-  return 'p-' + toHex(sha256(utf8(canonicalize(sortedEntries(models))))).slice(0, 16);
+  return 'p-' + sha256Hex(canonicalize(sortedEntries(models))).slice(0, 16);
 }
 
 function sortedEntries(models: readonly PriceListEntry[]): PriceListEntry[] {

@@ -13,7 +13,7 @@ import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
-import { sha256 } from '../attestation/hash.ts';
+import { sha256Hex } from '../attestation/hash.ts';
 import { signTicket } from '../attestation/ticket.ts';
 import { Admission } from '../src/dispatch/admission.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
@@ -49,7 +49,7 @@ export async function benchNode(n: number): Promise<void> {
     const now = Date.now();
     const ticket = signTicket({
       v: 1, ticket_id: `t-${crypto.randomUUID()}`, request_id: `r-${crypto.randomUUID()}`, provider, account: 'bench', endpoint: 'chat/completions', model: 'tiny/llama',
-      price_version: 'p1', max_cost_micro_usd: '1000000', body_sha256: toHex(sha256(bytes)), routing: { max_wait_ms: 60_000 }, issued_at: now - 1000, expires_at: now + 60_000,
+      price_version: 'p1', max_cost_micro_usd: '1000000', body_sha256: sha256Hex(bytes), routing: { max_wait_ms: 60_000 }, issued_at: now - 1000, expires_at: now + 60_000,
     }, { keyid: marketId, seed: market });
     return { head: { endpoint: 'chat/completions', ticket }, bytes };
   };

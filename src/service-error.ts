@@ -2,6 +2,9 @@
 // envelope): an HTTP status, a stable code, and a message that is safe to show (it names the field
 // or the check that failed, never a stack).
 
+/** The content type of every JSON answer. */
+export const JSON_TYPE = 'application/json; charset=utf-8';
+
 export interface ErrorBody {
   error: { code: string; message: string };
 }

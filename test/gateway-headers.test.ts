@@ -3,7 +3,7 @@ import { describe, expect, test } from 'vitest';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { parseListen } from '../src/cli/gateway.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
-import { dialTarget } from '../src/gateway/gateway.ts';
+import { dialTarget } from '../src/gateway/dial-target.ts';
 import { normalizeMarketUrl } from '../src/market-url.ts';
 import { parseRoutingHeaders } from '../src/gateway/routing-headers.ts';
 import { testKey } from './helpers/receipts.ts';

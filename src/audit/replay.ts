@@ -17,7 +17,7 @@ import Database from 'better-sqlite3';
 import { fileSha256, LlamaEmbeddedAdapter } from '../../adapters/llama-embedded.ts';
 import { fromBase64, toHex } from '../../attestation/bytes.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
-import { sha256 } from '../../attestation/hash.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { ratesFromWire, type ReceiptPayload } from '../../attestation/receipt.ts';
 import { signTicket } from '../../attestation/ticket.ts';
 import { Admission } from '../dispatch/admission.ts';
@@ -69,7 +69,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   try {
     for (const r of todo) {
       const body = opts.requests.get(r.request_id)!;
-      const bodySha = toHex(sha256(body));
+      const bodySha = sha256Hex(body);
       if (bodySha !== r.request_sha256) {
         report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: 'the given body does not hash to request_sha256' });
         continue;

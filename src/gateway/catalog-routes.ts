@@ -4,7 +4,7 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import { quantizationBucket } from '../dispatch/routing.ts';
 import { GatewayError, invalid } from './errors.ts';
 import type { MarketClient } from './market-client.ts';
-import { JSON_TYPE } from './relay.ts';
+import { JSON_TYPE } from '../service-error.ts';
 
 async function catalog(market: MarketClient): Promise<Record<string, unknown>[]> {
   const byId = new Map<string, { id: string; providers: Set<string>; context: number; quantizations: Set<string>; seen: number }>();

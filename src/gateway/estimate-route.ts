@@ -12,7 +12,7 @@ import { candidates } from './candidates.ts';
 import { GatewayError, invalid } from './errors.ts';
 import { canonicalBodySha256, ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
 import type { MarketClient } from './market-client.ts';
-import { JSON_TYPE } from './relay.ts';
+import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
 import { askTokens } from './token-routes.ts';

@@ -35,15 +35,12 @@ import { noopLogger, type GatewayLogger } from './gateway-logger.ts';
 import { MarketClient } from './market-client.ts';
 import { registerPaidRoutes } from './paid-routes.ts';
 import { RequestRecords } from './records.ts';
-import { JSON_TYPE, Relay } from './relay.ts';
+import { Relay } from './relay.ts';
+import { JSON_TYPE } from '../service-error.ts';
 import { Settlements } from './settlement.ts';
 import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 
-export { dialTarget } from './dial-target.ts';
-export { FREE_ENDPOINTS } from './token-routes.ts';
-export { PAID_ENDPOINTS, type PaidEndpoint } from './tickets.ts';
-export type { GatewayLogger } from './gateway-logger.ts';
 
 export const GATEWAY_DEFAULT_PORT = 11435;
 /** How long a provider may send nothing before the gateway cuts it off (--provider-idle-ms). */

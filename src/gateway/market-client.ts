@@ -9,6 +9,7 @@ import { isHex } from '../../attestation/bytes.ts';
 import { isMicroString } from '../../attestation/money.ts';
 import type { IssuedTicketResponse, TicketRequest } from '../market/tickets.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
+import { isObj } from './request-body.ts';
 
 export interface ProviderModel {
   id: string;
@@ -56,7 +57,6 @@ export interface MarketClientOptions {
 }
 
 
-const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
 /** One model's rates as a ticket grant states them; a malformed one is a bad market answer. */

@@ -10,6 +10,7 @@ import { concatBytes } from '../../attestation/bytes.ts';
 import { formatUsd } from '../../attestation/money.ts';
 import type { JsonObject } from '../p2p/frames.ts';
 import type { Response as P2pResponse } from '../p2p/request-stream.ts';
+import { JSON_TYPE } from '../service-error.ts';
 import { errorBody, GatewayError } from './errors.ts';
 import type { IdleWatch } from './idle-watch.ts';
 import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
@@ -19,7 +20,6 @@ import type { Settlements, VerifiedReceipt } from './settlement.ts';
 import { endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT } from './sse-events.ts';
 import type { Paid } from './tickets.ts';
 
-export const JSON_TYPE = 'application/json; charset=utf-8';
 
 export interface RelayDeps {
   settlements: Settlements;

@@ -10,7 +10,7 @@ import { GatewayError } from './errors.ts';
 import type { GatewayLogger } from './gateway-logger.ts';
 import type { MarketClient } from './market-client.ts';
 import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
-import type { RequestRecord, RequestRecords } from './records.ts';
+import type { RequestRecords } from './records.ts';
 import type { Paid } from './tickets.ts';
 
 export type VerifiedReceipt = Extract<CheckedReceipt, { ok: true }>;
@@ -24,6 +24,9 @@ const NO_RECEIPT = {
   abandoned: { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' },
   failed: { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' },
 } as const;
+
+/** Tries at POST /v1/receipts while the market is unreachable. */
+const SETTLE_ATTEMPTS = 3;
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
@@ -73,10 +76,10 @@ export class Settlements {
   }
 
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
-  async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<RequestRecord | undefined> {
+  async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
     let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
-    for (let attempt = 0; attempt < 3; attempt++) {
+    for (let attempt = 0; attempt < SETTLE_ATTEMPTS; attempt++) {
       try {
         const ack = await market.postReceipt(r.line);
         outcome = ack.ok ? { ok: true } : { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' };
@@ -85,19 +88,18 @@ export class Settlements {
         const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
         outcome = { ok: false, code: g.code, message: g.message };
         if (g.status < 500) break; // the market refused it: retrying will not change that
-        await sleep(200 * (attempt + 1));
+        if (attempt < SETTLE_ATTEMPTS - 1) await sleep(200 * (attempt + 1));
       }
     }
     if (!outcome.ok) log.warn({ request_id: id, code: outcome.code, message: outcome.message }, 'receipt not settled with the marketplace');
     if (!records.get(id)) records.begin({ request_id: id, endpoint: r.payload.endpoint, model: r.payload.model, provider: r.payload.provider });
-    const rec = records.settle(id, r, outcome);
+    records.settle(id, r, outcome);
     if (askedAs !== undefined && askedAs !== id) records.alias(askedAs, id);
-    return rec;
   }
 
   /** Settles a verified receipt in the background: the buyer's answer never waits for the market. */
   settleLater(id: string, r: VerifiedReceipt, askedAs?: string): void {
-    void this.track(id, this.settle(id, r, askedAs).then(() => undefined));
+    void this.track(id, this.settle(id, r, askedAs));
   }
 
   /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
@@ -128,7 +130,7 @@ export class Settlements {
     let last: CheckedReceipt | undefined;
     for (let delay = 50; ; delay = Math.min(delay * 2, 400)) {
       try {
-        const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal: AbortSignal.timeout(3000) }));
+        const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal: AbortSignal.timeout(Math.max(1, Math.min(3000, deadline - Date.now()))) }));
         if (r.head.status === 200) {
           const v = JSON.parse(Buffer.from(r.body).toString('utf8')) as { receipts?: unknown };
           for (const line of Array.isArray(v.receipts) ? v.receipts : []) {

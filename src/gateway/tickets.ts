@@ -2,10 +2,10 @@
 // asked (market key, body hash, request id, cost cap, preferred providers), and steered: a retry
 // under an Idempotency-Key goes back to the provider that answered it, a hedge goes elsewhere.
 import type { Multiaddr } from '@multiformats/multiaddr';
-import { computeCost } from '../../attestation/money.ts';
 import type { WireRates } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import { verifyTicket } from '../../attestation/ticket-verify.ts';
+import { worstCaseCost } from '../dispatch/routing.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError } from './errors.ts';
 import type { MarketClient, TicketRequest } from './market-client.ts';
@@ -69,7 +69,7 @@ export class Ticketing {
   }
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
-  async take(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<Granted> {
+  private async take(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<Granted> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
     if (hold !== undefined) ask.max_cost_micro_usd = hold;
@@ -150,7 +150,7 @@ export class Ticketing {
       const r = p.rates?.[model];
       if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
     }
-    return rate === 0n ? undefined : computeCost({ input_tokens: body.length, output_tokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
+    return rate === 0n ? undefined : worstCaseCost({ inputTokens: body.length, maxOutputTokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
   }
 }
 

@@ -9,11 +9,11 @@ import { candidates, type Candidate } from './candidates.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
 import type { MarketClient } from './market-client.ts';
-import { JSON_TYPE } from './relay.ts';
+import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
 
-export const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
+const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
 
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
 class ProviderUnreached extends GatewayError {}

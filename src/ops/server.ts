@@ -12,6 +12,7 @@
 import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
+import { JSON_TYPE } from '../service-error.ts';
 
 type MaybePromise<T> = T | Promise<T>;
 
@@ -63,7 +64,6 @@ export interface OpsServer {
 
 const OPS_ROUTES: readonly string[] = ['/healthz', '/readyz', '/status', '/metrics'];
 
-const JSON_TYPE = 'application/json; charset=utf-8';
 
 const errorSchema = {
   type: 'object',

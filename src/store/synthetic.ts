@@ -1,12 +1,12 @@
 // Synthetic but well-formed receipt bodies, for `seller-node log fill`, tests and benchmarks.
 // Deterministic for a given index, so two fills of the same log produce the same bytes.
 import { toHex, utf8 } from '../../attestation/bytes.ts';
-import { sha256 } from '../../attestation/hash.ts';
+import { sha256, sha256Hex } from '../../attestation/hash.ts';
 import { computeCost } from '../../attestation/money.ts';
 import type { ReceiptBody, ReceiptStatus } from '../../attestation/receipt.ts';
 
 const SYNTHETIC_PRICE = { version: 'synthetic-1', rates: { input_per_mtok: '150000', output_per_mtok: '600000' } };
-const MODEL_SHA = toHex(sha256(utf8('synthetic model')));
+const MODEL_SHA = sha256Hex('synthetic model');
 const STATUSES: ReceiptStatus[] = ['completed', 'completed', 'completed', 'completed', 'completed', 'completed', 'cancelled', 'failed'];
 
 export function syntheticReceiptBody(i: number, now = 1_767_225_600_000 + i * 250): ReceiptBody {
@@ -35,8 +35,8 @@ export function syntheticReceiptBody(i: number, now = 1_767_225_600_000 + i * 25
     price: SYNTHETIC_PRICE,
     cost_micro_usd: cost.toString(),
     hold_micro_usd: hold.toString(),
-    request_sha256: toHex(sha256(utf8(`request ${i}`))),
-    response_sha256: toHex(sha256(utf8(`response ${i}`))),
+    request_sha256: sha256Hex(`request ${i}`),
+    response_sha256: sha256Hex(`response ${i}`),
     attestation: { tier: 'T1', evidence_sha256: null },
   };
 }

@@ -15,7 +15,7 @@ import type { Stream } from '@libp2p/interface';
 import { toHex, utf8 } from '../../attestation/bytes.ts';
 import { serializeEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
-import { sha256, sha256Hex } from '../../attestation/hash.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { computeCost, type Rates } from '../../attestation/money.ts';
 import { signPriceList } from '../../attestation/price-list.ts';
 import { buildReceiptPayload, GENESIS_PREV, ratesToWire, type ReceiptBody } from '../../attestation/receipt.ts';
@@ -54,7 +54,7 @@ export class Exchange {
     this.stream = stream;
     this.requestHead = head;
     this.body = body;
-    this.bodySha256 = toHex(sha256(body));
+    this.bodySha256 = sha256Hex(body);
     this.ticket = (peekPayload(head.ticket as DsseEnvelope) ?? {}) as unknown as TicketPayload;
   }
 
@@ -86,7 +86,7 @@ export class Exchange {
 
   /** SHA-256 of every DATA byte sent so far: the honest response_sha256. */
   get responseSha256(): string {
-    return toHex(sha256(Buffer.concat(this.sent)));
+    return sha256Hex(Buffer.concat(this.sent));
   }
 
   /** The honest receipt body of this request for what was sent so far, with `over` applied. */
