@@ -94,7 +94,8 @@ export function base64DecodedLength(s: string): number | undefined {
 export function fromBase64(s: string): Uint8Array | undefined {
   const n = base64DecodedLength(s);
   if (n === undefined) return undefined;
-  const out = newBytes(n);
+  // The caller's own array: a key or hash kept from it holds no pool slab (and no one else's bytes).
+  const out = new Uint8Array(n);
   return decodeBase64Into(s, out, 0) ? out : undefined;
 }
 
@@ -138,8 +139,9 @@ export function decodeBase64Into(s: string, out: Uint8Array, offset: number): bo
 }
 
 /**
- * A new byte array whose contents the caller overwrites in full. Node hands out slices of a
- * shared pool (no zero-fill, no allocation per call for small sizes); elsewhere a plain array.
+ * A new byte array whose contents the caller overwrites in full, for transient messages (PAE):
+ * Node hands out slices of a shared pool (no zero-fill, no allocation per call for small sizes),
+ * so nothing handed to a caller to keep is made with it; elsewhere a plain array.
  */
 export function newBytes(n: number): Uint8Array {
   if (NodeBuffer) {

@@ -152,7 +152,8 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
     if (failedKeyless) return fail('signature_invalid', 'no signature verifies under a trusted key');
     return fail('unknown_key', 'no signature by a trusted key');
   }
-  return ok({ payload, keyid: verified });
+  // The caller's own copy: `message` may be a slice of Node's shared pool (see newBytes).
+  return ok({ payload: payload.slice(), keyid: verified });
 }
 
 /**

@@ -16,6 +16,10 @@ describe('base64 is strict: one accepted encoding per byte string', () => {
     for (const bad of LENIENT_BASE64) expect(fromBase64(bad), bad).toBeUndefined();
     expect(fromBase64('')).toEqual(new Uint8Array(0));
   });
+  test('the bytes are the caller\'s own array (no shared pool slab behind them)', () => {
+    const key = fromBase64(toBase64(new Uint8Array(32).fill(7)))!;
+    expect([key.byteOffset, key.buffer.byteLength]).toEqual([0, 32]);
+  });
   test('accepts exactly the strings that are the canonical encoding of their bytes (fuzz)', () => {
     let accepted = 0;
     for (const { s, canonical } of base64Candidates(20000)) {

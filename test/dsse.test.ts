@@ -2,7 +2,7 @@ import { p256 } from '@noble/curves/nist.js';
 import { describe, expect, test } from 'vitest';
 import crypto from 'node:crypto';
 import { toHex, utf8 } from '../attestation/bytes.ts';
-import { base64Candidates } from './helpers/base64-cases.ts';
+import { LENIENT_BASE64, base64Candidates } from './helpers/base64-cases.ts';
 import { pae, paeOfBase64, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { readVectorJson } from './helpers/vectors.ts';
@@ -35,7 +35,10 @@ describe('DSSE protocol vector (ECDSA P-256)', () => {
   test('the spec envelope verifies and yields the body', () => {
     const r = verifyEnvelope(v.envelope, { payloadType: v.payloadType, keys: [specKey] });
     expect(r.ok).toBe(true);
-    if (r.ok) expect(new TextDecoder().decode(r.value.payload)).toBe('hello world');
+    if (!r.ok) return;
+    expect(new TextDecoder().decode(r.value.payload)).toBe('hello world');
+    // The caller's own bytes, not a view into the PAE message (a shared pool slab on Node).
+    expect([r.value.payload.byteOffset, r.value.payload.buffer.byteLength]).toEqual([0, 11]);
   });
   test('a changed body, type or signature fails', () => {
     const body = { ...v.envelope, payload: Buffer.from('hello world!').toString('base64') };
@@ -100,6 +103,9 @@ describe('PAE decoded straight from base64', () => {
       expect(toHex(got.message)).toBe(toHex(pae('application/x-test', b)));
       expect(toHex(got.payload)).toBe(toHex(b));
     }
+  });
+  test('refuses every lenient form the byte decoder refuses', () => {
+    for (const bad of LENIENT_BASE64) expect(paeOfBase64('t', bad), bad).toBeUndefined();
   });
   test('accepts exactly the canonical encodings, as Buffer round-trips define them (fuzz)', () => {
     let refused = 0;
