@@ -7,7 +7,7 @@ export interface StopStepLogger {
 }
 
 /** A shutdown step that takes longer than this is reported (error log) by name while it runs on. */
-export const SLOW_STOP_STEP_MS = 10_000;
+const SLOW_STOP_STEP_MS = 10_000;
 
 export async function stopStep(logger: StopStepLogger, step: string, work: () => Promise<void> | void, slowMs = SLOW_STOP_STEP_MS): Promise<void> {
   const slow = setTimeout(() => logger.error({ step, after_ms: slowMs }, 'shutdown step still running'), slowMs);
@@ -15,7 +15,7 @@ export async function stopStep(logger: StopStepLogger, step: string, work: () =>
   try {
     await work();
   } catch (e) {
-    logger.warn({ step, err: (e as Error).message }, 'shutdown step failed');
+    logger.warn({ step, err: e instanceof Error ? e.message : String(e) }, 'shutdown step failed');
   } finally {
     clearTimeout(slow);
   }

@@ -2,17 +2,22 @@
 // slow (one at a time, in order, tokens counted only once written), a write that fails when the
 // window's timer flushes (nobody awaits that flush), what was queued behind a failed write, and
 // tokens dropped by discard().
-import { describe, expect, test } from 'vitest';
+import { afterEach, describe, expect, test, vi } from 'vitest';
 import { Coalescer } from '../src/serve/coalescer.ts';
-import { until } from './helpers/wait.ts';
+import { settle, track } from './helpers/wait.ts';
+
+/**
+ * The coalescing window runs on a fake clock (setTimeout and performance.now), so "within the
+ * window" holds however slow the machine is; promise turns (setImmediate) stay real.
+ */
+const fakeClock = () => vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'performance'] });
+afterEach(() => {
+  vi.useRealTimers();
+});
 
 const b = (s: string) => new TextEncoder().encode(s);
 const dec = (x: Uint8Array) => new TextDecoder().decode(x);
 
-/** Lets every pending promise callback run (a few turns of the event loop). */
-const settle = async () => {
-  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
-};
 
 /** A write side whose writes each wait until the test ends them. */
 function slowWriter() {
@@ -58,20 +63,19 @@ describe('Coalescer with a slow write side', () => {
     w.pending[1]!.resolve();
     await second;
     expect(c.delivered).toBe(3);
-    const flushed = c.flush(); // resolves only when everything queued so far is written
-    let flushDone = false;
-    void flushed.then(() => (flushDone = true));
+    const flushed = track(c.flush()); // resolves only when everything queued so far is written
     await settle();
-    expect(flushDone).toBe(false);
+    expect(flushed.settled()).toBe(false);
     expect(w.started).toEqual(['a', 'bc', 'd']);
     w.pending[2]!.resolve();
     await third;
-    await flushed;
+    await flushed.p;
     expect(c.delivered).toBe(4);
     expect(w.maxActive()).toBe(1);
   });
 
   test('bytes pushed while a write is in flight go out together in the next write', async () => {
+    fakeClock();
     const w = slowWriter();
     const c = new Coalescer(w.write, { windowMs: 1000 });
     const first = c.push(b('a'), 1); // the first goes at once
@@ -94,6 +98,7 @@ describe('Coalescer with a slow write side', () => {
 describe('Coalescer when the write side fails', () => {
   test('a write that fails in the timer\'s flush is recorded: the next push rejects with it, its tokens are not delivered', async () => {
     const writes: string[] = [];
+    fakeClock();
     let calls = 0;
     const c = new Coalescer(
       async (x) => {
@@ -106,7 +111,8 @@ describe('Coalescer when the write side fails', () => {
     await c.push(b('a'), 1); // at once
     await c.push(b('b'), 2); // within the window: left to the timer, which nobody awaits
     expect(calls).toBe(1);
-    await until('the timer to flush', () => calls === 2);
+    await vi.advanceTimersByTimeAsync(300); // the timer flushes
+    expect(calls).toBe(2);
     await settle();
     // The failure did not escape as an unhandled rejection (vitest fails the run on one): it waits here.
     await expect(c.push(b('c'), 1)).rejects.toThrow('stream reset');
@@ -138,13 +144,14 @@ describe('Coalescer when the write side fails', () => {
 
 describe('Coalescer.discard', () => {
   test('tokens dropped by discard() are not counted with the next write, and the timer does not write them', async () => {
+    fakeClock();
     const writes: string[] = [];
     const c = new Coalescer(async (x) => void writes.push(dec(x)), { windowMs: 300 });
     await c.push(b('a'), 1); // at once
     await c.push(b('held'), 3); // left to the timer
     await c.push(b(''), 2); // tokens whose text is not out yet
     c.discard();
-    await new Promise((r) => setTimeout(r, 400)); // past the window: the discarded bytes stay unwritten
+    await vi.advanceTimersByTimeAsync(400); // past the window: the discarded bytes stay unwritten
     expect(writes).toEqual(['a']);
     expect(c.delivered).toBe(1);
     await c.push(b('z'), 1);

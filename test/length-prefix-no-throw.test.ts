@@ -2,7 +2,9 @@
 // same messages come out however the bytes are cut, and an empty buffer no longer reaches the
 // prefix reader (which throws on it).
 import { LengthPrefixedDecoder } from '@libp2p/utils';
-import { describe, expect, test } from 'vitest';
+import fs from 'node:fs';
+import path from 'node:path';
+import { describe, expect, test, vi } from 'vitest';
 import { lengthPrefixWithoutThrow } from '../src/p2p/length-prefix-no-throw.ts';
 
 /** Noise's framing: a 2-byte big-endian length, then the message. */
@@ -45,14 +47,41 @@ describe('lengthPrefixWithoutThrow', () => {
     ['with empty reads', [new Uint8Array(0), bytes.subarray(0, 7), new Uint8Array(0), bytes.subarray(7)]],
   ];
 
-  test('the patch installs once and says so', () => {
+  test('the patch installs once and says so: a second call leaves the wrapped decode as it is', () => {
     expect(lengthPrefixWithoutThrow()).toBe(true);
+    const wrapped = LengthPrefixedDecoder.prototype.decode;
     expect(lengthPrefixWithoutThrow()).toBe(true);
+    expect(LengthPrefixedDecoder.prototype.decode).toBe(wrapped);
   });
 
-  test.each(cuts)('the same messages, in order, however the bytes are cut: %s', (_name, chunks) => {
+  test.each(cuts)('the same messages, in order, however the bytes are cut: %s', (name, chunks) => {
     lengthPrefixWithoutThrow();
-    expect(decodeAll(chunks, reader().read)).toEqual(messages);
+    const r = reader();
+    expect(decodeAll(chunks, r.read)).toEqual(messages);
+    // Reads that end on a message boundary never reach the throwing prefix reader.
+    if (name === 'one read' || name === 'a read per message') expect(r.throws).toBe(0);
+  });
+
+  test('the decoder noise builds is the patched one (no second copy of @libp2p/utils under noise)', () => {
+    // Node resolves noise's import from its own folder first: a nested copy there would be unpatched.
+    const noise = path.join(process.cwd(), 'node_modules', '@chainsafe', 'libp2p-noise');
+    expect(fs.existsSync(path.join(noise, 'package.json'))).toBe(true);
+    expect(fs.existsSync(path.join(noise, 'node_modules', '@libp2p', 'utils'))).toBe(false);
+  });
+
+  test('a decoder class without decode() is left alone: false, nothing installed', async () => {
+    class NoDecode {}
+    vi.resetModules();
+    vi.doMock('@libp2p/utils', () => ({ LengthPrefixedDecoder: NoDecode }));
+    try {
+      const fresh = await import('../src/p2p/length-prefix-no-throw.ts');
+      expect(fresh.lengthPrefixWithoutThrow).not.toBe(lengthPrefixWithoutThrow);
+      expect(fresh.lengthPrefixWithoutThrow()).toBe(false);
+      expect(Reflect.ownKeys(NoDecode.prototype)).toEqual(['constructor']);
+    } finally {
+      vi.doUnmock('@libp2p/utils');
+      vi.resetModules();
+    }
   });
 
   test('a read that ends on a message boundary ends without asking the prefix reader about an empty buffer', () => {

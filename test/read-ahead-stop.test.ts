@@ -4,21 +4,8 @@
 // flight at a stop, an error on the very first step, and a source whose own cleanup fails.
 import { describe, expect, test } from 'vitest';
 import { readAhead } from '../src/serve/read-ahead.ts';
+import { settle, track } from './helpers/wait.ts';
 
-/** Lets every pending promise callback run (a few turns of the event loop). */
-const settle = async () => {
-  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
-};
-
-/** Tracks whether a promise has settled, without handling it for the caller. */
-function track<T>(p: Promise<T>): { settled: () => boolean; p: Promise<T> } {
-  let done = false;
-  p.then(
-    () => (done = true),
-    () => (done = true),
-  );
-  return { settled: () => done, p };
-}
 
 /**
  * A source whose step i (the computation of item i) waits until the test calls release(i), or

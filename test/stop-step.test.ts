@@ -45,4 +45,23 @@ describe('stopStep', () => {
     expect(order).toEqual(['first', 'second']);
     expect(log.lines).toEqual([{ level: 'warn', obj: { step: 'first', err: 'disk gone' }, msg: 'shutdown step failed' }]);
   });
+
+  test('a step whose promise rejects, with an Error or anything else, is logged the same way', async () => {
+    const log = recorder();
+    await stopStep(log, 'async', () => Promise.reject(new Error('socket gone')));
+    await stopStep(log, 'odd', () => Promise.reject('not an Error'));
+    expect(log.lines.map((l) => l.obj)).toEqual([
+      { step: 'async', err: 'socket gone' },
+      { step: 'odd', err: 'not an Error' },
+    ]);
+  });
+
+  test('a slow step that then fails is reported twice: still running, then failed', async () => {
+    const log = recorder();
+    await stopStep(log, 'slow', () => new Promise<void>((_, reject) => setTimeout(() => reject(new Error('gave up')), 60)), 20);
+    expect(log.lines.map((l) => [l.level, l.msg])).toEqual([
+      ['error', 'shutdown step still running'],
+      ['warn', 'shutdown step failed'],
+    ]);
+  });
 });

@@ -165,9 +165,7 @@ describe('halfWindowUpdates on real libp2p: a paused stream gets no window updat
     await pair?.stop();
   });
 
-  it('the real YamuxStream is patched (the mocked copies above did not touch it)', () => {
-    expect(halfWindowUpdates()).toBe(true);
-    expect((YamuxStream.prototype as unknown as Record<symbol, unknown>)[PATCHED]).toBe(true);
+  it('premise: the stand-in states above are the real StreamState values', () => {
     expect(StreamState.Established).toBe(STATES.Established);
     expect(StreamState.Paused).toBe(STATES.Paused);
   });

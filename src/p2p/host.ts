@@ -26,10 +26,18 @@ export interface HostOptions {
   maxConnections?: number;
 }
 
+const warned = new Set<string>();
+function warnOnce(tuning: string, pkg: string): void {
+  if (warned.has(tuning)) return;
+  warned.add(tuning);
+  process.emitWarning(`libp2p tuning "${tuning}" is off: ${pkg} no longer has the shape it patches (see docs/decisions.md)`, 'SellerNodeWarning');
+}
+
 /** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
 export async function createHost(opts: HostOptions): Promise<Host> {
-  halfWindowUpdates();
-  lengthPrefixWithoutThrow();
+  // Each returns false when its library has changed shape (an upgrade): said once, then run without.
+  if (!halfWindowUpdates()) warnOnce('yamux half-window updates', '@chainsafe/libp2p-yamux');
+  if (!lengthPrefixWithoutThrow()) warnOnce('Noise reads without an exception per read', '@libp2p/utils');
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
   const logger = hostLogger();
   const host = await createLibp2p({

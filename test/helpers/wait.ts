@@ -27,3 +27,18 @@ export async function waitForListed(marketUrl: string, ids: readonly string[]): 
     15_000,
   );
 }
+
+/** Lets every pending promise callback run (a few turns of the event loop). */
+export async function settle(): Promise<void> {
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+}
+
+/** Tracks whether a promise has settled, without handling it for the caller. */
+export function track<T>(p: Promise<T>): { settled: () => boolean; p: Promise<T> } {
+  let done = false;
+  p.then(
+    () => (done = true),
+    () => (done = true),
+  );
+  return { settled: () => done, p };
+}
