@@ -140,6 +140,21 @@ describe('RequestRecords', () => {
     again.close();
   });
 
+  test('closing tries the refused writes once more, and reports the ones still refused as given up', () => {
+    const file = failingFile('closing.db', "NEW.request_id = 'stuck' OR (SELECT n FROM failures_left) > 1");
+    const errors: string[] = [];
+    const r = new RequestRecords(10, file, (_e, id, op) => errors.push(`${op} ${id}`));
+    begin(r, 'late'); // refused: the first of two failures
+    begin(r, 'stuck'); // refused, and always will be
+    r.close(); // 'late' is written now; 'stuck' is given up, and said so
+    expect(errors).toEqual(['write late', 'write stuck', 'write stuck', 'drop stuck']);
+    expect(r.unsavedDropped).toBe(1);
+    const again = new RequestRecords(10, file);
+    expect(again.get('late')?.status).toBe('interrupted');
+    expect(again.get('stuck')).toBeUndefined();
+    again.close();
+  });
+
   test('a file that stays broken costs bounded memory: beyond `limit` waiting records the oldest change is given up, and said so', () => {
     const errors: string[] = [];
     const r = new RequestRecords(3, path.join(dir, 'broken.db'), (_e, id, op) => errors.push(`${op} ${id}`));

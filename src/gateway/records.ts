@@ -149,7 +149,16 @@ export class RequestRecords {
     return this.map.size;
   }
 
+  /** Closes the file after one last try at the writes it refused; any still refused are reported given up. */
   close(): void {
+    if (this.db?.open) {
+      for (const [id, write] of this.unsaved) if (this.guard(id, 'write', write)) this.unsaved.delete(id);
+      for (const id of this.unsaved.keys()) {
+        this.dropped++;
+        this.onFileError?.(new Error('the records file refused this change until the gateway closed'), id, 'drop');
+      }
+      this.unsaved.clear();
+    }
     this.db?.close();
   }
 
