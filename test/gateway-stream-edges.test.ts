@@ -108,11 +108,11 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
   }
 
   /**
-   * POSTs with a raw http.request and reads the answer slowly: it pauses PAUSE_MS before reading
+   * POSTs with a raw http.request and reads the answer slowly: it pauses `pauseMs` before reading
    * anything, then again every `every` bytes, PAUSES times in all. A paused response stops reading
    * its socket (Node's HTTP client stops the socket once the response's buffer is full).
    */
-  function readSlowly(url: string, body: string, every: number): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer; pauses: number }> {
+  function readSlowly(url: string, body: string, every: number, pauseMs = PAUSE_MS): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer; pauses: number }> {
     return new Promise((resolve, reject) => {
       const req = http.request(url, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-service-prefer-providers': scripted.providerId } }, (res) => {
         const chunks: Buffer[] = [];
@@ -122,7 +122,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
         const pause = (): void => {
           pauses++;
           res.pause();
-          setTimeout(() => res.resume(), PAUSE_MS);
+          setTimeout(() => res.resume(), pauseMs);
         };
         res.on('data', (c: Buffer) => {
           chunks.push(c);
@@ -176,6 +176,59 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     // for longer than the provider's idle limit (the provider could not send: its stream's window
     // was spent, the gateway having stopped reading it while it waited for the buyer's socket).
     expect(res.pauses).toBe(PAUSES);
+    expect(stalls.length).toBeGreaterThanOrEqual(1);
+  });
+
+  test('the provider\'s clock runs again once the buyer drains: a provider silent after the slow read is still cut off with provider_timeout', async () => {
+    // 40 MB (more than every buffer on the way holds), then silence: the buyer's first pause holds
+    // the gateway up (its clock paused), the
+    // buyer then reads everything, and the provider, silent, must be cut off IDLE_MS later. Were
+    // the clock not restarted it would never be: the provider gives up its silence after 8 s and
+    // ends the stream with [DONE] (which this test must then not see).
+    const events = Array.from({ length: EVENTS }, (_, i) => event(i));
+    const expected = Buffer.concat(events);
+    const stalls: number[] = [];
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    let cutOff = false;
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      let last = Date.now();
+      for (const e of events) {
+        await ex.data(e);
+        const now = Date.now();
+        if (now - last > IDLE_MS) stalls.push(now - last);
+        last = now;
+      }
+      await Promise.race([released, new Promise((r) => setTimeout(r, 8000))]);
+      try {
+        await ex.data('data: [DONE]\n\n');
+        await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+      } catch {
+        cutOff = true; // the gateway reset the stream: nothing more can be sent
+      }
+    };
+    // One pause, before the first byte (`every` is never reached again); longer than the other
+    // test's, so that even on a loaded machine, where filling every buffer on the way takes
+    // seconds, the provider is then held up for longer than its idle limit.
+    const res = await readSlowly(`${slow.url}/chat/completions`, chatBody('a long answer, then silence'), Infinity, 5 * IDLE_MS);
+    release();
+    expect(res.status).toBe(200);
+    const id = res.headers['x-request-id'] as string;
+    expect(res.pauses).toBe(1);
+    const tailEvents = sseData(res.body.subarray(res.body.length - 4096).toString());
+    expect(tailEvents.at(-1)).not.toBe('[DONE]');
+    expect(JSON.parse(tailEvents.at(-1)!)).toEqual({ error: { code: 'provider_timeout', message: expect.stringMatching(new RegExp(`sent nothing for ${IDLE_MS} ms`)) } });
+    // Everything the provider sent came before the error event, intact.
+    expect(res.body.subarray(0, expected.length).equals(expected)).toBe(true);
+    await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined));
+    const rec = await waitFor('the record to end', async () => {
+      const r = await record(slow, id);
+      return r.status !== 'in_progress' ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
+    expect(await marketHas(id)).toBe(false);
+    // The premise: the buyer's pause did hold the gateway up for longer than the idle limit.
     expect(stalls.length).toBeGreaterThanOrEqual(1);
   });
 });

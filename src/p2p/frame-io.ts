@@ -46,6 +46,8 @@ export class FrameReader implements AsyncIterable<Frame> {
   private wake: (() => void) | undefined;
   private detached = false;
   private discarding = false;
+  /** Inside resumeStream(): see there. */
+  private resuming = false;
 
   constructor(stream: Stream, opts: FrameReaderOptions = {}) {
     this.stream = stream;
@@ -70,7 +72,7 @@ export class FrameReader implements AsyncIterable<Frame> {
       const frame = this.queue.shift();
       if (frame) {
         this.queued -= payloadSize(frame);
-        if (this.queued <= this.highWater / 2 && this.stream.readStatus === 'paused') this.stream.resume();
+        if (this.queued <= this.highWater / 2 && this.stream.readStatus === 'paused') this.resumeStream();
         return frame;
       }
       if (this.error) throw this.error;
@@ -94,7 +96,24 @@ export class FrameReader implements AsyncIterable<Frame> {
     this.discarding = true;
     this.queue.length = 0;
     this.queued = 0;
-    if (this.stream.readStatus === 'paused') this.stream.resume();
+    if (this.stream.readStatus === 'paused') this.resumeStream();
+  }
+
+  /**
+   * Resumes reading, and pauses again at once if what the stream held back is more than we want.
+   * Not a pause from inside the resume: libp2p's resume() delivers the held-back bytes first and
+   * re-enables the muxer's window updates after, so a pause made while those bytes are delivered
+   * would be undone for the muxer (yamux would grant the remote window after window while the
+   * stream reads as paused, until its read buffer overflowed and the stream was aborted).
+   */
+  private resumeStream(): void {
+    this.resuming = true;
+    try {
+      this.stream.resume();
+    } finally {
+      this.resuming = false;
+    }
+    if (this.queued > this.highWater && this.stream.readStatus === 'readable') this.stream.pause();
   }
 
   /** Stops listening; further input is left to the stream. */
@@ -137,13 +156,18 @@ export class FrameReader implements AsyncIterable<Frame> {
       this.fail(e instanceof FrameError ? e : new StreamError('stream_closed', String(e)));
     }
     if (this.queue.length > 0) this.notify();
-    if (this.queued > this.highWater && this.stream.readStatus === 'readable') this.stream.pause();
+    if (this.queued > this.highWater && this.stream.readStatus === 'readable' && !this.resuming) this.stream.pause();
   };
 
   private readonly onEnd = (): void => {
     if (this.error || this.ended) return;
     const s = this.stream.status;
-    if (s === 'reset' || s === 'aborted') return this.fail(resetError(this.stream));
+    if (s === 'reset' || s === 'aborted') {
+      // libp2p dispatches 'end' before the 'close' event that carries the reason: wait for it, so
+      // the error says why (a read buffer over its limit, the remote's reset, a local abort).
+      queueMicrotask(() => this.fail(resetError(this.stream)));
+      return;
+    }
     try {
       this.decoder.end();
       this.ended = true;
