@@ -616,6 +616,16 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     const v = verifyReceipt(r.service.receipt, { provider: node.providerId });
     if (!v.ok) throw new Error(v.error.message);
     expect(formatUsd(BigInt(v.value.payload.hold_micro_usd))).toBe(cap);
+    // The run with the whole cap is not a failover: its own id (`-whole`), and a failover still
+    // left to it (the busy scripted node may take its ticket first: then `-whole-f1` answers).
+    const id = res.headers.get('x-request-id')!;
+    expect(id).toMatch(/-whole(-f1)?$/);
+    const base = id.replace(/-whole(-f1)?$/, '');
+    // The hedged pair: the half whose refusal was answered reads refused, the other, cancelled as
+    // the pair's loser, abandoned; neither charged anything.
+    const halves = await Promise.all([base, `${base}-hedge`].map((h) => record(h)));
+    expect(halves.map((h) => h.status).sort()).toEqual(['abandoned', 'refused']);
+    for (const h of halves) expect(h.receipt).toBeNull();
   });
 
   test('hedge + Idempotency-Key: a retry goes to the provider whose answer the buyer got', async () => {
@@ -677,6 +687,7 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     expect(res.status).toBe(403);
     expect([base, `${base}-hedge`]).toContain(res.headers.get('x-request-id'));
     expect(scripted.requests).toBe(before.requests + 1);
+    expect((await fetch(`${gw.url}/requests/${base}-whole`)).status).toBe(404);
     expect((await fetch(`${gw.url}/requests/${base}-f1`)).status).toBe(404);
     await record(base);
     await record(`${base}-hedge`);

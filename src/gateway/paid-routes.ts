@@ -88,7 +88,9 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = await ticketing.embeddingsHold(model, body);
     const tried: string[] = [];
     let lastFailure: GatewayError | undefined;
-    for (let n = 0; ; n++) {
+    /** The hedge was given up for one run with the whole cap (see runsUnhedged): its attempts' ids say so. */
+    let unhedged = false;
+    for (let n = 0; ; ) {
       // After the first attempt the buyer's wait is spent: every later one starts at once or refuses.
       let routed = n > 0 ? { ...controls, routing: { ...controls.routing, max_wait_ms: 0 } } : controls;
       if (n > 0 && tried.length > 0) {
@@ -99,18 +101,22 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         // The first provider already had the buyer's whole wait: the next starts now or refuses.
         routed = { ...routed, preferredProviders: rest };
       }
+      const id = `${req.id}${unhedged ? '-whole' : ''}${n > 0 ? `-f${n}` : ''}`;
       try {
-        return await paidAttempt(ask, reply, routed, n === 0 ? req.id : `${req.id}-f${n}`, n < MAX_FAILOVERS);
+        return await paidAttempt(ask, reply, routed, id, n < MAX_FAILOVERS);
       } catch (e) {
         if (!(e instanceof Failover)) throw e;
         lastFailure = e.error;
-        if (e.unhedge) {
-          // Half the cap could not pay for a hedged attempt: run once, with the whole cap.
+        if (e.unhedge && !unhedged) {
+          // Half the cap could not pay for a hedged attempt: run once, with the whole cap. Not a
+          // failover: the refusals came at once, so the buyer's wait and failovers are still theirs.
+          unhedged = true;
           controls = { ...controls, routing: { ...controls.routing, hedge: false } };
           continue;
         }
         // (Only an attempt with failovers left throws a plain Failover: see paidAttempt's mayFailOver.)
         tried.push(e.provider);
+        n++;
       }
     }
   }
@@ -170,12 +176,16 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     };
     const running = attempts.map(dispatch);
     let outcome = await Promise.race(running);
-    /** Whether the other half of a hedge failed without starting (not reached, or refused before work). */
+    /** Whether the other half of a hedge failed without starting (not reached, or refused before work), and its refusal's code. */
     let otherNotStarted = false;
+    let otherCode: string | undefined;
     if (attempts.length > 1 && !(outcome.ok && outcome.head.status === 200)) {
       const other = await running[outcome.a === attempts[0] ? 1 : 0]!;
       if (other.ok && other.head.status === 200) outcome = other;
-      else otherNotStarted = other.ok ? other.head.status === 403 || other.head.status === 503 : other.stage === 'connect';
+      else if (other.ok) {
+        otherNotStarted = other.head.status === 403 || other.head.status === 503;
+        if (otherNotStarted) otherCode = await refusalCode(other.res);
+      } else otherNotStarted = other.stage === 'connect';
     }
     // The loser is cancelled; what it did is settled from its node's log.
     for (const a of attempts) {
@@ -200,9 +210,9 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         raw.off('close', onClose);
         throw new Failover(p.provider, e);
       }
-      // A hedged pair under half the cap each, neither started (refused, or no capacity): half the
-      // cap may be what stopped them, so the request runs once, with the whole cap.
-      if (halved && attempts.length === 2 && otherNotStarted && !gone.signal.aborted && (e.status === 403 || e.status === 503)) {
+      // A hedged pair under half the cap each, neither started, one refused for its cost: half the
+      // cap is what stopped it, so the request runs once, with the whole cap.
+      if (attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] })) {
         raw.off('close', onClose);
         throw new Failover(p.provider, e, true);
       }
@@ -242,4 +252,24 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
   }
 
   for (const endpoint of PAID_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => paid(endpoint, req, reply));
+}
+
+/** The error code of a refusal (HEAD, then a TRAILER with the error), or undefined if it cannot be read. */
+async function refusalCode(res: P2pResponse): Promise<string | undefined> {
+  try {
+    return readErrorBody((await readResponse(res)).trailer)?.code;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Whether a hedged pair that failed is run again, once, unhedged and with the whole cap: only when
+ * each half held half the buyer's cap, neither half started (each was refused before any work, or
+ * not reached), and a half was refused for its cost (request_cost_limit_exceeded), the one refusal
+ * that halving the cap can cause. Any other refusal (a price ceiling, no capacity, a bad request)
+ * would meet the whole cap just the same, and is the buyer's answer.
+ */
+export function runsUnhedged(pair: { halved: boolean; otherNotStarted: boolean; codes: readonly (string | undefined)[] }): boolean {
+  return pair.halved && pair.otherNotStarted && pair.codes.includes('request_cost_limit_exceeded');
 }
