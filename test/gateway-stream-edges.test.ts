@@ -107,6 +107,18 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     return Buffer.from(head + 'x'.repeat(EVENT_BYTES - head.length - tail.length) + tail);
   }
 
+  /** Sends the HEAD and the events, noting every write held up longer than IDLE_MS in `stalls`. */
+  async function sendTimed(ex: Exchange, events: Buffer[], stalls: number[]): Promise<void> {
+    await ex.head(SSE_HEAD);
+    let last = Date.now();
+    for (const e of events) {
+      await ex.data(e);
+      const now = Date.now();
+      if (now - last > IDLE_MS) stalls.push(now - last);
+      last = now;
+    }
+  }
+
   /**
    * POSTs with a raw http.request and reads the answer slowly: it pauses `pauseMs` before reading
    * anything, then again every `every` bytes, PAUSES times in all. A paused response stops reading
@@ -149,14 +161,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     const stalls: number[] = [];
     let sentAll = false;
     scripted.behaviour = async (ex) => {
-      await ex.head(SSE_HEAD);
-      let last = Date.now();
-      for (const e of events) {
-        await ex.data(e);
-        const now = Date.now();
-        if (now - last > IDLE_MS) stalls.push(now - last);
-        last = now;
-      }
+      await sendTimed(ex, events, stalls);
       await ex.data(done);
       sentAll = true;
       await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
@@ -192,14 +197,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     const released = new Promise<void>((r) => (release = r));
     let cutOff = false;
     scripted.behaviour = async (ex) => {
-      await ex.head(SSE_HEAD);
-      let last = Date.now();
-      for (const e of events) {
-        await ex.data(e);
-        const now = Date.now();
-        if (now - last > IDLE_MS) stalls.push(now - last);
-        last = now;
-      }
+      await sendTimed(ex, events, stalls);
       await Promise.race([released, new Promise((r) => setTimeout(r, 8000))]);
       try {
         await ex.data('data: [DONE]\n\n');
