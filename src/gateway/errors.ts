@@ -23,3 +23,18 @@ export function readErrorBody(value: unknown): ErrorBody['error'] | undefined {
   if (typeof code !== 'string' || code.length === 0 || code.length > 128) return undefined;
   return { code, message: typeof message === 'string' ? message.slice(0, 2000) : code };
 }
+
+/** The HTTP status of a provider's HEAD frame (0 when it names none). */
+export function headStatus(head: { status?: unknown }): number {
+  return typeof head.status === 'number' ? head.status : 0;
+}
+
+/**
+ * A provider's answer other than 200, as the buyer's error: its own error envelope (a refusal,
+ * `refused`), or 502 bad_provider_response when it sent none or a status that is no error.
+ */
+export function providerRefusal(status: number, trailer: unknown): { error: GatewayError; refused: boolean } {
+  const err = readErrorBody(trailer);
+  if (!err || status < 400 || status > 599) return { error: new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`), refused: false };
+  return { error: new GatewayError(status, err.code, err.message), refused: true };
+}

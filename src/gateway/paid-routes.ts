@@ -9,7 +9,7 @@ import type { JsonObject } from '../p2p/frames.ts';
 import type { Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
 import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
-import { GatewayError, invalid, readErrorBody } from './errors.ts';
+import { GatewayError, headStatus, invalid, providerRefusal } from './errors.ts';
 import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates.ts';
 import { IdleWatch } from './idle-watch.ts';
 import type { RequestRecords } from './records.ts';
@@ -17,7 +17,8 @@ import type { Relay } from './relay.ts';
 import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
 import type { Settlements } from './settlement.ts';
-import { PAID_ENDPOINTS, paidOf, type PaidEndpoint, type Ticketing } from './tickets.ts';
+import type { ProviderEntry } from './market-client.ts';
+import { embeddingsHold, liveProvidersOf, PAID_ENDPOINTS, paidOf, type PaidEndpoint, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -56,6 +57,10 @@ interface PaidAsk {
   idem: string | undefined;
   /** The hold when the buyer sets no cap: for embeddings, one that covers the whole batch. */
   uncappedHold: string | undefined;
+  /** The market's listing, fetched once for the whole request (hedge and failover lists, the embeddings hold). */
+  providers: () => Promise<ProviderEntry[]>;
+  /** Providers that could not start it (failover): not asked again, not even as a hedge's second half. */
+  tried: string[];
 }
 
 export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void {
@@ -73,7 +78,8 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const body = bodyBytes(req);
     const model = peekModel(body);
     // What every attempt sends: worked out once, however many attempts there are.
-    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers), uncappedHold: undefined };
+    let listing: Promise<ProviderEntry[]> | undefined;
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers), uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
       // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
@@ -85,21 +91,21 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
       controls.routing.max_cost_micro_usd = cap.toString();
     }
-    if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = await ticketing.embeddingsHold(model, body);
-    const tried: string[] = [];
+    if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = embeddingsHold(await ask.providers(), model, body);
+    const { tried } = ask;
     let lastFailure: GatewayError | undefined;
     /** The hedge was given up for one run with the whole cap (see runsUnhedged): its attempts' ids say so. */
     let unhedged = false;
-    for (let n = 0; ; ) {
-      // After the first attempt the buyer's wait is spent: every later one starts at once or refuses.
-      let routed = n > 0 ? { ...controls, routing: { ...controls.routing, max_wait_ms: 0 } } : controls;
-      if (n > 0 && tried.length > 0) {
+    for (;;) {
+      const n = tried.length; // failovers so far
+      let routed = controls;
+      if (n > 0) {
         const rest = controls.preferredProviders
           ? controls.preferredProviders.filter((id) => !tried.includes(id))
-          : await ticketing.liveProvidersOf(model, tried);
+          : liveProvidersOf(await ask.providers(), model, tried);
         if (rest.length === 0) throw lastFailure!;
         // The first provider already had the buyer's whole wait: the next starts now or refuses.
-        routed = { ...routed, preferredProviders: rest };
+        routed = { ...controls, preferredProviders: rest, routing: { ...controls.routing, max_wait_ms: 0 } };
       }
       const id = `${req.id}${unhedged ? '-whole' : ''}${n > 0 ? `-f${n}` : ''}`;
       try {
@@ -116,20 +122,19 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         }
         // (Only an attempt with failovers left throws a plain Failover: see paidAttempt's mayFailOver.)
         tried.push(e.provider);
-        n++;
       }
     }
   }
 
   async function paidAttempt(ask: PaidAsk, reply: FastifyReply, controls: RoutingControls, requestId: string, mayFailOver: boolean): Promise<unknown> {
-    const { endpoint, body, model, bodySha256, idem, uncappedHold } = ask;
+    const { endpoint, body, model, bodySha256, idem, uncappedHold, tried } = ask;
     // A hedge runs twice: under X-Service-Max-Cost-Usd each attempt holds half the cap, so the two
     // together never hold more than the buyer allowed (the cap still judges the request; each node
     // caps its generation at what its hold pays for). Without a second provider it runs once, with
     // the whole cap; if half the cap cannot pay for an attempt, it runs once too (see paid()).
     // A retry going back to the provider that answered it is answered from its record: nothing to race.
     const retry = ticketing.isRetry(endpoint, idem);
-    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? await ticketing.liveProvidersOf(model, []) : [];
+    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? liveProvidersOf(await ask.providers(), model, tried) : [];
     const hedge = live.length >= 2;
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;
@@ -184,7 +189,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (other.ok && other.head.status === 200) outcome = other;
       else if (other.ok) {
         otherNotStarted = other.head.status === 403 || other.head.status === 503;
-        if (otherNotStarted) otherCode = await refusalCode(other.res);
+        if (otherNotStarted) otherCode = (await readRefusal(other.res, headStatus(other.head))).error.code;
       } else otherNotStarted = other.stage === 'connect';
     }
     // The loser is cancelled; what it did is settled from its node's log.
@@ -230,21 +235,14 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
     const { res, head } = outcome;
-    const status = typeof head.status === 'number' ? head.status : 0;
+    const status = headStatus(head);
     if (status === 200 && idem !== undefined) ticketing.remember(endpoint, idem, p.provider);
     const headers = isObj(head.headers) ? head.headers : {};
     if (status !== 200) {
       // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.
-      let trailer: JsonObject = {};
-      try {
-        trailer = (await readResponse(res)).trailer;
-      } catch {
-        // fall through: no error envelope
-      }
+      const { error, refused } = await readRefusal(res, status);
       idle.stop();
-      const err = readErrorBody(trailer);
-      if (!err || status < 400 || status > 599) return fail('bad_provider_response', new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`));
-      return fail('refused', new GatewayError(status, err.code, err.message));
+      return fail(refused ? 'refused' : 'bad_provider_response', error);
     }
     const contentType = typeof headers['content-type'] === 'string' ? headers['content-type'] : '';
     if (contentType.startsWith('text/event-stream')) return relay.relayStream(p, res, reply, gone.signal, idle, () => (finishedStream = true));
@@ -254,13 +252,15 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
   for (const endpoint of PAID_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => paid(endpoint, req, reply));
 }
 
-/** The error code of a refusal (HEAD, then a TRAILER with the error), or undefined if it cannot be read. */
-async function refusalCode(res: P2pResponse): Promise<string | undefined> {
+/** A provider's answer other than 200 (HEAD, then a TRAILER with the error) as the buyer's error; see providerRefusal. */
+async function readRefusal(res: P2pResponse, status: number): Promise<ReturnType<typeof providerRefusal>> {
+  let trailer: JsonObject = {};
   try {
-    return readErrorBody((await readResponse(res)).trailer)?.code;
+    trailer = (await readResponse(res)).trailer;
   } catch {
-    return undefined;
+    // no error envelope: a bad provider response
   }
+  return providerRefusal(status, trailer);
 }
 
 /**

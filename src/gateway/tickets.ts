@@ -8,7 +8,7 @@ import { verifyTicket } from '../../attestation/ticket-verify.ts';
 import { worstCaseCost } from '../dispatch/routing.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError } from './errors.ts';
-import type { MarketClient, TicketRequest } from './market-client.ts';
+import type { MarketClient, ProviderEntry, TicketRequest } from './market-client.ts';
 import type { ReceiptExpectation } from './receipt-check.ts';
 import type { RoutingControls } from './routing-headers.ts';
 
@@ -134,24 +134,29 @@ export class Ticketing {
     if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
   }
 
-  /** Live providers of a model that take requests, in the market's order, but for `except`. */
-  async liveProvidersOf(model: string, except: readonly string[]): Promise<string[]> {
-    return (await this.market.providers()).filter((e) => !except.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
+  /** The market's listing of providers (a paid request fetches it once, however many attempts it makes). */
+  providers(): Promise<ProviderEntry[]> {
+    return this.market.providers();
   }
+}
 
-  /**
-   * The hold for embeddings without a cost cap. The market's default (one context's worth of
-   * tokens) is too small for a batch of inputs; no tokenizer counts more tokens than the body has
-   * bytes, so the body's length at the highest input rate among the model's providers covers it.
-   */
-  async embeddingsHold(model: string, body: Uint8Array): Promise<string | undefined> {
-    let rate = 0n;
-    for (const p of await this.market.providers()) {
-      const r = p.rates?.[model];
-      if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
-    }
-    return rate === 0n ? undefined : worstCaseCost({ inputTokens: body.length, maxOutputTokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
+/** Live providers of a model that take requests, in the market's order, but for `except`. */
+export function liveProvidersOf(listing: readonly ProviderEntry[], model: string, except: readonly string[]): string[] {
+  return listing.filter((e) => !except.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
+}
+
+/**
+ * The hold for embeddings without a cost cap. The market's default (one context's worth of
+ * tokens) is too small for a batch of inputs; no tokenizer counts more tokens than the body has
+ * bytes, so the body's length at the highest input rate among the model's providers covers it.
+ */
+export function embeddingsHold(listing: readonly ProviderEntry[], model: string, body: Uint8Array): string | undefined {
+  let rate = 0n;
+  for (const p of listing) {
+    const r = p.rates?.[model];
+    if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
   }
+  return rate === 0n ? undefined : worstCaseCost({ inputTokens: body.length, maxOutputTokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
 }
 
 const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;

@@ -7,7 +7,7 @@ import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
 import { readResponse, request as p2pRequest } from '../p2p/request-stream.ts';
 import { candidates, type Candidate } from './candidates.ts';
 import { dialTarget } from './dial-target.ts';
-import { GatewayError, readErrorBody } from './errors.ts';
+import { GatewayError, headStatus, providerRefusal } from './errors.ts';
 import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj, peekModel } from './request-body.ts';
@@ -27,12 +27,8 @@ export async function askTokens(host: Host, c: Candidate, endpoint: 'tokenize' |
   } catch (e) {
     throw e instanceof GatewayError ? new ProviderUnreached(e.status, e.code, e.message) : new ProviderUnreached(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);
   }
-  const status = typeof r.head.status === 'number' ? r.head.status : 0;
-  if (status !== 200) {
-    const err = readErrorBody(r.trailer);
-    if (!err || status < 400 || status > 599) throw new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`);
-    throw new GatewayError(status, err.code, err.message);
-  }
+  const status = headStatus(r.head);
+  if (status !== 200) throw providerRefusal(status, r.trailer).error;
   let v: unknown;
   try {
     v = JSON.parse(Buffer.from(r.body).toString('utf8'));
@@ -68,7 +64,7 @@ export function registerTokenRoutes(app: FastifyInstance, d: { host: Host; marke
         .type(JSON_TYPE)
         .send({ object: 'tokenization', model, count: t.count, tokens: t.tokens, max_model_len: c.context ?? null, provider: c.provider.provider });
     }
-    throw lastError ?? new GatewayError(503, 'no_provider', 'no provider could be reached');
+    throw lastError!; // candidates() is never empty: it throws instead
   }
 
   for (const endpoint of FREE_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => tokenize(endpoint, req, reply));
