@@ -63,6 +63,7 @@ describe('hedged dispatch', () => {
     const loserId = winnerId.endsWith('-hedge') ? winnerId.slice(0, -'-hedge'.length) : `${winnerId}-hedge`;
     const loser = await record(loserId);
     expect(loser.provider).not.toBe(winner.value.payload.provider);
+    expect(providers).toContain(loser.provider);
     if (loser.receipt) {
       const v = verifyReceipt(serializeEnvelope(loser.receipt), { provider: loser.provider! });
       expect(v.ok).toBe(true);

@@ -11,10 +11,10 @@ export async function gatewayRecord(gatewayUrl: string, id: string): Promise<Req
   return (await r.json()) as RequestRecord;
 }
 
-/** The request's record once it has ended (no longer in_progress). */
+/** The request's record once it has ended (no longer in_progress). A record the gateway does not have fails. */
 export function endedRecord(gatewayUrl: string, id: string): Promise<RequestRecord> {
   return waitFor(`request ${id} to end`, async () => {
-    const r = (await (await fetch(`${gatewayUrl}/requests/${encodeURIComponent(id)}`)).json()) as RequestRecord;
+    const r = await gatewayRecord(gatewayUrl, id);
     return r.status !== 'in_progress' ? r : undefined;
   });
 }
