@@ -37,11 +37,16 @@ function typePrefix(payloadType: string): Uint8Array {
   return prefix;
 }
 
-/** A PAE array for a body of `length` bytes, filled up to the body, and where the body starts. */
-function paeHead(payloadType: string, length: number): { out: Uint8Array; bodyAt: number } {
+/**
+ * A PAE array for a body of `length` bytes, filled up to the body, and where the body starts.
+ * `transient`: the array is used and dropped at once (signing, verifying), so it may be a slice of
+ * Node's shared pool (newBytes); anything handed to a caller to keep is its own array.
+ */
+function paeHead(payloadType: string, length: number, transient: boolean): { out: Uint8Array; bodyAt: number } {
   const prefix = typePrefix(payloadType);
   const len = String(length);
-  const out = newBytes(prefix.length + len.length + 1 + length);
+  const size = prefix.length + len.length + 1 + length;
+  const out = transient ? newBytes(size) : new Uint8Array(size);
   out.set(prefix);
   let o = prefix.length;
   for (let i = 0; i < len.length; i++) out[o++] = len.charCodeAt(i);
@@ -49,9 +54,18 @@ function paeHead(payloadType: string, length: number): { out: Uint8Array; bodyAt
   return { out, bodyAt: o };
 }
 
-/** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. */
+/** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. The caller's own array. */
 export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
-  const { out, bodyAt } = paeHead(payloadType, payload.length);
+  return paeInto(payloadType, payload, false);
+}
+
+/** PAE for a message signed at once and dropped (see paeHead). */
+export function transientPae(payloadType: string, payload: Uint8Array): Uint8Array {
+  return paeInto(payloadType, payload, true);
+}
+
+function paeInto(payloadType: string, payload: Uint8Array, transient: boolean): Uint8Array {
+  const { out, bodyAt } = paeHead(payloadType, payload.length, transient);
   out.set(payload, bodyAt);
   return out;
 }
@@ -63,13 +77,13 @@ export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
 export function paeOfBase64(payloadType: string, payloadB64: string): { message: Uint8Array; payload: Uint8Array } | undefined {
   const n = base64DecodedLength(payloadB64);
   if (n === undefined) return undefined;
-  const { out, bodyAt } = paeHead(payloadType, n);
+  const { out, bodyAt } = paeHead(payloadType, n, true);
   return decodeBase64Into(payloadB64, out, bodyAt) ? { message: out, payload: out.subarray(bodyAt) } : undefined;
 }
 
 /** Signs payload bytes with an Ed25519 seed. */
 export function signEnvelope(payloadType: string, payload: Uint8Array, signer: { keyid: string; seed: Uint8Array }): DsseEnvelope {
-  const sig = ed25519Sign(signer.seed, pae(payloadType, payload));
+  const sig = ed25519Sign(signer.seed, transientPae(payloadType, payload));
   // Keys in canonical order, so serializeEnvelope takes canonicalize's fast path.
   return { payload: toBase64(payload), payloadType, signatures: [{ keyid: signer.keyid, sig: toBase64(sig) }] };
 }

@@ -3,7 +3,7 @@
 // envelope line. Results are packed into a few flat buffers so a batch crosses the thread boundary
 // as one transfer and lands in SQLite as one row.
 import { toBase64, utf8 } from './bytes.ts';
-import { envelopeLine, pae } from './dsse.ts';
+import { envelopeLine, transientPae } from './dsse.ts';
 import { ed25519Sign } from './ed25519.ts';
 import { leafHash } from './merkle.ts';
 
@@ -38,7 +38,7 @@ export function signBatch(seed: Uint8Array, task: SignBatchTask): SignedBatch {
   for (let i = 0; i < n; i++) {
     const bytes = encoded[i]!;
     payloads.set(bytes, offsets[i]);
-    const sig = ed25519Sign(seed, pae(task.payloadType, bytes));
+    const sig = ed25519Sign(seed, transientPae(task.payloadType, bytes));
     sigs.set(sig, i * 64);
     leaves.set(leafHash(envelopeLine(toBase64(bytes), task.payloadType, task.keyid, toBase64(sig))), i * 32);
   }

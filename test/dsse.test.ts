@@ -3,7 +3,7 @@ import { describe, expect, test } from 'vitest';
 import crypto from 'node:crypto';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { LENIENT_BASE64, base64Candidates } from './helpers/base64-cases.ts';
-import { pae, paeOfBase64, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
+import { pae, paeOfBase64, transientPae, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { readVectorJson } from './helpers/vectors.ts';
 
@@ -32,6 +32,12 @@ describe('DSSE protocol vector (ECDSA P-256)', () => {
   test('PAE matches the spec byte for byte', () => {
     expect(toHex(pae(v.payloadType, utf8(v.serializedBody_utf8)))).toBe(v.pae_hex);
   });
+  test('pae() returns the caller\'s own array (not a slice of a shared pool), transientPae the same bytes', () => {
+    const m = pae(v.payloadType, utf8(v.serializedBody_utf8));
+    expect([m.byteOffset, m.buffer.byteLength]).toEqual([0, m.length]);
+    expect(toHex(transientPae(v.payloadType, utf8(v.serializedBody_utf8)))).toBe(toHex(m));
+  });
+
   test('the spec envelope verifies and yields the body', () => {
     const r = verifyEnvelope(v.envelope, { payloadType: v.payloadType, keys: [specKey] });
     expect(r.ok).toBe(true);
