@@ -1,5 +1,8 @@
 // The gateway's pure pieces: X-Service-* headers → ticket routing, dial targets, URLs and --listen.
-import { describe, expect, test } from 'vitest';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { describe, expect, test, vi } from 'vitest';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { parseListen } from '../src/cli/gateway.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
@@ -157,6 +160,28 @@ describe('a gateway whose marketplace does not answer', () => {
       expect(gw.records.size).toBe(0); // nothing was paid for, nothing recorded
     } finally {
       await gw.close();
+    }
+  });
+});
+
+describe('closing a gateway', () => {
+  test('a shutdown step that fails is logged and the steps after it still run: libp2p stops, the records file closes', async () => {
+    const { createGateway } = await import('../src/gateway/gateway.ts');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-close-'));
+    const recordsPath = path.join(dir, 'records.db');
+    try {
+      const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, recordsPath });
+      const httpClose = gw.app.close.bind(gw.app);
+      gw.app.close = (async () => {
+        await httpClose();
+        throw new Error('the HTTP server failed to close');
+      }) as unknown as typeof gw.app.close;
+      const closeRecords = vi.spyOn(gw.records, 'close');
+      await gw.close(1000); // resolves: the failure is logged, not thrown
+      expect(gw.libp2p.status).toBe('stopped');
+      expect(closeRecords).toHaveBeenCalledTimes(1);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 });

@@ -27,6 +27,7 @@ import { fastify, type FastifyError, type FastifyInstance } from 'fastify';
 import { createHost, type Host } from '../p2p/host.ts';
 import { MAX_REQUEST_BODY } from '../serve/contract.ts';
 import { settledWithin } from '../settled-within.ts';
+import { stopStep } from '../stop-step.ts';
 import { registerCatalogRoutes } from './catalog-routes.ts';
 import { errorBody, GatewayError, invalid } from './errors.ts';
 import { registerEstimateRoute } from './estimate-route.ts';
@@ -182,22 +183,19 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     records,
     idle,
     async close(graceMs = 10_000) {
+      // Named steps (see stopStep): one that fails is logged and the ones after it still run.
       const force = setTimeout(() => app.server.closeAllConnections(), graceMs);
-      try {
-        await app.close();
-      } finally {
-        clearTimeout(force);
-      }
-      try {
-        // Settlements (receipts fetched from nodes, posted to the market) get their own grace too:
-        // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
-        // in_progress (with a records file it reads `interrupted` after the next start); the
-        // receipt itself is in the node's log and reaches the market from there.
+      await stopStep(log, 'http', () => app.close());
+      clearTimeout(force);
+      // Settlements (receipts fetched from nodes, posted to the market) get their own grace too:
+      // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
+      // in_progress (with a records file it reads `interrupted` after the next start); the
+      // receipt itself is in the node's log and reaches the market from there.
+      await stopStep(log, 'settlements', async () => {
         if (!(await settledWithin(idle(), graceMs))) log.warn({ pending: settlements.pending, grace_ms: graceMs }, 'gateway closed with settlements still running');
-        await host.stop();
-      } finally {
-        records.close();
-      }
+      });
+      await stopStep(log, 'libp2p', () => host.stop());
+      await stopStep(log, 'records', () => records.close());
     },
   };
 }
