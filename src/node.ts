@@ -25,6 +25,20 @@ import { openStateDb } from './store/state-db.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
 
+/**
+ * One round of the state pruner: each step runs, and one that fails (state.db busy or broken) is
+ * logged and tried again next round; it never reaches the timer, where it would end the process.
+ */
+export function pruneState(steps: readonly (() => unknown)[], logger: Pick<Logger, 'warn'>): void {
+  for (const step of steps) {
+    try {
+      step();
+    } catch (e) {
+      logger.warn({ err: e instanceof Error ? e.message : String(e) }, 'state pruning failed; tried again in a minute');
+    }
+  }
+}
+
 export class NodeStartError extends Error {
   override name = 'NodeStartError';
 }
@@ -104,10 +118,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const idempotency = new IdempotencyStore(db);
     // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
-    const pruner = setInterval(() => {
-      gate.prune();
-      idempotency.forgetOlderThan();
-    }, 60_000).unref();
+    const pruner = setInterval(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger), 60_000).unref();
     cleanup.push(['state pruner', () => clearInterval(pruner)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });

@@ -4,6 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { startTinyNode } from './helpers/node-config.ts';
+import { pruneState } from '../src/node.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'node-stop-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -18,5 +19,25 @@ describe('RunningNode.stop', () => {
     await first;
     await expect(node.stop(1000)).resolves.toBeUndefined();
     await expect(fetch(`${node.opsUrl}/healthz`)).rejects.toThrow();
+  });
+});
+
+describe('pruneState (the node\'s state pruner, every minute)', () => {
+  test('a step that fails is logged and the next still runs; nothing is thrown into the timer', () => {
+    const warnings: { obj: object; msg?: string }[] = [];
+    const ran: string[] = [];
+    expect(() =>
+      pruneState(
+        [
+          () => {
+            throw new Error('database is locked');
+          },
+          () => ran.push('idempotency'),
+        ],
+        { warn: ((obj: object, msg?: string) => void warnings.push({ obj, msg })) as never },
+      ),
+    ).not.toThrow();
+    expect(ran).toEqual(['idempotency']);
+    expect(warnings).toEqual([{ obj: { err: 'database is locked' }, msg: 'state pruning failed; tried again in a minute' }]);
   });
 });
