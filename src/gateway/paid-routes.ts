@@ -146,7 +146,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (halved && !hedged) granted = await ticketing.ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap);
     const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
-      return { g, p: paidOf(endpoint, model, body, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
+      return { g, p: paidOf(endpoint, model, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
     });
     for (const a of attempts) records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
 

@@ -24,13 +24,9 @@ export interface Granted {
   rates?: WireRates;
 }
 
-/** One attempt at a paid request: its ticket, its provider and what its receipt must say. */
+/** One attempt at a paid request: its request id, its provider and what its receipt must say. */
 export interface Paid {
-  endpoint: PaidEndpoint;
   requestId: string;
-  body: Buffer;
-  bodySha256: string;
-  ticket: TicketPayload;
   provider: string;
   target: Multiaddr[];
   idempotent: boolean;
@@ -38,14 +34,10 @@ export interface Paid {
 }
 
 /** The Paid record of a granted ticket. */
-export function paidOf(endpoint: PaidEndpoint, model: string, body: Buffer, bodySha256: string, granted: Granted, idempotent: boolean): Paid {
+export function paidOf(endpoint: PaidEndpoint, model: string, bodySha256: string, granted: Granted, idempotent: boolean): Paid {
   const t = granted.ticket;
   return {
-    endpoint,
     requestId: t.request_id,
-    body,
-    bodySha256,
-    ticket: t,
     provider: granted.provider,
     target: granted.target,
     idempotent,
