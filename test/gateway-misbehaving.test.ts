@@ -602,6 +602,21 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     expect(verifyReceipt(r.service.receipt, { provider: node.providerId }).ok).toBe(true);
   });
 
+  test('an estimate at a provider that cannot be reached is made at the next one', async () => {
+    scripted.behaviour = async (ex) => ex.reset();
+    const prefer = { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` };
+    const messages = [{ role: 'user', content: 'count me elsewhere' }];
+    const er = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', ...prefer }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages, max_tokens: 5 } }) });
+    expect(er.status).toBe(200);
+    const est = (await er.json()) as { input_tokens: number; can_start: { provider: string } };
+    expect(est.can_start.provider).toBe(node.providerId);
+    const counted = ((await (await post(JSON.stringify({ model: MODEL, messages }), toNode(), 'count_tokens')).json()) as { count: number }).count;
+    expect(est.input_tokens).toBe(counted);
+    // With only the unreachable provider allowed, the estimate fails as the provider did.
+    const alone = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-prefer-providers': scripted.providerId }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages, max_tokens: 5 } }) });
+    expect([alone.status, ((await alone.json()) as { error: { code: string } }).error.code]).toEqual([503, 'provider_unreachable']);
+  });
+
   test('a hedge whose half caps cannot start it runs once with the whole cap', async () => {
     scripted.behaviour = busyButCounts;
     const messages = [{ role: 'user', content: 'hello there, how are you doing today' }];

@@ -281,6 +281,21 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect([run.status, ((await run.json()) as { error: { code: string } }).error.code]).toEqual([400, 'context_length_exceeded']);
   });
 
+  test('estimates: a prompt that fills the context, without max_tokens, is refused as the node refuses it', async () => {
+    // A prompt of exactly CONTEXT tokens by the node's tokenizer: one byte token per character after a fixed prefix.
+    const prefix = (await countTokens({ prompt: '~'.repeat(20) })) - 20;
+    const prompt = '~'.repeat(CONTEXT - prefix);
+    expect(await countTokens({ prompt })).toBe(CONTEXT);
+    const est = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'COMPLETIONS', body: { model: MODEL, prompt } }) });
+    expect([est.status, ((await est.json()) as { error: { code: string } }).error.code]).toEqual([400, 'context_length_exceeded']);
+    const run = await fetch(`${gw.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt }) });
+    expect([run.status, ((await run.json()) as { error: { code: string } }).error.code]).toEqual([400, 'context_length_exceeded']);
+    // One token shorter: room for one token of output, at both.
+    const fits = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'COMPLETIONS', body: { model: MODEL, prompt: prompt.slice(1) } }) });
+    expect(fits.status).toBe(200);
+    expect(((await fits.json()) as { max_output_tokens: number }).max_output_tokens).toBe(1);
+  });
+
   test('embeddings: one vector per input, billed for input tokens only', async () => {
     const input = ['hello world', 'the cat sat'];
     const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

@@ -55,6 +55,15 @@ export function worstCaseCost(need: Need, rates: Rates): bigint {
   return computeCost({ input_tokens: need.inputTokens, output_tokens: need.maxOutputTokens }, rates);
 }
 
+/**
+ * What a text request needs, as the node judges it: all its input, and max_tokens as asked or,
+ * without it, whatever room the context leaves (at least one token, so that an input that fills the
+ * context is refused as too long rather than served with no room to answer).
+ */
+export function textNeed(inputTokens: number, maxTokens: number | undefined, contextLength: number): Need {
+  return { inputTokens, maxOutputTokens: Math.max(1, maxTokens ?? contextLength - inputTokens) };
+}
+
 /** Undefined when the node can serve the request as asked; otherwise the first reason it cannot. */
 export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): Refusal | undefined {
   if (need.contextNeed !== undefined) {
@@ -64,6 +73,23 @@ export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): 
   } else if (need.inputTokens + need.maxOutputTokens > offer.contextLength) {
     return { status: 400, code: 'context_length_exceeded', message: `input (${need.inputTokens}) plus output (${need.maxOutputTokens}) tokens exceed the model's context of ${offer.contextLength}` };
   }
+  const unmet = checkOffer(offer, routing);
+  if (unmet) return unmet;
+  if (routing.max_cost_micro_usd !== undefined) {
+    const worst = worstCaseCost(need, offer.rates);
+    if (worst > BigInt(routing.max_cost_micro_usd)) {
+      return { status: 403, code: 'request_cost_limit_exceeded', message: `the request's worst case ${worst} micro-USD is above the cost cap ${routing.max_cost_micro_usd}` };
+    }
+  }
+  return undefined;
+}
+
+/**
+ * The routing controls that judge the offer alone, whatever the request: minimum context,
+ * quantization, throughput and tier, and the three price ceilings. The marketplace and the gateway
+ * judge a listing with this before they know the request's tokens; the node judges it again.
+ */
+export function checkOffer(offer: Offer, routing: TicketRouting): Refusal | undefined {
   if (routing.min_context !== undefined && offer.contextLength < routing.min_context) {
     return { status: 503, code: 'routing_unsatisfied', message: `context ${offer.contextLength} is below ${routing.min_context}, the requested minimum` };
   }
@@ -89,12 +115,6 @@ export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): 
     const representative = representativePrice(offer.rates);
     if (representative > BigInt(routing.max_request_price_micro_usd)) {
       return { status: 403, code: 'price_ceiling_exceeded', message: `${REPRESENTATIVE_REQUEST_TEXT} costs ${representative} micro-USD, above the ceiling ${routing.max_request_price_micro_usd}` };
-    }
-  }
-  if (routing.max_cost_micro_usd !== undefined) {
-    const worst = worstCaseCost(need, offer.rates);
-    if (worst > BigInt(routing.max_cost_micro_usd)) {
-      return { status: 403, code: 'request_cost_limit_exceeded', message: `the request's worst case ${worst} micro-USD is above the cost cap ${routing.max_cost_micro_usd}` };
     }
   }
   return undefined;

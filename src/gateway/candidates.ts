@@ -1,8 +1,13 @@
 // Which providers the gateway may ask for a free request (tokenize, count_tokens, estimates): the
-// marketplace's live providers of the model that meet the routing controls its list can show.
-import { quantizationBucket } from '../dispatch/routing.ts';
+// marketplace's live providers of the model whose listed offer meets the routing controls, judged
+// by the node's own checkOffer (src/dispatch/routing.ts) so that the gateway, the marketplace and
+// the node agree on what a control means.
+import type { Rates } from '../../attestation/money.ts';
+import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
+import type { TicketRouting } from '../../attestation/ticket.ts';
+import { checkOffer, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { GatewayError } from './errors.ts';
-import type { ProviderEntry } from './market-client.ts';
+import type { ProviderEntry, ProviderModel } from './market-client.ts';
 import type { RoutingControls } from './routing-headers.ts';
 
 export interface Candidate {
@@ -11,18 +16,53 @@ export interface Candidate {
   context: number | undefined;
 }
 
-/** Providers that list the model and meet the routing controls the list can show, preferred first. */
+const unlisted = (what: string): Refusal => ({ status: 503, code: 'routing_unsatisfied', message: `the listing shows no ${what}` });
+
+/**
+ * Why the listed offer of a model cannot take a request under these controls, or undefined when it
+ * can. What the listing leaves out cannot meet a control that asks for it (a minimum tier without
+ * a listed tier, a price ceiling without listed rates); it is no reason to refuse otherwise.
+ */
+export function listingUnmet(entry: ProviderEntry, m: ProviderModel, routing: TicketRouting): Refusal | undefined {
+  const tier = ATTESTATION_TIERS.find((t) => t === entry.attestation_tier);
+  if (routing.min_attestation_tier !== undefined && tier === undefined) return unlisted('attestation tier');
+  const ceilings = routing.max_input_price_micro_usd_per_mtok !== undefined || routing.max_output_price_micro_usd_per_mtok !== undefined || routing.max_request_price_micro_usd !== undefined;
+  let rates: Rates = { input_per_mtok: 0n, output_per_mtok: 0n };
+  const wire = entry.rates?.[m.id];
+  if (ceilings) {
+    if (!wire) return unlisted(`price for "${m.id.slice(0, 256)}"`);
+    try {
+      rates = ratesFromWire(wire);
+    } catch {
+      return unlisted(`valid price for "${m.id.slice(0, 256)}"`);
+    }
+  }
+  const offer = { contextLength: m.context ?? 0, quantization: m.quantization === undefined ? '' : quantizationBucket(m.quantization), tokensPerSecond: m.tokens_per_second ?? 0, tier: tier ?? 'T1', rates };
+  return checkOffer(offer, routing);
+}
+
+/**
+ * Providers that list the model and whose listed offer meets the routing controls, preferred first.
+ * None: 404 model_not_found when nobody lists the model; 403 price_ceiling_exceeded when every live
+ * provider is refused for its price alone (as the marketplace refuses a ticket); else 503 no_provider.
+ */
 export function candidates(providers: ProviderEntry[], model: string, controls: RoutingControls): Candidate[] {
   const known = providers.filter((p) => p.models.some((m) => m.id === model));
   if (known.length === 0) throw new GatewayError(404, 'model_not_found', `no provider serves model "${model.slice(0, 256)}"`);
-  const serving = known.filter((p) => p.live !== false && p.accepting !== false);
-  const r = controls.routing;
+  const preferred = controls.preferredProviders;
+  const serving = known.filter((p) => p.live !== false && p.accepting !== false && (!preferred || preferred.includes(p.provider)));
+  const reasons: Refusal[] = [];
   let fit = serving
     .map((p) => ({ provider: p, model: p.models.find((m) => m.id === model)! }))
-    .filter(({ provider: p }) => r.min_attestation_tier === undefined || p.attestation_tier === undefined || p.attestation_tier >= r.min_attestation_tier)
-    .filter(({ model: m }) => (r.min_context === undefined || (m.context ?? 0) >= r.min_context) && (r.quantization === undefined || (m.quantization !== undefined && quantizationBucket(m.quantization) === r.quantization)) && (r.min_tokens_per_second === undefined || (m.tokens_per_second ?? 0) >= r.min_tokens_per_second));
-  const preferred = controls.preferredProviders;
-  if (preferred) fit = fit.filter((c) => preferred.includes(c.provider.provider)).sort((a, b) => preferred.indexOf(a.provider.provider) - preferred.indexOf(b.provider.provider));
-  if (fit.length === 0) throw new GatewayError(503, 'no_provider', `no live provider of "${model.slice(0, 256)}" meets the routing controls`);
+    .filter(({ provider, model: m }) => {
+      const why = listingUnmet(provider, m, controls.routing);
+      if (why) reasons.push(why);
+      return !why;
+    });
+  if (preferred) fit = fit.sort((a, b) => preferred.indexOf(a.provider.provider) - preferred.indexOf(b.provider.provider));
+  if (fit.length === 0) {
+    if (reasons.length > 0 && reasons.every((r) => r.code === 'price_ceiling_exceeded')) throw new GatewayError(403, 'price_ceiling_exceeded', `every provider of "${model.slice(0, 256)}" is above the price ceiling: ${reasons[0]!.message}`);
+    throw new GatewayError(503, 'no_provider', `no live provider of "${model.slice(0, 256)}" meets the routing controls${reasons[0] ? `: ${reasons[0].message}` : ''}`);
+  }
   return fit.map((c) => ({ provider: c.provider, context: c.model.context }));
 }

@@ -1,21 +1,21 @@
 // POST /v1/estimates: what a request would cost, without a hold or a charge (see estimates.ts).
 // The body is checked against the same contract as execution, the input counted by a live
-// provider's own tokenizer, and the request judged as that node would judge it (context and
-// price ceilings: checkRouting); the estimate's maximum is the worst case at the provider's rates.
+// provider's own tokenizer, and the request judged as that node would judge it (its listed offer:
+// candidates; context fit: checkRouting); the estimate's maximum is the worst case at its rates.
 import type { FastifyInstance } from 'fastify';
 import { formatUsd } from '../../attestation/money.ts';
 import { ratesFromWire } from '../../attestation/receipt.ts';
-import { checkRouting, worstCaseCost, type Need } from '../dispatch/routing.ts';
+import { checkRouting, textNeed, worstCaseCost, type Need } from '../dispatch/routing.ts';
 import type { Host } from '../p2p/host.ts';
 import { ContractError, parseRequest, type ParsedRequest } from '../serve/contract.ts';
-import { candidates } from './candidates.ts';
+import { candidates, type Candidate } from './candidates.ts';
 import { GatewayError, invalid } from './errors.ts';
 import { canonicalBodySha256, ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
 import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
-import { askTokens } from './token-routes.ts';
+import { askTokens, ProviderUnreached } from './token-routes.ts';
 
 const REFUSED_HEADERS = { 'x-service-max-cost-usd': 'X-Service-Max-Cost-Usd', 'x-service-estimate': 'X-Service-Estimate' } as const;
 
@@ -40,38 +40,26 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       if (e instanceof ContractError) throw invalid(e.field ? `body.${e.field}` : 'body', e.message.replace(/^[^:]*: /, ''));
       throw e;
     }
-    const [c] = candidates(await d.market.providers(), parsed.model, controls);
-    const wire = c!.provider.rates?.[parsed.model];
-    if (!wire) throw new GatewayError(503, 'no_provider', 'the provider publishes no price for this model');
-    const rates = ratesFromWire(wire);
-    const context = c!.context ?? 0;
-    // Counted by the provider's own tokenizer (and chat template), each embeddings input on its own.
-    const count = async (body: object): Promise<number> => (await askTokens(d.host, c!, 'count_tokens', Buffer.from(JSON.stringify({ model: parsed.model, ...body })))).count;
-    let need: Need;
-    if (parsed.endpoint === 'embeddings') {
-      let inputTokens = 0;
-      let longest = 0;
-      for (const text of parsed.input) {
-        const n = await count({ prompt: text });
-        inputTokens += n;
-        longest = Math.max(longest, n);
+    // The first candidate that publishes a price and answers; one that cannot be reached is skipped.
+    const priced = candidates(await d.market.providers(), parsed.model, controls).filter((x) => x.provider.rates?.[parsed.model] !== undefined);
+    if (priced.length === 0) throw new GatewayError(503, 'no_provider', 'no provider that meets the routing controls publishes a price for this model');
+    let counted: { c: Candidate; need: Need } | undefined;
+    let unreached: ProviderUnreached | undefined;
+    for (const c of priced) {
+      try {
+        counted = { c, need: await needAt(d.host, c, parsed) };
+        break;
+      } catch (e) {
+        if (!(e instanceof ProviderUnreached)) throw e;
+        unreached = e;
       }
-      need = { inputTokens, maxOutputTokens: 0, contextNeed: longest };
-    } else {
-      const inputTokens = await count(parsed.endpoint === 'completions' ? { prompt: parsed.prompt } : { messages: parsed.messages });
-      // As the node: max_tokens beyond what the context leaves is refused (checkRouting), never cut.
-      const asked = 'maxTokens' in parsed ? parsed.maxTokens : undefined;
-      need = { inputTokens, maxOutputTokens: asked ?? Math.max(0, context - inputTokens) };
     }
-    // The node's own judgement of context and price ceilings. The listing already met the other
-    // controls (candidates), and a cost cap is refused on this route.
-    const r = controls.routing;
-    const ceilings = {
-      ...(r.max_input_price_micro_usd_per_mtok !== undefined ? { max_input_price_micro_usd_per_mtok: r.max_input_price_micro_usd_per_mtok } : {}),
-      ...(r.max_output_price_micro_usd_per_mtok !== undefined ? { max_output_price_micro_usd_per_mtok: r.max_output_price_micro_usd_per_mtok } : {}),
-      ...(r.max_request_price_micro_usd !== undefined ? { max_request_price_micro_usd: r.max_request_price_micro_usd } : {}),
-    };
-    const refusal = checkRouting({ contextLength: context, quantization: '', tokensPerSecond: 0, tier: 'T1', rates }, ceilings, need);
+    if (!counted) throw unreached!;
+    const { c, need } = counted;
+    const rates = ratesFromWire(c.provider.rates![parsed.model]!);
+    // The node's own judgement of context fit. The listing already met every other control
+    // (candidates: checkOffer), and a cost cap is refused on this route.
+    const refusal = checkRouting({ contextLength: c.context ?? 0, quantization: '', tokensPerSecond: 0, tier: 'T1', rates }, {}, need);
     if (refusal) throw new GatewayError(refusal.status, refusal.code, refusal.message);
     const maxHold = worstCaseCost(need, rates);
     const est = d.estimates.add({
@@ -79,8 +67,8 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       model: parsed.model,
       bodySha256: canonicalBodySha256(bytes),
       routing: routingKey(controls),
-      provider: c!.provider.provider,
-      priceVersion: c!.provider.price_version ?? '',
+      provider: c.provider.provider,
+      priceVersion: c.provider.price_version ?? '',
       inputTokens: need.inputTokens,
       maxOutputTokens: need.maxOutputTokens,
       expectedMicroUsd: maxHold,
@@ -97,7 +85,34 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       expected_cost: formatUsd(est.expectedMicroUsd),
       max_hold: formatUsd(est.maxHoldMicroUsd),
       expires_at: Math.floor(est.expiresAt / 1000),
-      can_start: { provider: est.provider, live: c!.provider.live !== false, accepting: c!.provider.accepting !== false },
+      can_start: { provider: est.provider, live: c.provider.live !== false, accepting: c.provider.accepting !== false },
     });
   });
+}
+
+/** Embeddings inputs counted at once, at most this many at a time (each one a stream to the node). */
+const COUNT_CONCURRENCY = 8;
+
+/**
+ * What the request needs at this provider, counted by its own tokenizer (and chat template): the
+ * input, and the output as the node would allow it (textNeed). Embeddings inputs are counted each on
+ * its own, since each must fit the context by itself.
+ */
+async function needAt(host: Host, c: Candidate, parsed: ParsedRequest): Promise<Need> {
+  const count = async (body: object): Promise<number> => (await askTokens(host, c, 'count_tokens', Buffer.from(JSON.stringify({ model: parsed.model, ...body })))).count;
+  if (parsed.endpoint === 'embeddings') {
+    const counts = new Array<number>(parsed.input.length);
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < parsed.input.length) {
+        const i = next++;
+        counts[i] = await count({ prompt: parsed.input[i] });
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(COUNT_CONCURRENCY, parsed.input.length) }, worker));
+    return { inputTokens: counts.reduce((a, b) => a + b, 0), maxOutputTokens: 0, contextNeed: counts.reduce((a, b) => Math.max(a, b), 0) };
+  }
+  const inputTokens = await count(parsed.endpoint === 'completions' ? { prompt: parsed.prompt } : { messages: parsed.messages });
+  // As the node: max_tokens beyond what the context leaves is refused, never cut (textNeed).
+  return textNeed(inputTokens, 'maxTokens' in parsed ? parsed.maxTokens : undefined, c.context ?? 0);
 }

@@ -16,7 +16,7 @@ import { parseRoutingHeaders } from './routing-headers.ts';
 const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
 
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
-class ProviderUnreached extends GatewayError {}
+export class ProviderUnreached extends GatewayError {}
 
 /** A provider's own tokenization of a body (its tokenizer and chat template). */
 export async function askTokens(host: Host, c: Candidate, endpoint: 'tokenize' | 'count_tokens', body: Uint8Array): Promise<{ count: number; tokens: unknown[] | null }> {

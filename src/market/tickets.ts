@@ -6,7 +6,7 @@ import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
-import { checkRouting, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
+import { checkOffer, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
 import type { RegisteredModel } from './registration-payload.ts';
@@ -46,14 +46,14 @@ export interface TicketContext {
 }
 
 /**
- * Why a live provider cannot take this request, or undefined when it can: the node's own routing
- * check (src/dispatch/routing.ts) against what the provider registered. The market does not know
- * the request's tokens, so only the node judges context fit and the worst-case cost ceilings.
+ * Why a live provider cannot take this request, or undefined when it can: the node's own check of
+ * its offer (checkOffer in src/dispatch/routing.ts) against what the provider registered. The
+ * market does not know the request's tokens, so only the node judges context fit and the cost cap.
  */
 function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: Rates): Refusal | undefined {
   if (p.capacity && !p.capacity.accepting) return { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (stopping)' };
   const offer = { contextLength: m.context, quantization: m.quantization, tokensPerSecond: m.tokens_per_second, tier: p.attestation_tier, rates };
-  return checkRouting(offer, r, { inputTokens: 0, maxOutputTokens: 0 });
+  return checkOffer(offer, r);
 }
 
 /** Free slots as the latest heartbeat reported them (all slots when none arrived yet). */

@@ -11,7 +11,7 @@ import { ratesToWire, type AttestationTier, type ReceiptStatus } from '../../att
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
-import { checkRouting, type Offer } from '../dispatch/routing.ts';
+import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
@@ -276,15 +276,15 @@ export class InferService {
       tokens = await model.adapter.inputTokens(input);
       const inputTokens = tokens.length;
       // max_tokens as asked: more than the context leaves is refused (context_length_exceeded), never
-      // quietly cut; without it, whatever room the context leaves.
-      const asked = p.maxTokens ?? model.adapter.info.contextLength - inputTokens;
+      // quietly cut; without it, whatever room the context leaves (textNeed).
+      const need = textNeed(inputTokens, p.maxTokens, model.adapter.info.contextLength);
       // The worst case must stay within the ticket's hold: generation is capped to what it pays for.
       const affordable = maxOutputTokensWithin(BigInt(ticket.max_cost_micro_usd), inputTokens, model.rates);
       if (affordable < 1) throw new Refusal(403, 'request_cost_limit_exceeded', affordable < 0 ? 'the hold does not cover the input tokens' : 'the hold covers the input tokens but not one output token');
-      maxTokens = Math.min(asked, affordable);
+      maxTokens = Math.min(need.maxOutputTokens, affordable);
       // Ceilings and the buyer's cost cap judge the worst case of what was asked (spec: refused before
       // spend if its worst case is higher); the hold then caps what is generated.
-      const refusal = checkRouting(this.offer(model), ticket.routing, { inputTokens, maxOutputTokens: Math.max(1, asked) });
+      const refusal = checkRouting(this.offer(model), ticket.routing, need);
       if (refusal) throw new Refusal(refusal.status, refusal.code, refusal.message);
     } catch (e) {
       return this.refuse(res, e);

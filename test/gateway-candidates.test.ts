@@ -1,0 +1,82 @@
+// Which listed providers the gateway asks for free requests and estimates: the listing judged by
+// the node's own checkOffer, so that a control means the same at the gateway, market and node.
+import { describe, expect, test } from 'vitest';
+import { candidates, listingUnmet } from '../src/gateway/candidates.ts';
+import { GatewayError } from '../src/gateway/errors.ts';
+import type { ProviderEntry } from '../src/gateway/market-client.ts';
+import type { RoutingControls } from '../src/gateway/routing-headers.ts';
+
+const MODEL = 'tiny/llama';
+
+function entry(id: string, over: Partial<ProviderEntry> = {}, model: Partial<ProviderEntry['models'][number]> = {}): ProviderEntry {
+  return {
+    provider: id.repeat(64).slice(0, 64),
+    peer_id: `peer-${id}`,
+    addresses: [],
+    models: [{ id: MODEL, quantization: 'Q4_K_M', context: 2048, slots: 2, tokens_per_second: 1000, ...model }],
+    price_version: 'v1',
+    rates: { [MODEL]: { input_per_mtok: '150000', output_per_mtok: '600000' } },
+    attestation_tier: 'T1',
+    live: true,
+    accepting: true,
+    ...over,
+  };
+}
+const controls = (routing: RoutingControls['routing'], preferredProviders?: string[]): RoutingControls => ({ routing, ...(preferredProviders ? { preferredProviders } : {}) });
+const ids = (list: ProviderEntry[], c: RoutingControls) => candidates(list, MODEL, c).map((x) => x.provider.provider[0]);
+function refusal(list: ProviderEntry[], c: RoutingControls): [number, string] {
+  try {
+    candidates(list, MODEL, c);
+  } catch (e) {
+    if (e instanceof GatewayError) return [e.status, e.code];
+    throw e;
+  }
+  throw new Error('expected a refusal');
+}
+
+describe('gateway candidates', () => {
+  test('a provider over a price ceiling is passed over for one under it', () => {
+    const dear = entry('a', { rates: { [MODEL]: { input_per_mtok: '900000', output_per_mtok: '900000' } } });
+    const cheap = entry('b');
+    expect(ids([dear, cheap], controls({ max_input_price_micro_usd_per_mtok: '200000' }))).toEqual(['b']);
+    expect(ids([dear, cheap], controls({ max_request_price_micro_usd: '750' }))).toEqual(['b']);
+    expect(ids([dear, cheap], controls({}))).toEqual(['a', 'b']);
+  });
+  test('every live provider over the ceiling: 403 price_ceiling_exceeded; refused for other reasons too: 503 no_provider', () => {
+    const dear = entry('a', { rates: { [MODEL]: { input_per_mtok: '900000', output_per_mtok: '900000' } } });
+    expect(refusal([dear], controls({ max_output_price_micro_usd_per_mtok: '600000' }))).toEqual([403, 'price_ceiling_exceeded']);
+    const small = entry('b', {}, { context: 512 });
+    expect(refusal([dear, small], controls({ max_output_price_micro_usd_per_mtok: '600000', min_context: 1024 }))).toEqual([503, 'no_provider']);
+    expect(refusal([entry('c', { live: false })], controls({}))).toEqual([503, 'no_provider']);
+  });
+  test('an unknown model is 404 model_not_found', () => {
+    expect(() => candidates([entry('a')], 'other/model', controls({}))).toThrow(expect.objectContaining({ status: 404, code: 'model_not_found' }));
+  });
+  test('attestation tiers are ranked as the node ranks them; a listing without a tier meets no minimum tier', () => {
+    const t1 = entry('a', { attestation_tier: 'T1' });
+    const t3 = entry('b', { attestation_tier: 'T3' });
+    const none = entry('c', { attestation_tier: undefined });
+    const bogus = entry('d', { attestation_tier: 'T9' });
+    expect(ids([t1, t3, none, bogus], controls({ min_attestation_tier: 'T2' }))).toEqual(['b']);
+    expect(ids([t1, t3, none, bogus], controls({ min_attestation_tier: 'T1' }))).toEqual(['a', 'b']);
+    expect(ids([t1, t3, none, bogus], controls({}))).toEqual(['a', 'b', 'c', 'd']);
+    expect(listingUnmet(none, none.models[0]!, { min_attestation_tier: 'T1' })?.message).toMatch(/attestation tier/);
+  });
+  test('a listing without (valid) rates meets no price ceiling, and is no reason to refuse without one', () => {
+    const unpriced = entry('a', { rates: undefined });
+    const garbled = entry('b', { rates: { [MODEL]: { input_per_mtok: 'lots', output_per_mtok: '1' } } });
+    expect(ids([unpriced, garbled], controls({}))).toEqual(['a', 'b']);
+    expect(refusal([unpriced, garbled], controls({ max_input_price_micro_usd_per_mtok: '1000000' }))).toEqual([503, 'no_provider']);
+  });
+  test('context, quantization bucket and throughput as listed', () => {
+    const list = [entry('a', {}, { context: 1024, quantization: 'q8_0' }), entry('b', {}, { tokens_per_second: 10 }), entry('c', {}, { quantization: undefined })];
+    expect(ids(list, controls({ min_context: 2048 }))).toEqual(['b', 'c']);
+    expect(ids(list, controls({ quantization: 'Q8-0' }))).toEqual(['a']);
+    expect(ids(list, controls({ min_tokens_per_second: 100 }))).toEqual(['a', 'c']);
+  });
+  test('X-Service-Prefer-Providers: only those, in its order', () => {
+    const [a, b, c] = [entry('a'), entry('b'), entry('c')];
+    expect(ids([a, b, c], controls({}, [c.provider, a.provider]))).toEqual(['c', 'a']);
+    expect(refusal([a, b], controls({}, [c.provider]))).toEqual([503, 'no_provider']);
+  });
+});
