@@ -26,6 +26,7 @@ import type { AddressInfo } from 'node:net';
 import { fastify, type FastifyError, type FastifyInstance } from 'fastify';
 import { createHost, type Host } from '../p2p/host.ts';
 import { MAX_REQUEST_BODY } from '../serve/contract.ts';
+import { closeHttp } from '../http-close.ts';
 import { settledWithin } from '../settled-within.ts';
 import { stopStep } from '../stop-step.ts';
 import { registerCatalogRoutes } from './catalog-routes.ts';
@@ -184,15 +185,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     idle,
     async close(graceMs = 10_000) {
       // Named steps (see stopStep): one that fails is logged and the ones after it still run.
-      const force = setTimeout(() => app.server.closeAllConnections(), graceMs);
-      await stopStep(log, 'http', () => app.close());
-      clearTimeout(force);
+      await stopStep(log, 'http', () => closeHttp(app, graceMs));
       // Settlements (receipts fetched from nodes, posted to the market) get their own grace too:
       // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
       // in_progress (with a records file it reads `interrupted` after the next start); the
       // receipt itself is in the node's log and reaches the market from there.
       await stopStep(log, 'settlements', async () => {
-        if (!(await settledWithin(idle(), graceMs))) log.warn({ pending: settlements.pending, grace_ms: graceMs }, 'gateway closed with settlements still running');
+        if (await settledWithin(idle(), graceMs)) return;
+        log.warn({ pending: settlements.pending, grace_ms: graceMs }, 'settlements still running after the grace period are stopped');
+        // Stopped: no more retries, waits or fetches; a POST already sent gets its own timeout.
+        if (!(await settledWithin(settlements.stop(), graceMs))) log.warn({ pending: settlements.pending }, 'gateway closed with settlements still running');
       });
       await stopStep(log, 'libp2p', () => host.stop());
       await stopStep(log, 'records', () => records.close());

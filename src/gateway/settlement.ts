@@ -2,6 +2,7 @@
 // while it is unreachable) and recorded; a request that ended without a trailer has its receipt
 // fetched from the node's log (/service/log/1.0.0) first. Settlements run in the background and are
 // tracked by request id, so that GET /v1/requests/{id} and close() can wait for them.
+import { setTimeout as delay } from 'node:timers/promises';
 import type { Host } from '../p2p/host.ts';
 import { LOG_PROTOCOL } from '../p2p/log-protocol.ts';
 import { readResponse, request as p2pRequest } from '../p2p/request-stream.ts';
@@ -28,7 +29,6 @@ const NO_RECEIPT = {
 /** Tries at POST /v1/receipts while the market is unreachable. */
 const SETTLE_ATTEMPTS = 3;
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 export interface SettlementDeps {
   log: GatewayLogger;
@@ -43,6 +43,8 @@ export class Settlements {
   private readonly d: SettlementDeps;
   /** Settlements under way, by request id. */
   private readonly settling = new Map<string, Promise<void>>();
+  /** Aborted by stop(): waits, retries and receipt fetches end at once. */
+  private readonly stopper = new AbortController();
 
   constructor(deps: SettlementDeps) {
     this.d = deps;
@@ -75,6 +77,29 @@ export class Settlements {
     while (this.settling.size > 0) await Promise.allSettled([...this.settling.values()]);
   }
 
+  /**
+   * Ends the settlements under way at their next step and resolves when they are done: no more
+   * retries or waits. A receipt not yet acknowledged is recorded as not settled
+   * (settlement_interrupted); a request whose receipt was still being fetched keeps its record as it
+   * is (in_progress; `interrupted` after a restart with a records file). The receipt stays in the
+   * node's log either way.
+   */
+  async stop(): Promise<void> {
+    this.stopper.abort();
+    await this.idle();
+  }
+
+  /** Waits `ms`; false (at once) when the settlements are stopping. */
+  private async pause(ms: number): Promise<boolean> {
+    if (this.stopper.signal.aborted) return false;
+    try {
+      await delay(ms, undefined, { signal: this.stopper.signal });
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
   async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
@@ -88,7 +113,10 @@ export class Settlements {
         const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
         outcome = { ok: false, code: g.code, message: g.message };
         if (g.status < 500) break; // the market refused it: retrying will not change that
-        if (attempt < SETTLE_ATTEMPTS - 1) await sleep(200 * (attempt + 1));
+        if (attempt < SETTLE_ATTEMPTS - 1 && !(await this.pause(200 * (attempt + 1)))) {
+          outcome = { ok: false, code: 'settlement_interrupted', message: `the gateway stopped before the marketplace acknowledged the receipt (${g.message})` };
+          break;
+        }
       }
     }
     if (!outcome.ok) log.warn({ request_id: id, code: outcome.code, message: outcome.message }, 'receipt not settled with the marketplace');
@@ -109,6 +137,7 @@ export class Settlements {
       p.requestId,
       (async () => {
         const c = await this.fetchReceipt(p);
+        if (c === 'stopped') return; // the record stays in_progress: see stop()
         if (c === undefined) {
           records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
         } else if (!c.ok) {
@@ -125,12 +154,14 @@ export class Settlements {
    * The receipt of a request whose stream ended early (the buyer left, or the connection broke),
    * from the node's log, retried until it is there or `receiptFetchMs` has passed.
    */
-  private async fetchReceipt(p: Paid): Promise<CheckedReceipt | undefined> {
+  private async fetchReceipt(p: Paid): Promise<CheckedReceipt | undefined | 'stopped'> {
     const deadline = Date.now() + this.d.receiptFetchMs;
     let last: CheckedReceipt | undefined;
-    for (let delay = 50; ; delay = Math.min(delay * 2, 400)) {
+    for (let wait = 50; ; wait = Math.min(wait * 2, 400)) {
+      if (this.stopper.signal.aborted) return 'stopped';
       try {
-        const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal: AbortSignal.timeout(Math.max(1, Math.min(3000, deadline - Date.now()))) }));
+        const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(Math.max(1, Math.min(3000, deadline - Date.now())))]);
+        const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal }));
         if (r.head.status === 200) {
           const v = JSON.parse(Buffer.from(r.body).toString('utf8')) as { receipts?: unknown };
           for (const line of Array.isArray(v.receipts) ? v.receipts : []) {
@@ -141,10 +172,11 @@ export class Settlements {
           if (last) return last;
         }
       } catch (e) {
+        if (this.stopper.signal.aborted) return 'stopped';
         this.d.log.warn({ request_id: p.requestId, err: (e as Error).message }, 'receipt fetch failed');
       }
-      if (Date.now() + delay > deadline) return undefined;
-      await sleep(delay);
+      if (Date.now() + wait > deadline) return undefined;
+      if (!(await this.pause(wait))) return 'stopped';
     }
   }
 }

@@ -7,6 +7,7 @@ import { toHex } from '../../attestation/bytes.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { registerRoutes } from './routes.ts';
 import { MarketStore } from './store.ts';
+import { closeHttp } from '../http-close.ts';
 
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
 
@@ -31,8 +32,11 @@ export interface Market {
   readonly publicKey: string;
   readonly store: MarketStore;
   listen(): Promise<{ url: string; host: string; port: number }>;
-  close(): Promise<void>;
+  /** Stops serving: requests under way get `graceMs` (default 2 s) to finish, then their connections are cut. */
+  close(graceMs?: number): Promise<void>;
 }
+
+const MARKET_CLOSE_GRACE_MS = 2_000;
 
 export function createMarket(opts: MarketOptions): Market {
   if (!(opts.seed instanceof Uint8Array) || opts.seed.length !== 32) throw new TypeError('market: seed must be 32 bytes');
@@ -63,8 +67,8 @@ export function createMarket(opts: MarketOptions): Market {
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;
       return { url: `http://${shown}:${a.port}`, host: a.address, port: a.port };
     },
-    async close() {
-      await app.close();
+    async close(graceMs = MARKET_CLOSE_GRACE_MS) {
+      await closeHttp(app, graceMs);
     },
   };
 }

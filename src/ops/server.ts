@@ -12,6 +12,7 @@
 import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
+import { closeHttp } from '../http-close.ts';
 import { JSON_TYPE } from '../service-error.ts';
 
 type MaybePromise<T> = T | Promise<T>;
@@ -58,9 +59,11 @@ export interface OpsServer {
   readonly app: FastifyInstance;
   /** Bind host:port (127.0.0.1 unless `host` was given) and start serving. */
   listen(): Promise<OpsServerAddress>;
-  /** Stop accepting connections, finish in-flight requests, close idle keep-alive connections. */
-  close(): Promise<void>;
+  /** Stop accepting connections; requests under way get `graceMs` (default 2 s), keep-alive connections close as they fall idle. */
+  close(graceMs?: number): Promise<void>;
 }
+
+const OPS_CLOSE_GRACE_MS = 2_000;
 
 const OPS_ROUTES: readonly string[] = ['/healthz', '/readyz', '/status', '/metrics'];
 
@@ -254,8 +257,8 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
       if (!isLoopbackHost(host)) app.log.warn({ host, port: address.port }, 'ops: listening beyond loopback; /status and /metrics are unauthenticated');
       return { host: address.address, port: address.port, url: `http://${shown}:${address.port}` };
     },
-    async close(): Promise<void> {
-      await app.close();
+    async close(graceMs = OPS_CLOSE_GRACE_MS): Promise<void> {
+      await closeHttp(app, graceMs);
     },
   };
 }
