@@ -97,7 +97,8 @@ describe('hedged dispatch', () => {
     const first = await send();
     expect(first.status).toBe(200);
     const a = (await first.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
-    expect((await record(a.service.request_id)).settled).toBe(true);
+    const firstRecord = await record(a.service.request_id);
+    expect(firstRecord.settled).toBe(true);
     // Two providers serve the model and the market alternates between them: every retry still lands where the first ran.
     for (let i = 0; i < 3; i++) {
       const retry = await send();
@@ -107,6 +108,8 @@ describe('hedged dispatch', () => {
       expect(b.service.receipt).toEqual(a.service.receipt);
     }
     expect((await totals()).receipts).toBe(before.receipts + 1);
+    // The first request's record is as it was: a retry only points at it.
+    expect(await record(a.service.request_id)).toEqual(firstRecord);
   });
 
   test('a hedge under X-Service-Max-Cost-Usd holds half the cap an attempt: both together never spend more than the cap', async () => {

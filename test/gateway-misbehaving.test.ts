@@ -636,10 +636,11 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     const id = res.headers.get('x-request-id')!;
     expect(id).toMatch(/-whole(-f1)?$/);
     const base = id.replace(/-whole(-f1)?$/, '');
-    // The hedged pair: the half whose refusal was answered reads refused, the other, cancelled as
-    // the pair's loser, abandoned; neither charged anything.
+    // The hedged pair: both halves were refused before any work (one for its hold, one busy), and
+    // each reads refused with its node's own code; neither charged anything.
     const halves = await Promise.all([base, `${base}-hedge`].map((h) => record(h)));
-    expect(halves.map((h) => h.status).sort()).toEqual(['abandoned', 'refused']);
+    expect(halves.map((h) => h.status)).toEqual(['refused', 'refused']);
+    expect(halves.map((h) => h.error?.code).sort()).toEqual(['no_capacity', 'request_cost_limit_exceeded']);
     for (const h of halves) expect(h.receipt).toBeNull();
   });
 

@@ -179,7 +179,16 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         return { ok: false, a, stage: 'head', e: e as Error, res };
       }
     };
-    const running = attempts.map(dispatch);
+    /** Each attempt's outcome once known: a loser's is its own only if known before it was cancelled. */
+    const known = new Map<(typeof attempts)[number], Outcome>();
+    const running = attempts.map((a) => dispatch(a).then((o) => (known.set(a, o), o)));
+    /** A refusal's trailer is read once, whoever asks first. */
+    const refusals = new Map<(typeof attempts)[number], ReturnType<typeof readRefusal>>();
+    const refusalOf = (a: (typeof attempts)[number], res: P2pResponse, status: number): ReturnType<typeof readRefusal> => {
+      let r = refusals.get(a);
+      if (!r) refusals.set(a, (r = readRefusal(res, status)));
+      return r;
+    };
     let outcome = await Promise.race(running);
     /** Whether the other half of a hedge failed without starting (not reached, or refused before work), and its refusal's code. */
     let otherNotStarted = false;
@@ -189,18 +198,29 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (other.ok && other.head.status === 200) outcome = other;
       else if (other.ok) {
         otherNotStarted = other.head.status === 403 || other.head.status === 503;
-        if (otherNotStarted) otherCode = (await readRefusal(other.res, headStatus(other.head))).error.code;
+        if (otherNotStarted) otherCode = (await refusalOf(other.a, other.res, headStatus(other.head))).error.code;
       } else otherNotStarted = other.stage === 'connect';
     }
-    // The loser is cancelled; what it did is settled from its node's log.
+    // The loser is cancelled; what it did is settled from its node's log. One already refused, or
+    // never reached, did nothing: it is recorded as such, with nothing to fetch.
     for (const a of attempts) {
       if (a === outcome.a) continue;
+      const before = known.get(a);
       a.idle.stop();
       a.ac.abort(new Error('lost the hedge'));
       // Tracked at once, so close() waits for this settlement before it closes the records.
       void settlements.track(
         a.p.requestId,
-        running[attempts.indexOf(a)]!.then((r) => {
+        running[attempts.indexOf(a)]!.then(async (r) => {
+          if (before?.ok && headStatus(before.head) !== 200) {
+            const { error, refused } = await refusalOf(a, before.res, headStatus(before.head));
+            records.fail(a.p.requestId, refused ? 'refused' : 'bad_provider_response', { code: error.code, message: error.message });
+            return;
+          }
+          if (before && !before.ok && before.stage === 'connect') {
+            records.fail(a.p.requestId, 'failed', { code: 'provider_unreachable', message: `could not reach provider ${a.p.provider}: ${before.e.message}` });
+            return;
+          }
           r.res?.abort('lost the hedge');
           return settlements.settleFromNode(a.p, 'lost_hedge');
         }),
@@ -240,7 +260,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const headers = isObj(head.headers) ? head.headers : {};
     if (status !== 200) {
       // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.
-      const { error, refused } = await readRefusal(res, status);
+      const { error, refused } = await refusalOf(outcome.a, res, status);
       idle.stop();
       return fail(refused ? 'refused' : 'bad_provider_response', error);
     }

@@ -103,6 +103,12 @@ export class Settlements {
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
   async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
+    // An idempotent retry answered with the first request's receipt: once that one is settled, the
+    // retry only points at it (no second POST, the first record left as it was).
+    if (askedAs !== undefined && askedAs !== id && records.get(id)?.settled) {
+      records.alias(askedAs, id);
+      return;
+    }
     let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
     for (let attempt = 0; attempt < SETTLE_ATTEMPTS; attempt++) {
       try {
