@@ -296,6 +296,38 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(((await fits.json()) as { max_output_tokens: number }).max_output_tokens).toBe(1);
   });
 
+  test('bad input on the estimate and record routes: a clear error each, nothing recorded or charged', async () => {
+    const totals = async () => (await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number; cost_micro_usd: string };
+    const before = await totals();
+    const records = gw.records.size;
+    const post = (path: string, body: string, headers: Record<string, string> = {}) => fetch(`${gw.url}/${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+    const errorOf = async (r: Response) => [r.status, ((await r.json()) as { error: { code: string; message: string } }).error] as const;
+    const body = { model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: 4 };
+    // On /estimates: a body that is not JSON, an ask whose body is not an object, an estimate header.
+    const [s1, e1] = await errorOf(await post('estimates', '{"endpoint": "CHAT", '));
+    expect([s1, e1.code, e1.message]).toEqual([400, 'invalid_request', expect.stringMatching(/^body:/)]);
+    const [s2, e2] = await errorOf(await post('estimates', JSON.stringify({ endpoint: 'CHAT', body: [body] })));
+    expect([s2, e2.code, e2.message]).toEqual([400, 'invalid_request', expect.stringMatching(/^body: expected the request body/)]);
+    const [s3, e3] = await errorOf(await post('estimates', JSON.stringify({ endpoint: 'CHAT', body }), { 'x-service-estimate': 'est_00000000000000000000' }));
+    expect([s3, e3.code, e3.message]).toEqual([400, 'invalid_request', expect.stringMatching(/^X-Service-Estimate:/)]);
+    // An estimate used for another endpoint, or another model, than it was made for.
+    const est = (await (await post('estimates', JSON.stringify({ endpoint: 'CHAT', body }))).json()) as { estimate_id: string };
+    const [s4, e4] = await errorOf(await post('completions', JSON.stringify({ model: MODEL, prompt: 'hello world', max_tokens: 4 }), { 'x-service-estimate': est.estimate_id }));
+    expect([s4, e4.code, e4.message]).toEqual([400, 'invalid_request', expect.stringMatching(/another request/)]);
+    const [s5, e5] = await errorOf(await post('chat/completions', JSON.stringify({ ...body, model: 'other/model' }), { 'x-service-estimate': est.estimate_id }));
+    expect([s5, e5.code]).toEqual([400, 'invalid_request']);
+    // GET /v1/requests/{id}: a malformed id, an unknown one; and a route that does not exist.
+    const [s6, e6] = await errorOf(await fetch(`${gw.url}/requests/${encodeURIComponent('bad id/../x')}`));
+    expect([s6, e6.code]).toEqual([400, 'invalid_request']);
+    const [s7, e7] = await errorOf(await fetch(`${gw.url}/requests/req-never-made`));
+    expect([s7, e7.code]).toEqual([404, 'request_not_found']);
+    const [s8, e8] = await errorOf(await fetch(`${gw.url}/images/generations`, { method: 'POST', body: '{}' }));
+    expect([s8, e8.code, e8.message]).toEqual([404, 'not_found', 'no route POST /v1/images/generations']);
+    expect(gw.records.size).toBe(records);
+    expect(await totals()).toEqual(before);
+    expect((await fetch(`${gw.url}/models`)).status).toBe(200); // still up
+  });
+
   test('embeddings: one vector per input, billed for input tokens only', async () => {
     const input = ['hello world', 'the cat sat'];
     const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };
