@@ -188,8 +188,9 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     // 40 MB (more than every buffer on the way holds), then silence: the buyer's first pause holds
     // the gateway up (its clock paused), the
     // buyer then reads everything, and the provider, silent, must be cut off IDLE_MS later. Were
-    // the clock not restarted it would never be: the provider gives up its silence after 8 s and
-    // ends the stream with [DONE] (which this test must then not see).
+    // the clock not restarted it would never be: the provider gives up its silence after 25 s and
+    // ends the stream with [DONE] (which this test must then not see). 25 s, not less: on a loaded
+    // machine the buyer's read of 40 MB alone can take seconds after the provider's last write.
     const events = Array.from({ length: EVENTS }, (_, i) => event(i));
     const expected = Buffer.concat(events);
     const stalls: number[] = [];
@@ -198,7 +199,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     let cutOff = false;
     scripted.behaviour = async (ex) => {
       await sendTimed(ex, events, stalls);
-      await Promise.race([released, new Promise((r) => setTimeout(r, 8000))]);
+      await Promise.race([released, new Promise((r) => setTimeout(r, 25_000))]);
       try {
         await ex.data('data: [DONE]\n\n');
         await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
