@@ -1,5 +1,6 @@
 // The gateway's pure pieces: X-Service-* headers → ticket routing, dial targets, URLs and --listen.
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test, vi } from 'vitest';
@@ -181,6 +182,28 @@ describe('closing a gateway', () => {
       expect(gw.libp2p.status).toBe('stopped');
       expect(closeRecords).toHaveBeenCalledTimes(1);
     } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('starting a gateway', () => {
+  test('on a port already in use: the start fails naming the cause; started again on a free port with the same records file, it serves and closes', async () => {
+    const { createGateway } = await import('../src/gateway/gateway.ts');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-start-'));
+    const recordsPath = path.join(dir, 'records.db');
+    const taken = net.createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+    const port = (taken.address() as net.AddressInfo).port;
+    try {
+      await expect(createGateway({ market: 'http://127.0.0.1:9', port, recordsPath })).rejects.toThrow(/EADDRINUSE/);
+      // The same records file and a free port: starts, serves, closes.
+      const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, recordsPath });
+      expect((await fetch(`${gw.url}/requests/req-none`)).status).toBe(404);
+      await gw.close(1000);
+      expect(gw.libp2p.status).toBe('stopped');
+    } finally {
+      await new Promise((r) => taken.close(r));
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });

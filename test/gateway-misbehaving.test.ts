@@ -822,6 +822,22 @@ describe('a provider that answers an HTTP status without an error envelope: 502 
     expect(await record(e.id)).toMatchObject({ status: 'refused', error: { code: 'no_capacity', message: 'scripted: busy' }, settled: false });
     expect(proxy.receiptPosts).toBe(0);
   });
+
+  test('tokenize and count_tokens: a refusal is relayed with its status and code; one without an envelope is 502 bad_provider_response; nothing recorded', async () => {
+    const records = gw.records.size;
+    scripted.behaviour = answers({ status: 400, headers: { 'content-type': 'application/json' } }, { error: { code: 'invalid_request', message: 'scripted: messages: expected an array' } });
+    const errorOf = async (r: Response) => [r.status, ((await r.json()) as { error: { code: string; message: string } }).error] as const;
+    for (const endpoint of ['tokenize', 'count_tokens']) {
+      const [status, error] = await errorOf(await post(JSON.stringify({ model: MODEL, prompt: 'hi' }), toScripted(), endpoint));
+      expect([status, error]).toEqual([400, { code: 'invalid_request', message: 'scripted: messages: expected an array' }]);
+    }
+    scripted.behaviour = answers({ status: 500 }, {});
+    for (const endpoint of ['tokenize', 'count_tokens']) {
+      const [status, error] = await errorOf(await post(JSON.stringify({ model: MODEL, prompt: 'hi' }), toScripted(), endpoint));
+      expect([status, error.code, error.message]).toEqual([502, 'bad_provider_response', expect.stringMatching(/answered HTTP 500 without an error/)]);
+    }
+    expect(gw.records.size).toBe(records);
+  });
 });
 
 // ---- the market ---------------------------------------------------------------------------------
