@@ -525,6 +525,31 @@ describe('the buyer leaves before the provider answers: what the node did is set
     expect(serializeEnvelope(rec.receipt!)).toBe(logged);
     expect(await marketHas(id)).toBe(true);
   });
+
+  test('the buyer leaves during a JSON body, after the HEAD: the node\'s `cancelled` receipt is fetched, verified and settled', async () => {
+    let id: string | undefined;
+    let logged = '';
+    const held = new Promise<void>((r) => (release = r));
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted","object":"chat.completion",');
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
+      id = ex.ticket.request_id; // the HEAD and part of the body are out
+      await held;
+    };
+    const ac = new AbortController();
+    const res = fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body: chatBody('leave mid-body'), signal: ac.signal });
+    const gotIt = await waitFor('the scripted node to send part of its body', async () => id);
+    ac.abort();
+    await expect(res).rejects.toThrow();
+    const rec = await waitFor('the record to settle', async () => {
+      const r = await record(gotIt);
+      return r.settled ? r : undefined;
+    });
+    expect(rec).toMatchObject({ request_id: gotIt, status: 'cancelled', provider: scripted.providerId, usage: { prompt_tokens: 7, completion_tokens: 2 } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(gotIt)).toBe(true);
+  });
 });
 
 describe('failover: a provider that cannot start the request (503 no_capacity) hands it to the next', () => {
