@@ -22,13 +22,15 @@ afterAll(async () => {
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
-async function run(req: GenerateRequest): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
+/** Runs a generation to its end; `onChunk` sees each chunk as it comes. */
+async function run(req: GenerateRequest, onChunk?: () => void): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
   const chunks: GeneratedChunk[] = [];
   const gen = rt.generate(req);
   for (;;) {
     const n = await gen.next();
     if (n.done) return { chunks, result: n.value };
     chunks.push(n.value);
+    onChunk?.();
   }
 }
 
@@ -76,9 +78,13 @@ describe('LlamaEmbeddedAdapter', () => {
     const aloneB = ids(await run(b));
     expect(aloneA).not.toEqual(aloneB);
     for (let round = 0; round < 3; round++) {
-      const [ta, tb] = await Promise.all([run(a), run(b)]);
+      const order: string[] = [];
+      const [ta, tb] = await Promise.all([run(a, () => order.push('a')), run(b, () => order.push('b'))]);
       expect(ids(ta)).toEqual(aloneA);
       expect(ids(tb)).toEqual(aloneB);
+      // The premise: the two really ran side by side (their chunks interleave), not one after the other.
+      expect(order.indexOf('b')).toBeLessThan(order.lastIndexOf('a'));
+      expect(order.indexOf('a')).toBeLessThan(order.lastIndexOf('b'));
     }
   });
 
