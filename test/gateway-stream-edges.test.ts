@@ -230,6 +230,44 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     // The premise: the buyer's pause did hold the gateway up for longer than the idle limit.
     expect(stalls.length).toBeGreaterThanOrEqual(1);
   });
+
+  test('a buyer who leaves while the gateway waits for it to read: the relay ends, the provider\'s stream is reset, and its `cancelled` receipt is settled', async () => {
+    const events = Array.from({ length: EVENTS }, (_, i) => event(i));
+    const stalls: number[] = [];
+    let logged = '';
+    let cutOff = false;
+    scripted.behaviour = async (ex) => {
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 9, output_tokens: 3 } });
+      try {
+        await sendTimed(ex, events, stalls);
+      } catch {
+        cutOff = true; // the gateway reset the stream once the buyer had left
+      }
+    };
+    // The buyer never reads: the gateway's writes back up and it waits on the buyer (the provider's
+    // clock paused, its stream's window spent). Then the buyer leaves.
+    let id = '';
+    const req = http.request(`${slow.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-prefer-providers': scripted.providerId } }, (res) => {
+      id = res.headers['x-request-id'] as string;
+      res.pause();
+    });
+    req.on('error', () => undefined);
+    req.end(chatBody('a long answer, never read'));
+    await waitFor('the answer to start', async () => (id !== '' ? true : undefined));
+    // Twice the idle limit with nobody reading: the wait is the buyer's, so the provider is not cut off.
+    await new Promise((r) => setTimeout(r, 2 * IDLE_MS));
+    expect(cutOff).toBe(false);
+    req.destroy();
+    await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined));
+    expect(id).toMatch(/^req-/);
+    const rec = await waitFor('the record to settle', async () => {
+      const r = await record(slow, id);
+      return r.settled ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'cancelled', usage: { prompt_tokens: 9, completion_tokens: 3 } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(id)).toBe(true);
+  });
 });
 
 // ---- events split across DATA frames ------------------------------------------------------------
