@@ -34,6 +34,7 @@ import { createKeyFile } from '../src/identity.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
 import type { JsonObject } from '../src/p2p/frames.ts';
+import { settledWithin } from '../src/settled-within.ts';
 import { Exchange, MarketProxy, SCRIPTED_RATES, SCRIPTED_USAGE, ScriptedNode, type Behaviour, type TicketGrant } from './helpers/misbehaving-node.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
@@ -973,7 +974,8 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
       await waitFor('the receipt POST to reach the market', async () => (proxy.receiptPosts === 1 ? true : undefined));
       // Resolves by the grace, not by the market: the POST stays held until after it returns
       // (without the grace this would wait for the release below, forever).
-      await g.close(300);
+      expect(await settledWithin(g.close(300), 10_000)).toBe(true);
+      expect(warned).toContain('settlements still running after the grace period are stopped');
       expect(warned).toContain('gateway closed with settlements still running');
       release();
       // The held POST goes through once released: later tests count the market's receipts.
