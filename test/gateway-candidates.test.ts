@@ -49,6 +49,17 @@ describe('gateway candidates', () => {
     expect(refusal([dear, small], controls({ max_output_price_micro_usd_per_mtok: '600000', min_context: 1024 }))).toEqual([503, 'no_provider']);
     expect(refusal([entry('c', { live: false })], controls({}))).toEqual([503, 'no_provider']);
   });
+  test('a provider that is stopping is a reason of its own: over the ceiling and stopping is 503, as the marketplace answers', () => {
+    const dear = entry('a', { rates: { [MODEL]: { input_per_mtok: '900000', output_per_mtok: '900000' } } });
+    const stopping = entry('b', { accepting: false });
+    expect(refusal([dear, stopping], controls({ max_input_price_micro_usd_per_mtok: '200000' }))).toEqual([503, 'no_provider']);
+    expect(ids([dear, stopping, entry('c')], controls({}))).toEqual(['a', 'c']);
+  });
+  test('preferred providers and a price ceiling: the first preferred one under it', () => {
+    const [a, b, c] = [entry('a', { rates: { [MODEL]: { input_per_mtok: '900000', output_per_mtok: '900000' } } }), entry('b'), entry('c')];
+    expect(ids([a, b, c], controls({ max_input_price_micro_usd_per_mtok: '200000' }, [a.provider, c.provider, b.provider]))).toEqual(['c', 'b']);
+    expect(refusal([a, b, c], controls({ max_input_price_micro_usd_per_mtok: '200000' }, [a.provider]))).toEqual([403, 'price_ceiling_exceeded']);
+  });
   test('an unknown model is 404 model_not_found', () => {
     expect(() => candidates([entry('a')], 'other/model', controls({}))).toThrow(expect.objectContaining({ status: 404, code: 'model_not_found' }));
   });

@@ -670,6 +670,28 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     for (const h of halves) expect(h.receipt).toBeNull();
   });
 
+  test('a hedge whose other half was refused before the winner answered: that half reads refused with its node\'s code, its trailer read in full (sent a moment after its HEAD)', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head({ status: 503, headers: { 'content-type': 'application/json' } });
+      await new Promise((r) => setTimeout(r, 50)); // the refusal's TRAILER comes later than its HEAD
+      await ex.trailer({ error: { code: 'no_capacity', message: 'scripted: all slots busy' } });
+    };
+    const seen: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const res = await post(JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: `race ${i}` }], max_tokens: 8 }), { 'x-service-hedge': '1' });
+      expect(res.status).toBe(200);
+      const winner = res.headers.get('x-request-id')!;
+      const loser = await record(winner.endsWith('-hedge') ? winner.slice(0, -'-hedge'.length) : `${winner}-hedge`);
+      expect(loser.provider).toBe(scripted.providerId);
+      // Refused, with the node's own code and message; never mistaken for a refusal without its envelope.
+      if (loser.status === 'refused') expect(loser.error).toEqual({ code: 'no_capacity', message: 'scripted: all slots busy' });
+      else expect(loser).toMatchObject({ status: 'abandoned', error: { code: 'hedge_cancelled' } }); // the winner answered first
+      expect(loser.receipt).toBeNull();
+      seen.push(loser.status);
+    }
+    expect(seen).toContain('refused'); // the premise: at least once the refusal came before the winner's answer
+  });
+
   test('hedge + Idempotency-Key: a retry goes to the provider whose answer the buyer got', async () => {
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));

@@ -74,4 +74,23 @@ describe('Settlements.stop', () => {
     expect(posts).toBe(1); // three tries without stop()
     expect(records.get('req-posting')).toMatchObject({ settled: false, settlement_error: { code: 'settlement_interrupted' } });
   });
+
+  test('a settlement begun after stop() posts nothing: recorded not settled, settlement_interrupted', async () => {
+    const records = new RequestRecords();
+    let posts = 0;
+    const market = new MarketClient('http://127.0.0.1:1', {
+      fetch: async () => {
+        posts++;
+        throw new Error('not expected');
+      },
+    });
+    const s = new Settlements({ log: noopLogger, market, records, host, receiptFetchMs: 1000 });
+    await s.stop();
+    const node = testKey();
+    const payload: ReceiptPayload = receiptPayload(node, 0, { request_id: 'req-late' } as Partial<ReceiptPayload>);
+    const envelope = signReceipt(node, payload);
+    await s.settle('req-late', { ok: true, line: serializeEnvelope(envelope), payload, envelope });
+    expect(posts).toBe(0);
+    expect(records.get('req-late')).toMatchObject({ settled: false, settlement_error: { code: 'settlement_interrupted' } });
+  });
 });

@@ -294,6 +294,21 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     const fits = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'COMPLETIONS', body: { model: MODEL, prompt: prompt.slice(1) } }) });
     expect(fits.status).toBe(200);
     expect(((await fits.json()) as { max_output_tokens: number }).max_output_tokens).toBe(1);
+    const ran = await fetch(`${gw.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: prompt.slice(1) }) });
+    expect(ran.status).toBe(200);
+    const usage = ((await ran.json()) as { usage: { prompt_tokens: number; completion_tokens: number } }).usage;
+    expect(usage.prompt_tokens).toBe(CONTEXT - 1);
+    expect(usage.completion_tokens).toBeLessThanOrEqual(1);
+  });
+
+  test('estimates for a batch of embeddings larger than the counts run at once: every input counted, the total exact', async () => {
+    const input = Array.from({ length: 21 }, (_, i) => `input number ${i} ${'x'.repeat(i)}`);
+    const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'EMBEDDINGS', body: { model: MODEL, input } }) });
+    expect(r.status).toBe(200);
+    const est = (await r.json()) as { input_tokens: number; max_hold: string };
+    let total = 0;
+    for (const prompt of input) total += await countTokens({ prompt });
+    expect(est).toMatchObject({ input_tokens: total, max_hold: costUsd(total, 0) });
   });
 
   test('bad input on the estimate and record routes: a clear error each, nothing recorded or charged', async () => {

@@ -50,12 +50,13 @@ export function candidates(providers: ProviderEntry[], model: string, controls: 
   const known = providers.filter((p) => p.models.some((m) => m.id === model));
   if (known.length === 0) throw new GatewayError(404, 'model_not_found', `no provider serves model "${model.slice(0, 256)}"`);
   const preferred = controls.preferredProviders;
-  const serving = known.filter((p) => p.live !== false && p.accepting !== false && (!preferred || preferred.includes(p.provider)));
+  const serving = known.filter((p) => p.live !== false && (!preferred || preferred.includes(p.provider)));
   const reasons: Refusal[] = [];
   let fit = serving
     .map((p) => ({ provider: p, model: p.models.find((m) => m.id === model)! }))
     .filter(({ provider, model: m }) => {
-      const why = listingUnmet(provider, m, controls.routing);
+      // As the marketplace: a provider that is stopping is a reason of its own, not a price.
+      const why: Refusal | undefined = provider.accepting === false ? { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (stopping)' } : listingUnmet(provider, m, controls.routing);
       if (why) reasons.push(why);
       return !why;
     });

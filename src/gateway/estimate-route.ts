@@ -103,10 +103,16 @@ async function needAt(host: Host, c: Candidate, parsed: ParsedRequest): Promise<
   if (parsed.endpoint === 'embeddings') {
     const counts = new Array<number>(parsed.input.length);
     let next = 0;
+    let failed = false; // one count failed: the others take no more inputs
     const worker = async (): Promise<void> => {
-      while (next < parsed.input.length) {
+      while (next < parsed.input.length && !failed) {
         const i = next++;
-        counts[i] = await count({ prompt: parsed.input[i] });
+        try {
+          counts[i] = await count({ prompt: parsed.input[i] });
+        } catch (e) {
+          failed = true;
+          throw e;
+        }
       }
     };
     await Promise.all(Array.from({ length: Math.min(COUNT_CONCURRENCY, parsed.input.length) }, worker));

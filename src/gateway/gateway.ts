@@ -191,9 +191,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       // in_progress (with a records file it reads `interrupted` after the next start); the
       // receipt itself is in the node's log and reaches the market from there.
       await stopStep(log, 'settlements', async () => {
-        if (await settledWithin(idle(), graceMs)) return;
-        log.warn({ pending: settlements.pending, grace_ms: graceMs }, 'settlements still running after the grace period are stopped');
-        // Stopped: no more retries, waits or fetches; a POST already sent gets its own timeout.
+        if (!(await settledWithin(idle(), graceMs))) log.warn({ pending: settlements.pending, grace_ms: graceMs }, 'settlements still running after the grace period are stopped');
+        // Stopped, also when idle (a handler cut off with its connection may start one later): no
+        // more retries, waits or fetches; a POST already sent gets its own timeout.
         if (!(await settledWithin(settlements.stop(), graceMs))) log.warn({ pending: settlements.pending }, 'gateway closed with settlements still running');
       });
       await stopStep(log, 'libp2p', () => host.stop());

@@ -163,20 +163,21 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     for (const a of attempts) gone.signal.addEventListener('abort', () => a.ac.abort(gone.signal.reason), { once: true });
 
     // Dispatch every attempt; the first to answer 200 wins, a refusal waits for the other.
-    type Outcome = { ok: true; a: (typeof attempts)[number]; res: P2pResponse; head: JsonObject } | { ok: false; a: (typeof attempts)[number]; stage: 'connect' | 'head'; e: Error; res?: P2pResponse };
+    /** `aborted`: the attempt had been cancelled (the buyer left, or it lost) when it failed. */
+    type Outcome = { ok: true; a: (typeof attempts)[number]; res: P2pResponse; head: JsonObject } | { ok: false; a: (typeof attempts)[number]; stage: 'connect' | 'head'; e: Error; res?: P2pResponse; aborted: boolean };
     const dispatch = async (a: (typeof attempts)[number]): Promise<Outcome> => {
       let res: P2pResponse;
       try {
         res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal });
       } catch (e) {
-        return { ok: false, a, stage: 'connect', e: e as Error };
+        return { ok: false, a, stage: 'connect', e: e as Error, aborted: a.ac.signal.aborted };
       }
       try {
         const head = await res.head;
         a.idle.kick();
         return { ok: true, a, res, head };
       } catch (e) {
-        return { ok: false, a, stage: 'head', e: e as Error, res };
+        return { ok: false, a, stage: 'head', e: e as Error, res, aborted: a.ac.signal.aborted };
       }
     };
     /** Each attempt's outcome once known: a loser's is its own only if known before it was cancelled. */
@@ -202,27 +203,34 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       } else otherNotStarted = other.stage === 'connect';
     }
     // The loser is cancelled; what it did is settled from its node's log. One already refused, or
-    // never reached, did nothing: it is recorded as such, with nothing to fetch.
+    // never reached (and not for the buyer's leaving), did nothing: it is recorded as such, with
+    // nothing to fetch. Tracked at once, so close() waits for it before it closes the records.
     for (const a of attempts) {
       if (a === outcome.a) continue;
       const before = known.get(a);
+      if (before?.ok && headStatus(before.head) !== 200) {
+        // Its trailer is read before anything resets the stream (its idle clock still bounds the read).
+        const status = headStatus(before.head);
+        void settlements.track(
+          a.p.requestId,
+          refusalOf(a, before.res, status).then(({ error, refused }) => {
+            a.idle.stop();
+            records.fail(a.p.requestId, refused ? 'refused' : 'bad_provider_response', { code: error.code, message: error.message });
+          }),
+        );
+        continue;
+      }
       a.idle.stop();
       a.ac.abort(new Error('lost the hedge'));
-      // Tracked at once, so close() waits for this settlement before it closes the records.
+      if (before && !before.ok && before.stage === 'connect' && !before.aborted) {
+        records.fail(a.p.requestId, 'failed', { code: 'provider_unreachable', message: `could not reach provider ${a.p.provider}: ${before.e.message}` });
+        continue;
+      }
       void settlements.track(
         a.p.requestId,
-        running[attempts.indexOf(a)]!.then(async (r) => {
-          if (before?.ok && headStatus(before.head) !== 200) {
-            const { error, refused } = await refusalOf(a, before.res, headStatus(before.head));
-            records.fail(a.p.requestId, refused ? 'refused' : 'bad_provider_response', { code: error.code, message: error.message });
-            return;
-          }
-          if (before && !before.ok && before.stage === 'connect') {
-            records.fail(a.p.requestId, 'failed', { code: 'provider_unreachable', message: `could not reach provider ${a.p.provider}: ${before.e.message}` });
-            return;
-          }
+        running[attempts.indexOf(a)]!.then((r) => {
           r.res?.abort('lost the hedge');
-          return settlements.settleFromNode(a.p, 'lost_hedge');
+          return settlements.settleFromNode(a.p, gone.signal.aborted ? 'abandoned' : 'lost_hedge');
         }),
       );
     }

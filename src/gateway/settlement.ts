@@ -79,10 +79,10 @@ export class Settlements {
 
   /**
    * Ends the settlements under way at their next step and resolves when they are done: no more
-   * retries or waits. A receipt not yet acknowledged is recorded as not settled
-   * (settlement_interrupted); a request whose receipt was still being fetched keeps its record as it
-   * is (in_progress; `interrupted` after a restart with a records file). The receipt stays in the
-   * node's log either way.
+   * POSTs, retries or waits. A receipt not yet acknowledged is recorded as not settled
+   * (settlement_interrupted, or the market's error when a POST already sent failed); a request
+   * whose receipt was still being fetched keeps its record as it is (in_progress; `interrupted`
+   * after a restart with a records file). The receipt stays in the node's log either way.
    */
   async stop(): Promise<void> {
     this.stopper.abort();
@@ -111,6 +111,10 @@ export class Settlements {
     }
     let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
     for (let attempt = 0; attempt < SETTLE_ATTEMPTS; attempt++) {
+      if (this.stopper.signal.aborted) {
+        outcome = { ok: false, code: 'settlement_interrupted', message: `the gateway stopped before the marketplace acknowledged the receipt${attempt > 0 ? ` (${outcome.message})` : ''}` };
+        break;
+      }
       try {
         const ack = await market.postReceipt(r.line);
         outcome = ack.ok ? { ok: true } : { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' };
@@ -119,10 +123,7 @@ export class Settlements {
         const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
         outcome = { ok: false, code: g.code, message: g.message };
         if (g.status < 500) break; // the market refused it: retrying will not change that
-        if (attempt < SETTLE_ATTEMPTS - 1 && !(await this.pause(200 * (attempt + 1)))) {
-          outcome = { ok: false, code: 'settlement_interrupted', message: `the gateway stopped before the marketplace acknowledged the receipt (${g.message})` };
-          break;
-        }
+        if (attempt < SETTLE_ATTEMPTS - 1) await this.pause(200 * (attempt + 1)); // cut short by stop(): see the top of the loop
       }
     }
     if (!outcome.ok) log.warn({ request_id: id, code: outcome.code, message: outcome.message }, 'receipt not settled with the marketplace');
