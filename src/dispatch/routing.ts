@@ -64,15 +64,25 @@ export function textNeed(inputTokens: number, maxTokens: number | undefined, con
   return { inputTokens, maxOutputTokens: Math.max(1, maxTokens ?? contextLength - inputTokens) };
 }
 
+/** A request that does not fit a context of `contextLength` tokens: 400 context_length_exceeded. */
+export function contextUnfit(contextLength: number, need: Need): Refusal | undefined {
+  if (need.contextNeed !== undefined) {
+    if (need.contextNeed > contextLength) {
+      return { status: 400, code: 'context_length_exceeded', message: `an input of ${need.contextNeed} tokens exceeds the model's context of ${contextLength}` };
+    }
+  } else if (need.inputTokens + need.maxOutputTokens > contextLength) {
+    return { status: 400, code: 'context_length_exceeded', message: `input (${need.inputTokens}) plus output (${need.maxOutputTokens}) tokens exceed the model's context of ${contextLength}` };
+  }
+  return undefined;
+}
+
+/** A provider that is stopping takes no new work (the marketplace's and the gateway's reason). */
+export const NOT_ACCEPTING: Refusal = { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (stopping)' };
+
 /** Undefined when the node can serve the request as asked; otherwise the first reason it cannot. */
 export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): Refusal | undefined {
-  if (need.contextNeed !== undefined) {
-    if (need.contextNeed > offer.contextLength) {
-      return { status: 400, code: 'context_length_exceeded', message: `an input of ${need.contextNeed} tokens exceeds the model's context of ${offer.contextLength}` };
-    }
-  } else if (need.inputTokens + need.maxOutputTokens > offer.contextLength) {
-    return { status: 400, code: 'context_length_exceeded', message: `input (${need.inputTokens}) plus output (${need.maxOutputTokens}) tokens exceed the model's context of ${offer.contextLength}` };
-  }
+  const unfit = contextUnfit(offer.contextLength, need);
+  if (unfit) return unfit;
   const unmet = checkOffer(offer, routing);
   if (unmet) return unmet;
   if (routing.max_cost_micro_usd !== undefined) {

@@ -5,7 +5,7 @@
 import type { Rates } from '../../attestation/money.ts';
 import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
 import type { TicketRouting } from '../../attestation/ticket.ts';
-import { checkOffer, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
+import { checkOffer, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { GatewayError } from './errors.ts';
 import type { ProviderEntry, ProviderModel } from './market-client.ts';
 import type { RoutingControls } from './routing-headers.ts';
@@ -56,7 +56,7 @@ export function candidates(providers: ProviderEntry[], model: string, controls: 
     .map((p) => ({ provider: p, model: p.models.find((m) => m.id === model)! }))
     .filter(({ provider, model: m }) => {
       // As the marketplace: a provider that is stopping is a reason of its own, not a price.
-      const why: Refusal | undefined = provider.accepting === false ? { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (stopping)' } : listingUnmet(provider, m, controls.routing);
+      const why = provider.accepting === false ? NOT_ACCEPTING : listingUnmet(provider, m, controls.routing);
       if (why) reasons.push(why);
       return !why;
     });

@@ -5,7 +5,7 @@
 import type { FastifyInstance } from 'fastify';
 import { formatUsd } from '../../attestation/money.ts';
 import { ratesFromWire } from '../../attestation/receipt.ts';
-import { checkRouting, textNeed, worstCaseCost, type Need } from '../dispatch/routing.ts';
+import { contextUnfit, textNeed, worstCaseCost, type Need } from '../dispatch/routing.ts';
 import type { Host } from '../p2p/host.ts';
 import { ContractError, parseRequest, type ParsedRequest } from '../serve/contract.ts';
 import { candidates, type Candidate } from './candidates.ts';
@@ -59,7 +59,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     const rates = ratesFromWire(c.provider.rates![parsed.model]!);
     // The node's own judgement of context fit. The listing already met every other control
     // (candidates: checkOffer), and a cost cap is refused on this route.
-    const refusal = checkRouting({ contextLength: c.context ?? 0, quantization: '', tokensPerSecond: 0, tier: 'T1', rates }, {}, need);
+    const refusal = contextUnfit(c.context ?? 0, need);
     if (refusal) throw new GatewayError(refusal.status, refusal.code, refusal.message);
     const maxHold = worstCaseCost(need, rates);
     const est = d.estimates.add({

@@ -18,7 +18,7 @@ import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
-import { embeddingsHold, liveProvidersOf, PAID_ENDPOINTS, paidOf, type PaidEndpoint, type Ticketing } from './tickets.ts';
+import { embeddingsHold, liveProvidersOf, PAID_ENDPOINTS, paidOf, type Granted, type Paid, type PaidEndpoint, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -139,14 +139,15 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;
     const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? uncappedHold;
-    let granted = await ticketing.ticketFor(endpoint, model, bodySha256, controls, requestId, idem, hold);
+    const tickets: TicketAsk = { endpoint, model, bodySha256, controls, idem };
+    let granted = await ticketing.ticketFor(tickets, requestId, hold);
     // (A retry going back to its first provider is never hedged: `retry` turned the hedge off.)
-    const hedged = hedge ? await ticketing.hedgeTicket(endpoint, model, bodySha256, controls, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
+    const hedged = hedge ? await ticketing.hedgeTicket(tickets, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
     // The second provider was listed but could not be ticketed: one attempt, with the whole cap.
-    if (halved && !hedged) granted = await ticketing.ticketFor(endpoint, model, bodySha256, controls, requestId, idem, cap);
-    const attempts = [granted, ...(hedged ? [hedged] : [])].map((g) => {
+    if (halved && !hedged) granted = await ticketing.ticketFor(tickets, requestId, cap);
+    const attempts: Attempt[] = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
-      return { g, p: paidOf(endpoint, model, bodySha256, g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
+      return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
     });
     for (const a of attempts) records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
 
@@ -163,9 +164,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     for (const a of attempts) gone.signal.addEventListener('abort', () => a.ac.abort(gone.signal.reason), { once: true });
 
     // Dispatch every attempt; the first to answer 200 wins, a refusal waits for the other.
-    /** `aborted`: the attempt had been cancelled (the buyer left, or it lost) when it failed. */
-    type Outcome = { ok: true; a: (typeof attempts)[number]; res: P2pResponse; head: JsonObject } | { ok: false; a: (typeof attempts)[number]; stage: 'connect' | 'head'; e: Error; res?: P2pResponse; aborted: boolean };
-    const dispatch = async (a: (typeof attempts)[number]): Promise<Outcome> => {
+    const dispatch = async (a: Attempt): Promise<Outcome> => {
       let res: P2pResponse;
       try {
         res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal });
@@ -175,31 +174,22 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       try {
         const head = await res.head;
         a.idle.kick();
-        return { ok: true, a, res, head };
+        return { ok: true, a, res, head, status: headStatus(head) };
       } catch (e) {
         return { ok: false, a, stage: 'head', e: e as Error, res, aborted: a.ac.signal.aborted };
       }
     };
-    /** Each attempt's outcome once known: a loser's is its own only if known before it was cancelled. */
-    const known = new Map<(typeof attempts)[number], Outcome>();
-    const running = attempts.map((a) => dispatch(a).then((o) => (known.set(a, o), o)));
-    /** A refusal's trailer is read once, whoever asks first. */
-    const refusals = new Map<(typeof attempts)[number], ReturnType<typeof readRefusal>>();
-    const refusalOf = (a: (typeof attempts)[number], res: P2pResponse, status: number): ReturnType<typeof readRefusal> => {
-      let r = refusals.get(a);
-      if (!r) refusals.set(a, (r = readRefusal(res, status)));
-      return r;
-    };
-    let outcome = await Promise.race(running);
+    for (const a of attempts) a.running = dispatch(a).then((o) => (a.outcome = o));
+    let outcome = await Promise.race(attempts.map((a) => a.running!));
     /** Whether the other half of a hedge failed without starting (not reached, or refused before work), and its refusal's code. */
     let otherNotStarted = false;
     let otherCode: string | undefined;
-    if (attempts.length > 1 && !(outcome.ok && outcome.head.status === 200)) {
-      const other = await running[outcome.a === attempts[0] ? 1 : 0]!;
-      if (other.ok && other.head.status === 200) outcome = other;
+    if (attempts.length > 1 && !(outcome.ok && outcome.status === 200)) {
+      const other = await attempts.find((a) => a !== outcome.a)!.running!;
+      if (other.ok && other.status === 200) outcome = other;
       else if (other.ok) {
-        otherNotStarted = other.head.status === 403 || other.head.status === 503;
-        if (otherNotStarted) otherCode = (await refusalOf(other.a, other.res, headStatus(other.head))).error.code;
+        otherNotStarted = other.status === 403 || other.status === 503;
+        if (otherNotStarted) otherCode = (await refusalOf(other)).error.code;
       } else otherNotStarted = other.stage === 'connect';
     }
     // The loser is cancelled; what it did is settled from its node's log. One already refused, or
@@ -207,13 +197,12 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     // nothing to fetch. Tracked at once, so close() waits for it before it closes the records.
     for (const a of attempts) {
       if (a === outcome.a) continue;
-      const before = known.get(a);
-      if (before?.ok && headStatus(before.head) !== 200) {
+      const before = a.outcome; // known before the loser is cancelled: its own
+      if (before?.ok && before.status !== 200) {
         // Its trailer is read before anything resets the stream (its idle clock still bounds the read).
-        const status = headStatus(before.head);
         void settlements.track(
           a.p.requestId,
-          refusalOf(a, before.res, status).then(({ error, refused }) => {
+          refusalOf(before).then(({ error, refused }) => {
             a.idle.stop();
             records.fail(a.p.requestId, refused ? 'refused' : 'bad_provider_response', { code: error.code, message: error.message });
           }),
@@ -228,7 +217,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       }
       void settlements.track(
         a.p.requestId,
-        running[attempts.indexOf(a)]!.then((r) => {
+        a.running!.then((r) => {
           r.res?.abort('lost the hedge');
           return settlements.settleFromNode(a.p, gone.signal.aborted ? 'abandoned' : 'lost_hedge');
         }),
@@ -239,17 +228,13 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
       records.fail(p.requestId, status, { code: e.code, message: e.message });
       // Nothing was done and nothing charged: the next provider may start it.
-      if (mayFailOver && attempts.length === 1 && !gone.signal.aborted && e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) {
-        raw.off('close', onClose);
-        throw new Failover(p.provider, e);
-      }
+      const failOver = mayFailOver && attempts.length === 1 && !gone.signal.aborted && e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity');
       // A hedged pair under half the cap each, neither started, one refused for its cost: half the
       // cap is what stopped it, so the request runs once, with the whole cap.
-      if (attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] })) {
-        raw.off('close', onClose);
-        throw new Failover(p.provider, e, true);
-      }
-      throw e;
+      const unhedge = attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] });
+      if (!failOver && !unhedge) throw e;
+      raw.off('close', onClose);
+      throw new Failover(p.provider, e, unhedge);
     };
 
     const idle = outcome.a.idle;
@@ -262,13 +247,12 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${d.providerIdleMs} ms`);
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
-    const { res, head } = outcome;
-    const status = headStatus(head);
+    const { res, head, status } = outcome;
     if (status === 200 && idem !== undefined) ticketing.remember(endpoint, idem, p.provider);
     const headers = isObj(head.headers) ? head.headers : {};
     if (status !== 200) {
       // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.
-      const { error, refused } = await refusalOf(outcome.a, res, status);
+      const { error, refused } = await refusalOf(outcome);
       idle.stop();
       return fail(refused ? 'refused' : 'bad_provider_response', error);
     }
@@ -278,6 +262,28 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
   }
 
   for (const endpoint of PAID_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => paid(endpoint, req, reply));
+}
+
+/** One ticketed attempt at a paid request (two for a hedge), with what is known of it so far. */
+interface Attempt {
+  g: Granted;
+  p: Paid;
+  ac: AbortController;
+  idle: IdleWatch;
+  /** Its dispatch, up to its HEAD. */
+  running?: Promise<Outcome>;
+  /** Set once known; a hedge loser's is its own only if known before it was cancelled. */
+  outcome?: Outcome;
+  /** Its refusal, read once (the trailer can be read only once), whoever asks first. */
+  refusal?: ReturnType<typeof readRefusal>;
+}
+
+/** How an attempt got to its HEAD. `aborted`: it had been cancelled (the buyer left, or it lost) when it failed. */
+type Outcome = { ok: true; a: Attempt; res: P2pResponse; head: JsonObject; status: number } | { ok: false; a: Attempt; stage: 'connect' | 'head'; e: Error; res?: P2pResponse; aborted: boolean };
+
+/** The refusal of an attempt answered with a status other than 200, read once. */
+function refusalOf(o: Extract<Outcome, { ok: true }>): ReturnType<typeof readRefusal> {
+  return (o.a.refusal ??= readRefusal(o.res, o.status));
 }
 
 /** A provider's answer other than 200 (HEAD, then a TRAILER with the error) as the buyer's error; see providerRefusal. */

@@ -206,10 +206,7 @@ export class Relay {
         } else await flushPending();
       }
     } catch (e) {
-      if (gone.aborted) {
-        void this.d.settlements.settleFromNode(p, 'abandoned');
-        return reply;
-      }
+      if (gone.aborted) return this.abandon(p, reply);
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
       const err = this.brokeOff(p, e, idle, 'stream');

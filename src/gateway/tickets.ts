@@ -33,15 +33,25 @@ export interface Paid {
   exp: ReceiptExpectation;
 }
 
-/** The Paid record of a granted ticket. */
-export function paidOf(endpoint: PaidEndpoint, model: string, bodySha256: string, granted: Granted, idempotent: boolean): Paid {
+/** What a paid request asks tickets for: the same for each of its attempts (first, hedge, failover). */
+export interface TicketAsk {
+  endpoint: PaidEndpoint;
+  model: string;
+  bodySha256: string;
+  controls: RoutingControls;
+  /** Idempotency-Key, when the buyer sent one. */
+  idem: string | undefined;
+}
+
+/** The Paid record of a granted ticket (checked in `take`: its endpoint, model and body hash are the ones asked for). */
+export function paidOf(granted: Granted, idempotent: boolean): Paid {
   const t = granted.ticket;
   return {
     requestId: t.request_id,
     provider: granted.provider,
     target: granted.target,
     idempotent,
-    exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint, model, bodySha256, holdMicroUsd: t.max_cost_micro_usd, priceVersion: t.price_version, ...(granted.rates ? { rates: granted.rates } : {}) },
+    exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint: t.endpoint, model: t.model, bodySha256: t.body_sha256, holdMicroUsd: t.max_cost_micro_usd, priceVersion: t.price_version, ...(granted.rates ? { rates: granted.rates } : {}) },
   };
 }
 
@@ -61,7 +71,7 @@ export class Ticketing {
   }
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
-  private async take(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<Granted> {
+  private async take({ endpoint, model, bodySha256 }: TicketAsk, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<Granted> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
     if (hold !== undefined) ask.max_cost_micro_usd = hold;
@@ -85,17 +95,18 @@ export class Ticketing {
   }
 
   /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
-  async ticketFor(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, requestId: string, idem: string | undefined, hold?: string): Promise<Granted> {
-    const first = idem === undefined ? undefined : this.idempotentAt.get(idempotentKey(endpoint, idem));
+  async ticketFor(ask: TicketAsk, requestId: string, hold?: string): Promise<Granted> {
+    const { controls, idem } = ask;
+    const first = idem === undefined ? undefined : this.idempotentAt.get(idempotentKey(ask.endpoint, idem));
     if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
       try {
-        return await this.take(endpoint, model, bodySha256, { ...controls, preferredProviders: [first] }, requestId, hold);
+        return await this.take(ask, { ...controls, preferredProviders: [first] }, requestId, hold);
       } catch (e) {
         // That provider is gone or cannot take it now: the retry runs elsewhere (and is billed there).
         if (!(e instanceof GatewayError) || (e.code !== 'no_provider' && e.status !== 503)) throw e;
       }
     }
-    return this.take(endpoint, model, bodySha256, controls, requestId, hold);
+    return this.take(ask, controls, requestId, hold);
   }
 
   /**
@@ -103,11 +114,11 @@ export class Ticketing {
    * there is none (the request then runs once). The two race; the loser is cancelled at its node
    * and settled for the work it did.
    */
-  async hedgeTicket(endpoint: PaidEndpoint, model: string, bodySha256: string, controls: RoutingControls, live: readonly string[], first: string, requestId: string, hold?: string): Promise<Granted | undefined> {
+  async hedgeTicket(ask: TicketAsk, live: readonly string[], first: string, requestId: string, hold?: string): Promise<Granted | undefined> {
     const others = live.filter((p) => p !== first);
     if (others.length === 0) return undefined;
     try {
-      return await this.take(endpoint, model, bodySha256, { ...controls, preferredProviders: others }, requestId, hold);
+      return await this.take(ask, { ...ask.controls, preferredProviders: others }, requestId, hold);
     } catch {
       return undefined; // no second route: run once
     }

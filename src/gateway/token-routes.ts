@@ -2,6 +2,7 @@
 // live provider of the model, which counts with its own tokenizer and chat template; a provider
 // that cannot be reached is skipped for the next.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Multiaddr } from '@multiformats/multiaddr';
 import type { Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
 import { readResponse, request as p2pRequest } from '../p2p/request-stream.ts';
@@ -18,11 +19,19 @@ const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
 export class ProviderUnreached extends GatewayError {}
 
+/** Each candidate's dial target, worked out once (an estimate asks one candidate once per embeddings input). */
+const targets = new WeakMap<Candidate, Multiaddr[]>();
+function targetOf(c: Candidate): Multiaddr[] {
+  let t = targets.get(c);
+  if (!t) targets.set(c, (t = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses)));
+  return t;
+}
+
 /** A provider's own tokenization of a body (its tokenizer and chat template). */
 export async function askTokens(host: Host, c: Candidate, endpoint: 'tokenize' | 'count_tokens', body: Uint8Array): Promise<{ count: number; tokens: unknown[] | null }> {
   let r;
   try {
-    const target = dialTarget(c.provider.provider, c.provider.peer_id, c.provider.addresses);
+    const target = targetOf(c);
     r = await readResponse(await p2pRequest(host, target, INFER_PROTOCOL, { endpoint }, body, { signal: AbortSignal.timeout(30_000) }));
   } catch (e) {
     throw e instanceof GatewayError ? new ProviderUnreached(e.status, e.code, e.message) : new ProviderUnreached(503, 'provider_unreachable', `could not reach provider ${c.provider.provider}: ${(e as Error).message}`);

@@ -6,7 +6,7 @@ import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
-import { checkOffer, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
+import { checkOffer, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
 import type { RegisteredModel } from './registration-payload.ts';
@@ -51,7 +51,7 @@ export interface TicketContext {
  * market does not know the request's tokens, so only the node judges context fit and the cost cap.
  */
 function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: Rates): Refusal | undefined {
-  if (p.capacity && !p.capacity.accepting) return { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (stopping)' };
+  if (p.capacity && !p.capacity.accepting) return NOT_ACCEPTING;
   const offer = { contextLength: m.context, quantization: m.quantization, tokensPerSecond: m.tokens_per_second, tier: p.attestation_tier, rates };
   return checkOffer(offer, r);
 }
