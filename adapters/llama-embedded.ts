@@ -17,6 +17,8 @@ export interface LlamaEmbeddedOptions {
   threads?: number;
   /** 'auto' uses a GPU when the host has one. Default false (CPU). */
   gpu?: 'auto' | false;
+  /** The model file's SHA-256 (hex), when the caller has already hashed it: start() then does not read the file twice. */
+  modelSha256?: string;
 }
 
 /** One llama.cpp binding per GPU setting; a failed load is not remembered (the next start retries). */
@@ -45,7 +47,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
-  private runtimeVersion = 'node-llama-cpp';
+  private starting = false;
   info: RuntimeInfo = { adapter: 'llama-embedded', version: '', modelSha256: '', contextLength: 0, embeddingLength: 0, chatTemplate: null };
 
   constructor(opts: LlamaEmbeddedOptions) {
@@ -54,11 +56,20 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   /** Loads the model and its context. A start that fails releases whatever it had loaded. */
   async start(): Promise<void> {
-    if (this.model) throw new Error('the embedded runtime is already started (stop it first)');
+    if (this.model || this.starting) throw new Error('the embedded runtime is already started (stop it first)');
     const slots = this.opts.slots ?? 1;
     if (!Number.isSafeInteger(slots) || slots < 1) throw new Error(`slots must be a positive integer, not ${slots}`);
+    this.starting = true; // a second start() while this one loads is refused too (it would load a second model)
+    try {
+      await this.load(slots);
+    } finally {
+      this.starting = false;
+    }
+  }
+
+  private async load(slots: number): Promise<void> {
     const llama = await llamaFor(this.opts.gpu ?? false);
-    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), fileSha256(this.opts.modelPath)]);
+    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);
     if (loaded.status === 'rejected') throw loaded.reason;
     this.model = loaded.value;
     try {
@@ -85,10 +96,9 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     for (let i = 0; i < slots; i++) this.idle.push(this.context.getSequence());
     const chatTemplate = model.fileInfo.metadata?.tokenizer?.chat_template;
     this.template = typeof chatTemplate === 'string' ? new Template(chatTemplate) : undefined;
-    this.runtimeVersion = `node-llama-cpp/${llama.buildType}/${llama.gpu || 'cpu'}`;
     this.info = {
       adapter: 'llama-embedded',
-      version: this.runtimeVersion,
+      version: `node-llama-cpp/${llama.buildType}/${llama.gpu || 'cpu'}`,
       modelSha256: sha,
       contextLength,
       embeddingLength: model.embeddingVectorSize,

@@ -79,11 +79,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   const identity = loadKeyFile(config.key);
   fs.mkdirSync(config.data_dir, { recursive: true });
   const models = new Map<string, ServedModel>();
-  const adapters: RuntimeAdapter[] = [];
   // Shutdown steps, named: one that hangs is reported by name (see stopStep), and undone in reverse.
   const cleanup: [string, () => Promise<void> | void][] = [];
   const undo = async () => {
-    // Taken out as they run: a second undo (a stop after a failed start) has nothing left to do.
+    // Taken out as they run, so that each runs once.
     for (const [name, c] of cleanup.splice(0).reverse()) await stopStep(logger, name, c);
   };
   try {
@@ -95,7 +94,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         throw new NodeStartError(`models: ${m.id}: the runtime could not start on model file ${m.path}: ${(e as Error).message}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
-      adapters.push(adapter);
       const tps = await measureTokensPerSecond(adapter);
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
       logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256 }, 'model ready');
@@ -145,7 +143,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     const host = await createHost({ seed: identity.seed, listen: config.listen });
     cleanup.push(['libp2p host', () => host.stop()]);
-    let stopping = false;
     let stopped: Promise<void> | undefined;
     let registration: Registration | undefined;
     const infer = await serveInfer(host, service);
@@ -157,7 +154,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
-      accepting: !stopping,
+      accepting: stopped === undefined,
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
@@ -167,7 +164,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       host: opsHost,
       port: opsPort,
       metrics,
-      ready: () => readiness(stopping, config.marketplace.public_keys.length > 0, registration?.status()),
+      ready: () => readiness(stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status()),
       status: () => ({
         provider_id: identity.providerId,
         peer_id: host.peerId.toString(),
@@ -209,10 +206,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       logger,
       stop(graceMs = 30_000) {
         stopped ??= (async () => {
-          stopping = true;
           for (const m of models.values()) m.admission.close();
           if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
-          await undo(); // the protocols first, the receipt log last of all: it flushes every receipt first
+          await undo(); // in reverse order of start: the protocols first, then the receipt log (it flushes every receipt), the runtimes last
           logger.info({}, 'node stopped');
         })();
         return stopped;

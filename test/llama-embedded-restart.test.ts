@@ -150,7 +150,7 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     await rt.stop();
   });
 
-  test('start() on a started adapter is refused (its model stays as it was); slots must be a positive integer', async () => {
+  test('start() on a started (or starting) adapter is refused (its model stays as it was); slots must be a positive integer', async () => {
     const rt = new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256 });
     await rt.start();
     try {
@@ -159,6 +159,17 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     } finally {
       await rt.stop();
     }
+    // A hash the caller already has (audit replay) is taken as the model's, not worked out again.
+    const known = new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256, modelSha256: 'ab'.repeat(32) });
+    await known.start();
+    expect(known.info.modelSha256).toBe('ab'.repeat(32));
+    await known.stop();
+    // Two starts at once: the second is refused while the first loads, and the first succeeds.
+    const both = [rt.start(), rt.start()];
+    await expect(both[1]).rejects.toThrow('already started');
+    await both[0];
+    expect(await generateIds(rt)).toMatchObject({ outputTokens: 8 });
+    await rt.stop();
     for (const slots of [0, 1.5, -1]) {
       await expect(new LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256, slots }).start()).rejects.toThrow(`slots must be a positive integer, not ${slots}`);
     }

@@ -56,17 +56,20 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
     return true;
   });
   if (todo.length === 0) return report;
-  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-replay-'));
   // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.
   const node = crypto.randomBytes(32);
   const market = crypto.randomBytes(32);
   const nodeId = toHex(ed25519PublicKey(node));
   const marketId = toHex(ed25519PublicKey(market));
-  const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed: node, threads: 0, checkpointIntervalMs: 0 });
-  const db = new Database(':memory:');
+  let dir: string | undefined;
+  let log: ReceiptLog | undefined;
+  let db: Database.Database | undefined;
   try {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-replay-'));
+    log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed: node, threads: 0, checkpointIntervalMs: 0 });
+    db = new Database(':memory:');
     for (const r of todo) {
       const body = opts.requests.get(r.request_id)!;
       const bodySha = sha256Hex(body);
@@ -101,10 +104,11 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
       else report.matched++;
     }
   } finally {
-    await log.close();
-    db.close();
+    // Whatever was opened before a failure is released, the model last.
+    await log?.close();
+    db?.close();
     await adapter.stop();
-    fs.rmSync(dir, { recursive: true, force: true });
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
   }
   return report;
 }
