@@ -62,14 +62,15 @@ async function open(): Promise<{ stream: Stream; y: YamuxView; reader: FrameRead
   return { stream, y: stream as unknown as YamuxView, reader: new FrameReader(stream, { highWaterMark: HIGH_WATER }) };
 }
 
-/** Waits until the stream's held-back bytes stop growing (the sender has spent its credit). */
-async function settled(y: YamuxView): Promise<number> {
+/** Waits until the stream's held-back bytes stop growing (the sender has spent its credit): three equal readings in a row. */
+async function heldWhenStill(y: YamuxView): Promise<number> {
   let last = -1;
-  for (;;) {
+  for (let same = 0; same < 3; ) {
     await new Promise((r) => setTimeout(r, 150));
-    if (y.readBuffer.byteLength === last) return last;
+    same = y.readBuffer.byteLength === last ? same + 1 : 0;
     last = y.readBuffer.byteLength;
   }
+  return last;
 }
 
 describe('FrameReader: an aborted stream', () => {
@@ -79,7 +80,9 @@ describe('FrameReader: an aborted stream', () => {
     stream.abort(new Error('the buyer went away'));
     // Frames decoded before the abort are still read; then the error.
     const error = await (async () => {
-      for (;;) await reader.next();
+      // An end without an error (next() giving null) must fail the test, not spin.
+      for (let f = await reader.next(); f; f = await reader.next());
+      throw new Error('the reader ended without an error');
     })().catch((e: unknown) => e);
     expect(error).toMatchObject({ code: 'stream_reset', message: 'stream aborted: the buyer went away' });
   });
@@ -92,7 +95,7 @@ describe('FrameReader: a paused stream stays paused for the muxer', () => {
     // spends its credit and the rest of that window waits in the stream's read buffer.
     await until('the stream to pause', () => stream.readStatus === 'paused');
     expect(y.state).toBe(StreamState.Paused);
-    const held = await settled(y);
+    const held = await heldWhenStill(y);
     expect(held).toBeGreaterThan(HIGH_WATER); // premise: a resume will deliver more than the mark
 
     let read = 0;
@@ -115,7 +118,7 @@ describe('FrameReader: a paused stream stays paused for the muxer', () => {
           // Let the sender try: it can spend at most the credit it had, and no window update
           // adds to that credit while the stream is paused.
           const credit = y.recvWindowCapacity;
-          maxHeld = Math.max(maxHeld, await settled(y));
+          maxHeld = Math.max(maxHeld, await heldWhenStill(y));
           expect(y.recvWindowCapacity, 'no window update while paused').toBeLessThanOrEqual(credit);
         }
       }

@@ -131,6 +131,7 @@ describe('failover past a provider that cannot be reached', () => {
     });
     expect(tok.status).toBe(503);
     expect(((await tok.json()) as { error: { code: string } }).error.code).toBe('provider_unreachable');
+    await gw.idle();
     expect(await totals()).toEqual(before);
     expect((await chat({}, 99)).status).toBe(200);
   });

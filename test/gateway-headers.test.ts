@@ -171,7 +171,9 @@ describe('closing a gateway', () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-close-'));
     const recordsPath = path.join(dir, 'records.db');
     try {
-      const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, recordsPath });
+      const warned: { step?: unknown; err?: unknown; msg?: string }[] = [];
+      const logger = { info: () => undefined, error: () => undefined, warn: (o: object, msg?: string) => void warned.push({ ...(o as object), msg }) };
+      const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, recordsPath, logger });
       const httpClose = gw.app.close.bind(gw.app);
       gw.app.close = (async () => {
         await httpClose();
@@ -179,6 +181,7 @@ describe('closing a gateway', () => {
       }) as unknown as typeof gw.app.close;
       const closeRecords = vi.spyOn(gw.records, 'close');
       await gw.close(1000); // resolves: the failure is logged, not thrown
+      expect(warned).toContainEqual({ step: 'http', err: 'the HTTP server failed to close', msg: 'shutdown step failed' });
       expect(gw.libp2p.status).toBe('stopped');
       expect(closeRecords).toHaveBeenCalledTimes(1);
     } finally {

@@ -194,6 +194,7 @@ describe('hedged requests under a cost cap', () => {
     expect(new Set(granted.map((t) => t.provider))).toEqual(new Set([wide.providerId, narrow.providerId]));
 
     const loser = await record(otherId);
+    expect(loser.provider).toBe(granted.find((t) => t.request_id === otherId)!.provider);
     expect(loser.provider).not.toBe(winner.provider);
     await record(id);
     await gw.idle();

@@ -107,6 +107,7 @@ describe('hedged dispatch', () => {
       expect(b.service.request_id).toBe(a.service.request_id);
       expect(b.service.receipt).toEqual(a.service.receipt);
     }
+    await gw.idle(); // a wrong second settlement would have landed by now
     expect((await totals()).receipts).toBe(before.receipts + 1);
     // The first request's record is as it was: a retry only points at it.
     expect(await record(a.service.request_id)).toEqual(firstRecord);
@@ -130,6 +131,8 @@ describe('hedged dispatch', () => {
       const otherId = id.endsWith('-hedge') ? id.slice(0, -'-hedge'.length) : `${id}-hedge`;
       const other = await record(otherId);
       // The hedge really ran: the other half went to the other provider.
+      const providers = nodes.map((n) => n.providerId);
+      expect(providers).toContain(other.provider);
       expect(other.provider).not.toBe((JSON.parse(Buffer.from(receipt.payload, 'base64').toString()) as { provider: string }).provider);
       // The loser billed its half at most, or did no work at all.
       if (other.receipt) expect(holdOf(other.receipt).hold_micro_usd).toBe('150');

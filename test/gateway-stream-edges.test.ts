@@ -21,7 +21,7 @@ import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { Exchange, ScriptedNode } from './helpers/misbehaving-node.ts';
-import { waitFor, waitForListed } from './helpers/wait.ts';
+import { until, waitFor, waitForListed } from './helpers/wait.ts';
 import { gatewayRecord, marketHas as marketHasReceipt, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
@@ -107,15 +107,15 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     return Buffer.from(head + 'x'.repeat(EVENT_BYTES - head.length - tail.length) + tail);
   }
 
-  /** Sends the HEAD and the events, noting every write held up longer than IDLE_MS in `stalls`. */
-  async function sendTimed(ex: Exchange, events: Buffer[], stalls: number[]): Promise<void> {
+  /** Sends the HEAD and the events, noting every write held up longer than IDLE_MS in `stalls`, and the time of the last write done in `progress`. */
+  async function sendTimed(ex: Exchange, events: Buffer[], stalls: number[], progress: { at: number } = { at: 0 }): Promise<void> {
     await ex.head(SSE_HEAD);
-    let last = Date.now();
+    progress.at = Date.now();
     for (const e of events) {
       await ex.data(e);
       const now = Date.now();
-      if (now - last > IDLE_MS) stalls.push(now - last);
-      last = now;
+      if (now - progress.at > IDLE_MS) stalls.push(now - progress.at);
+      progress.at = now;
     }
   }
 
@@ -234,12 +234,13 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
   test('a buyer who leaves while the gateway waits for it to read: the relay ends, the provider\'s stream is reset, and its `cancelled` receipt is settled', async () => {
     const events = Array.from({ length: EVENTS }, (_, i) => event(i));
     const stalls: number[] = [];
+    const progress = { at: 0 };
     let logged = '';
     let cutOff = false;
     scripted.behaviour = async (ex) => {
       logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 9, output_tokens: 3 } });
       try {
-        await sendTimed(ex, events, stalls);
+        await sendTimed(ex, events, stalls, progress);
       } catch {
         cutOff = true; // the gateway reset the stream once the buyer had left
       }
@@ -254,8 +255,8 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     req.on('error', () => undefined);
     req.end(chatBody('a long answer, never read'));
     await waitFor('the answer to start', async () => (id !== '' ? true : undefined));
-    // Twice the idle limit with nobody reading: the wait is the buyer's, so the provider is not cut off.
-    await new Promise((r) => setTimeout(r, 2 * IDLE_MS));
+    // The provider held up for twice the idle limit (nobody reading): the wait is the buyer's, so it is not cut off.
+    await until('the provider to be held up for twice the idle limit', () => progress.at > 0 && Date.now() - progress.at > 2 * IDLE_MS, 30_000);
     expect(cutOff).toBe(false);
     req.destroy();
     await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined));
