@@ -10,33 +10,25 @@
 //   - Without X-Service-Prefer-Providers the bound holds too (failover then follows the market's
 //     list of live providers).
 //   - The gateway goes on serving afterwards.
-import crypto from 'node:crypto';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
-import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
-import { startTinyNode } from './helpers/node-config.ts';
+import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
 import { marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
-let dir: string;
-let market: Market;
+let fx: MarketFixture;
 let marketUrl: string;
 /** Registered, then stopped: listed as live, unreachable. */
 const dead: RunningNode[] = [];
 let live: RunningNode;
 let gw: Gateway;
 
-function nodeIn(name: string, slots: number): Promise<RunningNode> {
-  return startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl, context: 1024, slots, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
-}
+const nodeIn = (name: string, slots: number): Promise<RunningNode> => fx.tinyNode(name, { slots });
 
 const totals = (): Promise<MarketTotals> => marketTotals(marketUrl);
 
@@ -84,10 +76,9 @@ async function expectUnreachableAttempts(base: string, providers: readonly strin
 }
 
 beforeAll(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-failover-limits-'));
   // A long heartbeat interval: a node that stops stays listed as live for minutes.
-  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 60_000 });
-  marketUrl = (await market.listen()).url;
+  fx = await startMarketFixture('gateway-failover-limits-', { heartbeatIntervalMs: 60_000 });
+  marketUrl = fx.url;
   // The soon-dead nodes register first (the market lists providers in registration order) and
   // offer more slots than the live one (the market tickets the most free slots first without a
   // preference): so without a preference the market's picks are dead nodes, deterministically.
@@ -101,9 +92,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await gw?.close(1000);
-  await live?.stop(1000);
-  await market?.close();
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  await fx?.close();
 });
 
 describe('a paid request fails over at most twice (MAX_FAILOVERS): three providers tried at most', () => {

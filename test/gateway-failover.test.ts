@@ -1,32 +1,22 @@
 // Failover through the gateway: a provider the marketplace still lists but that cannot be reached
 // is skipped. The request runs on the next provider, only that provider bills, and the attempt
 // that never reached anyone is recorded as failed with provider_unreachable, charged nothing.
-import crypto from 'node:crypto';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
-import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
-import { startTinyNode } from './helpers/node-config.ts';
+import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
 import { marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
-let dir: string;
-let market: Market;
+let fx: MarketFixture;
 let marketUrl: string;
 let live: RunningNode;
 let gone: RunningNode;
 let gw: Gateway;
-
-function nodeIn(name: string): Promise<RunningNode> {
-  return startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' });
-}
 
 async function providers(): Promise<{ provider: string; live: boolean }[]> {
   return (await (await fetch(`${marketUrl}/v1/providers`)).json()) as { provider: string; live: boolean }[];
@@ -43,22 +33,19 @@ function chat(headers: Record<string, string> = {}, seed = 1): Promise<Response>
 }
 
 beforeAll(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-failover-'));
   // A long heartbeat interval: a node that stops stays listed as live for minutes, as a node
   // that has just crashed or lost its network is until the marketplace notices.
-  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 60_000 });
-  marketUrl = (await market.listen()).url;
-  live = await nodeIn('live');
-  gone = await nodeIn('gone');
+  fx = await startMarketFixture('gateway-failover-', { heartbeatIntervalMs: 60_000 });
+  marketUrl = fx.url;
+  live = await fx.tinyNode('live');
+  gone = await fx.tinyNode('gone');
   await waitForListed(marketUrl, [live.providerId, gone.providerId]);
   await gone.stop(1000);
   gw = await createGateway({ market: marketUrl, port: 0 });
 });
 afterAll(async () => {
   await gw?.close(1000);
-  await live?.stop(1000);
-  await market?.close();
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  await fx?.close();
 });
 
 describe('failover past a provider that cannot be reached', () => {

@@ -6,10 +6,6 @@
 //
 // Tickets are observed as the market grants them, through a proxy in front of the market; what was
 // billed, through the market's totals and receipts.
-import crypto from 'node:crypto';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { computeCost, formatUsd, type Rates } from '../attestation/money.ts';
@@ -18,10 +14,9 @@ import { peekPayload } from '../attestation/signed-payload.ts';
 import type { TicketPayload } from '../attestation/ticket.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
-import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
 import { MarketProxy } from './helpers/misbehaving-node.ts';
-import { startTinyNode } from './helpers/node-config.ts';
+import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { waitForListed } from './helpers/wait.ts';
 import { endedRecord, marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
@@ -30,8 +25,7 @@ const MODEL = 'tiny/llama';
 const RATES: Rates = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 const MESSAGES = [{ role: 'user', content: 'hello world' }];
 
-let dir: string;
-let market: Market;
+let fx: MarketFixture;
 let marketUrl: string;
 let proxy: MarketProxy;
 /** Context 1024: meets X-Service-Min-Ctx 1000. */
@@ -45,12 +39,10 @@ let granted: TicketPayload[] = [];
 let inputTokens: number;
 
 beforeAll(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-hedge-cap-'));
-  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 1000 });
-  marketUrl = (await market.listen()).url;
-  const opts = { publicKey: market.publicKey, marketUrl, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' };
-  wide = await startTinyNode(path.join(dir, 'wide'), { ...opts, context: 1024 });
-  narrow = await startTinyNode(path.join(dir, 'narrow'), { ...opts, context: 512 });
+  fx = await startMarketFixture('gateway-hedge-cap-', { heartbeatIntervalMs: 1000 });
+  marketUrl = fx.url;
+  wide = await fx.tinyNode('wide', { context: 1024 });
+  narrow = await fx.tinyNode('narrow', { context: 512 });
   await waitForListed(marketUrl, [wide.providerId, narrow.providerId]);
   proxy = await MarketProxy.start(marketUrl);
   // A hedge's loser that did no work is looked for at its node this long before it is recorded.
@@ -63,10 +55,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await gw?.close(1000);
   await proxy?.close();
-  await wide?.stop(1000);
-  await narrow?.stop(1000);
-  await market?.close();
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  await fx?.close();
 });
 
 beforeEach(() => {

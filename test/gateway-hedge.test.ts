@@ -1,43 +1,31 @@
 // X-Service-Hedge through the gateway: two providers race, the winner answers, the loser is
 // cancelled at its node and settled for the work it did — never billed as the answer.
-import crypto from 'node:crypto';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
-import { createMarket, type Market } from '../src/market/market.ts';
 import type { RunningNode } from '../src/node.ts';
-import { startTinyNode } from './helpers/node-config.ts';
+import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { waitForListed } from './helpers/wait.ts';
 import { endedRecord } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
-let dir: string;
-let market: Market;
+let fx: MarketFixture;
 let marketUrl: string;
 const nodes: RunningNode[] = [];
 let gw: Gateway;
 
-
 beforeAll(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-hedge-'));
-  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 1000 });
-  marketUrl = (await market.listen()).url;
-  for (const name of ['a', 'b']) {
-    nodes.push(await startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' }));
-  }
+  fx = await startMarketFixture('gateway-hedge-', { heartbeatIntervalMs: 1000 });
+  marketUrl = fx.url;
+  for (const name of ['a', 'b']) nodes.push(await fx.tinyNode(name));
   await waitForListed(marketUrl, nodes.map((n) => n.providerId));
   gw = await createGateway({ market: marketUrl, port: 0 });
 });
 afterAll(async () => {
   await gw?.close(1000);
-  for (const n of nodes) await n.stop(1000);
-  await market?.close();
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  await fx?.close();
 });
 
 const record = (id: string): Promise<RequestRecord> => endedRecord(gw.url, id);

@@ -38,7 +38,7 @@ import { settledWithin } from '../src/settled-within.ts';
 import { Exchange, MarketProxy, SCRIPTED_RATES, SCRIPTED_USAGE, ScriptedNode, type Behaviour, type TicketGrant } from './helpers/misbehaving-node.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
-import { gatewayRecord, marketHas as marketHasReceipt, sseData } from './helpers/gateway-reads.ts';
+import { endedRecord, gatewayRecord, marketHas as marketHasReceipt, settledRecord, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 const RECEIPT_FETCH_MS = 800;
@@ -421,11 +421,7 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     scripted.behaviour = () => silence();
     const before = await snapshot();
     const e = await expectError(await postQuick(chatBody('say nothing')), 504, 'provider_timeout', new RegExp(`within ${IDLE_MS} ms`));
-    const rec = await waitFor('the record to settle', async () => {
-      const r = await fetch(`${quick.url}/requests/${e.id}`);
-      const j = (await r.json()) as RequestRecord;
-      return j.status === 'failed' ? j : undefined;
-    });
+    const rec = await endedRecord(quick.url, e.id);
     expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null, cost: null });
     await expectNothingSettled(before);
   });
@@ -447,10 +443,7 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     const { id, events } = await streamed(res);
     expect(events).toHaveLength(3);
     expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'provider_timeout', message: expect.stringMatching(new RegExp(`sent nothing for ${IDLE_MS} ms`)) } });
-    const rec = await waitFor('the record to settle', async () => {
-      const j = (await (await fetch(`${quick.url}/requests/${id}`)).json()) as RequestRecord;
-      return j.settled ? j : undefined;
-    });
+    const rec = await settledRecord(quick.url, id);
     expect(rec).toMatchObject({ status: 'cancelled', usage: { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 } });
     expect(serializeEnvelope(rec.receipt!)).toBe(run.logged);
     expect(await marketReceipts()).toBe(before.receipts + 1);
@@ -483,6 +476,14 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
 describe('the buyer leaves before the provider answers: what the node did is settled from its log, nothing else', () => {
   let release: () => void = () => undefined;
   afterEach(() => release());
+
+  /** The request's record settles with the `cancelled` receipt the scripted node logged, and the market has it. */
+  async function expectSettledFromLog(id: string, logged: string, usage: { prompt_tokens: number; completion_tokens: number }): Promise<void> {
+    const rec = await settledRecord(gw.url, id);
+    expect(rec).toMatchObject({ request_id: id, status: 'cancelled', provider: scripted.providerId, usage });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(id)).toBe(true);
+  }
 
   /** Posts to the scripted node, waits until its handler has done `behaviour` (and holds), then leaves; the request's id. */
   async function leaveAfter(behaviour: (ex: Exchange) => Promise<void>): Promise<string> {
@@ -518,13 +519,7 @@ describe('the buyer leaves before the provider answers: what the node did is set
     const id = await leaveAfter(async (ex) => {
       logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 0 } });
     });
-    const rec = await waitFor('the record to settle', async () => {
-      const r = await record(id);
-      return r.settled ? r : undefined;
-    });
-    expect(rec).toMatchObject({ request_id: id, status: 'cancelled', provider: scripted.providerId, usage: { prompt_tokens: 7, completion_tokens: 0 } });
-    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
-    expect(await marketHas(id)).toBe(true);
+    await expectSettledFromLog(id, logged, { prompt_tokens: 7, completion_tokens: 0 });
   });
 
   test('the buyer leaves during a JSON body, after the HEAD: the node\'s `cancelled` receipt is fetched, verified and settled', async () => {
@@ -534,13 +529,7 @@ describe('the buyer leaves before the provider answers: what the node did is set
       await ex.data('{"id":"chatcmpl-scripted","object":"chat.completion",');
       logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 2 } });
     });
-    const rec = await waitFor('the record to settle', async () => {
-      const r = await record(gotIt);
-      return r.settled ? r : undefined;
-    });
-    expect(rec).toMatchObject({ request_id: gotIt, status: 'cancelled', provider: scripted.providerId, usage: { prompt_tokens: 7, completion_tokens: 2 } });
-    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
-    expect(await marketHas(gotIt)).toBe(true);
+    await expectSettledFromLog(gotIt, logged, { prompt_tokens: 7, completion_tokens: 2 });
   });
 });
 

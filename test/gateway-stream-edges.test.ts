@@ -22,7 +22,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { Exchange, ScriptedNode } from './helpers/misbehaving-node.ts';
 import { until, waitFor, waitForListed } from './helpers/wait.ts';
-import { gatewayRecord, marketHas as marketHasReceipt, sseData } from './helpers/gateway-reads.ts';
+import { gatewayRecord, marketHas as marketHasReceipt, settledRecord, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 const SSE_HEAD = { status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } };
@@ -261,10 +261,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     req.destroy();
     await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined));
     expect(id).toMatch(/^req-/);
-    const rec = await waitFor('the record to settle', async () => {
-      const r = await record(slow, id);
-      return r.settled ? r : undefined;
-    });
+    const rec = await settledRecord(slow.url, id);
     expect(rec).toMatchObject({ status: 'cancelled', usage: { prompt_tokens: 9, completion_tokens: 3 } });
     expect(serializeEnvelope(rec.receipt!)).toBe(logged);
     expect(await marketHas(id)).toBe(true);

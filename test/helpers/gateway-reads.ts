@@ -19,6 +19,14 @@ export function endedRecord(gatewayUrl: string, id: string): Promise<RequestReco
   });
 }
 
+/** The request's record once its receipt is settled with the market. */
+export function settledRecord(gatewayUrl: string, id: string): Promise<RequestRecord> {
+  return waitFor(`request ${id} to settle`, async () => {
+    const r = await gatewayRecord(gatewayUrl, id);
+    return r.settled ? r : undefined;
+  });
+}
+
 /** Whether the market collected a receipt for the request id. */
 export async function marketHas(marketUrl: string, id: string): Promise<boolean> {
   const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);

@@ -1,0 +1,42 @@
+// A development marketplace and the tiny nodes registered with it, in one temporary folder: the
+// setup the gateway tests share. close() stops every node it started (a node stopped earlier by the
+// test is fine: stop is idempotent), the market, and removes the folder.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { createMarket, type Market } from '../../src/market/market.ts';
+import type { RunningNode } from '../../src/node.ts';
+import { startTinyNode, type TinyNodeConfig } from './node-config.ts';
+
+export interface MarketFixture {
+  dir: string;
+  market: Market;
+  /** The market's base URL. */
+  url: string;
+  /** Starts a tiny node in `<dir>/<name>` registered with the market (context 1024, 2 slots, one signer thread, logs at error unless `over` says otherwise). */
+  tinyNode(name: string, over?: Partial<TinyNodeConfig>): Promise<RunningNode>;
+  close(): Promise<void>;
+}
+
+export async function startMarketFixture(prefix: string, opts: { heartbeatIntervalMs: number }): Promise<MarketFixture> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: opts.heartbeatIntervalMs });
+  const url = (await market.listen()).url;
+  const nodes: RunningNode[] = [];
+  return {
+    dir,
+    market,
+    url,
+    async tinyNode(name, over = {}) {
+      const node = await startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl: url, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error', ...over });
+      nodes.push(node);
+      return node;
+    },
+    async close() {
+      for (const n of nodes) await n.stop(1000);
+      await market.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
