@@ -987,6 +987,42 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
     }
   });
 
+  test('an Idempotency-Key retry answered while the first receipt\'s POST is still held posts nothing of its own: one POST in all', async () => {
+    for (const stream of [false, true]) {
+      proxy.reset();
+      let release!: () => void;
+      const hold = new Promise<void>((r) => (release = r));
+      proxy.receipt = () => ({ hold });
+      const headers = { ...toNode(), 'idempotency-key': `idem-held-${crypto.randomUUID()}` };
+      const body = chatBody(`retried while settling ${stream}`, stream ? { stream: true } : {});
+      /** Posts the request; its x-request-id and the receipt it was answered with. */
+      const ask = async (): Promise<{ id: string; receipt: unknown }> => {
+        const res = await post(body, headers);
+        expect(res.status).toBe(200);
+        const id = res.headers.get('x-request-id')!;
+        if (!stream) return { id, receipt: ((await res.json()) as { service: { receipt: unknown } }).service.receipt };
+        expect(sseData(await res.text()).at(-1)).toBe('[DONE]');
+        return { id, receipt: undefined }; // a stream's receipt is in its record
+      };
+      try {
+        const first = await ask();
+        await waitFor('the first receipt POST to reach the market', async () => (proxy.receiptPosts === 1 ? true : undefined));
+        // The retry, while that POST is held: answered at once with the first request's receipt.
+        const retry = await ask();
+        expect(retry.receipt).toEqual(first.receipt);
+        release();
+        // Each GET waits for its request's settlement, so every POST made is counted by then.
+        const settled = await record(first.id);
+        expect(settled).toMatchObject({ request_id: first.id, status: 'completed', settled: true });
+        expect(await record(retry.id)).toEqual(settled);
+        expect(proxy.receiptPosts, `stream: ${stream}`).toBe(1);
+        expect(await marketHas(first.id)).toBe(true);
+      } finally {
+        release();
+      }
+    }
+  });
+
   test('a 503 with the market\'s envelope, then success: retried once, settled', async () => {
     const { id, rec } = await run((n) => (n === 1 ? { status: 503, body: { error: { code: 'unavailable', message: 'try again' } } } : 'forward'));
     expect(proxy.receiptPosts).toBe(2);

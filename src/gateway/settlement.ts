@@ -103,11 +103,16 @@ export class Settlements {
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
   async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
-    // An idempotent retry answered with the first request's receipt: once that one is settled, the
-    // retry only points at it (no second POST, the first record left as it was).
-    if (askedAs !== undefined && askedAs !== id && records.get(id)?.settled) {
-      records.alias(askedAs, id);
-      return;
+    if (askedAs !== undefined && askedAs !== id) {
+      // An idempotent retry answered with the first request's receipt. If the first settlement is
+      // still under way (a slow market), wait for it rather than post the same receipt twice;
+      // once the first is settled, the retry only points at it (the first record left as it was).
+      const first = this.settling.get(id);
+      if (first) await first;
+      if (records.get(id)?.settled) {
+        records.alias(askedAs, id);
+        return;
+      }
     }
     let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
     for (let attempt = 0; attempt < SETTLE_ATTEMPTS; attempt++) {
