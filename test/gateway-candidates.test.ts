@@ -1,7 +1,7 @@
 // Which listed providers the gateway asks for free requests and estimates: the listing judged by
 // the node's own checkOffer, so that a control means the same at the gateway, market and node.
 import { describe, expect, test } from 'vitest';
-import { candidates, listingUnmet } from '../src/gateway/candidates.ts';
+import { candidates, fitProvidersOf, listingUnmet } from '../src/gateway/candidates.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
 import type { ProviderEntry } from '../src/gateway/market-client.ts';
 import type { RoutingControls } from '../src/gateway/routing-headers.ts';
@@ -89,5 +89,22 @@ describe('gateway candidates', () => {
     const [a, b, c] = [entry('a'), entry('b'), entry('c')];
     expect(ids([a, b, c], controls({}, [c.provider, a.provider]))).toEqual(['c', 'a']);
     expect(refusal([a, b], controls({}, [c.provider]))).toEqual([503, 'no_provider']);
+  });
+
+  test('where a hedge or a failover may go: live, accepting providers of the model whose listing fits, in the market\'s order, but for those tried', () => {
+    const list = [
+      entry('a'),
+      entry('b', {}, { context: 512 }),
+      entry('c', { live: false }),
+      entry('d', { accepting: false }),
+      entry('e', { models: [{ id: 'other/model', quantization: 'Q4_K_M', context: 2048, slots: 1, tokens_per_second: 1000 }] }),
+      entry('f', { rates: { [MODEL]: { input_per_mtok: '900000', output_per_mtok: '900000' } } }),
+      entry('g'),
+    ];
+    const fit = (routing: RoutingControls['routing'], except: string[] = []) => fitProvidersOf(list, MODEL, routing, except).map((p) => p[0]);
+    expect(fit({})).toEqual(['a', 'b', 'f', 'g']);
+    expect(fit({ min_context: 1000 })).toEqual(['a', 'f', 'g']);
+    expect(fit({ max_input_price_micro_usd_per_mtok: '500000' })).toEqual(['a', 'b', 'g']);
+    expect(fit({ min_context: 1000 }, [list[0]!.provider])).toEqual(['f', 'g']);
   });
 });

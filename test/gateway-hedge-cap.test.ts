@@ -1,6 +1,7 @@
 // X-Service-Hedge under X-Service-Max-Cost-Usd: how the gateway sets each ticket's hold (the cap
-// the node bills within). A hedge asks for two tickets of half the cap each; when the second
-// provider is listed but cannot be ticketed, the request runs once and is re-ticketed with the
+// the node bills within). A hedge asks for two tickets of half the cap each. With no second
+// provider whose listing meets the routing controls it runs once with the whole cap; when the
+// second is listed but cannot be ticketed, the request runs once and is re-ticketed with the
 // whole cap (paidAttempt: `if (halved && !hedged) granted = await ticketFor(…, cap)`). Either way
 // the buyer is billed at most the cap in all.
 //
@@ -108,21 +109,46 @@ describe('hedged requests under a cost cap', () => {
     expect([res.status, body.error?.code]).toEqual([403, 'request_cost_limit_exceeded']);
   });
 
-  test('the second provider is listed but cannot be ticketed: the request is re-ticketed with the whole cap, runs once, and is billed within the cap', async () => {
+  test('a second provider whose listing fails the routing controls is no hedge: one ticket with the whole cap, run once', async () => {
+    // X-Service-Min-Ctx 1000: the narrow node (context 512) is live and lists the model, but its
+    // listing rules it out, so the gateway plans no hedge and asks for no half-cap ticket.
+    const res = await post('chat/completions', chatBody(400, 2), { 'x-service-hedge': '1', 'x-service-max-cost-usd': capHeader, 'x-service-min-ctx': '1000' });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const receipt = payloadOf(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt);
+    expect(granted.map((t) => [t.request_id, t.provider, t.max_cost_micro_usd])).toEqual([[id, wide.providerId, CAP.toString()]]);
+    expect(receipt).toMatchObject({ request_id: id, provider: wide.providerId, ticket_id: granted[0]!.ticket_id, hold_micro_usd: CAP.toString(), status: 'completed' });
+    expect((await fetch(`${gw.url}/requests/${id}-hedge`)).status).toBe(404);
+  });
+
+  test('the second provider is listed but its ticket is unusable: the request is re-ticketed with the whole cap, runs once, and is billed within the cap', async () => {
     await gw.idle();
     const before = await totals();
-    // X-Service-Min-Ctx 1000 rules out the narrow node at the market (its context is 512), but
-    // the gateway sees two live providers of the model, so it plans a hedge with half caps.
-    const res = await post('chat/completions', chatBody(400, 2), { 'x-service-hedge': '1', 'x-service-max-cost-usd': capHeader, 'x-service-min-ctx': '1000' });
+    // Both nodes' listings fit, so the gateway plans a hedge with half caps; the market's grant
+    // for the second half comes back for another request, so the hedge has no second route.
+    proxy.ticket = (g) => {
+      const t = peekPayload(g.ticket) as unknown as TicketPayload;
+      granted.push(t);
+      return t.request_id.endsWith('-hedge') ? { ...g, request_id: 'req-someone-else' } : g;
+    };
+    const res = await post('chat/completions', chatBody(400, 2), { 'x-service-hedge': '1', 'x-service-max-cost-usd': capHeader });
     expect(res.status).toBe(200);
     const id = res.headers.get('x-request-id')!;
     expect(id).not.toMatch(/-hedge$/);
     const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
     expect(body.service.request_id).toBe(id);
-    const v = verifyReceipt(body.service.receipt, { provider: wide.providerId });
-    expect(v.ok).toBe(true);
     const receipt = payloadOf(body.service.receipt);
-    expect(receipt).toMatchObject({ request_id: id, provider: wide.providerId, status: 'completed' });
+    // Three grants: the half-cap ticket of the planned hedge, the unusable half-cap ticket of its
+    // second half (at the other node), then the whole-cap ticket the request ran under.
+    expect(granted.map((t) => [t.request_id, t.max_cost_micro_usd])).toEqual([
+      [id, (CAP / 2n).toString()],
+      [`${id}-hedge`, (CAP / 2n).toString()],
+      [id, CAP.toString()],
+    ]);
+    expect(granted[1]!.provider).not.toBe(granted[0]!.provider);
+    expect(receipt.ticket_id).toBe(granted[2]!.ticket_id);
+    expect(verifyReceipt(body.service.receipt, { provider: granted[2]!.provider }).ok).toBe(true);
+    expect(receipt).toMatchObject({ request_id: id, provider: granted[2]!.provider, status: 'completed' });
     // The ticket the node ran under held the whole cap, and the node generated beyond what half
     // the cap pays for (a node caps its generation at what its hold pays for: under a half-cap
     // ticket this answer would have been cut short at `halfPays` tokens).
@@ -132,18 +158,10 @@ describe('hedged requests under a cost cap', () => {
     while (computeCost({ input_tokens: inputTokens, output_tokens: halfPays + 1 }, RATES) <= CAP / 2n) halfPays++;
     expect(receipt.usage.input_tokens).toBe(inputTokens);
     expect(receipt.usage.output_tokens).toBeGreaterThan(halfPays);
-
-    // Two grants, both for this request at the wide node: the half-cap ticket of the planned
-    // hedge, then the whole-cap ticket the request ran under. No ticket for a hedge.
-    expect(granted.map((t) => [t.request_id, t.provider, t.max_cost_micro_usd])).toEqual([
-      [id, wide.providerId, (CAP / 2n).toString()],
-      [id, wide.providerId, CAP.toString()],
-    ]);
-    expect(receipt.ticket_id).toBe(granted[1]!.ticket_id);
     expect((await fetch(`${gw.url}/requests/${id}-hedge`)).status).toBe(404);
 
     const rec = await record(id);
-    expect(rec).toMatchObject({ status: 'completed', provider: wide.providerId, settled: true, cost_micro_usd: receipt.cost_micro_usd });
+    expect(rec).toMatchObject({ status: 'completed', provider: receipt.provider, settled: true, cost_micro_usd: receipt.cost_micro_usd });
     await gw.idle();
     const after = await totals();
     expect(after.receipts).toBe(before.receipts + 1);
@@ -152,7 +170,7 @@ describe('hedged requests under a cost cap', () => {
     expect(billed <= CAP).toBe(true);
   });
 
-  test('without a cap, a hedge that cannot get its second ticket runs once under the market\'s own hold: one ticket, no re-ticket', async () => {
+  test('without a cap, a hedge with no second fit provider runs once under the market\'s own hold: one ticket, no re-ticket', async () => {
     const res = await post('chat/completions', chatBody(8, 3), { 'x-service-hedge': '1', 'x-service-min-ctx': '1000' });
     expect(res.status).toBe(200);
     const id = res.headers.get('x-request-id')!;

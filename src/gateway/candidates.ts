@@ -67,3 +67,19 @@ export function candidates(providers: ProviderEntry[], model: string, controls: 
   }
   return fit.map((c) => ({ provider: c.provider, context: c.model.context }));
 }
+
+/**
+ * Live providers of a model that take requests and whose listed offer meets the routing controls,
+ * in the market's order, but for `except`: where a hedge's second half or a failover may go. (A
+ * provider the listing already rules out would only be refused by the marketplace, and a hedge
+ * planned on it would take a half-cap ticket for nothing.)
+ */
+export function fitProvidersOf(listing: readonly ProviderEntry[], model: string, routing: TicketRouting, except: readonly string[]): string[] {
+  return listing
+    .filter((e) => {
+      if (except.includes(e.provider) || e.live === false || e.accepting === false) return false;
+      const m = e.models.find((x) => x.id === model);
+      return m !== undefined && listingUnmet(e, m, routing) === undefined;
+    })
+    .map((e) => e.provider);
+}

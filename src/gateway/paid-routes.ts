@@ -9,6 +9,7 @@ import type { JsonObject } from '../p2p/frames.ts';
 import type { Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
 import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
+import { fitProvidersOf } from './candidates.ts';
 import { GatewayError, headStatus, invalid, providerRefusal } from './errors.ts';
 import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates.ts';
 import { IdleWatch } from './idle-watch.ts';
@@ -18,7 +19,7 @@ import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
-import { embeddingsHold, liveProvidersOf, PAID_ENDPOINTS, paidOf, type Granted, type Paid, type PaidEndpoint, type TicketAsk, type Ticketing } from './tickets.ts';
+import { embeddingsHold, PAID_ENDPOINTS, paidOf, type Granted, type Paid, type PaidEndpoint, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -102,7 +103,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (n > 0) {
         const rest = controls.preferredProviders
           ? controls.preferredProviders.filter((id) => !tried.includes(id))
-          : liveProvidersOf(await ask.providers(), model, tried);
+          : fitProvidersOf(await ask.providers(), model, controls.routing, tried);
         if (rest.length === 0) throw lastFailure!;
         // The first provider already had the buyer's whole wait: the next starts now or refuses.
         routed = { ...controls, preferredProviders: rest, routing: { ...controls.routing, max_wait_ms: 0 } };
@@ -134,7 +135,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     // the whole cap; if half the cap cannot pay for an attempt, it runs once too (see paid()).
     // A retry going back to the provider that answered it is answered from its record: nothing to race.
     const retry = ticketing.isRetry(endpoint, idem);
-    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? liveProvidersOf(await ask.providers(), model, tried) : [];
+    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? fitProvidersOf(await ask.providers(), model, controls.routing, tried) : [];
     const hedge = live.length >= 2;
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;

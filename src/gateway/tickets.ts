@@ -143,11 +143,6 @@ export class Ticketing {
   }
 }
 
-/** Live providers of a model that take requests, in the market's order, but for `except`. */
-export function liveProvidersOf(listing: readonly ProviderEntry[], model: string, except: readonly string[]): string[] {
-  return listing.filter((e) => !except.includes(e.provider) && e.live !== false && e.accepting !== false && e.models.some((m) => m.id === model)).map((e) => e.provider);
-}
-
 /**
  * The hold for embeddings without a cost cap. The market's default (one context's worth of
  * tokens) is too small for a batch of inputs; no tokenizer counts more tokens than the body has
