@@ -11,7 +11,8 @@
 //   market:   a ticket that does not verify, is another request's or holds more than
 //             X-Service-Max-Cost-Usd → 502 bad_market_response, no record, nothing charged, the
 //             provider never dialled; POST /v1/receipts failing (5xx, dropped) is retried (3 tries
-//             in all), refused (4xx, ok:false) is not, and the record says which.
+//             in all), refused (4xx, ok:false) is not, and the record says which; a valid ticket
+//             for a provider outside X-Service-Prefer-Providers is 503 no_provider, never used.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -672,6 +673,32 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     expect(seen).toContain('refused'); // the premise: at least once the refusal came before the winner's answer
   });
 
+  test('an Idempotency-Key retry whose first provider has stopped taking requests runs at the next provider, and is billed there', async () => {
+    const headers = { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}`, 'idempotency-key': `idem-moved-${crypto.randomUUID()}` };
+    const body = chatBody('moved on');
+    const first = await post(body, headers);
+    expect(first.status).toBe(200);
+    const firstId = first.headers.get('x-request-id')!;
+    await first.json();
+    expect(await record(firstId)).toMatchObject({ provider: scripted.providerId, settled: true });
+    const before = await snapshot();
+    await scripted.heartbeat(marketUrl, false);
+    try {
+      const retry = await post(body, headers);
+      expect(retry.status).toBe(200);
+      const retryId = retry.headers.get('x-request-id')!;
+      expect(retryId).not.toBe(firstId);
+      const answer = (await retry.json()) as { service: { receipt: DsseEnvelope } };
+      expect(verifyReceipt(answer.service.receipt, { provider: node.providerId }).ok).toBe(true);
+      expect(await record(retryId)).toMatchObject({ provider: node.providerId, status: 'completed', settled: true });
+      expect(scripted.requests).toBe(before.requests); // not dialled
+      expect(await marketReceipts()).toBe(before.receipts + 1);
+      expect(await record(firstId)).toMatchObject({ provider: scripted.providerId, settled: true });
+    } finally {
+      await scripted.heartbeat(marketUrl, true);
+    }
+  });
+
   test('hedge + Idempotency-Key: a retry goes to the provider whose answer the buyer got', async () => {
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
@@ -911,6 +938,17 @@ describe('a market whose ticket is not what was asked for: 502 bad_market_respon
     expect(await marketHas(e.id)).toBe(false);
     expect(await marketReceipts()).toBe(before.receipts);
     expect(scripted.log.size).toBe(loggedBefore);
+  });
+
+  test('a valid ticket for a provider outside X-Service-Prefer-Providers is never used: 503 no_provider, nobody dialled, nothing recorded or charged', async () => {
+    // The market's own key signs a ticket for the scripted node while the buyer named only the real one.
+    proxy.ticket = (g) => ({ ...resigned((t) => ({ ...t, provider: scripted.providerId }))(g), provider: scripted.providerId, peer_id: scripted.host.peerId.toString() });
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('outside the set'), toNode()), 503, 'no_provider', /outside X-Service-Prefer-Providers/);
+    expect((await fetch(`${gw.url}/requests/${e.id}`)).status).toBe(404);
+    expect(scripted.requests).toBe(before.requests);
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
   });
 
   test('a ticket naming an earlier request\'s id is refused, and that request\'s record stays as it was', async () => {

@@ -25,6 +25,7 @@ import { signRegistration } from '../../src/market/registration-payload.ts';
 import type { IssuedTicketResponse } from '../../src/market/tickets.ts';
 import { FrameReader, writeBytes } from '../../src/p2p/frame-io.ts';
 import { encodeData, encodeHead, encodeTrailer, type JsonObject } from '../../src/p2p/frames.ts';
+import { signCapacity } from '../../src/p2p/capacity-protocol.ts';
 import { createHost, type Host } from '../../src/p2p/host.ts';
 import { INFER_PROTOCOL } from '../../src/p2p/infer-protocol.ts';
 import { serveLog } from '../../src/p2p/log-protocol.ts';
@@ -191,6 +192,16 @@ export class ScriptedNode {
     });
     const r = await fetch(`${marketUrl}/v1/providers/register`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(envelope) });
     if (!r.ok) throw new Error(`the scripted node's registration was refused: ${r.status} ${await r.text()}`);
+  }
+
+  /** Sends the market a signed heartbeat: whether it takes requests, with every slot free. */
+  async heartbeat(marketUrl: string, accepting: boolean): Promise<void> {
+    const envelope = signCapacity(
+      { seed: this.seed, providerId: this.providerId },
+      { price_version: this.priceVersion, attestation_tier: 'T1', accepting, models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 1000, slots: 4, free_slots: 4, queued: 0, queue_limit: 16 }] },
+    );
+    const r = await fetch(`${marketUrl}/v1/providers/heartbeat`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(envelope) });
+    if (!r.ok) throw new Error(`the scripted node's heartbeat was refused: ${r.status} ${await r.text()}`);
   }
 
   private async serve(stream: Stream): Promise<void> {
