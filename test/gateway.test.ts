@@ -465,6 +465,25 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(p.hold_micro_usd).toBe('10000');
   });
 
+  test('a routing header sent twice with one value each is 400 naming it (HTTP joins the two with a comma); a provider list sent twice is one list', async () => {
+    for (const [name, a, b] of [['X-Service-Max-Cost-Usd', '0.01', '0.02'], ['X-Service-Hedge', '1', '1'], ['X-Service-Min-Att-Tier', 'T1', 'T2']] as const) {
+      const headers = new Headers({ 'content-type': 'application/json' });
+      headers.append(name, a);
+      headers.append(name, b);
+      const r = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ model: MODEL, messages }) });
+      const e = (await r.json()) as { error: { code: string; message: string } };
+      expect([r.status, e.error.code], name).toEqual([400, 'invalid_request']);
+      expect(e.error.message.startsWith(`${name}:`), e.error.message).toBe(true);
+    }
+    // X-Service-Prefer-Providers is a comma-separated list, so two headers are the two lists in order.
+    const headers = new Headers({ 'content-type': 'application/json' });
+    headers.append('X-Service-Prefer-Providers', 'f'.repeat(64));
+    headers.append('X-Service-Prefer-Providers', node.providerId);
+    const ok = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ model: MODEL, messages, max_tokens: 2 }) });
+    expect(ok.status).toBe(200);
+    expect(((await ok.json()) as { service: { receipt: DsseEnvelope } }).service.receipt).toBeDefined();
+  });
+
   test('unknown model is 404; unmet routing is 503; node refusals are relayed with their status and code', async () => {
     await expect(client.chat.completions.create({ model: 'nobody/nothing', messages })).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
     await expect(client.chat.completions.create({ model: MODEL, messages }, { headers: { 'X-Service-Quant': 'q4_k_m' } })).rejects.toMatchObject({ status: 503, code: 'no_provider' });
