@@ -325,6 +325,23 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     await expectNothingSettled(before);
   });
 
+  test('the node\'s log answers 200 with a body that is not its JSON → looked for until the fetch window ends, record failed/provider_failed; entries that are not receipts → bad_provider_response; nothing settled, the gateway up', async () => {
+    for (const body of ['not json', '{"receipts": "none"}', '[1, 2]', '{"receipts": [42, null, "x"]}']) {
+      await scripted.answerLogWith({ status: 200, body });
+      try {
+        scripted.behaviour = (ex) => ex.close();
+        const before = await snapshot();
+        const e = await expectError(await post(chatBody(`log says ${body}`), toScripted()), 502, 'bad_provider_response', /did not answer/);
+        const rec = await record(e.id);
+        expect(rec, body).toMatchObject({ status: body.includes('[42') ? 'bad_provider_response' : 'failed', settled: false, receipt: null });
+        if (!body.includes('[42')) expect(rec.error?.code).toBe('provider_failed');
+        await expectNothingSettled(before);
+      } finally {
+        await scripted.answerLogWith();
+      }
+    }
+  });
+
   test('the node\'s log has a receipt for the request, but not for this ticket → recorded bad_provider_response, not settled', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(JSON_HEAD);

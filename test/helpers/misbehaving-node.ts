@@ -28,8 +28,8 @@ import { encodeData, encodeHead, encodeTrailer, type JsonObject } from '../../sr
 import { signCapacity } from '../../src/p2p/capacity-protocol.ts';
 import { createHost, type Host } from '../../src/p2p/host.ts';
 import { INFER_PROTOCOL } from '../../src/p2p/infer-protocol.ts';
-import { serveLog } from '../../src/p2p/log-protocol.ts';
-import type { RequestServer } from '../../src/p2p/request-stream.ts';
+import { LOG_PROTOCOL, serveLog } from '../../src/p2p/log-protocol.ts';
+import { handleRequests, type RequestServer } from '../../src/p2p/request-stream.ts';
 import { ReceiptLog } from '../../src/store/receipt-log.ts';
 import { signReceipt, testKey } from './receipts.ts';
 
@@ -192,6 +192,21 @@ export class ScriptedNode {
     });
     const r = await fetch(`${marketUrl}/v1/providers/register`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(envelope) });
     if (!r.ok) throw new Error(`the scripted node's registration was refused: ${r.status} ${await r.text()}`);
+  }
+
+  /**
+   * Serves /service/log/1.0.0 with one fixed answer for every request (`status`, then `body` as
+   * one DATA frame), or, with no answer, the real log again.
+   */
+  async answerLogWith(answer?: { status: number; body: string }): Promise<void> {
+    await this.logServer?.stop();
+    this.logServer = answer
+      ? await handleRequests(this.host, LOG_PROTOCOL, async (_req, res) => {
+          await res.head({ status: answer.status, headers: { 'content-type': 'application/json' } });
+          await res.data(utf8(answer.body));
+          await res.trailer({});
+        })
+      : await serveLog(this.host, this.log);
   }
 
   /** Sends the market a signed heartbeat: whether it takes requests, with every slot free. */
