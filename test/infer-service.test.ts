@@ -446,6 +446,39 @@ describe('charging exactly the work performed', () => {
     expect(text(out)).not.toContain('[DONE]');
   });
 
+  test('a whole-body run that fails: no body, the error beside a receipt billing the evaluated prompt and no output (the buyer got none)', async () => {
+    for (const endpoint of ['chat/completions', 'completions', 'responses'] as const) {
+      const generate = adapter.generate.bind(adapter);
+      let produced = 0;
+      adapter.generate = async function* (r) {
+        const inner = generate(r);
+        for (let i = 0; i < 3; i++) {
+          const n = await inner.next();
+          if (n.done) break;
+          produced += n.value.tokens.length;
+          yield n.value;
+        }
+        await inner.return(undefined as never);
+        throw new Error('the GPU fell off the bus');
+      };
+      const body = endpoint === 'chat/completions' ? { ...chatBody, max_tokens: 50 } : endpoint === 'completions' ? { model: 'tiny/llama', prompt: 'hello', max_tokens: 50 } : { model: 'tiny/llama', input: 'hello', max_output_tokens: 50 };
+      const { res, out } = recorder();
+      try {
+        await service.handle(request(endpoint, body), res);
+      } finally {
+        adapter.generate = generate;
+      }
+      expect(produced, endpoint).toBeGreaterThan(0);
+      expect(text(out), endpoint).toBe('');
+      expect(out.trailer, endpoint).toMatchObject({ status: 'failed', error: { code: 'runtime_failed', message: expect.stringMatching(/the GPU fell off the bus/) } });
+      const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+      if (!v.ok) throw new Error(v.error.message);
+      const input = v.value.payload.usage.input_tokens;
+      expect(input, endpoint).toBeGreaterThan(0);
+      expect(v.value.payload, endpoint).toMatchObject({ status: 'failed', usage: { input_tokens: input, output_tokens: 0 }, cost_micro_usd: computeCost({ input_tokens: input, output_tokens: 0 }, rates).toString(), response_sha256: sha(out) });
+    }
+  });
+
   test('a hold that covers the input but not one output token: 403 request_cost_limit_exceeded, no receipt', async () => {
     const messages = [{ role: 'user', content: 'hi' }];
     const n = await adapter.countInputTokens({ kind: 'chat', messages: messages as never });

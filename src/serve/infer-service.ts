@@ -351,10 +351,12 @@ export class InferService {
     // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
     // failure or a buyer who left, only when a token came back (proof the prompt was evaluated).
     const inputTokens = result ? result.inputTokens : firstToken !== null ? tokens.length : 0;
-    // Streamed: the tokens whose bytes reached the stream. Whole body: the work performed.
-    const delivered = stream || rstream ? events.delivered : generated;
+    // What a run that did not complete bills for output. Streamed: the tokens whose bytes reached
+    // the stream. Whole body: the work performed when the buyer left (they walked away from it);
+    // nothing when the run failed, as no body is sent then and the buyer gets none of it.
+    const delivered = (): number => (stream || rstream ? events.delivered : status === 'cancelled' ? generated : 0);
     try {
-      const output = status === 'completed' ? result!.outputTokens : delivered;
+      const output = status === 'completed' ? result!.outputTokens : delivered();
       const cost = computeCost({ input_tokens: inputTokens, output_tokens: output }, model.rates);
       const usage = usageOut(inputTokens, output, formatUsd(cost));
       const finish = result?.finishReason === 'length' ? 'length' : 'stop';
@@ -380,7 +382,7 @@ export class InferService {
     } finally {
       release();
     }
-    const output = status === 'completed' ? result!.outputTokens : delivered;
+    const output = status === 'completed' ? result!.outputTokens : delivered();
     const usageRuntime = result?.usageRuntime ?? { prompt_tokens: inputTokens, completion_tokens: output };
     const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime, responseSha256: hash.digest('hex') });
     // A failed run's trailer says why, beside the receipt for what it delivered (design.md: the
