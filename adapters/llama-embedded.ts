@@ -84,7 +84,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private async open(llama: Llama, model: LlamaModel, sha: string, slots: number): Promise<void> {
     const contextLength = Math.min(this.opts.contextLength ?? Math.min(model.trainContextSize, 4096), model.trainContextSize);
     this.context = await model.createContext({
-      contextSize: contextLength * slots,
+      contextSize: contextLength, // per sequence: node-llama-cpp gives each of the `sequences` its own
       sequences: slots,
       threads: this.opts.threads ?? 1,
       // node-llama-cpp gathers the decodes of several sequences into one batch by waiting a turn of

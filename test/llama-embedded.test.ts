@@ -145,6 +145,13 @@ describe('LlamaEmbeddedAdapter', () => {
     expect((await run(req)).result.outputTokens).toBeGreaterThan(0);
   });
 
+  test('each slot gets the configured context, so the KV cache is slots × context, not slots² × context', () => {
+    // node-llama-cpp sizes a context per sequence; this reads its own figure (no public figure of ours says it).
+    const context = (rt as unknown as { context: { contextSize: number; totalSequences: number } }).context;
+    expect([context.contextSize, context.totalSequences]).toEqual([512, 2]);
+    expect(rt.info.contextLength).toBe(512);
+  });
+
   test('embeddings: one vector of the model\'s width per input, tokens counted', async () => {
     const e = await rt.embed(['hello', 'hello world']);
     expect(e.vectors.map((v) => v.length)).toEqual([64, 64]);
