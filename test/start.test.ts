@@ -75,6 +75,11 @@ describe('seller-node start', () => {
     const requestId = JSON.parse(Buffer.from(ticket.payload, 'base64').toString('utf8')).request_id;
     const fetched = await readResponse(await request(buyer, addr, LOG_PROTOCOL, { op: 'receipt', request_id: requestId }));
     expect(JSON.parse(Buffer.from(fetched.body).toString('utf8')).receipts).toEqual([res.trailer.receipt]);
+    // Endpoints a peer makes up, without a ticket: refused, and counted under one label value.
+    for (const endpoint of ['nope-1', 'nope-2', 'x'.repeat(64)]) {
+      const bad = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint }, body));
+      expect(bad.head.status).toBe(400);
+    }
     await buyer.stop();
     expect(res.head.status).toBe(200);
     const v = verifyReceipt(res.trailer.receipt as string, { provider });
@@ -82,6 +87,8 @@ describe('seller-node start', () => {
 
     const metrics = await (await fetch(`${ops}/metrics`)).text();
     expect(metrics).toMatch(/seller_requests_total\{endpoint="chat\/completions",status="200"\} 1/);
+    expect(metrics).toMatch(/seller_requests_total\{endpoint="invalid",status="400"\} 3/);
+    expect(metrics).not.toMatch(/nope|xxxx/);
     expect(metrics).toMatch(/seller_receipts_signed_total 1/);
     const status = (await (await fetch(`${ops}/status`)).json()) as { provider_id: string; receipts: { receipts: number } };
     expect(status.provider_id).toBe(provider);

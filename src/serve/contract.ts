@@ -13,7 +13,7 @@ export class ContractError extends Error {
 }
 
 export type TextEndpoint = 'chat/completions' | 'completions' | 'responses' | 'embeddings' | 'tokenize' | 'count_tokens';
-const TEXT_ENDPOINTS: readonly TextEndpoint[] = ['chat/completions', 'completions', 'responses', 'embeddings', 'tokenize', 'count_tokens'];
+export const TEXT_ENDPOINTS: readonly TextEndpoint[] = ['chat/completions', 'completions', 'responses', 'embeddings', 'tokenize', 'count_tokens'];
 
 export interface GenerationParams {
   maxTokens: number | undefined;

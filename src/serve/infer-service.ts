@@ -15,7 +15,7 @@ import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
-import { ContractError, parseRequest, type ParsedRequest } from './contract.ts';
+import { ContractError, parseRequest, TEXT_ENDPOINTS, type ParsedRequest, type TextEndpoint } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
 import { readAhead } from './read-ahead.ts';
 import { errorBody, ServiceError } from '../service-error.ts';
@@ -107,7 +107,9 @@ export class InferService {
       },
     }, ctx);
     if (!this.o.observe) return;
-    const endpoint = typeof req.head.endpoint === 'string' ? req.head.endpoint.slice(0, 64) : '';
+    // Metrics label values: only endpoints this node serves (a peer without a ticket picks the
+    // head's string, and each distinct label value would be a series kept for good).
+    const endpoint = TEXT_ENDPOINTS.includes(req.head.endpoint as TextEndpoint) ? (req.head.endpoint as string) : 'invalid';
     try {
       this.o.observe({ endpoint, model: ctx.model ?? '', status, ...(code ? { code } : {}), ...(receipt ? { receipt } : {}) });
     } catch {
