@@ -130,7 +130,14 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   async renderChat(messages: ChatMessage[]): Promise<string> {
     if (!this.template) throw new UnsupportedInputError('token_count_unsupported', 'this model has no chat template: it takes prompts (completions), not chat messages');
     const t = this.m.tokens;
-    return this.template.render({ messages, add_generation_prompt: true, bos_token: t.bosString ?? '', eos_token: t.eosString ?? '' });
+    try {
+      return this.template.render({ messages, add_generation_prompt: true, bos_token: t.bosString ?? '', eos_token: t.eosString ?? '' });
+    } catch (e) {
+      // The template parsed when the model loaded, so what fails now is these messages: a
+      // template's raise_exception (many refuse a system message, or roles that do not
+      // alternate) or a shape it cannot handle. The buyer's request, not the node, is at fault.
+      throw new UnsupportedInputError('invalid_request', `messages: the model's chat template refuses them: ${(e as Error).message.slice(0, 200)}`);
+    }
   }
 
   /** The exact tokens a generation starts from: BOS when the model wants it, then the prompt. */

@@ -597,3 +597,36 @@ describe('a model without a chat template', () => {
     expect(log.size).toBe(before);
   });
 });
+
+describe('a chat template that refuses the messages (as Gemma\'s refuses a system message)', () => {
+  const REFUSING = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  let strict: Serving;
+  beforeAll(async () => {
+    strict = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id, chatTemplate: REFUSING });
+  });
+  afterAll(async () => {
+    await strict?.close();
+  });
+
+  test('chat, count_tokens and tokenize answer 400 invalid_request with the template\'s message; nothing charged; other messages run', async () => {
+    const before = strict.log.size;
+    const messages = [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hi' }];
+    for (const [endpoint, body] of [
+      ['chat/completions', { model: 'tiny/llama', messages, max_tokens: 4 }],
+      ['chat/completions', { model: 'tiny/llama', messages, max_tokens: 4, stream: true }],
+      ['count_tokens', { model: 'tiny/llama', messages }],
+      ['tokenize', { model: 'tiny/llama', messages }],
+    ] as const) {
+      const { res, out } = recorder();
+      await strict.service.handle(request(endpoint, body), res);
+      expect([out.head?.status, out.trailer?.error?.code], endpoint).toEqual([400, 'invalid_request']);
+      expect(out.trailer?.error?.message).toMatch(/chat template refuses them: System role not supported/);
+      expect(out.data).toEqual([]);
+    }
+    expect(strict.log.size).toBe(before);
+    const { res, out } = recorder();
+    await strict.service.handle(request('chat/completions', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }), res);
+    expect(out.head?.status).toBe(200);
+    expect(strict.log.size).toBe(before + 1);
+  });
+});

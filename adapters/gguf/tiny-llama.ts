@@ -33,6 +33,8 @@ export interface TinyLlamaOptions {
   readonly seed?: number;
   /** `llama.context_length` (training context). Default 2048. */
   readonly contextLength?: number;
+  /** `tokenizer.chat_template`. Default: ChatML (TINY_LLAMA_CHAT_TEMPLATE). */
+  readonly chatTemplate?: string;
 }
 
 export const TINY_LLAMA_NAME = 'seller-node tiny llama';
@@ -247,7 +249,7 @@ export function buildTinyLlama(opts: TinyLlamaOptions = {}): Uint8Array {
     kv('tokenizer.ggml.add_bos_token', bool(true)),
     kv('tokenizer.ggml.add_eos_token', bool(false)),
     kv('tokenizer.ggml.add_space_prefix', bool(true)),
-    kv('tokenizer.chat_template', str(TINY_LLAMA_CHAT_TEMPLATE)),
+    kv('tokenizer.chat_template', str(opts.chatTemplate ?? TINY_LLAMA_CHAT_TEMPLATE)),
   ];
 
   return writeGguf({ metadata, tensors, alignment: 32 });

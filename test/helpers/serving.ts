@@ -26,10 +26,10 @@ export interface Serving {
   close(): Promise<void>;
 }
 
-export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string; marketId: string; slots?: number; contextLength?: number; logThreads?: number }): Promise<Serving> {
+export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string; marketId: string; slots?: number; contextLength?: number; logThreads?: number; chatTemplate?: string }): Promise<Serving> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'serving-'));
   const modelPath = path.join(dir, 'tiny.gguf');
-  writeTinyLlama(modelPath);
+  writeTinyLlama(modelPath, opts.chatTemplate === undefined ? {} : { chatTemplate: opts.chatTemplate });
   const slots = opts.slots ?? 1;
   const adapter = new LlamaEmbeddedAdapter({ modelPath, slots, contextLength: opts.contextLength ?? 512 });
   await adapter.start();
