@@ -230,7 +230,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     };
   }
 
-  async embed(inputs: string[], known?: number[][]): Promise<EmbeddingResult> {
+  async embed(inputs: string[], known?: number[][], signal?: AbortSignal): Promise<EmbeddingResult> {
     const model = this.m;
     // One context, even when the first embeddings requests arrive together.
     this.embedding ??= model.createEmbeddingContext({ threads: this.opts.threads ?? 1 }).catch((e: unknown) => {
@@ -241,6 +241,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const vectors: number[][] = [];
     let inputTokens = 0;
     for (const [i, text] of inputs.entries()) {
+      if (signal?.aborted) break; // the caller left: what is done is what is billed
       // The same tokens count_tokens reports for a prompt (BOS included) are the ones embedded.
       const tokens = (known?.[i] as Token[] | undefined) ?? (await this.inputTokens({ kind: 'prompt', prompt: text }));
       inputTokens += tokens.length;

@@ -62,7 +62,9 @@ export interface GenerationResult {
 }
 
 export interface EmbeddingResult {
+  /** One vector per input embedded: fewer than the inputs when the signal stopped the batch. */
   vectors: number[][];
+  /** The tokens of the inputs embedded. */
   inputTokens: number;
 }
 
@@ -92,6 +94,9 @@ export interface RuntimeAdapter {
   countInputTokens(input: GenerationInput): Promise<number>;
   /** Streams chunks; the returned value is the final accounting. */
   generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void>;
-  /** One vector per input; `inputTokens[i]` is inputTokens(prompt i) when the caller already has them. */
-  embed(inputs: string[], inputTokens?: number[][]): Promise<EmbeddingResult>;
+  /**
+   * One vector per input; `inputTokens[i]` is inputTokens(prompt i) when the caller already has
+   * them. Once `signal` is aborted no further input is embedded: the result holds those done.
+   */
+  embed(inputs: string[], inputTokens?: number[][], signal?: AbortSignal): Promise<EmbeddingResult>;
 }

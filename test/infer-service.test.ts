@@ -343,6 +343,42 @@ describe('InferService', () => {
     expect(again.out.head?.status).toBe(200);
   });
 
+  test('embeddings whose buyer leaves: the batch stops at the next input; a cancelled receipt bills the inputs embedded, none if they left before it began', async () => {
+    const input = ['hello world', 'hello', 'world hello', 'hello hello world', 'world'];
+    const tokensOf = async (i: number) => adapter.countInputTokens({ kind: 'prompt', prompt: input[i]! });
+    const embed = adapter.embed.bind(adapter);
+    for (const leaveAfter of [0, 2]) {
+      const ac = new AbortController();
+      let started = 0;
+      // The runtime, input by input, honouring the signal as the embedded adapter does (its own
+      // test holds that); the buyer leaves once `leaveAfter` inputs are embedded.
+      adapter.embed = async (inputs, known, signal) => {
+        if (leaveAfter === 0) ac.abort();
+        const out = { vectors: [] as number[][], inputTokens: 0 };
+        for (let i = 0; i < inputs.length; i++) {
+          if (signal?.aborted) break;
+          const one = await embed([inputs[i]!], known && [known[i]!]);
+          out.vectors.push(one.vectors[0]!);
+          out.inputTokens += one.inputTokens;
+          if (++started === leaveAfter) ac.abort();
+        }
+        return out;
+      };
+      const { res, out } = recorder();
+      try {
+        await service.handle({ ...request('embeddings', { model: 'tiny/llama', input }), signal: ac.signal }, res);
+      } finally {
+        adapter.embed = embed;
+      }
+      expect(out.data, `left after ${leaveAfter}`).toEqual([]);
+      const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+      if (!v.ok) throw new Error(v.error.message);
+      let billed = 0;
+      for (let i = 0; i < leaveAfter; i++) billed += await tokensOf(i);
+      expect(v.value.payload, `left after ${leaveAfter}`).toMatchObject({ status: 'cancelled', usage: { input_tokens: billed, output_tokens: 0 }, cost_micro_usd: computeCost({ input_tokens: billed, output_tokens: 0 }, rates).toString(), response_sha256: sha(out) });
+    }
+  });
+
   test('embeddings whose input costs more than the hold are refused before any work: 403, no receipt', async () => {
     const { res, out } = recorder();
     const before = log.stats().receipts;

@@ -157,4 +157,26 @@ describe('LlamaEmbeddedAdapter', () => {
     expect(e.vectors.map((v) => v.length)).toEqual([64, 64]);
     expect(e.inputTokens).toBe((await rt.countInputTokens({ kind: 'prompt', prompt: 'hello' })) + (await rt.countInputTokens({ kind: 'prompt', prompt: 'hello world' })));
   });
+
+  test('embeddings stop at the next input once the signal is aborted, and count only the inputs embedded', async () => {
+    const inputs = ['hello', 'hello world', 'world', 'hello hello'];
+    const aborted = new AbortController();
+    aborted.abort();
+    expect(await rt.embed(inputs, undefined, aborted.signal)).toEqual({ vectors: [], inputTokens: 0 });
+    // Aborted while the second input is embedded: that one finishes, the rest are never started.
+    const whole = await rt.embed(inputs);
+    const ac = new AbortController();
+    const inner = rt as unknown as { embedding: Promise<{ getEmbeddingFor(t: unknown): Promise<unknown> }> };
+    const real = await inner.embedding;
+    let calls = 0;
+    inner.embedding = Promise.resolve({ getEmbeddingFor: (t: unknown) => (++calls === 2 && ac.abort(), real.getEmbeddingFor(t)) });
+    try {
+      const part = await rt.embed(inputs, undefined, ac.signal);
+      expect(calls).toBe(2);
+      expect(part.vectors).toEqual(whole.vectors.slice(0, 2));
+      expect(part.inputTokens).toBe((await rt.countInputTokens({ kind: 'prompt', prompt: 'hello' })) + (await rt.countInputTokens({ kind: 'prompt', prompt: 'hello world' })));
+    } finally {
+      inner.embedding = Promise.resolve(real);
+    }
+  });
 });

@@ -235,11 +235,18 @@ export class InferService {
     try {
       let e: Awaited<ReturnType<typeof model.adapter.embed>>;
       try {
-        e = await model.adapter.embed(p.input, tokens);
+        e = await model.adapter.embed(p.input, tokens, req.signal);
       } catch (err) {
         // Nothing reached the buyer and nothing is billed: a refusal that says why.
         const why = err instanceof Error ? err.message.slice(0, 200) : 'the runtime failed';
         return await this.refuse(res, new Refusal(500, 'runtime_failed', `the run failed: ${why}`));
+      }
+      if (req.signal.aborted) {
+        // The buyer left (or a hedge's other half won): the runtime stopped at the next input, and
+        // the inputs embedded by then are the work performed (none when they left before it began).
+        const receipt = await this.receipt(model, ticket, req, { status: 'cancelled', started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: sha256Hex(new Uint8Array(0)) });
+        await res.trailer(receipt).catch(() => undefined);
+        return;
       }
       const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
       const body = utf8(
