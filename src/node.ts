@@ -145,7 +145,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['libp2p host', () => host.stop()]);
     let stopped: Promise<void> | undefined;
     let registration: Registration | undefined;
-    const infer = await serveInfer(host, service);
+    // A handler that throws (the receipt log failing, a bug) is answered 500 internal_error by the
+    // server; the operator sees why here: names, codes and a short message, never request text.
+    const infer = await serveInfer(host, service, {
+      onError: (err, at) => {
+        const e = err as { name?: unknown; code?: unknown; message?: unknown };
+        logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined } }, 'request handler failed');
+      },
+    });
     cleanup.push(['infer protocol', () => infer.stop()]);
     const logServer = await serveLog(host, log);
     cleanup.push(['log protocol', () => logServer.stop()]);
