@@ -11,6 +11,8 @@ import type { Logger } from './ops/logger.ts';
 
 
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
+/** The longest heartbeat interval a market may ask for (a timer beyond 2^31 - 1 ms fires at once). */
+export const MAX_HEARTBEAT_INTERVAL_MS = 600_000;
 
 export interface RegistrationOptions {
   /** The marketplace's base URL, e.g. http://127.0.0.1:11436 (the /v1/… paths are added). */
@@ -150,7 +152,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
             registeredAt = Date.now();
             lastError = null;
             const told = r.body.heartbeat_interval_ms;
-            interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? told : DEFAULT_HEARTBEAT_INTERVAL_MS);
+            interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? Math.min(told, MAX_HEARTBEAT_INTERVAL_MS) : DEFAULT_HEARTBEAT_INTERVAL_MS);
             log?.info({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
             attempts = 0;
             backoff = initialBackoff;

@@ -377,6 +377,21 @@ describe('receipts from a real serving core', () => {
     expect((await call(base, 'GET', '/v1/totals')).body).toEqual({ receipts: 1, cost_micro_usd: cost, by_provider: { [node.id]: { receipts: 1, cost_micro_usd: cost } }, by_model: { 'tiny/llama': { receipts: 1, cost_micro_usd: cost } } });
   });
 
+  test('extra signatures on a receipt are dropped: it is stored as the node\'s line, and the node\'s line is a duplicate of it, not a conflict', async () => {
+    for (const junkFirst of [false, true]) {
+      const { line, requestId } = await paidRequest({ max_cost_micro_usd: '100000' });
+      const env = JSON.parse(line) as DsseEnvelope;
+      // A signature by a key that is not the provider's is ignored by the verifier (one under the
+      // provider's keyid that does not verify is refused: signature_invalid).
+      const junk = [{ keyid: '11'.repeat(32), sig: toBase64(new Uint8Array(64).fill(7)) }];
+      const padded = { ...env, signatures: junkFirst ? [...junk, ...env.signatures] : [...env.signatures, ...junk] };
+      const first = await call(base, 'POST', '/v1/receipts', { receipt: JSON.stringify(padded) });
+      expect(first.status).toBe(200);
+      expect((await call(base, 'GET', `/v1/receipts/${requestId}`)).body).toMatchObject({ receipt: line });
+      expect(await call(base, 'POST', '/v1/receipts', { receipt: line })).toEqual(first);
+    }
+  });
+
   test('the worst-case hold covers a real request', async () => {
     const { line } = await paidRequest();
     const r = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));
@@ -407,12 +422,13 @@ describe('receipts from a real serving core', () => {
   test('a second, different receipt for the same ticket is 409 receipt_conflict; one for another request is receipt_ticket_mismatch', async () => {
     const { line } = await paidRequest({ max_cost_micro_usd: '100000' });
     expect((await call(base, 'POST', '/v1/receipts', { receipt: line })).status).toBe(200);
+    const collected = (await call(base, 'GET', '/v1/totals')).body.receipts as number;
     const payload = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));
     const resign = (p: object) => serializeEnvelope(signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: node.id, seed: node.seed }));
     expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, finished_at: payload.finished_at + 1 }) })).toMatchObject({ status: 409, body: { error: { code: 'receipt_conflict' } } });
     expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, request_id: 'req-other' }) })).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
     const totals = (await call(base, 'GET', '/v1/totals')).body;
-    expect(totals.receipts).toBe(3); // the three collected in this describe, each once
+    expect(totals.receipts).toBe(collected); // neither counted
   });
 
   test('a receipt under the ticket\'s price version but at made-up rates is refused, and nothing is counted', async () => {

@@ -75,6 +75,13 @@ function node(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg
 const listed = async (url: string, id: string) => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; live: boolean }[]).some((p) => p.provider === id && p.live);
 
 describe('startRegistration', () => {
+  test('a market asking for a heartbeat interval beyond any timer gets one every ten minutes, not a tight loop', async () => {
+    const { url } = await startMarket(0, 2 ** 40);
+    const n = node(url);
+    await until('registration', () => n.reg.registered);
+    expect(n.lines.find((l) => l.msg === 'registered with the marketplace')).toMatchObject({ heartbeat_interval_ms: 600_000 });
+  });
+
   test('registers at start and heartbeats at the interval the market asks for', async () => {
     const { market, url } = await startMarket();
     const n = node(url);

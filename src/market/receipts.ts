@@ -40,7 +40,12 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
   if (mismatch) throw new MarketError(400, 'receipt_ticket_mismatch', `the receipt is not for ticket ${ticket.ticket_id}: ${mismatch}`);
   // (cost ≤ hold: verifyReceipt checks it against hold_micro_usd, which equals the ticket's.)
 
-  const canonical = serializeEnvelope(v.value.envelope);
+  // Stored (and compared) with only the provider's signature: the node's log line. Extra
+  // signatures (anyone holding the receipt can append one) would otherwise make the node's own
+  // line look like a second, conflicting receipt.
+  const { signatures } = v.value.envelope;
+  const own = signatures.length === 1 ? signatures[0]! : signatures.find((s) => verifyReceipt({ ...v.value.envelope, signatures: [s] }, { provider }).ok)!;
+  const canonical = serializeEnvelope({ ...v.value.envelope, signatures: [own] });
   const result: CollectedReceipt = { ok: true, request_id: r.request_id, cost_micro_usd: r.cost_micro_usd };
   const existing = store.receiptForTicket(ticket.ticket_id);
   if (existing) {
