@@ -69,10 +69,13 @@ describe.concurrent('help', () => {
     });
   }
 
-  it('-V prints the version', async ({ expect }) => {
-    const r = await runCli(['-V']);
-    expect(r.code).toBe(0);
-    expect(r.stdout.trim()).toMatch(/^\d+\.\d+\.\d+/);
+  it('-V prints this package\'s version, even inside another project\'s npm script', async ({ expect }) => {
+    const own = (JSON.parse(fs.readFileSync(path.join(import.meta.dirname, '..', 'package.json'), 'utf8')) as { version: string }).version;
+    for (const env of [{}, { npm_package_version: '9.9.9' }] as Record<string, string>[]) {
+      const r = await runCli(['-V'], { env });
+      expect(r.code).toBe(0);
+      expect(r.stdout.trim()).toBe(own);
+    }
   });
 });
 
