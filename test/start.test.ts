@@ -4,7 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { fromHex, toHex, utf8 } from '../attestation/bytes.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -24,6 +24,17 @@ import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 const dir = tempDir('seller-node-start-');
 afterAll(() => removeTemp(dir));
 const market = testKey();
+
+/** Nodes started by a test: one a failed assertion left running is killed after it. */
+const children: ChildProcess[] = [];
+afterEach(() => {
+  for (const c of children.splice(0)) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
+function startNode(configFile: string): ChildProcess {
+  const child = spawn(process.execPath, [CLI_BIN, 'start', '--config', configFile], { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  return child;
+}
 
 function config(extra = ''): string {
   return tinyNodeConfigYaml({ publicKey: market.id, extra });
@@ -50,7 +61,7 @@ describe('seller-node start', () => {
     expect((await runCli(['init', '--data', dir])).code).toBe(0);
     writeTinyLlama(path.join(dir, 'tiny.gguf'));
     fs.writeFileSync(path.join(dir, 'config.yaml'), config());
-    const child = spawn(process.execPath, [CLI_BIN, 'start', '--config', path.join(dir, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = startNode(path.join(dir, 'config.yaml'));
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
@@ -107,7 +118,7 @@ describe('seller-node start', () => {
     expect((await runCli(['init', '--data', d2])).code).toBe(0);
     writeTinyLlama(path.join(d2, 'tiny.gguf'));
     fs.writeFileSync(path.join(d2, 'config.yaml'), config());
-    const child = spawn(process.execPath, [CLI_BIN, 'start', '--config', path.join(d2, 'config.yaml')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = startNode(path.join(d2, 'config.yaml'));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
     const { addr, priceVersion } = await waitForStart(child);
     const provider = loadKeyFile(path.join(d2, 'node.key')).providerId;
