@@ -62,6 +62,23 @@ const text = (r: Recorded) => Buffer.concat(r.data).toString('utf8');
 /** How many delta events (each at least one token) reached the buyer. */
 const deltaEvents = (r: Recorded): number => text(r).split('\n\n').filter((e) => e.includes('"delta":{"content"')).length;
 const sha = (r: Recorded) => crypto.createHash('sha256').update(Buffer.concat(r.data)).digest('hex');
+/** Makes the runtime fail ('the GPU fell off the bus') after three chunks; the tokens it produced. */
+function failAfterThreeChunks(): { produced: () => number; restore: () => void } {
+  const generate = adapter.generate.bind(adapter);
+  let produced = 0;
+  adapter.generate = async function* (r) {
+    const inner = generate(r);
+    for (let i = 0; i < 3; i++) {
+      const n = await inner.next();
+      if (n.done) break;
+      produced += n.value.tokens.length;
+      yield n.value;
+    }
+    await inner.return(undefined as never);
+    throw new Error('the GPU fell off the bus');
+  };
+  return { produced: () => produced, restore: () => void (adapter.generate = generate) };
+}
 const chatBody = { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 20, seed: 11, temperature: 0.7 };
 
 describe('InferService', () => {
@@ -455,25 +472,14 @@ describe('charging exactly the work performed', () => {
   });
 
   test('a run that fails mid-stream: the trailer carries an error envelope beside the receipt for what was delivered', async () => {
-    const generate = adapter.generate.bind(adapter);
-    let produced = 0;
-    adapter.generate = async function* (r) {
-      const inner = generate(r);
-      for (let i = 0; i < 3; i++) {
-        const n = await inner.next();
-        if (n.done) break;
-        produced += n.value.tokens.length;
-        yield n.value;
-      }
-      await inner.return(undefined as never);
-      throw new Error('the GPU fell off the bus');
-    };
+    const failing = failAfterThreeChunks();
     const { res, out } = recorder();
     try {
       await service.handle(request('chat/completions', { ...chatBody, stream: true, max_tokens: 50 }), res);
     } finally {
-      adapter.generate = generate;
+      failing.restore();
     }
+    const produced = failing.produced();
     expect(out.trailer).toMatchObject({ status: 'failed', error: { code: 'runtime_failed', message: expect.stringMatching(/the GPU fell off the bus/) } });
     const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
     if (!v.ok) throw new Error(v.error.message);
@@ -484,27 +490,15 @@ describe('charging exactly the work performed', () => {
 
   test('a whole-body run that fails: no body, the error beside a receipt billing the evaluated prompt and no output (the buyer got none)', async () => {
     for (const endpoint of ['chat/completions', 'completions', 'responses'] as const) {
-      const generate = adapter.generate.bind(adapter);
-      let produced = 0;
-      adapter.generate = async function* (r) {
-        const inner = generate(r);
-        for (let i = 0; i < 3; i++) {
-          const n = await inner.next();
-          if (n.done) break;
-          produced += n.value.tokens.length;
-          yield n.value;
-        }
-        await inner.return(undefined as never);
-        throw new Error('the GPU fell off the bus');
-      };
+      const failing = failAfterThreeChunks();
       const body = endpoint === 'chat/completions' ? { ...chatBody, max_tokens: 50 } : endpoint === 'completions' ? { model: 'tiny/llama', prompt: 'hello', max_tokens: 50 } : { model: 'tiny/llama', input: 'hello', max_output_tokens: 50 };
       const { res, out } = recorder();
       try {
         await service.handle(request(endpoint, body), res);
       } finally {
-        adapter.generate = generate;
+        failing.restore();
       }
-      expect(produced, endpoint).toBeGreaterThan(0);
+      expect(failing.produced(), endpoint).toBeGreaterThan(0);
       expect(text(out), endpoint).toBe('');
       expect(out.trailer, endpoint).toMatchObject({ status: 'failed', error: { code: 'runtime_failed', message: expect.stringMatching(/the GPU fell off the bus/) } });
       const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
