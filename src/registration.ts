@@ -12,7 +12,7 @@ import type { Logger } from './ops/logger.ts';
 
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
 /** The longest heartbeat interval a market may ask for (a timer beyond 2^31 - 1 ms fires at once). */
-export const MAX_HEARTBEAT_INTERVAL_MS = 600_000;
+const MAX_HEARTBEAT_INTERVAL_MS = 600_000;
 
 export interface RegistrationOptions {
   /** The marketplace's base URL, e.g. http://127.0.0.1:11436 (the /v1/… paths are added). */

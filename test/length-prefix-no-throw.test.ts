@@ -94,4 +94,12 @@ describe('lengthPrefixWithoutThrow', () => {
     expect(decodeAll([bytes.subarray(0, 6), bytes.subarray(6, 7)], partial.read)).toEqual([messages[0]]);
     expect(partial.throws).toBe(1);
   });
+
+  test('a decoder whose prefix may be 0 bytes long keeps asking its own prefix reader about an empty buffer', () => {
+    lengthPrefixWithoutThrow();
+    const r = reader();
+    const d = new LengthPrefixedDecoder({ lengthDecoder: r.read as never, encodingLength: (n: number) => (n === 0 ? 0 : 2), maxBufferSize: 1 << 20 });
+    expect([...d.decode(Uint8Array.of(0, 1, 9))].map((m) => [...m.subarray()])).toEqual([[9]]);
+    expect(r.throws).toBe(1); // the empty remainder reached the reader: not guarded
+  });
 });

@@ -1,7 +1,5 @@
 // The seller-node command line: one Command per subcommand, each in its own module.
-import fs from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { createRequire } from 'node:module';
 import { Command, CommanderError } from 'commander';
 import { initCommand } from './init.ts';
 import { logCommand } from './log.ts';
@@ -15,24 +13,13 @@ import { marketCommand } from './market.ts';
 import { gatewayCommand } from './gateway.ts';
 import { CliError } from './cli-error.ts';
 
-/** This package's version, from its package.json (found above this file, built or not). */
-function ownVersion(): string {
-  let dir = path.dirname(fileURLToPath(import.meta.url));
-  for (let up = 0; up < 5; up++, dir = path.dirname(dir)) {
-    try {
-      const pkg = JSON.parse(fs.readFileSync(path.join(dir, 'package.json'), 'utf8')) as { name?: unknown; version?: unknown };
-      if (pkg.name === 'seller-node' && typeof pkg.version === 'string') return pkg.version;
-    } catch {
-      // no package.json here: look further up
-    }
-  }
-  return 'unknown';
-}
+/** This package's version: its own package.json, found by the package's name (exported for this). */
+const VERSION = (createRequire(import.meta.url)('seller-node/package.json') as { version: string }).version;
 
 function buildProgram(): Command {
   const program = new Command('seller-node')
     .description('Sell inference into a decentralised marketplace, with signed receipts anyone can verify.')
-    .version(ownVersion(), '-V, --version')
+    .version(VERSION, '-V, --version')
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });

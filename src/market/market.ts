@@ -32,8 +32,8 @@ export interface Market {
   readonly publicKey: string;
   readonly store: MarketStore;
   listen(): Promise<{ url: string; host: string; port: number }>;
-  /** Stops serving: requests under way get `graceMs` (default 2 s) to finish, then their connections are cut. */
-  close(graceMs?: number): Promise<void>;
+  /** Stops serving: requests under way get 2 s to finish, then their connections are cut. */
+  close(): Promise<void>;
 }
 
 const MARKET_CLOSE_GRACE_MS = 2_000;
@@ -67,8 +67,8 @@ export function createMarket(opts: MarketOptions): Market {
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;
       return { url: `http://${shown}:${a.port}`, host: a.address, port: a.port };
     },
-    async close(graceMs = MARKET_CLOSE_GRACE_MS) {
-      await closeHttp(app, graceMs);
+    async close() {
+      await closeHttp(app, MARKET_CLOSE_GRACE_MS);
     },
   };
 }

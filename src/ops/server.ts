@@ -59,8 +59,8 @@ export interface OpsServer {
   readonly app: FastifyInstance;
   /** Bind host:port (127.0.0.1 unless `host` was given) and start serving. */
   listen(): Promise<OpsServerAddress>;
-  /** Stop accepting connections; requests under way get `graceMs` (default 2 s), keep-alive connections close as they fall idle. */
-  close(graceMs?: number): Promise<void>;
+  /** Stop accepting connections; requests under way get 2 s, keep-alive connections close as they fall idle. */
+  close(): Promise<void>;
 }
 
 const OPS_CLOSE_GRACE_MS = 2_000;
@@ -257,8 +257,8 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
       if (!isLoopbackHost(host)) app.log.warn({ host, port: address.port }, 'ops: listening beyond loopback; /status and /metrics are unauthenticated');
       return { host: address.address, port: address.port, url: `http://${shown}:${address.port}` };
     },
-    async close(graceMs = OPS_CLOSE_GRACE_MS): Promise<void> {
-      await closeHttp(app, graceMs);
+    async close(): Promise<void> {
+      await closeHttp(app, OPS_CLOSE_GRACE_MS);
     },
   };
 }

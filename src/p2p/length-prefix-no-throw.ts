@@ -17,6 +17,7 @@ import { LengthPrefixedDecoder } from '@libp2p/utils';
 type LengthReader = (data: { byteLength: number }) => number;
 
 interface DecoderFields {
+  encodingLength?: (n: number) => number;
   lengthDecoder: LengthReader;
   [GUARDED]?: true;
 }
@@ -31,7 +32,9 @@ export function lengthPrefixWithoutThrow(): boolean {
   const original = proto.decode;
   if (typeof original !== 'function') return false;
   proto.decode = function (this: DecoderFields, buf: unknown) {
-    if (!this[GUARDED] && typeof this.lengthDecoder === 'function') {
+    // Only a decoder whose prefixes are at least a byte long (Noise's are 2) may answer "0 bytes"
+    // for an empty buffer: with a 0-byte prefix the decoder would never see too few bytes.
+    if (!this[GUARDED] && typeof this.lengthDecoder === 'function' && typeof this.encodingLength === 'function' && this.encodingLength(0) >= 1) {
       const read = this.lengthDecoder;
       this.lengthDecoder = (data) => (data.byteLength === 0 ? 0 : read(data));
       this[GUARDED] = true;

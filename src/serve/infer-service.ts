@@ -241,33 +241,30 @@ export class InferService {
         const why = err instanceof Error ? err.message.slice(0, 200) : 'the runtime failed';
         return await this.refuse(res, new Refusal(500, 'runtime_failed', `the run failed: ${why}`));
       }
-      if (req.signal.aborted) {
-        // The buyer left (or a hedge's other half won): the runtime stopped at the next input, and
-        // the inputs embedded by then are the work performed (none when they left before it began).
-        const receipt = await this.receipt(model, ticket, req, { status: 'cancelled', started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: sha256Hex(new Uint8Array(0)) });
-        await res.trailer(receipt).catch(() => undefined);
-        return;
-      }
-      const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
-      const body = utf8(
-        JSON.stringify({
-          object: 'list',
-          data: e.vectors.map((embedding, index) => ({ object: 'embedding', index, embedding })),
-          model: model.id,
-          usage: { prompt_tokens: e.inputTokens, total_tokens: e.inputTokens, cost: formatUsd(cost) },
-          service: { request_id: ticket.request_id },
-        }),
-      );
-      // The work is done and billed whatever happens next; a buyer who left gets a `cancelled`
-      // receipt for it, covering the bytes that reached them (none, or the whole body).
-      let status: ReceiptStatus = 'completed';
-      let delivered: Uint8Array = new Uint8Array(0);
-      try {
-        await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
-        await res.data(body);
-        delivered = body;
-      } catch {
-        status = 'cancelled';
+      // The work is done and billed whatever happens next. A buyer who left (or a hedge's other
+      // half that won) gets a `cancelled` receipt for the inputs embedded by then (the runtime
+      // stopped at the next one; none when they left before it began), covering the bytes that
+      // reached them: none, or the whole body.
+      let status: ReceiptStatus = req.signal.aborted ? 'cancelled' : 'completed';
+      let delivered: Uint8Array = EMPTY;
+      if (status === 'completed') {
+        const cost = computeCost({ input_tokens: e.inputTokens, output_tokens: 0 }, model.rates);
+        const body = utf8(
+          JSON.stringify({
+            object: 'list',
+            data: e.vectors.map((embedding, index) => ({ object: 'embedding', index, embedding })),
+            model: model.id,
+            usage: { prompt_tokens: e.inputTokens, total_tokens: e.inputTokens, cost: formatUsd(cost) },
+            service: { request_id: ticket.request_id },
+          }),
+        );
+        try {
+          await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
+          await res.data(body);
+          delivered = body;
+        } catch {
+          status = 'cancelled';
+        }
       }
       const receipt = await this.receipt(model, ticket, req, { status, started, firstToken: null, input: e.inputTokens, output: 0, usageRuntime: { prompt_tokens: e.inputTokens }, responseSha256: sha256Hex(delivered) });
       await res.trailer(receipt).catch(() => undefined); // a buyer who left still has a receipt in the log
@@ -360,16 +357,11 @@ export class InferService {
     // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
     // failure or a buyer who left, only when a token came back (proof the prompt was evaluated).
     const inputTokens = result ? result.inputTokens : firstToken !== null ? tokens.length : 0;
-    // What a run that did not complete bills for output. Streamed: the tokens whose bytes reached
-    // the stream. Whole body: the work performed when the buyer left (they walked away from it);
-    // nothing when the run failed, as no body is sent then and the buyer gets none of it.
-    const delivered = (): number => (stream || rstream ? events.delivered : status === 'cancelled' ? generated : 0);
     try {
-      const output = status === 'completed' ? result!.outputTokens : delivered();
-      const cost = computeCost({ input_tokens: inputTokens, output_tokens: output }, model.rates);
-      const usage = usageOut(inputTokens, output, formatUsd(cost));
-      const finish = result?.finishReason === 'length' ? 'length' : 'stop';
       if (status === 'completed') {
+        const cost = computeCost({ input_tokens: inputTokens, output_tokens: result!.outputTokens }, model.rates);
+        const usage = usageOut(inputTokens, result!.outputTokens, formatUsd(cost));
+        const finish = result?.finishReason === 'length' ? 'length' : 'stop';
         if (stream) {
           await send(stream.finish(finish));
           if (p.includeUsage) await send(stream.usage(usage));
@@ -391,7 +383,10 @@ export class InferService {
     } finally {
       release();
     }
-    const output = status === 'completed' ? result!.outputTokens : delivered();
+    // A run that did not complete bills for output: streamed, the tokens whose bytes reached the
+    // stream; whole body, the work performed when the buyer left (they walked away from it), and
+    // nothing when the run failed, as no body is sent then and the buyer gets none of it.
+    const output = status === 'completed' ? result!.outputTokens : stream || rstream ? events.delivered : status === 'cancelled' ? generated : 0;
     const usageRuntime = result?.usageRuntime ?? { prompt_tokens: inputTokens, completion_tokens: output };
     const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime, responseSha256: hash.digest('hex') });
     // A failed run's trailer says why, beside the receipt for what it delivered (design.md: the

@@ -1,7 +1,7 @@
 // Synthetic but well-formed receipt bodies, for `seller-node log fill`, tests and benchmarks.
 // Deterministic for a given index, so two fills of the same log produce the same bytes.
-import { toHex, utf8 } from '../../attestation/bytes.ts';
-import { sha256, sha256Hex } from '../../attestation/hash.ts';
+import { toHex } from '../../attestation/bytes.ts';
+import { sha256Hex, sha256Text } from '../../attestation/hash.ts';
 import { computeCost } from '../../attestation/money.ts';
 import type { ReceiptBody, ReceiptStatus } from '../../attestation/receipt.ts';
 
@@ -10,7 +10,7 @@ const MODEL_SHA = sha256Hex('synthetic model');
 const STATUSES: ReceiptStatus[] = ['completed', 'completed', 'completed', 'completed', 'completed', 'completed', 'cancelled', 'failed'];
 
 export function syntheticReceiptBody(i: number, now = 1_767_225_600_000 + i * 250): ReceiptBody {
-  const h = sha256(utf8(`synthetic ${i}`));
+  const h = sha256Text(`synthetic ${i}`);
   const input = 16 + (h[0]! << 2);
   const status = STATUSES[h[1]! & 7]!;
   const output = status === 'failed' ? 0 : 1 + (h[2]! << 1);
