@@ -130,6 +130,8 @@ export function parseEnvelope(text: string): VerifyResult<DsseEnvelope> {
 export interface VerifiedEnvelope {
   payload: Uint8Array;
   keyid: string;
+  /** The first signature that verified under a trusted key (others may be by unknown keys). */
+  signature: DsseSignature;
 }
 
 /**
@@ -145,7 +147,7 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
   const decoded = paeOfBase64(env.payloadType, env.payload);
   if (!decoded) return fail('payload_not_base64', 'envelope.payload is not canonical standard base64');
   const { message, payload } = decoded;
-  let verified: string | undefined;
+  let verified: { keyid: string; signature: DsseSignature } | undefined;
   let failedKeyless = false;
   for (const s of env.signatures) {
     const candidates = s.keyid === undefined || (opts.keys.length === 1 && opts.keys[0]!.keyid === s.keyid) ? opts.keys : opts.keys.filter((k) => k.keyid === s.keyid);
@@ -160,14 +162,14 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
       }
       return fail('signature_invalid', `signature by ${s.keyid.slice(0, 80)} does not verify`);
     }
-    verified ??= good.keyid;
+    verified ??= { keyid: good.keyid, signature: s };
   }
   if (verified === undefined) {
     if (failedKeyless) return fail('signature_invalid', 'no signature verifies under a trusted key');
     return fail('unknown_key', 'no signature by a trusted key');
   }
   // The caller's own copy: `message` may be a slice of Node's shared pool (see newBytes).
-  return ok({ payload: payload.slice(), keyid: verified });
+  return ok({ payload: payload.slice(), ...verified });
 }
 
 /**

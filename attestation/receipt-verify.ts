@@ -1,7 +1,7 @@
 // Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
 // every field), then the arithmetic (cost from usage and rates, never above the hold).
 import { copyBytes, fromHex, isHex, toHex, utf8 } from './bytes.ts';
-import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey } from './dsse.ts';
+import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey, type DsseSignature } from './dsse.ts';
 import { peekPayload, readPayload } from './signed-payload.ts';
 import { sha256Hex } from './hash.ts';
 import { leafHash } from './merkle.ts';
@@ -13,6 +13,8 @@ export interface VerifiedReceipt {
   /** The exact signed payload bytes. */
   payloadBytes: Uint8Array;
   envelope: DsseEnvelope;
+  /** The provider's signature in the envelope (an envelope may carry others, by unknown keys). */
+  signature: DsseSignature;
   /** SHA-256 of the payload bytes, hex: what the next receipt's `prev` must be (with `chain`). */
   payloadSha256?: string;
   /** The Merkle leaf hash of this envelope (with `chain`). */
@@ -76,7 +78,7 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   if (stated > BigInt(payload.hold_micro_usd)) {
     return fail('cost_exceeds_hold', `cost ${stated} exceeds hold ${payload.hold_micro_usd}`, { seq });
   }
-  const out: VerifiedReceipt = { payload, payloadBytes, envelope: env };
+  const out: VerifiedReceipt = { payload, payloadBytes, envelope: env, signature: verified.value.signature };
   if (opts.chain) {
     const line = serializeEnvelope(env);
     if (typeof envelope === 'string' && envelope !== line) {

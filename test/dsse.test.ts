@@ -64,6 +64,9 @@ describe('Ed25519 envelopes', () => {
 
   test('sign then verify; the serialised form is canonical JSON', () => {
     expect(verifyEnvelope(env, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: true, value: { keyid: 'k1' } });
+    // The verifying signature is named, whatever else the envelope carries.
+    const padded = { ...env, signatures: [{ keyid: 'stranger', sig: env.signatures[0]!.sig }, ...env.signatures] };
+    expect(verifyEnvelope(padded, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: true, value: { keyid: 'k1', signature: env.signatures[0] } });
     expect(serializeEnvelope(env)).toBe(`{"payload":"${env.payload}","payloadType":"application/x-test","signatures":[{"keyid":"k1","sig":"${env.signatures[0]!.sig}"}]}`);
   });
   test('signatures by unknown keys are ignored; none by a trusted key is unknown_key', () => {

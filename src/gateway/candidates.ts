@@ -41,25 +41,26 @@ export function listingUnmet(entry: ProviderEntry, m: ProviderModel, routing: Ti
   return checkOffer(offer, routing);
 }
 
+/** Live listings of the model, each with why it cannot take a request under `routing` (undefined: it can). */
+function judged(listing: readonly ProviderEntry[], model: string, routing: TicketRouting): { provider: ProviderEntry; model: ProviderModel; why: Refusal | undefined }[] {
+  return listing.flatMap((p) => {
+    const m = p.live === false ? undefined : p.models.find((x) => x.id === model);
+    // As the marketplace: a provider that is stopping is a reason of its own, not a price.
+    return m ? [{ provider: p, model: m, why: p.accepting === false ? NOT_ACCEPTING : listingUnmet(p, m, routing) }] : [];
+  });
+}
+
 /**
  * Providers that list the model and whose listed offer meets the routing controls, preferred first.
  * None: 404 model_not_found when nobody lists the model; 403 price_ceiling_exceeded when every live
  * provider is refused for its price alone (as the marketplace refuses a ticket); else 503 no_provider.
  */
 export function candidates(providers: ProviderEntry[], model: string, controls: RoutingControls): Candidate[] {
-  const known = providers.filter((p) => p.models.some((m) => m.id === model));
-  if (known.length === 0) throw new GatewayError(404, 'model_not_found', `no provider serves model "${model.slice(0, 256)}"`);
+  if (!providers.some((p) => p.models.some((m) => m.id === model))) throw new GatewayError(404, 'model_not_found', `no provider serves model "${model.slice(0, 256)}"`);
   const preferred = controls.preferredProviders;
-  const serving = known.filter((p) => p.live !== false && (!preferred || preferred.includes(p.provider)));
-  const reasons: Refusal[] = [];
-  let fit = serving
-    .map((p) => ({ provider: p, model: p.models.find((m) => m.id === model)! }))
-    .filter(({ provider, model: m }) => {
-      // As the marketplace: a provider that is stopping is a reason of its own, not a price.
-      const why = provider.accepting === false ? NOT_ACCEPTING : listingUnmet(provider, m, controls.routing);
-      if (why) reasons.push(why);
-      return !why;
-    });
+  const serving = judged(providers, model, controls.routing).filter((c) => !preferred || preferred.includes(c.provider.provider));
+  const reasons = serving.flatMap((c) => (c.why ? [c.why] : []));
+  let fit = serving.filter((c) => !c.why);
   if (preferred) fit = fit.sort((a, b) => preferred.indexOf(a.provider.provider) - preferred.indexOf(b.provider.provider));
   if (fit.length === 0) {
     if (reasons.length > 0 && reasons.every((r) => r.code === 'price_ceiling_exceeded')) throw new GatewayError(403, 'price_ceiling_exceeded', `every provider of "${model.slice(0, 256)}" is above the price ceiling: ${reasons[0]!.message}`);
@@ -75,11 +76,7 @@ export function candidates(providers: ProviderEntry[], model: string, controls: 
  * planned on it would take a half-cap ticket for nothing.)
  */
 export function fitProvidersOf(listing: readonly ProviderEntry[], model: string, routing: TicketRouting, except: readonly string[]): string[] {
-  return listing
-    .filter((e) => {
-      if (except.includes(e.provider) || e.live === false || e.accepting === false) return false;
-      const m = e.models.find((x) => x.id === model);
-      return m !== undefined && listingUnmet(e, m, routing) === undefined;
-    })
-    .map((e) => e.provider);
+  return judged(listing, model, routing)
+    .filter((c) => !c.why && !except.includes(c.provider.provider))
+    .map((c) => c.provider.provider);
 }

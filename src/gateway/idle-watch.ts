@@ -7,7 +7,8 @@ export class IdleWatch {
   private stopped = false;
   private timer: NodeJS.Timeout | undefined;
   private readonly ac: AbortController;
-  private readonly ms: number;
+  /** How long the provider may stay silent. */
+  readonly ms: number;
   constructor(ac: AbortController, ms: number) {
     this.ac = ac;
     this.ms = ms;

@@ -245,7 +245,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
       // The stream opened but no head came: the provider may have started; its log knows.
       void settlements.settleFromNode(p, 'failed');
-      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${d.providerIdleMs} ms`);
+      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${idle.ms} ms`);
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
     const { res, head, status } = outcome;

@@ -24,8 +24,6 @@ import type { Paid } from './tickets.ts';
 export interface RelayDeps {
   settlements: Settlements;
   records: RequestRecords;
-  /** For the provider_timeout message: how long a provider may stay silent. */
-  providerIdleMs: number;
 }
 
 export class Relay {
@@ -45,7 +43,7 @@ export class Relay {
   /** The provider's answer broke off (the buyer still there): its receipt, if any, is settled from the node's log. */
   private brokeOff(p: Paid, e: unknown, idle: IdleWatch, what: 'answer' | 'stream'): GatewayError {
     void this.d.settlements.settleFromNode(p, 'failed');
-    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${this.d.providerIdleMs} ms and was cut off`);
+    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${idle.ms} ms and was cut off`);
     return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
   }
 

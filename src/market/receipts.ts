@@ -43,9 +43,7 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
   // Stored (and compared) with only the provider's signature: the node's log line. Extra
   // signatures (anyone holding the receipt can append one) would otherwise make the node's own
   // line look like a second, conflicting receipt.
-  const { signatures } = v.value.envelope;
-  const own = signatures.length === 1 ? signatures[0]! : signatures.find((s) => verifyReceipt({ ...v.value.envelope, signatures: [s] }, { provider }).ok)!;
-  const canonical = serializeEnvelope({ ...v.value.envelope, signatures: [own] });
+  const canonical = serializeEnvelope({ ...v.value.envelope, signatures: [v.value.signature] });
   const result: CollectedReceipt = { ok: true, request_id: r.request_id, cost_micro_usd: r.cost_micro_usd };
   const existing = store.receiptForTicket(ticket.ticket_id);
   if (existing) {
