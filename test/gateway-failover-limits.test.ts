@@ -17,8 +17,8 @@ import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
-import { waitFor, waitForListed } from './helpers/wait.ts';
-import { marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
+import { waitForListed } from './helpers/wait.ts';
+import { marketTotals, settledRecord, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 let fx: MarketFixture;
@@ -136,11 +136,7 @@ describe('a paid request fails over at most twice (MAX_FAILOVERS): three provide
     const v = verifyReceipt(body.service.receipt, { provider: live.providerId });
     expect(v.ok && v.value.payload).toMatchObject({ request_id: id, status: 'completed', provider: live.providerId });
     await expectUnreachableAttempts(id.slice(0, -'-f2'.length), [dead[0]!.providerId, dead[1]!.providerId]);
-    const served = await waitFor('the served request to settle', async () => {
-      const r = await getRecord(id);
-      return r.body.settled ? r.body : undefined;
-    });
-    expect(served).toMatchObject({ status: 'completed', provider: live.providerId });
+    expect(await settledRecord(gw.url, id)).toMatchObject({ status: 'completed', provider: live.providerId });
     await gw.idle();
     const after = await totals();
     expect(after.receipts).toBe(before.receipts + 1);
@@ -175,6 +171,8 @@ describe('a paid request fails over at most twice (MAX_FAILOVERS): three provide
   });
 
   test('the gateway still serves afterwards: an untried unreachable provider then the live one, and the live one alone', async () => {
+    await gw.idle();
+    const before = await totals();
     const res = await chat(prefer(dead[3]!, live), 4);
     expect(res.status).toBe(200);
     const id = res.headers.get('x-request-id')!;
@@ -190,11 +188,12 @@ describe('a paid request fails over at most twice (MAX_FAILOVERS): three provide
     const b = (await direct.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
     expect(b.service.request_id).toBe(directId);
     expect(verifyReceipt(b.service.receipt, { provider: live.providerId }).ok).toBe(true);
-    const rec = await waitFor('the direct request to settle', async () => {
-      const r = await getRecord(directId);
-      return r.body.settled ? r.body : undefined;
-    });
-    expect(rec).toMatchObject({ status: 'completed', provider: live.providerId });
-    for (const n of dead) expect((await totals()).by_provider[n.providerId]).toBeUndefined();
+    expect(await settledRecord(gw.url, directId)).toMatchObject({ status: 'completed', provider: live.providerId });
+    await gw.idle();
+    // Billed: the failed-over request and the direct one, both at the live node.
+    const after = await totals();
+    expect(after.receipts).toBe(before.receipts + 2);
+    expect(after.by_provider[live.providerId]?.receipts).toBe((before.by_provider[live.providerId]?.receipts ?? 0) + 2);
+    for (const n of dead) expect(after.by_provider[n.providerId]).toBeUndefined();
   });
 });

@@ -19,7 +19,7 @@ import type { RunningNode } from '../src/node.ts';
 import { MarketProxy } from './helpers/misbehaving-node.ts';
 import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { waitForListed } from './helpers/wait.ts';
-import { endedRecord, marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
+import { endedRecord, marketReceipt as marketReceiptAt, marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 /** The tiny nodes' prices (node-config.ts): 0.15 and 0.60 USD per million tokens. */
@@ -76,16 +76,7 @@ const chatBody = (maxTokens: number, seed: number): string => JSON.stringify({ m
 
 const totals = (): Promise<MarketTotals> => marketTotals(marketUrl);
 
-/** The receipts the market collected for a request id (404: none). */
-async function marketReceipt(id: string): Promise<{ cost_micro_usd: string; provider: string } | undefined> {
-  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
-  if (r.status === 404) {
-    await r.arrayBuffer();
-    return undefined;
-  }
-  expect(r.status).toBe(200);
-  return (await r.json()) as { cost_micro_usd: string; provider: string };
-}
+const marketReceipt = (id: string) => marketReceiptAt(marketUrl, id);
 
 const record = (id: string): Promise<RequestRecord> => endedRecord(gw.url, id);
 

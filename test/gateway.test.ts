@@ -22,7 +22,7 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
-import { gatewayRecord } from './helpers/gateway-reads.ts';
+import { errorOf, gatewayRecord, marketReceipt as marketReceiptAt, type MarketReceipt } from './helpers/gateway-reads.ts';
 
 const RATES = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 const MODEL = 'tiny/llama';
@@ -77,10 +77,11 @@ function verified(envelope: unknown) {
 const record = (id: string): Promise<RequestRecord> => gatewayRecord(gw.url, id);
 
 /** The market's own copy of the settled receipt. */
-async function marketReceipt(id: string): Promise<{ status: string; cost_micro_usd: string; receipt: string }> {
-  const r = await fetch(`${marketUrl}/v1/receipts/${id}`);
-  expect(r.status).toBe(200);
-  return (await r.json()) as { status: string; cost_micro_usd: string; receipt: string };
+/** The market's receipt for a request id, which must be there. */
+async function marketReceipt(id: string): Promise<MarketReceipt> {
+  const r = await marketReceiptAt(marketUrl, id);
+  if (!r) throw new Error(`the market has no receipt for ${id}`);
+  return r;
 }
 
 const messages = [{ role: 'user' as const, content: 'hello world, the cat sat on the mat' }];
@@ -316,7 +317,6 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     const before = await totals();
     const records = gw.records.size;
     const post = (path: string, body: string, headers: Record<string, string> = {}) => fetch(`${gw.url}/${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
-    const errorOf = async (r: Response) => [r.status, ((await r.json()) as { error: { code: string; message: string } }).error] as const;
     const body = { model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: 4 };
     // On /estimates: a body that is not JSON, an ask whose body is not an object, an estimate header.
     const [s1, e1] = await errorOf(await post('estimates', '{"endpoint": "CHAT", '));
@@ -475,13 +475,16 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
       expect([r.status, e.error.code], name).toEqual([400, 'invalid_request']);
       expect(e.error.message.startsWith(`${name}:`), e.error.message).toBe(true);
     }
-    // X-Service-Prefer-Providers is a comma-separated list, so two headers are the two lists in order.
-    const headers = new Headers({ 'content-type': 'application/json' });
-    headers.append('X-Service-Prefer-Providers', 'f'.repeat(64));
-    headers.append('X-Service-Prefer-Providers', node.providerId);
-    const ok = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ model: MODEL, messages, max_tokens: 2 }) });
-    expect(ok.status).toBe(200);
-    expect(((await ok.json()) as { service: { receipt: DsseEnvelope } }).service.receipt).toBeDefined();
+    // X-Service-Prefer-Providers is a comma-separated list, so two headers are the two lists in
+    // order: the node is in it whichever header names it (keeping only one header would fail one order).
+    for (const [a, b] of [['f'.repeat(64), node.providerId], [node.providerId, 'f'.repeat(64)]]) {
+      const headers = new Headers({ 'content-type': 'application/json' });
+      headers.append('X-Service-Prefer-Providers', a!);
+      headers.append('X-Service-Prefer-Providers', b!);
+      const ok = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ model: MODEL, messages, max_tokens: 2 }) });
+      expect(ok.status).toBe(200);
+      expect(verified(((await ok.json()) as { service: { receipt: DsseEnvelope } }).service.receipt).provider).toBe(node.providerId);
+    }
   });
 
   test('unknown model is 404; unmet routing is 503; node refusals are relayed with their status and code', async () => {

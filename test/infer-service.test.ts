@@ -360,7 +360,7 @@ describe('InferService', () => {
     expect(again.out.head?.status).toBe(200);
   });
 
-  test('embeddings whose buyer leaves: the batch stops at the next input; a cancelled receipt bills the inputs embedded, none if they left before it began', async () => {
+  test('embeddings whose buyer leaves: the signal reaches the runtime, and a cancelled receipt bills the inputs it embedded before stopping, none if they left before it began', async () => {
     const input = ['hello world', 'hello', 'world hello', 'hello hello world', 'world'];
     const tokensOf = async (i: number) => adapter.countInputTokens({ kind: 'prompt', prompt: input[i]! });
     const embed = adapter.embed.bind(adapter);

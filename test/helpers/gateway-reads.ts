@@ -27,11 +27,34 @@ export function settledRecord(gatewayUrl: string, id: string): Promise<RequestRe
   });
 }
 
+/** What the market collected for a request id: GET /v1/receipts/{id}. */
+export interface MarketReceipt {
+  status: string;
+  provider: string;
+  cost_micro_usd: string;
+  /** The envelope line as collected. */
+  receipt: string;
+}
+
+/** The market's receipt for a request id, or undefined when it has none (404). */
+export async function marketReceipt(marketUrl: string, id: string): Promise<MarketReceipt | undefined> {
+  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
+  if (r.status === 404) {
+    await r.arrayBuffer();
+    return undefined;
+  }
+  expect(r.status, `GET /v1/receipts/${id}`).toBe(200);
+  return (await r.json()) as MarketReceipt;
+}
+
 /** Whether the market collected a receipt for the request id. */
 export async function marketHas(marketUrl: string, id: string): Promise<boolean> {
-  const r = await fetch(`${marketUrl}/v1/receipts/${encodeURIComponent(id)}`);
-  await r.arrayBuffer();
-  return r.status === 200;
+  return (await marketReceipt(marketUrl, id)) !== undefined;
+}
+
+/** A response's status and its error envelope's {code, message}. */
+export async function errorOf(r: Response): Promise<readonly [number, { code: string; message: string }]> {
+  return [r.status, ((await r.json()) as { error: { code: string; message: string } }).error] as const;
 }
 
 export interface MarketTotals {
