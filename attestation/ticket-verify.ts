@@ -31,6 +31,20 @@ export interface VerifiedTicket {
   keyid: string;
 }
 
+/**
+ * Marketplace keys as the DSSE verifier takes them: 32 bytes each, the keyid defaulting to the
+ * key's hex. Undefined when one is not a key. Callers that verify many tickets decode once.
+ */
+export function decodeMarketplaceKeys(keys: readonly MarketplaceKey[]): { keyid: string; publicKey: Uint8Array }[] | undefined {
+  const out = [];
+  for (const k of keys) {
+    const publicKey = typeof k.publicKey === 'string' ? (isHex(k.publicKey, 32) ? fromHex(k.publicKey) : undefined) : k.publicKey;
+    if (!publicKey || publicKey.length !== 32) return undefined;
+    out.push({ keyid: k.keyid ?? toHex(publicKey), publicKey });
+  }
+  return out;
+}
+
 export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
   try {
     return verifyTicketUnsafe(envelope, opts);
@@ -42,12 +56,8 @@ export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerify
 function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
-  const keys = [];
-  for (const k of opts.marketplaceKeys) {
-    const publicKey = typeof k.publicKey === 'string' ? (isHex(k.publicKey, 32) ? fromHex(k.publicKey) : undefined) : k.publicKey;
-    if (!publicKey || publicKey.length !== 32) return fail('unknown_key', 'a marketplace key is not 32 bytes (64 hex characters)');
-    keys.push({ keyid: k.keyid ?? toHex(publicKey), publicKey });
-  }
+  const keys = decodeMarketplaceKeys(opts.marketplaceKeys);
+  if (!keys) return fail('unknown_key', 'a marketplace key is not 32 bytes (64 hex characters)');
   const v = verifyEnvelope(shaped.value, { payloadType: TICKET_PAYLOAD_TYPE, keys });
   if (!v.ok) return v;
   const read = readPayload(v.value.payload, validateTicketPayload, 'ticket');

@@ -1,6 +1,9 @@
 // Which listed providers the gateway asks for free requests and estimates: the listing judged by
 // the node's own checkOffer, so that a control means the same at the gateway, market and node.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { describe, expect, test } from 'vitest';
+import { createGateway } from '../src/gateway/gateway.ts';
 import { candidates, fitProvidersOf, listingUnmet } from '../src/gateway/candidates.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
 import type { ProviderEntry } from '../src/gateway/market-client.ts';
@@ -106,5 +109,34 @@ describe('gateway candidates', () => {
     expect(fit({ min_context: 1000 })).toEqual(['a', 'f', 'g']);
     expect(fit({ max_input_price_micro_usd_per_mtok: '500000' })).toEqual(['a', 'b', 'g']);
     expect(fit({ min_context: 1000 }, [list[0]!.provider])).toEqual(['f', 'g']);
+  });
+});
+
+describe('POST /v1/estimates against a listing without prices', () => {
+  test('fit providers that publish no (well-formed) price for the model: 503 no_provider, before anyone is dialled', async () => {
+    // A market whose listing has fit providers of the model, their rates absent or not micro-USD
+    // decimals. (Neither can be dialled: asking one to count would end in provider_unreachable.)
+    const market = http.createServer((req, res) => {
+      if (req.method === 'GET' && req.url === '/v1/providers') {
+        const listing = [
+          { ...entry('a'), rates: undefined },
+          { ...entry('b'), rates: { [MODEL]: { input_per_mtok: '0.15', output_per_mtok: '600000' } } },
+        ];
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(listing));
+        return;
+      }
+      res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'not_found', message: 'no' } }));
+    });
+    await new Promise<void>((r) => market.listen(0, '127.0.0.1', r));
+    const gw = await createGateway({ market: `http://127.0.0.1:${(market.address() as AddressInfo).port}`, port: 0 });
+    try {
+      const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } }) });
+      const e = (await r.json()) as { error: { code: string; message: string } };
+      expect([r.status, e.error.code]).toEqual([503, 'no_provider']);
+      expect(e.error.message).toMatch(/publishes a price for this model/);
+    } finally {
+      await gw.close(1000);
+      await new Promise((r) => market.close(r));
+    }
   });
 });

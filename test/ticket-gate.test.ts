@@ -34,6 +34,17 @@ describe('TicketGate', () => {
     g2.db.close();
   });
 
+  test('the marketplace keys as configured: a key that is not one refuses every ticket; a keyid given must be the one the market signs under', () => {
+    const db = new Database(path.join(dir, 'keys.db'));
+    const t = () => signTicket(market, fresh());
+    const with_ = (keys: { publicKey: string; keyid?: string }[]) => new TicketGate({ db, marketplaceKeys: keys, providerId: provider.id });
+    expect(with_([{ publicKey: 'zz' }]).admit(t(), expectation)).toMatchObject({ ok: false, code: 'ticket_invalid' });
+    expect(with_([{ publicKey: market.id.toUpperCase() }]).admit(t(), expectation)).toMatchObject({ ok: false, code: 'ticket_invalid' });
+    expect(with_([{ publicKey: market.id, keyid: 'another-name' }]).admit(t(), expectation)).toMatchObject({ ok: false, code: 'ticket_invalid' });
+    expect(with_([{ publicKey: market.id, keyid: market.id }]).admit(t(), expectation)).toMatchObject({ ok: true });
+    db.close();
+  });
+
   test('each refusal has its code; a refused ticket is not used up', () => {
     const { db, gate: g } = gate(path.join(dir, 'b.db'));
     const now = Date.now();

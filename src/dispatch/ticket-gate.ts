@@ -3,10 +3,9 @@
 // for exactly the body received, and for the endpoint, model and price version this node sells.
 // Anything else is refused before any work, with a code, and nothing is charged.
 import type Database from 'better-sqlite3';
-import { fromHex, isHex } from '../../attestation/bytes.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
-import { verifyTicket, type MarketplaceKey } from '../../attestation/ticket-verify.ts';
+import { decodeMarketplaceKeys, verifyTicket, type MarketplaceKey } from '../../attestation/ticket-verify.ts';
 
 export type TicketRefusalCode =
   | 'ticket_invalid'
@@ -45,8 +44,8 @@ export class TicketGate {
   private readonly pruneStmt: Database.Statement<[number]>;
 
   constructor(opts: { db: Database.Database; marketplaceKeys: readonly MarketplaceKey[]; providerId: string; skewMs?: number; now?: () => number }) {
-    // Hex keys decoded once here, not on every ticket (one that is not a key stays as given: verifyTicket refuses it).
-    this.keys = opts.marketplaceKeys.map((k) => (typeof k.publicKey === 'string' && isHex(k.publicKey, 32) ? { keyid: k.keyid ?? k.publicKey, publicKey: fromHex(k.publicKey) } : k));
+    // Decoded once here, not on every ticket (keys that are not keys stay as given: verifyTicket refuses every ticket).
+    this.keys = decodeMarketplaceKeys(opts.marketplaceKeys) ?? opts.marketplaceKeys;
     this.providerId = opts.providerId;
     this.skewMs = opts.skewMs ?? 30_000;
     this.now = opts.now ?? Date.now;
