@@ -12,7 +12,7 @@ import { corkHostWrites } from './cork-writes.ts';
 import { cacheProtocolMerges } from './protocol-merge-cache.ts';
 import { lengthPrefixWithoutThrow } from './length-prefix-no-throw.ts';
 import { hostLogger } from './quiet-logger.ts';
-import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER } from './stream-limits.ts';
+import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER, STREAMS_PER_PROTOCOL } from './stream-limits.ts';
 import { halfWindowUpdates } from './yamux-window-updates.ts';
 
 export type Host = Libp2p;
@@ -48,6 +48,10 @@ export async function createHost(opts: HostOptions): Promise<Host> {
     connectionEncrypters: [noise()],
     streamMuxers: [
       yamux({
+        // Streams a peer opens on a new connection before it is fully set up here wait as "early"
+        // streams; past yamux's default of 10 the whole connection is aborted, so a buyer's burst
+        // of requests on a fresh connection lost every one of them. As many as a protocol takes.
+        maxEarlyStreams: STREAMS_PER_PROTOCOL,
         streamOptions: { maxStreamWindowSize: HOST_MAX_STREAM_WINDOW, maxReadBufferLength: STREAM_READ_BUFFER },
       }),
     ],

@@ -7,6 +7,7 @@
 //
 // The body is sent while the response is awaited; if the server answers before reading it all (413, 400),
 // sending stops. Leaving the `frames` loop before the trailer cancels the request too.
+import { STREAMS_PER_PROTOCOL } from './stream-limits.ts';
 import { concatBytes } from '../../attestation/bytes.ts';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
 import type { Libp2p, PeerId, Stream } from '@libp2p/interface';
@@ -79,7 +80,7 @@ export async function request(
 
   const stream = await host.dialProtocol(toDialTarget(target), protocol, {
     signal,
-    maxOutboundStreams: opts.maxOutboundStreams ?? 128,
+    maxOutboundStreams: opts.maxOutboundStreams ?? STREAMS_PER_PROTOCOL,
     // libp2p 3 negotiates the protocol before the first byte of the request goes out (one round
     // trip; it has no optimistic select, whatever `negotiateFully` says): docs/decisions.md.
   });

@@ -7,6 +7,7 @@
 // still writable, with HEAD {status: 400|408|413} and TRAILER {error: {code, message}}; the stream is then
 // closed (reset if the client keeps sending past a grace period). A client that resets the stream (its
 // only way to cancel over yamux, which has no STOP_SENDING) fires the handler's AbortSignal.
+import { STREAMS_PER_PROTOCOL } from './stream-limits.ts';
 import { concatBytes } from '../../attestation/bytes.ts';
 import type { Connection, Libp2p, Stream } from '@libp2p/interface';
 import { FrameError, frameLimits, type FrameLimits, type JsonObject } from './frames.ts';
@@ -202,7 +203,7 @@ export async function handleRequests(
       .finally(() => exchanges.delete(exchange));
   };
 
-  await host.handle(protocol, streamHandler, { maxInboundStreams: opts.maxInboundStreams ?? 128 });
+  await host.handle(protocol, streamHandler, { maxInboundStreams: opts.maxInboundStreams ?? STREAMS_PER_PROTOCOL });
 
   return {
     protocol,

@@ -1,4 +1,8 @@
-// Buffer sizes shared by the host's muxer configuration and the stream readers.
+// Stream counts and buffer sizes shared by the host's muxer configuration, the request protocols
+// and the stream readers.
+
+/** Streams one connection may have open for one request protocol, each way (and early streams: see host.ts). */
+export const STREAMS_PER_PROTOCOL = 128;
 
 /**
  * The largest yamux receive window our hosts grant a stream (libp2p's default is 16 MiB). It bounds what
