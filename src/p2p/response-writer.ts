@@ -6,6 +6,11 @@
 // resolve as soon as their bytes are queued while the stream keeps up; once it asks for a drain they
 // resolve only after it drains: backpressure, as with Node's writable.write().
 //
+// data(bytes, { sent: true }) is for bytes that are billed (streamed tokens): it waits for room
+// before it queues, and resolves only once its bytes were handed to the stream (stream.send). So a
+// buyer who resets the stream while the bytes sit in the cork makes it reject (they were never
+// sent, so never billed), and a failure while waiting for room leaves them unsent as well.
+//
 // Every returned promise is already marked handled: a handler that ignores one (after the client went
 // away, say) never causes an unhandled rejection, while one that awaits it still sees the error.
 import { concatBytes } from '../../attestation/bytes.ts';
@@ -17,8 +22,11 @@ import { errorBody } from '../service-error.ts';
 export interface ResponseWriter {
   /** Sends the HEAD frame (status, headers). Exactly once, first. */
   head(value: JsonObject): Promise<void>;
-  /** Sends body bytes as one or more DATA frames; waits while the stream asks for a drain. */
-  data(bytes: Uint8Array): Promise<void>;
+  /**
+   * Sends body bytes as one or more DATA frames; waits while the stream asks for a drain. With
+   * `sent`, resolves only once the bytes were handed to the transport (see the top of this file).
+   */
+  data(bytes: Uint8Array, opts?: DataOptions): Promise<void>;
   /** Sends the TRAILER frame (receipt or error envelope) and closes the write side. Last. */
   trailer(value: JsonObject): Promise<void>;
   /** True once head() has been called. */
@@ -27,10 +35,31 @@ export interface ResponseWriter {
   readonly finished: boolean;
 }
 
+export interface DataOptions {
+  /** Resolve only after the bytes were handed to the transport, not when they are queued. */
+  sent?: boolean;
+}
+
 /** Queued bytes that force a write without waiting for setImmediate. */
 export const CORK_BYTES = 64 * 1024;
 
 const noop = (): void => {};
+
+interface Deferred {
+  promise: Promise<void>;
+  resolve: () => void;
+  reject: (e: unknown) => void;
+}
+
+function deferred(): Deferred {
+  let resolve!: () => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
 
 function handled<T>(p: Promise<T>): Promise<T> {
   p.catch(noop);
@@ -50,6 +79,8 @@ export class StreamResponseWriter implements ResponseWriter {
   private writeError: Error | undefined;
   private trailerWritten = false;
   private closing: Promise<void> | undefined;
+  /** Settled by the next flush: resolved once it handed the queued bytes to the stream, else rejected. */
+  private flushed: Deferred | undefined;
 
   constructor(stream: Stream, signal: AbortSignal, limits: FrameLimits = DEFAULT_FRAME_LIMITS, dataFrameBytes = 1024 * 1024) {
     this.stream = stream;
@@ -89,20 +120,39 @@ export class StreamResponseWriter implements ResponseWriter {
     );
   }
 
-  data(bytes: Uint8Array): Promise<void> {
+  data(bytes: Uint8Array, opts?: DataOptions): Promise<void> {
     if (this.state !== 'body') return this.misuse(this.state === 'start' ? 'data() before head()' : 'data() after trailer()');
     if (!(bytes instanceof Uint8Array)) return handled(Promise.reject(new TypeError('data() takes a Uint8Array')));
+    if (opts?.sent) return handled(this.dataSent(bytes));
     return handled(
       (async () => {
         this.check();
-        // All frames are handed over synchronously, so concurrent data() calls cannot interleave.
-        for (let at = 0; at < bytes.length; at += this.dataFrameBytes) {
-          this.queue(encodeData(bytes.subarray(at, at + this.dataFrameBytes), this.limits));
-          if (this.pendingBytes >= CORK_BYTES) this.flush();
-        }
+        this.queueData(bytes);
         await this.ready();
       })(),
     );
+  }
+
+  /** data() with `sent`: room first, then queue, then resolve once a flush handed the bytes over. */
+  private async dataSent(bytes: Uint8Array): Promise<void> {
+    while (this.stream.writableNeedsDrain) await waitForDrain(this.stream, this.signal);
+    this.check();
+    if (this.state !== 'body') throw new Error('response misuse: data() after trailer()');
+    this.queueData(bytes); // (a full cork is flushed at once: that throws if the stream refuses)
+    if (this.pendingBytes === 0) return; // nothing left in the cork: all of it was handed over
+    if (!this.flushed) {
+      this.flushed = deferred();
+      this.flushed.promise.catch(noop); // settled by the next flush, awaited or not
+    }
+    await this.flushed.promise;
+  }
+
+  /** All frames are handed over synchronously, so concurrent data() calls cannot interleave. */
+  private queueData(bytes: Uint8Array): void {
+    for (let at = 0; at < bytes.length; at += this.dataFrameBytes) {
+      this.queue(encodeData(bytes.subarray(at, at + this.dataFrameBytes), this.limits));
+      if (this.pendingBytes >= CORK_BYTES) this.flush();
+    }
   }
 
   trailer(value: JsonObject): Promise<void> {
@@ -166,17 +216,25 @@ export class StreamResponseWriter implements ResponseWriter {
     }
     if (this.pendingBytes === 0) return;
     const bytes = concatBytes(...this.pending);
+    const flushed = this.flushed;
     this.pending = [];
     this.pendingBytes = 0;
-    if (this.writeError) throw this.writeError;
+    this.flushed = undefined;
     try {
-      if (this.stream.writeStatus !== 'writable') throw new Error(`the stream is ${this.stream.status}`);
-      this.stream.send(bytes);
+      if (this.writeError) throw this.writeError;
+      try {
+        if (this.stream.writeStatus !== 'writable') throw new Error(`the stream is ${this.stream.status}`);
+        this.stream.send(bytes);
+      } catch (e) {
+        const s = this.stream.status;
+        this.writeError = new StreamError(s === 'reset' || s === 'aborted' ? 'stream_reset' : 'stream_closed', `write failed: ${(e as Error).message}`, { cause: e });
+        throw this.writeError;
+      }
     } catch (e) {
-      const s = this.stream.status;
-      this.writeError = new StreamError(s === 'reset' || s === 'aborted' ? 'stream_reset' : 'stream_closed', `write failed: ${(e as Error).message}`, { cause: e });
-      throw this.writeError;
+      flushed?.reject(e);
+      throw e;
     }
+    flushed?.resolve();
   }
 
   /** Flushes when the cork is full, then waits while the stream asks for a drain. */

@@ -37,9 +37,18 @@ export interface InferRequest {
   signal: AbortSignal;
 }
 
+/** Options of InferResponse.data (the same shape as the libp2p response writer's). */
+export interface DataOptions {
+  /** Resolve only once the bytes were handed to the transport, not when they are queued. */
+  sent?: boolean;
+}
+
+const SENT: DataOptions = { sent: true };
+
 export interface InferResponse {
   head(h: { status: number; headers: Record<string, string> }): Promise<void>;
-  data(bytes: Uint8Array): Promise<void>;
+  /** With `sent`, resolves only once the bytes were handed to the transport (billed bytes: see response-writer.ts). */
+  data(bytes: Uint8Array, opts?: DataOptions): Promise<void>;
   trailer(t: Record<string, unknown>): Promise<void>;
 }
 
@@ -97,7 +106,7 @@ export class InferService {
     const started = this.now();
     await this.handleRequest(req, {
       head: (h) => ((status = h.status), res.head(h)),
-      data: (b) => res.data(b),
+      data: (b, o) => res.data(b, o),
       trailer: (t) => {
         const e = t.error as { code?: string } | undefined;
         code = e?.code;
@@ -303,9 +312,9 @@ export class InferService {
     }
     const hash = crypto.createHash('sha256');
     const delivery = watchDelivery(res);
-    const send = async (bytes: Uint8Array | undefined) => {
+    const send = async (bytes: Uint8Array | undefined, opts?: DataOptions) => {
       if (!bytes) return;
-      await delivery.res.data(bytes);
+      await delivery.res.data(bytes, opts);
       hash.update(bytes);
     };
     const created = Math.floor(started / 1000);
@@ -315,7 +324,9 @@ export class InferService {
     const rstream = p.stream && responses ? new ResponsesStream(ticket.request_id, model.id, created) : undefined;
     let firstToken: number | null = null;
     let generated = 0;
-    const events = new Coalescer(send);
+    // Streamed tokens count as delivered (billed, hashed) once their bytes were handed to the stream,
+    // not when they were queued behind its cork: a buyer who resets meanwhile never got them.
+    const events = new Coalescer((bytes) => send(bytes, SENT));
     let text = '';
     let status: ReceiptStatus = 'completed';
     let result: GenerationResult | undefined;
@@ -493,7 +504,7 @@ function watchDelivery(res: InferResponse): { res: InferResponse; readonly faile
     throw e;
   };
   return {
-    res: { head: (h) => res.head(h).catch(refused), data: (b) => res.data(b).catch(refused), trailer: (t) => res.trailer(t) },
+    res: { head: (h) => res.head(h).catch(refused), data: (b, o) => res.data(b, o).catch(refused), trailer: (t) => res.trailer(t) },
     get failed() {
       return failed;
     },
