@@ -116,6 +116,47 @@ export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
   return ok(env as unknown as DsseEnvelope);
 }
 
+// The canonical one-signature envelope line (envelopeLine), piece by piece.
+const LINE_HEAD = '{"payload":"';
+const LINE_TYPE = '","payloadType":"';
+const LINE_KEYID = '","signatures":[{"keyid":"';
+const LINE_SIG = '","sig":"';
+const LINE_TAIL = '"}]}';
+/** Printable ASCII but `"` and `\`: JSON and JCS write such a string exactly as it is. */
+const PLAIN_STRING = /^[\x20\x21\x23-\x5b\x5d-\x7e]+$/;
+
+/**
+ * Reads a line in exactly envelopeLine's shape (one signature with a keyid) without JSON.parse:
+ * string slices between fixed pieces, payloadType and keyid plain ASCII, no backslash anywhere.
+ * Such a line's strings hold no escapes, so the result is what JSON.parse would give, and the line
+ * is that envelope's canonical serialisation. One difference is left to the caller: a raw control
+ * character inside payload or sig (JSON.parse refuses it) passes here; strict base64 decoding then
+ * refuses it, and the caller asks parseEnvelope for the right error (envelope_not_json). Undefined
+ * for anything else: the caller falls back to parseEnvelope.
+ */
+export function parseEnvelopeLine(text: string): DsseEnvelope | undefined {
+  if (!text.startsWith(LINE_HEAD)) return undefined;
+  const payloadAt = LINE_HEAD.length;
+  const payloadEnd = text.indexOf('"', payloadAt);
+  if (payloadEnd < 0 || !text.startsWith(LINE_TYPE, payloadEnd)) return undefined;
+  const typeAt = payloadEnd + LINE_TYPE.length;
+  const typeEnd = text.indexOf('"', typeAt);
+  if (typeEnd < 0 || !text.startsWith(LINE_KEYID, typeEnd)) return undefined;
+  const keyidAt = typeEnd + LINE_KEYID.length;
+  const keyidEnd = text.indexOf('"', keyidAt);
+  if (keyidEnd < 0 || !text.startsWith(LINE_SIG, keyidEnd)) return undefined;
+  const sigAt = keyidEnd + LINE_SIG.length;
+  const sigEnd = text.indexOf('"', sigAt);
+  if (sigEnd < 0 || sigEnd + LINE_TAIL.length !== text.length || !text.endsWith(LINE_TAIL)) return undefined;
+  const payloadType = text.slice(typeAt, typeEnd);
+  const keyid = text.slice(keyidAt, keyidEnd);
+  if (!PLAIN_STRING.test(payloadType) || !PLAIN_STRING.test(keyid)) return undefined;
+  const payload = text.slice(payloadAt, payloadEnd);
+  const sig = text.slice(sigAt, sigEnd);
+  if (payload.includes('\\') || sig.includes('\\')) return undefined;
+  return { payload, payloadType, signatures: [{ keyid, sig }] };
+}
+
 /** Parses envelope JSON text. Truncated or non-JSON text gets envelope_not_json. */
 export function parseEnvelope(text: string): VerifyResult<DsseEnvelope> {
   let value: unknown;

@@ -1,7 +1,7 @@
 // Verifying one receipt envelope: signature first, then the exact payload bytes (canonical JSON,
 // every field), then the arithmetic (cost from usage and rates, never above the hold).
 import { copyBytes, fromHex, isHex, toHex, utf8 } from './bytes.ts';
-import { checkEnvelopeShape, parseEnvelope, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey, type DsseSignature } from './dsse.ts';
+import { checkEnvelopeShape, parseEnvelope, parseEnvelopeLine, serializeEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey, type DsseSignature } from './dsse.ts';
 import { peekPayload, readPayload } from './signed-payload.ts';
 import { sha256Hex } from './hash.ts';
 import { leafHash } from './merkle.ts';
@@ -61,11 +61,24 @@ function providerKey(p: string | Uint8Array): ProviderKey | undefined {
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
   const pk = providerKey(opts.provider);
   if (!pk) return fail('unknown_key', 'provider must be 64 lowercase hex characters or a 32-byte key');
-  const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
-  if (!shaped.ok) return shaped;
-  const env = shaped.value;
+  // A log line in the canonical one-signature shape is read without JSON.parse (see parseEnvelopeLine).
+  const line = typeof envelope === 'string' ? parseEnvelopeLine(envelope) : undefined;
+  let env: DsseEnvelope;
+  if (line) env = line;
+  else {
+    const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
+    if (!shaped.ok) return shaped;
+    env = shaped.value;
+  }
   const verified = verifyEnvelope(env, { payloadType: RECEIPT_PAYLOAD_TYPE, keys: pk.keys });
-  if (!verified.ok) return verified;
+  if (!verified.ok) {
+    // A raw control character in the payload or signature fails base64 here, but it is not JSON at all.
+    if (line && (verified.error.code === 'payload_not_base64' || verified.error.code === 'signature_malformed')) {
+      const shaped = parseEnvelope(envelope as string);
+      if (!shaped.ok) return shaped;
+    }
+    return verified;
+  }
   const payloadBytes = verified.value.payload;
   const read = readPayload(payloadBytes, validateReceiptPayload, 'receipt');
   if (!read.ok) return read;
@@ -80,12 +93,13 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   }
   const out: VerifiedReceipt = { payload, payloadBytes, envelope: env, signature: verified.value.signature };
   if (opts.chain) {
-    const line = serializeEnvelope(env);
-    if (typeof envelope === 'string' && envelope !== line) {
+    // A line that parseEnvelopeLine read (and that verified) is already its envelope's canonical JSON.
+    const canonical = line ? (envelope as string) : serializeEnvelope(env);
+    if (typeof envelope === 'string' && envelope !== canonical) {
       return fail('envelope_not_canonical', 'the line is not the canonical JSON of its envelope (the bytes the Merkle leaf commits to)', { seq });
     }
     out.payloadSha256 = sha256Hex(payloadBytes);
-    out.leafHash = leafHash(utf8(line));
+    out.leafHash = leafHash(utf8(canonical));
   }
   return ok(out);
 }
