@@ -119,6 +119,7 @@ describe('RequestRecords', () => {
     expect(r.size).toBe(3);
     expect(r.get('unsaved')).toMatchObject({ status: 'in_progress' });
     expect(r.get('s1')).toMatchObject({ status: 'in_progress' }); // evicted from memory, read from the file
+    expect(['unsaved', 's1', 's2', 's3'].filter((id) => r.inMemory(id))).toEqual(['unsaved', 's2', 's3']);
     expect(r.unsavedDropped).toBe(0);
     r.close();
   });

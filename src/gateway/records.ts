@@ -123,6 +123,11 @@ export class RequestRecords {
     );
   }
 
+  /** Whether the record is held in memory (not only in the file). */
+  inMemory(id: string): boolean {
+    return this.map.has(id);
+  }
+
   /** The record, from memory or the file. A file that cannot be read is reported and counts as a miss. */
   get(id: string): RequestRecord | undefined {
     const hit = this.map.get(id);
