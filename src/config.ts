@@ -7,6 +7,7 @@
 // YAML scalars; lists and objects (listen, models, marketplace__public_keys) take YAML/JSON text.
 import fs from 'node:fs';
 import path from 'node:path';
+import { multiaddr } from '@multiformats/multiaddr';
 import YAML from 'yaml';
 import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
@@ -16,9 +17,11 @@ import { parseHostPort } from './host-port.ts';
 export class ConfigError extends Error {
   override name = 'ConfigError';
   readonly key: string;
+  readonly problem: string;
   constructor(key: string, problem: string) {
     super(key ? `config: ${key}: ${problem}` : `config: ${problem}`);
     this.key = key;
+    this.problem = problem;
   }
 }
 
@@ -107,15 +110,23 @@ export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv =
   if (doc.errors.length) throw new ConfigError('', `not valid YAML: ${doc.errors[0]!.message.split('\n')[0]}`);
   const raw = (doc.toJS() ?? {}) as unknown;
   if (!isObject(raw)) throw new ConfigError('', 'the file must hold a YAML mapping');
-  applyEnv(raw, env);
-  return validate(raw, base);
+  const fromEnv = applyEnv(raw, env);
+  try {
+    return validate(raw, base);
+  } catch (e) {
+    // A value that came from the environment is not in the file: say where it came from.
+    const name = e instanceof ConfigError ? [...fromEnv].find(([k]) => e.key === k || e.key.startsWith(`${k}.`) || e.key.startsWith(`${k}[`))?.[1] : undefined;
+    throw name === undefined ? e : new ConfigError((e as ConfigError).key, `${(e as ConfigError).problem} (from environment variable ${name})`);
+  }
 }
 
 function isObject(v: unknown): v is Raw {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
 }
 
-function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): void {
+/** Applies the overrides; returns the keys they set (dotted) and the variables that set them. */
+function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): Map<string, string> {
+  const applied = new Map<string, string>();
   for (const [name, value] of Object.entries(env)) {
     if (!name.startsWith('SELLER_NODE_') || value === undefined) continue;
     const keys = name.slice('SELLER_NODE_'.length).toLowerCase().split('__');
@@ -135,7 +146,9 @@ function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): void {
       node = node[k] as Raw;
     }
     node[keys.at(-1)!] = parsed;
+    applied.set(keys.join('.'), name);
   }
+  return applied;
 }
 
 function only(o: Raw, where: string, allowed: readonly string[]): void {
@@ -161,6 +174,28 @@ function usdRate(v: unknown, key: string): bigint {
   return micro;
 }
 
+/**
+ * A multiaddr the node can listen on, in its canonical text. The node's libp2p host has the TCP
+ * transport only (src/p2p/host.ts), which would drop any other address at start, after the models
+ * loaded: /ip4 or /ip6, then /tcp, nothing more.
+ */
+function tcpListenAddr(v: unknown, key: string): string {
+  const example = 'expected a TCP multiaddr like /ip4/0.0.0.0/tcp/4101 or /ip6/::/tcp/4101';
+  if (typeof v !== 'string' || !v.startsWith('/')) throw new ConfigError(key, example);
+  let parts: { name: string }[];
+  let text: string;
+  try {
+    const ma = multiaddr(v);
+    parts = ma.getComponents();
+    text = ma.toString();
+  } catch (e) {
+    throw new ConfigError(key, `not a multiaddr: ${(e as Error).message} (${example})`);
+  }
+  const names = parts.map((c) => c.name).join('/');
+  if (names !== 'ip4/tcp' && names !== 'ip6/tcp') throw new ConfigError(key, `${text}: the node listens with TCP only: ${example}`);
+  return text;
+}
+
 function validate(raw: Raw, base: string): NodeConfig {
   only(raw, '', Object.keys(DEFAULTS));
   const pick = <T>(k: keyof typeof DEFAULTS): T => (raw[k] === undefined ? DEFAULTS[k] : raw[k]) as T;
@@ -168,9 +203,7 @@ function validate(raw: Raw, base: string): NodeConfig {
 
   const listen = pick<unknown>('listen');
   if (!Array.isArray(listen) || listen.length === 0) throw new ConfigError('listen', 'expected a list of multiaddrs');
-  listen.forEach((a, i) => {
-    if (typeof a !== 'string' || !a.startsWith('/')) throw new ConfigError(`listen[${i}]`, 'expected a multiaddr like /ip4/0.0.0.0/tcp/4101');
-  });
+  const listenAddrs = listen.map((a, i) => tcpListenAddr(a, `listen[${i}]`));
 
   const mp = pick<unknown>('marketplace');
   if (!isObject(mp)) throw new ConfigError('marketplace', 'expected a mapping');
@@ -248,7 +281,7 @@ function validate(raw: Raw, base: string): NodeConfig {
     base,
     key: resolve(str(pick('key'), 'key')),
     data_dir: resolve(str(pick('data_dir'), 'data_dir')),
-    listen: listen as string[],
+    listen: listenAddrs,
     marketplace: { url: url as string | null, public_keys: keys as string[] },
     models: parsedModels,
     ops: { http },

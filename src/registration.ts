@@ -1,8 +1,11 @@
 // The node's side of the marketplace (docs/market-api.md §Providers): register on start, then send
 // the signed capacity snapshot as a heartbeat every interval. While the market is unreachable the
 // node keeps serving (tickets it already holds stay good) and keeps trying: registration with
-// backoff, heartbeats at their interval. A heartbeat answered 404 unknown_provider (the market
-// restarted or forgot us) makes the node register again. Nothing here ever throws into the node.
+// backoff, heartbeats at their interval (a 5xx, 408 or 429 counts as unreachable). A heartbeat the
+// market answers with any other refusal (404 unknown_provider: it restarted or forgot us; 409
+// heartbeat_stale: our clock stepped back; 400, 401, …) means it no longer counts the node as live:
+// the node is not registered until it registers again, which it does at once (a refused
+// registration then backs off). Nothing here ever throws into the node.
 import { normalizeMarketUrl } from './market-url.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import type { AttestationTier } from '../attestation/receipt.ts';
@@ -36,6 +39,8 @@ export interface RegistrationOptions {
   backoff?: { initialMs?: number; maxMs?: number };
   /** Per-request timeout (default 5000 ms). */
   requestTimeoutMs?: number;
+  /** The clock for issued_at and the status times (default Date.now; tests step it back). */
+  now?: () => number;
 }
 
 /** What /status shows of the node's standing with the marketplace (times in ms since the epoch). */
@@ -51,7 +56,7 @@ export interface MarketplaceStatus {
 }
 
 export interface Registration {
-  /** Whether the market accepted the latest registration and has not since answered unknown_provider. */
+  /** Whether the market accepted the latest registration and has not refused a heartbeat since. */
   readonly registered: boolean;
   /** The node's standing with the market, for /status and /readyz. */
   status(): MarketplaceStatus;
@@ -66,19 +71,39 @@ type Outcome =
   /** No answer: connection refused, timeout, a non-JSON reply. */
   | { kind: 'unreachable'; message: string };
 
+/**
+ * Whether a heartbeat refused with this status means the market no longer counts the node: any
+ * 4xx but 408 and 429 (the market slow or shedding load, like a 5xx: keep serving, stay ready,
+ * docs/decisions.md §Readiness). A persistent 400 heartbeat_invalid (clock drift) or 401 would
+ * otherwise leave the node ready while the market stops listing it.
+ */
+function dropsRegistration(status: number): boolean {
+  return status >= 400 && status < 500 && status !== 408 && status !== 429;
+}
+
+/** How the node says why it registers again after a heartbeat refusal (codes, never secrets). */
+function refusalMessage(r: Extract<Outcome, { kind: 'refused' }>): string {
+  if (r.status === 404 && r.code === 'unknown_provider') return 'the marketplace does not know this node; registering again';
+  if (r.code === 'heartbeat_stale') return 'the marketplace took a heartbeat as stale (not newer than what it already took: has the clock stepped back?); registering again';
+  return 'the marketplace refused a heartbeat; registering again';
+}
+
 export function startRegistration(o: RegistrationOptions): Registration {
   const base = normalizeMarketUrl(o.marketUrl);
   const log = o.logger;
   const initialBackoff = o.backoff?.initialMs ?? 500;
   const maxBackoff = Math.max(initialBackoff, o.backoff?.maxMs ?? 10_000);
   const timeoutMs = o.requestTimeoutMs ?? 5_000;
+  const now = o.now ?? Date.now;
   const stopper = new AbortController();
   let registered = false;
   let registeredAt: number | null = null;
   let lastHeartbeatAt: number | null = null;
   let lastError: MarketplaceStatus['last_error'] = null;
+  /** The latest issued_at sent: the next registration's is later, even if the clock stepped back. */
+  let lastIssuedAt = -Infinity;
   const failed = (during: 'registration' | 'heartbeat', r: Exclude<Outcome, { kind: 'ok' }>) => {
-    lastError = { at: Date.now(), during, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message.slice(0, 500) };
+    lastError = { at: now(), during, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message.slice(0, 500) };
   };
 
   const sleep = (ms: number) =>
@@ -131,7 +156,10 @@ export function startRegistration(o: RegistrationOptions): Registration {
       price_list: o.priceList.envelope,
       models: o.models,
       attestation_tier: o.tier,
-      issued_at: Date.now(),
+      // The market refuses a registration older than the one in force and answers the same
+      // issued_at as a replay that changes nothing: after the clock stepped back, a registration
+      // stamped with it would not supersede the last one (docs/market-api.md §Providers).
+      issued_at: (lastIssuedAt = Math.max(now(), lastIssuedAt + 1)),
     };
     return signRegistration(o.seed, payload);
   }
@@ -141,6 +169,10 @@ export function startRegistration(o: RegistrationOptions): Registration {
     let interval = o.intervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
     let attempts = 0;
     let heartbeatFailing = false;
+    // Heartbeats refused since the last one accepted: the first refusal (and the registration
+    // after it) is logged at its level, the same refusal again at debug.
+    let refusals = 0;
+    let refusedCode = '';
     while (!stopper.signal.aborted) {
       try {
         if (!registered) {
@@ -149,11 +181,11 @@ export function startRegistration(o: RegistrationOptions): Registration {
           if (stopper.signal.aborted) break;
           if (r.kind === 'ok') {
             registered = true;
-            registeredAt = Date.now();
+            registeredAt = now();
             lastError = null;
             const told = r.body.heartbeat_interval_ms;
             interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? Math.min(told, MAX_HEARTBEAT_INTERVAL_MS) : DEFAULT_HEARTBEAT_INTERVAL_MS);
-            log?.info({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
+            log?.[refusals > 1 ? 'debug' : 'info']({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
             attempts = 0;
             backoff = initialBackoff;
             heartbeatFailing = false;
@@ -171,15 +203,23 @@ export function startRegistration(o: RegistrationOptions): Registration {
         }
         const r = await post('/v1/providers/heartbeat', o.capacity());
         if (stopper.signal.aborted) break;
-        if (r.kind === 'refused' && r.status === 404 && r.code === 'unknown_provider') {
+        if (r.kind === 'refused' && dropsRegistration(r.status)) {
+          // Not live at the market any more (or soon): not ready until it takes a registration
+          // again. Registering at once is paced by the heartbeat interval when the market accepts
+          // it, and by the backoff when it refuses it too.
           registered = false;
           failed('heartbeat', r);
-          log?.info({ market: base, reason: r.message }, 'the marketplace does not know this node; registering again');
+          refusals++;
+          const again = refusals > 1 && r.code === refusedCode;
+          refusedCode = r.code;
+          const level = again ? 'debug' : r.status === 404 && r.code === 'unknown_provider' ? 'info' : 'warn';
+          log?.[level]({ market: base, status: r.status, code: r.code, reason: r.message }, refusalMessage(r));
           continue;
         }
         if (r.kind === 'ok') {
-          lastHeartbeatAt = Date.now();
+          lastHeartbeatAt = now();
           lastError = null;
+          refusals = 0;
           if (heartbeatFailing) log?.info({ market: base }, 'marketplace reachable again');
           heartbeatFailing = false;
         } else {
@@ -191,7 +231,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
       } catch (e) {
         // A bug or a failing snapshot/signing callback: never take the node down for it.
         log?.error({ market: base, reason: (e as Error)?.message }, 'marketplace registration loop error');
-        lastError = { at: Date.now(), during: registered ? 'heartbeat' : 'registration', reason: `internal error: ${String((e as Error)?.message ?? e).slice(0, 300)}` };
+        lastError = { at: now(), during: registered ? 'heartbeat' : 'registration', reason: `internal error: ${String((e as Error)?.message ?? e).slice(0, 300)}` };
         await sleep(maxBackoff);
       }
     }

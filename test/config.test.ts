@@ -82,6 +82,35 @@ describe('config', () => {
     expect(refused(text).key).toBe(key);
   });
 
+  test('listen: each entry is parsed as a multiaddr the TCP transport can listen on, refused naming its index', () => {
+    expect(parseConfig('listen: [/ip4/127.0.0.1/tcp/0, /ip6/::1/tcp/4101/]', base).listen).toEqual(['/ip4/127.0.0.1/tcp/0', '/ip6/::1/tcp/4101']);
+    expect(refused('listen: [/foo/bar]')).toEqual({ key: 'listen[0]', message: 'config: listen[0]: not a multiaddr: Protocol foo was unknown (expected a TCP multiaddr like /ip4/0.0.0.0/tcp/4101 or /ip6/::/tcp/4101)' });
+    expect(refused('listen: [/ip4/127.0.0.1/tcp/0, /ip4/1.2.3.4/udp/1]')).toEqual({ key: 'listen[1]', message: 'config: listen[1]: /ip4/1.2.3.4/udp/1: the node listens with TCP only: expected a TCP multiaddr like /ip4/0.0.0.0/tcp/4101 or /ip6/::/tcp/4101' });
+    expect(refused('listen: [/ip4/300.1.1.1/tcp/1]').message).toMatch(/^config: listen\[0\]: not a multiaddr: Invalid IPv4 address "300\.1\.1\.1"/);
+    expect(refused('listen: [/ip4/1.2.3.4/tcp/70000]').message).toMatch(/^config: listen\[0\]: not a multiaddr: .*65535/);
+  });
+
+  test.each([
+    ['/foo/bar'],
+    ['/ip4/1.2.3.4/udp/1'],
+    ['/ip4/1.2.3.4'],
+    ['/ip4/1.2.3.4/tcp'],
+    ['/ip4/1.2.3.4/tcp/1/ws'],
+    ['/dns4/localhost/tcp/1'],
+    ['/unix/tmp%2Fnode.sock'],
+    ['/'],
+  ])('listen entry %s is refused (file and environment alike)', (addr) => {
+    expect(refused(`listen: ["/ip4/127.0.0.1/tcp/0", "${addr}"]`).key).toBe('listen[1]');
+    const env = refused('', { SELLER_NODE_LISTEN: JSON.stringify([addr]) });
+    expect(env.key).toBe('listen[0]');
+    expect(env.message).toMatch(/\(from environment variable SELLER_NODE_LISTEN\)$/);
+  });
+
+  test('a value from the environment that is refused names its variable; one from the file does not', () => {
+    expect(refused('', { SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY: '0' }).message).toBe('config: receipts.checkpoint_every: expected a whole number from 1 to 10000000 (from environment variable SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY)');
+    expect(refused('receipts: { checkpoint_every: 0 }', { SELLER_NODE_LOG_LEVEL: 'debug' }).message).toBe('config: receipts.checkpoint_every: expected a whole number from 1 to 10000000');
+  });
+
   test('broken YAML, duplicate keys and non-mappings are refused', () => {
     expect(refused('a: [1\n').message).toMatch(/not valid YAML/);
     expect(refused('log_level: info\nlog_level: debug\n').message).toMatch(/not valid YAML/);

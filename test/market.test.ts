@@ -7,67 +7,19 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { fromBase64, toBase64, toHex, utf8 } from '../attestation/bytes.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
 import { serializeEnvelope, signEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
-import { signPriceList } from '../attestation/price-list.ts';
 import { RECEIPT_PAYLOAD_TYPE } from '../attestation/receipt.ts';
 import { verifyTicket } from '../attestation/ticket-verify.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
-import { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel, type RegistrationPayload } from '../src/market/registration-payload.ts';
+import { REGISTRATION_PAYLOAD_TYPE } from '../src/market/registration-payload.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
-import { signCapacity } from '../src/p2p/capacity-protocol.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
-import { signTicket, testKey, ticketPayload, type TestKey } from './helpers/receipts.ts';
+import { PAID_ENDPOINTS } from '../src/gateway/tickets.ts';
+import { call, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';
 
 const marketKey = testKey();
-const TINY: RegisteredModel = { id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1000 };
-const TINY_PRICE = { model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' };
-
-interface Provider {
-  key: TestKey;
-  peerId: string;
-  prices: ReturnType<typeof signPriceList>;
-  models: RegisteredModel[];
-}
-
-function provider(opts: { key?: TestKey; models?: RegisteredModel[]; prices?: (typeof TINY_PRICE)[] } = {}): Provider {
-  const key = opts.key ?? testKey();
-  return { key, peerId: peerIdFromSeed(key.seed).toString(), prices: signPriceList(key.seed, key.id, opts.prices ?? [TINY_PRICE]), models: opts.models ?? [TINY] };
-}
-
-function registration(p: Provider, over: Partial<Record<keyof RegistrationPayload, unknown>> = {}, signer: TestKey = p.key): DsseEnvelope {
-  const payload = {
-    v: 1,
-    provider: p.key.id,
-    peer_id: p.peerId,
-    addresses: ['/ip4/127.0.0.1/tcp/4101'],
-    price_version: p.prices.payload.version,
-    price_list: p.prices.envelope,
-    models: p.models,
-    attestation_tier: 'T1',
-    issued_at: Date.now(),
-    ...over,
-  };
-  return signEnvelope(REGISTRATION_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: p.key.id, seed: signer.seed });
-}
-
-function heartbeatOf(p: Provider, over: { accepting?: boolean; free_slots?: number; price_version?: string; at?: number } = {}): DsseEnvelope {
-  return signCapacity(
-    { seed: p.key.seed, providerId: p.key.id },
-    {
-      price_version: over.price_version ?? p.prices.payload.version,
-      attestation_tier: 'T1',
-      accepting: over.accepting ?? true,
-      models: p.models.map((m) => ({ id: m.id, context: m.context, quantization: m.quantization, tokens_per_second: m.tokens_per_second, slots: m.slots, free_slots: over.free_slots ?? m.slots, queued: 0, queue_limit: 4 })),
-    },
-    over.at,
-  );
-}
-
-async function call(base: string, method: string, path: string, body?: unknown): Promise<{ status: number; body: any }> {
-  const res = await fetch(base + path, { method, ...(body === undefined ? {} : { headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }) });
-  return { status: res.status, body: await res.json() };
-}
 
 const sha = (b: Uint8Array | string) => toHex(crypto.createHash('sha256').update(b).digest());
 
@@ -207,15 +159,48 @@ describe('heartbeat', () => {
     expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { at: Date.now() + 10 * 60_000 }))).body.error).toMatchObject({ code: 'heartbeat_invalid', message: expect.stringMatching(/^at: .*5 minutes/) });
   });
 
-  test('a snapshot from before the registration in force neither refreshes liveness nor replaces the capacity', async () => {
+  test('a snapshot from before the registration in force is 409 heartbeat_stale, and neither refreshes liveness nor replaces the capacity', async () => {
     const p = provider();
     const now = Date.now();
     const old = heartbeatOf(p, { at: now - 60_000, accepting: true });
     expect((await post('/v1/providers/register', registration(p, { issued_at: now }))).status).toBe(200);
     const seen = market.store.providers.get(p.key.id)!.last_seen;
-    expect((await post('/v1/providers/heartbeat', old)).status).toBe(200);
+    expect(await post('/v1/providers/heartbeat', old)).toMatchObject({ status: 409, body: { error: { code: 'heartbeat_stale', message: expect.stringMatching(/^at: \d+ is older than the registration in force/) } } });
     expect(market.store.providers.get(p.key.id)!.capacity).toBeUndefined();
     expect(market.store.providers.get(p.key.id)!.last_seen).toBe(seen);
+  });
+
+  test('after the node\'s clock steps back, its heartbeats are 409 heartbeat_stale (not a silent 200); a registration with a later issued_at makes them count again', async () => {
+    // A market clock of its own, so liveness can be read at chosen times.
+    let clock = Date.now();
+    const m = createMarket({ seed: marketKey.seed, heartbeatIntervalMs: 1000, now: () => clock });
+    const base = (await m.listen()).url;
+    try {
+      const p = provider();
+      const t0 = clock;
+      const listed = async () => ((await call(base, 'GET', '/v1/providers')).body as any[]).find((x) => x.provider === p.key.id);
+      expect((await call(base, 'POST', '/v1/providers/register', registration(p, { issued_at: t0 }))).status).toBe(200);
+      clock = t0 + 10_000;
+      expect(await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { at: t0 + 10_000, free_slots: 0 }))).toEqual({ status: 200, body: { ok: true } });
+      // The node's clock steps back 4 s: its next snapshots are older than the one accepted.
+      clock = t0 + 11_000;
+      for (const at of [t0 + 7_000, t0 + 10_000]) {
+        const r = await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { at, free_slots: 1 }));
+        expect(r, String(at - t0)).toMatchObject({ status: 409, body: { error: { code: 'heartbeat_stale', message: expect.stringMatching(/^at: \d+ is not newer than the last accepted snapshot \(at \d+\)/) } } });
+      }
+      expect(m.store.providers.get(p.key.id)!.capacity).toMatchObject({ at: t0 + 10_000, models: [{ id: 'tiny/llama', free_slots: 0 }] });
+      clock = t0 + 14_000; // more than 3 intervals after the last accepted heartbeat
+      expect((await listed()).live).toBe(false);
+      // It registers again (issued_at from its stepped-back clock, still later than the first) and its heartbeats count.
+      expect((await call(base, 'POST', '/v1/providers/register', registration(p, { issued_at: t0 + 8_000 }))).status).toBe(200);
+      expect(await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { at: t0 + 9_000, free_slots: 1 }))).toEqual({ status: 200, body: { ok: true } });
+      expect(m.store.providers.get(p.key.id)!.capacity).toMatchObject({ at: t0 + 9_000, models: [{ id: 'tiny/llama', free_slots: 1 }] });
+      clock = t0 + 16_000;
+      expect(await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { at: t0 + 11_000 }))).toEqual({ status: 200, body: { ok: true } });
+      expect(await listed()).toMatchObject({ live: true, last_seen: t0 + 16_000 });
+    } finally {
+      await m.close();
+    }
   });
 });
 
@@ -296,6 +281,18 @@ describe('tickets', () => {
       expect(r.body.error.code).toBe('invalid_request');
       expect(r.body.error.message).toMatch(message);
     }
+  });
+
+  test('an endpoint nodes take no ticket for is 400 invalid_request naming `endpoint`, and nothing is held', async () => {
+    const held = m.store.outstandingTickets(Date.now());
+    for (const endpoint of ['nope', 'tokenize', 'count_tokens', 'images/generations', 'chat/completions/x']) {
+      const r = await ask({ endpoint });
+      expect(r, endpoint).toMatchObject({ status: 400, body: { error: { code: 'invalid_request', message: expect.stringMatching(/^endpoint: ".*" is not one nodes take tickets for \(chat\/completions, completions, responses, embeddings\)$/) } } });
+    }
+    expect(m.store.outstandingTickets(Date.now())).toBe(held);
+    // Every endpoint the gateway pays for is one the market tickets.
+    for (const endpoint of PAID_ENDPOINTS) expect((await ask({ endpoint })).status, endpoint).toBe(200);
+    expect(m.store.outstandingTickets(Date.now())).toBe(held + PAID_ENDPOINTS.length);
   });
 
   test('a provider silent for more than 3 heartbeat intervals is not live: 503 no_provider', async () => {

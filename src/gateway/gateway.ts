@@ -27,6 +27,7 @@ import { fastify, type FastifyError, type FastifyInstance } from 'fastify';
 import { createHost, type Host } from '../p2p/host.ts';
 import { MAX_REQUEST_BODY } from '../serve/contract.ts';
 import { closeHttp } from '../http-close.ts';
+import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
 import { settledWithin } from '../settled-within.ts';
 import { stopStep } from '../stop-step.ts';
 import { registerCatalogRoutes } from './catalog-routes.ts';
@@ -125,6 +126,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     bodyLimit: MAX_REQUEST_BODY,
     genReqId: () => `req-${crypto.randomUUID()}`,
     return503OnClosing: true,
+    // The spec's envelope also for requests that reach no route: a URL that does not decode
+    // (fastify's frameworkErrors bypass the error handler below) and HTTP that does not parse.
+    frameworkErrors: (err, req, reply) => frameworkErrorReply(err, reply.header('x-request-id', req.id), 'invalid_request', errorBody),
+    clientErrorHandler: clientErrorHandler('invalid_request', errorBody),
+    // A request id is up to 128 characters (REQUEST_ID_RE); the router's default (100) would answer
+    // GET /v1/requests/{id} of a longer one 414 before the route could.
+    routerOptions: { maxParamLength: 256 },
   });
 
   // The exact body bytes for every content type: the ticket binds their SHA-256, so nothing may

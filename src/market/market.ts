@@ -1,13 +1,18 @@
 // The development marketplace (`seller-node market`, docs/market-api.md): a fastify app with its
 // own Ed25519 key that verifies registrations, issues tickets and collects receipts. State lives
-// in memory; it is a tool for development and tests, not a production marketplace.
+// in memory, within bounds (MarketLimits: providers, outstanding and remembered tickets, receipt
+// records); it is a tool for development and tests, not a production marketplace.
 import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import { toHex } from '../../attestation/bytes.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { registerRoutes } from './routes.ts';
-import { MarketStore } from './store.ts';
+import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
 import { closeHttp } from '../http-close.ts';
+import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { errorBody } from './errors.ts';
+
+export { DEFAULT_MARKET_LIMITS, type MarketLimits } from './store.ts';
 
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
 
@@ -24,6 +29,8 @@ export interface MarketOptions {
   heartbeatIntervalMs?: number;
   /** Pino logger; without one the market logs nothing. */
   logger?: FastifyBaseLogger;
+  /** Bounds on what the market keeps in memory (providers, tickets, receipts); each defaults as DEFAULT_MARKET_LIMITS says. */
+  limits?: Partial<MarketLimits>;
 }
 
 export interface Market {
@@ -46,7 +53,7 @@ export function createMarket(opts: MarketOptions): Market {
   const heartbeatIntervalMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
   if (!Number.isSafeInteger(heartbeatIntervalMs) || heartbeatIntervalMs < 1) throw new RangeError('market: heartbeatIntervalMs must be a positive integer');
   const publicKey = toHex(ed25519PublicKey(opts.seed));
-  const store = new MarketStore();
+  const store = new MarketStore(marketLimits(opts.limits));
   const app: FastifyInstance = fastify({
     ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
     logController: new LogController({ disableRequestLogging: true }),
@@ -54,6 +61,13 @@ export function createMarket(opts: MarketOptions): Market {
     return503OnClosing: true,
     // Bodies are checked as sent: no type coercion, nothing silently removed or defaulted.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
+    // docs/market-api.md promises {error: {code, message}} for every error, also for requests that
+    // reach no route: a URL that does not decode, HTTP that does not parse.
+    frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'invalid_request', errorBody),
+    // A request id is up to 128 characters (the ticket's limit); the router's default (100) would
+    // answer a lookup of a longer one 414 before the route could.
+    routerOptions: { maxParamLength: 256 },
+    clientErrorHandler: clientErrorHandler('invalid_request', errorBody, () => app.log),
   });
   registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now: opts.now ?? Date.now, heartbeatIntervalMs });
 

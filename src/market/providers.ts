@@ -12,7 +12,7 @@ import { peerIdFromProviderId } from '../p2p/peer-id.ts';
 import { validateCapacitySnapshot } from './capacity.ts';
 import { MarketError } from './errors.ts';
 import { REGISTRATION_PAYLOAD_TYPE, validateRegistrationPayload, type RegistrationPayload } from './registration-payload.ts';
-import type { MarketStore, ProviderRecord } from './store.ts';
+import type { HeldCapacity, MarketStore, ProviderRecord } from './store.ts';
 import { ratesToWire } from '../../attestation/receipt.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
 
@@ -114,20 +114,20 @@ export function register(store: MarketStore, body: unknown, now: number): Provid
     price_version: p.price_version,
     attestation_tier: p.attestation_tier,
     rates,
-    price_list: p.price_list,
     issued_at: p.issued_at,
     registered_at: now,
     last_seen: now,
     last_ticket_at: old?.last_ticket_at ?? 0,
   };
-  store.providers.set(p.provider, record);
+  store.putProvider(record, now); // 503 too_many_providers when the market's bounds leave no room
   return record;
 }
 
 /**
  * Takes a heartbeat (a signed capacity snapshot). 404 unknown_provider when the provider is not
- * registered here, or registered under another price version (it restarted with new prices): the
- * node then registers again.
+ * registered here, or registered under another price version (it restarted with new prices), and
+ * 409 heartbeat_stale when the snapshot is not newer than the last accepted one or older than the
+ * registration in force: the node then registers again.
  */
 export function heartbeat(store: MarketStore, body: unknown, now: number): ProviderRecord {
   const code = 'heartbeat_invalid';
@@ -144,12 +144,35 @@ export function heartbeat(store: MarketStore, body: unknown, now: number): Provi
   // able to register and then have every heartbeat refused.
   if (Math.abs(now - snap.at) > MAX_CLOCK_DIFFERENCE_MS) throw new MarketError(400, code, `at: ${snap.at} is more than 5 minutes from the market's clock (${now})`);
   // A replayed or reordered older snapshot, or one from before the registration in force, neither
-  // refreshes liveness nor replaces a newer one.
-  if (snap.at >= record.issued_at && (!record.capacity || snap.at > record.capacity.at)) {
-    record.capacity = snap;
-    record.last_seen = now;
+  // refreshes liveness nor replaces a newer one, and is refused as such (409 heartbeat_stale): a
+  // node whose clock stepped back would otherwise be told all is well while the market stops
+  // listing it live. The node registers again, with a later issued_at, and its heartbeats count.
+  if (snap.at < record.issued_at) {
+    throw new MarketError(409, 'heartbeat_stale', `at: ${snap.at} is older than the registration in force (issued_at ${record.issued_at}): not applied; register again`);
   }
+  if (record.capacity && snap.at <= record.capacity.at) {
+    throw new MarketError(409, 'heartbeat_stale', `at: ${snap.at} is not newer than the last accepted snapshot (at ${record.capacity.at}): not applied; register again`);
+  }
+  record.capacity = heldCapacity(record, snap);
+  record.last_seen = now;
   return record;
+}
+
+/**
+ * What the market keeps of a snapshot: `at`, `accepting` and the free slots of the models the
+ * provider registered. The snapshot may carry fields the market does not know and up to 1000
+ * models; keeping it whole would let a heartbeat hold megabytes.
+ */
+function heldCapacity(record: ProviderRecord, snap: CapacitySnapshot): HeldCapacity {
+  const registered = new Map(record.models.map((m) => [m.id, m.id]));
+  const models: HeldCapacity['models'] = [];
+  for (const m of snap.models) {
+    const id = registered.get(m.id);
+    if (id === undefined) continue;
+    registered.delete(id); // the first entry of a model counts, as freeSlots reads it
+    models.push({ id, free_slots: m.free_slots });
+  }
+  return { at: snap.at, accepting: snap.accepting, models };
 }
 
 export function isLive(p: ProviderRecord, now: number, heartbeatIntervalMs: number): boolean {

@@ -2,6 +2,7 @@
 // ticket it names was issued to; that ticket must be one this market issued, the receipt must be
 // for that ticket's request, and its cost within the ticket's hold. Stored once per ticket.
 import { isHex } from '../../attestation/bytes.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { peekPayload } from '../../attestation/signed-payload.ts';
 import { parseEnvelope, serializeEnvelope } from '../../attestation/dsse.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
@@ -45,12 +46,15 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
   // line look like a second, conflicting receipt.
   const canonical = serializeEnvelope({ ...v.value.envelope, signatures: [v.value.signature] });
   const result: CollectedReceipt = { ok: true, request_id: r.request_id, cost_micro_usd: r.cost_micro_usd };
-  const existing = store.receiptForTicket(ticket.ticket_id);
-  if (existing) {
+  // Compared by digest: the ticket remembers which receipt settled it after the record itself is
+  // evicted (MarketLimits.maxReceipts), so a late retry is still never counted twice.
+  const digest = sha256Hex(canonical);
+  const settled = store.settlementOf(ticket.ticket_id);
+  if (settled) {
     // The same receipt again (a retry) is answered as the first time; another receipt for a ticket
     // that already has one means the node signed two receipts for one request.
-    if (existing.receipt === canonical) return { result, duplicate: true };
-    throw new MarketError(409, 'receipt_conflict', `ticket ${ticket.ticket_id} already has a different receipt (seq ${existing.seq})`);
+    if (settled.receipt_sha256 === digest) return { result, duplicate: true };
+    throw new MarketError(409, 'receipt_conflict', `ticket ${ticket.ticket_id} already has a different receipt (seq ${settled.seq})`);
   }
   const record: ReceiptRecord = {
     request_id: r.request_id,
@@ -64,6 +68,6 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
     receipt: canonical,
     received_at: now,
   };
-  store.addReceipt(record);
+  store.addReceipt(record, digest);
   return { result, duplicate: false };
 }

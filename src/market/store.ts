@@ -1,9 +1,9 @@
-// The development market's state: in memory only. A restarted market knows no provider, ticket or
-// receipt; nodes find out from a 404 on their next heartbeat and register again.
-import type { DsseEnvelope } from '../../attestation/dsse.ts';
+// The development market's state: in memory only, within bounds (MarketLimits). A restarted market
+// knows no provider, ticket or receipt; nodes find out from a 404 on their next heartbeat and
+// register again.
 import type { Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
-import type { CapacitySnapshot } from '../p2p/capacity-protocol.ts';
+import { MarketError } from './errors.ts';
 import type { RegisteredModel } from './registration-payload.ts';
 
 export interface ProviderRecord {
@@ -13,18 +13,24 @@ export interface ProviderRecord {
   models: RegisteredModel[];
   price_version: string;
   attestation_tier: AttestationTier;
-  /** Model id → rates, from the verified price list. */
+  /** Model id → rates, from the verified price list (the signed envelope itself is not kept: nothing reads it again). */
   rates: Map<string, Rates>;
-  price_list: DsseEnvelope;
   /** issued_at of the registration in force (an older one does not replace it). */
   issued_at: number;
   registered_at: number;
   /** Market time of the last registration or accepted heartbeat. */
   last_seen: number;
-  /** The latest heartbeat's snapshot, and its own `at`. */
-  capacity?: CapacitySnapshot;
+  /** What the market routes on from the latest accepted heartbeat (its own `at`), not the whole snapshot. */
+  capacity?: HeldCapacity;
   /** Market time of the last ticket issued to this provider (spreads ties). */
   last_ticket_at: number;
+}
+
+/** The part of a heartbeat's snapshot the market keeps: free slots of the registered models only. */
+export interface HeldCapacity {
+  at: number;
+  accepting: boolean;
+  models: { id: string; free_slots: number }[];
 }
 
 export interface IssuedTicket {
@@ -39,6 +45,8 @@ export interface IssuedTicket {
   hold: bigint;
   issued_at: number;
   expires_at: number;
+  /** Set once a receipt for it is collected: which one (the record itself may be evicted before the ticket). */
+  settled?: { receipt_sha256: string; seq: string };
 }
 
 export interface ReceiptRecord {
@@ -70,18 +78,120 @@ export interface Totals {
 /** Issued tickets are forgotten this long after they expire (a receipt can arrive after expiry). */
 export const TICKET_RETENTION_MS = 60 * 60_000;
 
+/**
+ * What the market keeps in memory at most (MarketOptions.limits; docs/market-api.md §Limits).
+ * Registering needs only a key of one's own and tickets no credentials, so without bounds anyone
+ * could grow the market's memory (and GET /v1/providers) without end.
+ */
+export interface MarketLimits {
+  /** Registered providers (default 1000). A new one beyond it is 503 too_many_providers. */
+  maxProviders: number;
+  /** Model entries summed over the registered providers (default 10,000): bounds GET /v1/providers. */
+  maxProviderModels: number;
+  /** A provider not seen (registration or accepted heartbeat) for this long is dropped to make room for a new one (default 1 h). */
+  staleProviderMs: number;
+  /** Tickets issued, not settled and not expired (default 10,000). Beyond it: 503 too_many_tickets. */
+  maxOutstandingTickets: number;
+  /** Tickets remembered to match receipts, settled and expired ones included (default 100,000; at least maxOutstandingTickets). */
+  maxTickets: number;
+  /** Receipt records kept for GET /v1/receipts (default 20,000); the oldest go first. Totals count every receipt. */
+  maxReceipts: number;
+  /** The same, in bytes of receipt lines (default 64 MiB). */
+  maxReceiptBytes: number;
+}
+
+export const DEFAULT_MARKET_LIMITS: Readonly<MarketLimits> = Object.freeze({
+  maxProviders: 1000,
+  maxProviderModels: 10_000,
+  staleProviderMs: 60 * 60_000,
+  maxOutstandingTickets: 10_000,
+  maxTickets: 100_000,
+  maxReceipts: 20_000,
+  maxReceiptBytes: 64 * 1024 * 1024,
+});
+
+/** The defaults with `over` applied; throws RangeError naming the limit that is not a positive integer. */
+export function marketLimits(over: Partial<MarketLimits> = {}): MarketLimits {
+  const limits: MarketLimits = { ...DEFAULT_MARKET_LIMITS };
+  for (const [key, value] of Object.entries(over) as [keyof MarketLimits, unknown][]) {
+    if (!Object.hasOwn(DEFAULT_MARKET_LIMITS, key)) throw new RangeError(`market: limits.${String(key)} is not a limit (${Object.keys(DEFAULT_MARKET_LIMITS).join(', ')})`);
+    if (value === undefined) continue;
+    if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) throw new RangeError(`market: limits.${key} must be a positive integer, got ${String(value)}`);
+    limits[key] = value;
+  }
+  if (limits.maxTickets < limits.maxOutstandingTickets) throw new RangeError(`market: limits.maxTickets (${limits.maxTickets}) must be at least limits.maxOutstandingTickets (${limits.maxOutstandingTickets})`);
+  return limits;
+}
+
 export class MarketStore {
+  readonly limits: MarketLimits;
+  /** Read freely; change only through putProvider, which keeps the bounds. */
   readonly providers = new Map<string, ProviderRecord>();
+  /** Model entries over every registered provider. */
+  private providerModels = 0;
   private readonly tickets = new Map<string, IssuedTicket>();
+  /** Tickets not known to be settled or expired, in issue order (expired ones leave lazily). */
+  private readonly unsettled = new Set<string>();
+  /** Receipt records by ticket id, in collection order. */
   private readonly receipts = new Map<string, ReceiptRecord>();
+  private receiptBytes = 0;
   private readonly byRequest = new Map<string, string[]>();
   private readonly total: Tally = { receipts: 0, cost: 0n };
   private readonly byProvider = new Map<string, Tally>();
   private readonly byModel = new Map<string, Tally>();
   private lastPrune = 0;
 
+  constructor(limits: MarketLimits = marketLimits()) {
+    this.limits = limits;
+  }
+
+  /**
+   * Adds a provider or replaces its record. When the new record does not fit the bounds, providers
+   * not seen for staleProviderMs are dropped first (a dropped node is told unknown_provider on its
+   * next heartbeat and registers again); if it still does not fit, 503 too_many_providers.
+   */
+  putProvider(record: ProviderRecord, now: number): void {
+    const { maxProviders, maxProviderModels, staleProviderMs } = this.limits;
+    const old = this.providers.get(record.provider);
+    const models = () => this.providerModels - (old?.models.length ?? 0) + record.models.length;
+    const fits = () => (old !== undefined || this.providers.size < maxProviders) && models() <= maxProviderModels;
+    if (!fits()) {
+      for (const p of this.providers.values()) {
+        if (p.provider !== record.provider && now - p.last_seen > staleProviderMs) this.dropProvider(p);
+      }
+    }
+    if (!fits()) {
+      const why = old === undefined && this.providers.size >= maxProviders
+        ? `the market already lists ${this.providers.size} providers, its limit`
+        : `this registration would bring the registered models to ${models()}, over the market's limit of ${maxProviderModels}`;
+      throw new MarketError(503, 'too_many_providers', `${why}, and none has been silent for over ${Math.round(staleProviderMs / 60_000)} min to make room: try again later`);
+    }
+    this.providers.set(record.provider, record);
+    this.providerModels = models();
+  }
+
+  private dropProvider(p: ProviderRecord): void {
+    this.providers.delete(p.provider);
+    this.providerModels -= p.models.length;
+  }
+
+  /** Tickets issued, not settled, not yet expired. */
+  outstandingTickets(now: number): number {
+    // Issue order is expiry order (one lifetime for all), so the expired are at the front; settled
+    // ones anywhere were removed when their receipt came. (Should the clock step back, a few
+    // expired ones may be counted until those before them expire: an over-count, never an under-count.)
+    for (const id of this.unsettled) {
+      const t = this.tickets.get(id);
+      if (t && t.settled === undefined && t.expires_at >= now) break;
+      this.unsettled.delete(id);
+    }
+    return this.unsettled.size;
+  }
+
+  /** Remembers an issued ticket (the caller checked outstandingTickets against the limit first). */
   addTicket(t: IssuedTicket, now: number): void {
     this.tickets.set(t.ticket_id, t);
+    this.unsettled.add(t.ticket_id);
     if (now - this.lastPrune > 60_000) {
       this.lastPrune = now;
       // Map iteration is insertion order, so expired tickets come first.
@@ -90,19 +200,39 @@ export class MarketStore {
         this.tickets.delete(id);
       }
     }
+    if (this.tickets.size > this.limits.maxTickets) {
+      // Forget the oldest ticket that is settled or expired: a receipt for it is then
+      // unknown_ticket, never counted twice. Outstanding ones (at most maxOutstandingTickets, no
+      // more than maxTickets) are kept, so one is always found.
+      for (const [id, old] of this.tickets) {
+        if (old.settled !== undefined || old.expires_at < now) {
+          this.tickets.delete(id);
+          break;
+        }
+      }
+    }
   }
 
   ticket(id: string): IssuedTicket | undefined {
     return this.tickets.get(id);
   }
 
-  receiptForTicket(ticketId: string): ReceiptRecord | undefined {
-    return this.receipts.get(ticketId);
+  /** Which receipt settled a ticket (undefined when none yet, or the ticket is forgotten). */
+  settlementOf(ticketId: string): IssuedTicket['settled'] {
+    return this.tickets.get(ticketId)?.settled;
   }
 
-  /** Stores a verified receipt (once per ticket) and counts it in the totals. */
-  addReceipt(r: ReceiptRecord): void {
+  /**
+   * Stores a verified receipt (once per ticket, `receiptSha256` the SHA-256 of its line), marks
+   * its ticket settled and counts it in the totals. Beyond maxReceipts / maxReceiptBytes the oldest
+   * records are dropped from the lists; the totals keep counting them.
+   */
+  addReceipt(r: ReceiptRecord, receiptSha256: string): void {
+    const ticket = this.tickets.get(r.ticket_id);
+    if (ticket) ticket.settled = { receipt_sha256: receiptSha256, seq: r.seq };
+    this.unsettled.delete(r.ticket_id);
     this.receipts.set(r.ticket_id, r);
+    this.receiptBytes += r.receipt.length; // canonical JSON with base64 inside: ASCII, a character a byte
     const ids = this.byRequest.get(r.request_id);
     if (ids) ids.push(r.ticket_id);
     else this.byRequest.set(r.request_id, [r.ticket_id]);
@@ -115,18 +245,32 @@ export class MarketStore {
     bump(undefined, '');
     bump(this.byProvider, r.provider);
     bump(this.byModel, r.model);
+    // The newest record always stays, so a receipt just settled can be read back.
+    while (this.receipts.size > 1 && (this.receipts.size > this.limits.maxReceipts || this.receiptBytes > this.limits.maxReceiptBytes)) this.evictOldestReceipt();
   }
 
-  /** Every collected receipt, in collection order. */
+  private evictOldestReceipt(): void {
+    const [ticketId, old] = this.receipts.entries().next().value!;
+    this.receipts.delete(ticketId);
+    this.receiptBytes -= old.receipt.length;
+    const ids = this.byRequest.get(old.request_id);
+    if (!ids) return;
+    const at = ids.indexOf(ticketId);
+    if (at >= 0) ids.splice(at, 1);
+    if (ids.length === 0) this.byRequest.delete(old.request_id);
+  }
+
+  /** The receipts kept, in collection order. */
   allReceipts(): ReceiptRecord[] {
     return [...this.receipts.values()];
   }
 
-  /** The receipts for a request id (more than one when a request was hedged), first collected first. */
+  /** The receipts kept for a request id (more than one when a request was hedged), first collected first. */
   receiptsForRequest(requestId: string): ReceiptRecord[] {
     return (this.byRequest.get(requestId) ?? []).map((id) => this.receipts.get(id)!);
   }
 
+  /** Every receipt ever collected, evicted records included: exact BigInt sums. */
   totals(): Totals {
     const out = (m: Map<string, Tally>) => Object.fromEntries([...m].map(([k, t]) => [k, { receipts: t.receipts, cost_micro_usd: t.cost.toString() }]));
     return { receipts: this.total.receipts, cost_micro_usd: this.total.cost.toString(), by_provider: out(this.byProvider), by_model: out(this.byModel) };

@@ -13,6 +13,7 @@ import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
 import { closeHttp } from '../http-close.ts';
+import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
 import { JSON_TYPE } from '../service-error.ts';
 
 type MaybePromise<T> = T | Promise<T>;
@@ -147,6 +148,10 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     bodyLimit: 16 * 1024,
     requestTimeout: 10_000,
     return503OnClosing: true,
+    // Requests that reach no route (a URL that does not decode, HTTP that does not parse) get the
+    // same error body as the rest.
+    frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'bad_request', errorBody),
+    clientErrorHandler: clientErrorHandler('bad_request', errorBody, () => app.log),
   });
 
   /** Runs a caller's callback; any failure becomes a safe 500 and is logged server-side. */

@@ -1,0 +1,78 @@
+// Errors before routing, answered with the server's own error body. Shared by the three HTTP
+// servers (the ops server, the development market and the buyer gateway), each passing its own
+// error body and 400 code.
+import { STATUS_CODES, type ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { FastifyBaseLogger, FastifyError, FastifyReply, FastifyServerOptions } from 'fastify';
+import { JSON_TYPE } from './service-error.ts';
+
+/** An error body builder: each server passes its own ({error: {code, message}}). */
+export type ErrorBodyOf = (code: string, message: string) => object;
+
+/**
+ * Requests no route ever sees get the server's own error body too. Fastify answers a URL it cannot
+ * decode (`/x/%ZZ`: FST_ERR_BAD_URL; a path parameter over its length limit: 414) through
+ * `frameworkErrors`, bypassing setErrorHandler; without it the body is fastify's own
+ * `{"error":"Bad Request","code":"FST_ERR_BAD_URL",...}`.
+ */
+export function frameworkErrorReply(err: FastifyError, reply: FastifyReply, badRequestCode: string, body: ErrorBodyOf): FastifyReply {
+  const status = typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
+  if (status === 500) return reply.code(500).type(JSON_TYPE).send(body('internal_error', 'internal error'));
+  // Fastify's messages quote the whole path (the client's, of any length): ours name the fault.
+  const what =
+    err.code === 'FST_ERR_BAD_URL' ? 'url: not a valid URL (a "%" must start a percent-encoded UTF-8 byte, e.g. %2F)'
+    : err.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 'url: a path parameter is longer than this server accepts'
+    : err.message.slice(0, 200);
+  return reply.code(status).type(JSON_TYPE).send(body(status === 414 ? 'url_too_long' : badRequestCode, what));
+}
+
+/** A client error's status, code and message (the request did not parse, so no route answers it). */
+function clientErrorAnswer(err: NodeJS.ErrnoException & { reason?: unknown }, badRequestCode: string): { status: number; code: string; message: string } {
+  switch (err.code) {
+    case 'HPE_HEADER_OVERFLOW':
+      return { status: 431, code: 'headers_too_large', message: 'the request headers are larger than this server accepts' };
+    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
+      return { status: 413, code: 'request_too_large', message: 'the chunk extensions are larger than this server accepts' };
+    case 'ERR_HTTP_REQUEST_TIMEOUT':
+      return { status: 408, code: 'request_timeout', message: 'the request did not arrive in time' };
+    default: {
+      // llhttp's reason names the fault ("Content-Length can't be present with Transfer-Encoding"),
+      // never the request's bytes.
+      const reason = typeof err.reason === 'string' ? err.reason : err.message.replace(/^Parse Error: /, '');
+      return { status: 400, code: badRequestCode, message: `the request is not valid HTTP/1.1 (${err.code ?? 'parse error'}: ${reason.slice(0, 200)})` };
+    }
+  }
+}
+
+/** How long an answered bad connection may take to read its answer before it is cut. */
+const CLIENT_ERROR_LINGER_MS = 5_000;
+
+/**
+ * Node's HTTP server answers bytes its parser refuses (transfer-encoding with content-length, a bad
+ * content-length, headers over the limit) itself, through the server's `clientError`; fastify's
+ * default handler writes `{"error":"Bad Request","message":"Client Error"}`. This handler (fastify's
+ * `clientErrorHandler`) writes the server's own error body with 400 (431 headers too large, 413
+ * chunk extensions too large, 408 request timeout) and `Connection: close`, then closes the
+ * connection once the answer is flushed (nothing after a request that did not parse can be framed).
+ * As Node does, it writes nothing when the connection was reset, or when a response on it has
+ * already started (a pipelined request's): a second status line would corrupt it.
+ */
+export function clientErrorHandler(badRequestCode: string, body: ErrorBodyOf, log?: () => FastifyBaseLogger): NonNullable<FastifyServerOptions['clientErrorHandler']> {
+  return (err, socket: Socket) => {
+    if (err.code === 'ECONNRESET' || socket.destroyed) return;
+    // A later chunk of the same refused request: the answer is already on its way, then the close.
+    if (socket.writableEnded) return;
+    const inFlight = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
+    if (!socket.writable || inFlight?.headersSent) {
+      socket.destroy();
+      return;
+    }
+    const a = clientErrorAnswer(err, badRequestCode);
+    // The code only: the error object carries the raw request bytes (rawPacket).
+    log?.().debug({ code: err.code, status: a.status }, 'http: request refused before routing');
+    const text = JSON.stringify(body(a.code, a.message));
+    const head = `HTTP/1.1 ${a.status} ${STATUS_CODES[a.status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n`;
+    socket.setTimeout(CLIENT_ERROR_LINGER_MS, () => socket.destroy());
+    socket.end(head + text, () => socket.destroy());
+  };
+}

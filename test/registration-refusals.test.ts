@@ -1,0 +1,244 @@
+// The node's registration client against a market whose answers the test scripts (a plain HTTP
+// server on 127.0.0.1): a heartbeat the market refuses (stale, invalid, unsigned, …) makes the node
+// not ready and register again at once; one it only fails to answer (429, 408, 5xx) does not; a
+// market that refuses the registrations too is retried with backoff, never in a tight loop.
+import http from 'node:http';
+import net from 'node:net';
+import { afterEach, describe, expect, test } from 'vitest';
+import { toHex } from '../attestation/bytes.ts';
+import type { DsseEnvelope } from '../attestation/dsse.ts';
+import { signPriceList } from '../attestation/price-list.ts';
+import { createMarket } from '../src/market/market.ts';
+import { createLogger } from '../src/ops/logger.ts';
+import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
+import { signCapacity } from '../src/p2p/capacity-protocol.ts';
+import { readiness, startRegistration, type MarketplaceStatus, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { testKey } from './helpers/receipts.ts';
+import { until } from './helpers/wait.ts';
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined);
+});
+
+type Route = 'register' | 'heartbeat';
+interface Answer {
+  status: number;
+  /** Sent as JSON, or as it is when `raw`. */
+  body: unknown;
+  raw?: boolean;
+}
+/** One request as the market saw it, with the node's standing when it arrived. */
+interface Seen {
+  route: Route;
+  /** The registration's issued_at (registrations only). */
+  issuedAt?: number;
+  status: MarketplaceStatus;
+}
+
+const ok: Answer = { status: 200, body: { ok: true } };
+const registered = (intervalMs = 30): Answer => ({ status: 200, body: { registered: true, heartbeat_interval_ms: intervalMs } });
+const error = (status: number, code: string, message: string): Answer => ({ status, body: { error: { code, message } } });
+
+/**
+ * A market that answers each request with `script(route, n)` (n counts that route's requests from
+ * 1) and records what it saw. `node` is read when a request arrives, for its status at that moment.
+ */
+async function scriptedMarket(script: (route: Route, n: number) => Answer, node: () => Registration | undefined): Promise<{ url: string; seen: Seen[] }> {
+  const seen: Seen[] = [];
+  const counts = { register: 0, heartbeat: 0 };
+  const server = http.createServer((req, res) => {
+    let text = '';
+    req.on('data', (d: Buffer) => (text += d.toString()));
+    req.on('end', () => {
+      const route: Route | undefined = req.url === '/v1/providers/register' ? 'register' : req.url === '/v1/providers/heartbeat' ? 'heartbeat' : undefined;
+      const answer = route === undefined ? error(404, 'not_found', 'no such route') : script(route, ++counts[route]);
+      if (route !== undefined) {
+        const envelope = JSON.parse(text) as DsseEnvelope;
+        const issuedAt = route === 'register' ? (JSON.parse(Buffer.from(envelope.payload, 'base64').toString()) as { issued_at: number }).issued_at : undefined;
+        seen.push({ route, ...(issuedAt !== undefined ? { issuedAt } : {}), status: node()!.status() });
+      }
+      res.writeHead(answer.status, { 'content-type': 'application/json' }).end(answer.raw ? String(answer.body) : JSON.stringify(answer.body));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  cleanups.push(() => new Promise((r) => server.close(() => r())));
+  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, seen };
+}
+
+interface LogLine {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+const key = testKey();
+const prices = signPriceList(key.seed, key.id, [{ model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' }]);
+/** The heartbeat body: the scripted market does not read it. */
+const snapshot: DsseEnvelope = { payloadType: 'application/vnd.service.capacity.v1+json', payload: '', signatures: [] };
+
+/** The node's registration with the market at `marketUrl`, logging into `lines`. */
+function registerNode(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg: Registration; lines: LogLine[] } {
+  const lines: LogLine[] = [];
+  const logger = createLogger({ level: 'debug', destination: { write: (s: string) => void lines.push(JSON.parse(s) as LogLine) } });
+  const reg = startRegistration({
+    marketUrl,
+    seed: key.seed,
+    providerId: key.id,
+    peerId: peerIdFromSeed(key.seed).toString(),
+    addresses: ['/ip4/127.0.0.1/tcp/4101'],
+    priceList: { envelope: prices.envelope, version: prices.payload.version },
+    models: [{ id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 100 }],
+    tier: 'T1',
+    capacity: () => snapshot,
+    logger,
+    backoff: { initialMs: 20, maxMs: 80 },
+    ...over,
+  });
+  cleanups.push(() => reg.stop());
+  return { reg, lines };
+}
+
+/** A market scripted by `script` and a node registering with it. */
+async function scenario(script: (route: Route, n: number) => Answer, over: Partial<RegistrationOptions> = {}) {
+  let reg: Registration | undefined;
+  const market = await scriptedMarket(script, () => reg);
+  const node = registerNode(market.url, over);
+  reg = node.reg;
+  return { ...node, seen: market.seen, url: market.url };
+}
+
+const routes = (seen: Seen[]) => seen.map((s) => s.route);
+
+describe('a heartbeat the market refuses', () => {
+  test.each([
+    [409, 'heartbeat_stale', 'at: 1767225600000 is not newer than the last heartbeat taken', 40, 'the marketplace took a heartbeat as stale (not newer than what it already took: has the clock stepped back?); registering again'],
+    [400, 'heartbeat_invalid', "at: 1767225600000 is more than 5 minutes from the market's clock", 40, 'the marketplace refused a heartbeat; registering again'],
+    [401, 'signature_invalid', 'no valid signature by the provider', 40, 'the marketplace refused a heartbeat; registering again'],
+    [403, 'http_403', '', 40, 'the marketplace refused a heartbeat; registering again'],
+    [409, 'conflict', 'something else', 40, 'the marketplace refused a heartbeat; registering again'],
+    [404, 'unknown_provider', 'provider … is not registered here: register again', 30, 'the marketplace does not know this node; registering again'],
+  ])('%i %s: not ready until the node registered again, which it does next', async (status, code, message, level, logged) => {
+    const answer = code.startsWith('http_') ? { status, body: {} } : error(status, code, message);
+    const n = await scenario((route, i) => (route === 'register' ? registered() : i === 1 ? answer : ok));
+    await until('a heartbeat accepted after the refusal', () => n.reg.status().last_heartbeat_at !== null);
+    expect(routes(n.seen).slice(0, 4)).toEqual(['register', 'heartbeat', 'register', 'heartbeat']);
+    // When the registration after the refusal arrived, the node counted itself unregistered, and said why.
+    const during = n.seen[2]!.status;
+    expect(during).toMatchObject({ registered: false, last_error: { during: 'heartbeat', status, code, reason: message } });
+    const r = readiness(false, true, during);
+    expect(r.ready).toBe(false);
+    expect(r.reasons).toEqual([`not registered with the marketplace at ${n.url}: last heartbeat failed: ${code}${message ? ` (${message})` : ''}`]);
+    // Logged once, with the market's code, never the node's key or what it signs.
+    expect(n.lines.filter((l) => l.msg === logged)).toEqual([expect.objectContaining({ level, status, code, reason: message })]);
+    expect(JSON.stringify(n.lines)).not.toContain(toHex(key.seed));
+    // Registered again, and ready.
+    expect(n.reg.status()).toMatchObject({ registered: true, last_error: null });
+    expect(readiness(false, true, n.reg.status())).toEqual({ ready: true, reasons: [] });
+  });
+
+  test('after the clock stepped back, the registration after a stale heartbeat is still later than the last one', async () => {
+    let clock = 1_767_225_600_000;
+    const n = await scenario((route, i) => (route === 'register' ? registered() : i === 1 ? error(409, 'heartbeat_stale', 'at: not newer than the last heartbeat taken') : ok), { now: () => clock });
+    await until('the first registration', () => n.reg.registered);
+    clock -= 60_000;
+    await until('registered again', () => n.seen.filter((s) => s.route === 'register').length === 2 && n.reg.registered);
+    const [first, second] = n.seen.filter((s) => s.route === 'register').map((s) => s.issuedAt!);
+    expect(first).toBe(1_767_225_600_000);
+    // The market refuses an older issued_at, and takes the same one as a replay that changes nothing.
+    expect(second).toBeGreaterThan(first!);
+    expect(n.reg.status().registered_at).toBe(1_767_225_540_000);
+  });
+
+  test('refused every heartbeat but taken every registration: one registration per heartbeat interval, logged once', async () => {
+    const n = await scenario((route) => (route === 'register' ? registered(20) : error(400, 'heartbeat_invalid', 'at: too far from the market clock')));
+    // The fifth registration arrives once the node has handled the four before it and their heartbeats.
+    await until('five registrations', () => n.seen.filter((s) => s.route === 'register').length >= 5);
+    await n.reg.stop();
+    // Each registration is followed by a heartbeat at the interval, never straight by another registration.
+    const seen = routes(n.seen);
+    expect(seen.every((r, i) => r === (i % 2 === 0 ? 'register' : 'heartbeat'))).toBe(true);
+    // The first refusal warns; the same cycle again is at debug.
+    expect(n.lines.filter((l) => l.msg === 'the marketplace refused a heartbeat; registering again').map((l) => l.level).slice(0, 4)).toEqual([40, 20, 20, 20]);
+    // Info for the first registration and the one after the first refusal; the rest of the cycle at debug.
+    expect(n.lines.filter((l) => l.msg === 'registered with the marketplace').map((l) => l.level).slice(0, 4)).toEqual([30, 30, 20, 20]);
+  });
+
+  test('a refusal for another reason than the last one is logged at its level again', async () => {
+    const answers = [error(409, 'heartbeat_stale', 'at: not newer'), error(409, 'heartbeat_stale', 'at: not newer'), error(400, 'heartbeat_invalid', 'at: too far')];
+    const n = await scenario((route, i) => (route === 'register' ? registered() : (answers[i - 1] ?? ok)));
+    await until('a heartbeat accepted after the refusals', () => n.reg.status().last_heartbeat_at !== null);
+    expect(n.lines.filter((l) => /registering again$/.test(l.msg)).map((l) => [l.code, l.level])).toEqual([
+      ['heartbeat_stale', 40],
+      ['heartbeat_stale', 20],
+      ['heartbeat_invalid', 40],
+    ]);
+  });
+
+  test('refused every heartbeat and then every registration: the registration backs off, the node is not ready and says why', async () => {
+    const n = await scenario((route, i) =>
+      route === 'register' ? (i === 1 ? registered() : error(400, 'registration_invalid', "issued_at: 1767225600000 is more than 5 minutes from the market's clock")) : error(401, 'signature_invalid', 'no valid signature'),
+    );
+    await until('five refused registrations', () => n.lines.filter((l) => l.msg === 'the marketplace refused the registration; retrying').length >= 5);
+    const retries = n.lines.filter((l) => l.msg === 'the marketplace refused the registration; retrying');
+    // Doubling from 20 ms up to 80: the backoff, not a tight loop.
+    expect(retries.slice(0, 5).map((l) => l.retry_in_ms)).toEqual([20, 40, 80, 80, 80]);
+    expect(retries.slice(0, 5).map((l) => l.level)).toEqual([50, 20, 20, 20, 20]);
+    // No heartbeat while unregistered.
+    expect(routes(n.seen).slice(0, 3)).toEqual(['register', 'heartbeat', 'register']);
+    expect(routes(n.seen).slice(2).every((r) => r === 'register')).toBe(true);
+    expect(n.reg.registered).toBe(false);
+    expect(readiness(false, true, n.reg.status()).reasons).toEqual([
+      `not registered with the marketplace at ${n.url}: last registration failed: registration_invalid (issued_at: 1767225600000 is more than 5 minutes from the market's clock)`,
+    ]);
+  });
+});
+
+describe('the development market', () => {
+  test("a node whose clock stepped back is told its heartbeat is stale, registers again and is live on the market's listing", async () => {
+    const market = createMarket({ seed: testKey().seed, heartbeatIntervalMs: 50 });
+    const url = (await market.listen()).url;
+    cleanups.push(() => market.close());
+    // The node's clock: the market's, until the test steps it back.
+    let offset = 0;
+    const clock = () => Date.now() + offset;
+    const snap = { price_version: prices.payload.version, attestation_tier: 'T1' as const, accepting: true, models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 100, slots: 1, free_slots: 1, queued: 0, queue_limit: 4 }] };
+    const n = registerNode(url, { capacity: () => signCapacity({ seed: key.seed, providerId: key.id }, snap, clock()), now: clock });
+    const record = () => market.store.providers.get(key.id);
+    // Heartbeats taken for a while (20 intervals) since the registration.
+    await until('heartbeats taken', () => {
+      const r = record();
+      return r?.capacity !== undefined && r.capacity.at > r.issued_at + 1000;
+    });
+    // Back by half the time since the registration (more than an interval): later snapshots are
+    // older than the last one taken, not than the registration.
+    const first = record()!.issued_at;
+    offset = -Math.ceil((clock() - first) / 2);
+    await until('registered again', () => record()!.issued_at > first);
+    expect(n.lines.filter((l) => l.code === 'heartbeat_stale')).toEqual([expect.objectContaining({ level: 40, status: 409 })]);
+    // Its heartbeats count again: the market's copy of the snapshot moves on, and it lists the node live.
+    const again = record()!.issued_at;
+    await until('a heartbeat taken after the new registration', () => (record()!.capacity?.at ?? 0) > again);
+    await until('the market to list it live', async () => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; live: boolean }[]).some((p) => p.provider === key.id && p.live));
+    expect(n.reg.status()).toMatchObject({ registered: true, last_error: null });
+  });
+});
+
+describe('a heartbeat the market fails to answer keeps the node registered and ready (docs/decisions.md §Readiness)', () => {
+  test.each([
+    [429, error(429, 'rate_limited', 'slow down'), { status: 429, code: 'rate_limited', reason: 'slow down' }],
+    [408, error(408, 'request_timeout', 'too slow'), { status: 408, code: 'request_timeout', reason: 'too slow' }],
+    [503, error(503, 'unavailable', 'restarting'), { reason: 'HTTP 503 unavailable' }],
+    [500, { status: 500, body: 'not json', raw: true }, { reason: 'HTTP 500 with a body that is not JSON' }],
+  ])('%i', async (_status, answer, lastError) => {
+    const n = await scenario((route, i) => (route === 'register' ? registered() : i <= 2 ? answer : ok));
+    await until('a heartbeat accepted after the failures', () => n.reg.status().last_heartbeat_at !== null);
+    // Heartbeats again at the interval: no registration in between.
+    expect(routes(n.seen).slice(0, 4)).toEqual(['register', 'heartbeat', 'heartbeat', 'heartbeat']);
+    const during = n.seen[2]!.status;
+    expect(during).toMatchObject({ registered: true, last_heartbeat_at: null, last_error: { during: 'heartbeat', ...lastError } });
+    expect(readiness(false, true, during)).toEqual({ ready: true, reasons: [] });
+    expect(n.lines.filter((l) => l.msg === 'heartbeat failed; still serving, will keep trying')).toEqual([expect.objectContaining({ level: 40 })]);
+    expect(n.lines.some((l) => /registering again/.test(l.msg))).toBe(false);
+  });
+});
