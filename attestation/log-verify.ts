@@ -1,14 +1,30 @@
 // Verifying a whole receipt log: every receipt (receipt-verify.ts), the sequence and hash chain
-// between them, the Merkle tree they form, and the provider's checkpoints over that tree.
+// between them, the Merkle tree they form, the provider's checkpoints over that tree and, given
+// the provider's signed price lists, every receipt's price against the list of its version.
 // ReceiptChain is incremental, so an auditor can verify receipts in parallel elsewhere and feed
 // the results here in order.
 import { bytesEqual, toBase64 } from './bytes.ts';
 import { receiptLogOrigin, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import type { DsseEnvelope } from './dsse.ts';
 import { MerkleTree, verifyConsistency } from './merkle.ts';
+import { PriceBook, verifyPriceList, type PriceErrorCode } from './price-list.ts';
 import { GENESIS_PREV } from './receipt.ts';
-import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
-import { peekSeq, verifyReceipt, withSeq } from './receipt-verify.ts';
+import { fail, ok, type VerifyError, type VerifyErrorCode, type VerifyResult } from './result.ts';
+import { peekSeq, verifyReceipt } from './receipt-verify.ts';
+
+/** Every reason a log check fails: a receipt's own, the chain's, or a price's. */
+export type LogErrorCode = VerifyErrorCode | PriceErrorCode;
+
+export interface LogError extends Omit<VerifyError, 'code'> {
+  code: LogErrorCode;
+}
+
+export type LogResult<T = undefined> = { ok: true; value: T } | { ok: false; error: LogError };
+
+/** The error, naming `seq` unless it already names one. */
+function withSeq(error: LogError, seq: string | undefined): LogError {
+  return seq === undefined || error.seq !== undefined ? error : { ...error, seq };
+}
 
 /** What the chain needs to know of one verified receipt. */
 export interface ChainLink {
@@ -44,10 +60,10 @@ export class ReceiptChain {
   private readonly byStatus: Record<string, number> = {};
   /** After the first out-of-order seq: the seq that was expected there, and whether it shows up later. */
   private missing: { seq: bigint; at: string; foundLater: boolean } | undefined;
-  private failed: VerifyError | undefined;
+  private failed: LogError | undefined;
 
   /** Adds the next receipt in file order. Returns the first error, which sticks. */
-  add(link: ChainLink): VerifyResult {
+  add(link: ChainLink): LogResult {
     if (this.failed) return { ok: false, error: this.failed };
     const seq = BigInt(link.seq);
     if (this.missing) {
@@ -75,7 +91,7 @@ export class ReceiptChain {
   }
 
   /** Records an error found in the chain itself; the first one sticks. */
-  stop(r: { ok: false; error: VerifyError }): { ok: false; error: VerifyError } {
+  stop(r: { ok: false; error: LogError }): { ok: false; error: LogError } {
     this.failed ??= r.error;
     return { ok: false, error: this.failed };
   }
@@ -84,7 +100,7 @@ export class ReceiptChain {
    * Records a receipt that did not verify on its own (seq as it claims, if readable). Past a gap
    * the gap is the first fault, so the scan goes on only to tell "missing" from "reordered".
    */
-  reject(error: VerifyError, claimedSeq?: string): VerifyResult {
+  reject(error: LogError, claimedSeq?: string): LogResult {
     if (this.missing && !this.failed) {
       if (claimedSeq !== undefined && BigInt(claimedSeq) === this.missing.seq) this.missing.foundLater = true;
       return ok(undefined);
@@ -98,7 +114,7 @@ export class ReceiptChain {
   }
 
   /** Ends the log: reports a gap or reorder, then checks the checkpoints against the tree. */
-  finish(checkpoints: readonly string[], provider: string): VerifyResult<LogSummary> {
+  finish(checkpoints: readonly string[], provider: string): LogResult<LogSummary> {
     if (this.failed) return { ok: false, error: this.failed };
     if (this.missing) {
       const { seq, at, foundLater } = this.missing;
@@ -167,20 +183,55 @@ export interface VerifyLogInput {
   receipts: Iterable<DsseEnvelope | string>;
   /** Signed checkpoint notes. */
   checkpoints?: readonly string[];
+  /**
+   * The provider's signed price lists (envelopes or their JSON). When given, each must verify
+   * (else `price_list_invalid`) and every receipt's price must be its model's in the list of the
+   * version it cites (else `price_list_missing` or `price_mismatch` at that receipt). When absent,
+   * costs are checked only against the rates inside each receipt.
+   */
+  priceLists?: Iterable<DsseEnvelope | string>;
 }
 
 /** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). */
-export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
+export function verifyLog(input: VerifyLogInput): LogResult<LogSummary> {
+  let prices: PriceBook | undefined;
+  if (input.priceLists !== undefined) {
+    const book = verifyPriceLists(input.priceLists, input.provider);
+    if (!book.ok) return book;
+    prices = book.value;
+  }
   const chain = new ReceiptChain();
   let n = 0;
   for (const env of input.receipts) {
     n++;
     const r = verifyReceipt(env, { provider: input.provider, chain: true });
-    const added = r.ok ? chain.add(linkOf(r.value)) : chain.reject({ ...r.error, message: `receipt #${n}: ${r.error.message}` }, r.error.seq ?? peekSeq(env));
+    let added: LogResult;
+    if (!r.ok) {
+      added = chain.reject({ ...r.error, message: `receipt #${n}: ${r.error.message}` }, r.error.seq ?? peekSeq(env));
+    } else {
+      const bad = prices?.check(r.value.payload);
+      added = bad ? chain.reject({ ...bad, message: `receipt #${n}: ${bad.message}` }, r.value.payload.seq) : chain.add(linkOf(r.value));
+    }
     if (!added.ok) return added;
   }
   if (n === 0 && (input.checkpoints?.length ?? 0) === 0) return fail('log_empty', 'the log holds no receipts');
   return chain.finish(input.checkpoints ?? [], input.provider);
+}
+
+/**
+ * A provider's signed price lists, each verified (verifyPriceList), as a PriceBook; the first that
+ * does not verify is `price_list_invalid`, naming it by its place (1-based) and the reason.
+ */
+export function verifyPriceLists(lists: Iterable<DsseEnvelope | string>, provider: string): LogResult<PriceBook> {
+  const book = new PriceBook();
+  let i = 0;
+  for (const env of lists) {
+    i++;
+    const v = verifyPriceList(env, { provider });
+    if (!v.ok) return { ok: false, error: { code: 'price_list_invalid', message: `price list #${i}: ${v.error.code}: ${v.error.message}` } };
+    book.add(v.value);
+  }
+  return ok(book);
 }
 
 export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd: string; hold_micro_usd: string; status: string }; payloadSha256?: string; leafHash?: Uint8Array }): ChainLink {

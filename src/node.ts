@@ -6,6 +6,7 @@ import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import type { NodeConfig } from './config.ts';
+import { savePriceList } from './data-dir.ts';
 import { parseHostPort } from './host-port.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
@@ -103,6 +104,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       identity.providerId,
       [...models.values()].map((m) => ({ model: m.id, ...ratesToWire(m.rates) })),
     );
+    // Kept before any receipt cites its version, so `log export` can hand auditors every list.
+    try {
+      savePriceList(config.data_dir, prices);
+    } catch (e) {
+      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+    }
     const log = ReceiptLog.open({
       path: path.join(config.data_dir, 'receipts.db'),
       seed: identity.seed,

@@ -3,12 +3,16 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { toHex } from '../attestation/bytes.ts';
+import { toBase64, toHex, utf8 } from '../attestation/bytes.ts';
+import { canonicalize } from '../attestation/canonical-json.ts';
+import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { sha256 } from '../attestation/hash.ts';
 import { verifyLog } from '../attestation/log-verify.ts';
+import { priceVersion, signPriceList } from '../attestation/price-list.ts';
 import { audit, type AuditReport } from '../src/audit/audit.ts';
+import { SYNTHETIC_PRICE_LIST, syntheticPriceList, syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { buildExport, buildPricedLog, repriced, writePriceFile, type PricedExport } from './helpers/price-lists.ts';
 import {
-  buildLog,
   copyExport,
   editLines,
   flipSignatureBit,
@@ -29,11 +33,11 @@ import {
 } from './helpers/tamper-log.ts';
 
 const COUNT = 30;
-let base: BuiltLog;
+let base: BuiltLog & { priceVersion: string };
 const temps: string[] = [];
 
 beforeAll(async () => {
-  base = await buildLog({ count: COUNT, checkpointEvery: 10 });
+  base = await buildPricedLog({ count: COUNT, checkpointEvery: 10 });
   temps.push(base.root);
 });
 
@@ -99,6 +103,7 @@ describe('audit: a clean export', () => {
       byStatus: base.byStatus,
       latestCheckpoint: { size: COUNT, rootHash: base.rootHash },
     });
+    expect(r.priceVersions).toEqual([base.priceVersion]);
     expect(r.seconds).toBeGreaterThanOrEqual(0);
   });
 
@@ -138,7 +143,7 @@ describe('audit: a clean export', () => {
   it('an export of an empty log is log_empty', async () => {
     const t = tempDir();
     temps.push(t);
-    const empty = await buildLog({ count: 0, root: t });
+    const empty = await buildPricedLog({ count: 0, root: t });
     expect(readReceiptLines(empty.exportDir)).toEqual([]);
     expect(fs.existsSync(path.join(empty.exportDir, 'checkpoint'))).toBe(false);
     expectFault(await run(empty.exportDir), 'log_empty');
@@ -481,9 +486,13 @@ describe('audit: the export folder', () => {
     expectFault(await run(dir), 'export_malformed');
   });
 
-  it('a provider.pub naming another key is unknown_key at the first receipt', async () => {
+  it('a provider.pub naming another key fails on the first thing checked by it: the price list, else the first receipt (unknown_key)', async () => {
     const dir = fresh();
     fs.writeFileSync(path.join(dir, 'provider.pub'), providerIdOf(randomSeed()) + '\n');
+    const r = await run(dir);
+    expectFault(r, 'price_list_invalid');
+    expect(r.fault!.message).toContain('unknown_key');
+    fs.rmSync(path.join(dir, 'prices'), { recursive: true });
     expectFault(await run(dir), 'unknown_key', { seq: '0', line: 1 });
   });
 
@@ -633,4 +642,194 @@ describe('verifyLog agrees with audit', () => {
       expect(!v.ok && v.error.seq).toBe(seq);
     });
   }
+});
+
+describe('audit: every price against the signed price lists', () => {
+  // Rates the node never published: a receipt signed at them is consistent in itself (its cost is
+  // usage × these rates, within its hold), so only the price list can catch it.
+  const HIGHER = { input_per_mtok: '150000', output_per_mtok: '900000' };
+  let mispriced: PricedExport;
+
+  beforeAll(async () => {
+    mispriced = await buildExport(COUNT, (i) => (i === 7 ? repriced(syntheticReceiptBody(i), HIGHER) : syntheticReceiptBody(i)));
+    temps.push(mispriced.root);
+  });
+
+  /** A fresh copy of an export folder. */
+  function copyOf(dir: string): string {
+    const t = tempDir();
+    temps.push(t);
+    fs.cpSync(dir, path.join(t, 'export'), { recursive: true });
+    return path.join(t, 'export');
+  }
+
+  const priceFile = (dir: string) => path.join(dir, 'prices', `${base.priceVersion}.json`);
+
+  it('a receipt signed at rates other than its price list, chain and cost intact, is price_mismatch at its seq', async () => {
+    // Everything a receipt carries within itself holds: without the lists, the log verifies.
+    expect(verifyLog({ provider: mispriced.providerId, receipts: mispriced.lines, checkpoints: notesOf(mispriced.exportDir) }).ok).toBe(true);
+    const r = await run(mispriced.exportDir);
+    expectFault(r, 'price_mismatch', { seq: '7', line: 8 });
+    expect(r.fault!.field).toBe('price.rates');
+    expect(r.fault!.message).toContain('"output_per_mtok":"900000"');
+    expect(r.fault!.message).toContain(`price list ${mispriced.priceVersion}`);
+    expect(r.fault!.message).toContain('"output_per_mtok":"600000"');
+  });
+
+  it('names the same receipt with worker threads and small chunks', async () => {
+    expectFault(await run(mispriced.exportDir, { threads: 2, chunkBytes: 4096 }), 'price_mismatch', { seq: '7', line: 8 });
+  });
+
+  it('a receipt for a model its price list does not have is price_mismatch', async () => {
+    const e = await buildExport(10, (i) => (i === 4 ? { ...syntheticReceiptBody(i), model: 'synthetic/unlisted' } : syntheticReceiptBody(i)));
+    temps.push(e.root);
+    const r = await run(e.exportDir);
+    expectFault(r, 'price_mismatch', { seq: '4', line: 5 });
+    expect(r.fault!.field).toBe('model');
+    expect(r.fault!.message).toContain('synthetic/unlisted');
+  });
+
+  it('a receipt citing a price version no list in the export has is price_list_missing', async () => {
+    const unpublished = priceVersion([{ model: 'synthetic/tiny-llama', ...HIGHER }]);
+    const e = await buildExport(15, (i) => (i === 12 ? repriced(syntheticReceiptBody(i), HIGHER, unpublished) : syntheticReceiptBody(i)));
+    temps.push(e.root);
+    const r = await run(e.exportDir);
+    expectFault(r, 'price_list_missing', { seq: '12', line: 13 });
+    expect(r.fault!.message).toContain(unpublished);
+    expect(r.fault!.message).not.toContain('no prices/ folder');
+  });
+
+  it('an export with no prices/ folder (written before exports carried them) is price_list_missing at the first receipt, saying so', async () => {
+    const dir = fresh();
+    fs.rmSync(path.join(dir, 'prices'), { recursive: true });
+    const r = await run(dir);
+    expectFault(r, 'price_list_missing', { seq: '0', line: 1 });
+    expect(r.fault!.message).toContain(base.priceVersion);
+    expect(r.fault!.message).toContain('no prices/ folder');
+  });
+
+  it('an empty prices/ folder is price_list_missing at the first receipt', async () => {
+    const dir = fresh();
+    fs.rmSync(priceFile(dir));
+    const r = await run(dir);
+    expectFault(r, 'price_list_missing', { seq: '0', line: 1 });
+    expect(r.fault!.message).not.toContain('no prices/ folder');
+  });
+
+  it('an empty log is log_empty, prices or not', async () => {
+    const dir = fresh();
+    writeReceiptLines(dir, []);
+    removeCheckpoints(dir);
+    fs.rmSync(path.join(dir, 'prices'), { recursive: true });
+    expectFault(await run(dir), 'log_empty');
+  });
+
+  it('a price list edited after signing (cheaper rates, the signature kept) is price_list_invalid', async () => {
+    const dir = fresh();
+    const env = JSON.parse(fs.readFileSync(priceFile(dir), 'utf8')) as DsseEnvelope;
+    const payload = JSON.parse(Buffer.from(env.payload, 'base64').toString('utf8'));
+    payload.models[0].output_per_mtok = '1';
+    fs.writeFileSync(priceFile(dir), serializeEnvelope({ ...env, payload: toBase64(utf8(canonicalize(payload))) }));
+    const r = await run(dir);
+    expectFault(r, 'price_list_invalid');
+    expect(r.fault!.message).toContain(`prices/${base.priceVersion}.json`);
+    expect(r.fault!.message).toContain('signature_invalid');
+  });
+
+  it("another provider's price list (the same prices, its own key) is price_list_invalid", async () => {
+    const other = randomSeed();
+    const dir = fresh();
+    // Same prices, so the same version: only the key tells it from the provider's.
+    writePriceFile(dir, syntheticPriceList(other, providerIdOf(other)));
+    const r = await run(dir);
+    expectFault(r, 'price_list_invalid');
+    expect(r.fault!.message).toContain('unknown_key');
+  });
+
+  it('a list signed by the provider key that names another provider, or signed by another key under its id, is price_list_invalid', async () => {
+    const named = fresh();
+    const forOther = signPriceList(base.seed, providerIdOf(randomSeed()), SYNTHETIC_PRICE_LIST);
+    writePriceFile(named, { ...forOther, envelope: { ...forOther.envelope, signatures: [{ ...forOther.envelope.signatures[0]!, keyid: base.providerId }] } });
+    const r1 = await run(named);
+    expectFault(r1, 'price_list_invalid');
+    expect(r1.fault!.message).toContain('provider_mismatch');
+    const forged = fresh();
+    writePriceFile(forged, signPriceList(randomSeed(), base.providerId, SYNTHETIC_PRICE_LIST));
+    const r2 = await run(forged);
+    expectFault(r2, 'price_list_invalid');
+    expect(r2.fault!.message).toContain('signature_invalid');
+  });
+
+  it('a list filed under another version is price_list_invalid', async () => {
+    const dir = fresh();
+    fs.renameSync(priceFile(dir), path.join(dir, 'prices', 'p-0000000000000000.json'));
+    const r = await run(dir);
+    expectFault(r, 'price_list_invalid');
+    expect(r.fault!.message).toContain(`holds price version ${base.priceVersion}`);
+  });
+
+  it('garbage, a folder, a stray or an oversized file in prices/ is price_list_invalid; dotfiles are ignored; the audit always answers', async () => {
+    const cases: [string, (dir: string) => void][] = [
+      ['garbage', (d) => fs.writeFileSync(priceFile(d), Buffer.from([0, 1, 2, 255, 254, 10]))],
+      ['not an envelope', (d) => fs.writeFileSync(priceFile(d), '[1,2,3]')],
+      ['a folder', (d) => fs.mkdirSync(path.join(d, 'prices', 'p-1.json'))],
+      ['a stray file', (d) => fs.writeFileSync(path.join(d, 'prices', 'notes.txt'), 'hello')],
+      ['a 2 MiB file', (d) => fs.writeFileSync(path.join(d, 'prices', 'p-2.json'), ' '.repeat(2 << 20))],
+    ];
+    for (const [name, tamper] of cases) {
+      const dir = fresh();
+      tamper(dir);
+      const r = await run(dir);
+      expect(r.fault?.code, name).toBe('price_list_invalid');
+    }
+    const dir = fresh();
+    fs.writeFileSync(path.join(dir, 'prices', '.DS_Store'), 'x');
+    expect((await run(dir)).ok).toBe(true);
+    const unreadable = fresh();
+    fs.rmSync(path.join(unreadable, 'prices'), { recursive: true });
+    fs.writeFileSync(path.join(unreadable, 'prices'), 'not a folder');
+    expectFault(await run(unreadable), 'export_malformed');
+  });
+
+  it('the first fault in file order is the one named', async () => {
+    const sigFirst = copyOf(mispriced.exportDir);
+    editLines(sigFirst, (l) => void (l[3] = flipSignatureBit(l[3]!)));
+    expectFault(await run(sigFirst), 'signature_invalid', { seq: '3', line: 4 });
+    const priceFirst = copyOf(mispriced.exportDir);
+    editLines(priceFirst, (l) => void l.splice(20, 1));
+    expectFault(await run(priceFirst, { threads: 2, chunkBytes: 4096 }), 'price_mismatch', { seq: '7', line: 8 });
+    const gapFirst = copyOf(mispriced.exportDir);
+    editLines(gapFirst, (l) => void l.splice(5, 1));
+    expectFault(await run(gapFirst), 'seq_gap', { seq: '5' });
+  });
+});
+
+describe('verifyLog with price lists', () => {
+  const listsOf = (dir: string) => fs.readdirSync(path.join(dir, 'prices')).map((n) => fs.readFileSync(path.join(dir, 'prices', n), 'utf8'));
+
+  it('agrees with audit on a clean log, from list texts or envelope objects', async () => {
+    const a = await run(base.exportDir);
+    const texts = listsOf(base.exportDir);
+    for (const priceLists of [texts, texts.map((t) => JSON.parse(t) as DsseEnvelope)]) {
+      const v = verifyLog({ provider: base.providerId, receipts: base.lines, checkpoints: notesOf(base.exportDir), priceLists });
+      expect(v.ok && v.value).toEqual(a.summary);
+    }
+  });
+
+  it('names a mispriced receipt as audit does, and a version without a list', async () => {
+    const e = await buildExport(12, (i) => (i === 7 ? repriced(syntheticReceiptBody(i), { input_per_mtok: '1', output_per_mtok: '2' }) : syntheticReceiptBody(i)));
+    temps.push(e.root);
+    const v = verifyLog({ provider: e.providerId, receipts: e.lines, priceLists: listsOf(e.exportDir) });
+    expect(v).toMatchObject({ ok: false, error: { code: 'price_mismatch', seq: '7', field: 'price.rates' } });
+    expect((await run(e.exportDir)).fault).toMatchObject({ code: 'price_mismatch', seq: '7' });
+    expect(verifyLog({ provider: e.providerId, receipts: e.lines, priceLists: [] })).toMatchObject({ ok: false, error: { code: 'price_list_missing', seq: '0' } });
+  });
+
+  it('refuses a forged list as price_list_invalid, naming its place', () => {
+    const other = randomSeed();
+    const lists = [...listsOf(base.exportDir), serializeEnvelope(syntheticPriceList(other, providerIdOf(other)).envelope)];
+    const v = verifyLog({ provider: base.providerId, receipts: base.lines, priceLists: lists });
+    expect(v).toMatchObject({ ok: false, error: { code: 'price_list_invalid' } });
+    expect(!v.ok && v.error.message).toMatch(/^price list #2: unknown_key: /);
+  });
 });

@@ -7,11 +7,13 @@ import { toBase64, utf8 } from '../attestation/bytes.ts';
 import { formatProofBundle } from '../attestation/tlog-proof.ts';
 import { loadKeyFile } from '../src/identity.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
-import { syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { priceVersion, verifyPriceList } from '../attestation/price-list.ts';
+import { SYNTHETIC_PRICE_LIST, syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { assertCliBuilt, runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
 import { flipSignatureBit, payloadOf, providerIdOf, randomSeed, removeTemp, tempDir, withPayloadKeepSig } from './helpers/tamper-log.ts';
 
 let tmp: string;
+const SYNTHETIC_VERSION = priceVersion(SYNTHETIC_PRICE_LIST);
 const SUCCESS = /\bOK\b|appended|exported|^[0-9a-f]{64}$/m;
 
 beforeAll(() => {
@@ -194,16 +196,20 @@ describe('fill, export, audit round trip', () => {
     id = r.stdout.trim();
   });
 
-  it('log fill appends the receipts', async () => {
+  it('log fill appends the receipts and keeps the signed price list they cite', async () => {
     const r = await runCli(['log', 'fill', '--data', data(), '--count', '30', '--checkpoint-every', '10', '--threads', '0']);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toMatch(/^appended 30 receipts \(seq 0\.\.29\) in [0-9.]+ s; log size 30\n$/);
+    expect(fs.readdirSync(path.join(data(), 'prices'))).toEqual([`${SYNTHETIC_VERSION}.json`]);
+    expect(verifyPriceList(fs.readFileSync(path.join(data(), 'prices', `${SYNTHETIC_VERSION}.json`), 'utf8'), { provider: id }).ok).toBe(true);
   });
 
-  it('log export writes receipts.jsonl, the checkpoints and provider.pub', async () => {
+  it('log export writes receipts.jsonl, the checkpoints, provider.pub and the price lists', async () => {
     const r = await runCli(['log', 'export', '--data', data(), '--out', out()]);
     expect(r.code, r.stderr).toBe(0);
-    expect(r.stdout).toMatch(/^exported 30 receipts and \d+ checkpoints to /);
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toMatch(/^exported 30 receipts, \d+ checkpoints and 1 price list to /);
+    expect(fs.readFileSync(path.join(out(), 'prices', `${SYNTHETIC_VERSION}.json`), 'utf8')).toBe(fs.readFileSync(path.join(data(), 'prices', `${SYNTHETIC_VERSION}.json`), 'utf8'));
     const lines = fs.readFileSync(path.join(out(), 'receipts.jsonl'), 'utf8').split('\n');
     expect(lines).toHaveLength(31);
     expect(lines[30]).toBe('');
@@ -218,6 +224,7 @@ describe('fill, export, audit round trip', () => {
     expect(r.stdout).toContain(`provider     ${id}`);
     expect(r.stdout).toMatch(/^receipts\s+30 \(seq 0\.\.29\)/m);
     expect(r.stdout).toMatch(/latest covers 30 of 30 receipts/);
+    expect(r.stdout).toContain(`prices       ok (every receipt at its model's rates in the signed price list it cites; 1 price list: ${SYNTHETIC_VERSION})`);
     expect(r.stdout).toMatch(/^OK \(/m);
     expect(r.stdout).not.toMatch(/FAIL/);
   });
@@ -253,6 +260,28 @@ describe('fill, export, audit round trip', () => {
     expect(report.ok).toBe(false);
     expect(report.fault).toMatchObject({ code: 'signature_invalid', seq: '4', line: 5 });
     expect(report.summary).toBeUndefined();
+  });
+
+  it('audit of a copy whose price list was forged or removed names the fault', async () => {
+    const forged = path.join(tmp, 'export-forged-prices');
+    fs.cpSync(out(), forged, { recursive: true });
+    const file = path.join(forged, 'prices', `${SYNTHETIC_VERSION}.json`);
+    fs.writeFileSync(file, flipSignatureBit(fs.readFileSync(file, 'utf8').trim()));
+    expectFail(await runCli(['audit', forged, '--threads', '0']), new RegExp(`^FAIL: price_list_invalid: prices/${SYNTHETIC_VERSION}\\.json is not a price list signed by the provider: signature_invalid: `, 'm'));
+    fs.rmSync(path.join(forged, 'prices'), { recursive: true });
+    const j = await runCli(['audit', forged, '--json']);
+    expect(j.code).toBe(1);
+    expect(JSON.parse(j.stdout).fault).toMatchObject({ code: 'price_list_missing', seq: '0', line: 1 });
+  });
+
+  it('log export of a data dir without price lists warns that its audit cannot price the receipts', async () => {
+    const bare = path.join(tmp, 'node-no-prices');
+    fs.cpSync(data(), bare, { recursive: true });
+    fs.rmSync(path.join(bare, 'prices'), { recursive: true });
+    const r = await runCli(['log', 'export', '--data', bare, '--out', path.join(tmp, 'export-no-prices')]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^exported 30 receipts, \d+ checkpoints and 0 price lists to /);
+    expect(r.stderr).toMatch(/warning: .* holds no signed price lists \(prices\/\), so an audit of this export cannot price its receipts/);
   });
 
   it('a second fill (default signer threads) continues the log, and the new export audits', async () => {

@@ -4,10 +4,13 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { verifyCheckpointConsistency } from '../attestation/log-verify.ts';
 import { signCheckpoint, receiptLogOrigin } from '../attestation/checkpoint.ts';
 import { audit } from '../src/audit/audit.ts';
+import { signPriceList, verifyPriceList } from '../attestation/price-list.ts';
+import { readPriceLists, savePriceList } from '../src/data-dir.ts';
 import { exportLog } from '../src/store/export.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
-import { syntheticReceiptBody } from '../src/store/synthetic.ts';
-import { buildLog, removeTemp, tempDir, randomSeed, type BuiltLog } from './helpers/tamper-log.ts';
+import { syntheticPriceList, syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { buildPricedLog } from './helpers/price-lists.ts';
+import { removeTemp, tempDir, randomSeed, providerIdOf, type BuiltLog } from './helpers/tamper-log.ts';
 
 const temps: string[] = [];
 afterEach(() => {
@@ -41,26 +44,56 @@ describe('verifyCheckpointConsistency (what a buyer checks between two checkpoin
 });
 
 describe('export', () => {
-  test('exporting into a folder that held another log leaves none of its checkpoints behind', async () => {
+  test('exporting into a folder that held another log leaves none of its checkpoints or price lists behind', async () => {
     const dir = tempDir();
     temps.push(dir);
     const seed = randomSeed();
     const log1 = ReceiptLog.open({ path: path.join(dir, 'one.db'), seed, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 10 });
     await Promise.all(Array.from({ length: 30 }, (_, i) => log1.append(syntheticReceiptBody(i))));
     const out = path.join(dir, 'out');
-    await exportLog(log1, out);
+    const list1 = syntheticPriceList(seed, log1.providerId).envelope;
+    await exportLog(log1, out, { priceLists: [{ version: 'p-0123456789abcdef', text: JSON.stringify(list1) }] });
     await log1.close();
-    const log2 = ReceiptLog.open({ path: path.join(dir, 'two.db'), seed: randomSeed(), threads: 0, checkpointIntervalMs: 0, checkpointEvery: 4 });
+    const seed2 = randomSeed();
+    const log2 = ReceiptLog.open({ path: path.join(dir, 'two.db'), seed: seed2, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 4 });
     await Promise.all(Array.from({ length: 8 }, (_, i) => log2.append(syntheticReceiptBody(i))));
-    await exportLog(log2, out);
+    const data2 = path.join(dir, 'data2');
+    savePriceList(data2, syntheticPriceList(seed2, log2.providerId));
+    await exportLog(log2, out, { priceLists: readPriceLists(data2) });
     await log2.close();
     expect(fs.readdirSync(path.join(out, 'checkpoints')).sort()).toEqual(['4', '8']);
+    expect(fs.readdirSync(path.join(out, 'prices'))).toEqual([`${syntheticPriceList(seed2, log2.providerId).payload.version}.json`]);
     expect(fs.readdirSync(out).filter((n) => n.endsWith('.tmp'))).toEqual([]);
     expect((await audit({ dir: out, threads: 0 })).ok).toBe(true);
   });
 
+  test('carries every price list of the data dir, byte for byte, each verifying for the provider', async () => {
+    const dir = tempDir();
+    temps.push(dir);
+    const seed = randomSeed();
+    const id = providerIdOf(seed);
+    const lists = [syntheticPriceList(seed, id), signPriceList(seed, id, [{ model: 'a/b', input_per_mtok: '1', output_per_mtok: '2' }])];
+    for (const l of lists) savePriceList(dir, l);
+    const log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed, threads: 0, checkpointIntervalMs: 0 });
+    await log.append(syntheticReceiptBody(0));
+    const out = path.join(dir, 'out');
+    const s = await exportLog(log, out, { priceLists: readPriceLists(dir) });
+    await log.close();
+    expect(s.priceLists).toBe(2);
+    const names = lists.map((l) => `${l.payload.version}.json`).sort();
+    expect(fs.readdirSync(path.join(out, 'prices')).sort()).toEqual(names);
+    for (const n of names) {
+      const text = fs.readFileSync(path.join(out, 'prices', n), 'utf8');
+      expect(text).toBe(fs.readFileSync(path.join(dir, 'prices', n), 'utf8'));
+      expect(verifyPriceList(text, { provider: id })).toMatchObject({ ok: true, value: { version: n.slice(0, -5) } });
+    }
+    const r = await audit({ dir: out, threads: 0 });
+    expect(r.ok).toBe(true);
+    expect(r.priceVersions!.sort()).toEqual(names.map((n) => n.slice(0, -5)));
+  });
+
   test('a line that is not the canonical envelope (CRLF) is envelope_not_canonical', async () => {
-    const b: BuiltLog = await buildLog({ count: 5, checkpointEvery: 5 });
+    const b: BuiltLog = await buildPricedLog({ count: 5, checkpointEvery: 5 });
     temps.push(b.root);
     const file = path.join(b.exportDir, 'receipts.jsonl');
     const lines = fs.readFileSync(file, 'utf8').split('\n');

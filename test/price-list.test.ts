@@ -2,7 +2,7 @@ import { describe, expect, test } from 'vitest';
 import { utf8 } from '../attestation/bytes.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
 import { signEnvelope } from '../attestation/dsse.ts';
-import { PRICELIST_PAYLOAD_TYPE, priceVersion, signPriceList, verifyPriceList } from '../attestation/price-list.ts';
+import { PriceBook, PRICELIST_PAYLOAD_TYPE, priceVersion, signPriceList, verifyPriceList } from '../attestation/price-list.ts';
 import { testKey } from './helpers/receipts.ts';
 
 const key = testKey();
@@ -30,5 +30,37 @@ describe('signed price lists', () => {
     expect(verifyPriceList(resign({ ...payload, models: [{ ...payload.models[0]!, input_per_mtok: 1.5 }] }), { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'models[0].input_per_mtok' } });
     expect(verifyPriceList('nope', { provider: key.id })).toMatchObject({ ok: false, error: { code: 'envelope_not_json' } });
     expect(() => signPriceList(key.seed, key.id, [])).toThrow(/models/);
+  });
+});
+
+describe('PriceBook (the audit\'s price check)', () => {
+  const { payload } = signPriceList(key.seed, key.id, models);
+  const book = new PriceBook([payload]);
+  const receipt = (model: string, rates: object, version = payload.version) => ({ model, price: { version, rates: rates as never } });
+
+  test('a receipt at exactly its model\'s rates holds, per-unit rates in any key order', () => {
+    expect(book.check(receipt('tiny/llama', { input_per_mtok: '150000', output_per_mtok: '600000' }))).toBeUndefined();
+    expect(book.check(receipt('a/other', { input_per_mtok: '1', output_per_mtok: '2', per_unit: { images: '40000' } }))).toBeUndefined();
+    const two = new PriceBook([{ version: 'v', models: [{ model: 'm', input_per_mtok: '1', output_per_mtok: '2', per_unit: { b: '3', a: '4' } }] }]);
+    expect(two.check(receipt('m', { input_per_mtok: '1', output_per_mtok: '2', per_unit: { a: '4', b: '3' } }, 'v'))).toBeUndefined();
+  });
+
+  test('other rates, a missing or extra per-unit rate, another model, another version: each named', () => {
+    expect(book.check(receipt('tiny/llama', { input_per_mtok: '150000', output_per_mtok: '600001' }))).toMatchObject({ code: 'price_mismatch', field: 'price.rates' });
+    expect(book.check(receipt('tiny/llama', { input_per_mtok: '600000', output_per_mtok: '150000' }))).toMatchObject({ code: 'price_mismatch' });
+    expect(book.check(receipt('tiny/llama', { input_per_mtok: '150000', output_per_mtok: '600000', per_unit: {} }))).toMatchObject({ code: 'price_mismatch' });
+    expect(book.check(receipt('a/other', { input_per_mtok: '1', output_per_mtok: '2' }))).toMatchObject({ code: 'price_mismatch' });
+    expect(book.check(receipt('a/other', { input_per_mtok: '1', output_per_mtok: '2', per_unit: { images: '40001' } }))).toMatchObject({ code: 'price_mismatch' });
+    expect(book.check(receipt('b/unlisted', { input_per_mtok: '1', output_per_mtok: '2' }))).toMatchObject({ code: 'price_mismatch', field: 'model' });
+    const missing = book.check(receipt('tiny/llama', { input_per_mtok: '150000', output_per_mtok: '600000' }, 'p-0000000000000000'));
+    expect(missing).toMatchObject({ code: 'price_list_missing', field: 'price.version' });
+    expect(missing!.message).toContain('p-0000000000000000');
+  });
+
+  test('crosses to a worker as plain data: lists() rebuilds the same book', () => {
+    const copy = new PriceBook(structuredClone(book.lists()));
+    expect(copy.versions).toEqual([payload.version]);
+    expect(copy.check(receipt('tiny/llama', { input_per_mtok: '150000', output_per_mtok: '600000' }))).toBeUndefined();
+    expect(copy.check(receipt('tiny/llama', { input_per_mtok: '1', output_per_mtok: '600000' }))).toMatchObject({ code: 'price_mismatch' });
   });
 });

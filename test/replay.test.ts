@@ -5,25 +5,33 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { toBase64, toHex, utf8 } from '../attestation/bytes.ts';
-import type { ReceiptPayload } from '../attestation/receipt.ts';
+import { serializeEnvelope } from '../attestation/dsse.ts';
+import { signPriceList } from '../attestation/price-list.ts';
+import { ratesToWire, type ReceiptPayload } from '../attestation/receipt.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { readRequestsFile, replay } from '../src/audit/replay.ts';
+import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
+import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { InferService } from '../src/serve/infer-service.ts';
 import { exportLog } from '../src/store/export.ts';
 import { runCli } from './helpers/cli-run.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
-import { startServing, type Serving } from './helpers/serving.ts';
+import { startServing, TEST_RATES, type Serving } from './helpers/serving.ts';
 
 const market = testKey();
 const node = testKey();
 let serving: Serving;
+// The node's signed price list: its receipts cite this version, and the audit checks them against it.
+const prices = signPriceList(node.seed, node.id, [{ model: 'tiny/llama', ...ratesToWire(TEST_RATES) }]);
+let service: InferService;
 const bodies = new Map<string, Uint8Array>();
 const payloads: ReceiptPayload[] = [];
 
 async function serve(endpoint: string, body: object): Promise<void> {
   const bytes = utf8(JSON.stringify(body));
-  const t = ticketPayload(node.id, { endpoint, model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000' });
+  const t = ticketPayload(node.id, { endpoint, model: 'tiny/llama', price_version: prices.payload.version, body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000' });
   let trailer: Record<string, unknown> = {};
-  await serving.service.handle({ head: { endpoint, ticket: signTicket(market, t) }, body: bytes, signal: new AbortController().signal }, { head: async () => {}, data: async () => {}, trailer: async (x) => void (trailer = x) });
+  await service.handle({ head: { endpoint, ticket: signTicket(market, t) }, body: bytes, signal: new AbortController().signal }, { head: async () => {}, data: async () => {}, trailer: async (x) => void (trailer = x) });
   const v = verifyReceipt(trailer.receipt as string, { provider: node.id });
   if (!v.ok) throw new Error('receipt did not verify');
   bodies.set(t.request_id, bytes);
@@ -32,6 +40,9 @@ async function serve(endpoint: string, body: object): Promise<void> {
 
 beforeAll(async () => {
   serving = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id, contextLength: 2048 });
+  // The serving core of the helper, under the signed list's version (the helper's is a bare name).
+  const gate = new TicketGate({ db: serving.db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
+  service = new InferService({ log: serving.log, gate, idempotency: new IdempotencyStore(serving.db), models: new Map([[serving.model.id, serving.model]]), priceVersion: prices.payload.version });
   const messages = [{ role: 'user', content: 'hello world' }];
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 4, temperature: 0.9 });
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 9, stream: true, stream_options: { include_usage: true } });
@@ -40,9 +51,9 @@ beforeAll(async () => {
   await serve('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 20, seed: 8, stream: true });
   // Output capped by the hold, not by max_tokens: replay must find the same cap.
   const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages, max_tokens: 500, seed: 1 }));
-  const t = ticketPayload(node.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '9' });
+  const t = ticketPayload(node.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: prices.payload.version, body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '9' });
   let trailer: Record<string, unknown> = {};
-  await serving.service.handle({ head: { endpoint: 'chat/completions', ticket: signTicket(market, t) }, body: bytes, signal: new AbortController().signal }, { head: async () => {}, data: async () => {}, trailer: async (x) => void (trailer = x) });
+  await service.handle({ head: { endpoint: 'chat/completions', ticket: signTicket(market, t) }, body: bytes, signal: new AbortController().signal }, { head: async () => {}, data: async () => {}, trailer: async (x) => void (trailer = x) });
   const v = verifyReceipt(trailer.receipt as string, { provider: node.id });
   if (v.ok) {
     bodies.set(t.request_id, bytes);
@@ -77,7 +88,7 @@ describe('replay', () => {
   test('seller-node audit --replay on an export', async () => {
     const out = path.join(serving.dir, 'export');
     await serving.log.flush();
-    await exportLog(serving.log, out);
+    await exportLog(serving.log, out, { priceLists: [{ version: prices.payload.version, text: serializeEnvelope(prices.envelope) }] });
     const requests = path.join(serving.dir, 'requests.jsonl');
     fs.writeFileSync(requests, [...bodies].map(([request_id, b]) => JSON.stringify({ request_id, body: toBase64(b) })).join('\n') + '\n');
     expect(readRequestsFile(requests).size).toBe(bodies.size);
@@ -90,5 +101,11 @@ describe('replay', () => {
     expect(bad.stdout).toMatch(/REPLAY MISMATCH at seq 0/);
     const missing = await runCli(['audit', out, '--replay', '--requests', requests]);
     expect(missing.code).toBe(2);
+    // Nothing is replayed from an export whose receipts cannot be priced.
+    fs.rmSync(path.join(out, 'prices'), { recursive: true });
+    const unpriced = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
+    expect(unpriced.code).toBe(1);
+    expect(unpriced.stdout).toMatch(/^FAIL at seq 0, line 1: price_list_missing: .*no prices\/ folder/m);
+    expect(unpriced.stdout).not.toMatch(/^replay\s/m);
   });
 });

@@ -1,17 +1,19 @@
-// `seller-node audit DIR`: replays an exported receipt log and checks everything it claims. Each
-// receipt is verified on its own in worker threads (signature, canonical payload, fields, cost);
-// the main thread checks, in file order, what links them: seq continuity, the prev chain, the
-// Merkle tree and the signed checkpoints over it. It stops at the first fault and names its seq.
+// `seller-node audit DIR`: replays an exported receipt log and checks everything it claims. The
+// provider's signed price lists (prices/<version>.json) are verified first. Each receipt is
+// verified on its own in worker threads (signature, canonical payload, fields, cost, and its
+// price against the list of the version it cites); the main thread checks, in file order, what
+// links them: seq continuity, the prev chain, the Merkle tree and the signed checkpoints over it.
+// It stops at the first fault and names its seq.
 import fs from 'node:fs';
 import path from 'node:path';
 import { Piscina } from 'piscina';
 import { isHex } from '../../attestation/bytes.ts';
-import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
-import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
+import { ReceiptChain, type LogError, type LogErrorCode, type LogSummary } from '../../attestation/log-verify.ts';
+import { verifyPriceList, type PricedVersion } from '../../attestation/price-list.ts';
 import { checkChunk, type CheckedChunk, type CheckTask } from './check-lines.ts';
 import { DEFAULT_CHUNK_BYTES, readChunks } from './chunks.ts';
 
-export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_malformed';
+export type AuditErrorCode = LogErrorCode | 'export_missing_file' | 'export_malformed';
 
 export interface AuditFault {
   code: AuditErrorCode;
@@ -26,6 +28,8 @@ export interface AuditReport {
   dir: string;
   provider?: string;
   summary?: LogSummary;
+  /** The price versions of the export's price lists, each verified (when the audit got that far). */
+  priceVersions?: string[];
   fault?: AuditFault;
   seconds: number;
 }
@@ -66,6 +70,8 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   }
   const checkpoints = readCheckpoints(opts.dir);
   if ('code' in checkpoints) return fault(checkpoints, provider);
+  const prices = readPriceLists(opts.dir, provider);
+  if ('code' in prices) return fault(prices, provider);
 
   // A log of one chunk is one task: checked here, without starting (and tearing down) workers.
   const size = fs.statSync(receiptsFile).size;
@@ -117,7 +123,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
         break;
       }
       lines += chunk.lines;
-      inFlight.push({ firstLine: chunk.firstLine, result: run({ provider, bytes: chunk.bytes }) });
+      inFlight.push({ firstLine: chunk.firstLine, result: run({ provider, bytes: chunk.bytes, prices: prices.lists }) });
       await drainTo(maxInFlight - 1);
       if (failure) break;
     }
@@ -128,14 +134,19 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
     await Promise.allSettled(inFlight.map((f) => f.result));
     await pool?.destroy();
   }
-  if (failure) return fault(failure, provider);
+  if (failure) {
+    if (failure.code === 'price_list_missing' && !prices.folder) {
+      failure.message += '; the export has no prices/ folder at all: it was written before exports carried the price lists, so export the log again';
+    }
+    return fault(failure, provider);
+  }
   if (lines === 0 && checkpoints.length === 0) return fault({ code: 'log_empty', message: 'receipts.jsonl holds no receipts' }, provider);
   const finished = chain.finish(checkpoints, provider);
   if (!finished.ok) return fault(toFault(finished.error), provider);
-  return done({ ok: true, provider, summary: finished.value });
+  return done({ ok: true, provider, summary: finished.value, priceVersions: prices.lists.map((l) => l.version) });
 }
 
-function toFault(e: VerifyError, line?: number, seq?: string): AuditFault {
+function toFault(e: LogError, line?: number, seq?: string): AuditFault {
   const s = e.seq ?? seq;
   return { code: e.code, message: e.message, ...(s !== undefined ? { seq: s } : {}), ...(line !== undefined ? { line } : {}), ...(e.field ? { field: e.field } : {}) };
 }
@@ -148,6 +159,38 @@ function readSmall(file: string, max = 1 << 16): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** Price list file names: `<version>.json` (a version is at most 64 of these characters). */
+const PRICE_FILE = /^([A-Za-z0-9._:-]{1,64})\.json$/;
+
+/**
+ * Every `prices/<version>.json`, each verified as the provider's signed price list of the version
+ * its name says (`price_list_invalid` names the first that is not). Dotfiles are skipped (editors'
+ * and file managers' litter). No prices/ folder reads as no lists; `folder` tells the two apart.
+ */
+function readPriceLists(dir: string, provider: string): { lists: PricedVersion[]; folder: boolean } | AuditFault {
+  const sub = path.join(dir, 'prices');
+  if (!fs.existsSync(sub)) return { lists: [], folder: false };
+  let names: string[];
+  try {
+    names = fs.readdirSync(sub).filter((n) => !n.startsWith('.')).sort();
+  } catch {
+    return { code: 'export_malformed', message: 'prices/ is not a readable directory' };
+  }
+  const lists: PricedVersion[] = [];
+  for (const n of names) {
+    const file = `prices/${n}`;
+    const version = PRICE_FILE.exec(n)?.[1];
+    if (version === undefined) return { code: 'price_list_invalid', message: `${file} is not named <price version>.json` };
+    const text = readSmall(path.join(sub, n), 1 << 20);
+    if (text === undefined) return { code: 'price_list_invalid', message: `${file} is not a readable file (at most 1 MiB)` };
+    const v = verifyPriceList(text, { provider });
+    if (!v.ok) return { code: 'price_list_invalid', message: `${file} is not a price list signed by the provider: ${v.error.code}: ${v.error.message}` };
+    if (v.value.version !== version) return { code: 'price_list_invalid', message: `${file} holds price version ${v.value.version}` };
+    lists.push({ version, models: v.value.models });
+  }
+  return { lists, folder: true };
 }
 
 /** `checkpoint` and `checkpoints/*`, deduplicated. */

@@ -1,14 +1,17 @@
 // The per-receipt part of an audit, run in worker threads on raw chunks of receipts.jsonl: split
-// the lines, verify each on its own, and reduce it to what the chain check needs, packed into
-// a few arrays so a chunk of thousands of receipts crosses back to the main thread cheaply.
-// A pure function of its input, so chunks run in any order.
+// the lines, verify each on its own and its price against the signed price lists, and reduce it
+// to what the chain check needs, packed into a few arrays so a chunk of thousands of receipts
+// crosses back to the main thread cheaply. A pure function of its input, so chunks run in any order.
+import type { LogError } from '../../attestation/log-verify.ts';
+import { PriceBook, type PricedVersion } from '../../attestation/price-list.ts';
 import { peekSeq, verifyReceipt } from '../../attestation/receipt-verify.ts';
-import type { VerifyError } from '../../attestation/result.ts';
 
 export interface CheckTask {
   provider: string;
   /** Whole lines, each ending in "\n" (the last may lack it at the end of the file). */
   bytes: Uint8Array;
+  /** The provider's verified price lists: every receipt's price must be its list's. */
+  prices: readonly PricedVersion[];
 }
 
 export interface CheckedChunk {
@@ -23,13 +26,15 @@ export interface CheckedChunk {
   holds: string[];
   statuses: string[];
   /** Failed lines by index in the chunk. */
-  failures: Record<number, VerifyError>;
+  failures: Record<number, LogError>;
 }
 
 const decoder = new TextDecoder('utf-8', { fatal: false, ignoreBOM: true });
 
 export function checkChunk(task: CheckTask): CheckedChunk {
   const { bytes, provider } = task;
+  // A few entries a task (one per model and price version): rebuilt here, cheaper than any cache.
+  const prices = new PriceBook(task.prices);
   const out: CheckedChunk = { count: 0, seqs: [], prevs: [], payloadHashes: [], leaves: new Uint8Array(0), costs: [], holds: [], statuses: [], failures: {} };
   const leaves: Uint8Array[] = [];
   let start = 0;
@@ -40,9 +45,11 @@ export function checkChunk(task: CheckTask): CheckedChunk {
     start = end + 1;
     const i = out.count++;
     const r = verifyReceipt(text, { provider, chain: true });
-    if (!r.ok) {
-      out.failures[i] = r.error;
-      out.seqs.push(r.error.seq ?? peekSeq(text) ?? '');
+    const error: LogError | undefined = r.ok ? prices.check(r.value.payload) : r.error;
+    if (!r.ok || error) {
+      // (a receipt that did not verify always has its error)
+      out.failures[i] = error!;
+      out.seqs.push(error!.seq ?? (r.ok ? r.value.payload.seq : peekSeq(text)) ?? '');
       out.prevs.push('');
       out.payloadHashes.push('');
       out.costs.push('0');

@@ -10,7 +10,7 @@ import type { ReceiptPayload } from '../../attestation/receipt.ts';
 
 export function auditCommand(): Command {
   return new Command('audit')
-    .description('check an exported receipt log: signatures, seq and prev chain, Merkle tree, checkpoints, costs')
+    .description('check an exported receipt log: signatures, seq and prev chain, Merkle tree, checkpoints, costs, prices against the signed price lists')
     .argument('<dir>', 'a folder written by `seller-node log export`')
     .option('--provider <id>', 'fail unless the export is by this provider id (64 hex)')
     .option('--threads <n>', 'worker threads for signature checks', intOption('--threads', 0, 64), 2)
@@ -59,6 +59,8 @@ function formatReport(r: AuditReport): string {
     out.push('signatures   ok (strict Ed25519, canonical payloads, every field valid)');
     out.push('chain        ok (seq continuous, every prev hashes the payload before it)');
     out.push(`costs        ok (every cost = usage × rates and within its hold; total ${formatUsd(BigInt(s.totalCostMicroUsd))} USD of ${formatUsd(BigInt(s.totalHoldMicroUsd))} USD held)`);
+    const versions = r.priceVersions ?? [];
+    out.push(`prices       ok (every receipt at its model's rates in the signed price list it cites; ${versions.length} price list${versions.length === 1 ? '' : 's'}${versions.length ? `: ${versions.slice(0, 5).join(', ')}${versions.length > 5 ? ', …' : ''}` : ''})`);
     out.push(`tree         root ${s.rootHash} at size ${s.size}`);
     out.push(
       s.latestCheckpoint

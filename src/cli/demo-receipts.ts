@@ -12,10 +12,10 @@ import { verifyReceiptProof } from '../../attestation/receipt-proof.ts';
 import { formatUsd } from '../../attestation/money.ts';
 import { audit } from '../audit/audit.ts';
 import { createKeyFile } from '../identity.ts';
-import { dataDirPaths } from '../data-dir.ts';
+import { dataDirPaths, readPriceLists, savePriceList } from '../data-dir.ts';
 import { ReceiptLog } from '../store/receipt-log.ts';
 import { exportLog } from '../store/export.ts';
-import { syntheticReceiptBody } from '../store/synthetic.ts';
+import { syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
 import { intOption } from './cli-error.ts';
 
 export function demoReceiptsCommand(): Command {
@@ -30,6 +30,8 @@ export function demoReceiptsCommand(): Command {
         const p = dataDirPaths(path.join(dir, 'node'));
         const id = createKeyFile(p.key);
         say(`node key       ${p.key} (mode 0600)\nprovider id    ${id.providerId}`);
+        // The signed price list the synthetic receipts cite, kept as a node keeps its own.
+        savePriceList(p.dir, syntheticPriceList(id.seed, id.providerId));
         const log = ReceiptLog.open({ path: p.receipts, seed: id.seed, checkpointIntervalMs: 0 });
         const t0 = performance.now();
         let last;
@@ -42,8 +44,8 @@ export function demoReceiptsCommand(): Command {
         const s = (performance.now() - t0) / 1000;
         say(`signed         ${opts.count} receipts, durable on disk, in ${s.toFixed(2)} s (${Math.round(opts.count / s)}/s)`);
         const out = path.join(dir, 'export');
-        const ex = await exportLog(log, out);
-        say(`exported       ${ex.receipts} receipts + ${ex.checkpoints} signed checkpoints to ${out}`);
+        const ex = await exportLog(log, out, { priceLists: readPriceLists(p.dir) });
+        say(`exported       ${ex.receipts} receipts + ${ex.checkpoints} signed checkpoints + ${ex.priceLists} signed price list to ${out}`);
         const seq = Number(last!.seq);
         const cp = log.latestCheckpoint()!;
         const bundle = formatProofBundle({ index: seq, proof: log.inclusionProof(seq, cp.size), checkpointNote: cp.note, extra: utf8(last!.line) });
@@ -51,7 +53,7 @@ export function demoReceiptsCommand(): Command {
 
         const r = await audit({ dir: out });
         if (!r.ok) throw new Error(`audit failed: ${r.fault?.code}`);
-        say(`audit          OK in ${r.seconds.toFixed(2)} s: signatures, seq + prev chain, Merkle root ${r.summary!.rootHash}, checkpoints, costs (total ${formatUsd(BigInt(r.summary!.totalCostMicroUsd))} USD)`);
+        say(`audit          OK in ${r.seconds.toFixed(2)} s: signatures, seq + prev chain, Merkle root ${r.summary!.rootHash}, checkpoints, costs and prices (total ${formatUsd(BigInt(r.summary!.totalCostMicroUsd))} USD)`);
         const v = verifyReceipt(last!.line, { provider: id.providerId });
         say(`receipt ${seq}    ${v.ok ? 'verifies' : 'FAILS'} (${last!.payload.usage.input_tokens} in / ${last!.payload.usage.output_tokens} out, cost ${formatUsd(BigInt(last!.payload.cost_micro_usd))} USD)`);
         const b = verifyReceiptProof(bundle);

@@ -1,8 +1,8 @@
 import path from 'node:path';
 import { Command } from 'commander';
-import { openReceiptLog } from '../data-dir.ts';
+import { openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
 import { exportLog } from '../store/export.ts';
-import { syntheticReceiptBody } from '../store/synthetic.ts';
+import { syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
 import { intOption } from './cli-error.ts';
 
 function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}) {
@@ -19,10 +19,12 @@ export function logCommand(): Command {
     .option('--checkpoint-every <n>', 'sign a checkpoint every N receipts', intOption('--checkpoint-every', 1), 1000)
     .option('--threads <n>', 'signer worker threads', intOption('--threads', 0, 64), 2)
     .action(async (opts: { data: string; count: number; checkpointEvery: number; threads: number }) => {
-      const { log: rl } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery });
+      const { log: rl, identity } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery });
       const start = rl.size;
       const t0 = performance.now();
       try {
+        // The list the synthetic receipts cite, kept like a node keeps its own: their export audits clean.
+        savePriceList(opts.data, syntheticPriceList(identity.seed, identity.providerId));
         // Bounded windows keep memory flat for any count.
         for (let done = 0; done < opts.count; ) {
           const n = Math.min(4096, opts.count - done);
@@ -39,14 +41,17 @@ export function logCommand(): Command {
     });
   log
     .command('export')
-    .description('write receipts.jsonl, the checkpoints and provider.pub to a folder for auditors')
+    .description('write receipts.jsonl, the checkpoints, provider.pub and the signed price lists to a folder for auditors')
     .requiredOption('--data <dir>', 'data directory')
     .requiredOption('--out <dir>', 'folder to write (created if missing)')
     .action(async (opts: { data: string; out: string }) => {
       const { log: rl } = open(opts.data, { threads: 0 });
       try {
-        const s = await exportLog(rl, opts.out);
-        process.stdout.write(`exported ${plural(s.receipts, 'receipt')} and ${plural(s.checkpoints, 'checkpoint')} to ${path.resolve(opts.out)}\n`);
+        const s = await exportLog(rl, opts.out, { priceLists: readPriceLists(opts.data) });
+        process.stdout.write(`exported ${plural(s.receipts, 'receipt')}, ${plural(s.checkpoints, 'checkpoint')} and ${plural(s.priceLists, 'price list')} to ${path.resolve(opts.out)}\n`);
+        if (s.priceLists === 0 && s.receipts > 0) {
+          process.stderr.write(`seller-node: warning: ${opts.data} holds no signed price lists (prices/), so an audit of this export cannot price its receipts\n`);
+        }
       } finally {
         await rl.close();
       }

@@ -3,17 +3,26 @@
 //   checkpoint         the latest signed checkpoint (C2SP signed note)
 //   checkpoints/<size> every checkpoint, the latest included
 //   provider.pub       the provider's Ed25519 public key, hex (= provider id)
+//   prices/<version>.json  the provider's signed price lists (from the data dir), which the audit
+//                      checks every receipt's price against
 import fs from 'node:fs';
 import path from 'node:path';
+import type { StoredPriceList } from '../data-dir.ts';
 import type { ReceiptLog } from './receipt-log.ts';
 
 export interface ExportSummary {
   receipts: number;
   checkpoints: number;
   latestCheckpointSize: number;
+  priceLists: number;
 }
 
-export async function exportLog(log: ReceiptLog, outDir: string): Promise<ExportSummary> {
+export interface ExportOptions {
+  /** The signed price lists to carry (readPriceLists of the data dir): every version receipts cite. */
+  priceLists?: readonly StoredPriceList[];
+}
+
+export async function exportLog(log: ReceiptLog, outDir: string, opts: ExportOptions = {}): Promise<ExportSummary> {
   await log.flush();
   log.checkpoint(); // the export's latest checkpoint covers every receipt in it
   const cpDir = path.join(outDir, 'checkpoints');
@@ -48,5 +57,11 @@ export async function exportLog(log: ReceiptLog, outDir: string): Promise<Export
   if (latest) fs.writeFileSync(path.join(outDir, 'checkpoint'), latest.note);
   else fs.rmSync(path.join(outDir, 'checkpoint'), { force: true });
   fs.writeFileSync(path.join(outDir, 'provider.pub'), log.providerId + '\n');
-  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0 };
+  const pricesDir = path.join(outDir, 'prices');
+  fs.mkdirSync(pricesDir, { recursive: true });
+  // Nor its price lists: the audit checks every list in the folder.
+  for (const name of fs.readdirSync(pricesDir)) if (name.endsWith('.json')) fs.rmSync(path.join(pricesDir, name));
+  const lists = opts.priceLists ?? [];
+  for (const l of lists) fs.writeFileSync(path.join(pricesDir, `${l.version}.json`), l.text);
+  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0, priceLists: lists.length };
 }

@@ -1,11 +1,24 @@
 // Synthetic but well-formed receipt bodies, for `seller-node log fill`, tests and benchmarks.
-// Deterministic for a given index, so two fills of the same log produce the same bytes.
+// Deterministic for a given index, so two fills of the same log produce the same bytes. They cite
+// the price version of SYNTHETIC_PRICE_LIST, whose signed list (syntheticPriceList) a data dir
+// must keep for its export to audit clean.
 import { toHex } from '../../attestation/bytes.ts';
 import { sha256Hex, sha256Text } from '../../attestation/hash.ts';
 import { computeCost } from '../../attestation/money.ts';
+import { priceVersion, signPriceList, type PriceListEntry } from '../../attestation/price-list.ts';
 import type { ReceiptBody, ReceiptStatus } from '../../attestation/receipt.ts';
 
-const SYNTHETIC_PRICE = { version: 'synthetic-1', rates: { input_per_mtok: '150000', output_per_mtok: '600000' } };
+const MODEL = 'synthetic/tiny-llama';
+export const SYNTHETIC_PRICE_LIST: readonly PriceListEntry[] = [{ model: MODEL, input_per_mtok: '150000', output_per_mtok: '600000' }];
+const SYNTHETIC_PRICE = { version: priceVersion(SYNTHETIC_PRICE_LIST), rates: { input_per_mtok: '150000', output_per_mtok: '600000' } };
+/** Fixed, so that the list is signed to the same bytes every time (Ed25519 is deterministic). */
+const SYNTHETIC_ISSUED_AT = 1_767_225_600_000;
+
+/** The signed price list synthetic receipts cite, by the key that signs them. */
+export function syntheticPriceList(seed: Uint8Array, provider: string): ReturnType<typeof signPriceList> {
+  return signPriceList(seed, provider, SYNTHETIC_PRICE_LIST, SYNTHETIC_ISSUED_AT);
+}
+
 const MODEL_SHA = sha256Hex('synthetic model');
 const STATUSES: ReceiptStatus[] = ['completed', 'completed', 'completed', 'completed', 'completed', 'completed', 'cancelled', 'failed'];
 
@@ -22,7 +35,7 @@ export function syntheticReceiptBody(i: number, now = 1_767_225_600_000 + i * 25
     request_id: `req-${toHex(h.subarray(4, 16))}`,
     ticket_id: `tkt-${toHex(h.subarray(16, 28))}`,
     endpoint: 'chat/completions',
-    model: 'synthetic/tiny-llama',
+    model: MODEL,
     model_sha256: MODEL_SHA,
     runtime: { adapter: 'synthetic', version: '1' },
     quantization: 'f32',
