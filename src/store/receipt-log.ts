@@ -45,7 +45,7 @@ export interface ReceiptLogOptions {
   checkpointEvery?: number;
   /** ...or after this long with new receipts (default 10 s; 0 disables the timer). */
   checkpointIntervalMs?: number;
-  /** Most receipts committed in one transaction (default 512). */
+  /** Most receipts committed in one transaction (default 128). */
   maxBatch?: number;
 }
 
@@ -158,10 +158,7 @@ export class ReceiptLog {
     this.seed = opts.seed;
     this.publicKey = id.publicKey;
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
-    // 512: under full load each fsync, transaction and thread hand-off is shared by more receipts
-    // (measured: 19–21k/s at 128 a batch, 20–27k/s at 512, no gain at 1024, which halves the
-    // batches in flight); a lone receipt still goes out in a batch of one at once.
-    this.maxBatch = opts.maxBatch ?? 512;
+    this.maxBatch = opts.maxBatch ?? 128;
     this.db = openDb(opts.path);
     try {
       this.db.exec(SCHEMA);
