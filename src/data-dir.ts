@@ -2,6 +2,7 @@
 //   node.key, config.yaml, receipts.db, state.db
 //   prices/<version>.json   every signed price list the node has used (a DSSE envelope, as signed)
 import fs from 'node:fs';
+import { writeFileAtomic } from './atomic-file.ts';
 import path from 'node:path';
 import { canonicalize } from '../attestation/canonical-json.ts';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
@@ -62,19 +63,8 @@ export function savePriceList(dir: string, list: { payload: PriceListPayload; en
     throw new PriceListConflictError(`${file} is not this node's price list of version ${version} (${why}); receipts may already cite that version, so it is never replaced: restore the file this node wrote there`);
   }
   fs.mkdirSync(folder, { recursive: true });
-  const tmp = path.join(folder, `.${version}.json.${process.pid}.tmp`);
-  const fd = fs.openSync(tmp, 'w', 0o644);
-  try {
-    fs.writeSync(fd, serializeEnvelope(list.envelope) + '\n');
-    fs.fchmodSync(fd, 0o644); // readable by whoever exports or audits; the umask may have narrowed it
-    fs.fsyncSync(fd);
-  } catch (e) {
-    fs.closeSync(fd);
-    fs.rmSync(tmp, { force: true });
-    throw e;
-  }
-  fs.closeSync(fd);
-  fs.renameSync(tmp, file);
+  // 0644: readable by whoever exports or audits, whatever the umask.
+  writeFileAtomic(file, (fd) => fs.writeSync(fd, serializeEnvelope(list.envelope) + '\n'), 0o644);
   syncDir(folder); // the rename itself durable before a receipt cites the version
   return 'saved';
 }

@@ -6,6 +6,7 @@
 //   prices/<version>.json  the provider's signed price lists (from the data dir), which the audit
 //                      checks every receipt's price against
 import fs from 'node:fs';
+import { writeFileAtomic } from '../atomic-file.ts';
 import path from 'node:path';
 import type { StoredPriceList } from '../data-dir.ts';
 import type { ReceiptLog } from './receipt-log.ts';
@@ -29,10 +30,8 @@ export async function exportLog(log: ReceiptLog, outDir: string, opts: ExportOpt
   fs.mkdirSync(cpDir, { recursive: true });
   // An earlier export into the same folder must not leave checkpoints of another log behind.
   for (const name of fs.readdirSync(cpDir)) if (/^(0|[1-9][0-9]*)$/.test(name)) fs.rmSync(path.join(cpDir, name));
-  const tmp = path.join(outDir, `.receipts.jsonl.${process.pid}.tmp`);
-  const fd = fs.openSync(tmp, 'w');
   let receipts = 0;
-  try {
+  writeFileAtomic(path.join(outDir, 'receipts.jsonl'), (fd) => {
     let buf: string[] = [];
     for (const line of log.lines()) {
       buf.push(line);
@@ -43,14 +42,7 @@ export async function exportLog(log: ReceiptLog, outDir: string, opts: ExportOpt
       }
     }
     if (buf.length) fs.writeSync(fd, buf.join('\n') + '\n');
-    fs.fsyncSync(fd);
-  } catch (e) {
-    fs.closeSync(fd);
-    fs.rmSync(tmp, { force: true });
-    throw e;
-  }
-  fs.closeSync(fd);
-  fs.renameSync(tmp, path.join(outDir, 'receipts.jsonl'));
+  });
   const cps = log.checkpoints().filter((c) => c.size <= receipts);
   for (const cp of cps) fs.writeFileSync(path.join(outDir, 'checkpoints', String(cp.size)), cp.note);
   const latest = cps.at(-1);

@@ -1,0 +1,25 @@
+// Writing a file so that a reader sees the old version or the whole new one, never a part of it: a
+// temporary file beside it is filled, fsynced, then renamed over it.
+import fs from 'node:fs';
+import path from 'node:path';
+
+/**
+ * Writes `file` atomically: `write(fd)` fills a temporary file beside it (removed if anything
+ * fails), which is fsynced and renamed into place. With `mode`, the file gets exactly that mode
+ * whatever the umask. The caller fsyncs the folder when the rename itself must be durable.
+ */
+export function writeFileAtomic(file: string, write: (fd: number) => void, mode?: number): void {
+  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.tmp`);
+  const fd = fs.openSync(tmp, 'w', mode ?? 0o666);
+  try {
+    write(fd);
+    if (mode !== undefined) fs.fchmodSync(fd, mode);
+    fs.fsyncSync(fd);
+  } catch (e) {
+    fs.closeSync(fd);
+    fs.rmSync(tmp, { force: true });
+    throw e;
+  }
+  fs.closeSync(fd);
+  fs.renameSync(tmp, file);
+}
