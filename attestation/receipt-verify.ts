@@ -72,8 +72,9 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   }
   const verified = verifyEnvelope(env, { payloadType: RECEIPT_PAYLOAD_TYPE, keys: pk.keys });
   if (!verified.ok) {
-    // A raw control character in the payload or signature fails base64 here, but it is not JSON at all.
-    if (line && (verified.error.code === 'payload_not_base64' || verified.error.code === 'signature_malformed')) {
+    // A line read by parseEnvelopeLine may hold a raw control character (not JSON at all): the
+    // general parse names that first, whatever else is wrong with the line. Failures are rare.
+    if (line) {
       const shaped = parseEnvelope(envelope as string);
       if (!shaped.ok) return shaped;
     }

@@ -67,7 +67,12 @@ describe('verifyReceipt on log lines: the line shortcut answers as the general p
   test('a raw control character inside the payload or the signature is envelope_not_json, as JSON.parse says', () => {
     const inPayload = line.replace('{"payload":"', '{"payload":"\u0001');
     const inSig = line.replace('","sig":"', '","sig":"\u0007');
-    for (const text of [inPayload, inSig]) {
+    // With a second fault that fails the envelope before its payload or signature is decoded.
+    const otherType = inPayload.replace('"payloadType":"application/', '"payloadType":"text/');
+    const otherKey = inSig.replace(`"keyid":"${key.id}"`, `"keyid":"${'0'.repeat(64)}"`);
+    expect(otherType).not.toBe(inPayload);
+    expect(otherKey).not.toBe(inSig);
+    for (const text of [inPayload, inSig, otherType, otherKey]) {
       expect(answer(text, false)).toBe('envelope_not_json');
       expect(reference(text, false)).toBe('envelope_not_json');
     }
