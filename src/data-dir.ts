@@ -4,7 +4,6 @@
 import fs from 'node:fs';
 import { writeFileAtomic } from './atomic-file.ts';
 import path from 'node:path';
-import { canonicalize } from '../attestation/canonical-json.ts';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { verifyPriceList, type PriceListPayload } from '../attestation/price-list.ts';
 import { loadKeyFile, type NodeIdentity } from './identity.ts';
@@ -44,7 +43,7 @@ export interface StoredPriceList {
  * so that an export can carry every list its receipts cite. A version is derived from the prices
  * (priceVersion), so a list already kept for this version by this provider holds the same prices
  * (only issued_at differs): it is kept, never rewritten. A file there that is not such a list
- * (another key's, corrupted, other prices) throws PriceListConflictError: receipts may already cite
+ * (another key's, another version's, corrupted) throws PriceListConflictError: receipts may already cite
  * that version, and an auditor must see what they were priced against. New files are written
  * atomically (temporary file, fsync, rename), mode 0644.
  */
@@ -55,10 +54,8 @@ export function savePriceList(dir: string, list: { payload: PriceListPayload; en
   const existing = readIfExists(file);
   if (existing !== undefined) {
     const v = verifyPriceList(existing, { provider });
-    const why = !v.ok ? `${v.error.code}: ${v.error.message}`
-      : v.value.version !== version ? `it is the list of version ${v.value.version}`
-      : canonicalize(v.value.models) !== canonicalize(list.payload.models) ? 'it lists other prices'
-      : undefined;
+    // (A verified list of this version holds these prices: the version is derived from them.)
+    const why = !v.ok ? `${v.error.code}: ${v.error.message}` : v.value.version !== version ? `it is the list of version ${v.value.version}` : undefined;
     if (why === undefined) return 'kept';
     throw new PriceListConflictError(`${file} is not this node's price list of version ${version} (${why}); receipts may already cite that version, so it is never replaced: restore the file this node wrote there`);
   }

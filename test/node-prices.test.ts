@@ -58,6 +58,10 @@ describe('savePriceList', () => {
     expect(() => savePriceList(dir, mine)).toThrow(PriceListConflictError);
     expect(() => savePriceList(dir, mine)).toThrow(new RegExp(`prices/${mine.payload.version}\\.json is not this node's price list of version ${mine.payload.version} \\(unknown_key: `));
     expect(fs.readFileSync(file, 'utf8')).toBe(before);
+    // This provider's own list, but of other prices (another version), filed under this version.
+    const otherPrices = signPriceList(seed, providerIdOf(seed), [{ ...MODELS[0]!, input_per_mtok: '1' }]);
+    fs.writeFileSync(file, JSON.stringify(otherPrices.envelope));
+    expect(() => savePriceList(dir, mine)).toThrow(`(it is the list of version ${otherPrices.payload.version})`);
     fs.writeFileSync(file, '{"truncated');
     expect(() => savePriceList(dir, mine)).toThrow(/envelope_not_json/);
     expect(fs.readFileSync(file, 'utf8')).toBe('{"truncated');
