@@ -7,24 +7,10 @@ import { bytesEqual, toBase64 } from './bytes.ts';
 import { receiptLogOrigin, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import type { DsseEnvelope } from './dsse.ts';
 import { MerkleTree, verifyConsistency } from './merkle.ts';
-import { PriceBook, verifyPriceList, type PriceErrorCode } from './price-list.ts';
+import { PriceBook, verifyPriceList } from './price-list.ts';
 import { GENESIS_PREV } from './receipt.ts';
-import { fail, ok, type VerifyError, type VerifyErrorCode, type VerifyResult } from './result.ts';
-import { peekSeq, verifyReceipt } from './receipt-verify.ts';
-
-/** Every reason a log check fails: a receipt's own, the chain's, or a price's. */
-export type LogErrorCode = VerifyErrorCode | PriceErrorCode;
-
-export interface LogError extends Omit<VerifyError, 'code'> {
-  code: LogErrorCode;
-}
-
-export type LogResult<T = undefined> = { ok: true; value: T } | { ok: false; error: LogError };
-
-/** The error, naming `seq` unless it already names one. */
-function withSeq(error: LogError, seq: string | undefined): LogError {
-  return seq === undefined || error.seq !== undefined ? error : { ...error, seq };
-}
+import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { peekSeq, verifyReceipt, withSeq } from './receipt-verify.ts';
 
 /** What the chain needs to know of one verified receipt. */
 export interface ChainLink {
@@ -60,10 +46,10 @@ export class ReceiptChain {
   private readonly byStatus: Record<string, number> = {};
   /** After the first out-of-order seq: the seq that was expected there, and whether it shows up later. */
   private missing: { seq: bigint; at: string; foundLater: boolean } | undefined;
-  private failed: LogError | undefined;
+  private failed: VerifyError | undefined;
 
   /** Adds the next receipt in file order. Returns the first error, which sticks. */
-  add(link: ChainLink): LogResult {
+  add(link: ChainLink): VerifyResult {
     if (this.failed) return { ok: false, error: this.failed };
     const seq = BigInt(link.seq);
     if (this.missing) {
@@ -91,7 +77,7 @@ export class ReceiptChain {
   }
 
   /** Records an error found in the chain itself; the first one sticks. */
-  stop(r: { ok: false; error: LogError }): { ok: false; error: LogError } {
+  stop(r: { ok: false; error: VerifyError }): { ok: false; error: VerifyError } {
     this.failed ??= r.error;
     return { ok: false, error: this.failed };
   }
@@ -100,7 +86,7 @@ export class ReceiptChain {
    * Records a receipt that did not verify on its own (seq as it claims, if readable). Past a gap
    * the gap is the first fault, so the scan goes on only to tell "missing" from "reordered".
    */
-  reject(error: LogError, claimedSeq?: string): LogResult {
+  reject(error: VerifyError, claimedSeq?: string): VerifyResult {
     if (this.missing && !this.failed) {
       if (claimedSeq !== undefined && BigInt(claimedSeq) === this.missing.seq) this.missing.foundLater = true;
       return ok(undefined);
@@ -114,7 +100,7 @@ export class ReceiptChain {
   }
 
   /** Ends the log: reports a gap or reorder, then checks the checkpoints against the tree. */
-  finish(checkpoints: readonly string[], provider: string): LogResult<LogSummary> {
+  finish(checkpoints: readonly string[], provider: string): VerifyResult<LogSummary> {
     if (this.failed) return { ok: false, error: this.failed };
     if (this.missing) {
       const { seq, at, foundLater } = this.missing;
@@ -193,7 +179,7 @@ export interface VerifyLogInput {
 }
 
 /** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). */
-export function verifyLog(input: VerifyLogInput): LogResult<LogSummary> {
+export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
   let prices: PriceBook | undefined;
   if (input.priceLists !== undefined) {
     const book = verifyPriceLists(input.priceLists, input.provider);
@@ -205,7 +191,7 @@ export function verifyLog(input: VerifyLogInput): LogResult<LogSummary> {
   for (const env of input.receipts) {
     n++;
     const r = verifyReceipt(env, { provider: input.provider, chain: true });
-    let added: LogResult;
+    let added: VerifyResult;
     if (!r.ok) {
       added = chain.reject({ ...r.error, message: `receipt #${n}: ${r.error.message}` }, r.error.seq ?? peekSeq(env));
     } else {
@@ -222,7 +208,7 @@ export function verifyLog(input: VerifyLogInput): LogResult<LogSummary> {
  * A provider's signed price lists, each verified (verifyPriceList), as a PriceBook; the first that
  * does not verify is `price_list_invalid`, naming it by its place (1-based) and the reason.
  */
-export function verifyPriceLists(lists: Iterable<DsseEnvelope | string>, provider: string): LogResult<PriceBook> {
+export function verifyPriceLists(lists: Iterable<DsseEnvelope | string>, provider: string): VerifyResult<PriceBook> {
   const book = new PriceBook();
   let i = 0;
   for (const env of lists) {

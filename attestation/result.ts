@@ -24,6 +24,10 @@ export type VerifyErrorCode =
   | 'seq_out_of_order'
   | 'prev_mismatch'
   | 'log_empty'
+  // prices (a log checked against the provider's signed price lists)
+  | 'price_list_invalid'
+  | 'price_list_missing'
+  | 'price_mismatch'
   // tickets
   | 'ticket_expired'
   | 'ticket_not_yet_valid'

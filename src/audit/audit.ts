@@ -8,12 +8,13 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Piscina } from 'piscina';
 import { isHex } from '../../attestation/bytes.ts';
-import { ReceiptChain, type LogError, type LogErrorCode, type LogSummary } from '../../attestation/log-verify.ts';
+import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
+import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
 import { verifyPriceList, type PricedVersion } from '../../attestation/price-list.ts';
 import { checkChunk, type CheckedChunk, type CheckTask } from './check-lines.ts';
 import { DEFAULT_CHUNK_BYTES, readChunks } from './chunks.ts';
 
-export type AuditErrorCode = LogErrorCode | 'export_missing_file' | 'export_malformed';
+export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_malformed';
 
 export interface AuditFault {
   code: AuditErrorCode;
@@ -70,7 +71,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   }
   const checkpoints = readCheckpoints(opts.dir);
   if ('code' in checkpoints) return fault(checkpoints, provider);
-  const prices = readPriceLists(opts.dir, provider);
+  const prices = verifyExportPriceLists(opts.dir, provider);
   if ('code' in prices) return fault(prices, provider);
 
   // A log of one chunk is one task: checked here, without starting (and tearing down) workers.
@@ -146,7 +147,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   return done({ ok: true, provider, summary: finished.value, priceVersions: prices.lists.map((l) => l.version) });
 }
 
-function toFault(e: LogError, line?: number, seq?: string): AuditFault {
+function toFault(e: VerifyError, line?: number, seq?: string): AuditFault {
   const s = e.seq ?? seq;
   return { code: e.code, message: e.message, ...(s !== undefined ? { seq: s } : {}), ...(line !== undefined ? { line } : {}), ...(e.field ? { field: e.field } : {}) };
 }
@@ -169,7 +170,7 @@ const PRICE_FILE = /^([A-Za-z0-9._:-]{1,64})\.json$/;
  * its name says (`price_list_invalid` names the first that is not). Dotfiles are skipped (editors'
  * and file managers' litter). No prices/ folder reads as no lists; `folder` tells the two apart.
  */
-function readPriceLists(dir: string, provider: string): { lists: PricedVersion[]; folder: boolean } | AuditFault {
+function verifyExportPriceLists(dir: string, provider: string): { lists: PricedVersion[]; folder: boolean } | AuditFault {
   const sub = path.join(dir, 'prices');
   if (!fs.existsSync(sub)) return { lists: [], folder: false };
   let names: string[];

@@ -2,7 +2,7 @@
 // the lines, verify each on its own and its price against the signed price lists, and reduce it
 // to what the chain check needs, packed into a few arrays so a chunk of thousands of receipts
 // crosses back to the main thread cheaply. A pure function of its input, so chunks run in any order.
-import type { LogError } from '../../attestation/log-verify.ts';
+import type { VerifyError } from '../../attestation/result.ts';
 import { PriceBook, type PricedVersion } from '../../attestation/price-list.ts';
 import { peekSeq, verifyReceipt } from '../../attestation/receipt-verify.ts';
 
@@ -26,7 +26,7 @@ export interface CheckedChunk {
   holds: string[];
   statuses: string[];
   /** Failed lines by index in the chunk. */
-  failures: Record<number, LogError>;
+  failures: Record<number, VerifyError>;
 }
 
 const decoder = new TextDecoder('utf-8', { fatal: false, ignoreBOM: true });
@@ -45,7 +45,7 @@ export function checkChunk(task: CheckTask): CheckedChunk {
     start = end + 1;
     const i = out.count++;
     const r = verifyReceipt(text, { provider, chain: true });
-    const error: LogError | undefined = r.ok ? prices.check(r.value.payload) : r.error;
+    const error: VerifyError | undefined = r.ok ? prices.check(r.value.payload) : r.error;
     if (!r.ok || error) {
       // (a receipt that did not verify always has its error)
       out.failures[i] = error!;
