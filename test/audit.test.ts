@@ -11,8 +11,9 @@ import { verifyLog } from '../attestation/log-verify.ts';
 import { priceVersion, signPriceList } from '../attestation/price-list.ts';
 import { audit, type AuditReport } from '../src/audit/audit.ts';
 import { SYNTHETIC_PRICE_LIST, syntheticPriceList, syntheticReceiptBody } from '../src/store/synthetic.ts';
-import { buildExport, buildPricedLog, repriced, writePriceFile, type PricedExport } from './helpers/price-lists.ts';
+import { repriced, writePriceFile } from './helpers/price-lists.ts';
 import {
+  buildLog,
   copyExport,
   editLines,
   flipSignatureBit,
@@ -33,11 +34,11 @@ import {
 } from './helpers/tamper-log.ts';
 
 const COUNT = 30;
-let base: BuiltLog & { priceVersion: string };
+let base: BuiltLog;
 const temps: string[] = [];
 
 beforeAll(async () => {
-  base = await buildPricedLog({ count: COUNT, checkpointEvery: 10 });
+  base = await buildLog({ count: COUNT, checkpointEvery: 10 });
   temps.push(base.root);
 });
 
@@ -143,7 +144,7 @@ describe('audit: a clean export', () => {
   it('an export of an empty log is log_empty', async () => {
     const t = tempDir();
     temps.push(t);
-    const empty = await buildPricedLog({ count: 0, root: t });
+    const empty = await buildLog({ count: 0, root: t });
     expect(readReceiptLines(empty.exportDir)).toEqual([]);
     expect(fs.existsSync(path.join(empty.exportDir, 'checkpoint'))).toBe(false);
     expectFault(await run(empty.exportDir), 'log_empty');
@@ -648,10 +649,10 @@ describe('audit: every price against the signed price lists', () => {
   // Rates the node never published: a receipt signed at them is consistent in itself (its cost is
   // usage × these rates, within its hold), so only the price list can catch it.
   const HIGHER = { input_per_mtok: '150000', output_per_mtok: '900000' };
-  let mispriced: PricedExport;
+  let mispriced: BuiltLog;
 
   beforeAll(async () => {
-    mispriced = await buildExport(COUNT, (i) => (i === 7 ? repriced(syntheticReceiptBody(i), HIGHER) : syntheticReceiptBody(i)));
+    mispriced = await buildLog({ count: COUNT, checkpointEvery: 10, body: (i) => (i === 7 ? repriced(syntheticReceiptBody(i), HIGHER) : syntheticReceiptBody(i)) });
     temps.push(mispriced.root);
   });
 
@@ -681,7 +682,7 @@ describe('audit: every price against the signed price lists', () => {
   });
 
   it('a receipt for a model its price list does not have is price_mismatch', async () => {
-    const e = await buildExport(10, (i) => (i === 4 ? { ...syntheticReceiptBody(i), model: 'synthetic/unlisted' } : syntheticReceiptBody(i)));
+    const e = await buildLog({ count: 10, checkpointEvery: 10, body: (i) => (i === 4 ? { ...syntheticReceiptBody(i), model: 'synthetic/unlisted' } : syntheticReceiptBody(i)) });
     temps.push(e.root);
     const r = await run(e.exportDir);
     expectFault(r, 'price_mismatch', { seq: '4', line: 5 });
@@ -691,7 +692,7 @@ describe('audit: every price against the signed price lists', () => {
 
   it('a receipt citing a price version no list in the export has is price_list_missing', async () => {
     const unpublished = priceVersion([{ model: 'synthetic/tiny-llama', ...HIGHER }]);
-    const e = await buildExport(15, (i) => (i === 12 ? repriced(syntheticReceiptBody(i), HIGHER, unpublished) : syntheticReceiptBody(i)));
+    const e = await buildLog({ count: 15, checkpointEvery: 10, body: (i) => (i === 12 ? repriced(syntheticReceiptBody(i), HIGHER, unpublished) : syntheticReceiptBody(i)) });
     temps.push(e.root);
     const r = await run(e.exportDir);
     expectFault(r, 'price_list_missing', { seq: '12', line: 13 });
@@ -817,7 +818,7 @@ describe('verifyLog with price lists', () => {
   });
 
   it('names a mispriced receipt as audit does, and a version without a list', async () => {
-    const e = await buildExport(12, (i) => (i === 7 ? repriced(syntheticReceiptBody(i), { input_per_mtok: '1', output_per_mtok: '2' }) : syntheticReceiptBody(i)));
+    const e = await buildLog({ count: 12, checkpointEvery: 10, body: (i) => (i === 7 ? repriced(syntheticReceiptBody(i), { input_per_mtok: '1', output_per_mtok: '2' }) : syntheticReceiptBody(i)) });
     temps.push(e.root);
     const v = verifyLog({ provider: e.providerId, receipts: e.lines, priceLists: listsOf(e.exportDir) });
     expect(v).toMatchObject({ ok: false, error: { code: 'price_mismatch', seq: '7', field: 'price.rates' } });

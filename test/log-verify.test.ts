@@ -9,8 +9,7 @@ import { readPriceLists, savePriceList } from '../src/data-dir.ts';
 import { exportLog } from '../src/store/export.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticPriceList, syntheticReceiptBody } from '../src/store/synthetic.ts';
-import { buildPricedLog } from './helpers/price-lists.ts';
-import { removeTemp, tempDir, randomSeed, providerIdOf, type BuiltLog } from './helpers/tamper-log.ts';
+import { buildLog, removeTemp, tempDir, randomSeed, providerIdOf, type BuiltLog } from './helpers/tamper-log.ts';
 
 const temps: string[] = [];
 afterEach(() => {
@@ -52,14 +51,14 @@ describe('export', () => {
     await Promise.all(Array.from({ length: 30 }, (_, i) => log1.append(syntheticReceiptBody(i))));
     const out = path.join(dir, 'out');
     const list1 = syntheticPriceList(seed, log1.providerId).envelope;
-    await exportLog(log1, out, { priceLists: [{ version: 'p-0123456789abcdef', text: JSON.stringify(list1) }] });
+    await exportLog(log1, out, [{ version: 'p-0123456789abcdef', text: JSON.stringify(list1) }]);
     await log1.close();
     const seed2 = randomSeed();
     const log2 = ReceiptLog.open({ path: path.join(dir, 'two.db'), seed: seed2, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 4 });
     await Promise.all(Array.from({ length: 8 }, (_, i) => log2.append(syntheticReceiptBody(i))));
     const data2 = path.join(dir, 'data2');
     savePriceList(data2, syntheticPriceList(seed2, log2.providerId));
-    await exportLog(log2, out, { priceLists: readPriceLists(data2) });
+    await exportLog(log2, out, readPriceLists(data2));
     await log2.close();
     expect(fs.readdirSync(path.join(out, 'checkpoints')).sort()).toEqual(['4', '8']);
     expect(fs.readdirSync(path.join(out, 'prices'))).toEqual([`${syntheticPriceList(seed2, log2.providerId).payload.version}.json`]);
@@ -77,7 +76,7 @@ describe('export', () => {
     const log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed, threads: 0, checkpointIntervalMs: 0 });
     await log.append(syntheticReceiptBody(0));
     const out = path.join(dir, 'out');
-    const s = await exportLog(log, out, { priceLists: readPriceLists(dir) });
+    const s = await exportLog(log, out, readPriceLists(dir));
     await log.close();
     expect(s.priceLists).toBe(2);
     const names = lists.map((l) => `${l.payload.version}.json`).sort();
@@ -93,7 +92,7 @@ describe('export', () => {
   });
 
   test('a line that is not the canonical envelope (CRLF) is envelope_not_canonical', async () => {
-    const b: BuiltLog = await buildPricedLog({ count: 5, checkpointEvery: 5 });
+    const b: BuiltLog = await buildLog({ count: 5, checkpointEvery: 5 });
     temps.push(b.root);
     const file = path.join(b.exportDir, 'receipts.jsonl');
     const lines = fs.readFileSync(file, 'utf8').split('\n');

@@ -88,7 +88,7 @@ describe('replay', () => {
   test('seller-node audit --replay on an export', async () => {
     const out = path.join(serving.dir, 'export');
     await serving.log.flush();
-    await exportLog(serving.log, out, { priceLists: [{ version: prices.payload.version, text: serializeEnvelope(prices.envelope) }] });
+    await exportLog(serving.log, out, [{ version: prices.payload.version, text: serializeEnvelope(prices.envelope) }]);
     const requests = path.join(serving.dir, 'requests.jsonl');
     fs.writeFileSync(requests, [...bodies].map(([request_id, b]) => JSON.stringify({ request_id, body: toBase64(b) })).join('\n') + '\n');
     expect(readRequestsFile(requests).size).toBe(bodies.size);

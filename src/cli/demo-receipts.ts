@@ -44,7 +44,7 @@ export function demoReceiptsCommand(): Command {
         const s = (performance.now() - t0) / 1000;
         say(`signed         ${opts.count} receipts, durable on disk, in ${s.toFixed(2)} s (${Math.round(opts.count / s)}/s)`);
         const out = path.join(dir, 'export');
-        const ex = await exportLog(log, out, { priceLists: readPriceLists(p.dir) });
+        const ex = await exportLog(log, out, readPriceLists(p.dir));
         say(`exported       ${ex.receipts} receipts + ${ex.checkpoints} signed checkpoints + ${ex.priceLists} signed price list to ${out}`);
         const seq = Number(last!.seq);
         const cp = log.latestCheckpoint()!;

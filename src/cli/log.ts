@@ -47,7 +47,7 @@ export function logCommand(): Command {
     .action(async (opts: { data: string; out: string }) => {
       const { log: rl } = open(opts.data, { threads: 0 });
       try {
-        const s = await exportLog(rl, opts.out, { priceLists: readPriceLists(opts.data) });
+        const s = await exportLog(rl, opts.out, readPriceLists(opts.data));
         process.stdout.write(`exported ${plural(s.receipts, 'receipt')}, ${plural(s.checkpoints, 'checkpoint')} and ${plural(s.priceLists, 'price list')} to ${path.resolve(opts.out)}\n`);
         if (s.priceLists === 0 && s.receipts > 0) {
           process.stderr.write(`seller-node: warning: ${opts.data} holds no signed price lists (prices/), so an audit of this export cannot price its receipts\n`);

@@ -18,12 +18,11 @@ export interface ExportSummary {
   priceLists: number;
 }
 
-export interface ExportOptions {
-  /** The signed price lists to carry (readPriceLists of the data dir): every version receipts cite. */
-  priceLists?: readonly StoredPriceList[];
-}
-
-export async function exportLog(log: ReceiptLog, outDir: string, opts: ExportOptions = {}): Promise<ExportSummary> {
+/**
+ * Writes the export of `log` into `outDir`. `priceLists` (readPriceLists of the data dir) are the
+ * signed lists of every version the receipts cite: without them the export does not audit.
+ */
+export async function exportLog(log: ReceiptLog, outDir: string, priceLists: readonly StoredPriceList[]): Promise<ExportSummary> {
   await log.flush();
   log.checkpoint(); // the export's latest checkpoint covers every receipt in it
   const cpDir = path.join(outDir, 'checkpoints');
@@ -53,7 +52,6 @@ export async function exportLog(log: ReceiptLog, outDir: string, opts: ExportOpt
   fs.mkdirSync(pricesDir, { recursive: true });
   // Nor its price lists: the audit checks every list in the folder.
   for (const name of fs.readdirSync(pricesDir)) if (name.endsWith('.json')) fs.rmSync(path.join(pricesDir, name));
-  const lists = opts.priceLists ?? [];
-  for (const l of lists) fs.writeFileSync(path.join(pricesDir, `${l.version}.json`), l.text);
-  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0, priceLists: lists.length };
+  for (const l of priceLists) fs.writeFileSync(path.join(pricesDir, `${l.version}.json`), l.text);
+  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0, priceLists: priceLists.length };
 }

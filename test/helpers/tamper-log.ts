@@ -13,15 +13,19 @@ import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { RECEIPT_PAYLOAD_TYPE } from '../../attestation/receipt.ts';
 import { exportLog } from '../../src/store/export.ts';
 import { ReceiptLog } from '../../src/store/receipt-log.ts';
-import { syntheticReceiptBody } from '../../src/store/synthetic.ts';
+import { readPriceLists, savePriceList } from '../../src/data-dir.ts';
+import { syntheticPriceList, syntheticReceiptBody } from '../../src/store/synthetic.ts';
+import type { ReceiptBody } from '../../attestation/receipt.ts';
 
 export interface BuiltLog {
   /** Temp root holding the SQLite file and the export; remove with removeTemp(). */
   root: string;
-  /** The export folder (receipts.jsonl, checkpoint, checkpoints/, provider.pub). */
+  /** The export folder (receipts.jsonl, checkpoint, checkpoints/, provider.pub, prices/). */
   exportDir: string;
   seed: Uint8Array;
   providerId: string;
+  /** The version of the synthetic price list (kept in the root as a node keeps it, and exported). */
+  priceVersion: string;
   origin: string;
   /** The exported lines, in order. */
   lines: string[];
@@ -53,15 +57,20 @@ export function providerIdOf(seed: Uint8Array): string {
 }
 
 /**
- * Appends `count` synthetic receipts in awaited groups of `checkpointEvery` (so the log signs one
- * checkpoint per group: sizes checkpointEvery, 2×checkpointEvery, ..., count) and exports it.
+ * A node's data dir as `log fill` leaves it (the synthetic price list kept in prices/): appends
+ * `body(i)` (default: synthetic receipts) for i < count in awaited groups of `checkpointEvery` (so
+ * the log signs one checkpoint per group: sizes checkpointEvery, 2×checkpointEvery, ..., count) and
+ * exports it with the data dir's price lists, as `log export` does.
  */
-export async function buildLog(opts: { count?: number; checkpointEvery?: number; seed?: Uint8Array; root?: string } = {}): Promise<BuiltLog> {
+export async function buildLog(opts: { count?: number; checkpointEvery?: number; seed?: Uint8Array; root?: string; body?: (i: number) => ReceiptBody } = {}): Promise<BuiltLog> {
   const count = opts.count ?? 30;
   const every = opts.checkpointEvery ?? 10;
   const seed = opts.seed ?? randomSeed();
   const root = opts.root ?? tempDir();
   const exportDir = path.join(root, 'export');
+  const body = opts.body ?? syntheticReceiptBody;
+  const prices = syntheticPriceList(seed, providerIdOf(seed));
+  savePriceList(root, prices);
   const log = ReceiptLog.open({ path: path.join(root, 'receipts.db'), seed, threads: 0, checkpointIntervalMs: 0, checkpointEvery: every });
   const roots: Uint8Array[] = [log.root(0)];
   let totalCost = 0n;
@@ -71,7 +80,7 @@ export async function buildLog(opts: { count?: number; checkpointEvery?: number;
     for (let done = 0; done < count; ) {
       const n = Math.min(every, count - done);
       const group = [];
-      for (let i = 0; i < n; i++) group.push(log.append(syntheticReceiptBody(done + i)));
+      for (let i = 0; i < n; i++) group.push(log.append(body(done + i)));
       for (const r of await Promise.all(group)) {
         totalCost += BigInt(r.payload.cost_micro_usd);
         totalHold += BigInt(r.payload.hold_micro_usd);
@@ -80,7 +89,7 @@ export async function buildLog(opts: { count?: number; checkpointEvery?: number;
       done += n;
     }
     for (let s = 1; s <= count; s++) roots.push(log.root(s));
-    await exportLog(log, exportDir);
+    await exportLog(log, exportDir, readPriceLists(root));
   } finally {
     await log.close();
   }
@@ -90,6 +99,7 @@ export async function buildLog(opts: { count?: number; checkpointEvery?: number;
     exportDir,
     seed,
     providerId,
+    priceVersion: prices.payload.version,
     origin: receiptLogOrigin(providerId),
     lines: readReceiptLines(exportDir),
     checkpointSizes: fs
