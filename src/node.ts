@@ -204,7 +204,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         priceList: { envelope: prices.envelope, version: prices.payload.version },
         models: [...models.values()].map(describe),
         tier: 'T1',
-        capacity: () => signCapacity(identity, capacitySnapshot()),
+        capacity: (at) => signCapacity(identity, capacitySnapshot(), at),
         logger,
       });
       const r = registration;

@@ -30,8 +30,8 @@ export interface RegistrationOptions {
   priceList: { envelope: DsseEnvelope; version: string };
   models: RegisteredModel[];
   tier: AttestationTier;
-  /** The node's signed capacity snapshot, sent as the heartbeat body. */
-  capacity: () => DsseEnvelope;
+  /** The node's capacity snapshot signed with time `at` (signCapacity), sent as the heartbeat body. */
+  capacity: (at: number) => DsseEnvelope;
   /** Heartbeat interval; default: what the market answers at registration (else 5000 ms). */
   intervalMs?: number;
   logger?: Logger;
@@ -100,8 +100,16 @@ export function startRegistration(o: RegistrationOptions): Registration {
   let registeredAt: number | null = null;
   let lastHeartbeatAt: number | null = null;
   let lastError: MarketplaceStatus['last_error'] = null;
-  /** The latest issued_at sent: the next registration's is later, even if the clock stepped back. */
-  let lastIssuedAt = -Infinity;
+  /**
+   * The time of everything the node signs for the market (a registration's issued_at, a
+   * heartbeat's at): never earlier than the last, even if the clock stepped back. The market refuses
+   * a registration older than the one in force (the same issued_at is a replay that changes nothing)
+   * and answers a snapshot not newer than the last one, or older than the registration, 409
+   * heartbeat_stale; a stepped-back clock would otherwise have the node re-register every interval
+   * until the clock caught up, its heartbeats never counted (docs/market-api.md §Providers).
+   */
+  let lastStamp = -Infinity;
+  const stamp = () => (lastStamp = Math.max(now(), lastStamp + 1));
   const failed = (during: 'registration' | 'heartbeat', r: Exclude<Outcome, { kind: 'ok' }>) => {
     lastError = { at: now(), during, ...(r.kind === 'refused' ? { status: r.status, code: r.code } : {}), reason: r.message.slice(0, 500) };
   };
@@ -156,10 +164,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
       price_list: o.priceList.envelope,
       models: o.models,
       attestation_tier: o.tier,
-      // The market refuses a registration older than the one in force and answers the same
-      // issued_at as a replay that changes nothing: after the clock stepped back, a registration
-      // stamped with it would not supersede the last one (docs/market-api.md §Providers).
-      issued_at: (lastIssuedAt = Math.max(now(), lastIssuedAt + 1)),
+      issued_at: stamp(),
     };
     return signRegistration(o.seed, payload);
   }
@@ -201,7 +206,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
           backoff = Math.min(backoff * 2, maxBackoff);
           continue;
         }
-        const r = await post('/v1/providers/heartbeat', o.capacity());
+        const r = await post('/v1/providers/heartbeat', o.capacity(stamp()));
         if (stopper.signal.aborted) break;
         if (r.kind === 'refused' && dropsRegistration(r.status)) {
           // Not live at the market any more (or soon): not ready until it takes a registration
