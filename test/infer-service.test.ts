@@ -33,18 +33,21 @@ afterAll(async () => {
 interface Recorded {
   head?: { status: number; headers: Record<string, string> };
   data: Uint8Array[];
+  /** Per write: whether it asked to resolve only once sent (DataOptions.sent). */
+  sent: boolean[];
   trailer?: Record<string, any>;
 }
 
 function recorder(opts: { failAfter?: number; failOn?: (b: Uint8Array) => boolean; onData?: (n: number) => void } = {}): { res: InferResponse; out: Recorded } {
-  const out: Recorded = { data: [] };
+  const out: Recorded = { data: [], sent: [] };
   return {
     out,
     res: {
       head: async (h) => void (out.head = h),
-      data: async (b) => {
+      data: async (b, o) => {
         if ((opts.failAfter !== undefined && out.data.length >= opts.failAfter) || opts.failOn?.(b)) throw new Error('stream closed');
         out.data.push(b);
+        out.sent.push(o?.sent === true);
         opts.onData?.(out.data.length);
       },
       trailer: async (t) => void (out.trailer = t),
@@ -119,6 +122,23 @@ describe('InferService', () => {
       const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
       expect(v).toMatchObject({ ok: true, value: { payload: { response_sha256: sha(out) } } });
       if (includeUsage && v.ok) expect(usageChunks[0].usage.completion_tokens).toBe(v.value.payload.usage.output_tokens);
+    }
+  });
+
+  test('streamed tokens are written in sent mode (billed once handed over), the opening and closing events not; with an Idempotency-Key too', async () => {
+    for (const keyed of [false, true]) {
+      for (const [endpoint, body, token] of [
+        ['chat/completions', { ...chatBody, stream: true }, '"delta":{"content"'],
+        ['responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 20, seed: 11, stream: true }, 'response.output_text.delta'],
+      ] as const) {
+        const { res, out } = recorder();
+        const over = keyed ? { idempotency_key: `sent-mode-${endpoint.replace('/', '-')}` } : {};
+        await service.handle(request(endpoint, body, over), res);
+        expect(out.trailer?.receipt).toBeDefined();
+        const writes = out.data.map((b, i) => ({ token: Buffer.from(b).toString('utf8').includes(token), sent: out.sent[i] }));
+        expect(writes.filter((w) => w.token).length).toBeGreaterThan(0);
+        expect({ endpoint, over, writes: writes.filter((w) => w.token !== w.sent) }).toEqual({ endpoint, over, writes: [] });
+      }
     }
   });
 

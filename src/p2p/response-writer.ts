@@ -18,6 +18,7 @@ import type { Stream } from '@libp2p/interface';
 import { DEFAULT_FRAME_LIMITS, encodeData, encodeHead, encodeTrailer, type FrameLimits, type JsonObject } from './frames.ts';
 import { StreamError, waitForDrain } from './frame-io.ts';
 import { errorBody } from '../service-error.ts';
+import type { DataOptions } from '../serve/infer-service.ts';
 
 export interface ResponseWriter {
   /** Sends the HEAD frame (status, headers). Exactly once, first. */
@@ -33,11 +34,6 @@ export interface ResponseWriter {
   readonly headSent: boolean;
   /** True once trailer() has been called. */
   readonly finished: boolean;
-}
-
-export interface DataOptions {
-  /** Resolve only after the bytes were handed to the transport, not when they are queued. */
-  sent?: boolean;
 }
 
 /** Queued bytes that force a write without waiting for setImmediate. */

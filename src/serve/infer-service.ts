@@ -37,7 +37,7 @@ export interface InferRequest {
   signal: AbortSignal;
 }
 
-/** Options of InferResponse.data (the same shape as the libp2p response writer's). */
+/** Options of InferResponse.data (the libp2p response writer implements them). */
 export interface DataOptions {
   /** Resolve only once the bytes were handed to the transport, not when they are queued. */
   sent?: boolean;
@@ -463,8 +463,8 @@ function record(res: InferResponse): { res: InferResponse; result(): RecordedRes
         head = h;
         await res.head(h);
       },
-      data: async (b) => {
-        await res.data(b);
+      data: async (b, o) => {
+        await res.data(b, o);
         body.push(b);
       },
       trailer: async (t) => {
