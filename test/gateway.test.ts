@@ -263,6 +263,12 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     // The representative-price ceiling judges the model's price for 1,000 + 1,000 tokens, not this request.
     const pricey = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-max-representative-request-price-usd': '0.000001' }, body: JSON.stringify({ endpoint: 'CHAT', body }) });
     expect([pricey.status, ((await pricey.json()) as { error: { code: string } }).error.code]).toEqual([403, 'price_ceiling_exceeded']);
+    // A body JSON parses but RFC 8785 cannot canonicalise (a number beyond float64, a lone surrogate) is estimated too.
+    for (const odd of ['1e400', '"\\ud800"']) {
+      const r2 = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `{"endpoint":"CHAT","body":{"model":"${MODEL}","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"metadata":{"x":${odd}}}}` });
+      expect([odd, r2.status]).toEqual([odd, 200]);
+      await r2.json();
+    }
   });
 
   test('estimates for embeddings: each input counted on its own; one longer than the context is refused, as the node refuses it', async () => {

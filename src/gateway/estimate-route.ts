@@ -4,15 +4,13 @@
 // candidates; context fit: checkRouting); the estimate's maximum is the worst case at its rates.
 import type { FastifyInstance } from 'fastify';
 import { formatUsd } from '../../attestation/money.ts';
-import { canonicalBytes } from '../../attestation/canonical-json.ts';
-import { sha256Hex } from '../../attestation/hash.ts';
 import { ratesFromWire } from '../../attestation/receipt.ts';
 import { contextUnfit, textNeed, worstCaseCost, type Need } from '../dispatch/routing.ts';
 import type { Host } from '../p2p/host.ts';
 import { ContractError, parseRequest, type ParsedRequest } from '../serve/contract.ts';
 import { candidates, type Candidate } from './candidates.ts';
 import { GatewayError, invalid } from './errors.ts';
-import { ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
+import { canonicalBodySha256, ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
 import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj } from './request-body.ts';
@@ -67,7 +65,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     const est = d.estimates.add({
       endpoint,
       model: parsed.model,
-      bodySha256: sha256Hex(canonicalBytes(ask.body)), // canonicalBodySha256 of the body, already parsed
+      bodySha256: canonicalBodySha256(bytes),
       routing: routingKey(controls),
       provider: c.provider.provider,
       priceVersion: c.provider.price_version ?? '',
