@@ -1,13 +1,10 @@
-// Errors before routing, answered with the server's own error body. Shared by the three HTTP
-// servers (the ops server, the development market and the buyer gateway), each passing its own
-// error body and 400 code.
+// Errors before routing, answered with the project's error body ({error: {code, message}}).
+// Shared by the three HTTP servers (the ops server, the development market and the buyer
+// gateway), each passing its own 400 code.
 import { STATUS_CODES, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyBaseLogger, FastifyError, FastifyReply, FastifyServerOptions } from 'fastify';
-import { JSON_TYPE } from './service-error.ts';
-
-/** An error body builder: each server passes its own ({error: {code, message}}). */
-export type ErrorBodyOf = (code: string, message: string) => object;
+import { errorBody, JSON_TYPE } from './service-error.ts';
 
 /**
  * Requests no route ever sees get the server's own error body too. Fastify answers a URL it cannot
@@ -15,15 +12,15 @@ export type ErrorBodyOf = (code: string, message: string) => object;
  * `frameworkErrors`, bypassing setErrorHandler; without it the body is fastify's own
  * `{"error":"Bad Request","code":"FST_ERR_BAD_URL",...}`.
  */
-export function frameworkErrorReply(err: FastifyError, reply: FastifyReply, badRequestCode: string, body: ErrorBodyOf): FastifyReply {
+export function frameworkErrorReply(err: FastifyError, reply: FastifyReply, badRequestCode: string): FastifyReply {
   const status = typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
-  if (status === 500) return reply.code(500).type(JSON_TYPE).send(body('internal_error', 'internal error'));
+  if (status === 500) return reply.code(500).type(JSON_TYPE).send(errorBody('internal_error', 'internal error'));
   // Fastify's messages quote the whole path (the client's, of any length): ours name the fault.
   const what =
     err.code === 'FST_ERR_BAD_URL' ? 'url: not a valid URL (a "%" must start a percent-encoded UTF-8 byte, e.g. %2F)'
     : err.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 'url: a path parameter is longer than this server accepts'
     : err.message.slice(0, 200);
-  return reply.code(status).type(JSON_TYPE).send(body(status === 414 ? 'url_too_long' : badRequestCode, what));
+  return reply.code(status).type(JSON_TYPE).send(errorBody(status === 414 ? 'url_too_long' : badRequestCode, what));
 }
 
 /** A client error's status, code and message (the request did not parse, so no route answers it). */
@@ -57,7 +54,7 @@ const CLIENT_ERROR_LINGER_MS = 5_000;
  * As Node does, it writes nothing when the connection was reset, or when a response on it has
  * already started (a pipelined request's): a second status line would corrupt it.
  */
-export function clientErrorHandler(badRequestCode: string, body: ErrorBodyOf, log?: () => FastifyBaseLogger): NonNullable<FastifyServerOptions['clientErrorHandler']> {
+export function clientErrorHandler(badRequestCode: string, log?: () => FastifyBaseLogger): NonNullable<FastifyServerOptions['clientErrorHandler']> {
   return (err, socket: Socket) => {
     if (err.code === 'ECONNRESET' || socket.destroyed) return;
     // A later chunk of the same refused request: the answer is already on its way, then the close.
@@ -70,7 +67,7 @@ export function clientErrorHandler(badRequestCode: string, body: ErrorBodyOf, lo
     const a = clientErrorAnswer(err, badRequestCode);
     // The code only: the error object carries the raw request bytes (rawPacket).
     log?.().debug({ code: err.code, status: a.status }, 'http: request refused before routing');
-    const text = JSON.stringify(body(a.code, a.message));
+    const text = JSON.stringify(errorBody(a.code, a.message));
     const head = `HTTP/1.1 ${a.status} ${STATUS_CODES[a.status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n`;
     socket.setTimeout(CLIENT_ERROR_LINGER_MS, () => socket.destroy());
     socket.end(head + text, () => socket.destroy());

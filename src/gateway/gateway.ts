@@ -128,8 +128,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return503OnClosing: true,
     // The spec's envelope also for requests that reach no route: a URL that does not decode
     // (fastify's frameworkErrors bypass the error handler below) and HTTP that does not parse.
-    frameworkErrors: (err, req, reply) => frameworkErrorReply(err, reply.header('x-request-id', req.id), 'invalid_request', errorBody),
-    clientErrorHandler: clientErrorHandler('invalid_request', errorBody),
+    frameworkErrors: (err, req, reply) => frameworkErrorReply(err, reply.header('x-request-id', req.id), 'invalid_request'),
+    clientErrorHandler: clientErrorHandler('invalid_request'),
     // A request id is up to 128 characters (REQUEST_ID_RE); the router's default (100) would answer
     // GET /v1/requests/{id} of a longer one 414 before the route could.
     routerOptions: { maxParamLength: 256 },

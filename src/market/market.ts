@@ -10,7 +10,6 @@ import { registerRoutes } from './routes.ts';
 import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
 import { closeHttp } from '../http-close.ts';
 import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
-import { errorBody } from './errors.ts';
 
 export { DEFAULT_MARKET_LIMITS, type MarketLimits } from './store.ts';
 
@@ -63,11 +62,11 @@ export function createMarket(opts: MarketOptions): Market {
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
     // docs/market-api.md promises {error: {code, message}} for every error, also for requests that
     // reach no route: a URL that does not decode, HTTP that does not parse.
-    frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'invalid_request', errorBody),
+    frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'invalid_request'),
     // A request id is up to 128 characters (the ticket's limit); the router's default (100) would
     // answer a lookup of a longer one 414 before the route could.
     routerOptions: { maxParamLength: 256 },
-    clientErrorHandler: clientErrorHandler('invalid_request', errorBody, () => app.log),
+    clientErrorHandler: clientErrorHandler('invalid_request', () => app.log),
   });
   registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now: opts.now ?? Date.now, heartbeatIntervalMs });
 

@@ -14,7 +14,7 @@ import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type
 import type { Registry } from 'prom-client';
 import { closeHttp } from '../http-close.ts';
 import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
-import { JSON_TYPE } from '../service-error.ts';
+import { errorBody, JSON_TYPE } from '../service-error.ts';
 
 type MaybePromise<T> = T | Promise<T>;
 
@@ -111,9 +111,6 @@ class OpsFailure extends Error {
   }
 }
 
-function errorBody(code: string, message: string): { error: { code: string; message: string } } {
-  return { error: { code, message } };
-}
 
 function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
@@ -150,8 +147,8 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     return503OnClosing: true,
     // Requests that reach no route (a URL that does not decode, HTTP that does not parse) get the
     // same error body as the rest.
-    frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'bad_request', errorBody),
-    clientErrorHandler: clientErrorHandler('bad_request', errorBody, () => app.log),
+    frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'bad_request'),
+    clientErrorHandler: clientErrorHandler('bad_request', () => app.log),
   });
 
   /** Runs a caller's callback; any failure becomes a safe 500 and is logged server-side. */
