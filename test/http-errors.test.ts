@@ -18,14 +18,23 @@ interface RawAnswer {
   closed: boolean;
 }
 
-/** Sends raw bytes on a fresh connection and reads everything until the server closes it. */
+/**
+ * Sends raw bytes on a fresh connection and reads until the server closes it, or for 2 s at most
+ * (then `closed` is false and the connection is cut here).
+ */
 function raw(port: number, bytes: string): Promise<RawAnswer> {
   return new Promise((resolve, reject) => {
     const socket = net.connect({ host: '127.0.0.1', port });
     const chunks: Buffer[] = [];
+    let closed = true;
+    const cut = setTimeout(() => {
+      closed = false;
+      socket.destroy();
+    }, 2000);
     socket.on('data', (d: Buffer) => chunks.push(d));
     socket.on('error', reject);
     socket.on('close', () => {
+      clearTimeout(cut);
       const text = Buffer.concat(chunks).toString('utf8');
       const [head = '', ...rest] = text.split('\r\n\r\n');
       const [statusLine = '', ...lines] = head.split('\r\n');
@@ -37,7 +46,7 @@ function raw(port: number, bytes: string): Promise<RawAnswer> {
       } catch {
         body = bodyText;
       }
-      resolve({ status: Number(/^HTTP\/1\.1 (\d{3}) /.exec(statusLine)?.[1] ?? 0), headers, body, closed: true });
+      resolve({ status: Number(/^HTTP\/1\.1 (\d{3}) /.exec(statusLine)?.[1] ?? 0), headers, body, closed });
     });
     socket.write(bytes);
   });
@@ -62,6 +71,13 @@ const CLIENT_ERRORS: { name: string; bytes: (path: string) => string; status: nu
     status: 431,
     code: 'headers_too_large',
     message: /headers/,
+  },
+  {
+    name: 'chunk extensions larger than the server accepts',
+    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2;${'e'.repeat(20_000)}\r\n{}\r\n0\r\n\r\n`,
+    status: 413,
+    code: 'request_too_large',
+    message: /chunk extensions/,
   },
 ];
 
@@ -139,6 +155,13 @@ describe('path parameters as long as a request id may be', () => {
     const res = await fetch(`${gateway.url}/requests/${id}`);
     expect(res.status).toBe(404);
     expect(((await res.json()) as any).error.code).toBe('request_not_found');
+  });
+  test('a path parameter beyond the router\'s limit is 414 url_too_long in the server\'s own body (market and gateway)', async () => {
+    for (const url of [`${marketUrl}/v1/receipts/${'r'.repeat(300)}`, `${gateway.url}/requests/${'r'.repeat(300)}`]) {
+      const res = await fetch(url);
+      expect([url, res.status]).toEqual([url, 414]);
+      expect(await res.json()).toEqual({ error: { code: 'url_too_long', message: expect.stringMatching(/^url: a path parameter is longer/) } });
+    }
   });
 });
 
