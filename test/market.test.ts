@@ -14,7 +14,7 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import { REGISTRATION_PAYLOAD_TYPE } from '../src/market/registration-payload.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
-import { PAID_ENDPOINTS } from '../src/gateway/tickets.ts';
+import { PAID_ENDPOINTS } from '../src/serve/contract.ts';
 import { call, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';

@@ -19,7 +19,8 @@ import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
-import { embeddingsHold, PAID_ENDPOINTS, paidOf, type Granted, type Paid, type PaidEndpoint, type TicketAsk, type Ticketing } from './tickets.ts';
+import { PAID_ENDPOINTS, type PaidEndpoint } from '../serve/contract.ts';
+import { embeddingsHold, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;

@@ -6,14 +6,13 @@ import type { WireRates } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import { verifyTicket } from '../../attestation/ticket-verify.ts';
 import { worstCaseCost } from '../dispatch/routing.ts';
+import type { PaidEndpoint } from '../serve/contract.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError } from './errors.ts';
 import type { MarketClient, ProviderEntry, TicketRequest } from './market-client.ts';
 import type { ReceiptExpectation } from './receipt-check.ts';
 import type { RoutingControls } from './routing-headers.ts';
 
-export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
-export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
 
 /** A ticket the marketplace granted, checked, with where to dial its provider. */
 export interface Granted {

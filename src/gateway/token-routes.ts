@@ -10,11 +10,11 @@ import { candidates, type Candidate } from './candidates.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError, headStatus, providerRefusal } from './errors.ts';
 import type { MarketClient } from './market-client.ts';
+import { FREE_ENDPOINTS } from '../serve/contract.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
 
-const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
 
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
 export class ProviderUnreached extends GatewayError {}

@@ -7,7 +7,7 @@ import type { Rates } from '../../attestation/money.ts';
 import { ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
 import { checkOffer, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
-import { TEXT_ENDPOINTS } from '../serve/contract.ts';
+import { PAID_ENDPOINTS } from '../serve/contract.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
 import type { RegisteredModel } from './registration-payload.ts';
@@ -15,13 +15,6 @@ import type { MarketStore, ProviderRecord } from './store.ts';
 
 export const TICKET_TTL_MS = 60_000;
 export const DEFAULT_ACCOUNT = 'dev';
-
-/**
- * The endpoints a ticket may name: those a node serves (src/serve/contract.ts) that it takes a
- * ticket for. It answers tokenize and count_tokens free, without one, so a ticket for them would
- * hold money that no receipt ever settles.
- */
-export const TICKETED_ENDPOINTS: readonly string[] = TEXT_ENDPOINTS.filter((e) => e !== 'tokenize' && e !== 'count_tokens');
 
 export interface TicketRequest {
   endpoint: string;
@@ -105,8 +98,10 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
     expires_at: now + TICKET_TTL_MS,
   };
   validated(draft);
-  if (!TICKETED_ENDPOINTS.includes(req.endpoint)) {
-    throw new MarketError(400, 'invalid_request', `endpoint: "${req.endpoint.slice(0, 64)}" is not one nodes take tickets for (${TICKETED_ENDPOINTS.join(', ')})`);
+  // Only endpoints nodes bill: they answer tokenize and count_tokens free, without a ticket, so a
+  // ticket for them would hold money that no receipt ever settles.
+  if (!(PAID_ENDPOINTS as readonly string[]).includes(req.endpoint)) {
+    throw new MarketError(400, 'invalid_request', `endpoint: "${req.endpoint.slice(0, 64)}" is not one nodes take tickets for (${PAID_ENDPOINTS.join(', ')})`);
   }
   // Tickets need no credentials, so their number is bounded: each holds money until it settles or expires.
   const outstanding = store.outstandingTickets(now);

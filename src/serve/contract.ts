@@ -12,8 +12,14 @@ export class ContractError extends Error {
   }
 }
 
-export type TextEndpoint = 'chat/completions' | 'completions' | 'responses' | 'embeddings' | 'tokenize' | 'count_tokens';
-export const TEXT_ENDPOINTS: readonly TextEndpoint[] = ['chat/completions', 'completions', 'responses', 'embeddings', 'tokenize', 'count_tokens'];
+/** The endpoints a node bills: each needs a ticket and ends in a receipt. */
+export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
+export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
+/** The endpoints a node answers free, without a ticket (counting tokens). */
+export const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
+export type FreeEndpoint = (typeof FREE_ENDPOINTS)[number];
+export type TextEndpoint = PaidEndpoint | FreeEndpoint;
+export const TEXT_ENDPOINTS: readonly TextEndpoint[] = [...PAID_ENDPOINTS, ...FREE_ENDPOINTS];
 
 export interface GenerationParams {
   maxTokens: number | undefined;

@@ -15,7 +15,7 @@ import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
-import { ContractError, parseRequest, TEXT_ENDPOINTS, type ParsedRequest, type TextEndpoint } from './contract.ts';
+import { ContractError, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type ParsedRequest, type TextEndpoint } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
 import { readAhead } from './read-ahead.ts';
 import { errorBody, ServiceError } from '../service-error.ts';
@@ -483,7 +483,7 @@ function record(res: InferResponse): { res: InferResponse; result(): RecordedRes
 type TokenizeRequest = Extract<ParsedRequest, { endpoint: 'tokenize' | 'count_tokens' }>;
 
 function isTokenize(p: ParsedRequest): p is TokenizeRequest {
-  return p.endpoint === 'tokenize' || p.endpoint === 'count_tokens';
+  return (FREE_ENDPOINTS as readonly string[]).includes(p.endpoint);
 }
 
 function admissionRefusal(e: unknown): Refusal {
