@@ -8,8 +8,8 @@ import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import type { RequestRecord } from '../src/gateway/records.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
-import { waitFor, waitForListed } from './helpers/wait.ts';
-import { marketTotals, type MarketTotals } from './helpers/gateway-reads.ts';
+import { waitForListed } from './helpers/wait.ts';
+import { marketTotals, settledRecord, type MarketTotals } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 let fx: MarketFixture;
@@ -66,10 +66,7 @@ describe('failover past a provider that cannot be reached', () => {
     const firstId = finalId.replace(/-f1$/, '');
     const first = (await (await fetch(`${gw.url}/requests/${firstId}`)).json()) as RequestRecord;
     expect(first).toMatchObject({ status: 'failed', provider: gone.providerId, receipt: null, cost_micro_usd: null, error: { code: 'provider_unreachable' } });
-    const second = await waitFor('the served request to settle', async () => {
-      const r = (await (await fetch(`${gw.url}/requests/${finalId}`)).json()) as RequestRecord;
-      return r.settled ? r : undefined;
-    });
+    const second = await settledRecord(gw.url, finalId);
     expect(second).toMatchObject({ status: 'completed', provider: live.providerId });
     const t = await totals();
     expect(t.by_provider[gone.providerId]).toBeUndefined();

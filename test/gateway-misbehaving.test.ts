@@ -523,10 +523,7 @@ describe('the buyer leaves before the provider answers: what the node did is set
   test('no work done: recorded abandoned / request_abandoned, nothing charged', async () => {
     const before = await snapshot();
     const id = await leaveAfter(async () => undefined);
-    const rec = await waitFor('the record to end', async () => {
-      const r = await record(id);
-      return r.status !== 'in_progress' ? r : undefined;
-    });
+    const rec = await endedRecord(gw.url, id);
     expect(rec).toMatchObject({ request_id: id, status: 'abandoned', provider: scripted.providerId, error: { code: 'request_abandoned' }, receipt: null, cost: null, settled: false });
     expect(await marketHas(id)).toBe(false);
     await expectNothingSettled(before);

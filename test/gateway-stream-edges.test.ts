@@ -22,7 +22,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { Exchange, ScriptedNode } from './helpers/misbehaving-node.ts';
 import { until, waitFor, waitForListed } from './helpers/wait.ts';
-import { gatewayRecord, marketHas as marketHasReceipt, settledRecord, sseData } from './helpers/gateway-reads.ts';
+import { endedRecord, gatewayRecord, marketHas as marketHasReceipt, settledRecord, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
 const SSE_HEAD = { status: 200, headers: { 'content-type': 'text/event-stream', 'x-service-stream-mode': 'live' } };
@@ -221,10 +221,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     // Everything the provider sent came before the error event, intact.
     expect(res.body.subarray(0, expected.length).equals(expected)).toBe(true);
     await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined));
-    const rec = await waitFor('the record to end', async () => {
-      const r = await record(slow, id);
-      return r.status !== 'in_progress' ? r : undefined;
-    });
+    const rec = await endedRecord(slow.url, id);
     expect(rec).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
     expect(await marketHas(id)).toBe(false);
     // The premise: the buyer's pause did hold the gateway up for longer than the idle limit.
