@@ -164,13 +164,11 @@ export function heartbeat(store: MarketStore, body: unknown, now: number): Provi
  * models; keeping it whole would let a heartbeat hold megabytes.
  */
 function heldCapacity(record: ProviderRecord, snap: CapacitySnapshot): HeldCapacity {
-  const registered = new Map(record.models.map((m) => [m.id, m.id]));
+  const registered = new Set(record.models.map((m) => m.id));
   const models: HeldCapacity['models'] = [];
   for (const m of snap.models) {
-    const id = registered.get(m.id);
-    if (id === undefined) continue;
-    registered.delete(id); // the first entry of a model counts, as freeSlots reads it
-    models.push({ id, free_slots: m.free_slots });
+    // Only registered models, and of each the first entry, as freeSlots reads it.
+    if (registered.delete(m.id)) models.push({ id: m.id, free_slots: m.free_slots });
   }
   return { at: snap.at, accepting: snap.accepting, models };
 }

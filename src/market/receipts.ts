@@ -49,7 +49,7 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
   // Compared by digest: the ticket remembers which receipt settled it after the record itself is
   // evicted (MarketLimits.maxReceipts), so a late retry is still never counted twice.
   const digest = sha256Hex(canonical);
-  const settled = store.settlementOf(ticket.ticket_id);
+  const settled = ticket.settled;
   if (settled) {
     // The same receipt again (a retry) is answered as the first time; another receipt for a ticket
     // that already has one means the node signed two receipts for one request.

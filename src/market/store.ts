@@ -217,11 +217,6 @@ export class MarketStore {
     return this.tickets.get(id);
   }
 
-  /** Which receipt settled a ticket (undefined when none yet, or the ticket is forgotten). */
-  settlementOf(ticketId: string): IssuedTicket['settled'] {
-    return this.tickets.get(ticketId)?.settled;
-  }
-
   /**
    * Stores a verified receipt (once per ticket, `receiptSha256` the SHA-256 of its line), marks
    * its ticket settled and counts it in the totals. Beyond maxReceipts / maxReceiptBytes the oldest
