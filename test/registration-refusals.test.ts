@@ -7,12 +7,9 @@ import net from 'node:net';
 import { afterEach, describe, expect, test } from 'vitest';
 import { toHex } from '../attestation/bytes.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
-import { signPriceList } from '../attestation/price-list.ts';
 import { createMarket } from '../src/market/market.ts';
-import { createLogger } from '../src/ops/logger.ts';
-import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
-import { signCapacity } from '../src/p2p/capacity-protocol.ts';
-import { readiness, startRegistration, type MarketplaceStatus, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { readiness, type MarketplaceStatus, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { heartbeatOf, provider, registeringNode, type LogLine } from './helpers/market-provider.ts';
 import { testKey } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
 
@@ -66,37 +63,16 @@ async function scriptedMarket(script: (route: Route, n: number) => Answer, node:
   return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, seen };
 }
 
-interface LogLine {
-  level: number;
-  msg: string;
-  [k: string]: unknown;
-}
-
-const key = testKey();
-const prices = signPriceList(key.seed, key.id, [{ model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' }]);
+const p = provider();
+const { key } = p;
 /** The heartbeat body: the scripted market does not read it. */
 const snapshot: DsseEnvelope = { payloadType: 'application/vnd.service.capacity.v1+json', payload: '', signatures: [] };
 
 /** The node's registration with the market at `marketUrl`, logging into `lines`. */
 function registerNode(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg: Registration; lines: LogLine[] } {
-  const lines: LogLine[] = [];
-  const logger = createLogger({ level: 'debug', destination: { write: (s: string) => void lines.push(JSON.parse(s) as LogLine) } });
-  const reg = startRegistration({
-    marketUrl,
-    seed: key.seed,
-    providerId: key.id,
-    peerId: peerIdFromSeed(key.seed).toString(),
-    addresses: ['/ip4/127.0.0.1/tcp/4101'],
-    priceList: { envelope: prices.envelope, version: prices.payload.version },
-    models: [{ id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 100 }],
-    tier: 'T1',
-    capacity: () => snapshot,
-    logger,
-    backoff: { initialMs: 20, maxMs: 80 },
-    ...over,
-  });
-  cleanups.push(() => reg.stop());
-  return { reg, lines };
+  const n = registeringNode(marketUrl, p, { capacity: () => snapshot, backoff: { initialMs: 20, maxMs: 80 }, ...over });
+  cleanups.push(() => n.reg.stop());
+  return n;
 }
 
 /** A market scripted by `script` and a node registering with it. */
@@ -202,8 +178,7 @@ describe('the development market', () => {
     // The node's clock: the market's, until the test steps it back.
     let offset = 0;
     const clock = () => Date.now() + offset;
-    const snap = { price_version: prices.payload.version, attestation_tier: 'T1' as const, accepting: true, models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 100, slots: 1, free_slots: 1, queued: 0, queue_limit: 4 }] };
-    const n = registerNode(url, { capacity: (at) => signCapacity({ seed: key.seed, providerId: key.id }, snap, at), now: clock });
+    const n = registerNode(url, { capacity: (at) => heartbeatOf(p, { at }), now: clock });
     const record = () => market.store.providers.get(key.id);
     await until('a heartbeat taken', () => record()?.capacity !== undefined);
     // Back by twice the time since the registration: the clock now reads earlier than issued_at.

@@ -2,12 +2,9 @@
 // heartbeats, survives the market going away, registers again with a market that forgot it.
 import net from 'node:net';
 import { afterEach, describe, expect, test } from 'vitest';
-import { signPriceList } from '../attestation/price-list.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
-import { createLogger } from '../src/ops/logger.ts';
-import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
-import { signCapacity } from '../src/p2p/capacity-protocol.ts';
-import { readiness, startRegistration, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { readiness, type Registration, type RegistrationOptions } from '../src/registration.ts';
+import { provider, registeringNode, type LogLine } from './helpers/market-provider.ts';
 import { testKey } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
 
@@ -37,39 +34,11 @@ async function freePort(): Promise<number> {
   return port;
 }
 
-interface LogLine {
-  level: number;
-  msg: string;
-  [k: string]: unknown;
-}
-
 function node(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg: Registration; id: string; lines: LogLine[] } {
-  const key = testKey();
-  const prices = signPriceList(key.seed, key.id, [{ model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' }]);
-  const lines: LogLine[] = [];
-  const logger = createLogger({ level: 'debug', destination: { write: (s: string) => void lines.push(JSON.parse(s) as LogLine) } });
-  const reg = startRegistration({
-    marketUrl,
-    seed: key.seed,
-    providerId: key.id,
-    peerId: peerIdFromSeed(key.seed).toString(),
-    addresses: ['/ip4/127.0.0.1/tcp/4101'],
-    priceList: { envelope: prices.envelope, version: prices.payload.version },
-    models: [{ id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 100 }],
-    tier: 'T1',
-    capacity: () =>
-      signCapacity({ seed: key.seed, providerId: key.id }, {
-        price_version: prices.payload.version,
-        attestation_tier: 'T1',
-        accepting: true,
-        models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 100, slots: 1, free_slots: 1, queued: 0, queue_limit: 4 }],
-      }),
-    logger,
-    backoff: { initialMs: 50, maxMs: 200 },
-    ...over,
-  });
-  cleanups.push(() => reg.stop());
-  return { reg, id: key.id, lines };
+  const p = provider();
+  const n = registeringNode(marketUrl, p, { backoff: { initialMs: 50, maxMs: 200 }, ...over });
+  cleanups.push(() => n.reg.stop());
+  return { ...n, id: p.key.id };
 }
 
 const listed = async (url: string, id: string) => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; live: boolean }[]).some((p) => p.provider === id && p.live);

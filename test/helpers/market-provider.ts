@@ -1,6 +1,6 @@
 // A provider as the development market sees it, for tests that talk to the market directly: a key,
 // its PeerId, a signed price list, the models it registers; signed registrations and heartbeats;
-// JSON calls to the market's HTTP API.
+// JSON calls to the market's HTTP API; the node's own registration client for such a provider.
 import { canonicalize } from '../../attestation/canonical-json.ts';
 import { utf8 } from '../../attestation/bytes.ts';
 import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
@@ -8,6 +8,8 @@ import { signPriceList } from '../../attestation/price-list.ts';
 import { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel, type RegistrationPayload } from '../../src/market/registration-payload.ts';
 import { signCapacity } from '../../src/p2p/capacity-protocol.ts';
 import { peerIdFromSeed } from '../../src/p2p/peer-id.ts';
+import { createLogger } from '../../src/ops/logger.ts';
+import { startRegistration, type Registration, type RegistrationOptions } from '../../src/registration.ts';
 import { testKey, type TestKey } from './receipts.ts';
 
 export const TINY: RegisteredModel = { id: 'tiny/llama', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1000 };
@@ -60,4 +62,35 @@ export function heartbeatOf(p: Provider, over: { accepting?: boolean; free_slots
 export async function call(base: string, method: string, path: string, body?: unknown): Promise<{ status: number; body: any }> {
   const res = await fetch(base + path, { method, ...(body === undefined ? {} : { headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }) });
   return { status: res.status, body: await res.json() };
+}
+
+/** A JSON log line of the node. */
+export interface LogLine {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+
+/**
+ * The node's registration client (startRegistration) for provider `p` with the market at
+ * `marketUrl`, logging into `lines`; its heartbeats are p's snapshots at the time the client
+ * stamps. The caller stops it (reg.stop()).
+ */
+export function registeringNode(marketUrl: string, p: Provider, over: Partial<RegistrationOptions> = {}): { reg: Registration; lines: LogLine[] } {
+  const lines: LogLine[] = [];
+  const logger = createLogger({ level: 'debug', destination: { write: (s: string) => void lines.push(JSON.parse(s) as LogLine) } });
+  const reg = startRegistration({
+    marketUrl,
+    seed: p.key.seed,
+    providerId: p.key.id,
+    peerId: p.peerId,
+    addresses: ['/ip4/127.0.0.1/tcp/4101'],
+    priceList: { envelope: p.prices.envelope, version: p.prices.payload.version },
+    models: p.models,
+    tier: 'T1',
+    capacity: (at) => heartbeatOf(p, { at }),
+    logger,
+    ...over,
+  });
+  return { reg, lines };
 }
