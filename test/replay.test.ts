@@ -10,8 +10,6 @@ import { signPriceList } from '../attestation/price-list.ts';
 import { ratesToWire, type ReceiptPayload } from '../attestation/receipt.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { readRequestsFile, replay } from '../src/audit/replay.ts';
-import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
-import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { InferService } from '../src/serve/infer-service.ts';
 import { exportLog } from '../src/store/export.ts';
 import { runCli } from './helpers/cli-run.ts';
@@ -39,10 +37,8 @@ async function serve(endpoint: string, body: object): Promise<void> {
 }
 
 beforeAll(async () => {
-  serving = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id, contextLength: 2048 });
-  // The serving core of the helper, under the signed list's version (the helper's is a bare name).
-  const gate = new TicketGate({ db: serving.db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
-  service = new InferService({ log: serving.log, gate, idempotency: new IdempotencyStore(serving.db), models: new Map([[serving.model.id, serving.model]]), priceVersion: prices.payload.version });
+  serving = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id, contextLength: 2048, priceVersion: prices.payload.version });
+  service = serving.service;
   const messages = [{ role: 'user', content: 'hello world' }];
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 4, temperature: 0.9 });
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 9, stream: true, stream_options: { include_usage: true } });

@@ -26,7 +26,7 @@ export interface Serving {
   close(): Promise<void>;
 }
 
-export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string; marketId: string; slots?: number; contextLength?: number; logThreads?: number; chatTemplate?: string }): Promise<Serving> {
+export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string; marketId: string; slots?: number; contextLength?: number; logThreads?: number; chatTemplate?: string; priceVersion?: string }): Promise<Serving> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'serving-'));
   const modelPath = path.join(dir, 'tiny.gguf');
   writeTinyLlama(modelPath, opts.chatTemplate === undefined ? {} : { chatTemplate: opts.chatTemplate });
@@ -37,7 +37,7 @@ export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string;
   const db = openStateDb(path.join(dir, 'state.db'));
   const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: opts.marketId }], providerId: opts.nodeId });
   const model: ServedModel = { id: 'tiny/llama', adapter, admission: new Admission({ slots, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates: TEST_RATES };
-  const service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+  const service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: opts.priceVersion ?? 'p1' });
   return {
     dir,
     adapter,
