@@ -80,7 +80,9 @@ export class AppendedReceipt {
 
 function prepareStatements(db: Database.Database) {
   return {
-    insertCheckpoint: db.prepare<[number, Uint8Array, string, number]>('INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)'),
+    // OR IGNORE: `log export` may have signed this size already from its own connection.
+    insertCheckpoint: db.prepare<[number, Uint8Array, string, number]>('INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)'),
+    checkpointOfSize: db.prepare<[number], { root: Uint8Array; note: string }>('SELECT root, note FROM checkpoints WHERE size = ?'),
     latestCheckpoint: db.prepare<[], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints ORDER BY size DESC LIMIT 1'),
     batchAt: db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1'),
     requestKeysBelow: db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?'),
@@ -126,6 +128,7 @@ export class ReceiptLog {
   private readonly publicKey: Uint8Array;
   private readonly tree: MerkleTree;
   private readonly checkpointEvery: number;
+  private readonly path: string;
   private readonly maxBatch: number;
   private readonly signer: SignerPool;
   private readonly writer: BatchWriter;
@@ -158,6 +161,7 @@ export class ReceiptLog {
     this.seed = opts.seed;
     this.publicKey = id.publicKey;
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
+    this.path = opts.path;
     this.maxBatch = opts.maxBatch ?? 128;
     this.db = openDb(opts.path);
     try {
@@ -210,7 +214,13 @@ export class ReceiptLog {
     const interval = opts.checkpointIntervalMs ?? 10_000;
     if (interval > 0) {
       this.timer = setInterval(() => {
-        if (this.tree.size > this.lastCheckpointSize && !this.broken) this.checkpoint();
+        if (this.tree.size <= this.lastCheckpointSize || this.broken) return;
+        try {
+          this.checkpoint();
+        } catch (e) {
+          // (never thrown out of a timer: the log stops, and every later append says why)
+          this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log checkpoint failed: ${(e as Error).message}`);
+        }
       }, interval);
       this.timer.unref();
     }
@@ -218,6 +228,14 @@ export class ReceiptLog {
 
   static open(opts: ReceiptLogOptions): ReceiptLog {
     return new ReceiptLog(opts);
+  }
+
+  /**
+   * Why the log has stopped (a failed write, a stored checkpoint it cannot vouch for), or
+   * undefined while it takes receipts. A stopped log refuses every append until the node restarts.
+   */
+  get failure(): Error | undefined {
+    return this.broken;
   }
 
   /** Receipts durably in the log. */
@@ -356,12 +374,24 @@ export class ReceiptLog {
   /**
    * Signs a checkpoint over the whole durable log, unless the latest already covers it. The tree
    * only grows and is rebuilt from the stored receipts, so two checkpoints can never disagree.
+   * Another connection (`seller-node log export` beside a running node) may have stored this
+   * size already: signing is deterministic, so its note is this one, and it is kept. One over
+   * another root means the file was written by something else: the log stops (log_corrupt).
    */
   checkpoint(size = this.tree.size): string | undefined {
     if (size === 0 || size <= this.lastCheckpointSize || size > this.tree.size) return undefined;
     const root = this.tree.root(size);
     const note = signNote(formatCheckpoint({ origin: this.origin, size, rootHash: root }), [{ name: this.origin, seed: this.seed, publicKey: this.publicKey }]);
-    this.stmt.insertCheckpoint.run(size, root, note, Date.now());
+    if (this.stmt.insertCheckpoint.run(size, root, note, Date.now()).changes === 0) {
+      const stored = this.stmt.checkpointOfSize.get(size);
+      if (!stored || toHex(stored.root) !== toHex(root)) {
+        const e = new ReceiptLogError('log_corrupt', `receipt log ${this.path}: its stored checkpoint of size ${size} is over another root than its receipts`);
+        this.broken ??= e;
+        throw e;
+      }
+      this.lastCheckpointSize = size;
+      return stored.note;
+    }
     this.lastCheckpointSize = size;
     return note;
   }
@@ -450,7 +480,10 @@ export class ReceiptLog {
     await this.signer.close();
     await this.writer.close();
     this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
-    if (!this.broken) this.checkpoint();
-    this.db.close();
+    try {
+      if (!this.broken) this.checkpoint();
+    } finally {
+      this.db.close();
+    }
   }
 }
