@@ -7,6 +7,7 @@ import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import type { NodeConfig } from './config.ts';
 import { savePriceList } from './data-dir.ts';
+import { lockDataDir } from './data-dir-lock.ts';
 import { parseHostPort } from './host-port.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
@@ -78,7 +79,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   }
   const logger = createLogger({ level: config.log_level, ...(opts.logDestination !== undefined ? { destination: opts.logDestination } : {}) });
   const identity = loadKeyFile(config.key);
-  fs.mkdirSync(config.data_dir, { recursive: true });
+  try {
+    fs.mkdirSync(config.data_dir, { recursive: true });
+  } catch (e) {
+    throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+  }
   const models = new Map<string, ServedModel>();
   // Shutdown steps, named: one that hangs is reported by name (see stopStep), and undone in reverse.
   const cleanup: [string, () => Promise<void> | void][] = [];
@@ -87,6 +92,45 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     for (const [name, c] of cleanup.splice(0).reverse()) await stopStep(logger, name, c);
   };
   try {
+    // The data dir first: its lock, the price list, the receipt log and the state database are
+    // checked before any model loads, so a folder problem is named at once, not after the load.
+    try {
+      const lock = lockDataDir(config.data_dir);
+      cleanup.push(['data dir lock', () => lock.release()]);
+    } catch (e) {
+      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+    }
+    const prices = signPriceList(
+      identity.seed,
+      identity.providerId,
+      config.models.map((m) => ({ model: m.id, ...ratesToWire(m.prices) })),
+    );
+    // Kept before any receipt cites its version, so `log export` can hand auditors every list.
+    try {
+      savePriceList(config.data_dir, prices);
+    } catch (e) {
+      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+    }
+    let log: ReceiptLog;
+    try {
+      log = ReceiptLog.open({
+        path: path.join(config.data_dir, 'receipts.db'),
+        seed: identity.seed,
+        threads: config.receipts.signer_threads,
+        checkpointEvery: config.receipts.checkpoint_every,
+        checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
+      });
+    } catch (e) {
+      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+    }
+    cleanup.push(['receipt log', () => log.close()]);
+    let db: ReturnType<typeof openStateDb>;
+    try {
+      db = openStateDb(path.join(config.data_dir, 'state.db'));
+    } catch (e) {
+      throw new NodeStartError(`data_dir: ${path.join(config.data_dir, 'state.db')}: ${(e as Error).message}`, { cause: e });
+    }
+    cleanup.push(['state database', () => void db.close()]);
     for (const m of config.models) {
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
       try {
@@ -99,27 +143,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
       logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256 }, 'model ready');
     }
-    const prices = signPriceList(
-      identity.seed,
-      identity.providerId,
-      [...models.values()].map((m) => ({ model: m.id, ...ratesToWire(m.rates) })),
-    );
-    // Kept before any receipt cites its version, so `log export` can hand auditors every list.
-    try {
-      savePriceList(config.data_dir, prices);
-    } catch (e) {
-      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
-    }
-    const log = ReceiptLog.open({
-      path: path.join(config.data_dir, 'receipts.db'),
-      seed: identity.seed,
-      threads: config.receipts.signer_threads,
-      checkpointEvery: config.receipts.checkpoint_every,
-      checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
-    });
-    cleanup.push(['receipt log', () => log.close()]);
-    const db = openStateDb(path.join(config.data_dir, 'state.db'));
-    cleanup.push(['state database', () => void db.close()]);
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const idempotency = new IdempotencyStore(db);
     // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
@@ -168,7 +191,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
-      accepting: stopped === undefined,
+      accepting: stopped === undefined && log.failure === undefined,
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
@@ -178,7 +201,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       host: opsHost,
       port: opsPort,
       metrics,
-      ready: () => readiness(stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status()),
+      ready: () => readiness(stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status(), log.failure),
       status: () => ({
         provider_id: identity.providerId,
         peer_id: host.peerId.toString(),
@@ -222,7 +245,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         stopped ??= (async () => {
           for (const m of models.values()) m.admission.close();
           if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
-          await undo(); // in reverse order of start: the protocols first, then the receipt log (it flushes every receipt), the runtimes last
+          await undo(); // in reverse order of start: the protocols first, the runtimes, then the receipt log (it flushes every receipt, a cancelled one included), the data dir's lock last
           logger.info({}, 'node stopped');
         })();
         return stopped;

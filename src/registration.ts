@@ -258,13 +258,15 @@ export function startRegistration(o: RegistrationOptions): Registration {
 }
 
 /**
- * /readyz for a node: not ready while stopping, without a marketplace key (every ticket would be
+ * /readyz for a node: not ready while stopping, with its receipt log stopped (no paid work can
+ * end in a receipt), without a marketplace key (every ticket would be
  * refused), or, when a marketplace URL is configured, while the market has not accepted the node
  * (it routes no new buyers to it). Tickets already issued are still served in that state.
  */
-export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined): { ready: boolean; reasons: string[] } {
+export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error): { ready: boolean; reasons: string[] } {
   if (stopping) return { ready: false, reasons: ['stopping'] };
   const reasons: string[] = [];
+  if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 200)}): paid requests are refused until a restart`);
   if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
   if (market && !market.registered) {
     const e = market.last_error;

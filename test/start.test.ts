@@ -1,6 +1,5 @@
 // `seller-node start` as an operator runs it: a real process with a config, serving over libp2p,
 // answering on the ops port, and stopping cleanly on SIGTERM with every receipt on disk.
-import { spawn, type ChildProcess } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -16,7 +15,8 @@ import { verifyEnvelope } from '../attestation/dsse.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { loadKeyFile } from '../src/identity.ts';
-import { assertCliBuilt, CLI_BIN, runCli } from './helpers/cli-run.ts';
+import { assertCliBuilt, runCli } from './helpers/cli-run.ts';
+import { killLeftNodes, spawnNode, waitForStart } from './helpers/node-process.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
@@ -25,33 +25,10 @@ const dir = tempDir('seller-node-start-');
 afterAll(() => removeTemp(dir));
 const market = testKey();
 
-/** Nodes started by a test: one a failed assertion left running is killed after it. */
-const children: ChildProcess[] = [];
-afterEach(() => {
-  for (const c of children.splice(0)) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-});
-function startNode(configFile: string): ChildProcess {
-  const child = spawn(process.execPath, [CLI_BIN, 'start', '--config', configFile], { stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  return child;
-}
+afterEach(killLeftNodes);
 
 function config(extra = ''): string {
   return tinyNodeConfigYaml({ publicKey: market.id, extra });
-}
-
-function waitForStart(child: ChildProcess): Promise<{ addr: string; ops: string; priceVersion: string }> {
-  return new Promise((resolve, reject) => {
-    let out = '';
-    child.stdout!.on('data', (d: Buffer) => {
-      out += d.toString();
-      const addr = /listening (\S+)/.exec(out)?.[1];
-      const ops = /ops (\S+)/.exec(out)?.[1];
-      const pv = /price version (\S+)/.exec(out)?.[1];
-      if (addr && ops && pv) resolve({ addr, ops, priceVersion: pv });
-    });
-    child.on('exit', (code) => reject(new Error(`exited ${code} before starting: ${out}`)));
-  });
 }
 
 beforeAll(assertCliBuilt);
@@ -61,7 +38,7 @@ describe('seller-node start', () => {
     expect((await runCli(['init', '--data', dir])).code).toBe(0);
     writeTinyLlama(path.join(dir, 'tiny.gguf'));
     fs.writeFileSync(path.join(dir, 'config.yaml'), config());
-    const child = startNode(path.join(dir, 'config.yaml'));
+    const child = spawnNode(path.join(dir, 'config.yaml'));
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
@@ -118,7 +95,7 @@ describe('seller-node start', () => {
     expect((await runCli(['init', '--data', d2])).code).toBe(0);
     writeTinyLlama(path.join(d2, 'tiny.gguf'));
     fs.writeFileSync(path.join(d2, 'config.yaml'), config());
-    const child = startNode(path.join(d2, 'config.yaml'));
+    const child = spawnNode(path.join(d2, 'config.yaml'));
     const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
     const { addr, priceVersion } = await waitForStart(child);
     const provider = loadKeyFile(path.join(d2, 'node.key')).providerId;

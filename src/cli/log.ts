@@ -1,5 +1,7 @@
+import fs from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
+import { lockDataDir } from '../data-dir-lock.ts';
 import { openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
 import { exportLog } from '../store/export.ts';
 import { syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
@@ -19,7 +21,16 @@ export function logCommand(): Command {
     .option('--checkpoint-every <n>', 'sign a checkpoint every N receipts', intOption('--checkpoint-every', 1), 1000)
     .option('--threads <n>', 'signer worker threads', intOption('--threads', 0, 64), 2)
     .action(async (opts: { data: string; count: number; checkpointEvery: number; threads: number }) => {
-      const { log: rl, identity } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery });
+      // A writer, like a running node: never two on one folder. (A missing folder is open()'s error to name.)
+      const lock = fs.existsSync(opts.data) ? lockDataDir(opts.data) : undefined;
+      let rl;
+      let identity;
+      try {
+        ({ log: rl, identity } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery }));
+      } catch (e) {
+        lock?.release();
+        throw e;
+      }
       const start = rl.size;
       const t0 = performance.now();
       try {
@@ -34,7 +45,11 @@ export function logCommand(): Command {
           done += n;
         }
       } finally {
-        await rl.close();
+        try {
+          await rl.close();
+        } finally {
+          lock?.release();
+        }
       }
       const s = (performance.now() - t0) / 1000;
       process.stdout.write(`appended ${opts.count} receipts (seq ${start}..${start + opts.count - 1}) in ${s.toFixed(2)} s; log size ${start + opts.count}\n`);

@@ -147,6 +147,9 @@ export class InferService {
     }
     const p = parsed;
     if (isTokenize(p)) return this.tokenize(p, model, res);
+    // Paid work needs a receipt at its end: with the log stopped, none is taken (the ticket stays
+    // unused, nothing runs), and the gateway tries another provider as for a full node.
+    if (this.o.log.failure) return this.refuse(res, new Refusal(503, 'no_capacity', 'this node cannot sign receipts: its receipt log has stopped; it takes no paid work until its operator restarts it'));
     const key = req.head.idempotency_key;
     if (key === undefined || !this.o.idempotency) return this.serve(p, model, req, res);
     // An idempotent request: a retry is answered from the record, never run or billed twice.

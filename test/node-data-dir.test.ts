@@ -1,0 +1,181 @@
+// One writer per data dir, and a data dir's problems named before any model loads.
+// - a second `seller-node start` or `log fill` on a running node's folder is refused, the running
+//   node untouched; a node killed outright leaves no stale lock;
+// - `log export` beside a running node works, and the node carries on past its checkpoint timer;
+// - a folder the node cannot use is refused as `data_dir: ...` even when a model would also fail.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { signPriceList } from '../attestation/price-list.ts';
+import { ratesToWire } from '../attestation/receipt.ts';
+import { parseConfig } from '../src/config.ts';
+import { lockDataDir } from '../src/data-dir-lock.ts';
+import { createKeyFile, loadKeyFile } from '../src/identity.ts';
+import { NodeStartError, startNode } from '../src/node.ts';
+import { createHost } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { assertCliBuilt, runCli } from './helpers/cli-run.ts';
+import { killLeftNodes, spawnNode, waitForStart } from './helpers/node-process.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+
+const dir = tempDir('seller-node-data-dir-');
+afterAll(() => removeTemp(dir));
+afterEach(killLeftNodes);
+beforeAll(assertCliBuilt);
+const market = testKey();
+
+/** A folder with a key, the tiny model and a config (checkpoints every 300 ms). */
+function home(name: string): string {
+  const h = path.join(dir, name);
+  fs.mkdirSync(h, { recursive: true });
+  createKeyFile(path.join(h, 'node.key'));
+  writeTinyLlama(path.join(h, 'tiny.gguf'));
+  // The layout `seller-node init` makes, which `log fill --data` and `log export --data` read: the key in the data dir.
+  const yaml = tinyNodeConfigYaml({ publicKey: market.id, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 300 }' });
+  fs.writeFileSync(path.join(h, 'config.yaml'), yaml.replace('data_dir: ./data', 'data_dir: .'));
+  return h;
+}
+
+async function paidRequest(h: string, addr: string, priceVersion: string): Promise<{ status: number; receipt: unknown }> {
+  const provider = loadKeyFile(path.join(h, 'node.key')).providerId;
+  const buyer = await createHost({ seed: testKey().seed, listen: [] });
+  try {
+    const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello' }], max_tokens: 4, seed: 1 }));
+    const ticket = signTicket(market, ticketPayload(provider, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' }));
+    const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body));
+    return { status: res.head.status as number, receipt: res.trailer?.receipt };
+  } finally {
+    await buyer.stop();
+  }
+}
+
+describe('a running node owns its data dir', () => {
+  test('a second start and log fill are refused; log export works beside it; the node serves on through its checkpoint timer', async () => {
+    const h = home('shared');
+    const config = path.join(h, 'config.yaml');
+    const provider = loadKeyFile(path.join(h, 'node.key')).providerId;
+    const child = spawnNode(config);
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+    const { addr, ops, priceVersion } = await waitForStart(child);
+    expect((await paidRequest(h, addr, priceVersion)).status).toBe(200);
+
+    // A second node on the same folder: refused before it loads anything, naming the key and why.
+    const second = await runCli(['start', '--config', config]);
+    expect(second.code).toBe(1);
+    expect(second.stderr).toMatch(/^seller-node: data_dir: .* is in use by another seller-node process/m);
+    // log fill would fork the running node's chain: refused, nothing appended.
+    const fill = await runCli(['log', 'fill', '--data', h, '--count', '5']);
+    expect(fill.code).toBe(1);
+    expect(fill.stderr).toMatch(/is in use by another seller-node process/);
+
+    // log export beside the running node, before its timer has signed a checkpoint over the receipt.
+    const out = path.join(h, 'export');
+    const ex = await runCli(['log', 'export', '--data', h, '--out', out]);
+    expect(ex.stderr, ex.stderr).toBe('');
+    expect(ex.stdout).toMatch(/^exported 1 receipt, 1 checkpoint and 1 price list/);
+    expect((await runCli(['audit', out])).code).toBe(0);
+
+    await new Promise((r) => setTimeout(r, 900)); // the node's checkpoint timer turns
+    expect(await (await fetch(`${ops}/healthz`)).json()).toEqual({ status: 'ok' });
+    const next = await paidRequest(h, addr, priceVersion);
+    expect(next.status).toBe(200);
+    expect(verifyReceipt(next.receipt as string, { provider }).ok).toBe(true);
+
+    child.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect(stderr).not.toMatch(/"level":(50|60)/); // nothing went wrong inside the node
+    const log = ReceiptLog.open({ path: path.join(h, 'receipts.db'), seed: loadKeyFile(path.join(h, 'node.key')).seed, threads: 0, checkpointIntervalMs: 0 });
+    expect(log.size).toBe(2);
+    expect(log.checkpoints().map((c) => c.size)).toEqual([1, 2]);
+    await log.close();
+    // Stopped: the folder is free again.
+    const after = await runCli(['log', 'fill', '--data', h, '--count', '3']);
+    expect(after.code).toBe(0);
+  });
+
+  test('a node killed outright (SIGKILL) leaves no stale lock', async () => {
+    const h = home('killed');
+    const child = spawnNode(path.join(h, 'config.yaml'));
+    const exited = new Promise<NodeJS.Signals | null>((r) => child.on('exit', (_code, signal) => r(signal)));
+    await waitForStart(child);
+    expect(() => lockDataDir(h)).toThrow(/in use by another seller-node process/);
+    child.kill('SIGKILL');
+    expect(await exited).toBe('SIGKILL');
+    const lock = lockDataDir(h);
+    lock.release();
+    lock.release(); // idempotent
+    const fill = await runCli(['log', 'fill', '--data', h, '--count', '3']);
+    expect(fill.code, fill.stderr).toBe(0);
+  });
+});
+
+describe('startNode names a data dir it cannot use before it loads a model', () => {
+  /** A node home whose model file is corrupt: a start that reached the model would fail naming it. */
+  function corruptModelHome(name: string) {
+    const h = path.join(dir, name);
+    fs.mkdirSync(path.join(h, 'data'), { recursive: true });
+    createKeyFile(path.join(h, 'node.key'));
+    writeTinyLlama(path.join(h, 'tiny.gguf'));
+    fs.truncateSync(path.join(h, 'tiny.gguf'), fs.statSync(path.join(h, 'tiny.gguf')).size >> 1); // a truncated download
+    return { h, config: parseConfig(tinyNodeConfigYaml({ publicKey: market.id, logLevel: 'fatal' }), h) };
+  }
+
+  test('another node holding the folder', async () => {
+    const { h, config } = corruptModelHome('held');
+    const lock = lockDataDir(path.join(h, 'data'));
+    try {
+      const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+      expect(e).toBeInstanceOf(NodeStartError);
+      expect(e!.message).toMatch(/^data_dir: .*data is in use by another seller-node process/);
+    } finally {
+      lock.release();
+    }
+    // Once free, the start gets as far as the model, and its failure releases the folder again.
+    await expect(startNode(config)).rejects.toThrow(/^models: tiny\/llama: the runtime could not start on model file .*tiny\.gguf/);
+    lockDataDir(path.join(h, 'data')).release();
+  });
+
+  test('a price list file of that version that is not this node’s', async () => {
+    const { h, config } = corruptModelHome('prices');
+    const id = loadKeyFile(path.join(h, 'node.key'));
+    const version = signPriceList(id.seed, id.providerId, [{ model: 'tiny/llama', ...ratesToWire(config.models[0]!.prices) }]).payload.version;
+    fs.mkdirSync(path.join(h, 'data', 'prices'));
+    fs.writeFileSync(path.join(h, 'data', 'prices', `${version}.json`), '{"not":"a price list"}');
+    const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+    expect(e).toBeInstanceOf(NodeStartError);
+    expect(e!.message).toMatch(/^data_dir: .* is not this node's price list of version/);
+    lockDataDir(path.join(h, 'data')).release(); // the failed start let the folder go
+  });
+
+  test("another provider's receipt log", async () => {
+    const { h, config } = corruptModelHome('foreign-log');
+    const other = ReceiptLog.open({ path: path.join(h, 'data', 'receipts.db'), seed: new Uint8Array(crypto.randomBytes(32)), threads: 0, checkpointIntervalMs: 0 });
+    await other.close();
+    const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+    expect(e).toBeInstanceOf(NodeStartError);
+    expect(e!.message).toMatch(/^data_dir: .*receipts\.db is the receipt log of provider [0-9a-f]{64}, not of this key/);
+    lockDataDir(path.join(h, 'data')).release();
+  });
+
+  test('a state database that is not one', async () => {
+    const { h, config } = corruptModelHome('bad-state');
+    fs.writeFileSync(path.join(h, 'data', 'state.db'), Buffer.alloc(4096, 0x41));
+    const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+    expect(e).toBeInstanceOf(NodeStartError);
+    expect(e!.message).toMatch(/^data_dir: .*state\.db: /);
+    // The receipt log it had opened was closed again: it opens here.
+    const log = ReceiptLog.open({ path: path.join(h, 'data', 'receipts.db'), seed: loadKeyFile(path.join(h, 'node.key')).seed, threads: 0, checkpointIntervalMs: 0 });
+    await log.close();
+    lockDataDir(path.join(h, 'data')).release();
+  });
+});

@@ -1,0 +1,140 @@
+// A request whose handler throws on a running node (startNode, in-process, logging to a file): the
+// receipt log's write fails after the response went out, because another writer took the row the
+// node's next receipt needed. The buyer is told (an internal_error trailer, and no receipt); the
+// operator gets one "request handler failed" line naming the protocol, the buyer's peer and the
+// error, and no request text; the node goes on answering.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { afterAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { toHex, utf8 } from '../attestation/bytes.ts';
+import { parseConfig } from '../src/config.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+import { createHost, type Host } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
+import { CAPACITY_PROTOCOL } from '../src/p2p/capacity-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { until } from './helpers/wait.ts';
+
+const home = fs.mkdtempSync(path.join(os.tmpdir(), 'node-handler-error-log-'));
+const logFile = path.join(home, 'node.log');
+const market = testKey();
+let node: RunningNode | undefined;
+let buyer: Host | undefined;
+let logFd: number | undefined;
+
+afterAll(async () => {
+  await buyer?.stop();
+  await node?.stop(1000);
+  if (logFd !== undefined) fs.closeSync(logFd);
+  fs.rmSync(home, { recursive: true, force: true });
+});
+
+interface LogLine {
+  level: number;
+  msg: string;
+  [k: string]: unknown;
+}
+const lines = (): LogLine[] =>
+  fs
+    .readFileSync(logFile, 'utf8')
+    .split('\n')
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l) as LogLine);
+
+/** A prompt no log line may quote. */
+const SECRET = `private prompt ${crypto.randomUUID()} about the quarterly numbers`;
+
+describe('a request handler that throws on a running node', () => {
+  test('the buyer gets internal_error without a receipt, the log says why in one line without the prompt, and the node serves on', async () => {
+    createKeyFile(path.join(home, 'node.key'));
+    writeTinyLlama(path.join(home, 'tiny.gguf'));
+    const config = parseConfig(tinyNodeConfigYaml({ publicKey: market.id, context: 256, logLevel: 'info' }), home);
+    logFd = fs.openSync(logFile, 'w');
+    node = await startNode(config, { logDestination: logFd });
+    const addr = node.addresses[0]!;
+
+    // Another writer stores a batch at the seq the node's next receipt takes: the node's commit of
+    // that receipt fails (UNIQUE constraint), after the response body went to the buyer.
+    const other = new Database(path.join(home, 'data', 'receipts.db'));
+    try {
+      other.pragma('busy_timeout = 5000');
+      const next = other.prepare<[], { next: number }>('SELECT COALESCE(MAX(first_seq + count), 0) AS next FROM receipt_batches').get()!.next;
+      other
+        .prepare('INSERT INTO receipt_batches (first_seq, count, payloads, offsets, sigs, leaves, request_keys) VALUES (?, 1, ?, ?, ?, ?, ?)')
+        .run(next, Buffer.from('{}'), Buffer.alloc(8), Buffer.alloc(64), Buffer.alloc(32), Buffer.alloc(8));
+    } finally {
+      other.close();
+    }
+
+    buyer = await createHost({ seed: testKey().seed, listen: [] });
+    const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: SECRET }], max_tokens: 8, seed: 1 }));
+    const ticket = signTicket(market, ticketPayload(node.providerId, { price_version: node.priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' }));
+    const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body));
+    // The HEAD (200) and the body had gone out before the receipt failed: the server ends the
+    // response with an error trailer (request-server.ts, finishWithError), and no receipt.
+    expect(res.head.status).toBe(200);
+    expect(res.trailer).toEqual({ error: { code: 'internal_error', message: 'the response ended without a trailer' } });
+
+    const failed = () => lines().filter((l) => l.msg === 'request handler failed');
+    await until('the handler failure in the log', () => failed().length > 0);
+    const [line, ...more] = failed();
+    expect(more).toEqual([]);
+    expect(line).toMatchObject({
+      level: 50, // error
+      protocol: INFER_PROTOCOL,
+      remote_peer: buyer.peerId.toString(),
+      err: { name: 'ReceiptLogError', code: 'log_failed', message: expect.stringMatching(/^receipt log write failed: UNIQUE constraint failed: receipt_batches\.first_seq/) },
+    });
+    expect((line!.err as { message: string }).message.length).toBeLessThanOrEqual(200);
+    expect(Object.keys(line!).sort()).toEqual(['err', 'hostname', 'level', 'msg', 'pid', 'protocol', 'remote_peer', 'time']);
+
+    // The node still answers: a free request (tokenize needs no receipt) and its ops port.
+    const tok = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'tokenize' }, utf8(JSON.stringify({ model: 'tiny/llama', prompt: 'hello there' }))));
+    expect(tok.head.status).toBe(200);
+    expect(JSON.parse(Buffer.from(tok.body).toString('utf8'))).toMatchObject({ model: 'tiny/llama', count: expect.any(Number) });
+    expect((await fetch(`${node.opsUrl}/healthz`)).status).toBe(200);
+
+    // Paid work would end without a receipt now: it is refused before anything runs, as a full
+    // node's is (503 no_capacity: the gateway tries another provider), and the node says so.
+    const body2 = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'again' }], max_tokens: 8, seed: 1 }));
+    const ticket2 = signTicket(market, ticketPayload(node.providerId, { price_version: node.priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body2).digest()), max_cost_micro_usd: '100000' }));
+    const refused = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket: ticket2 }, body2));
+    expect(refused.head.status).toBe(503);
+    expect(refused.body.length).toBe(0);
+    expect(refused.trailer).toMatchObject({ error: { code: 'no_capacity', message: expect.stringMatching(/receipt log has stopped/) } });
+    const ready = await fetch(`${node.opsUrl}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(JSON.stringify(await ready.json())).toMatch(/the receipt log has stopped \(receipt log write failed: UNIQUE constraint failed/);
+    const cap = await readResponse(await request(buyer, addr, CAPACITY_PROTOCOL, {}));
+    const capPayload = JSON.parse(Buffer.from(JSON.parse(Buffer.from(cap.body).toString('utf8')).payload, 'base64').toString('utf8'));
+    expect(capPayload.accepting).toBe(false);
+    // The refused request left its ticket unused (the first one's is used), and was counted.
+    const state = new Database(path.join(home, 'data', 'state.db'), { readonly: true });
+    try {
+      const used = state.prepare<[string], { n: number }>('SELECT COUNT(*) AS n FROM used_tickets WHERE ticket_id = ?');
+      expect(used.get(JSON.parse(Buffer.from(ticket.payload, 'base64').toString('utf8')).ticket_id)!.n).toBe(1);
+      expect(used.get(JSON.parse(Buffer.from(ticket2.payload, 'base64').toString('utf8')).ticket_id)!.n).toBe(0);
+    } finally {
+      state.close();
+    }
+    const metrics = await (await fetch(`${node.opsUrl}/metrics`)).text();
+    expect(metrics).toMatch(/seller_requests_total\{endpoint="chat\/completions",status="503"\} 1/);
+
+    await node.stop(1000);
+    node = undefined;
+    // Every line the node wrote, from start to stop: none quotes the prompt.
+    await until('the node stopped line', () => lines().some((l) => l.msg === 'node stopped'));
+    const all = fs.readFileSync(logFile, 'utf8');
+    expect(all).toContain('request handler failed');
+    expect(all).not.toContain(SECRET);
+    expect(all).not.toContain(SECRET.split(' ')[2]); // not even the unique word in it
+    expect(lines().filter((l) => l.level >= 50)).toHaveLength(1);
+  });
+});
