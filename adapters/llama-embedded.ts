@@ -5,6 +5,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
+import { checkGgufHeader } from './gguf/gguf-header.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
@@ -68,6 +69,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   private async load(slots: number): Promise<void> {
+    checkGgufHeader(this.opts.modelPath); // (a header node-llama-cpp would read for ever is refused first)
     const llama = await llamaFor(this.opts.gpu ?? false);
     const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);
     if (loaded.status === 'rejected') throw loaded.reason;

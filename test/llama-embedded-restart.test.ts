@@ -76,7 +76,7 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     await expectNotStarted(rt);
   });
 
-  test('a file that is not GGUF (empty, or another format) fails start() on the GGUF magic', async () => {
+  test('a file that is not GGUF (empty, or another format) fails start() on the GGUF magic, before llama.cpp reads it', async () => {
     for (const [name, bytes] of [
       ['empty.gguf', new Uint8Array(0)],
       ['not-gguf.gguf', new TextEncoder().encode('{"this": "is json, not a model"}'.repeat(64))],
@@ -84,21 +84,22 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
       const file = path.join(dir, name);
       fs.writeFileSync(file, bytes);
       const rt = new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 256 });
-      await expect(rt.start()).rejects.toThrow(/Invalid GGUF magic/);
+      await expect(rt.start()).rejects.toThrow(new RegExp(`${name} is not a GGUF model file \\(it starts with .*, not "GGUF"\\)`));
       await expectNotStarted(rt);
     }
   });
 
-  test('a truncated GGUF (valid header, tensors cut short) fails start() in llama.cpp', async () => {
-    for (const [name, bytes] of [
-      ['head.gguf', good.subarray(0, 200)], // cut inside the metadata
-      ['half.gguf', good.subarray(0, good.length >> 1)], // metadata whole, tensor data cut
-      ['short.gguf', good.subarray(0, good.length - 100)], // only the end of the last tensor missing
+  test('a truncated GGUF (valid header, tensors cut short) fails start(), in the header check or in llama.cpp', async () => {
+    for (const [name, bytes, message] of [
+      // cut inside the metadata: fewer bytes than the header's counts need (checkGgufHeader)
+      ['head.gguf', good.subarray(0, 200), /head\.gguf: its GGUF header claims \d+ tensors and \d+ metadata entries, more than its 200 bytes can hold/],
+      ['half.gguf', good.subarray(0, good.length >> 1), /Failed to load model/], // metadata whole, tensor data cut
+      ['short.gguf', good.subarray(0, good.length - 100), /Failed to load model/], // only the end of the last tensor missing
     ] as const) {
       const file = path.join(dir, name);
       fs.writeFileSync(file, bytes);
       const rt = new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 256 });
-      await expect(rt.start(), name).rejects.toThrow(/Failed to load model/);
+      await expect(rt.start(), name).rejects.toThrow(message);
       await expectNotStarted(rt);
     }
   });
