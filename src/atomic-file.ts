@@ -21,5 +21,11 @@ export function writeFileAtomic(file: string, write: (fd: number) => void, mode?
     throw e;
   }
   fs.closeSync(fd);
-  fs.renameSync(tmp, file);
+  try {
+    fs.renameSync(tmp, file);
+  } catch (e) {
+    // (the target is a folder, the file system refuses, ...): the filled temporary file goes too
+    fs.rmSync(tmp, { force: true });
+    throw e;
+  }
 }

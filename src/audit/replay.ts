@@ -104,11 +104,21 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
       else report.matched++;
     }
   } finally {
-    // Whatever was opened before a failure is released, the model last.
-    await log?.close();
-    db?.close();
-    await adapter.stop();
-    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+    // Whatever was opened before a failure is released, the model last; a step that fails does
+    // not keep the ones after it from running.
+    try {
+      await log?.close();
+    } finally {
+      try {
+        db?.close();
+      } finally {
+        try {
+          await adapter.stop();
+        } finally {
+          if (dir) fs.rmSync(dir, { recursive: true, force: true });
+        }
+      }
+    }
   }
   return report;
 }

@@ -1,0 +1,91 @@
+// writeFileAtomic (src/atomic-file.ts): a reader sees the old file or the whole new one, and a write
+// that fails leaves the folder as it was: the old target, and no temporary file beside it.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, test } from 'vitest';
+import { writeFileAtomic } from '../src/atomic-file.ts';
+
+const root = fs.mkdtempSync(path.join(os.tmpdir(), 'atomic-file-'));
+afterAll(() => fs.rmSync(root, { recursive: true, force: true }));
+
+let n = 0;
+/** A new empty folder for one test. */
+function folder(): string {
+  const d = path.join(root, String(n++));
+  fs.mkdirSync(d);
+  return d;
+}
+
+const write = (text: string) => (fd: number) => void fs.writeSync(fd, text);
+
+describe('writeFileAtomic', () => {
+  test('replaces the content of an existing file, and leaves nothing else in the folder', () => {
+    const d = folder();
+    const file = path.join(d, 'list.json');
+    writeFileAtomic(file, write('first version, rather longer than the second'));
+    expect(fs.readFileSync(file, 'utf8')).toBe('first version, rather longer than the second');
+    writeFileAtomic(file, write('second'));
+    expect(fs.readFileSync(file, 'utf8')).toBe('second'); // replaced, not overwritten in place (no tail of the first)
+    expect(fs.readdirSync(d)).toEqual(['list.json']);
+  });
+
+  test('a write callback that throws: the error reaches the caller, the old file is intact, no temporary file is left', () => {
+    const d = folder();
+    const file = path.join(d, 'list.json');
+    fs.writeFileSync(file, 'old content');
+    const failure = new Error('disk full (simulated by the callback)');
+    expect(() =>
+      writeFileAtomic(file, (fd) => {
+        fs.writeSync(fd, 'half of the new con'); // some bytes went to the temporary file first
+        throw failure;
+      }),
+    ).toThrow(failure);
+    expect(fs.readFileSync(file, 'utf8')).toBe('old content');
+    expect(fs.readdirSync(d)).toEqual(['list.json']);
+    // ... and a new target that never existed is not created either.
+    expect(() => writeFileAtomic(path.join(d, 'new.json'), () => { throw failure; })).toThrow(failure);
+    expect(fs.readdirSync(d)).toEqual(['list.json']);
+  });
+
+  test('a rename that fails (the target is a non-empty folder) throws, and no temporary file is left', () => {
+    const d = folder();
+    const target = path.join(d, 'target');
+    fs.mkdirSync(target);
+    fs.writeFileSync(path.join(target, 'inside'), 'kept'); // (permissions do not stop root; a file cannot replace a folder)
+    let err: unknown;
+    try {
+      writeFileAtomic(target, write('new content'));
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(Error);
+    expect((err as NodeJS.ErrnoException).code).toBe('EISDIR');
+    expect((err as NodeJS.ErrnoException).syscall).toBe('rename');
+    expect(fs.readdirSync(d)).toEqual(['target']); // the filled temporary file was removed
+    expect(fs.readFileSync(path.join(target, 'inside'), 'utf8')).toBe('kept');
+  });
+
+  test('mode is applied exactly, whatever the umask (a strict one and none at all)', () => {
+    const d = folder();
+    const old = process.umask(0o077);
+    try {
+      writeFileAtomic(path.join(d, 'public'), write('x'), 0o644);
+      writeFileAtomic(path.join(d, 'group'), write('x'), 0o664);
+      process.umask(0);
+      writeFileAtomic(path.join(d, 'private'), write('x'), 0o600);
+      // A target that exists with another mode gets the mode asked for (the new file replaces it).
+      fs.writeFileSync(path.join(d, 'was-open'), 'x', { mode: 0o666 });
+      fs.chmodSync(path.join(d, 'was-open'), 0o666);
+      writeFileAtomic(path.join(d, 'was-open'), write('y'), 0o640);
+    } finally {
+      process.umask(old);
+    }
+    const mode = (name: string) => fs.statSync(path.join(d, name)).mode & 0o777;
+    expect(mode('public')).toBe(0o644);
+    expect(mode('group')).toBe(0o664);
+    expect(mode('private')).toBe(0o600);
+    expect(mode('was-open')).toBe(0o640);
+    expect(fs.readFileSync(path.join(d, 'was-open'), 'utf8')).toBe('y');
+  });
+});
