@@ -7,7 +7,7 @@ import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import type { NodeConfig } from './config.ts';
 import { savePriceList } from './data-dir.ts';
-import { lockDataDir } from './data-dir-lock.ts';
+import { DataDirInUseError, LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
 import { parseHostPort } from './host-port.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
@@ -39,6 +39,43 @@ export function pruneState(steps: readonly (() => unknown)[], logger: Pick<Logge
       logger.warn({ err: e instanceof Error ? e.message : String(e) }, 'state pruning failed; tried again in a minute');
     }
   }
+}
+
+/**
+ * The node's data dir exists (it is made if missing), is a folder, and this user may write in it;
+ * else a NodeStartError naming the folder and why (SQLite's own "unable to open database file"
+ * names neither).
+ */
+function checkDataDir(dir: string): void {
+  try {
+    fs.mkdirSync(dir, { recursive: true });
+  } catch (e) {
+    const code = (e as { code?: unknown }).code;
+    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : code === 'EACCES' ? 'permission denied: it cannot be created by this user' : (e as Error).message;
+    throw new NodeStartError(`data_dir: ${path.resolve(dir)}: ${why}`, { cause: e });
+  }
+  if (!fs.statSync(dir).isDirectory()) throw new NodeStartError(`data_dir: ${path.resolve(dir)}: it is a file, not a folder`);
+  try {
+    fs.accessSync(dir, fs.constants.W_OK | fs.constants.X_OK);
+  } catch (e) {
+    throw new NodeStartError(`data_dir: ${path.resolve(dir)}: this user (uid ${process.getuid?.() ?? '?'}) may not write in it`, { cause: e });
+  }
+}
+
+/** A data dir file the node could not use: the message names the file (SQLite's own does not). */
+function dataDirError(file: string, e: unknown): NodeStartError {
+  const msg = (e as Error).message ?? String(e);
+  const abs = path.resolve(file);
+  return new NodeStartError(`data_dir: ${msg.includes(abs) || msg.includes(file) ? msg : `${abs}: ${msg}`}`, { cause: e });
+}
+
+/** libp2p's "some addresses failed" error, cut to the address and the reason, without its stack or its config advice. */
+export function listenFailure(e: Error): string {
+  const failed = [...(e.message ?? '').matchAll(/^\s*(\/\S+): (?:\w*Error: )?(.+)$/gm)].map((m) => {
+    const why = /EADDRINUSE/.test(m[2]!) ? 'address already in use (pick another port in listen)' : /EADDRNOTAVAIL/.test(m[2]!) ? 'no such address on this machine' : /EACCES/.test(m[2]!) ? 'permission denied (ports below 1024 need privileges)' : m[2]!.trim();
+    return `${m[1]}: ${why}`;
+  });
+  return failed.length ? failed.join('; ') : (e.message ?? String(e)).split('\n')[0]!;
 }
 
 export class NodeStartError extends Error {
@@ -79,11 +116,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
   }
   const logger = createLogger({ level: config.log_level, ...(opts.logDestination !== undefined ? { destination: opts.logDestination } : {}) });
   const identity = loadKeyFile(config.key);
-  try {
-    fs.mkdirSync(config.data_dir, { recursive: true });
-  } catch (e) {
-    throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
-  }
+  checkDataDir(config.data_dir);
   const models = new Map<string, ServedModel>();
   // Shutdown steps, named: one that hangs is reported by name (see stopStep), and undone in reverse.
   const cleanup: [string, () => Promise<void> | void][] = [];
@@ -98,7 +131,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       const lock = lockDataDir(config.data_dir);
       cleanup.push(['data dir lock', () => lock.release()]);
     } catch (e) {
-      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+      throw dataDirError(e instanceof DataDirInUseError ? config.data_dir : path.join(config.data_dir, LOCK_FILE), e);
     }
     const prices = signPriceList(
       identity.seed,
@@ -121,14 +154,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
       });
     } catch (e) {
-      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+      throw dataDirError(path.join(config.data_dir, 'receipts.db'), e);
     }
     cleanup.push(['receipt log', () => log.close()]);
     let db: ReturnType<typeof openStateDb>;
     try {
       db = openStateDb(path.join(config.data_dir, 'state.db'));
     } catch (e) {
-      throw new NodeStartError(`data_dir: ${path.join(config.data_dir, 'state.db')}: ${(e as Error).message}`, { cause: e });
+      throw dataDirError(path.join(config.data_dir, 'state.db'), e);
     }
     cleanup.push(['state database', () => void db.close()]);
     for (const m of config.models) {
@@ -171,7 +204,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         logger.info({ endpoint: e.endpoint, model: e.model, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
       },
     });
-    const host = await createHost({ seed: identity.seed, listen: config.listen });
+    let host: Awaited<ReturnType<typeof createHost>>;
+    try {
+      host = await createHost({ seed: identity.seed, listen: config.listen });
+    } catch (e) {
+      throw new NodeStartError(`listen: ${listenFailure(e as Error)}`, { cause: e });
+    }
     cleanup.push(['libp2p host', () => host.stop()]);
     let stopped: Promise<void> | undefined;
     let registration: Registration | undefined;
@@ -191,7 +229,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
-      accepting: stopped === undefined && log.failure === undefined,
+      // (not accepting either when every ticket would be refused: no trusted marketplace key, or not the market's)
+      accepting: stopped === undefined && log.failure === undefined && config.marketplace.public_keys.length > 0 && registration?.status().ticket_key?.trusted !== false,
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
@@ -214,7 +253,13 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         marketplace: registration?.status() ?? null,
       }),
     });
-    const opsAddr = await ops.listen();
+    let opsAddr: Awaited<ReturnType<typeof ops.listen>>;
+    try {
+      opsAddr = await ops.listen();
+    } catch (e) {
+      const code = (e as { code?: unknown }).code;
+      throw new NodeStartError(`ops.http: ${code === 'EADDRINUSE' ? `${config.ops.http} is already in use (pick another host:port in ops.http)` : (e as Error).message}`, { cause: e });
+    }
     cleanup.push(['ops HTTP', () => ops.close()]);
     const addresses = host.getMultiaddrs().map((a) => a.toString());
     if (config.marketplace.url) {
@@ -227,11 +272,15 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         priceList: { envelope: prices.envelope, version: prices.payload.version },
         models: [...models.values()].map(describe),
         tier: 'T1',
+        trustedKeys: config.marketplace.public_keys,
         capacity: (at) => signCapacity(identity, capacitySnapshot(), at),
         logger,
       });
       const r = registration;
       cleanup.push(['marketplace registration', () => r.stop()]);
+    }
+    if (config.marketplace.public_keys.length === 0) {
+      logger.warn({ ops: opsAddr.url }, 'no marketplace.public_keys configured: every paid request will be refused (ticket_invalid); the node says it is not accepting work and /readyz is 503');
     }
     logger.info({ provider_id: identity.providerId, peer_id: host.peerId.toString(), addresses, ops: opsAddr.url, price_version: prices.payload.version }, 'node started');
     return {

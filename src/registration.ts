@@ -37,6 +37,12 @@ export interface RegistrationOptions {
   logger?: Logger;
   /** Registration retry backoff: starts at initialMs (default 500), doubles up to maxMs (default 10000). */
   backoff?: { initialMs?: number; maxMs?: number };
+  /**
+   * The marketplace keys the node trusts for tickets (hex). After each registration the node reads
+   * the market's own key (GET /v1/market): one not among these is reported (status, /readyz, an
+   * error log line), since every ticket that market issues would be refused.
+   */
+  trustedKeys?: readonly string[];
   /** Per-request timeout (default 5000 ms). */
   requestTimeoutMs?: number;
   /** The clock for issued_at and the status times (default Date.now; tests step it back). */
@@ -53,6 +59,8 @@ export interface MarketplaceStatus {
   last_heartbeat_at: number | null;
   /** The latest failure since the last success (registration or heartbeat), else null. */
   last_error: { at: number; during: 'registration' | 'heartbeat'; status?: number; code?: string; reason: string } | null;
+  /** The key the market signs tickets with, as it said at the last registration, and whether this node trusts it; null until known. */
+  ticket_key: { public_key: string; trusted: boolean } | null;
 }
 
 export interface Registration {
@@ -126,6 +134,26 @@ export function startRegistration(o: RegistrationOptions): Registration {
       stopper.signal.addEventListener('abort', done);
     });
 
+  let ticketKey: MarketplaceStatus['ticket_key'] = null;
+  /** Reads the market's ticket key; best effort (an old or failing market leaves it unknown). */
+  async function checkTicketKey(): Promise<void> {
+    let key: unknown;
+    try {
+      const res = await fetch(base + '/v1/market', { signal: AbortSignal.any([stopper.signal, AbortSignal.timeout(timeoutMs)]) });
+      if (!res.ok) return;
+      key = ((await res.json()) as { public_key?: unknown } | null)?.public_key;
+    } catch {
+      return;
+    }
+    if (typeof key !== 'string' || !/^[0-9a-fA-F]{64}$/.test(key)) return;
+    const k = key.toLowerCase();
+    const trusted = (o.trustedKeys ?? []).some((t) => t.toLowerCase() === k);
+    if (!trusted && ticketKey?.public_key !== k) {
+      log?.error({ market: base, market_key: k }, 'the marketplace signs tickets with a key that is not in marketplace.public_keys: every ticket it issues will be refused (add its key, or fix marketplace.url)');
+    }
+    ticketKey = { public_key: k, trusted };
+  }
+
   async function post(path: string, body: unknown): Promise<Outcome> {
     let res: Response;
     try {
@@ -191,6 +219,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
             const told = r.body.heartbeat_interval_ms;
             interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? Math.min(told, MAX_HEARTBEAT_INTERVAL_MS) : DEFAULT_HEARTBEAT_INTERVAL_MS);
             log?.[refusals > 1 ? 'debug' : 'info']({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
+            if (o.trustedKeys) await checkTicketKey();
             attempts = 0;
             backoff = initialBackoff;
             heartbeatFailing = false;
@@ -248,7 +277,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
       return registered;
     },
     status() {
-      return { url: base, registered, registered_at: registeredAt, last_heartbeat_at: lastHeartbeatAt, last_error: lastError };
+      return { url: base, registered, registered_at: registeredAt, last_heartbeat_at: lastHeartbeatAt, last_error: lastError, ticket_key: ticketKey };
     },
     async stop() {
       stopper.abort();
@@ -268,6 +297,9 @@ export function readiness(stopping: boolean, hasMarketKey: boolean, market: Mark
   const reasons: string[] = [];
   if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 200)}): paid requests are refused until a restart`);
   if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
+  else if (market?.ticket_key && !market.ticket_key.trusted) {
+    reasons.push(`the marketplace at ${market.url} signs tickets with key ${market.ticket_key.public_key}, which is not in marketplace.public_keys: every ticket it issues would be refused`);
+  }
   if (market && !market.registered) {
     const e = market.last_error;
     const why = e === null ? 'registration in progress' : `last ${e.during} failed: ${e.code ?? e.reason}${e.code && e.reason ? ` (${e.reason})` : ''}`;

@@ -179,3 +179,55 @@ describe('startNode names a data dir it cannot use before it loads a model', () 
     lockDataDir(path.join(h, 'data')).release();
   });
 });
+
+describe('startNode names what it cannot listen on, and a data dir that is not a folder', () => {
+  function goodHome(name: string, extra: Partial<{ listen: string; ops: string; dataDir: string }> = {}) {
+    const h = path.join(dir, name);
+    fs.mkdirSync(h, { recursive: true });
+    createKeyFile(path.join(h, 'node.key'));
+    writeTinyLlama(path.join(h, 'tiny.gguf'));
+    let yaml = tinyNodeConfigYaml({ publicKey: market.id, logLevel: 'fatal' });
+    if (extra.listen) yaml = yaml.replace('listen: [/ip4/127.0.0.1/tcp/0]', `listen: [${extra.listen}]`);
+    if (extra.ops) yaml = yaml.replace('ops: { http: "127.0.0.1:0" }', `ops: { http: "${extra.ops}" }`);
+    if (extra.dataDir) yaml = yaml.replace('data_dir: ./data', `data_dir: ${extra.dataDir}`);
+    return { h, config: parseConfig(yaml, h) };
+  }
+  async function busyPort(): Promise<{ port: number; close: () => Promise<void> }> {
+    const net = await import('node:net');
+    const s = net.createServer();
+    await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+    return { port: (s.address() as import('node:net').AddressInfo).port, close: () => new Promise((r) => s.close(() => r())) };
+  }
+
+  test('a libp2p port in use: the address and why, no stack, no libp2p advice; the folder is let go', async () => {
+    const busy = await busyPort();
+    try {
+      const { h, config } = goodHome('p2p-busy', { listen: `/ip4/127.0.0.1/tcp/${busy.port}` });
+      const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+      expect(e).toBeInstanceOf(NodeStartError);
+      expect(e!.message).toBe(`listen: /ip4/127.0.0.1/tcp/${busy.port}: address already in use (pick another port in listen)`);
+      lockDataDir(path.join(h, 'data')).release();
+    } finally {
+      await busy.close();
+    }
+  });
+
+  test('an ops port in use names ops.http', async () => {
+    const busy = await busyPort();
+    try {
+      const { h, config } = goodHome('ops-busy', { ops: `127.0.0.1:${busy.port}` });
+      const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+      expect(e).toBeInstanceOf(NodeStartError);
+      expect(e!.message).toBe(`ops.http: 127.0.0.1:${busy.port} is already in use (pick another host:port in ops.http)`);
+      lockDataDir(path.join(h, 'data')).release();
+    } finally {
+      await busy.close();
+    }
+  });
+
+  test('a data_dir that is a file', async () => {
+    const { h, config } = goodHome('file-dir', { dataDir: './afile' });
+    fs.writeFileSync(path.join(h, 'afile'), 'not a folder');
+    await expect(startNode(config)).rejects.toThrow(new RegExp(`^data_dir: ${path.join(h, 'afile')}: it, or a folder on its path, is a file, not a folder$`));
+  });
+});

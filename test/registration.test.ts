@@ -132,8 +132,53 @@ describe('startRegistration', () => {
   });
 });
 
+describe("the market's ticket key", () => {
+  test('a node that trusts the key the market signs tickets with says so; one that does not is told, in its status, its readiness and one error line', async () => {
+    const { url } = await startMarket();
+    const good = node(url, { trustedKeys: [marketKey.id.toUpperCase()] }); // (hex in either case)
+    const other = testKey();
+    const bad = node(url, { trustedKeys: [other.id] });
+    await until('both registered with the key read', () => good.reg.status().ticket_key !== null && bad.reg.status().ticket_key !== null);
+    expect(good.reg.status().ticket_key).toEqual({ public_key: marketKey.id, trusted: true });
+    expect(readiness(false, true, good.reg.status())).toEqual({ ready: true, reasons: [] });
+    expect(bad.reg.status().ticket_key).toEqual({ public_key: marketKey.id, trusted: false });
+    expect(readiness(false, true, bad.reg.status())).toEqual({
+      ready: false,
+      reasons: [`the marketplace at ${url.replace(/\/+$/, '')} signs tickets with key ${marketKey.id}, which is not in marketplace.public_keys: every ticket it issues would be refused`],
+    });
+    const errors = bad.lines.filter((l) => l.level >= 50);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toMatchObject({ market_key: marketKey.id, msg: expect.stringMatching(/^the marketplace signs tickets with a key that is not in marketplace\.public_keys/) });
+    expect(good.lines.filter((l) => l.level >= 50)).toEqual([]);
+  });
+
+  test('a market that does not say its key leaves it unknown, and the node ready', async () => {
+    // A bare HTTP server that takes registrations and heartbeats but has no GET /v1/market.
+    const http = await import('node:http');
+    const server = http.createServer((req, res) => {
+      res.setHeader('content-type', 'application/json');
+      if (req.method === 'POST') return void res.end(JSON.stringify({ registered: true, heartbeat_interval_ms: 100 }));
+      res.statusCode = 404;
+      res.end(JSON.stringify({ error: { code: 'not_found', message: 'no such route' } }));
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    cleanups.push(() => new Promise((r) => server.close(() => r())));
+    const n = node(`http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, { trustedKeys: [marketKey.id] });
+    await until('registration', () => n.reg.registered);
+    await new Promise((r) => setTimeout(r, 100));
+    expect(n.reg.status().ticket_key).toBeNull();
+    expect(readiness(false, true, n.reg.status()).ready).toBe(true);
+  });
+});
+
 describe('readiness', () => {
-  const market = { url: 'http://m', registered: true, registered_at: 1, last_heartbeat_at: 2, last_error: null };
+  const market = { url: 'http://m', registered: true, registered_at: 1, last_heartbeat_at: 2, last_error: null, ticket_key: null };
+  test('a stopped receipt log is a reason, first', () => {
+    expect(readiness(false, true, market, new Error('receipt log write failed: disk full'))).toEqual({
+      ready: false,
+      reasons: ['the receipt log has stopped (receipt log write failed: disk full): paid requests are refused until a restart'],
+    });
+  });
   test('stopping wins over everything', () => {
     expect(readiness(true, false, { ...market, registered: false })).toEqual({ ready: false, reasons: ['stopping'] });
   });
