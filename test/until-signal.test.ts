@@ -6,7 +6,7 @@ function fakeProcess() {
   const emitter = new EventEmitter();
   const out: string[] = [];
   const exits: number[] = [];
-  const host: SignalHost & { signal(s: 'SIGTERM' | 'SIGINT'): void } = {
+  const host: SignalHost & { signal(s: 'SIGTERM' | 'SIGINT' | 'SIGHUP'): void } = {
     on: (event, listener) => emitter.on(event, () => listener(event)),
     stderr: { write: (t: string) => out.push(t) },
     exit: (code: number) => void exits.push(code),
@@ -27,6 +27,17 @@ describe('untilSignal', () => {
     expect(out).toEqual(['seller-node: SIGTERM: stopping\n']);
     expect(exits).toEqual([]);
     expect(host.exitCode).toBeUndefined();
+  });
+
+  test('SIGHUP (the terminal or ssh session closed) stops gracefully too', async () => {
+    const { host, out, exits } = fakeProcess();
+    let stopped = 0;
+    const done = untilSignal('seller-node', 'stopping', async () => void stopped++, host);
+    host.signal('SIGHUP');
+    await done;
+    expect(stopped).toBe(1);
+    expect(out).toEqual(['seller-node: SIGHUP: stopping\n']);
+    expect(exits).toEqual([]);
   });
 
   test('a second signal while stopping exits at once with code 1', async () => {

@@ -1,16 +1,17 @@
-// Long-running commands (start, market, gateway) run until SIGTERM or SIGINT, then stop gracefully.
+// Long-running commands (start, market, gateway) run until SIGTERM, SIGINT or SIGHUP (the terminal
+// or ssh session it ran in closed), then stop gracefully: in-flight requests finish, receipts flush.
 // A second signal while stopping exits at once with code 1; a failed stop sets exit code 1.
 
 /** The parts of `process` this uses (tests pass a fake). */
 export interface SignalHost {
-  on(event: 'SIGTERM' | 'SIGINT', listener: (signal: string) => void): unknown;
+  on(event: 'SIGTERM' | 'SIGINT' | 'SIGHUP', listener: (signal: string) => void): unknown;
   stderr: { write(text: string): unknown };
   exit(code: number): void;
   exitCode?: number | string | null | undefined;
 }
 
 /**
- * Resolves once `stop` has finished after the first SIGTERM/SIGINT.
+ * Resolves once `stop` has finished after the first SIGTERM/SIGINT/SIGHUP.
  * `name` prefixes the messages on stderr; `doing` says what the stop does ("stopping", …).
  */
 export function untilSignal(name: string, doing: string, stop: () => Promise<void>, host: SignalHost = process): Promise<void> {
@@ -32,5 +33,6 @@ export function untilSignal(name: string, doing: string, stop: () => Promise<voi
     };
     host.on('SIGTERM', onSignal);
     host.on('SIGINT', onSignal);
+    host.on('SIGHUP', onSignal);
   });
 }
