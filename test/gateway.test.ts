@@ -510,7 +510,8 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
   });
   test('a records file that fails mid-life costs the buyer nothing: answers, receipts and GET /v1/requests/{id} go on, the failure is logged', async () => {
     const logged: { obj: Record<string, unknown>; msg?: string }[] = [];
-    const logger = { info: () => {}, warn: () => {}, error: (obj: object, msg?: string) => logged.push({ obj: obj as Record<string, unknown>, msg }) };
+    const infos: Record<string, unknown>[] = [];
+    const logger = { info: (obj: object, msg?: string) => void infos.push({ ...obj, msg }), warn: () => {}, error: (obj: object, msg?: string) => logged.push({ obj: obj as Record<string, unknown>, msg }) };
     const g = await createGateway({ market: marketUrl, port: 0, recordsPath: path.join(dir, 'failing-records.db'), logger });
     try {
       g.records.close(); // from here on every write to the file fails, as on a full or broken disk
@@ -532,6 +533,12 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
       expect(((await unknown.json()) as { error: { code: string } }).error.code).toBe('request_not_found');
       expect(logged.some((l) => l.obj.request_id === body.service.request_id && /records file/.test(l.msg ?? ''))).toBe(true);
       expect(JSON.stringify(logged)).not.toContain(secret);
+      // One info line a request, streams included: the route and status, never the body.
+      const requests = infos.filter((l) => l.msg === 'request');
+      expect(requests.find((l) => l.request_id === r.headers.get('x-request-id'))).toMatchObject({ method: 'POST', route: '/v1/chat/completions', status: 200, completed: true, ms: expect.any(Number) });
+      expect(requests.find((l) => l.request_id === s.headers.get('x-request-id'))).toMatchObject({ route: '/v1/chat/completions', status: 200, completed: true });
+      expect(requests.find((l) => l.request_id === unknown.headers.get('x-request-id'))).toMatchObject({ method: 'GET', route: '/v1/requests/:id', status: 404 });
+      expect(JSON.stringify(infos)).not.toContain(secret);
     } finally {
       await g.close();
     }
