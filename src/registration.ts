@@ -1,5 +1,5 @@
 // The node's side of the marketplace (docs/market-api.md §Providers): register on start, then send
-// the signed capacity snapshot as a heartbeat every interval. While the market is unreachable the
+// the signed capacity snapshot as a heartbeat at once and every interval. While the market is unreachable the
 // node keeps serving (tickets it already holds stay good) and keeps trying: registration with
 // backoff, heartbeats at their interval (a 5xx, 408 or 429 counts as unreachable). A heartbeat the
 // market answers with any other refusal (404 unknown_provider: it restarted or forgot us; 409
@@ -223,8 +223,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
             attempts = 0;
             backoff = initialBackoff;
             heartbeatFailing = false;
-            await sleep(interval);
-            continue;
+            continue; // the first heartbeat at once: the market learns the live snapshot (free slots, accepting) now, not an interval later
           }
           failed('registration', r);
           // The first failure is a warning (a refusal, an error: the operator must act); retries are quiet.

@@ -45,10 +45,13 @@ const listed = async (url: string, id: string) => ((await (await fetch(`${url}/v
 
 describe('startRegistration', () => {
   test('a market asking for a heartbeat interval beyond any timer gets one every ten minutes, not a tight loop', async () => {
-    const { url } = await startMarket(0, 2 ** 40);
+    const { market, url } = await startMarket(0, 2 ** 40);
     const n = node(url);
     await until('registration', () => n.reg.registered);
     expect(n.lines.find((l) => l.msg === 'registered with the marketplace')).toMatchObject({ heartbeat_interval_ms: 600_000 });
+    // The first heartbeat follows the registration at once, not ten minutes later: the market has
+    // the live snapshot (free slots, accepting) from the start.
+    await until('the first heartbeat', () => market.store.providers.get(n.id)?.capacity !== undefined, 3000);
   });
 
   test('registers at start and heartbeats at the interval the market asks for', async () => {
