@@ -86,6 +86,7 @@ describe('seller-node market + seller-node start', () => {
     const status = (await (await fetch(`${ops}/status`)).json()) as { marketplace: Record<string, unknown> };
     expect(status.marketplace).toMatchObject({ url: market.url.replace(/\/+$/, ''), registered: true, last_error: null });
     expect(status.marketplace.registered_at).toEqual(expect.any(Number));
+    expect(status.marketplace.ticket_key).toEqual({ public_key: market.key, trusted: true });
 
     // A buyer asks the market for a ticket and dials the address the market gave.
     const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 8, seed: 1 }));
@@ -104,6 +105,33 @@ describe('seller-node market + seller-node start', () => {
     } finally {
       await buyer.stop();
     }
+
+    // A second node that trusts another key than the market's: it registers, says why it is not
+    // ready, tells the market it is not accepting work, and the market routes no buyer to it.
+    const wrongDir = path.join(dir, 'node-wrong-key');
+    expect((await runCli(['init', '--data', wrongDir])).code).toBe(0);
+    writeTinyLlama(path.join(wrongDir, 'tiny.gguf'));
+    fs.writeFileSync(path.join(wrongDir, 'config.yaml'), tinyNodeConfigYaml({ publicKey: testKey().id, marketUrl: market.url }));
+    const wrongId = loadKeyFile(path.join(wrongDir, 'node.key')).providerId;
+    const wrong = spawnCli(['start', '--config', path.join(wrongDir, 'config.yaml')]);
+    await waitFor('the second node to register and send its snapshot', async () => {
+      if (wrong.child.exitCode !== null) throw new Error(`node exited ${wrong.child.exitCode}: ${wrong.stderr()}`);
+      const list = (await (await fetch(`${market.url}/v1/providers`)).json()) as { provider: string; live: boolean; accepting: boolean }[];
+      return list.find((p) => p.provider === wrongId && p.live && p.accepting === false);
+    });
+    const wrongOps = /ops (\S+)/.exec(wrong.stdout())?.[1];
+    const notReady = await fetch(`${wrongOps}/readyz`);
+    expect(notReady.status).toBe(503);
+    expect(((await notReady.json()) as { reasons: string[] }).reasons).toEqual([
+      `the marketplace at ${market.url.replace(/\/+$/, '')} signs tickets with key ${market.key}, which is not in marketplace.public_keys: every ticket it issues would be refused`,
+    ]);
+    expect(wrong.stderr()).toMatch(/"level":50.*the marketplace signs tickets with a key that is not in marketplace\.public_keys/);
+    for (let i = 0; i < 3; i++) {
+      const ask = await fetch(`${market.url}/v1/tickets`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) }) });
+      expect(((await ask.json()) as { provider: string }).provider).toBe(provider);
+    }
+    wrong.child.kill('SIGTERM');
+    expect(await wrong.exited).toBe(0);
 
     node.child.kill('SIGTERM');
     expect(await node.exited).toBe(0);
