@@ -98,9 +98,10 @@ describe('a running node owns its data dir', () => {
     expect(log.size).toBe(2);
     expect(log.checkpoints().map((c) => c.size)).toEqual([1, 2]);
     await log.close();
-    // Stopped: the folder is free again.
+    // Stopped: the folder is free again (fill gets past the lock), and fill refuses the node's real log.
     const after = await runCli(['log', 'fill', '--data', h, '--count', '3']);
-    expect(after.code).toBe(0);
+    expect(after.code).toBe(1);
+    expect(after.stderr).toMatch(/holds real receipts \(seq 0 is not synthetic\)/);
   });
 
   test('a node killed outright (SIGKILL) leaves no stale lock', async () => {

@@ -2,20 +2,36 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
 import { lockDataDir } from '../data-dir-lock.ts';
-import { openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
+import { writeFileAtomic } from '../atomic-file.ts';
+import { dataDirPaths, openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
 import { exportLog } from '../store/export.ts';
-import { syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
-import { intOption } from './cli-error.ts';
+import { receiptProofBundle } from '../store/proof-bundle.ts';
+import type { ReceiptLog } from '../store/receipt-log.ts';
+import { isSyntheticReceiptLine, syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
+import { CliError, intOption } from './cli-error.ts';
 
 function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}) {
   return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 });
 }
 
+/**
+ * The first seq of `log` that `log fill` did not write, checking seq 0 and the last: fill refuses
+ * any log where either is real, so a log whose ends are both synthetic was written by fill alone.
+ */
+function realReceiptSeq(log: ReceiptLog): number | undefined {
+  if (log.size === 0) return undefined;
+  for (const seq of new Set([0, log.size - 1])) {
+    const line = log.lineBySeq(seq);
+    if (line === undefined || !isSyntheticReceiptLine(line)) return seq;
+  }
+  return undefined;
+}
+
 export function logCommand(): Command {
-  const log = new Command('log').description('the receipt log: fill it with test receipts, export it for auditors');
+  const log = new Command('log').description('the receipt log: fill it with test receipts, prove one receipt offline, export it for auditors');
   log
     .command('fill')
-    .description('append N synthetic but well-formed signed receipts (for tests and benchmarks)')
+    .description('append N synthetic but well-formed signed receipts (for tests and benchmarks), only to a log that holds no real ones')
     .requiredOption('--data <dir>', 'data directory (from seller-node init)')
     .requiredOption('--count <n>', 'how many receipts to append', intOption('--count', 1, 100_000_000))
     .option('--checkpoint-every <n>', 'sign a checkpoint every N receipts', intOption('--checkpoint-every', 1), 1000)
@@ -34,6 +50,14 @@ export function logCommand(): Command {
       const start = rl.size;
       const t0 = performance.now();
       try {
+        // Synthetic receipts signed with the node's key stay in its chain forever: only into a log
+        // that holds nothing else (a fresh one, or one fill itself started).
+        const real = realReceiptSeq(rl);
+        if (real !== undefined) {
+          throw new CliError(
+            `${opts.data}'s receipt log holds real receipts (seq ${real} is not synthetic); log fill appends synthetic receipts signed with this node's key, which can never be removed: use a fresh data dir (seller-node init --data DIR)`,
+          );
+        }
         // The list the synthetic receipts cite, kept like a node keeps its own: their export audits clean.
         savePriceList(opts.data, syntheticPriceList(identity.seed, identity.providerId));
         // Bounded windows keep memory flat for any count.
@@ -55,6 +79,51 @@ export function logCommand(): Command {
       process.stdout.write(`appended ${opts.count} receipts (seq ${start}..${start + opts.count - 1}) in ${s.toFixed(2)} s; log size ${start + opts.count}\n`);
     });
   log
+    .command('prove')
+    .description("write receipt N's offline proof (a C2SP tlog-proof bundle, as the node's log service serves it) for seller-node verify")
+    .requiredOption('--data <dir>', 'data directory')
+    .requiredOption('--seq <n>', 'the receipt', intOption('--seq', 0))
+    .option('--size <m>', 'prove it under the stored checkpoint of this size (default: the latest)', intOption('--size', 1))
+    .option('--out <file>', 'write the bundle here (default: standard output)')
+    .action(async (opts: { data: string; seq: number; size?: number; out?: string }) => {
+      // Only reads, like log export: no lock, and nothing made where there is no log to prove from.
+      const p = dataDirPaths(opts.data);
+      if (!fs.existsSync(p.dir)) throw new CliError(`data dir ${opts.data} not found`);
+      if (!fs.existsSync(p.receipts)) throw new CliError(`${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove`);
+      const { log: rl } = open(opts.data, { threads: 0 });
+      let bundle: string;
+      let size: number;
+      try {
+        if (opts.seq >= rl.size) throw new CliError(`--seq ${opts.seq} is not in the log: it holds ${rl.size === 0 ? 'no receipts' : `seq 0..${rl.size - 1}`}`);
+        let cp;
+        if (opts.size !== undefined) {
+          if (opts.seq >= opts.size) throw new CliError(`--seq ${opts.seq} is not under a checkpoint of size ${opts.size}: it covers seq 0..${opts.size - 1}`);
+          const stored = rl.checkpoints();
+          cp = stored.find((c) => c.size === opts.size);
+          if (!cp) throw new CliError(`${opts.data} holds no signed checkpoint of size ${opts.size} (${storedSizesNear(stored.map((c) => c.size), opts.size)}); leave out --size to use the latest`);
+        } else {
+          // As log export does: a checkpoint over every durable receipt unless the latest covers them
+          // (the one the node signs for that size; closing the log would sign it anyway).
+          rl.checkpoint();
+          cp = rl.latestCheckpoint()!;
+        }
+        bundle = receiptProofBundle(rl, opts.seq, cp);
+        size = cp.size;
+      } finally {
+        await rl.close();
+      }
+      if (opts.out === undefined) {
+        process.stdout.write(bundle);
+        return;
+      }
+      try {
+        writeFileAtomic(opts.out, (fd) => fs.writeSync(fd, bundle));
+      } catch (e) {
+        throw new CliError(`cannot write ${opts.out}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+      }
+      process.stdout.write(`wrote the proof of receipt ${opts.seq} under the checkpoint of size ${size} to ${path.resolve(opts.out)}\n`);
+    });
+  log
     .command('export')
     .description('write receipts.jsonl, the checkpoints, provider.pub and the signed price lists to a folder for auditors')
     .requiredOption('--data <dir>', 'data directory')
@@ -72,6 +141,15 @@ export function logCommand(): Command {
       }
     });
   return log;
+}
+
+/** The stored checkpoint sizes either side of `size`, for an error that names what there is. */
+function storedSizesNear(sizes: number[], size: number): string {
+  if (sizes.length === 0) return 'it holds none';
+  const below = sizes.filter((s) => s < size).at(-1);
+  const above = sizes.find((s) => s > size);
+  const near = [below, above].filter((s) => s !== undefined);
+  return `the nearest stored: ${near.join(' and ')}; the latest: ${sizes.at(-1)}`;
 }
 
 function plural(n: number, word: string): string {

@@ -6,7 +6,7 @@
 //   { op: "inclusion", seq, size? }          → text/plain tlog-proof bundle (extra = the receipt)
 //   { op: "consistency", size1, size2? }     → { size1, size2, proof: [base64 …], checkpoint }
 import { toBase64, utf8 } from '../../attestation/bytes.ts';
-import { formatProofBundle } from '../../attestation/tlog-proof.ts';
+import { receiptProofBundle } from '../store/proof-bundle.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import type { Host } from './host.ts';
 import { handleRequests, type RequestServer } from './request-stream.ts';
@@ -36,8 +36,7 @@ function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
       const cp = log.latestCheckpoint();
       if (!isSize(head.seq)) return bad('invalid_request', 'seq: expected a whole number');
       if (!cp || head.seq >= cp.size) return bad('not_found', 'that receipt is not under a signed checkpoint yet', 404);
-      const line = log.lineBySeq(head.seq)!;
-      return { status: 200, type: 'text/plain', body: formatProofBundle({ index: head.seq, proof: log.inclusionProof(head.seq, cp.size), checkpointNote: cp.note, extra: utf8(line) }) };
+      return { status: 200, type: 'text/plain', body: receiptProofBundle(log, head.seq, cp) };
     }
     case 'consistency': {
       const cp = log.latestCheckpoint();

@@ -1,12 +1,12 @@
 // Synthetic but well-formed receipt bodies, for `seller-node log fill`, tests and benchmarks.
 // Deterministic for a given index, so two fills of the same log produce the same bytes. They cite
 // the price version of SYNTHETIC_PRICE_LIST, whose signed list (syntheticPriceList) a data dir
-// must keep for its export to audit clean.
-import { toHex } from '../../attestation/bytes.ts';
+// must keep for its export to audit clean. isSyntheticReceiptLine tells such a receipt from a real one.
+import { fromBase64, fromUtf8, toHex } from '../../attestation/bytes.ts';
 import { sha256Hex, sha256Text } from '../../attestation/hash.ts';
 import { computeCost } from '../../attestation/money.ts';
 import { priceVersion, signPriceList, type PriceListEntry } from '../../attestation/price-list.ts';
-import type { ReceiptBody, ReceiptStatus } from '../../attestation/receipt.ts';
+import { buildReceiptPayload, receiptPayloadJson, type ReceiptBody, type ReceiptStatus } from '../../attestation/receipt.ts';
 
 const MODEL = 'synthetic/tiny-llama';
 export const SYNTHETIC_PRICE_LIST: readonly PriceListEntry[] = [{ model: MODEL, input_per_mtok: '150000', output_per_mtok: '600000' }];
@@ -52,4 +52,23 @@ export function syntheticReceiptBody(i: number, now = 1_767_225_600_000 + i * 25
     response_sha256: sha256Hex(`response ${i}`),
     attestation: { tier: 'T1', evidence_sha256: null },
   };
+}
+
+/**
+ * Whether a logged receipt (its envelope line) is exactly what `seller-node log fill` writes at its
+ * seq: the payload, byte for byte, of syntheticReceiptBody(seq) chained at that seq. A real receipt
+ * never matches (its request id, hashes and times are not these), whatever its model is called.
+ */
+export function isSyntheticReceiptLine(line: string): boolean {
+  try {
+    const env = JSON.parse(line) as { payload?: unknown };
+    const bytes = typeof env?.payload === 'string' ? fromBase64(env.payload) : undefined;
+    const json = bytes && fromUtf8(bytes);
+    if (json === undefined) return false;
+    const p = JSON.parse(json) as { provider?: unknown; seq?: unknown; prev?: unknown };
+    if (typeof p.provider !== 'string' || typeof p.prev !== 'string' || typeof p.seq !== 'string' || !/^(0|[1-9][0-9]{0,14})$/.test(p.seq)) return false;
+    return receiptPayloadJson(buildReceiptPayload(p.provider, p.seq, p.prev, syntheticReceiptBody(Number(p.seq)))) === json;
+  } catch {
+    return false;
+  }
 }
