@@ -4,15 +4,16 @@
 //
 // Environment: SELLER_NODE_<KEY>, nested keys joined by "__", e.g. SELLER_NODE_LOG_LEVEL=debug,
 // SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY=500, SELLER_NODE_MARKETPLACE__URL=http://…. Values are
-// YAML scalars; lists and objects (listen, models, marketplace__public_keys) take YAML/JSON text.
+// YAML scalars; lists and objects (listen, models, marketplace__public_keys) take YAML/JSON text,
+// which replaces the file's whole list: list items cannot be set one by one (SELLER_NODE_MODELS__0__…).
 import fs from 'node:fs';
 import path from 'node:path';
 import { multiaddr } from '@multiformats/multiaddr';
-import YAML from 'yaml';
+import YAML, { type YAMLError } from 'yaml';
 import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
 import { MAX_WAIT_MS } from '../attestation/ticket.ts';
-import { parseHostPort } from './host-port.ts';
+import { parseHostPort, portAloneSuggestion, type HostPort } from './host-port.ts';
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -90,6 +91,8 @@ export function defaultConfigYaml(): string {
   ].join('\n');
 }
 
+const OPS_HTTP_EXPECTED = 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464';
+
 const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000 };
 
 type Raw = Record<string, unknown>;
@@ -102,14 +105,15 @@ export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): 
   } catch (e) {
     throw new ConfigError('', `cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   }
-  return parseConfig(text, path.dirname(path.resolve(file)), env);
+  return parseConfig(text, path.dirname(path.resolve(file)), env, file);
 }
 
-export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv = {}): NodeConfig {
+/** `source`: the file the text came from, named in the messages about the YAML itself. */
+export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv = {}, source?: string): NodeConfig {
   const doc = YAML.parseDocument(text, { uniqueKeys: true });
-  if (doc.errors.length) throw new ConfigError('', `not valid YAML: ${doc.errors[0]!.message.split('\n')[0]}`);
+  if (doc.errors.length) throw yamlProblem(doc.errors[0]!, text, source);
   const raw = (doc.toJS() ?? {}) as unknown;
-  if (!isObject(raw)) throw new ConfigError('', 'the file must hold a YAML mapping');
+  if (!isObject(raw)) throw new ConfigError('', `${source ?? 'the file'} must hold a YAML mapping`);
   const fromEnv = applyEnv(raw, env);
   try {
     return validate(raw, base);
@@ -118,6 +122,26 @@ export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv =
     const name = e instanceof ConfigError ? [...fromEnv].find(([k]) => e.key === k || e.key.startsWith(`${k}.`) || e.key.startsWith(`${k}[`))?.[1] : undefined;
     throw name === undefined ? e : new ConfigError((e as ConfigError).key, `${(e as ConfigError).problem} (from environment variable ${name})`);
   }
+}
+
+/** The ops HTTP server's address (config.ops.http, checked by parseConfig) as host and port. */
+export function opsHostPort(config: Pick<NodeConfig, 'ops'>): HostPort {
+  const hp = parseHostPort(config.ops.http);
+  if (!hp) throw new ConfigError('ops.http', OPS_HTTP_EXPECTED);
+  return hp;
+}
+
+/**
+ * One line: where (file, line, column), the yaml library's reason without its trailing " at line
+ * N, column M:" and excerpt, then the offending line as written (trimmed, at most 80 characters).
+ */
+function yamlProblem(e: YAMLError, text: string, source: string | undefined): ConfigError {
+  const reason = e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '').replace(/:$/, '');
+  const at = e.linePos?.[0];
+  const where = `${source === undefined ? '' : ` in ${source}`}${at ? ` at line ${at.line}, column ${at.col}` : ''}`;
+  const line = at ? text.split('\n')[at.line - 1]?.trim() : undefined;
+  const shown = line ? `; line ${at!.line} reads ${JSON.stringify(line.length > 80 ? `${line.slice(0, 79)}…` : line)}` : '';
+  return new ConfigError('', `not valid YAML${where}: ${reason}${shown}`);
 }
 
 function isObject(v: unknown): v is Raw {
@@ -130,6 +154,13 @@ function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): Map<string, string> {
   for (const [name, value] of Object.entries(env)) {
     if (!name.startsWith('SELLER_NODE_') || value === undefined) continue;
     const keys = name.slice('SELLER_NODE_'.length).toLowerCase().split('__');
+    // A list (listen, models, marketplace.public_keys) is set whole: SELLER_NODE_MODELS__0__SLOTS has no place to go.
+    const listAt = keys.findIndex((_, i) => i > 0 && Array.isArray(keys.slice(0, i).reduce<unknown>((node, k) => (isObject(node) ? node[k] : undefined), DEFAULTS)));
+    if (listAt > 0) {
+      const key = keys.slice(0, listAt).join('.') + keys.slice(listAt).map((k) => (/^[0-9]+$/.test(k) ? `[${k}]` : `.${k}`)).join('');
+      const whole = name.split('__').slice(0, listAt).join('__');
+      throw new ConfigError(key, `list items cannot be set one by one (environment variable ${name}); set the whole list as YAML/JSON in ${whole}, which replaces the file's list`);
+    }
     const known = keys.reduce<unknown>((node, k) => (isObject(node) ? node[k] : undefined), DEFAULTS);
     if (known === undefined && !(keys.length === 2 && keys[0] === 'marketplace' && keys[1] === 'url')) {
       throw new ConfigError(keys.join('.'), `unknown key (from environment variable ${name})`);
@@ -264,9 +295,11 @@ function validate(raw: Raw, base: string): NodeConfig {
   const ops = pick<unknown>('ops');
   if (!isObject(ops)) throw new ConfigError('ops', 'expected a mapping');
   only(ops, 'ops', ['http']);
-  const http = str(ops.http ?? DEFAULTS.ops.http, 'ops.http');
-  if (!parseHostPort(http)) {
-    throw new ConfigError('ops.http', 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464');
+  const http: unknown = ops.http ?? DEFAULTS.ops.http;
+  if (typeof http !== 'string' || !parseHostPort(http)) {
+    const alone = portAloneSuggestion(http);
+    const hint = alone === undefined ? '' : typeof http === 'number' ? `; got the number ${http}: write the string "${alone}"` : `; got "${http}", a port alone: write "${alone}"`;
+    throw new ConfigError('ops.http', OPS_HTTP_EXPECTED + hint);
   }
 
   const rc = pick<unknown>('receipts');

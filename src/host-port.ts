@@ -11,12 +11,31 @@ const HOST_PORT = /^(?:\[([0-9a-fA-F:.]+)\]|([^\s:[\]]+))(?::([0-9]{1,5}))?$/;
 
 /**
  * Host and port, or undefined when `s` is not HOST:PORT with a port up to 65535. The port may be
- * left out only when a default is given.
+ * left out only when a default is given. A host of digits only is refused: it is a port given
+ * alone ("24037"), which the resolver would read as the IPv4 number 0.0.93.229.
  */
 export function parseHostPort(s: string, defaultPort?: number): HostPort | undefined {
   const m = HOST_PORT.exec(s);
   if (!m) return undefined;
+  const host = (m[1] ?? m[2])!;
+  if (/^[0-9]+$/.test(host)) return undefined;
   const port = m[3] === undefined ? defaultPort : Number(m[3]);
   if (port === undefined || port > 65535) return undefined;
-  return { host: (m[1] ?? m[2])!, port };
+  return { host, port };
+}
+
+/**
+ * For a listen address that is a port alone (the number 24037 or the text "24037"): the loopback
+ * address the operator most likely meant, "127.0.0.1:24037"; otherwise undefined.
+ */
+export function portAloneSuggestion(v: unknown): string | undefined {
+  const s = typeof v === 'number' ? String(v) : typeof v === 'string' ? v.trim() : undefined;
+  if (s === undefined || !/^[0-9]{1,5}$/.test(s) || Number(s) > 65535) return undefined;
+  return `127.0.0.1:${Number(s)}`;
+}
+
+/** The usage error for a refused `--listen`-style option: `--listen must be host:port, e.g. …; got "…"`. */
+export function listenOptionProblem(option: string, got: string, example: string): string {
+  const alone = portAloneSuggestion(got);
+  return `${option} must be host:port, e.g. ${example}; got "${got}"${alone === undefined ? '' : ` (a port alone: write ${alone})`}`;
 }

@@ -5,10 +5,9 @@ import path from 'node:path';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
-import type { NodeConfig } from './config.ts';
+import { opsHostPort, type NodeConfig } from './config.ts';
 import { savePriceList } from './data-dir.ts';
 import { DataDirInUseError, LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
-import { parseHostPort } from './host-port.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
@@ -235,7 +234,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
     cleanup.push(['capacity protocol', () => capacity.stop()]);
-    const { host: opsHost, port: opsPort } = parseHostPort(config.ops.http)!; // checked by parseConfig
+    const { host: opsHost, port: opsPort } = opsHostPort(config); // (checked by parseConfig)
     const ops = createOpsServer({
       host: opsHost,
       port: opsPort,

@@ -1,7 +1,8 @@
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { ConfigError, loadConfig, parseConfig } from '../src/config.ts';
+import { ConfigError, loadConfig, opsHostPort, parseConfig } from '../src/config.ts';
 import { REPO_ROOT } from './helpers/vectors.ts';
 
 const base = '/srv/node';
@@ -109,6 +110,48 @@ describe('config', () => {
   test('a value from the environment that is refused names its variable; one from the file does not', () => {
     expect(refused('', { SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY: '0' }).message).toBe('config: receipts.checkpoint_every: expected a whole number from 1 to 10000000 (from environment variable SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY)');
     expect(refused('receipts: { checkpoint_every: 0 }', { SELLER_NODE_LOG_LEVEL: 'debug' }).message).toBe('config: receipts.checkpoint_every: expected a whole number from 1 to 10000000');
+  });
+
+  test('ops.http: a bare number (YAML or environment) or a port alone is refused with the address to write', () => {
+    const expected = 'config: ops.http: expected host:port with a port up to 65535, e.g. 127.0.0.1:9464';
+    expect(refused('ops: { http: 24564 }')).toEqual({ key: 'ops.http', message: `${expected}; got the number 24564: write the string "127.0.0.1:24564"` });
+    expect(refused('ops: { http: "24564" }').message).toBe(`${expected}; got "24564", a port alone: write "127.0.0.1:24564"`);
+    expect(refused('', { SELLER_NODE_OPS__HTTP: '24564' }).message).toBe(`${expected}; got the number 24564: write the string "127.0.0.1:24564" (from environment variable SELLER_NODE_OPS__HTTP)`);
+    for (const other of ['ops: { http: 99999 }', 'ops: { http: true }', 'ops: { http: [1] }', 'ops: { http: "" }', 'ops: { http: "0.0.0.0" }']) expect(refused(other).message, other).toBe(expected);
+    expect(parseConfig('', base, { SELLER_NODE_OPS__HTTP: '0.0.0.0:24564' }).ops.http).toBe('0.0.0.0:24564');
+    expect(opsHostPort(parseConfig('ops: { http: "[::1]:9464" }', base))).toEqual({ host: '::1', port: 9464 });
+  });
+
+  test('list items cannot be set one by one from the environment: the message names the whole-list variable', () => {
+    expect(refused(model, { SELLER_NODE_MODELS__0__SLOTS: '4' })).toEqual({
+      key: 'models[0].slots',
+      message: "config: models[0].slots: list items cannot be set one by one (environment variable SELLER_NODE_MODELS__0__SLOTS); set the whole list as YAML/JSON in SELLER_NODE_MODELS, which replaces the file's list",
+    });
+    expect(refused('', { SELLER_NODE_LISTEN__1: '/ip4/127.0.0.1/tcp/0' }).message).toMatch(/^config: listen\[1\]: list items .* in SELLER_NODE_LISTEN, /);
+    expect(refused('', { SELLER_NODE_MARKETPLACE__PUBLIC_KEYS__0: 'ab' }).key).toBe('marketplace.public_keys[0]');
+    // what the message offers works: the whole list, as YAML/JSON, replaces the file's
+    const whole = JSON.stringify([{ id: 'x/y', adapter: 'vllm', url: 'http://127.0.0.1:8000', slots: 4, prices: { input_per_mtok_usd: '1', output_per_mtok_usd: '2' } }]);
+    expect(parseConfig(model, base, { SELLER_NODE_MODELS: whole }).models.map((m) => [m.id, m.slots])).toEqual([['x/y', 4]]);
+  });
+
+  test('broken YAML names the file, the line and column, the reason and the line as written, on one line', () => {
+    const text = 'key: ./node.key\nmodels: []\nfoo bar\n  baz: 1\n';
+    expect(refused(text).message).toBe('config: not valid YAML at line 3, column 1: Implicit keys need to be on a single line; line 3 reads "foo bar"');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'config-yaml-'));
+    try {
+      const file = path.join(dir, 'seller.yaml');
+      fs.writeFileSync(file, text);
+      expect(() => loadConfig(file, {})).toThrow(`config: not valid YAML in ${file} at line 3, column 1: Implicit keys need to be on a single line; line 3 reads "foo bar"`);
+      fs.writeFileSync(file, '- 1\n');
+      expect(() => loadConfig(file, {})).toThrow(`config: ${file} must hold a YAML mapping`);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+    // duplicate keys; a long line is cut at 80 characters; an error at the end of the text shows no line
+    expect(refused('log_level: info\nlog_level: debug\n').message).toBe('config: not valid YAML at line 2, column 1: Map keys must be unique; line 2 reads "log_level: debug"');
+    const long = refused(`${'x'.repeat(100)}: 1\n${'x'.repeat(100)}: 2\n`).message;
+    expect(long).toBe(`config: not valid YAML at line 2, column 1: Map keys must be unique; line 2 reads "${'x'.repeat(79)}…"`);
+    expect(refused('a: [1\n').message).toMatch(/^config: not valid YAML at line 2, column 1: [^\n]*\]$/);
   });
 
   test('broken YAML, duplicate keys and non-mappings are refused', () => {

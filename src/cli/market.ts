@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
 import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
-import { parseHostPort, type HostPort } from '../host-port.ts';
+import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.ts';
 import { createMarket } from '../market/market.ts';
 import { createLogger } from '../ops/logger.ts';
 import { CliError } from './cli-error.ts';
@@ -11,8 +11,8 @@ import { untilSignal } from './until-signal.ts';
 const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
 function parseListen(s: string): HostPort {
-  const hp = parseHostPort(s);
-  if (!hp) throw new CliError(`--listen must be host:port, e.g. ${DEFAULT_MARKET_LISTEN}; got "${s}"`, 2);
+  const hp = parseHostPort(s.trim());
+  if (!hp) throw new CliError(listenOptionProblem('--listen', s, DEFAULT_MARKET_LISTEN), 2);
   return hp;
 }
 

@@ -1,6 +1,7 @@
 import { Command } from 'commander';
-import { loadConfig } from '../config.ts';
+import { loadConfig, opsHostPort } from '../config.ts';
 import { startNode } from '../node.ts';
+import { isLoopbackHost } from '../ops/server.ts';
 import { untilSignal } from './until-signal.ts';
 
 export function startCommand(): Command {
@@ -8,7 +9,10 @@ export function startCommand(): Command {
     .description('run the node: serve the configured models over libp2p, sign receipts, expose ops HTTP')
     .requiredOption('--config <file>', 'the YAML config (see config.example.yaml)')
     .action(async (opts: { config: string }) => {
-      const node = await startNode(loadConfig(opts.config), { logDestination: 2 });
+      const config = loadConfig(opts.config);
+      // As the gateway does for its own address: the ops server has no authentication.
+      if (!isLoopbackHost(opsHostPort(config).host)) process.stderr.write(`seller-node: warning: the ops HTTP server listens on ${config.ops.http}, beyond this machine; /status and /metrics have no authentication\n`);
+      const node = await startNode(config, { logDestination: 2 });
       process.stdout.write(`seller-node started: provider ${node.providerId}\n  peer ${node.peerId}\n${node.addresses.map((a) => `  listening ${a}\n`).join('')}  ops ${node.opsUrl}\n  price version ${node.priceVersion}\n`);
       await untilSignal('seller-node', 'finishing in-flight requests, flushing receipts', () => node.stop());
     });
