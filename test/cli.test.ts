@@ -48,11 +48,12 @@ describe.concurrent('help', () => {
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^Usage: seller-node/m);
     for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'demo', 'demo-receipts', 'market', 'gateway']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
+    expect(r.stdout).toMatch(/^\s+log\b[^]*?\bprove\b[^]*?^\s+audit\b/m); // log's entry names what it does, prove among it
   });
 
   for (const [args, mentions] of [
     [['init'], ['--data']],
-    [['log'], ['fill', 'export']],
+    [['log'], ['fill', 'prove', 'export']],
     [['audit'], ['<dir>', '--provider', '--json', '--threads']],
     [['verify'], ['<file>', '--provider', '--json']],
     [['dev-model'], ['--out', '--seed']],
@@ -60,6 +61,7 @@ describe.concurrent('help', () => {
     [['demo'], ['--port', '--smoke']],
     [['demo-receipts'], ['--count', '--keep']],
     [['log', 'fill'], ['--data', '--count', '--checkpoint-every', '--threads']],
+    [['log', 'prove'], ['--data', '--seq', '--size', '--out']],
     [['log', 'export'], ['--data', '--out']],
   ] as const) {
     it(`${args.join(' ')} --help exits 0 and documents ${mentions.join(', ')}`, async ({ expect }) => {
@@ -144,14 +146,52 @@ describe.concurrent('usage errors', () => {
   it('gateway without --market, with a market that is not a URL, with a bad --listen or --provider-idle-ms', async () => {
     expectCleanError(await runCli(['gateway']), /required option '--market <url>'/);
     expectCleanError(await runCli(['gateway', '--market', 'not a url']), /--market: /, 2);
-    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', 'a:b:c']), /--listen must be HOST:PORT/, 2);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', 'a:b:c']), '--listen must be host:port, e.g. 127.0.0.1:11435; got "a:b:c"\n', 2);
     for (const bad of ['soon', '-5', '1e5']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be a whole number, got "?${bad}`), 2);
     for (const bad of ['999', '1000000000']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be between 1000 and 999999999, got "?${bad}`), 2);
+  });
+
+  it('gateway and market --listen with a port alone: the same usage error, before anything listens or warns', async () => {
+    // "24037" once passed as a host name: a warning that the gateway listens "beyond this machine", then EADDRNOTAVAIL 0.0.93.229.
+    const gw = await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', '24037']);
+    expectCleanError(gw, 'seller-node: --listen must be host:port, e.g. 127.0.0.1:11435; got "24037" (a port alone: write 127.0.0.1:24037)\n', 2);
+    expect(gw.stderr).not.toMatch(/warning|EADDRNOTAVAIL/);
+    const data = path.join(tmp, 'market-bad-listen');
+    expectCleanError(await runCli(['market', '--data', data, '--listen', '24038']), 'seller-node: --listen must be host:port, e.g. 127.0.0.1:11436; got "24038" (a port alone: write 127.0.0.1:24038)\n', 2);
+    expect(fs.existsSync(data)).toBe(false);
   });
 
   it('gateway --records in a folder that does not exist: a clean error naming the file', async () => {
     const file = path.join(tmp, 'no-such-folder', 'records.db');
     expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder/, 1);
+  });
+});
+
+describe.concurrent('start: an ops HTTP address beyond loopback', () => {
+  // No models: the node refuses to start right after the config is read, so nothing listens.
+  const start = async (name: string, ops: string) => {
+    const file = path.join(tmp, `${name}.yaml`);
+    fs.writeFileSync(file, `key: ./${name}.key\ndata_dir: ./${name}-data\nops: { http: "${ops}" }\n`);
+    return runCli(['start', '--config', file]);
+  };
+  const warning = (addr: string) => `seller-node: warning: the ops HTTP server listens on ${addr}, beyond this machine; /status and /metrics have no authentication\n`;
+
+  it('0.0.0.0 and [::] are warned about on stderr, once, as the gateway does', async () => {
+    for (const [name, addr] of [['ops-wide4', '0.0.0.0:0'], ['ops-wide6', '[::]:0']] as const) {
+      const r = await start(name, addr);
+      expect(r.code).toBe(1);
+      expect(r.stderr.startsWith(warning(addr)), r.stderr).toBe(true);
+      expect(r.stderr.split('warning:')).toHaveLength(2);
+    }
+  });
+
+  it('loopback is not', async () => {
+    for (const [name, addr] of [['ops-lo4', '127.0.0.1:0'], ['ops-lo6', '[::1]:0'], ['ops-lo-name', 'localhost:0']] as const) {
+      const r = await start(name, addr);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toMatch(/^seller-node: config: models: /);
+      expect(r.stderr).not.toMatch(/warning/);
+    }
   });
 });
 

@@ -9,10 +9,11 @@ import { serializeEnvelope } from '../attestation/dsse.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import { ratesToWire, type ReceiptPayload } from '../attestation/receipt.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
-import { readRequestsFile, replay } from '../src/audit/replay.ts';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { readRequestsFile, replay, replayFault } from '../src/audit/replay.ts';
 import { InferService } from '../src/serve/infer-service.ts';
 import { exportLog } from '../src/store/export.ts';
-import { runCli } from './helpers/cli-run.ts';
+import { runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, TEST_RATES, type Serving } from './helpers/serving.ts';
 
@@ -62,6 +63,28 @@ afterAll(async () => {
 
 const modelPath = () => path.join(serving.dir, 'tiny.gguf');
 
+/** An export of everything served so far, with the node's price list, in serving.dir/NAME. */
+async function exportTo(name: string): Promise<string> {
+  const out = path.join(serving.dir, name);
+  await serving.log.flush();
+  await exportLog(serving.log, out, [{ version: prices.payload.version, text: serializeEnvelope(prices.envelope) }]);
+  return out;
+}
+
+/** A requests file of these (request_id, body) pairs in serving.dir/NAME. */
+function requestsFile(name: string, entries: Iterable<[string, Uint8Array]>): string {
+  const file = path.join(serving.dir, name);
+  fs.writeFileSync(file, [...entries].map(([request_id, b]) => JSON.stringify({ request_id, body: toBase64(b) })).join('\n') + '\n');
+  return file;
+}
+
+function expectUsageError(r: CliResult, stderrHas: RegExp, code: number): void {
+  expect(r.code, r.stderr).toBe(code);
+  expect(r.stderr).toMatch(stderrHas);
+  expect(r.stderr).not.toMatch(STACK_TRACE);
+  expect(r.stdout).not.toMatch(/^OK/m);
+}
+
 describe('replay', () => {
   test('every completed request reproduces its response hash', async () => {
     const r = await replay({ receipts: payloads, requests: bodies, modelPath: modelPath(), contextLength: 2048 });
@@ -90,11 +113,15 @@ describe('replay', () => {
     expect(readRequestsFile(requests).size).toBe(bodies.size);
     const ok = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
     expect(ok.code).toBe(0);
-    expect(ok.stdout).toMatch(new RegExp(`replay\\s+${payloads.length} of ${payloads.length} responses reproduced`));
+    expect(ok.stdout).toMatch(new RegExp(`replay\\s+${payloads.length} of ${payloads.length} responses reproduced byte for byte\\nOK \\(\\d+\\.\\d\\d s; replay \\d+\\.\\d\\d s\\)\\n$`));
+    expect(ok.stderr).toBe('');
     fs.writeFileSync(requests, JSON.stringify({ request_id: payloads[0]!.request_id, body: toBase64(utf8('{}')) }) + '\n');
     const bad = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
     expect(bad.code).toBe(1);
     expect(bad.stdout).toMatch(/REPLAY MISMATCH at seq 0/);
+    // The verdict comes after the replay, and nothing reads as a pass.
+    expect(bad.stdout).not.toMatch(/^OK/m);
+    expect(bad.stdout).toMatch(/\nREPLAY FAILED: 1 given request body does not hash to request_sha256\n$/);
     const missing = await runCli(['audit', out, '--replay', '--requests', requests]);
     expect(missing.code).toBe(2);
     // Nothing is replayed from an export whose receipts cannot be priced.
@@ -103,5 +130,78 @@ describe('replay', () => {
     expect(unpriced.code).toBe(1);
     expect(unpriced.stdout).toMatch(/^FAIL at seq 0, line 1: price_list_missing: .*no prices\/ folder/m);
     expect(unpriced.stdout).not.toMatch(/^replay\s/m);
+  });
+
+  test('a replay that reproduces nothing although the log holds replayable receipts fails', async () => {
+    const out = await exportTo('export-nothing');
+    const requests = requestsFile('all.jsonl', bodies);
+    const other = path.join(serving.dir, 'other.gguf');
+    writeTinyLlama(other, { seed: 2 });
+    const otherSha = crypto.createHash('sha256').update(fs.readFileSync(other)).digest('hex');
+    const servedSha = payloads[0]!.model_sha256;
+    expect(otherSha).not.toBe(servedSha);
+    const wrong = await runCli(['audit', out, '--replay', '--model', other, '--requests', requests]);
+    expect(wrong.code, wrong.stderr).toBe(1);
+    expect(wrong.stdout).not.toMatch(/^OK/m);
+    expect(wrong.stdout).toMatch(new RegExp(`^replay\\s+nothing replayed \\(skipped: ${payloads.length} another model file\\)\\nREPLAY FAILED: nothing replayed: the model file's sha256 ${otherSha} matches no receipt \\(receipts name ${servedSha}\\)\\n$`, 'm'));
+    const j = await runCli(['audit', out, '--replay', '--model', other, '--requests', requests, '--json']);
+    expect(j.code).toBe(1);
+    const report = JSON.parse(j.stdout) as { ok: boolean; fault: { code: string }; summary?: unknown; replay: { ok: boolean; replayed: number; replayable: number; model_sha256: string; receipt_models: string[] } };
+    expect(report).toMatchObject({ ok: false, fault: { code: 'replay_nothing_replayed' }, replay: { ok: false, replayed: 0, replayable: payloads.length, model_sha256: otherSha, receipt_models: [servedSha] } });
+    expect(report.summary).toBeDefined(); // the log itself passed
+
+    // The right model, but no body for any receipt: the one given is unused, and said so.
+    const unknown = requestsFile('unknown.jsonl', [['req-zzz', utf8('{}')]]);
+    const none = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', unknown, '--json']);
+    expect(none.code).toBe(1);
+    expect(none.stderr).toMatch(/^warning: 1 request body matches no receipt in the log \(req-zzz\); it was not replayed$/m);
+    expect(JSON.parse(none.stdout)).toMatchObject({ ok: false, fault: { code: 'replay_nothing_replayed', message: expect.stringContaining(`no request body was given for any of the ${payloads.length} completed receipts of this model file; 1 given body matches no receipt`) }, replay: { unused_requests: 1, unused_request_ids: ['req-zzz'] } });
+  });
+
+  test('unused request bodies are warned about, capped, and do not fail a replay that reproduced its receipts', async () => {
+    const out = await exportTo('export-unused');
+    const [first] = payloads;
+    const extra: [string, Uint8Array][] = Array.from({ length: 7 }, (_, i) => [`req-unknown-${i}`, utf8('{}')]);
+    const requests = requestsFile('some.jsonl', [[first!.request_id, bodies.get(first!.request_id)!], ...extra]);
+    const r = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(new RegExp(`^replay\\s+1 of 1 responses reproduced byte for byte \\(skipped: ${payloads.length - 1} no request body given\\)\\nOK \\(`, 'm'));
+    expect(r.stderr).toMatch(/^warning: 7 request bodies match no receipt in the log \(req-unknown-0, req-unknown-1, req-unknown-2, req-unknown-3, req-unknown-4, …\); they were not replayed$/m);
+  });
+
+  test('a replay answered context_length_exceeded hints that --context may be too small', async () => {
+    const out = await exportTo('export-context');
+    const requests = requestsFile('ctx.jsonl', bodies);
+    const r = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '16'], { timeoutMs: 60_000 });
+    expect(r.code, r.stderr).toBe(1);
+    expect(r.stdout).toMatch(/^REPLAY MISMATCH at seq \d+ \(request [^)]+\): replay answered 400 \{"code":"context_length_exceeded".*\} \(hint: is --context 16 smaller than the node's context\?\)$/m);
+    expect(r.stdout).toMatch(/\nREPLAY FAILED: \d+ of \d+ replayed responses? differs? from (its receipt|their receipts)\n$/);
+    expect(r.stdout).not.toMatch(/^OK/m);
+  });
+
+  test('a log with nothing replayable passes; a mismatch or nothing replayed fails', async () => {
+    const cancelled = payloads.map((p) => ({ ...p, status: 'cancelled' as const }));
+    const idle = await replay({ receipts: cancelled, requests: bodies, modelPath: modelPath() });
+    expect(idle).toMatchObject({ replayable: 0, replayed: 0, skipped: { 'status cancelled': payloads.length }, unused_requests: 0 });
+    expect(replayFault(idle)).toBeUndefined();
+    const nothing = await replay({ receipts: payloads, requests: new Map(), modelPath: modelPath() });
+    expect(replayFault(nothing)).toMatchObject({ code: 'replay_nothing_replayed' });
+    const forged = await replay({ receipts: [{ ...payloads[0]!, response_sha256: '00'.repeat(32) }], requests: bodies, modelPath: modelPath(), contextLength: 2048 });
+    expect(replayFault(forged)).toEqual({ code: 'replay_mismatch', message: '1 of 1 replayed response differs from its receipt' });
+  });
+
+  test('replay options without --replay, --replay without its files, and unreadable files are clean errors', async () => {
+    const out = await exportTo('export-usage');
+    const requests = requestsFile('usage.jsonl', bodies);
+    expectUsageError(await runCli(['audit', out, '--model', modelPath()]), /^seller-node: --model is only used with --replay$/m, 2);
+    expectUsageError(await runCli(['audit', out, '--requests', requests]), /^seller-node: --requests is only used with --replay$/m, 2);
+    expectUsageError(await runCli(['audit', out, '--context', '2048']), /^seller-node: --context is only used with --replay$/m, 2);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath()]), /--replay needs --model FILE and --requests FILE \(missing --requests\)/, 2);
+    expectUsageError(await runCli(['audit', out, '--replay', '--requests', requests]), /--replay needs --model FILE and --requests FILE \(missing --model\)/, 2);
+    const nope = path.join(serving.dir, 'no-such.jsonl');
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', nope]), new RegExp(`^seller-node: cannot read --requests ${nope}: no such file$`, 'm'), 1);
+    const noModel = path.join(serving.dir, 'no-such.gguf');
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', noModel, '--requests', requests]), new RegExp(`^seller-node: cannot read --model ${noModel}: no such file$`, 'm'), 1);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', serving.dir, '--requests', requests]), /^seller-node: cannot read --model .*: is a directory$/m, 1);
   });
 });

@@ -36,25 +36,75 @@ export interface ReplayOptions {
 }
 
 export interface ReplayReport {
+  /** The SHA-256 of the given model file. */
+  model_sha256: string;
+  /** Completed receipts of a replayable endpoint, whatever their model: what a replay could check. */
+  replayable: number;
+  /** The distinct model_sha256 those receipts name, in log order. */
+  receipt_models: string[];
   replayed: number;
   matched: number;
-  mismatches: { seq: string; request_id: string; reason: string }[];
+  /** error_code: the error a replay answered with, when it did not answer 200. */
+  mismatches: { seq: string; request_id: string; reason: string; error_code?: string }[];
   skipped: Record<string, number>;
+  /** Request bodies whose request_id no receipt in the log has (never used), and the first of those ids. */
+  unused_requests: number;
+  unused_request_ids: string[];
 }
 
+export type ReplayFaultCode = 'replay_mismatch' | 'replay_nothing_replayed';
+
 const REPLAYABLE = new Set(['chat/completions', 'completions', 'responses', 'embeddings']);
+const UNUSED_IDS_KEPT = 20;
+const BODY_MISMATCH = 'the given body does not hash to request_sha256';
+
+/**
+ * Why a replay fails, or undefined when it passes: a response (or a given body) that does not
+ * match its receipt; or nothing replayed although the log holds completed receipts of replayable
+ * endpoints (the wrong model file, or no body for any of its receipts). A log with nothing
+ * replayable passes: there is nothing to check.
+ */
+export function replayFault(r: ReplayReport): { code: ReplayFaultCode; message: string } | undefined {
+  if (r.mismatches.length) {
+    const bodies = r.mismatches.filter((m) => m.reason === BODY_MISMATCH).length;
+    const responses = r.mismatches.length - bodies;
+    const parts = [
+      responses ? `${responses} of ${r.replayed} replayed response${r.replayed === 1 ? '' : 's'} ${responses === 1 ? 'differs from its receipt' : 'differ from their receipts'}` : '',
+      bodies ? `${bodies} given request bod${bodies === 1 ? 'y does' : 'ies do'} not hash to request_sha256` : '',
+    ];
+    return { code: 'replay_mismatch', message: parts.filter(Boolean).join('; ') };
+  }
+  if (r.replayed > 0 || r.replayable === 0) return undefined;
+  const ofThisModel = r.replayable - (r.skipped['another model file'] ?? 0);
+  if (ofThisModel === 0) {
+    const named = r.receipt_models.slice(0, 3).join(', ') + (r.receipt_models.length > 3 ? `, … (${r.receipt_models.length} models)` : '');
+    return { code: 'replay_nothing_replayed', message: `nothing replayed: the model file's sha256 ${r.model_sha256} matches no receipt (receipts name ${named})` };
+  }
+  const n = r.unused_requests;
+  const unused = n ? `; ${n} given bod${n === 1 ? 'y matches' : 'ies match'} no receipt` : '';
+  return {
+    code: 'replay_nothing_replayed',
+    message: `nothing replayed: no request body was given for any of the ${ofThisModel} completed receipt${ofThisModel === 1 ? '' : 's'} of this model file${unused}`,
+  };
+}
 
 export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
-  const report: ReplayReport = { replayed: 0, matched: 0, mismatches: [], skipped: {} };
-  const skip = (why: string) => (report.skipped[why] = (report.skipped[why] ?? 0) + 1);
   const modelSha = await fileSha256(opts.modelPath);
+  const inLog = new Set(opts.receipts.map((r) => r.request_id));
+  const unused = [...opts.requests.keys()].filter((id) => !inLog.has(id));
+  const report: ReplayReport = { model_sha256: modelSha, replayable: 0, receipt_models: [], replayed: 0, matched: 0, mismatches: [], skipped: {}, unused_requests: unused.length, unused_request_ids: unused.slice(0, UNUSED_IDS_KEPT) };
+  const skip = (why: string) => (report.skipped[why] = (report.skipped[why] ?? 0) + 1);
+  const models = new Set<string>();
   const todo = opts.receipts.filter((r) => {
     if (r.status !== 'completed') return skip(`status ${r.status}`), false;
     if (!REPLAYABLE.has(r.endpoint)) return skip(`endpoint ${r.endpoint}`), false;
+    report.replayable++;
+    models.add(r.model_sha256);
     if (r.model_sha256 !== modelSha) return skip('another model file'), false;
     if (!opts.requests.has(r.request_id)) return skip('no request body given'), false;
     return true;
   });
+  report.receipt_models = [...models];
   if (todo.length === 0) return report;
   const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
@@ -74,7 +124,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
       const body = opts.requests.get(r.request_id)!;
       const bodySha = sha256Hex(body);
       if (bodySha !== r.request_sha256) {
-        report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: 'the given body does not hash to request_sha256' });
+        report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: BODY_MISMATCH });
         continue;
       }
       const served = { id: r.model, adapter, admission: new Admission({ slots: 1, queue: 0 }), quantization: r.quantization, tokensPerSecond: Number.MAX_SAFE_INTEGER, rates: ratesFromWire(r.price.rates) };
@@ -99,7 +149,8 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
       );
       report.replayed++;
       const got = hash.digest('hex');
-      if (status !== 200) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `replay answered ${status} ${JSON.stringify(trailer.error ?? {})}` });
+      const code = (trailer.error as { code?: unknown } | undefined)?.code;
+      if (status !== 200) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `replay answered ${status} ${JSON.stringify(trailer.error ?? {})}`, ...(typeof code === 'string' ? { error_code: code } : {}) });
       else if (got !== r.response_sha256) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `response_sha256 is ${r.response_sha256}, replay gives ${got}` });
       else report.matched++;
     }

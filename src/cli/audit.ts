@@ -5,7 +5,7 @@ import { isHex } from '../../attestation/bytes.ts';
 import { CliError, intOption } from './cli-error.ts';
 import fs from 'node:fs';
 import path from 'node:path';
-import { readRequestsFile, replay, type ReplayReport } from '../audit/replay.ts';
+import { readRequestsFile, replay, replayFault, type ReplayReport } from '../audit/replay.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 
 export function auditCommand(): Command {
@@ -21,23 +21,89 @@ export function auditCommand(): Command {
     .option('--context <n>', 'with --replay: the context length the node served with', intOption('--context', 16, 4294967295))
     .action(async (dir: string, opts: { provider?: string; threads: number; json?: boolean; replay?: boolean; model?: string; requests?: string; context?: number }) => {
       if (opts.provider !== undefined && !isHex(opts.provider, 32)) throw new CliError('--provider must be 64 lowercase hex characters', 2);
-      if (opts.replay && (!opts.model || !opts.requests)) throw new CliError('--replay needs --model FILE and --requests FILE', 2);
+      if (!opts.replay) {
+        const stray = (['model', 'requests', 'context'] as const).find((k) => opts[k] !== undefined);
+        if (stray) throw new CliError(`--${stray} is only used with --replay`, 2);
+      }
+      if (opts.replay && (!opts.model || !opts.requests)) throw new CliError(`--replay needs --model FILE and --requests FILE (missing ${!opts.model ? '--model' : '--requests'})`, 2);
+      // The replay's inputs are checked before the audit, which can take a while on a large log.
+      let requests: Map<string, Uint8Array> | undefined;
+      if (opts.replay) {
+        checkReadable(opts.model!, '--model');
+        requests = readInput(opts.requests!, '--requests', () => readRequestsFile(opts.requests!));
+      }
       const report = await audit({ dir, threads: opts.threads, ...(opts.provider ? { provider: opts.provider } : {}) });
       let replayed: ReplayReport | undefined;
-      if (report.ok && opts.replay) {
-        const requests = readRequestsFile(opts.requests!);
+      let replaySeconds = 0;
+      if (report.ok && requests) {
+        const t0 = performance.now();
         replayed = await replay({ receipts: receiptPayloads(dir), requests, modelPath: opts.model!, ...(opts.context ? { contextLength: opts.context } : {}) });
+        replaySeconds = (performance.now() - t0) / 1000;
+        if (replayed.unused_requests) process.stderr.write(unusedWarning(replayed) + '\n');
       }
-      process.stdout.write(opts.json ? JSON.stringify({ ...report, ...(replayed ? { replay: replayed } : {}) }, null, 2) + '\n' : formatReport(report) + (replayed ? formatReplay(replayed) : ''));
-      process.exitCode = report.ok && (!replayed || replayed.mismatches.length === 0) ? 0 : 1;
+      const fault = replayed ? replayFault(replayed) : undefined;
+      const ok = report.ok && !fault;
+      if (opts.json) {
+        process.stdout.write(JSON.stringify({ ...report, ok, ...(fault ? { fault } : {}), ...(replayed ? { replay: { ok: !fault, ...replayed } } : {}) }, null, 2) + '\n');
+      } else if (!replayed) {
+        process.stdout.write(formatReport(report));
+      } else {
+        // The verdict comes last, after the replay: nothing reads as a pass when the replay fails.
+        const lines = formatReport(report).trimEnd().split('\n');
+        lines.pop(); // the audit's own "OK (… s)"
+        process.stdout.write(
+          [...lines, ...formatReplay(replayed, opts.context), fault ? `REPLAY FAILED: ${fault.message}` : `OK (${report.seconds.toFixed(2)} s; replay ${replaySeconds.toFixed(2)} s)`].join('\n') + '\n',
+        );
+      }
+      process.exitCode = ok ? 0 : 1;
     });
 }
 
-function formatReplay(r: ReplayReport): string {
+const READ_ERRORS: Record<string, string> = { ENOENT: 'no such file', EISDIR: 'is a directory', EACCES: 'permission denied' };
+
+/** Runs read, turning a file system error into "cannot read OPTION FILE: why" (exit 1, as verify). */
+function readInput<T>(file: string, option: string, read: () => T): T {
+  try {
+    return read();
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (typeof code !== 'string') throw e;
+    throw new CliError(`cannot read ${option} ${file}: ${READ_ERRORS[code] ?? code}`);
+  }
+}
+
+function checkReadable(file: string, option: string): void {
+  readInput(file, option, () => {
+    const fd = fs.openSync(file, 'r');
+    try {
+      if (fs.fstatSync(fd).isDirectory()) throw Object.assign(new Error('is a directory'), { code: 'EISDIR' });
+    } finally {
+      fs.closeSync(fd);
+    }
+  });
+}
+
+function unusedWarning(r: ReplayReport): string {
+  const n = r.unused_requests;
+  const ids = r.unused_request_ids.slice(0, 5);
+  return `warning: ${n} request bod${n === 1 ? 'y matches' : 'ies match'} no receipt in the log (${ids.join(', ')}${n > ids.length ? ', …' : ''}); ${n === 1 ? 'it was' : 'they were'} not replayed`;
+}
+
+function formatReplay(r: ReplayReport, context: number | undefined): string[] {
   const skipped = Object.entries(r.skipped).map(([why, n]) => `${n} ${why}`).join(', ');
-  const lines = [`replay       ${r.matched} of ${r.replayed} responses reproduced byte for byte${skipped ? ` (skipped: ${skipped})` : ''}`];
-  for (const m of r.mismatches) lines.push(`REPLAY MISMATCH at seq ${m.seq} (request ${m.request_id}): ${m.reason}`);
-  return lines.join('\n') + '\n';
+  const why = skipped ? ` (skipped: ${skipped})` : '';
+  if (r.replayable === 0) return [`replay       nothing to replay: the log holds no completed chat, completion, responses or embedding receipt${why}`];
+  const lines = [r.replayed === 0 && r.mismatches.length === 0 ? `replay       nothing replayed${why}` : `replay       ${r.matched} of ${r.replayed} responses reproduced byte for byte${why}`];
+  for (const m of r.mismatches) {
+    const hint =
+      m.error_code === 'context_length_exceeded'
+        ? context
+          ? ` (hint: is --context ${context} smaller than the node's context?)`
+          : " (hint: the replay used the default context, 4096 or the model's if smaller; pass the node's with --context)"
+        : '';
+    lines.push(`REPLAY MISMATCH at seq ${m.seq} (request ${m.request_id}): ${m.reason}${hint}`);
+  }
+  return lines;
 }
 
 /** The (already audited) receipt payloads of an export, in seq order. */
