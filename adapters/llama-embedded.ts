@@ -1,10 +1,9 @@
 // The embedded runtime: llama.cpp in-process through node-llama-cpp (CPU here, GPU where the host
 // has one). Tokens are the model's own; chat prompts are rendered with the model's own Jinja chat
 // template; a fixed seed makes generation replayable for audits.
-import crypto from 'node:crypto';
-import fs from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
+import { fileSha256 } from './file-sha256.ts';
 import { checkGgufHeader } from './gguf/gguf-header.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
@@ -34,12 +33,7 @@ function llamaFor(gpu: 'auto' | false): Promise<Llama> {
   return p;
 }
 
-/** SHA-256 of a file, streamed (models are gigabytes). */
-export async function fileSha256(file: string): Promise<string> {
-  const hash = crypto.createHash('sha256');
-  for await (const chunk of fs.createReadStream(file, { highWaterMark: 1 << 22 })) hash.update(chunk as Buffer);
-  return hash.digest('hex');
-}
+export { fileSha256 };
 
 export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private readonly opts: LlamaEmbeddedOptions;

@@ -39,3 +39,8 @@ export function listenOptionProblem(option: string, got: string, example: string
   const alone = portAloneSuggestion(got);
   return `${option} must be host:port, e.g. ${example}; got "${got}"${alone === undefined ? '' : ` (a port alone: write ${alone})`}`;
 }
+
+/** Whether `host` names the loopback interface (listen() warns otherwise). */
+export function isLoopbackHost(host: string): boolean {
+  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}

@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { fileSha256, LlamaEmbeddedAdapter } from '../../adapters/llama-embedded.ts';
+import { fileSha256 } from '../../adapters/file-sha256.ts';
 import { fromBase64, toHex } from '../../attestation/bytes.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
@@ -106,6 +106,8 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   });
   report.receipt_models = [...models];
   if (todo.length === 0) return report;
+  // (node-llama-cpp loaded only when there is something to replay: `audit` alone starts fast)
+  const { LlamaEmbeddedAdapter } = await import('../../adapters/llama-embedded.ts');
   const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
   // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.

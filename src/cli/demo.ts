@@ -6,12 +6,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
-import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
 import { parseConfig } from '../config.ts';
-import { createGateway } from '../gateway/gateway.ts';
 import { createKeyFile } from '../identity.ts';
-import { createMarket } from '../market/market.ts';
-import { startNode } from '../node.ts';
 import { intOption } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -21,6 +17,13 @@ export function demoCommand(): Command {
     .option('--port <n>', 'gateway port', intOption('--port', 0, 65535), 11435)
     .option('--smoke', 'send one paid request through the gateway, print the answer and its receipt check, and stop')
     .action(async (opts: { port: number; smoke?: boolean }) => {
+      // (loaded when it runs: --help stays fast)
+      const [{ writeTinyLlama }, { createGateway }, { createMarket }, { startNode }] = await Promise.all([
+        import('../../adapters/gguf/tiny-llama.ts'),
+        import('../gateway/gateway.ts'),
+        import('../market/market.ts'),
+        import('../node.ts'),
+      ]);
       const say = (s: string) => process.stdout.write(s + '\n');
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-demo-'));
       const stops: (() => Promise<void>)[] = [];

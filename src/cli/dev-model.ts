@@ -1,7 +1,7 @@
 import path from 'node:path';
 import { Command } from 'commander';
 import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
-import { fileSha256 } from '../../adapters/llama-embedded.ts';
+import { fileSha256 } from '../../adapters/file-sha256.ts';
 import { intOption } from './cli-error.ts';
 
 export function devModelCommand(): Command {

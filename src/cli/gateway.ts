@@ -1,11 +1,11 @@
 // `seller-node gateway --market URL [--listen 127.0.0.1:11435] [--records FILE]`: the marketplace's OpenAI-compatible
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
-import { createGateway, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/gateway.ts';
+import { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/defaults.ts';
 import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
-import { isLoopbackHost } from '../ops/server.ts';
+import { isLoopbackHost } from '../host-port.ts';
 import { CliError, intOption } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -36,6 +36,7 @@ export function gatewayCommand(): Command {
       if (!isLoopbackHost(host)) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication\n`);
       let gw;
       try {
+        const { createGateway } = await import('../gateway/gateway.ts'); // (loaded when it runs: --help stays fast)
         gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);

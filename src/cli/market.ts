@@ -3,7 +3,6 @@ import path from 'node:path';
 import { Command } from 'commander';
 import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
 import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.ts';
-import { createMarket } from '../market/market.ts';
 import { createLogger } from '../ops/logger.ts';
 import { CliError } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
@@ -33,6 +32,7 @@ export function marketCommand(): Command {
         if (e instanceof IdentityError) throw new CliError(e.message);
         throw new CliError(`cannot use ${dir}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
       }
+      const { createMarket } = await import('../market/market.ts'); // (loaded when it runs: --help stays fast)
       const market = createMarket({ seed: key.seed, host, port, logger: createLogger({ level: 'info', destination: 2, name: 'market' }) });
       let url: string;
       try {

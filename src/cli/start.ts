@@ -1,7 +1,6 @@
 import { Command } from 'commander';
 import { loadConfig, opsHostPort } from '../config.ts';
-import { startNode } from '../node.ts';
-import { isLoopbackHost } from '../ops/server.ts';
+import { isLoopbackHost } from '../host-port.ts';
 import { untilSignal } from './until-signal.ts';
 
 export function startCommand(): Command {
@@ -12,6 +11,7 @@ export function startCommand(): Command {
       const config = loadConfig(opts.config);
       // As the gateway does for its own address: the ops server has no authentication.
       if (!isLoopbackHost(opsHostPort(config).host)) process.stderr.write(`seller-node: warning: the ops HTTP server listens on ${config.ops.http}, beyond this machine; /status and /metrics have no authentication\n`);
+      const { startNode } = await import('../node.ts'); // (loaded when it runs: --help stays fast)
       const node = await startNode(config, { logDestination: 2 });
       process.stdout.write(`seller-node started: provider ${node.providerId}\n  peer ${node.peerId}\n${node.addresses.map((a) => `  listening ${a}\n`).join('')}  ops ${node.opsUrl}\n  price version ${node.priceVersion}\n`);
       await untilSignal('seller-node', 'finishing in-flight requests, flushing receipts', () => node.stop());

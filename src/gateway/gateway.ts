@@ -43,11 +43,9 @@ import { JSON_TYPE } from '../service-error.ts';
 import { Settlements } from './settlement.ts';
 import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
+import { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
 
-
-export const GATEWAY_DEFAULT_PORT = 11435;
-/** How long a provider may send nothing before the gateway cuts it off (--provider-idle-ms). */
-export const PROVIDER_IDLE_DEFAULT_MS = 120_000;
+export { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS };
 
 export interface GatewayOptions {
   /** The marketplace's base URL (e.g. http://127.0.0.1:11436; a trailing /v1 is allowed). */

@@ -9,6 +9,7 @@
 // HEAD works on all four. A known path with another method is 405 (Allow: GET, HEAD); any other
 // path is 404; a callback that throws, times out or returns junk is 500. Every error body is
 // {"error":{"code","message"}}; no stack trace or callback error message is ever sent.
+import { isLoopbackHost } from '../host-port.ts';
 import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
@@ -116,10 +117,6 @@ function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
-/** Whether `host` names the loopback interface (listen() warns otherwise). */
-export function isLoopbackHost(host: string): boolean {
-  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
-}
 
 /** JSON round trip with bigints as decimal strings (the project's convention for micro-USD). */
 function toJson(value: object): Record<string, unknown> {
@@ -264,3 +261,5 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     },
   };
 }
+
+export { isLoopbackHost };
