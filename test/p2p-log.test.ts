@@ -52,6 +52,11 @@ describe('/service/log/1.0.0', () => {
     expect(cp.size).toBe(20);
     const bundle = await ask({ op: 'inclusion', seq: 13 });
     expect(verifyReceiptProof(bundle.text)).toMatchObject({ ok: true, value: { index: 13 } });
+    expect(bundle.text).toContain(`\n20\n`); // (under the latest checkpoint: size 20)
+    // Under an older stored checkpoint, by its size.
+    const under10 = await ask({ op: 'inclusion', seq: 7, size: 10 });
+    expect(verifyReceiptProof(under10.text)).toMatchObject({ ok: true, value: { index: 7 } });
+    expect(under10.text).toContain(log.checkpoints().find((x) => x.size === 10)!.note);
     const c = JSON.parse((await ask({ op: 'consistency', size1: 10 })).text) as { proof: string[]; checkpoint: string };
     const older = log.checkpoints().find((x) => x.size === 10)!.note;
     expect(verifyCheckpointConsistency(older, c.checkpoint, c.proof.map((p) => fromBase64(p)!), log.providerId).ok).toBe(true);
@@ -60,6 +65,9 @@ describe('/service/log/1.0.0', () => {
     expect(await ask({ op: 'receipt', request_id: 'nope' })).toMatchObject({ status: 404, error: 'not_found' });
     expect(await ask({ op: 'inclusion', seq: 22 })).toMatchObject({ status: 404, error: 'not_found' }); // not under a checkpoint yet
     expect(await ask({ op: 'inclusion', seq: -1 })).toMatchObject({ status: 400, error: 'invalid_request' });
+    expect(await ask({ op: 'inclusion', seq: 1, size: 'ten' })).toMatchObject({ status: 400, error: 'invalid_request' });
+    expect(await ask({ op: 'inclusion', seq: 1, size: 15 })).toMatchObject({ status: 404, error: 'not_found' }); // no checkpoint of that size
+    expect(await ask({ op: 'inclusion', seq: 12, size: 10 })).toMatchObject({ status: 404, error: 'not_found' }); // not under it
     expect(await ask({ op: 'consistency', size1: 0 })).toMatchObject({ status: 400, error: 'invalid_request' });
     expect(await ask({ op: 'drop tables' })).toMatchObject({ status: 400, error: 'invalid_request' });
   });

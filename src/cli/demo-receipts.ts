@@ -5,8 +5,6 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
-import { utf8 } from '../../attestation/bytes.ts';
-import { formatProofBundle } from '../../attestation/tlog-proof.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
 import { verifyReceiptProof } from '../../attestation/receipt-proof.ts';
 import { formatUsd } from '../../attestation/money.ts';
@@ -15,6 +13,7 @@ import { createKeyFile } from '../identity.ts';
 import { dataDirPaths, readPriceLists, savePriceList } from '../data-dir.ts';
 import { ReceiptLog } from '../store/receipt-log.ts';
 import { exportLog } from '../store/export.ts';
+import { receiptProofBundle } from '../store/proof-bundle.ts';
 import { syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
 import { intOption } from './cli-error.ts';
 
@@ -48,7 +47,7 @@ export function demoReceiptsCommand(): Command {
         say(`exported       ${ex.receipts} receipts + ${ex.checkpoints} signed checkpoints + ${ex.priceLists} signed price list to ${out}`);
         const seq = Number(last!.seq);
         const cp = log.latestCheckpoint()!;
-        const bundle = formatProofBundle({ index: seq, proof: log.inclusionProof(seq, cp.size), checkpointNote: cp.note, extra: utf8(last!.line) });
+        const bundle = receiptProofBundle(log, seq, cp);
         await log.close();
 
         const r = await audit({ dir: out });

@@ -33,9 +33,12 @@ function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
       return json({ checkpoint: cp?.note ?? null, size: cp?.size ?? 0 });
     }
     case 'inclusion': {
-      const cp = log.latestCheckpoint();
       if (!isSize(head.seq)) return bad('invalid_request', 'seq: expected a whole number');
-      if (!cp || head.seq >= cp.size) return bad('not_found', 'that receipt is not under a signed checkpoint yet', 404);
+      if (head.size !== undefined && (!isSize(head.size) || head.size < 1)) return bad('invalid_request', 'size: expected a whole number of at least 1');
+      // Under the latest checkpoint, or under the stored one of `size` (a buyer who holds that note).
+      const cp = head.size === undefined ? log.latestCheckpoint() : log.checkpoints().find((c) => c.size === head.size);
+      if (!cp) return bad('not_found', head.size === undefined ? 'no signed checkpoint yet' : `no signed checkpoint of size ${head.size}`, 404);
+      if (head.seq >= cp.size) return bad('not_found', head.size === undefined ? 'that receipt is not under a signed checkpoint yet' : `seq ${head.seq} is not under the checkpoint of size ${cp.size}`, 404);
       return { status: 200, type: 'text/plain', body: receiptProofBundle(log, head.seq, cp) };
     }
     case 'consistency': {
