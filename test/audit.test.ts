@@ -475,6 +475,18 @@ describe('audit: the export folder', () => {
     expect(r.fault!.message).toContain('receipts.jsonl');
   });
 
+  it("a node's data dir given instead of an export says to export it first", async () => {
+    const dir = fs.mkdtempSync(path.join(base.root, 'datadir-'));
+    fs.writeFileSync(path.join(dir, 'receipts.db'), '');
+    const r = await run(dir);
+    expectFault(r, 'export_missing_file');
+    expect(r.fault!.message).toBe(`provider.pub is missing from ${dir}; ${dir} looks like a node's data dir, not an export: run seller-node log export --data ${dir} --out DIR, then audit DIR`);
+    // An export folder missing a file gets no such hint.
+    const other = fresh();
+    fs.rmSync(path.join(other, 'provider.pub'));
+    expect((await run(other)).fault!.message).toBe(`provider.pub is missing from ${other}`);
+  });
+
   it('a provider.pub that is not hex is export_malformed', async () => {
     const dir = fresh();
     fs.writeFileSync(path.join(dir, 'provider.pub'), 'not a key\n');

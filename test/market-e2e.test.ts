@@ -146,6 +146,14 @@ describe('seller-node market + seller-node start', () => {
     expect(await again.exited).toBe(0);
   });
 
+  test('a --data that is a file is named, with why', async () => {
+    const file = path.join(dir, 'not-a-folder');
+    fs.writeFileSync(file, 'x');
+    const r = await runCli(['market', '--data', file, '--listen', '127.0.0.1:0']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toBe(`seller-node: cannot use --data ${file}: it, or a folder on its path, is a file, not a folder\n`);
+  });
+
   test('a bad --listen is a usage error', async () => {
     const r = await runCli(['market', '--data', path.join(dir, 'm2'), '--listen', 'nowhere']);
     expect(r.code).toBe(2);

@@ -62,7 +62,10 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   const pubFile = path.join(opts.dir, 'provider.pub');
   const receiptsFile = path.join(opts.dir, 'receipts.jsonl');
   for (const f of [pubFile, receiptsFile]) {
-    if (!fs.existsSync(f)) return fault({ code: 'export_missing_file', message: `${path.basename(f)} is missing from ${opts.dir}` });
+    if (fs.existsSync(f)) continue;
+    // A node's data dir given by mistake: say what to run first.
+    const dataDir = fs.existsSync(path.join(opts.dir, 'receipts.db')) ? `; ${opts.dir} looks like a node's data dir, not an export: run seller-node log export --data ${opts.dir} --out DIR, then audit DIR` : '';
+    return fault({ code: 'export_missing_file', message: `${path.basename(f)} is missing from ${opts.dir}${dataDir}` });
   }
   const provider = readSmall(pubFile)?.trim();
   if (!isHex(provider, 32)) return fault({ code: 'export_malformed', message: 'provider.pub must hold 64 lowercase hex characters' });

@@ -30,7 +30,9 @@ export function marketCommand(): Command {
         key = fs.existsSync(keyFile) ? loadKeyFile(keyFile) : createKeyFile(keyFile);
       } catch (e) {
         if (e instanceof IdentityError) throw new CliError(e.message);
-        throw new CliError(`cannot use ${dir}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+        const code = (e as NodeJS.ErrnoException).code;
+        const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : code === 'EACCES' ? 'permission denied' : (code ?? (e as Error).message);
+        throw new CliError(`cannot use --data ${dir}: ${why}`);
       }
       const { createMarket } = await import('../market/market.ts'); // (loaded when it runs: --help stays fast)
       const market = createMarket({ seed: key.seed, host, port, logger: createLogger({ level: 'info', destination: 2, name: 'market' }) });
