@@ -444,7 +444,17 @@ describe('audit: checkpoints', () => {
     const file = path.join(dir, 'checkpoints', '20');
     const note = fs.readFileSync(file, 'utf8');
     fs.writeFileSync(file, note.replace('\n20\n', '\n19\n'));
-    expectFault(await run(dir), 'signature_invalid');
+    const r = await run(dir);
+    expectFault(r, 'signature_invalid');
+    expect(r.fault!.message).toMatch(/^checkpoints\/20: /); // the file, not its place in a list
+  });
+
+  it('a stray file in checkpoints/ is named by its path', async () => {
+    const dir = fresh();
+    fs.writeFileSync(path.join(dir, 'checkpoints', 'abc'), 'not a note\n');
+    const r = await run(dir);
+    expect(r.ok).toBe(false);
+    expect(r.fault!.message).toMatch(/^checkpoints\/abc: /);
   });
 
   it('an unreadable checkpoint file is checkpoint_malformed', async () => {

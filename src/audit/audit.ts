@@ -72,8 +72,9 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   if (opts.provider !== undefined && opts.provider !== provider) {
     return fault({ code: 'provider_mismatch', message: `export is by provider ${provider}, expected ${opts.provider}` }, provider);
   }
-  const checkpoints = readCheckpoints(opts.dir);
-  if ('code' in checkpoints) return fault(checkpoints, provider);
+  const read = readCheckpoints(opts.dir);
+  if ('code' in read) return fault(read, provider);
+  const checkpoints = read.notes;
   const prices = verifyExportPriceLists(opts.dir, provider);
   if ('code' in prices) return fault(prices, provider);
 
@@ -146,7 +147,12 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   }
   if (lines === 0 && checkpoints.length === 0) return fault({ code: 'log_empty', message: 'receipts.jsonl holds no receipts' }, provider);
   const finished = chain.finish(checkpoints, provider);
-  if (!finished.ok) return fault(toFault(finished.error), provider);
+  if (!finished.ok) {
+    // "checkpoint 3: …" names a note by its place in the list: name its file(s) instead.
+    const f = toFault(finished.error);
+    f.message = f.message.replace(/^checkpoint (\d+): /, (all, n: string) => (read.files[Number(n) - 1] ? `${read.files[Number(n) - 1]!.join(' (and ')}${read.files[Number(n) - 1]!.length > 1 ? ')' : ''}: ` : all));
+    return fault(f, provider);
+  }
   return done({ ok: true, provider, summary: finished.value, priceVersions: prices.lists.map((l) => l.version) });
 }
 
@@ -197,8 +203,8 @@ function verifyExportPriceLists(dir: string, provider: string): { lists: PricedV
   return { lists, folder: true };
 }
 
-/** `checkpoint` and `checkpoints/*`, deduplicated. */
-function readCheckpoints(dir: string): string[] | AuditFault {
+/** `checkpoint` and `checkpoints/*`, deduplicated, with the files (relative to `dir`) each note came from. */
+function readCheckpoints(dir: string): { notes: string[]; files: string[][] } | AuditFault {
   const files: string[] = [];
   if (fs.existsSync(path.join(dir, 'checkpoint'))) files.push(path.join(dir, 'checkpoint'));
   const sub = path.join(dir, 'checkpoints');
@@ -211,11 +217,13 @@ function readCheckpoints(dir: string): string[] | AuditFault {
     }
     for (const n of names) files.push(path.join(sub, n));
   }
-  const notes = new Set<string>();
+  const notes = new Map<string, string[]>();
   for (const f of files) {
     const text = readSmall(f);
     if (text === undefined) return { code: 'checkpoint_malformed', message: `${path.relative(dir, f)} is not a readable checkpoint (at most 64 KiB)` };
-    notes.add(text);
+    const from = notes.get(text);
+    if (from) from.push(path.relative(dir, f));
+    else notes.set(text, [path.relative(dir, f)]);
   }
-  return [...notes];
+  return { notes: [...notes.keys()], files: [...notes.values()] };
 }
