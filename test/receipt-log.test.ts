@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -16,6 +16,8 @@ import { exportLog } from '../src/store/export.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { utf8 } from '../attestation/bytes.ts';
 import { REPO_ROOT } from './helpers/vectors.ts';
+import { CLI_BIN } from './helpers/cli-run.ts';
+import { loadKeyFile } from '../src/identity.ts';
 
 const dirs: string[] = [];
 const open: ReceiptLog[] = [];
@@ -286,4 +288,58 @@ describe('a receipt log exported while its node runs', () => {
     const r = await node.append(syntheticReceiptBody(4));
     expect(r.seq).toBe('4');
   });
+});
+
+describe('a receipt log opened while another process appends and checkpoints', () => {
+  // `log export` / `log prove` beside a running node: the node commits receipts and checkpoints
+  // from another process while this connection rebuilds its tree. Receipts and the latest
+  // checkpoint are read in one transaction, so an open never sees a checkpoint beyond the receipts
+  // it read (which looked like a checkpoint over another log: log_corrupt).
+  test('every open succeeds, and each sees a whole, checkpoint-consistent prefix', async () => {
+    const dir = tmp();
+    const init = spawnSync(process.execPath, [CLI_BIN, 'init', '--data', dir], { encoding: 'utf8' });
+    expect(init.status, init.stderr).toBe(0);
+    const seed = loadKeyFile(path.join(dir, 'node.key')).seed;
+    const fill = spawn(process.execPath, [CLI_BIN, 'log', 'fill', '--data', dir, '--count', '150000', '--checkpoint-every', '7', '--threads', '1'], { stdio: 'ignore' });
+    const filled = new Promise<number | null>((r) => fill.on('exit', (code) => r(code)));
+    let running = true;
+    void filled.then(() => (running = false));
+    try {
+      const file = path.join(dir, 'receipts.db');
+      // Until the filler has made its log and committed receipts (read-only: nothing written here).
+      const started = () => {
+        try {
+          const db = new Database(file, { readonly: true, fileMustExist: true });
+          try {
+            return db.prepare<[], { n: number }>('SELECT COUNT(*) AS n FROM receipt_batches').get()!.n > 0;
+          } finally {
+            db.close();
+          }
+        } catch {
+          return false;
+        }
+      };
+      while (!started()) await new Promise((r) => setTimeout(r, 20));
+      let opens = 0; // of a log big enough that rebuilding it takes a while
+      const failures: string[] = [];
+      while (running && opens < 20) {
+        try {
+          const reader = ReceiptLog.open({ path: file, seed, threads: 0, checkpointIntervalMs: 0 });
+          const cp = reader.latestCheckpoint();
+          if (cp) expect(cp.size).toBeLessThanOrEqual(reader.size);
+          if (reader.size > 20_000) opens++;
+          await reader.close(); // (its closing checkpoint is one the filler would sign at that size)
+        } catch (e) {
+          failures.push((e as Error).message);
+          opens++;
+        }
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      expect(opens).toBeGreaterThan(3); // (the fill was still running: the opens raced it)
+      expect(failures).toEqual([]);
+    } finally {
+      fill.kill('SIGKILL');
+      await filled;
+    }
+  }, 60_000);
 });

@@ -83,7 +83,8 @@ function prepareStatements(db: Database.Database) {
     // OR IGNORE: `log export` may have signed this size already from its own connection.
     insertCheckpoint: db.prepare<[number, Uint8Array, string, number]>('INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)'),
     checkpointOfSize: db.prepare<[number], { root: Uint8Array; note: string }>('SELECT root, note FROM checkpoints WHERE size = ?'),
-    latestCheckpoint: db.prepare<[], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints ORDER BY size DESC LIMIT 1'),
+    // (at most the size this connection has read: another may have checkpointed receipts it has not)
+    latestCheckpoint: db.prepare<[number], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints WHERE size <= ? ORDER BY size DESC LIMIT 1'),
     batchAt: db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1'),
     requestKeysBelow: db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?'),
   };
@@ -172,23 +173,31 @@ export class ReceiptLog {
         throw new ReceiptLogError('log_wrong_key', `${opts.path} is the receipt log of provider ${owner.value}, not of this key (${this.providerId})`);
       }
       // Rebuild the tree and the chain head from disk, proving the stored log is whole on the way.
-      this.tree = new MerkleTree();
-      let last: Uint8Array | undefined;
-      for (const r of this.db.prepare<[], BatchRow>('SELECT * FROM receipt_batches ORDER BY first_seq').iterate()) {
-        if (r.first_seq !== this.tree.size) throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} is missing seq ${this.tree.size}`);
-        let b: SignedBatch;
-        try {
-          b = rowToBatch(r);
-        } catch (e) {
-          throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path}: ${(e as Error).message}`);
+      // One read transaction for the receipts and the latest checkpoint: a node appending beside
+      // this connection (`log export` while it serves) may commit receipts and a checkpoint
+      // between two separate reads, and that checkpoint would look like one over another log.
+      const read = this.db.transaction(() => {
+        const tree = new MerkleTree();
+        let last: Uint8Array | undefined;
+        for (const r of this.db.prepare<[], BatchRow>('SELECT * FROM receipt_batches ORDER BY first_seq').iterate()) {
+          if (r.first_seq !== tree.size) throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} is missing seq ${tree.size}`);
+          let b: SignedBatch;
+          try {
+            b = rowToBatch(r);
+          } catch (e) {
+            throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path}: ${(e as Error).message}`);
+          }
+          for (let i = 0; i < r.count; i++) tree.append(b.leaves.subarray(i * 32, i * 32 + 32));
+          last = batchItem(b, r.count - 1).payload;
         }
-        for (let i = 0; i < r.count; i++) this.tree.append(b.leaves.subarray(i * 32, i * 32 + 32));
-        last = batchItem(b, r.count - 1).payload;
-      }
+        const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
+        return { tree, last, cp };
+      });
+      const { tree, last, cp } = read();
+      this.tree = tree;
       this.nextSeq = this.tree.size;
       this.recentFloor = this.tree.size;
       this.lastPayloadHash = last ? sha256Hex(last) : GENESIS_PREV;
-      const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
       this.lastCheckpointSize = cp?.size ?? 0;
       if (cp && (cp.size > this.tree.size || toHex(this.tree.root(cp.size)) !== toHex(cp.root))) {
         throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} no longer matches its checkpoint of size ${cp.size}`);
@@ -396,15 +405,17 @@ export class ReceiptLog {
     return note;
   }
 
+  /** The latest stored checkpoint over receipts this connection has read. */
   latestCheckpoint(): StoredCheckpoint | undefined {
-    const r = this.stmt.latestCheckpoint.get();
+    const r = this.stmt.latestCheckpoint.get(this.tree.size);
     return r && { size: r.size, note: r.note, createdAt: r.created_at };
   }
 
+  /** Every stored checkpoint over receipts this connection has read (another may be ahead of it), by size. */
   checkpoints(): StoredCheckpoint[] {
     return this.db
-      .prepare<[], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints ORDER BY size')
-      .all()
+      .prepare<[number], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints WHERE size <= ? ORDER BY size')
+      .all(this.tree.size)
       .map((r) => ({ size: r.size, note: r.note, createdAt: r.created_at }));
   }
 
