@@ -306,6 +306,30 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 2);
   });
 
+  test('with the receipt log stopped: a recorded retry is still answered from its record; new paid work is refused 503, nothing run or kept', async () => {
+    const first = recorder();
+    await service.handle(request('chat/completions', chatBody, { idempotency_key: 'stopped-1' }), first.res);
+    expect(first.out.head?.status).toBe(200);
+    const before = log.size;
+    // The same log, as the node sees it once a write has failed.
+    const stoppedLog = new Proxy(log, { get: (t, p) => (p === 'failure' ? new Error('receipt log write failed: disk full') : Reflect.get(t, p)) });
+    const stopped = new InferService({ log: stoppedLog, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const retry = recorder();
+    await stopped.handle(request('chat/completions', chatBody, { idempotency_key: 'stopped-1' }), retry.res);
+    expect(retry.out.trailer?.receipt).toBe(first.out.trailer?.receipt); // billed once, never sent elsewhere to run again
+    for (const over of [{ idempotency_key: 'stopped-2' }, {}]) {
+      const refused = recorder();
+      await stopped.handle(request('chat/completions', chatBody, over), refused.res);
+      expect([refused.out.head?.status, refused.out.trailer?.error?.code]).toEqual([503, 'no_capacity']);
+    }
+    expect(log.size).toBe(before);
+    // The refused keyed request left nothing behind: once the node is healthy it runs.
+    const later = recorder();
+    await service.handle(request('chat/completions', chatBody, { idempotency_key: 'stopped-2' }), later.res);
+    expect(later.out.head?.status).toBe(200);
+    expect(log.size).toBe(before + 1);
+  });
+
   test('an idempotent request verifies its ticket once, then records its use', async () => {
     const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
     const check = gate.check.bind(gate);

@@ -147,11 +147,11 @@ export class InferService {
     }
     const p = parsed;
     if (isTokenize(p)) return this.tokenize(p, model, res);
-    // Paid work needs a receipt at its end: with the log stopped, none is taken (the ticket stays
-    // unused, nothing runs), and the gateway tries another provider as for a full node.
-    if (this.o.log.failure) return this.refuse(res, new Refusal(503, 'no_capacity', 'this node cannot sign receipts: its receipt log has stopped; it takes no paid work until its operator restarts it'));
     const key = req.head.idempotency_key;
-    if (key === undefined || !this.o.idempotency) return this.serve(p, model, req, res);
+    if (key === undefined || !this.o.idempotency) {
+      if (this.o.log.failure) return this.refuse(res, logStopped());
+      return this.serve(p, model, req, res);
+    }
     // An idempotent request: a retry is answered from the record, never run or billed twice.
     let account: string;
     let lookup: Lookup;
@@ -170,10 +170,16 @@ export class InferService {
       return this.refuse(res, e);
     }
     if (lookup.kind === 'replay') {
+      // (answered from the record even with the receipt log stopped: it was billed once, its
+      // receipt is already durable, and another provider must not run and bill it again)
       const r = lookup.response;
       await res.head({ status: r.status, headers: r.headers });
       if (r.body.length) await res.data(r.body);
       return res.trailer(r.trailer);
+    }
+    if (this.o.log.failure) {
+      this.o.idempotency.finish(account, key, undefined);
+      return this.refuse(res, logStopped());
     }
     // A run whose buyer leaves is cancelled (billed for its work) and not recorded: its retry runs
     // again. Finishing it for the retry instead would also finish every cancelled hedge loser.
@@ -456,6 +462,14 @@ export class InferService {
 }
 
 /** Passes a response through and keeps a copy: what a completed idempotent request recorded. */
+/**
+ * Paid work needs a receipt at its end: with the receipt log stopped, new work is refused before
+ * its ticket is used or anything runs, as a full node's is (the gateway tries another provider).
+ */
+function logStopped(): Refusal {
+  return new Refusal(503, 'no_capacity', 'this node cannot sign receipts: its receipt log has stopped; it takes no paid work until its operator restarts it');
+}
+
 function record(res: InferResponse): { res: InferResponse; result(): RecordedResponse | undefined } {
   let head: { status: number; headers: Record<string, string> } | undefined;
   const body: Uint8Array[] = [];
