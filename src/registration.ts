@@ -223,7 +223,11 @@ export function startRegistration(o: RegistrationOptions): Registration {
             attempts = 0;
             backoff = initialBackoff;
             heartbeatFailing = false;
-            continue; // the first heartbeat at once: the market learns the live snapshot (free slots, accepting) now, not an interval later
+            // The first heartbeat at once, so the market learns the live snapshot (free slots,
+            // accepting) now; but after a refused heartbeat, an interval first: a market that takes
+            // registrations and refuses every heartbeat must not get them in a tight loop.
+            if (refusals > 0) await sleep(interval);
+            continue;
           }
           failed('registration', r);
           // The first failure is a warning (a refusal, an error: the operator must act); retries are quiet.

@@ -31,6 +31,8 @@ interface Seen {
   /** The registration's issued_at (registrations only). */
   issuedAt?: number;
   status: MarketplaceStatus;
+  /** When the market got it (performance.now()). */
+  at: number;
 }
 
 const ok: Answer = { status: 200, body: { ok: true } };
@@ -53,7 +55,7 @@ async function scriptedMarket(script: (route: Route, n: number) => Answer, node:
       if (route !== undefined) {
         const envelope = JSON.parse(text) as DsseEnvelope;
         const issuedAt = route === 'register' ? (JSON.parse(Buffer.from(envelope.payload, 'base64').toString()) as { issued_at: number }).issued_at : undefined;
-        seen.push({ route, ...(issuedAt !== undefined ? { issuedAt } : {}), status: node()!.status() });
+        seen.push({ route, ...(issuedAt !== undefined ? { issuedAt } : {}), status: node()!.status(), at: performance.now() });
       }
       res.writeHead(answer.status, { 'content-type': 'application/json' }).end(answer.raw ? String(answer.body) : JSON.stringify(answer.body));
     });
@@ -129,6 +131,9 @@ describe('a heartbeat the market refuses', () => {
     const n = await scenario((route) => (route === 'register' ? registered(20) : error(400, 'heartbeat_invalid', 'at: too far from the market clock')));
     // The fifth registration arrives once the node has handled the four before it and their heartbeats.
     await until('five registrations', () => n.seen.filter((s) => s.route === 'register').length >= 5);
+    // An interval (20 ms) after each registration that followed a refusal, never a tight loop (a lower bound).
+    const regs = n.seen.filter((s) => s.route === 'register');
+    expect(regs[4]!.at - regs[1]!.at).toBeGreaterThanOrEqual(3 * 20);
     await n.reg.stop();
     // Each registration is followed by a heartbeat at the interval, never straight by another registration.
     const seen = routes(n.seen);
