@@ -160,3 +160,17 @@ describe('seller-node market + seller-node start', () => {
     expect(r.stderr).toMatch(/--listen must be host:port/);
   });
 });
+
+describe('a terminal that goes away', () => {
+  // SIGHUP is what a process gets when its terminal or ssh session closes; by then its output has
+  // nowhere to go. Writing the "stopping" line (and log lines) must not end it mid-shutdown.
+  test('SIGHUP with stdout and stderr closed: the market still stops gracefully, exit 0', async () => {
+    assertCliBuilt();
+    const m = await startMarketProcess(path.join(dir, 'market-hup'));
+    m.child.stdout!.destroy();
+    m.child.stderr!.destroy();
+    await new Promise((r) => setTimeout(r, 100));
+    m.child.kill('SIGHUP');
+    expect(await m.exited).toBe(0);
+  });
+});

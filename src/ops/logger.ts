@@ -72,5 +72,10 @@ export function createLogger(options: LoggerOptions): Logger {
   if (options.name !== undefined) config.name = options.name;
   const { destination } = options;
   if (destination === undefined) return pino(config);
-  return pino(config, typeof destination === 'number' ? pino.destination(destination) : destination);
+  if (typeof destination !== 'number') return pino(config, destination);
+  // A log line that cannot be written (the terminal closed, the reader went away) is dropped: the
+  // process must not end on it, least of all while it stops gracefully after a SIGHUP.
+  const dest = pino.destination(destination);
+  dest.on('error', () => {});
+  return pino(config, dest);
 }
