@@ -246,7 +246,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         addresses: host.getMultiaddrs().map((a) => a.toString()),
         price_version: prices.payload.version,
         models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
-        receipts: log.stats(),
+        // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
+        receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },
         in_flight: infer.inFlight,
         uptime_s: Math.round(process.uptime()),
         marketplace: registration?.status() ?? null,

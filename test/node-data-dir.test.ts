@@ -84,6 +84,8 @@ describe('a running node owns its data dir', () => {
     expect(ex.stderr, ex.stderr).toBe('');
     expect(ex.stdout).toMatch(/^exported 1 receipt, 1 checkpoint and 1 price list/);
     expect((await runCli(['audit', out])).code).toBe(0);
+    // The node's /status shows the checkpoint over its receipt, whoever signed it.
+    expect(((await (await fetch(`${ops}/status`)).json()) as { receipts: { receipts: number; lastCheckpointSize: number } }).receipts).toMatchObject({ receipts: 1, lastCheckpointSize: 1 });
 
     await new Promise((r) => setTimeout(r, 900)); // the node's checkpoint timer turns
     expect(await (await fetch(`${ops}/healthz`)).json()).toEqual({ status: 'ok' });
