@@ -100,6 +100,12 @@ describe('a request handler that throws on a running node', () => {
     expect(tok.head.status).toBe(200);
     expect(JSON.parse(Buffer.from(tok.body).toString('utf8'))).toMatchObject({ model: 'tiny/llama', count: expect.any(Number) });
     expect((await fetch(`${node.opsUrl}/healthz`)).status).toBe(200);
+    // A body the contract refuses: its request line names the model it asked for (a served one), not "".
+    const badBody = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'wizard', content: SECRET }] }));
+    const contract = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions' }, badBody));
+    expect(contract.head.status).toBe(400);
+    await until('the refused request in the log', () => lines().some((l) => l.msg === 'request' && l.status === 400));
+    expect(lines().find((l) => l.msg === 'request' && l.status === 400)).toMatchObject({ endpoint: 'chat/completions', model: 'tiny/llama', code: 'invalid_request' });
 
     // Paid work would end without a receipt now: it is refused before anything runs, as a full
     // node's is (503 no_capacity: the gateway tries another provider), and the node says so.

@@ -135,7 +135,10 @@ export class InferService {
       try {
         parsed = parseRequest(endpoint, req.body);
       } catch (e) {
-        if (e instanceof ContractError) throw new Refusal(400, 'invalid_request', e.message);
+        if (e instanceof ContractError) {
+          ctx.model = this.servedModelNamed(req.body); // (the request log and metrics say which model was asked for)
+          throw new Refusal(400, 'invalid_request', e.message);
+        }
         throw e;
       }
       const m = this.o.models.get(parsed.model);
@@ -188,6 +191,16 @@ export class InferService {
       await this.serve(p, model, req, recording.res, checkedTicket);
     } finally {
       this.o.idempotency.finish(account, key, recording.result());
+    }
+  }
+
+  /** The `model` a body the contract refused names, when this node serves it (else undefined: never a buyer's string as a label). */
+  private servedModelNamed(body: Uint8Array): string | undefined {
+    try {
+      const m = (JSON.parse(Buffer.from(body).toString('utf8')) as { model?: unknown } | null)?.model;
+      return typeof m === 'string' && this.o.models.has(m) ? this.o.models.get(m)!.id : undefined;
+    } catch {
+      return undefined;
     }
   }
 
