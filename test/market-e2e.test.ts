@@ -174,3 +174,31 @@ describe('a terminal that goes away', () => {
     expect(await m.exited).toBe(0);
   });
 });
+
+describe('seller-node gateway at start', () => {
+  test('warns when its marketplace does not answer, and not when it does', async () => {
+    assertCliBuilt();
+    const market = await startMarketProcess(path.join(dir, 'market-for-gateway'));
+    const good = spawnCli(['gateway', '--market', market.url, '--listen', '127.0.0.1:0']);
+    // A port nothing listens on (bound, then released).
+    const net = await import('node:net');
+    const s = net.createServer();
+    await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+    const closed = (s.address() as import('node:net').AddressInfo).port;
+    await new Promise((r) => s.close(r));
+    const bad = spawnCli(['gateway', '--market', `http://127.0.0.1:${closed}`, '--listen', '127.0.0.1:0']);
+    try {
+      await waitFor('the warning', () => (/warning: the marketplace/.test(bad.stderr()) ? true : undefined));
+      expect(bad.stderr()).toBe(`seller-node: warning: the marketplace at http://127.0.0.1:${closed} does not answer (ECONNREFUSED); buyers get 502 market_unreachable until it does\n`);
+      expect(bad.stdout()).toMatch(/^seller-node gateway: listening http:\/\/127\.0\.0\.1:\d+\/v1/); // it serves anyway
+      await waitFor('the good gateway to start', () => (/listening/.test(good.stdout()) ? true : undefined));
+      await new Promise((r) => setTimeout(r, 300)); // (its check has had time to answer)
+      expect(good.stderr()).not.toMatch(/warning/);
+    } finally {
+      for (const p of [good, bad, market]) p.child.kill('SIGTERM');
+    }
+    expect(await good.exited).toBe(0);
+    expect(await bad.exited).toBe(0);
+    expect(await market.exited).toBe(0);
+  });
+});

@@ -42,6 +42,22 @@ export function gatewayCommand(): Command {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }
       process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  records ${opts.records ?? 'in memory'}\n`);
+      // Serving starts anyway (the market may come up later); the operator hears of it now, not from a buyer's 502.
+      const why = await marketUnreachable(gw.market.baseUrl);
+      if (why) process.stderr.write(`seller-node: warning: the marketplace at ${gw.market.baseUrl} does not answer (${why}); buyers get 502 market_unreachable until it does\n`);
       await untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close());
     });
+}
+
+/** Why GET <market>/v1/market fails (no answer, an error status, not a market's answer), or undefined when it answers. */
+async function marketUnreachable(base: string): Promise<string | undefined> {
+  try {
+    const res = await fetch(`${base}/v1/market`, { signal: AbortSignal.timeout(3000) });
+    if (!res.ok) return `HTTP ${res.status}`;
+    const key = ((await res.json()) as { public_key?: unknown } | null)?.public_key;
+    return typeof key === 'string' ? undefined : 'its answer is not a marketplace key';
+  } catch (e) {
+    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
+    return cause?.code ?? cause?.message ?? (e as Error).message ?? 'no answer';
+  }
 }
