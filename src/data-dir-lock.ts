@@ -18,7 +18,6 @@ export class DataDirInUseError extends Error {
 }
 
 export interface DataDirLock {
-  readonly file: string;
   /** Lets the next writer in. Idempotent. */
   release(): void;
 }
@@ -34,12 +33,11 @@ export function lockDataDir(dir: string): DataDirLock {
   } catch (e) {
     db.close();
     if ((e as { code?: unknown }).code === 'SQLITE_BUSY') {
-      throw new DataDirInUseError(`${path.resolve(dir)} is in use by another seller-node process (a running node or log fill holds ${LOCK_FILE}); stop it first, or use another data dir`);
+      throw new DataDirInUseError(`${path.resolve(dir)} is in use by another seller-node process (a running node or log fill holds ${file}); stop it first, or use another data dir`);
     }
     throw e;
   }
   return {
-    file,
     release() {
       if (db.open) db.close();
     },

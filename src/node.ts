@@ -7,7 +7,7 @@ import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import { opsHostPort, type NodeConfig } from './config.ts';
 import { savePriceList } from './data-dir.ts';
-import { DataDirInUseError, LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
+import { LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
@@ -19,7 +19,7 @@ import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity, signCapacity } from './p2p/capacity-protocol.ts';
-import { readiness, startRegistration, type Registration } from './registration.ts';
+import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
@@ -53,7 +53,6 @@ function checkDataDir(dir: string): void {
     const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : code === 'EACCES' ? 'permission denied: it cannot be created by this user' : (e as Error).message;
     throw new NodeStartError(`data_dir: ${path.resolve(dir)}: ${why}`, { cause: e });
   }
-  if (!fs.statSync(dir).isDirectory()) throw new NodeStartError(`data_dir: ${path.resolve(dir)}: it is a file, not a folder`);
   try {
     fs.accessSync(dir, fs.constants.W_OK | fs.constants.X_OK);
   } catch (e) {
@@ -130,7 +129,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       const lock = lockDataDir(config.data_dir);
       cleanup.push(['data dir lock', () => lock.release()]);
     } catch (e) {
-      throw dataDirError(e instanceof DataDirInUseError ? config.data_dir : path.join(config.data_dir, LOCK_FILE), e);
+      throw dataDirError(path.join(config.data_dir, LOCK_FILE), e);
     }
     const prices = signPriceList(
       identity.seed,
@@ -141,7 +140,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     try {
       savePriceList(config.data_dir, prices);
     } catch (e) {
-      throw new NodeStartError(`data_dir: ${(e as Error).message}`, { cause: e });
+      throw dataDirError(path.join(config.data_dir, 'prices'), e);
     }
     let log: ReceiptLog;
     try {
@@ -225,11 +224,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['log protocol', () => logServer.stop()]);
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
+    /** What readiness and `accepting` are judged on (registration.ts). */
+    const standing = () => [stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status(), log.failure] as const;
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
-      // (not accepting either when every ticket would be refused: no trusted marketplace key, or not the market's)
-      accepting: stopped === undefined && log.failure === undefined && config.marketplace.public_keys.length > 0 && registration?.status().ticket_key?.trusted !== false,
+      accepting: workRefused(...standing()).length === 0,
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
@@ -239,7 +239,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       host: opsHost,
       port: opsPort,
       metrics,
-      ready: () => readiness(stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status(), log.failure),
+      ready: () => readiness(...standing()),
       status: () => ({
         provider_id: identity.providerId,
         peer_id: host.peerId.toString(),

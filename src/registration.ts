@@ -296,17 +296,27 @@ export function startRegistration(o: RegistrationOptions): Registration {
  * (it routes no new buyers to it). Tickets already issued are still served in that state.
  */
 export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error): { ready: boolean; reasons: string[] } {
-  if (stopping) return { ready: false, reasons: ['stopping'] };
-  const reasons: string[] = [];
-  if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 200)}): paid requests are refused until a restart`);
-  if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
-  else if (market?.ticket_key && !market.ticket_key.trusted) {
-    reasons.push(`the marketplace at ${market.url} signs tickets with key ${market.ticket_key.public_key}, which is not in marketplace.public_keys: every ticket it issues would be refused`);
-  }
+  const reasons = workRefused(stopping, hasMarketKey, market, receiptLogFailure);
+  if (stopping) return { ready: false, reasons };
   if (market && !market.registered) {
     const e = market.last_error;
     const why = e === null ? 'registration in progress' : `last ${e.during} failed: ${e.code ?? e.reason}${e.code && e.reason ? ` (${e.reason})` : ''}`;
     reasons.push(`not registered with the marketplace at ${market.url}: ${why}`);
   }
   return { ready: reasons.length === 0, reasons };
+}
+
+/**
+ * Why the node would refuse any new paid request now (empty: it takes work). The capacity
+ * snapshot's `accepting` is this list being empty; /readyz adds the node's standing with the market.
+ */
+export function workRefused(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error): string[] {
+  if (stopping) return ['stopping'];
+  const reasons: string[] = [];
+  if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 200)}): paid requests are refused until a restart`);
+  if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
+  else if (market?.ticket_key && !market.ticket_key.trusted) {
+    reasons.push(`the marketplace at ${market.url} signs tickets with key ${market.ticket_key.public_key}, which is not in marketplace.public_keys: every ticket it issues would be refused`);
+  }
+  return reasons;
 }

@@ -150,7 +150,10 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   if (!finished.ok) {
     // "checkpoint 3: …" names a note by its place in the list: name its file(s) instead.
     const f = toFault(finished.error);
-    f.message = f.message.replace(/^checkpoint (\d+): /, (all, n: string) => (read.files[Number(n) - 1] ? `${read.files[Number(n) - 1]!.join(' (and ')}${read.files[Number(n) - 1]!.length > 1 ? ')' : ''}: ` : all));
+    f.message = f.message.replace(/^checkpoint (\d+): /, (all, n: string) => {
+      const [first, ...same] = read.files[Number(n) - 1] ?? [];
+      return first === undefined ? all : `${first}${same.length ? ` (and ${same.join(', ')})` : ''}: `;
+    });
     return fault(f, provider);
   }
   return done({ ok: true, provider, summary: finished.value, priceVersions: prices.lists.map((l) => l.version) });

@@ -6,6 +6,7 @@ import { writeFileAtomic } from '../atomic-file.ts';
 import { dataDirPaths, openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
 import { exportLog } from '../store/export.ts';
 import { receiptProofBundle } from '../store/proof-bundle.ts';
+import type { NodeIdentity } from '../identity.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { isSyntheticReceiptLine, syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
 import { CliError, intOption } from './cli-error.ts';
@@ -39,44 +40,20 @@ export function logCommand(): Command {
     .action(async (opts: { data: string; count: number; checkpointEvery: number; threads: number }) => {
       // A writer, like a running node: never two on one folder. (A missing folder is open()'s error to name.)
       const lock = fs.existsSync(opts.data) ? lockDataDir(opts.data) : undefined;
-      let rl;
-      let identity;
       try {
-        ({ log: rl, identity } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery }));
-      } catch (e) {
-        lock?.release();
-        throw e;
-      }
-      const start = rl.size;
-      const t0 = performance.now();
-      try {
-        // Synthetic receipts signed with the node's key stay in its chain forever: only into a log
-        // that holds nothing else (a fresh one, or one fill itself started).
-        const real = realReceiptSeq(rl);
-        if (real !== undefined) {
-          throw new CliError(
-            `${opts.data}'s receipt log holds real receipts (seq ${real} is not synthetic); log fill appends synthetic receipts signed with this node's key, which can never be removed: use a fresh data dir (seller-node init --data DIR)`,
-          );
-        }
-        // The list the synthetic receipts cite, kept like a node keeps its own: their export audits clean.
-        savePriceList(opts.data, syntheticPriceList(identity.seed, identity.providerId));
-        // Bounded windows keep memory flat for any count.
-        for (let done = 0; done < opts.count; ) {
-          const n = Math.min(4096, opts.count - done);
-          const batch = [];
-          for (let i = 0; i < n; i++) batch.push(rl.append(syntheticReceiptBody(start + done + i)));
-          await Promise.all(batch);
-          done += n;
-        }
-      } finally {
+        const { log: rl, identity } = open(opts.data, { threads: opts.threads, checkpointEvery: opts.checkpointEvery });
+        const start = rl.size;
+        const t0 = performance.now();
         try {
-          await rl.close();
+          await appendSynthetic(rl, identity, opts.data, opts.count);
         } finally {
-          lock?.release();
+          await rl.close();
         }
+        const s = (performance.now() - t0) / 1000;
+        process.stdout.write(`appended ${opts.count} receipts (seq ${start}..${start + opts.count - 1}) in ${s.toFixed(2)} s; log size ${start + opts.count}\n`);
+      } finally {
+        lock?.release();
       }
-      const s = (performance.now() - t0) / 1000;
-      process.stdout.write(`appended ${opts.count} receipts (seq ${start}..${start + opts.count - 1}) in ${s.toFixed(2)} s; log size ${start + opts.count}\n`);
     });
   log
     .command('prove')
@@ -98,9 +75,8 @@ export function logCommand(): Command {
         let cp;
         if (opts.size !== undefined) {
           if (opts.seq >= opts.size) throw new CliError(`--seq ${opts.seq} is not under a checkpoint of size ${opts.size}: it covers seq 0..${opts.size - 1}`);
-          const stored = rl.checkpoints();
-          cp = stored.find((c) => c.size === opts.size);
-          if (!cp) throw new CliError(`${opts.data} holds no signed checkpoint of size ${opts.size} (${storedSizesNear(stored.map((c) => c.size), opts.size)}); leave out --size to use the latest`);
+          cp = rl.checkpointAt(opts.size);
+          if (!cp) throw new CliError(`${opts.data} holds no signed checkpoint of size ${opts.size} (${storedSizesNear(rl.checkpoints().map((c) => c.size), opts.size)}); leave out --size to use the latest`);
         } else {
           // As log export does: a checkpoint over every durable receipt unless the latest covers them
           // (the one the node signs for that size; closing the log would sign it anyway).
@@ -141,6 +117,29 @@ export function logCommand(): Command {
       }
     });
   return log;
+}
+
+/** Appends `count` synthetic receipts after the log's last, and keeps the price list they cite. */
+async function appendSynthetic(rl: ReceiptLog, identity: NodeIdentity, dir: string, count: number): Promise<void> {
+  // Synthetic receipts signed with the node's key stay in its chain forever: only into a log
+  // that holds nothing else (a fresh one, or one fill itself started).
+  const real = realReceiptSeq(rl);
+  if (real !== undefined) {
+    throw new CliError(
+      `${dir}'s receipt log holds real receipts (seq ${real} is not synthetic); log fill appends synthetic receipts signed with this node's key, which can never be removed: use a fresh data dir (seller-node init --data DIR)`,
+    );
+  }
+  // The list the synthetic receipts cite, kept like a node keeps its own: their export audits clean.
+  savePriceList(dir, syntheticPriceList(identity.seed, identity.providerId));
+  // Bounded windows keep memory flat for any count.
+  const start = rl.size;
+  for (let done = 0; done < count; ) {
+    const n = Math.min(4096, count - done);
+    const batch = [];
+    for (let i = 0; i < n; i++) batch.push(rl.append(syntheticReceiptBody(start + done + i)));
+    await Promise.all(batch);
+    done += n;
+  }
 }
 
 /** The stored checkpoint sizes either side of `size`, for an error that names what there is. */

@@ -142,9 +142,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     reply.header('x-request-id', req.id);
     // One line a request when its response ends (streams too: they are hijacked, so fastify's
     // onResponse never sees them): the route, never the URL's query, body, prompt or output.
-    const t0 = performance.now();
     reply.raw.once('close', () => {
-      log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status: reply.raw.statusCode, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - t0) }, 'request');
+      log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status: reply.raw.statusCode, completed: reply.raw.writableFinished, ms: Math.round(reply.elapsedTime) }, 'request');
     });
   });
 

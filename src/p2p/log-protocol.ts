@@ -36,7 +36,7 @@ function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
       if (!isSize(head.seq)) return bad('invalid_request', 'seq: expected a whole number');
       if (head.size !== undefined && (!isSize(head.size) || head.size < 1)) return bad('invalid_request', 'size: expected a whole number of at least 1');
       // Under the latest checkpoint, or under the stored one of `size` (a buyer who holds that note).
-      const cp = head.size === undefined ? log.latestCheckpoint() : log.checkpoints().find((c) => c.size === head.size);
+      const cp = head.size === undefined ? log.latestCheckpoint() : log.checkpointAt(head.size);
       if (!cp) return bad('not_found', head.size === undefined ? 'no signed checkpoint yet' : `no signed checkpoint of size ${head.size}`, 404);
       if (head.seq >= cp.size) return bad('not_found', head.size === undefined ? 'that receipt is not under a signed checkpoint yet' : `seq ${head.seq} is not under the checkpoint of size ${cp.size}`, 404);
       return { status: 200, type: 'text/plain', body: receiptProofBundle(log, head.seq, cp) };
@@ -46,8 +46,7 @@ function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
       const size2 = head.size2 === undefined ? cp?.size : head.size2;
       if (!isSize(head.size1) || !isSize(size2) || head.size1 < 1 || head.size1 > size2) return bad('invalid_request', 'size1, size2: expected 1 ≤ size1 ≤ size2');
       if (!cp || size2 > cp.size) return bad('not_found', 'no signed checkpoint covers size2', 404);
-      const signed = log.checkpoints().find((c) => c.size === size2);
-      return json({ size1: head.size1, size2, proof: log.consistencyProof(head.size1, size2).map(toBase64), checkpoint: signed?.note ?? null });
+      return json({ size1: head.size1, size2, proof: log.consistencyProof(head.size1, size2).map(toBase64), checkpoint: log.checkpointAt(size2)?.note ?? null });
     }
     default:
       return bad('invalid_request', 'op: expected receipt, checkpoint, inclusion or consistency');

@@ -8,7 +8,7 @@ import type { ReceiptLog, StoredCheckpoint } from './receipt-log.ts';
 
 /**
  * The tlog-proof bundle of durable receipt `seq` under the signed checkpoint `cp` (one of
- * log.checkpoints()). Throws RangeError when `seq` is not under `cp` or not in the log.
+ * log.checkpoints(), log.checkpointAt(size)). Throws RangeError when `seq` is not under `cp` or not in the log.
  */
 export function receiptProofBundle(log: ReceiptLog, seq: number, cp: Pick<StoredCheckpoint, 'size' | 'note'>): string {
   if (!Number.isSafeInteger(seq) || seq < 0 || seq >= cp.size) throw new RangeError(`seq ${seq} is not under the checkpoint of size ${cp.size}`);

@@ -82,7 +82,7 @@ function prepareStatements(db: Database.Database) {
   return {
     // OR IGNORE: `log export` may have signed this size already from its own connection.
     insertCheckpoint: db.prepare<[number, Uint8Array, string, number]>('INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)'),
-    checkpointOfSize: db.prepare<[number], { root: Uint8Array; note: string }>('SELECT root, note FROM checkpoints WHERE size = ?'),
+    checkpointOfSize: db.prepare<[number], { root: Uint8Array; note: string; created_at: number }>('SELECT root, note, created_at FROM checkpoints WHERE size = ?'),
     // (at most the size this connection has read: another may have checkpointed receipts it has not)
     latestCheckpoint: db.prepare<[number], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints WHERE size <= ? ORDER BY size DESC LIMIT 1'),
     batchAt: db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1'),
@@ -409,6 +409,12 @@ export class ReceiptLog {
   latestCheckpoint(): StoredCheckpoint | undefined {
     const r = this.stmt.latestCheckpoint.get(this.tree.size);
     return r && { size: r.size, note: r.note, createdAt: r.created_at };
+  }
+
+  /** The stored checkpoint of exactly this size, if this connection has read that many receipts. */
+  checkpointAt(size: number): StoredCheckpoint | undefined {
+    const r = size <= this.tree.size ? this.stmt.checkpointOfSize.get(size) : undefined;
+    return r && { size, note: r.note, createdAt: r.created_at };
   }
 
   /** Every stored checkpoint over receipts this connection has read (another may be ahead of it), by size. */
