@@ -228,6 +228,18 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
     }
   });
 
+  test('a listen address this machine does not have', async () => {
+    const { h, config } = goodHome('p2p-noaddr', { listen: '/ip4/192.0.2.1/tcp/0' }); // (TEST-NET-1: never a local address)
+    await expect(startNode(config)).rejects.toThrow(/^listen: \/ip4\/192\.0\.2\.1\/tcp\/0: no such address on this machine$/);
+    lockDataDir(path.join(h, 'data')).release();
+  });
+
+  test('a lock file the node cannot open is named with SQLite\'s reason', async () => {
+    const { h, config } = goodHome('lock-is-dir');
+    fs.mkdirSync(path.join(h, 'data', 'node.lock'), { recursive: true }); // a folder where the lock file goes
+    await expect(startNode(config)).rejects.toThrow(new RegExp(`^data_dir: ${path.join(h, 'data', 'node.lock')}: unable to open database file$`));
+  });
+
   test('a data_dir that is a file', async () => {
     const { h, config } = goodHome('file-dir', { dataDir: './afile' });
     fs.writeFileSync(path.join(h, 'afile'), 'not a folder');
