@@ -13,6 +13,7 @@ import YAML, { type YAMLError } from 'yaml';
 import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
 import { MAX_WAIT_MS } from '../attestation/ticket.ts';
+import { marketUrlProblem } from './market-url.ts';
 import { parseHostPort, portAloneSuggestion, type HostPort } from './host-port.ts';
 
 export class ConfigError extends Error {
@@ -241,12 +242,8 @@ function validate(raw: Raw, base: string): NodeConfig {
   only(mp, 'marketplace', ['url', 'public_keys']);
   const url = mp.url ?? null;
   if (url !== null) {
-    try {
-      const u = new URL(str(url, 'marketplace.url'));
-      if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error();
-    } catch {
-      throw new ConfigError('marketplace.url', 'expected an http(s) URL');
-    }
+    const problem = marketUrlProblem(str(url, 'marketplace.url'));
+    if (problem) throw new ConfigError('marketplace.url', problem);
   }
   const keys = mp.public_keys ?? [];
   if (!Array.isArray(keys)) throw new ConfigError('marketplace.public_keys', 'expected a list of 64-hex Ed25519 public keys');

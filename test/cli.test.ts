@@ -146,14 +146,14 @@ describe.concurrent('usage errors', () => {
   it('gateway without --market, with a market that is not a URL, with a bad --listen or --provider-idle-ms', async () => {
     expectCleanError(await runCli(['gateway']), /required option '--market <url>'/);
     expectCleanError(await runCli(['gateway', '--market', 'not a url']), /--market: /, 2);
-    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', 'a:b:c']), '--listen must be host:port, e.g. 127.0.0.1:11435; got "a:b:c"\n', 2);
-    for (const bad of ['soon', '-5', '1e5']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be a whole number, got "?${bad}`), 2);
-    for (const bad of ['999', '1000000000']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be between 1000 and 999999999, got "?${bad}`), 2);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', 'a:b:c']), '--listen must be host:port, e.g. 127.0.0.1:11435; got "a:b:c"\n', 2);
+    for (const bad of ['soon', '-5', '1e5']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be a whole number, got "?${bad}`), 2);
+    for (const bad of ['999', '1000000000']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be between 1000 and 999999999, got "?${bad}`), 2);
   });
 
   it('gateway and market --listen with a port alone: the same usage error, before anything listens or warns', async () => {
     // "24037" once passed as a host name: a warning that the gateway listens "beyond this machine", then EADDRNOTAVAIL 0.0.93.229.
-    const gw = await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', '24037']);
+    const gw = await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '24037']);
     expectCleanError(gw, 'seller-node: --listen must be host:port, e.g. 127.0.0.1:11435; got "24037" (a port alone: write 127.0.0.1:24037)\n', 2);
     expect(gw.stderr).not.toMatch(/warning|EADDRNOTAVAIL/);
     const data = path.join(tmp, 'market-bad-listen');
@@ -161,9 +161,19 @@ describe.concurrent('usage errors', () => {
     expect(fs.existsSync(data)).toBe(false);
   });
 
+  it('a marketplace or gateway on a port fetch will not connect to is refused before anything starts', async () => {
+    const problem = 'is one that fetch (Node, browsers, the openai client) refuses to connect to (a "bad port" in the Fetch standard); choose another\n';
+    const data = path.join(tmp, 'market-bad-port');
+    expectCleanError(await runCli(['market', '--data', data, '--listen', '127.0.0.1:6000']), `seller-node: --listen: port 6000 ${problem}`, 2);
+    expect(fs.existsSync(data)).toBe(false);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '127.0.0.1:10080']), `seller-node: --listen: port 10080 ${problem}`, 2);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:6667']), `seller-node: --market: market URL "http://127.0.0.1:6667": port 6667 ${problem}`, 2);
+    expectCleanError(await runCli(['demo', '--port', '6669']), `seller-node: --port: port 6669 ${problem}`, 2);
+  });
+
   it('gateway --records in a folder that does not exist: a clean error naming the file', async () => {
     const file = path.join(tmp, 'no-such-folder', 'records.db');
-    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:9', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder/, 1);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder/, 1);
   });
 });
 

@@ -65,6 +65,7 @@ describe('config', () => {
     ['listen: []', 'listen'],
     ['listen: [tcp://x]', 'listen[0]'],
     ['marketplace: { url: ftp://x }', 'marketplace.url'],
+    ['marketplace: { url: "http://127.0.0.1:6000" }', 'marketplace.url'],
     ['marketplace: { public_keys: [abc] }', 'marketplace.public_keys[0]'],
     ['ops: { http: "0.0.0.0" }', 'ops.http'],
     ['ops: { http: "127.0.0.1:99999" }', 'ops.http'],

@@ -126,10 +126,31 @@ describe('URLs and --listen', () => {
     expect(normalizeMarketUrl('http://127.0.0.1:11436/v1')).toBe('http://127.0.0.1:11436');
     expect(() => normalizeMarketUrl('ftp://x')).toThrow();
     expect(() => normalizeMarketUrl('nope')).toThrow();
+    // A port fetch will not connect to: refused here, not met later as an opaque "fetch failed".
+    expect(() => normalizeMarketUrl('http://127.0.0.1:6000')).toThrow('market URL "http://127.0.0.1:6000": port 6000 is one that fetch');
+    expect(() => normalizeMarketUrl('http://market.example:10080/v1')).toThrow(/port 10080/);
+    expect(normalizeMarketUrl('http://127.0.0.1:6001')).toBe('http://127.0.0.1:6001');
+  });
+
+  test('the ports refused as ones fetch will not connect to are exactly those that fetch refuses', async () => {
+    const { fetchRefusesPort } = await import('../src/fetch-ports.ts');
+    // Every refused port and its two neighbours, against this Node's fetch: a refused port fails
+    // before connecting ("bad port"); any other port here reaches the TCP connect, refused or not.
+    const ports = new Set<number>();
+    for (let p = 1; p <= 65535; p++) if (fetchRefusesPort(p)) for (const q of [p - 1, p, p + 1]) if (q >= 1 && q <= 65535) ports.add(q);
+    expect(ports.size).toBeGreaterThan(150);
+    for (const p of ports) {
+      const why = await fetch(`http://127.0.0.1:${p}/`, { signal: AbortSignal.timeout(2000) }).then(
+        () => 'answered',
+        (e: { cause?: { message?: string } }) => e.cause?.message ?? 'failed',
+      );
+      expect(why === 'bad port', `port ${p}`).toBe(fetchRefusesPort(p));
+    }
   });
 
   test('--listen', () => {
     expect(parseListen('127.0.0.1:11435')).toEqual({ host: '127.0.0.1', port: 11435 });
+    expect(() => parseListen('127.0.0.1:6666')).toThrow('--listen: port 6666 is one that fetch (Node, browsers, the openai client) refuses to connect to');
     expect(parseListen('[::1]:8080')).toEqual({ host: '::1', port: 8080 });
     expect(parseListen('localhost')).toEqual({ host: 'localhost', port: 11435 });
     expect(() => parseListen('127.0.0.1:99999')).toThrow();
@@ -140,8 +161,8 @@ describe('URLs and --listen', () => {
 describe('a gateway whose marketplace does not answer', () => {
   test('paid and free requests get 502 market_unreachable in the error envelope; the gateway stays up', async () => {
     const { createGateway } = await import('../src/gateway/gateway.ts');
-    // Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
-    const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, marketTimeoutMs: 2000 });
+    // Port 2 on loopback: nothing listens, the connection is refused at once.
+    const gw = await createGateway({ market: 'http://127.0.0.1:2', port: 0, marketTimeoutMs: 2000 });
     try {
       for (const [endpoint, body] of [
         ['chat/completions', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }],
@@ -149,7 +170,7 @@ describe('a gateway whose marketplace does not answer', () => {
       ] as const) {
         const r = await fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
         expect(r.status, endpoint).toBe(502);
-        expect(((await r.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'market_unreachable', message: expect.stringContaining('did not answer') });
+        expect(((await r.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'market_unreachable', message: 'the marketplace at http://127.0.0.1:2 did not answer (ECONNREFUSED)' });
       }
       expect((await fetch(`${gw.url}/models`)).status).toBe(502);
       // A body over the limit is refused before the market is asked anything.
@@ -173,7 +194,7 @@ describe('closing a gateway', () => {
     try {
       const warned: { step?: unknown; err?: unknown; msg?: string }[] = [];
       const logger = { info: () => undefined, error: () => undefined, warn: (o: object, msg?: string) => void warned.push({ ...(o as object), msg }) };
-      const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, recordsPath, logger });
+      const gw = await createGateway({ market: 'http://127.0.0.1:2', port: 0, recordsPath, logger });
       const httpClose = gw.app.close.bind(gw.app);
       gw.app.close = (async () => {
         await httpClose();
@@ -199,9 +220,9 @@ describe('starting a gateway', () => {
     await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
     const port = (taken.address() as net.AddressInfo).port;
     try {
-      await expect(createGateway({ market: 'http://127.0.0.1:9', port, recordsPath })).rejects.toThrow(/EADDRINUSE/);
+      await expect(createGateway({ market: 'http://127.0.0.1:2', port, recordsPath })).rejects.toThrow(/EADDRINUSE/);
       // The same records file and a free port: starts, serves, closes.
-      const gw = await createGateway({ market: 'http://127.0.0.1:9', port: 0, recordsPath });
+      const gw = await createGateway({ market: 'http://127.0.0.1:2', port: 0, recordsPath });
       expect((await fetch(`${gw.url}/requests/req-none`)).status).toBe(404);
       await gw.close(1000);
       expect(gw.libp2p.status).toBe('stopped');

@@ -137,7 +137,7 @@ describeServer('the development market', async () => {
 
 describeServer('the gateway', async () => {
   // The market's URL is only used when a request needs it; none of these do.
-  gateway = await createGateway({ market: 'http://127.0.0.1:9', port: 0 });
+  gateway = await createGateway({ market: 'http://127.0.0.1:2', port: 0 });
   const base = gateway.url.replace(/\/v1$/, '');
   return { port: gateway.port, base, badUrl: '/v1/requests/%ZZ', next: `${base}/v1/requests/req-none`, nextStatus: 404, badRequestCode: 'invalid_request' };
 });

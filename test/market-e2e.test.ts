@@ -187,16 +187,27 @@ describe('seller-node gateway at start', () => {
     const closed = (s.address() as import('node:net').AddressInfo).port;
     await new Promise((r) => s.close(r));
     const bad = spawnCli(['gateway', '--market', `http://127.0.0.1:${closed}`, '--listen', '127.0.0.1:0']);
+    // Something that answers, but not as a marketplace does.
+    const http = await import('node:http');
+    const notMarket = http.createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"hello":"world"}'));
+    await new Promise<void>((r) => notMarket.listen(0, '127.0.0.1', r));
+    const notMarketUrl = `http://127.0.0.1:${(notMarket.address() as import('node:net').AddressInfo).port}`;
+    const wrong = spawnCli(['gateway', '--market', notMarketUrl, '--listen', '127.0.0.1:0']);
     try {
+      await waitFor('the warning about a wrong answer', () => (/warning: /.test(wrong.stderr()) ? true : undefined));
+      expect(wrong.stderr()).toBe(`seller-node: warning: the marketplace's key is malformed; buyers get 502 bad_market_response until that changes\n`);
       await waitFor('the warning', () => (/warning: the marketplace/.test(bad.stderr()) ? true : undefined));
-      expect(bad.stderr()).toBe(`seller-node: warning: the marketplace at http://127.0.0.1:${closed} does not answer (ECONNREFUSED); buyers get 502 market_unreachable until it does\n`);
+      expect(bad.stderr()).toBe(`seller-node: warning: the marketplace at http://127.0.0.1:${closed} did not answer (ECONNREFUSED); buyers get 502 market_unreachable until that changes\n`);
       expect(bad.stdout()).toMatch(/^seller-node gateway: listening http:\/\/127\.0\.0\.1:\d+\/v1/); // it serves anyway
       await waitFor('the good gateway to start', () => (/listening/.test(good.stdout()) ? true : undefined));
       await new Promise((r) => setTimeout(r, 300)); // (its check has had time to answer)
       expect(good.stderr()).not.toMatch(/warning/);
     } finally {
-      for (const p of [good, bad, market]) p.child.kill('SIGTERM');
+      for (const p of [good, bad, wrong, market]) p.child.kill('SIGTERM');
+      notMarket.closeAllConnections();
+      notMarket.close();
     }
+    expect(await wrong.exited).toBe(0);
     expect(await good.exited).toBe(0);
     expect(await bad.exited).toBe(0);
     expect(await market.exited).toBe(0);

@@ -8,7 +8,8 @@ import path from 'node:path';
 import { Command } from 'commander';
 import { parseConfig } from '../config.ts';
 import { createKeyFile } from '../identity.ts';
-import { intOption } from './cli-error.ts';
+import { fetchPortProblem } from '../fetch-ports.ts';
+import { CliError, intOption } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
 export function demoCommand(): Command {
@@ -17,6 +18,8 @@ export function demoCommand(): Command {
     .option('--port <n>', 'gateway port', intOption('--port', 0, 65535), 11435)
     .option('--smoke', 'send one paid request through the gateway, print the answer and its receipt check, and stop')
     .action(async (opts: { port: number; smoke?: boolean }) => {
+      const portProblem = fetchPortProblem(opts.port);
+      if (portProblem) throw new CliError(`--port: ${portProblem}`, 2);
       // (loaded when it runs: --help stays fast)
       const [{ writeTinyLlama }, { createGateway }, { createMarket }, { startNode }] = await Promise.all([
         import('../../adapters/gguf/tiny-llama.ts'),

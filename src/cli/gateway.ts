@@ -6,6 +6,7 @@ import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { isLoopbackHost } from '../host-port.ts';
+import { fetchPortProblem } from '../fetch-ports.ts';
 import { CliError, intOption } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -13,6 +14,8 @@ import { untilSignal } from './until-signal.ts';
 export function parseListen(s: string): HostPort {
   const hp = parseHostPort(s.trim(), GATEWAY_DEFAULT_PORT);
   if (!hp) throw new CliError(listenOptionProblem('--listen', s, `127.0.0.1:${GATEWAY_DEFAULT_PORT}`), 2);
+  const problem = fetchPortProblem(hp.port);
+  if (problem) throw new CliError(`--listen: ${problem}`, 2);
   return hp;
 }
 
@@ -43,21 +46,10 @@ export function gatewayCommand(): Command {
       }
       process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  records ${opts.records ?? 'in memory'}\n`);
       // Serving starts anyway (the market may come up later); the operator hears of it now, not from a buyer's 502.
-      const why = await marketUnreachable(gw.market.baseUrl);
-      if (why) process.stderr.write(`seller-node: warning: the marketplace at ${gw.market.baseUrl} does not answer (${why}); buyers get 502 market_unreachable until it does\n`);
+      // The check runs beside the signal handling below, so Ctrl-C during it still stops cleanly.
+      gw.market.marketKey().catch((e: { status?: number; code?: string; message: string }) =>
+        process.stderr.write(`seller-node: warning: ${e.message}; buyers get ${e.status ?? 502} ${e.code ?? 'market_unreachable'} until that changes\n`),
+      );
       await untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close());
     });
-}
-
-/** Why GET <market>/v1/market fails (no answer, an error status, not a market's answer), or undefined when it answers. */
-async function marketUnreachable(base: string): Promise<string | undefined> {
-  try {
-    const res = await fetch(`${base}/v1/market`, { signal: AbortSignal.timeout(3000) });
-    if (!res.ok) return `HTTP ${res.status}`;
-    const key = ((await res.json()) as { public_key?: unknown } | null)?.public_key;
-    return typeof key === 'string' ? undefined : 'its answer is not a marketplace key';
-  } catch (e) {
-    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-    return cause?.code ?? cause?.message ?? (e as Error).message ?? 'no answer';
-  }
 }

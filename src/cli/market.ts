@@ -4,6 +4,7 @@ import { Command } from 'commander';
 import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
 import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.ts';
 import { createLogger } from '../ops/logger.ts';
+import { fetchPortProblem } from '../fetch-ports.ts';
 import { CliError } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -12,6 +13,8 @@ const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 function parseListen(s: string): HostPort {
   const hp = parseHostPort(s.trim());
   if (!hp) throw new CliError(listenOptionProblem('--listen', s, DEFAULT_MARKET_LISTEN), 2);
+  const problem = fetchPortProblem(hp.port);
+  if (problem) throw new CliError(`--listen: ${problem}`, 2);
   return hp;
 }
 

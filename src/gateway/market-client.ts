@@ -57,6 +57,15 @@ export interface MarketClientOptions {
 }
 
 
+/** Why a fetch threw, in a word where there is one: undici's "fetch failed" hides ECONNREFUSED, ENOTFOUND… in its cause. */
+function fetchFailure(e: unknown): string {
+  const cause = (e as { cause?: { code?: unknown; message?: unknown } } | null)?.cause;
+  if (typeof cause?.code === 'string') return cause.code;
+  if ((e as Error | null)?.name === 'TimeoutError') return 'no answer in time';
+  if (typeof cause?.message === 'string' && cause.message !== '') return cause.message;
+  return (e as Error | null)?.message || 'no answer';
+}
+
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
 /** One model's rates as a ticket grant states them; a malformed one is a bad market answer. */
@@ -131,7 +140,7 @@ export class MarketClient {
         signal: AbortSignal.timeout(this.timeoutMs),
       });
     } catch (e) {
-      throw new GatewayError(502, 'market_unreachable', `the marketplace at ${this.baseUrl} did not answer: ${(e as Error).message}`);
+      throw new GatewayError(502, 'market_unreachable', `the marketplace at ${this.baseUrl} did not answer (${fetchFailure(e)})`);
     }
     const text = await res.text().catch(() => '');
     let value: unknown;
