@@ -6,6 +6,7 @@
 // heartbeat_stale: our clock stepped back; 400, 401, …) means it no longer counts the node as live:
 // the node is not registered until it registers again, which it does at once (a refused
 // registration then backs off). Nothing here ever throws into the node.
+import { fetchFailure } from './fetch-failure.ts';
 import { normalizeMarketUrl } from './market-url.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import type { AttestationTier } from '../attestation/receipt.ts';
@@ -164,8 +165,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
         signal: AbortSignal.any([stopper.signal, AbortSignal.timeout(timeoutMs)]),
       });
     } catch (e) {
-      const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-      return { kind: 'unreachable', message: cause?.code ?? cause?.message ?? (e as Error).message };
+      return { kind: 'unreachable', message: fetchFailure(e) };
     }
     let json: unknown;
     try {

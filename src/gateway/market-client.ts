@@ -2,6 +2,7 @@
 // key, the provider list, tickets and receipt settlement. Failures become GatewayErrors: the
 // market's own error envelope and status are relayed; an unreachable market is 502
 // market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
+import { fetchFailure } from '../fetch-failure.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { WireRates } from '../../attestation/receipt.ts';
@@ -56,15 +57,6 @@ export interface MarketClientOptions {
   fetch?: typeof fetch;
 }
 
-
-/** Why a fetch threw, in a word where there is one: undici's "fetch failed" hides ECONNREFUSED, ENOTFOUND… in its cause. */
-function fetchFailure(e: unknown): string {
-  const cause = (e as { cause?: { code?: unknown; message?: unknown } } | null)?.cause;
-  if (typeof cause?.code === 'string') return cause.code;
-  if ((e as Error | null)?.name === 'TimeoutError') return 'no answer in time';
-  if (typeof cause?.message === 'string' && cause.message !== '') return cause.message;
-  return (e as Error | null)?.message || 'no answer';
-}
 
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
