@@ -179,6 +179,26 @@ describe('replay', () => {
     expect(r.stdout).not.toMatch(/^OK/m);
   });
 
+  test('a replay that ends sooner than its receipt (a request without max_tokens, too small a --context) says so and hints at --context', async () => {
+    // Run last-but-one in this file's order: it serves one more request (later exports include it).
+    const body = { model: 'tiny/llama', prompt: 'the quick', temperature: 0 };
+    await serve('completions', body);
+    const served = payloads.at(-1)!;
+    expect(served.usage.output_tokens).toBeGreaterThan(40); // (the context left room for them)
+    const out = await exportTo('export-shorter');
+    const requests = requestsFile('shorter.jsonl', [[served.request_id, bodies.get(served.request_id)!]]);
+    const context = served.usage.input_tokens + 20;
+    const r = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', String(context)], { timeoutMs: 60_000 });
+    expect(r.code, r.stderr).toBe(1);
+    expect(r.stdout).toMatch(new RegExp(`^REPLAY MISMATCH at seq ${served.seq} \\(request ${served.request_id}\\): response_sha256 is ${served.response_sha256}, replay gives [0-9a-f]{64} \\(20 output tokens, the receipt ${served.usage.output_tokens}\\) \\(hint: is --context ${context} smaller than the node's context\\?\\)$`, 'm'));
+    // At the node's context it reproduces.
+    const ok = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
+    expect(ok.code, ok.stdout + ok.stderr).toBe(0);
+    // A response that differs at the same length gets no hint: the context is not why.
+    const forged = await replay({ receipts: [{ ...served, response_sha256: '00'.repeat(32) }], requests: bodies, modelPath: modelPath(), contextLength: 2048 });
+    expect(forged.mismatches).toEqual([{ seq: served.seq, request_id: served.request_id, reason: expect.stringMatching(/^response_sha256 is 0{64}, replay gives [0-9a-f]{64}$/) }]);
+  });
+
   test('a log with nothing replayable passes; a mismatch or nothing replayed fails', async () => {
     const cancelled = payloads.map((p) => ({ ...p, status: 'cancelled' as const }));
     const idle = await replay({ receipts: cancelled, requests: bodies, modelPath: modelPath() });

@@ -45,7 +45,7 @@ export interface ReplayReport {
   replayed: number;
   matched: number;
   /** error_code: the error a replay answered with, when it did not answer 200. */
-  mismatches: { seq: string; request_id: string; reason: string; error_code?: string }[];
+  mismatches: { seq: string; request_id: string; reason: string; error_code?: string; output_tokens?: { receipt: number; replay: number } }[];
   skipped: Record<string, number>;
   /** Request bodies whose request_id no receipt in the log has (never used), and the first of those ids. */
   unused_requests: number;
@@ -153,7 +153,12 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
       const got = hash.digest('hex');
       const code = (trailer.error as { code?: unknown } | undefined)?.code;
       if (status !== 200) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `replay answered ${status} ${JSON.stringify(trailer.error ?? {})}`, ...(typeof code === 'string' ? { error_code: code } : {}) });
-      else if (got !== r.response_sha256) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `response_sha256 is ${r.response_sha256}, replay gives ${got}` });
+      else if (got !== r.response_sha256) {
+        const replayOut = (trailer.usage as { output_tokens?: unknown } | undefined)?.output_tokens;
+        const tokens = typeof replayOut === 'number' && replayOut !== r.usage.output_tokens ? { receipt: r.usage.output_tokens, replay: replayOut } : undefined;
+        const reason = `response_sha256 is ${r.response_sha256}, replay gives ${got}` + (tokens ? ` (${tokens.replay} output tokens, the receipt ${tokens.receipt})` : '');
+        report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason, ...(tokens ? { output_tokens: tokens } : {}) });
+      }
       else report.matched++;
     }
   } finally {

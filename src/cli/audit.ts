@@ -95,12 +95,13 @@ function formatReplay(r: ReplayReport, context: number | undefined): string[] {
   if (r.replayable === 0) return [`replay       nothing to replay: the log holds no completed chat, completion, responses or embedding receipt${why}`];
   const lines = [r.replayed === 0 && r.mismatches.length === 0 ? `replay       nothing replayed${why}` : `replay       ${r.matched} of ${r.replayed} responses reproduced byte for byte${why}`];
   for (const m of r.mismatches) {
-    const hint =
-      m.error_code === 'context_length_exceeded'
-        ? context
-          ? ` (hint: is --context ${context} smaller than the node's context?)`
-          : " (hint: the replay used the default context, 4096 or the model's if smaller; pass the node's with --context)"
-        : '';
+    // Too small a context refuses a request whose max_tokens it cannot hold, and ends sooner one
+    // that had none (it generates what the context leaves room for).
+    const contextHint = context
+      ? ` (hint: is --context ${context} smaller than the node's context?)`
+      : " (hint: the replay used the default context, 4096 or the model's if smaller; pass the node's with --context)";
+    const shorter = m.output_tokens !== undefined && m.output_tokens.replay < m.output_tokens.receipt;
+    const hint = m.error_code === 'context_length_exceeded' || shorter ? contextHint : '';
     lines.push(`REPLAY MISMATCH at seq ${m.seq} (request ${m.request_id}): ${m.reason}${hint}`);
   }
   return lines;
