@@ -9,6 +9,7 @@
 // the checkpoint it may add is the one the node would sign (ReceiptLog.checkpoint).
 import path from 'node:path';
 import Database from 'better-sqlite3';
+import { sqliteOpenError, sqliteWriteProblem } from './fs-problem.ts';
 
 export const LOCK_FILE = 'node.lock';
 
@@ -25,7 +26,15 @@ export interface DataDirLock {
 /** Takes the data directory's writer lock, or throws DataDirInUseError at once (it never waits). */
 export function lockDataDir(dir: string): DataDirLock {
   const file = path.join(path.resolve(dir), LOCK_FILE);
-  const db = new Database(file);
+  // A lock file this user may not write means a folder this user cannot run a node in: said here, naming the file.
+  const problem = sqliteWriteProblem(file);
+  if (problem) throw new Error(`${file}: ${problem}`);
+  let db: Database.Database;
+  try {
+    db = new Database(file);
+  } catch (e) {
+    throw sqliteOpenError(file, e);
+  }
   try {
     db.pragma('busy_timeout = 0');
     db.pragma('locking_mode = EXCLUSIVE');

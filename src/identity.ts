@@ -6,6 +6,7 @@ import crypto from 'node:crypto';
 import path from 'node:path';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { toHex } from '../attestation/bytes.ts';
+import { fsProblem } from './fs-problem.ts';
 
 export interface NodeIdentity {
   seed: Uint8Array;
@@ -31,14 +32,14 @@ function seedToPem(seed: Uint8Array): string {
 
 /** Creates a new key file (mode 0600). Refuses to overwrite an existing one. */
 export function createKeyFile(file: string): NodeIdentity {
-  fs.mkdirSync(path.dirname(file), { recursive: true });
   const seed = new Uint8Array(crypto.randomBytes(32));
   let fd: number;
   try {
+    fs.mkdirSync(path.dirname(file), { recursive: true });
     fd = fs.openSync(file, 'wx', 0o600);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'EEXIST') throw new IdentityError(`key file ${file} already exists; refusing to overwrite it`);
-    throw e;
+    throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
   }
   try {
     fs.writeSync(fd, seedToPem(seed));
@@ -55,15 +56,22 @@ export function loadKeyFile(file: string): NodeIdentity {
   let st: fs.Stats;
   try {
     st = fs.statSync(file);
-  } catch {
-    throw new IdentityError(`key file ${file} not found (create one with: seller-node init --data DIR)`);
+  } catch (e) {
+    if ((e as { code?: unknown }).code === 'ENOENT') throw new IdentityError(`key file ${file} not found (create one with: seller-node init --data DIR)`);
+    throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
   }
   if ((st.mode & 0o077) !== 0) {
     throw new IdentityError(`key file ${file} has mode ${(st.mode & 0o777).toString(8)}; others can read it. Run: chmod 600 ${file}`);
   }
+  let pem: string;
+  try {
+    pem = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
+  }
   let key: crypto.KeyObject;
   try {
-    key = crypto.createPrivateKey(fs.readFileSync(file, 'utf8'));
+    key = crypto.createPrivateKey(pem);
   } catch {
     throw new IdentityError(`key file ${file} is not a PEM private key`);
   }

@@ -12,9 +12,10 @@ import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
 import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
 import { verifyPriceList, type PricedVersion } from '../../attestation/price-list.ts';
 import { checkChunk, type CheckedChunk, type CheckTask } from './check-lines.ts';
+import { accessProblem, fsProblem } from '../fs-problem.ts';
 import { DEFAULT_CHUNK_BYTES, readChunks } from './chunks.ts';
 
-export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_malformed';
+export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_unreadable' | 'export_malformed';
 
 export interface AuditFault {
   code: AuditErrorCode;
@@ -55,14 +56,19 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   let st: fs.Stats | undefined;
   try {
     st = fs.statSync(opts.dir);
-  } catch {
+  } catch (e) {
+    if ((e as { code?: unknown }).code !== 'ENOENT') return fault({ code: 'export_unreadable', message: `${opts.dir}: ${fsProblem(e)}` });
     st = undefined;
   }
   if (!st?.isDirectory()) return fault({ code: 'export_missing_file', message: `${opts.dir} is not a directory` });
+  const dirProblem = accessProblem(opts.dir, fs.constants.R_OK | fs.constants.X_OK);
+  if (dirProblem) return fault({ code: 'export_unreadable', message: `${opts.dir}: ${dirProblem}` });
   const pubFile = path.join(opts.dir, 'provider.pub');
   const receiptsFile = path.join(opts.dir, 'receipts.jsonl');
   for (const f of [pubFile, receiptsFile]) {
-    if (fs.existsSync(f)) continue;
+    const problem = accessProblem(f, fs.constants.R_OK);
+    if (problem === undefined) continue;
+    if (problem !== 'missing') return fault({ code: 'export_unreadable', message: `${f}: ${problem}` });
     // A node's data dir given by mistake: say what to run first.
     const dataDir = fs.existsSync(path.join(opts.dir, 'receipts.db')) ? `; ${opts.dir} looks like a node's data dir, not an export: run seller-node log export --data ${opts.dir} --out DIR, then audit DIR` : '';
     return fault({ code: 'export_missing_file', message: `${path.basename(f)} is missing from ${opts.dir}${dataDir}` });
@@ -134,7 +140,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
     }
     await drainTo(0);
   } catch (e) {
-    failure ??= { code: 'export_malformed', message: `could not read ${receiptsFile}: ${(e as Error).message}` };
+    failure ??= !/^E[A-Z]+$/.test(String((e as { code?: unknown }).code)) ? { code: 'export_malformed', message: `could not read ${receiptsFile}: ${(e as Error).message}` } : { code: 'export_unreadable', message: `${receiptsFile}: ${fsProblem(e)}` };
   } finally {
     await Promise.allSettled(inFlight.map((f) => f.result));
     await pool?.destroy();

@@ -4,6 +4,7 @@ import { Command } from 'commander';
 import { lockDataDir } from '../data-dir-lock.ts';
 import { writeFileAtomic } from '../atomic-file.ts';
 import { dataDirPaths, openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
+import { accessProblem, fsProblem } from '../fs-problem.ts';
 import { exportLog } from '../store/export.ts';
 import { receiptProofBundle } from '../store/proof-bundle.ts';
 import type { NodeIdentity } from '../identity.ts';
@@ -65,8 +66,11 @@ export function logCommand(): Command {
     .action(async (opts: { data: string; seq: number; size?: number; out?: string }) => {
       // Only reads, like log export: no lock, and nothing made where there is no log to prove from.
       const p = dataDirPaths(opts.data);
-      if (!fs.existsSync(p.dir)) throw new CliError(`data dir ${opts.data} not found`);
-      if (!fs.existsSync(p.receipts)) throw new CliError(`${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove`);
+      const dirProblem = accessProblem(p.dir);
+      if (dirProblem === 'missing') throw new CliError(`data dir ${opts.data} not found`);
+      const logProblem = dirProblem ?? accessProblem(p.receipts, fs.constants.R_OK);
+      if (logProblem === 'missing') throw new CliError(`${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove`);
+      if (logProblem) throw new CliError(`${p.receipts}: ${logProblem}`);
       const { log: rl } = open(opts.data, { threads: 0 });
       let bundle: string;
       let size: number;
@@ -95,7 +99,7 @@ export function logCommand(): Command {
       try {
         writeFileAtomic(opts.out, (fd) => fs.writeSync(fd, bundle));
       } catch (e) {
-        throw new CliError(`cannot write ${opts.out}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+        throw new CliError(`cannot write ${opts.out}: ${fsProblem(e)}`);
       }
       process.stdout.write(`wrote the proof of receipt ${opts.seq} under the checkpoint of size ${size} to ${path.resolve(opts.out)}\n`);
     });

@@ -19,7 +19,7 @@ export function assertCliBuilt(): void {
   if (!fs.existsSync(DIST_MAIN)) throw new Error(`${DIST_MAIN} is missing: run \`npm run build\` before the CLI tests`);
 }
 
-export function runCli(args: readonly string[], opts: { cwd?: string; input?: string; timeoutMs?: number; env?: Record<string, string> } = {}): Promise<CliResult> {
+export function runCli(args: readonly string[], opts: { cwd?: string; input?: string; timeoutMs?: number; env?: Record<string, string>; uid?: number; gid?: number } = {}): Promise<CliResult> {
   return new Promise((resolve) => {
     const child = execFile(
       process.execPath,
@@ -31,6 +31,8 @@ export function runCli(args: readonly string[], opts: { cwd?: string; input?: st
         maxBuffer: 16 << 20,
         // No npm_package_version leaking in from `npm test`; no colours in commander's output.
         env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', NO_COLOR: '1', ...opts.env },
+        ...(opts.uid !== undefined ? { uid: opts.uid } : {}),
+        ...(opts.gid !== undefined ? { gid: opts.gid } : {}),
       },
       (err, stdout, stderr) => {
         const e = err as (NodeJS.ErrnoException & { code?: number | string; signal?: NodeJS.Signals | null }) | null;
