@@ -1,5 +1,8 @@
 // X-Service-Hedge through the gateway: two providers race, the winner answers, the loser is
 // cancelled at its node and settled for the work it did — never billed as the answer.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -99,6 +102,44 @@ describe('hedged dispatch', () => {
     expect((await totals()).receipts).toBe(before.receipts + 1);
     // The first request's record is as it was: a retry only points at it.
     expect(await record(a.service.request_id)).toEqual(firstRecord);
+  });
+
+  test('with --records, a retry after the gateway restarts still goes back to the first provider: billed once', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-idem-restart-'));
+    const recordsPath = path.join(dir, 'records.db');
+    const totals = async () => ((await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number }).receipts;
+    const send = (g: Gateway) =>
+      fetch(`${g.url}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': 'retry-after-a-restart' },
+        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'once, across restarts' }], max_tokens: 12, seed: 4 }),
+      });
+    try {
+      const before = await totals();
+      const g1 = await createGateway({ market: marketUrl, port: 0, recordsPath });
+      const first = await send(g1);
+      expect(first.status).toBe(200);
+      const a = (await first.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+      await g1.idle();
+      await g1.close(1000);
+      const g2 = await createGateway({ market: marketUrl, port: 0, recordsPath });
+      try {
+        // The market alternates between the two providers: without the kept provider a retry would run at the other.
+        for (let i = 0; i < 3; i++) {
+          const retry = await send(g2);
+          expect(retry.status).toBe(200);
+          const b = (await retry.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+          expect(b.service.request_id).toBe(a.service.request_id);
+          expect(b.service.receipt).toEqual(a.service.receipt);
+        }
+        await g2.idle();
+      } finally {
+        await g2.close(1000);
+      }
+      expect(await totals()).toBe(before + 1);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test('a hedge under X-Service-Max-Cost-Usd holds half the cap an attempt: both together never spend more than the cap', async () => {

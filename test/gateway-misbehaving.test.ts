@@ -713,6 +713,43 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     }
   });
 
+  test('a second request under an Idempotency-Key whose first is still waiting for its provider is 409 idempotency_in_progress: it runs nowhere, nothing is billed twice', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    scripted.behaviour = async (ex) => {
+      await gate; // the first attempt waits at its provider (queued, say) before its HEAD
+      await honest(ex);
+    };
+    const key = `idem-running-${crypto.randomUUID()}`;
+    const body = chatBody('only once');
+    const before = await snapshot();
+    const first = post(body, { ...toScripted(), 'idempotency-key': key });
+    await waitFor('the first attempt at the scripted node', () => (scripted.requests > before.requests ? true : undefined));
+    try {
+      // Without the preference the market would ticket the other provider: it must not run there.
+      const chatsAtNode = async (): Promise<number> =>
+        [...(await (await fetch(`${node.opsUrl}/metrics`)).text()).matchAll(/^seller_requests_total\{endpoint="chat\/completions",[^}]*\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0);
+      const chatsBefore = await chatsAtNode();
+      for (const headers of [{ 'idempotency-key': key }, { ...toNode(), 'idempotency-key': key }]) {
+        await expectError(await post(body, headers), 409, 'idempotency_in_progress', /still running/);
+      }
+      // The same key on another endpoint is another request's: not held up.
+      const other = await post(JSON.stringify({ model: MODEL, prompt: 'other endpoint', max_tokens: 2 }), { ...toNode(), 'idempotency-key': key }, 'completions');
+      expect(other.status).toBe(200);
+      await other.json();
+      expect(scripted.requests).toBe(before.requests + 1);
+      expect(await chatsAtNode()).toBe(chatsBefore);
+    } finally {
+      release();
+    }
+    const answered = await first;
+    expect(answered.status).toBe(200);
+    const id = answered.headers.get('x-request-id')!;
+    await answered.json();
+    expect(await record(id)).toMatchObject({ provider: scripted.providerId, status: 'completed', settled: true });
+    expect(await marketReceipts()).toBe(before.receipts + 2); // the first and the completion: nothing else
+  });
+
   test('hedge + Idempotency-Key: a retry goes to the provider whose answer the buyer got', async () => {
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));

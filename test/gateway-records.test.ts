@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { afterAll, describe, expect, test } from 'vitest';
+import { afterAll, describe, expect, test, vi } from 'vitest';
 import type { ReceiptPayload } from '../attestation/receipt.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { RequestRecords } from '../src/gateway/records.ts';
@@ -46,6 +46,41 @@ describe('RequestRecords', () => {
     expect(again.get('two')).toMatchObject({ status: 'refused', error: { code: 'no_provider' } });
     expect(again.get('three')).toBeUndefined();
     again.close();
+  });
+
+  test('the provider that answered under an idempotency key is kept in the file for 24 h (none without a file)', () => {
+    const file = path.join(dir, 'idempotent.db');
+    const day = 24 * 60 * 60 * 1000;
+    const now = Date.now();
+    const clock = vi.spyOn(Date, 'now');
+    try {
+      clock.mockReturnValue(now - day - 1000);
+      const old = new RequestRecords(10, file);
+      old.rememberIdempotent('chat/completions\nstale', 'aa'.repeat(32));
+      old.close();
+      clock.mockReturnValue(now);
+      const a = new RequestRecords(10, file);
+      a.rememberIdempotent('chat/completions\nk', 'bb'.repeat(32));
+      a.rememberIdempotent('chat/completions\nk', 'cc'.repeat(32)); // the latest answer counts
+      expect(a.idempotentProvider('chat/completions\nk')).toBe('cc'.repeat(32));
+      a.close();
+      const b = new RequestRecords(10, file); // a restart
+      expect(b.idempotentProvider('chat/completions\nk')).toBe('cc'.repeat(32));
+      expect(b.idempotentProvider('completions\nk')).toBeUndefined();
+      expect(b.idempotentProvider('chat/completions\nstale')).toBeUndefined(); // older than a node keeps its record
+      clock.mockReturnValue(now + day + 1000);
+      expect(b.idempotentProvider('chat/completions\nk')).toBeUndefined();
+      b.close();
+      const rows = new Database(file, { readonly: true });
+      expect(rows.prepare('SELECT count(*) AS n FROM idempotent_providers').get()).toEqual({ n: 1 }); // the stale row was pruned at open
+      rows.close();
+    } finally {
+      clock.mockRestore();
+    }
+    const memory = new RequestRecords(10);
+    memory.rememberIdempotent('chat/completions\nk', 'bb'.repeat(32));
+    expect(memory.idempotentProvider('chat/completions\nk')).toBeUndefined();
+    memory.close();
   });
 
   test('a request running when the gateway stopped reads `interrupted` after the restart', () => {

@@ -158,7 +158,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   app.setNotFoundHandler((req, reply) => reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${req.url.split('?')[0]!.slice(0, 200)}`)));
 
   const relay = new Relay({ settlements, records });
-  registerPaidRoutes(app, { host, ticketing: new Ticketing(market), relay, settlements, records, estimates, providerIdleMs });
+  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records), relay, settlements, records, estimates, providerIdleMs });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates });
   registerCatalogRoutes(app, { market });

@@ -20,7 +20,7 @@ import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts'
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
 import { PAID_ENDPOINTS, type PaidEndpoint } from '../serve/contract.ts';
-import { embeddingsHold, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
+import { embeddingsHold, idempotentKey, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -67,21 +67,42 @@ interface PaidAsk {
 
 export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void {
   const { ticketing, relay, settlements, records } = d;
+  /**
+   * Idempotency keys (idempotentKey) of the paid requests running now. A second request under one
+   * of them is 409 idempotency_in_progress, as a node answers: until the first has its provider's
+   * answer, the retry would be ticketed afresh, probably to another provider (each node guards only
+   * its own requests), and both would run and be billed.
+   */
+  const running = new Set<string>();
+
+  /** A paid request; one under an Idempotency-Key already running here is refused (see `running`). */
+  async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+    const idem = idempotencyKey(req.headers);
+    const key = idem === undefined ? undefined : idempotentKey(endpoint, idem);
+    if (key === undefined) return paidOnce(endpoint, req, reply, idem);
+    if (running.has(key)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
+    running.add(key);
+    try {
+      return await paidOnce(endpoint, req, reply, idem);
+    } finally {
+      running.delete(key);
+    }
+  }
 
   /**
-   * A paid request. When its provider cannot start it (unreachable, or no capacity: nothing done,
+   * A paid request, run. When its provider cannot start it (unreachable, or no capacity: nothing done,
    * nothing charged) it fails over to the next provider: the next of X-Service-Prefer-Providers in
    * order (never one outside the set), else any other live provider of the model; a few times at
    * most, each attempt under its own request id and ticket. Hedged requests already run twice and
    * do not fail over.
    */
-  async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  async function paidOnce(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined): Promise<unknown> {
     let controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
     const model = peekModel(body);
     // What every attempt sends: worked out once, however many attempts there are.
     let listing: Promise<ProviderEntry[]> | undefined;
-    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem: idempotencyKey(req.headers), uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
       // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.

@@ -49,7 +49,13 @@ export interface RequestRecord {
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS request_records (request_id TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS request_aliases (request_id TEXT PRIMARY KEY, target TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotent_providers (key TEXT PRIMARY KEY, provider TEXT NOT NULL, at INTEGER NOT NULL) WITHOUT ROWID;
 `;
+
+/** How long the provider that answered under an Idempotency-Key is kept in the file: as long as nodes keep their records (24 h). */
+const IDEMPOTENT_KEPT_MS = 24 * 60 * 60 * 1000;
+/** Rows written between two prunings of the ones older than that. */
+const IDEMPOTENT_PRUNE_EVERY = 1000;
 
 /** What failed: a read or a write of the records file, or a failed write given up (too many waiting). */
 export type FileOp = 'read' | 'write' | 'drop';
@@ -64,6 +70,10 @@ export class RequestRecords {
   private readonly put: Database.Statement<[string, string]> | undefined;
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
+  private readonly putIdempotent: Database.Statement<[string, string, number]> | undefined;
+  private readonly getIdempotent: Database.Statement<[string, number], { provider: string }> | undefined;
+  private readonly pruneIdempotent: Database.Statement<[number]> | undefined;
+  private idempotentWrites = 0;
 
   private readonly onFileError: ((e: Error, requestId: string, op: FileOp) => void) | undefined;
   private failures = 0;
@@ -121,6 +131,29 @@ export class RequestRecords {
     this.load = db.prepare(
       'SELECT record FROM request_records WHERE request_id = coalesce((SELECT target FROM request_aliases WHERE request_id = @id), @id)',
     );
+    this.putIdempotent = db.prepare('INSERT OR REPLACE INTO idempotent_providers (key, provider, at) VALUES (?, ?, ?)');
+    this.getIdempotent = db.prepare('SELECT provider FROM idempotent_providers WHERE key = ? AND at >= ?');
+    this.pruneIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE at < ?');
+    this.pruneIdempotent.run(Date.now() - IDEMPOTENT_KEPT_MS);
+  }
+
+  /**
+   * The provider that answered under an idempotency key (Ticketing's), as the file keeps it: so a
+   * retry after a gateway restart still goes back there. Undefined without a file, past 24 h, or
+   * when the file cannot be read (reported).
+   */
+  idempotentProvider(key: string): string | undefined {
+    let row: { provider: string } | undefined;
+    if (this.getIdempotent) this.guard(key, 'read', () => (row = this.getIdempotent!.get(key, Date.now() - IDEMPOTENT_KEPT_MS)));
+    return row?.provider;
+  }
+
+  /** Keeps the provider that answered under an idempotency key in the file (nothing without one). */
+  rememberIdempotent(key: string, provider: string): void {
+    if (!this.putIdempotent) return;
+    const now = Date.now();
+    this.guard(key, 'write', () => this.putIdempotent!.run(key, provider, now));
+    if (++this.idempotentWrites % IDEMPOTENT_PRUNE_EVERY === 0) this.guard(key, 'write', () => this.pruneIdempotent!.run(now - IDEMPOTENT_KEPT_MS));
   }
 
   /** Whether the record is held in memory (not only in the file). */

@@ -54,8 +54,14 @@ export function paidOf(granted: Granted, idempotent: boolean): Paid {
   };
 }
 
-/** How many Idempotency-Keys the gateway remembers the answering provider of. */
+/** How many Idempotency-Keys the gateway remembers the answering provider of in memory. */
 const IDEMPOTENT_REMEMBERED = 10_000;
+
+/** Where the answering providers are kept beyond memory (the gateway's records file), so a restart keeps them. */
+export interface IdempotentProviderStore {
+  idempotentProvider(key: string): string | undefined;
+  rememberIdempotent(key: string, provider: string): void;
+}
 
 export class Ticketing {
   private readonly market: MarketClient;
@@ -64,9 +70,18 @@ export class Ticketing {
    * record, so the retry must go back there; anywhere else it would run (and be billed) again.
    */
   private readonly idempotentAt = new Map<string, string>();
+  private readonly store: IdempotentProviderStore | undefined;
 
-  constructor(market: MarketClient) {
+  constructor(market: MarketClient, store?: IdempotentProviderStore) {
     this.market = market;
+    this.store = store;
+  }
+
+  /** The provider that answered under this key: remembered here, else in the store. */
+  private answeredAt(endpoint: PaidEndpoint, idem: string | undefined): string | undefined {
+    if (idem === undefined) return undefined;
+    const key = idempotentKey(endpoint, idem);
+    return this.idempotentAt.get(key) ?? this.store?.idempotentProvider(key);
   }
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
@@ -96,7 +111,7 @@ export class Ticketing {
   /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
   async ticketFor(ask: TicketAsk, requestId: string, hold?: string): Promise<Granted> {
     const { controls, idem } = ask;
-    const first = idem === undefined ? undefined : this.idempotentAt.get(idempotentKey(ask.endpoint, idem));
+    const first = this.answeredAt(ask.endpoint, idem);
     if (first !== undefined && (!controls.preferredProviders || controls.preferredProviders.includes(first))) {
       try {
         return await this.take(ask, { ...controls, preferredProviders: [first] }, requestId, hold);
@@ -125,7 +140,7 @@ export class Ticketing {
 
   /** Whether a request under this Idempotency-Key was answered before (a retry goes back there). */
   isRetry(endpoint: PaidEndpoint, idem: string | undefined): boolean {
-    return idem !== undefined && this.idempotentAt.has(idempotentKey(endpoint, idem));
+    return this.answeredAt(endpoint, idem) !== undefined;
   }
 
   /** The provider that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
@@ -134,6 +149,7 @@ export class Ticketing {
     this.idempotentAt.delete(key);
     this.idempotentAt.set(key, provider);
     if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
+    this.store?.rememberIdempotent(key, provider);
   }
 
   /** The market's listing of providers (a paid request fetches it once, however many attempts it makes). */
@@ -156,4 +172,4 @@ export function embeddingsHold(listing: readonly ProviderEntry[], model: string,
   return rate === 0n ? undefined : worstCaseCost({ inputTokens: body.length, maxOutputTokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
 }
 
-const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;
+export const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;
