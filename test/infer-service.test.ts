@@ -235,6 +235,8 @@ describe('InferService', () => {
       [request('chat/completions', { ...chatBody, max_tokens: 600 }), 400, 'context_length_exceeded'],
       [request('chat/completions', { ...chatBody, max_tokens: 600 }, {}, { routing: { min_context: 100 } }), 400, 'context_length_exceeded'],
       [request('chat/completions', { ...chatBody, n: 3 }), 400, 'invalid_request'],
+      // an input the context cannot hold is that, not a hold too small for it (no max_tokens, no cost cap)
+      [request('completions', { model: 'tiny/llama', prompt: 'hello world '.repeat(400) }, {}, { max_cost_micro_usd: '1' }), 400, 'context_length_exceeded'],
       // each input is embedded on its own: one longer than the context is refused before any work
       [request('embeddings', { model: 'tiny/llama', input: ['hi', 'hello world '.repeat(400)] }), 400, 'context_length_exceeded'],
     ];

@@ -315,14 +315,15 @@ export class InferService {
       // max_tokens as asked: more than the context leaves is refused (context_length_exceeded), never
       // quietly cut; without it, whatever room the context leaves (textNeed).
       const need = textNeed(inputTokens, p.maxTokens, model.adapter.info.contextLength);
+      // Context fit, ceilings and the buyer's cost cap judge the worst case of what was asked (spec:
+      // refused before spend if its worst case is higher): an input the context cannot hold is 400
+      // context_length_exceeded, whatever the hold.
+      const refusal = checkRouting(this.offer(model), ticket.routing, need);
+      if (refusal) throw new Refusal(refusal.status, refusal.code, refusal.message);
       // The worst case must stay within the ticket's hold: generation is capped to what it pays for.
       const affordable = maxOutputTokensWithin(BigInt(ticket.max_cost_micro_usd), inputTokens, model.rates);
       if (affordable < 1) throw new Refusal(403, 'request_cost_limit_exceeded', affordable < 0 ? 'the hold does not cover the input tokens' : 'the hold covers the input tokens but not one output token');
       maxTokens = Math.min(need.maxOutputTokens, affordable);
-      // Ceilings and the buyer's cost cap judge the worst case of what was asked (spec: refused before
-      // spend if its worst case is higher); the hold then caps what is generated.
-      const refusal = checkRouting(this.offer(model), ticket.routing, need);
-      if (refusal) throw new Refusal(refusal.status, refusal.code, refusal.message);
     } catch (e) {
       return this.refuse(res, e);
     }
