@@ -113,7 +113,7 @@ export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): 
 export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv = {}, source?: string): NodeConfig {
   const doc = YAML.parseDocument(text, { uniqueKeys: true });
   if (doc.errors.length) throw yamlProblem(doc.errors[0]!, text, source);
-  const raw = (doc.toJS() ?? {}) as unknown;
+  const raw = (exactDecimals(doc).toJS() ?? {}) as unknown;
   if (!isObject(raw)) throw new ConfigError('', `${source ?? 'the file'} must hold a YAML mapping`);
   const fromEnv = applyEnv(raw, env);
   try {
@@ -168,7 +168,9 @@ function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): Map<string, string> {
     }
     let parsed: unknown;
     try {
-      parsed = YAML.parse(value);
+      const d = YAML.parseDocument(value);
+      if (d.errors.length) throw d.errors[0];
+      parsed = exactDecimals(d).toJS();
     } catch {
       throw new ConfigError(keys.join('.'), `environment variable ${name} is not a valid value`);
     }
@@ -195,6 +197,24 @@ function str(v: unknown, key: string): string {
 function int(v: unknown, key: string, min: number, max: number): number {
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw new ConfigError(key, `expected a whole number from ${min} to ${max}`);
   return v;
+}
+
+/**
+ * Decimal literals written without quotes keep their text: YAML reads them as doubles, which would
+ * silently change a price of more than 15 significant digits (99999999999.999999 → 100000000000),
+ * and money never goes through floating point (design.md, Money); so do integers beyond 2^53. A
+ * key that wants a whole number refuses such text.
+ */
+function exactDecimals(doc: YAML.Document): YAML.Document {
+  YAML.visit(doc, {
+    Scalar(_key, node) {
+      if (typeof node.value !== 'number' || node.type !== 'PLAIN' || typeof node.source !== 'string') return;
+      const decimal = /^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)$/.test(node.source);
+      const bigInteger = /^[-+]?[0-9]+$/.test(node.source) && !Number.isSafeInteger(node.value);
+      if (decimal || bigInteger) node.value = node.source;
+    },
+  });
+  return doc;
 }
 
 function usdRate(v: unknown, key: string): bigint {

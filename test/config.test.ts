@@ -84,6 +84,21 @@ describe('config', () => {
     expect(refused(text).key).toBe(key);
   });
 
+  test('prices written without quotes convert exactly, never through a double (design.md, Money)', () => {
+    const rates = (input: string, env: NodeJS.ProcessEnv = {}) =>
+      parseConfig(`models:\n  - { id: a, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: ${input}, output_per_mtok_usd: 1 } }\n`, base, env).models[0]!.prices;
+    expect(rates('99999999999.999999').input_per_mtok).toBe(99999999999999999n);
+    expect(rates('12345678901.234567').input_per_mtok).toBe(12345678901234567n);
+    expect(rates('0.15').input_per_mtok).toBe(150000n);
+    expect(rates('12345678901234567').input_per_mtok).toBe(12345678901234567000000n); // an integer beyond 2^53
+    expect(rates('2').output_per_mtok).toBe(1000000n);
+    // The same through an environment variable (a list is YAML text there).
+    const env = { SELLER_NODE_MODELS: '[{ id: a, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: 99999999999.999999, output_per_mtok_usd: 1 } }]' };
+    expect(rates('1', env).input_per_mtok).toBe(99999999999999999n);
+    // Whole-number keys still take whole numbers, and refuse a decimal as before.
+    expect(() => parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", slots: 2.5, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }\n', base)).toThrow(/models\[0\]\.slots/);
+  });
+
   test('listen: each entry is parsed as a multiaddr the TCP transport can listen on, refused naming its index', () => {
     expect(parseConfig('listen: [/ip4/127.0.0.1/tcp/0, /ip6/::1/tcp/4101/]', base).listen).toEqual(['/ip4/127.0.0.1/tcp/0', '/ip6/::1/tcp/4101']);
     expect(refused('listen: [/foo/bar]')).toEqual({ key: 'listen[0]', message: 'config: listen[0]: not a multiaddr: Protocol foo was unknown (expected a TCP multiaddr like /ip4/0.0.0.0/tcp/4101 or /ip6/::/tcp/4101)' });
