@@ -112,7 +112,7 @@ describe('providers', () => {
 });
 
 /** The ticket's payload fields a receipt must repeat. */
-function ticketOf(grant: { ticket: DsseEnvelope }): { ticket_id: string; request_id: string; max_cost_micro_usd: string; price_version: string } {
+function ticketOf(grant: { ticket: DsseEnvelope }): { ticket_id: string; request_id: string; max_cost_micro_usd: string; price_version: string; body_sha256: string } {
   return JSON.parse(Buffer.from(grant.ticket.payload, 'base64').toString('utf8'));
 }
 
@@ -126,6 +126,7 @@ function receiptFor(p: Provider, grant: { ticket: DsseEnvelope }, i: number, ove
     model: 'tiny/llama',
     price: { version: t.price_version, rates: { input_per_mtok: TINY_PRICE.input_per_mtok, output_per_mtok: TINY_PRICE.output_per_mtok } },
     hold_micro_usd: t.max_cost_micro_usd,
+    request_sha256: t.body_sha256,
     ...over,
   });
   return serializeEnvelope(signReceipt(p.key, payload));

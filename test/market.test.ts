@@ -424,6 +424,11 @@ describe('receipts from a real serving core', () => {
     const resign = (p: object) => serializeEnvelope(signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: node.id, seed: node.seed }));
     expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, finished_at: payload.finished_at + 1 }) })).toMatchObject({ status: 409, body: { error: { code: 'receipt_conflict' } } });
     expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, request_id: 'req-other' }) })).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
+    // A receipt for another body than the one the ticket admitted.
+    expect(await call(base, 'POST', '/v1/receipts', { receipt: resign({ ...payload, request_sha256: 'f'.repeat(64) }) })).toMatchObject({
+      status: 400,
+      body: { error: { code: 'receipt_ticket_mismatch', message: expect.stringContaining(`request_sha256 is ${'f'.repeat(64)}, the ticket's body hash is ${payload.request_sha256}`) } },
+    });
     const totals = (await call(base, 'GET', '/v1/totals')).body;
     expect(totals.receipts).toBe(collected); // neither counted
   });

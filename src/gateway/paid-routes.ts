@@ -57,6 +57,8 @@ interface PaidAsk {
   model: string;
   bodySha256: string;
   idem: string | undefined;
+  /** Called once the buyer has the whole answer. */
+  answered: () => void;
   /** The hold when the buyer sets no cap: for embeddings, one that covers the whole batch. */
   uncappedHold: string | undefined;
   /** The market's listing, fetched once for the whole request (hedge and failover lists, the embeddings hold). */
@@ -73,19 +75,23 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
    * answer, the retry would be ticketed afresh, probably to another provider (each node guards only
    * its own requests), and both would run and be billed.
    */
-  const running = new Set<string>();
+  const running = new Map<string, object>();
 
   /** A paid request; one under an Idempotency-Key already running here is refused (see `running`). */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     const idem = idempotencyKey(req.headers);
     const key = idem === undefined ? undefined : idempotentKey(endpoint, idem);
-    if (key === undefined) return paidOnce(endpoint, req, reply, idem);
+    if (key === undefined) return paidOnce(endpoint, req, reply, idem, () => {});
     if (running.has(key)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
-    running.add(key);
+    const token = {};
+    running.set(key, token);
+    // Released once the buyer has the whole answer (a stream's relay then waits for the market's
+    // settlement, which a retry, answered from the provider's record, need not wait for), or at the end.
+    const release = (): void => void (running.get(key) === token && running.delete(key));
     try {
-      return await paidOnce(endpoint, req, reply, idem);
+      return await paidOnce(endpoint, req, reply, idem, release);
     } finally {
-      running.delete(key);
+      release();
     }
   }
 
@@ -96,13 +102,13 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
    * most, each attempt under its own request id and ticket. Hedged requests already run twice and
    * do not fail over.
    */
-  async function paidOnce(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined): Promise<unknown> {
+  async function paidOnce(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined, answered: () => void): Promise<unknown> {
     let controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
     const model = peekModel(body);
     // What every attempt sends: worked out once, however many attempts there are.
     let listing: Promise<ProviderEntry[]> | undefined;
-    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, answered, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
       // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
@@ -280,7 +286,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       return fail(refused ? 'refused' : 'bad_provider_response', error);
     }
     const contentType = typeof headers['content-type'] === 'string' ? headers['content-type'] : '';
-    if (contentType.startsWith('text/event-stream')) return relay.relayStream(p, res, reply, gone.signal, idle, () => (finishedStream = true));
+    if (contentType.startsWith('text/event-stream')) return relay.relayStream(p, res, reply, gone.signal, idle, () => {
+        finishedStream = true;
+        ask.answered();
+      });
     return relay.relayBody(p, res, reply, gone.signal, idle);
   }
 

@@ -34,6 +34,7 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
     r.request_id !== ticket.request_id ? `request_id is ${r.request_id}, the ticket's is ${ticket.request_id}`
     : r.model !== ticket.model ? `model is ${r.model}, the ticket's is ${ticket.model}`
     : r.endpoint !== ticket.endpoint ? `endpoint is ${r.endpoint}, the ticket's is ${ticket.endpoint}`
+    : r.request_sha256 !== ticket.body_sha256 ? `request_sha256 is ${r.request_sha256}, the ticket's body hash is ${ticket.body_sha256}`
     : r.price.version !== ticket.price_version ? `price version is ${r.price.version}, the ticket's is ${ticket.price_version}`
     : !ratesMatch(r.price.rates, ticket.rates) ? `rates ${JSON.stringify(r.price.rates)} are not those of price version ${ticket.price_version} (${JSON.stringify(ratesToWire(ticket.rates))})`
     : r.hold_micro_usd !== ticket.hold.toString() ? `hold_micro_usd is ${r.hold_micro_usd}, the ticket's hold is ${ticket.hold}`

@@ -40,6 +40,8 @@ export interface IssuedTicket {
   endpoint: string;
   model: string;
   price_version: string;
+  /** The hash of the request body the ticket admits: the receipt's request_sha256 must be it. */
+  body_sha256: string;
   /** The model's rates under that price version, from the provider's verified price list. */
   rates: Rates;
   hold: bigint;

@@ -142,7 +142,7 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
   const ticket = signTicket(payload, ctx.signer);
   best.p.last_ticket_at = now;
   store.addTicket(
-    { ticket_id: payload.ticket_id, request_id: payload.request_id, provider: payload.provider, endpoint: payload.endpoint, model: payload.model, price_version: payload.price_version, rates: best.rates, hold: BigInt(hold), issued_at: payload.issued_at, expires_at: payload.expires_at },
+    { ticket_id: payload.ticket_id, request_id: payload.request_id, provider: payload.provider, endpoint: payload.endpoint, model: payload.model, price_version: payload.price_version, body_sha256: payload.body_sha256, rates: best.rates, hold: BigInt(hold), issued_at: payload.issued_at, expires_at: payload.expires_at },
     now,
   );
   return { ticket, request_id: payload.request_id, provider: best.p.provider, peer_id: best.p.peer_id, addresses: best.p.addresses, price_version: best.p.price_version, rates: ratesToWire(best.rates) };
