@@ -308,6 +308,30 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 2);
   });
 
+  test('an idempotent answer is recorded before its trailer leaves: a retry while the trailer is still on its way is answered from the record', async () => {
+    const before = log.size;
+    let release!: () => void;
+    const stuck = new Promise<void>((r) => (release = r));
+    let trailerAt!: () => void;
+    const atTrailer = new Promise<void>((r) => (trailerAt = r));
+    const first = recorder();
+    // The trailer's write does not complete (a buyer's connection stalled, or the node about to die).
+    const slow: InferResponse = { ...first.res, trailer: async (t) => { first.out.trailer = t; trailerAt(); await stuck; } };
+    const running = service.handle(request('chat/completions', chatBody, { idempotency_key: 'trailer-late' }), slow);
+    await atTrailer;
+    try {
+      const retry = recorder();
+      await service.handle(request('chat/completions', chatBody, { idempotency_key: 'trailer-late' }), retry.res);
+      expect(retry.out.head?.status).toBe(200); // not 409 idempotency_in_progress
+      expect(retry.out.trailer?.receipt).toBe(first.out.trailer?.receipt);
+      expect(text(retry.out)).toBe(text(first.out));
+    } finally {
+      release();
+    }
+    await running;
+    expect(log.size).toBe(before + 1);
+  });
+
   test('with the receipt log stopped: a recorded retry is still answered from its record; new paid work is refused 503, nothing run or kept', async () => {
     const first = recorder();
     await service.handle(request('chat/completions', chatBody, { idempotency_key: 'stopped-1' }), first.res);

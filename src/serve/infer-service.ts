@@ -186,7 +186,9 @@ export class InferService {
     }
     // A run whose buyer leaves is cancelled (billed for its work) and not recorded: its retry runs
     // again. Finishing it for the retry instead would also finish every cancelled hedge loser.
-    const recording = record(res);
+    // The record is written before the trailer leaves (the receipt is durable by then): a node that
+    // dies while sending it, or a trailer that never reaches the buyer, still answers the retry.
+    const recording = record(res, (r) => this.o.idempotency!.finish(account, key, r));
     try {
       await this.serve(p, model, req, recording.res, checkedTicket);
     } finally {
@@ -484,10 +486,15 @@ function logStopped(): Refusal {
   return new Refusal(503, 'no_capacity', 'this node cannot sign receipts: its receipt log has stopped; it takes no paid work until its operator restarts it');
 }
 
-function record(res: InferResponse): { res: InferResponse; result(): RecordedResponse | undefined } {
+function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void): { res: InferResponse; result(): RecordedResponse | undefined } {
   let head: { status: number; headers: Record<string, string> } | undefined;
   const body: Uint8Array[] = [];
   let trailer: Record<string, unknown> | undefined;
+  const result = (): RecordedResponse | undefined => {
+    // Only a completed answer is worth repeating; a refusal or a cancelled stream runs again.
+    if (!head || head.status !== 200 || !trailer || trailer.receipt === undefined || trailer.status !== 'completed') return undefined;
+    return { status: head.status, headers: head.headers, body: concatBytes(...body), trailer };
+  };
   return {
     res: {
       head: async (h) => {
@@ -500,14 +507,12 @@ function record(res: InferResponse): { res: InferResponse; result(): RecordedRes
       },
       trailer: async (t) => {
         trailer = t;
+        const r = result();
+        if (r) beforeTrailer(r);
         await res.trailer(t);
       },
     },
-    result: () => {
-      // Only a completed answer is worth repeating; a refusal or a cancelled stream runs again.
-      if (!head || head.status !== 200 || !trailer || trailer.receipt === undefined || trailer.status !== 'completed') return undefined;
-      return { status: head.status, headers: head.headers, body: concatBytes(...body), trailer };
-    },
+    result,
   };
 }
 
