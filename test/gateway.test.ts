@@ -537,6 +537,19 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
       const requests = infos.filter((l) => l.msg === 'request');
       expect(requests.find((l) => l.request_id === r.headers.get('x-request-id'))).toMatchObject({ method: 'POST', route: '/v1/chat/completions', status: 200, completed: true, ms: expect.any(Number) });
       expect(requests.find((l) => l.request_id === s.headers.get('x-request-id'))).toMatchObject({ route: '/v1/chat/completions', status: 200, completed: true });
+      // Timed: a paid request (a ticket, a libp2p round trip, a run, a receipt) takes more than a millisecond.
+      for (const res of [r, s]) expect(requests.find((l) => l.request_id === res.headers.get('x-request-id'))!.ms as number).toBeGreaterThan(0);
+      // A buyer who leaves before any answer: no status (not the 200 a response starts with), not completed.
+      const http = await import('node:http');
+      const u = new URL(`${g.url}/chat/completions`);
+      const leaving = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json', 'content-length': '1000' } });
+      leaving.on('error', () => undefined);
+      leaving.write('{"model":');
+      const before = requests.length;
+      await new Promise((r) => setTimeout(r, 100));
+      leaving.destroy();
+      await waitFor('the line of the request whose buyer left', () => (infos.filter((l) => l.msg === 'request').length > before ? true : undefined));
+      expect(infos.filter((l) => l.msg === 'request').at(-1)).toMatchObject({ method: 'POST', route: '/v1/chat/completions', status: null, completed: false });
       expect(requests.find((l) => l.request_id === unknown.headers.get('x-request-id'))).toMatchObject({ method: 'GET', route: '/v1/requests/:id', status: 404 });
       expect(JSON.stringify(infos)).not.toContain(secret);
     } finally {

@@ -141,9 +141,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
     // One line a request when its response ends (streams too: they are hijacked, so fastify's
-    // onResponse never sees them): the route, never the URL's query, body, prompt or output.
+    // onResponse never sees them): the route, never the URL's query, body, prompt or output. Timed
+    // here (fastify's reply.elapsedTime stays 0 without its own logger); no status when none was
+    // sent (the buyer left first), not the 200 a response starts with.
+    const started = performance.now();
     reply.raw.once('close', () => {
-      log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status: reply.raw.statusCode, completed: reply.raw.writableFinished, ms: Math.round(reply.elapsedTime) }, 'request');
+      const status = reply.raw.headersSent ? reply.raw.statusCode : null;
+      log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - started) }, 'request');
     });
   });
 
