@@ -38,7 +38,7 @@ function paidAt(provider: string, requestId: string): Paid {
 describe('Settlements.stop', () => {
   test('a receipt still being fetched from a node that cannot be reached ends at once; its record stays in_progress', async () => {
     const records = new RequestRecords();
-    const market = new MarketClient('http://127.0.0.1:1', { fetch: async () => Promise.reject(new Error('no market in this test')) });
+    const market = new MarketClient('http://127.0.0.1:2', { fetch: async () => Promise.reject(new Error('no market in this test')) });
     const s = new Settlements({ log: noopLogger, market, records, host, receiptFetchMs: 600_000 });
     const node = testKey();
     records.begin({ request_id: 'req-fetching', endpoint: 'chat/completions', model: 'tiny/llama', provider: node.id });
@@ -57,7 +57,7 @@ describe('Settlements.stop', () => {
     let posts = 0;
     let firstPost!: () => void;
     const posted = new Promise<void>((r) => (firstPost = r));
-    const market = new MarketClient('http://127.0.0.1:1', {
+    const market = new MarketClient('http://127.0.0.1:2', {
       fetch: async () => {
         posts++;
         firstPost();
@@ -78,7 +78,7 @@ describe('Settlements.stop', () => {
   test('a settlement begun after stop() posts nothing: recorded not settled, settlement_interrupted', async () => {
     const records = new RequestRecords();
     let posts = 0;
-    const market = new MarketClient('http://127.0.0.1:1', {
+    const market = new MarketClient('http://127.0.0.1:2', {
       fetch: async () => {
         posts++;
         throw new Error('not expected');
