@@ -142,30 +142,47 @@ describe('hedged dispatch', () => {
     }
   });
 
-  test('a hedge under X-Service-Max-Cost-Usd holds half the cap an attempt: both together never spend more than the cap', async () => {
-    const holdOf = (env: DsseEnvelope) => JSON.parse(Buffer.from(env.payload, 'base64').toString()) as { hold_micro_usd: string; cost_micro_usd: string; usage: { output_tokens: number } };
-    for (const maxTokens of [200, 400]) {
-      // Worst cases ≈ 122 and ≈ 242 micro-USD: both within the cap of 300, so neither is refused.
-      const res = await fetch(`${gw.url}/chat/completions`, {
+  test('a hedge under X-Service-Max-Cost-Usd holds half the cap an attempt: both together never spend more than the cap, and an answer is never cut to what half pays for', async () => {
+    const payloadOf = (env: DsseEnvelope) => JSON.parse(Buffer.from(env.payload, 'base64').toString()) as { provider: string; hold_micro_usd: string; cost_micro_usd: string; usage: { output_tokens: number } };
+    const ask = (maxTokens: number, headers: Record<string, string>) =>
+      fetch(`${gw.url}/chat/completions`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-service-hedge': '1', 'x-service-max-cost-usd': '0.0003' },
-        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: maxTokens, seed: 5 }),
+        headers: { 'content-type': 'application/json', ...headers },
+        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: maxTokens, seed: 5, temperature: 0 }),
       });
+    for (const maxTokens of [200, 400]) {
+      // The answer as asked, neither hedged nor capped (both providers serve the same model file).
+      const plain = await ask(maxTokens, {});
+      expect(plain.status).toBe(200);
+      const asked = payloadOf(((await plain.json()) as { service: { receipt: DsseEnvelope } }).service.receipt).usage.output_tokens;
+      // Worst cases ≈ 122 and ≈ 242 micro-USD: both within the cap of 300, so neither is refused.
+      const res = await ask(maxTokens, { 'x-service-hedge': '1', 'x-service-max-cost-usd': '0.0003' });
       expect(res.status).toBe(200);
       const id = res.headers.get('x-request-id')!;
       const receipt = ((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt;
-      const winner = holdOf(receipt);
-      // Each attempt held half the cap (and a receipt can never bill above its hold).
-      expect(winner.hold_micro_usd).toBe('150');
-      const otherId = id.endsWith('-hedge') ? id.slice(0, -'-hedge'.length) : `${id}-hedge`;
-      const other = await record(otherId);
-      // The hedge really ran: the other half went to the other provider.
-      const providers = nodes.map((n) => n.providerId);
-      expect(providers).toContain(other.provider);
-      expect(other.provider).not.toBe((JSON.parse(Buffer.from(receipt.payload, 'base64').toString()) as { provider: string }).provider);
-      // The loser billed its half at most, or did no work at all.
-      if (other.receipt) expect(holdOf(other.receipt).hold_micro_usd).toBe('150');
-      else expect(other.error?.code).toBe('hedge_cancelled');
+      const winner = payloadOf(receipt);
+      expect(winner.usage.output_tokens).toBe(asked); // never cut short
+      if (maxTokens === 200) {
+        // Half the cap pays for the worst case: hedged, each attempt holding half the cap.
+        expect(winner.hold_micro_usd).toBe('150');
+        const otherId = id.endsWith('-hedge') ? id.slice(0, -'-hedge'.length) : `${id}-hedge`;
+        const other = await record(otherId);
+        // The hedge really ran: the other half went to the other provider.
+        expect(nodes.map((n) => n.providerId)).toContain(other.provider);
+        expect(other.provider).not.toBe(winner.provider);
+        // The loser billed its half at most, or did no work at all.
+        if (other.receipt) expect(payloadOf(other.receipt).hold_micro_usd).toBe('150');
+        else expect(other.error?.code).toBe('hedge_cancelled');
+      } else {
+        // Half the cap does not pay for the worst case: both halves refused it before any work
+        // (request_cost_limit_exceeded), and it ran once, unhedged, with the whole cap.
+        expect(id).toMatch(/-whole$/);
+        expect(winner.hold_micro_usd).toBe('300');
+        const base = id.slice(0, -'-whole'.length);
+        for (const half of [base, `${base}-hedge`]) {
+          expect(await record(half)).toMatchObject({ status: 'refused', receipt: null, error: { code: 'request_cost_limit_exceeded' } });
+        }
+      }
     }
   });
 });

@@ -168,12 +168,16 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;
     const hold = halved ? (BigInt(cap) / 2n).toString() : cap ?? uncappedHold;
-    const tickets: TicketAsk = { endpoint, model, bodySha256, controls, idem };
+    // Each half is also judged by its half (the node's cost cap), never only capped by it: a request
+    // whose worst case half the cap cannot pay for is refused by both halves and run once, unhedged,
+    // with the whole cap (see paid()), rather than cut short to what half the cap pays for.
+    const halfControls = halved ? { ...controls, routing: { ...controls.routing, max_cost_micro_usd: hold! } } : controls;
+    const tickets: TicketAsk = { endpoint, model, bodySha256, controls: halfControls, idem };
     let granted = await ticketing.ticketFor(tickets, requestId, hold);
     // (A retry going back to its first provider is never hedged: `retry` turned the hedge off.)
     const hedged = hedge ? await ticketing.hedgeTicket(tickets, live, granted.provider, `${requestId}-hedge`, hold) : undefined;
     // The second provider was listed but could not be ticketed: one attempt, with the whole cap.
-    if (halved && !hedged) granted = await ticketing.ticketFor(tickets, requestId, cap);
+    if (halved && !hedged) granted = await ticketing.ticketFor({ ...tickets, controls }, requestId, cap);
     const attempts: Attempt[] = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
       return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
