@@ -209,3 +209,44 @@ describe('hedged requests under a cost cap', () => {
     else expect(loser.error?.code).toBe('hedge_cancelled');
   });
 });
+
+describe('a request whose need only the wider provider can hold (the market picks without counting tokens)', () => {
+  test('a provider whose context is too small refuses it before any work and it fails over to one that can hold it: always answered, billed once', async () => {
+    const picked: string[] = [];
+    for (let i = 0; i < 4; i++) {
+      granted = [];
+      const before = await totals();
+      // About 610 tokens of need: more than the narrow node's 512, within the wide node's 1024.
+      const res = await post('chat/completions', chatBody(600, 20 + i));
+      expect(res.status).toBe(200);
+      const id = res.headers.get('x-request-id')!;
+      const receipt = payloadOf(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt);
+      expect(receipt.provider).toBe(wide.providerId);
+      picked.push(granted[0]!.provider);
+      if (granted[0]!.provider === narrow.providerId) {
+        // The narrow node refused at once; the next ticket asked for a context above its 512, with the buyer's wait intact.
+        expect(granted.map((t) => [t.provider, t.routing.min_context])).toEqual([[narrow.providerId, undefined], [wide.providerId, 513]]);
+        expect(granted[1]!.routing.max_wait_ms).toBeUndefined();
+        expect(id).toBe(`${granted[0]!.request_id}-f1`);
+        expect(await record(granted[0]!.request_id)).toMatchObject({ status: 'refused', receipt: null, error: { code: 'context_length_exceeded' } });
+      } else expect(granted.map((t) => t.provider)).toEqual([wide.providerId]);
+      await gw.idle();
+      const after = await totals();
+      expect(after.receipts).toBe(before.receipts + 1);
+      expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(BigInt(receipt.cost_micro_usd));
+    }
+    expect(picked).toContain(narrow.providerId); // the premise: the market did pick the narrow node first
+  });
+
+  test('a request no provider can hold is 400 context_length_exceeded once every wider provider has refused it, nothing charged', async () => {
+    const before = await totals();
+    granted = [];
+    const res = await post('chat/completions', chatBody(1100, 30));
+    const body = (await res.json()) as { error: { code: string; message: string } };
+    expect([res.status, body.error.code]).toEqual([400, 'context_length_exceeded']);
+    expect(body.error.message).toMatch(/context of 1024/); // the widest provider's refusal
+    expect(granted.at(-1)!.provider).toBe(wide.providerId);
+    await gw.idle();
+    expect((await totals()).receipts).toBe(before.receipts);
+  });
+});

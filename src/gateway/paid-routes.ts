@@ -123,18 +123,22 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = embeddingsHold(await ask.providers(), model, body);
     const { tried } = ask;
     let lastFailure: GatewayError | undefined;
+    /** A provider that failed over had the buyer's wait (no capacity) or may have (unreachable): the next must start at once. */
+    let waited = false;
     /** The hedge was given up for one run with the whole cap (see runsUnhedged): its attempts' ids say so. */
     let unhedged = false;
     for (;;) {
       const n = tried.length; // failovers so far
       let routed = controls;
       if (n > 0) {
+        const fit = fitProvidersOf(await ask.providers(), model, controls.routing, tried);
+        // X-Service-Prefer-Providers keeps its order; a provider whose context is known too small is skipped.
         const rest = controls.preferredProviders
-          ? controls.preferredProviders.filter((id) => !tried.includes(id))
-          : fitProvidersOf(await ask.providers(), model, controls.routing, tried);
+          ? controls.preferredProviders.filter((id) => !tried.includes(id) && (controls.routing.min_context === undefined || fit.includes(id)))
+          : fit;
         if (rest.length === 0) throw lastFailure!;
-        // The first provider already had the buyer's whole wait: the next starts now or refuses.
-        routed = { ...controls, preferredProviders: rest, routing: { ...controls.routing, max_wait_ms: 0 } };
+        // A provider already had the buyer's whole wait: the next starts now or refuses.
+        routed = { ...controls, preferredProviders: rest, routing: { ...controls.routing, ...(waited ? { max_wait_ms: 0 } : {}) } };
       }
       const id = `${req.id}${unhedged ? '-whole' : ''}${n > 0 ? `-f${n}` : ''}`;
       try {
@@ -151,6 +155,14 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         }
         // (Only an attempt with failovers left throws a plain Failover: see paidAttempt's mayFailOver.)
         tried.push(e.provider);
+        if (e.error.code === 'context_length_exceeded') {
+          // Its context cannot hold the request (the market picks without counting tokens): the next
+          // provider must have a larger one (spec: the effective X-Service-Min-Ctx floor is never
+          // below the request's need). Refused at once: the buyer's wait is still whole.
+          const context = listedContext(await ask.providers(), e.provider, model);
+          if (context === undefined) throw e.error;
+          controls = { ...controls, routing: { ...controls.routing, min_context: Math.max(controls.routing.min_context ?? 0, context + 1) } };
+        } else waited = true;
       }
     }
   }
@@ -261,7 +273,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
       records.fail(p.requestId, status, { code: e.code, message: e.message });
       // Nothing was done and nothing charged: the next provider may start it.
-      const failOver = mayFailOver && attempts.length === 1 && !gone.signal.aborted && e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity');
+      const failOver = mayFailOver && attempts.length === 1 && !gone.signal.aborted && ((e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) || (e.status === 400 && e.code === 'context_length_exceeded'));
       // A hedged pair under half the cap each, neither started, one refused for its cost: half the
       // cap is what stopped it, so the request runs once, with the whole cap.
       const unhedge = attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] });
@@ -298,6 +310,12 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
   }
 
   for (const endpoint of PAID_ENDPOINTS) app.post(`/v1/${endpoint}`, (req, reply) => paid(endpoint, req, reply));
+}
+
+/** The context length a provider lists for a model, when it lists one. */
+function listedContext(listing: readonly ProviderEntry[], provider: string, model: string): number | undefined {
+  const c = listing.find((p) => p.provider === provider)?.models.find((m) => m.id === model)?.context;
+  return typeof c === 'number' && Number.isSafeInteger(c) && c > 0 ? c : undefined;
 }
 
 /** One ticketed attempt at a paid request (two for a hedge), with what is known of it so far. */
