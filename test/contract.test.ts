@@ -58,13 +58,42 @@ describe('request contracts', () => {
       ['completions', { model: 'm', prompt: 'p', echo: true }, 'echo'],
       ['completions', { model: 'm', prompt: 'p', suffix: 'end' }, 'suffix'],
       ['responses', { model: 'm', input: 'x', tools: [{ type: 'web_search' }] }, 'tools'],
+      // Sampling controls this node does not apply: refused, not ignored and billed.
+      ['chat/completions', { ...chat, logit_bias: { '42': -100 } }, 'logit_bias'],
+      ['chat/completions', { ...chat, frequency_penalty: 2 }, 'frequency_penalty'],
+      ['completions', { model: 'm', prompt: 'p', presence_penalty: -0.5 }, 'presence_penalty'],
+      ['chat/completions', { ...chat, tool_choice: 'required' }, 'tool_choice'],
+      ['chat/completions', { ...chat, tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice'],
+      ['chat/completions', { ...chat, modalities: ['text', 'audio'] }, 'modalities'],
+      ['chat/completions', { ...chat, audio: { voice: 'alloy', format: 'wav' } }, 'audio'],
+      ['chat/completions', { ...chat, prediction: { type: 'content', content: 'x' } }, 'prediction'],
+      ['chat/completions', { ...chat, reasoning_effort: 'low' }, 'reasoning_effort'],
+      ['chat/completions', { ...chat, stop: '' }, 'stop'],
+      // The Responses API's stateful and structured features.
+      ['responses', { model: 'm', input: 'x', text: { format: { type: 'json_object' } } }, 'text.format.type'],
+      ['responses', { model: 'm', input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id'],
+      ['responses', { model: 'm', input: 'x', conversation: 'conv_1' }, 'conversation'],
+      ['responses', { model: 'm', input: 'x', reasoning: { effort: 'low' } }, 'reasoning'],
+      ['responses', { model: 'm', input: 'x', background: true }, 'background'],
+      ['responses', { model: 'm', input: 'x', include: ['message.output_text.logprobs'] }, 'include'],
+      ['responses', { model: 'm', input: 'x', truncation: 'auto' }, 'truncation'],
+      ['embeddings', { model: 'm', input: 'x', encoding_format: 'int8' }, 'encoding_format'],
+      ['embeddings', { model: 'm', input: 'x', dimensions: 4 }, 'dimensions'],
     ];
     for (const [endpoint, body, f] of refused) expect(field(endpoint, body), JSON.stringify(body)).toBe(f);
     const accepted: [string, object][] = [
       ['chat/completions', { ...chat, n: 1, logprobs: false, tools: [], response_format: { type: 'text' }, top_logprobs: null }],
       ['completions', { model: 'm', prompt: 'p', best_of: 1, echo: false, suffix: '', logprobs: null, n: null }],
+      ['chat/completions', { ...chat, logit_bias: {}, frequency_penalty: 0, presence_penalty: 0, tool_choice: 'none', modalities: ['text'], parallel_tool_calls: true, user: 'u', metadata: { a: 'b' } }],
+      ['chat/completions', { ...chat, tool_choice: 'auto', logit_bias: null, audio: null }],
+      ['responses', { model: 'm', input: 'x', text: { format: { type: 'text' } }, background: false, include: [], truncation: 'disabled', store: false, previous_response_id: null }],
+      ['embeddings', { model: 'm', input: 'x', encoding_format: 'float', dimensions: null }],
     ];
     for (const [endpoint, body] of accepted) expect(field(endpoint, body), JSON.stringify(body)).toBe('ok');
+  });
+  test('embeddings: encoding_format "float" (the default) or "base64"', () => {
+    expect(parseRequest('embeddings', enc({ model: 'm', input: 'x' }))).toEqual({ endpoint: 'embeddings', model: 'm', input: ['x'], encoding: 'float' });
+    expect(parseRequest('embeddings', enc({ model: 'm', input: ['x', 'y'], encoding_format: 'base64' }))).toEqual({ endpoint: 'embeddings', model: 'm', input: ['x', 'y'], encoding: 'base64' });
   });
   test('responses: a string input, message inputs with text parts, instructions as system', () => {
     expect(parseRequest('responses', enc({ model: 'm', input: 'hi', max_output_tokens: 9 }))).toMatchObject({ endpoint: 'responses', messages: [{ role: 'user', content: 'hi' }], maxTokens: 9, stream: false });

@@ -360,6 +360,19 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     const p = verified(res.service.receipt);
     expect(p).toMatchObject({ endpoint: 'embeddings', status: 'completed', usage: { input_tokens: counts, output_tokens: 0 } });
     expect((await record(res.service.request_id)).status).toBe('completed');
+    // The openai client asks for encoding_format "base64" unless told otherwise, and decodes it:
+    // the same vectors as "float" gives, to the last bit of their float32 values.
+    const raw = async (encoding_format: string) => {
+      const r = await fetch(`${gw.url}/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, input, encoding_format }) });
+      expect(r.status).toBe(200);
+      return ((await r.json()) as { data: { embedding: unknown }[] }).data.map((d) => d.embedding);
+    };
+    const floats = (await raw('float')) as number[][];
+    const b64 = (await raw('base64')) as string[];
+    expect(b64.every((e) => typeof e === 'string')).toBe(true);
+    const decoded = b64.map((e) => { const b = Buffer.from(e, 'base64'); return Array.from({ length: b.length / 4 }, (_, i) => b.readFloatLE(i * 4)); });
+    expect(decoded).toEqual(floats);
+    expect(res.data.map((d) => d.embedding)).toEqual(floats);
   });
 
   test('embeddings: a batch holding more tokens than one context is served (the hold covers the whole batch)', async () => {

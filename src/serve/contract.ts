@@ -35,7 +35,7 @@ export type ParsedRequest =
   | ({ endpoint: 'chat/completions'; model: string; messages: ChatMessage[] } & GenerationParams)
   | ({ endpoint: 'completions'; model: string; prompt: string } & GenerationParams)
   | ({ endpoint: 'responses'; model: string; messages: ChatMessage[] } & GenerationParams)
-  | { endpoint: 'embeddings'; model: string; input: string[] }
+  | { endpoint: 'embeddings'; model: string; input: string[]; encoding: 'float' | 'base64' }
   | { endpoint: 'tokenize' | 'count_tokens'; model: string; messages?: ChatMessage[]; prompt?: string; returnTokens: boolean };
 
 const ROLES = ['system', 'user', 'assistant', 'tool', 'developer'] as const;
@@ -130,6 +130,32 @@ function unsupported(o: Obj): void {
     const rf = object(o.response_format, 'response_format');
     if (rf.type !== 'text') throw new ContractError('response_format.type', 'only "text" is supported');
   }
+  if (set(o.logit_bias) && !(typeof o.logit_bias === 'object' && !Array.isArray(o.logit_bias) && Object.keys(o.logit_bias as Obj).length === 0)) {
+    throw new ContractError('logit_bias', 'token biases are not supported');
+  }
+  for (const k of ['frequency_penalty', 'presence_penalty'] as const) {
+    if (set(o[k]) && o[k] !== 0) throw new ContractError(k, 'repetition penalties are not supported (only 0)');
+  }
+  if (set(o.tool_choice) && o.tool_choice !== 'none' && o.tool_choice !== 'auto') throw new ContractError('tool_choice', 'tool calling is not supported by this model (only "none" or "auto")');
+  if (set(o.modalities) && !(Array.isArray(o.modalities) && o.modalities.length === 1 && o.modalities[0] === 'text')) throw new ContractError('modalities', 'only ["text"] is supported');
+  for (const k of ['audio', 'prediction', 'reasoning_effort'] as const) {
+    if (set(o[k])) throw new ContractError(k, 'not supported by this model');
+  }
+}
+
+/** The Responses API's own features this node does not implement (it is stateless and text only). */
+function unsupportedResponses(o: Obj): void {
+  const set = (v: unknown) => v !== undefined && v !== null;
+  if (set(o.text)) {
+    const text = object(o.text, 'text');
+    if (set(text.format) && object(text.format, 'text.format').type !== 'text') throw new ContractError('text.format.type', 'only "text" is supported');
+  }
+  for (const k of ['previous_response_id', 'conversation', 'prompt', 'reasoning'] as const) {
+    if (set(o[k])) throw new ContractError(k, 'not supported by this node (it keeps no conversations, prompts or reasoning)');
+  }
+  if (o.background === true) throw new ContractError('background', 'background responses are not supported: the answer comes on this request');
+  if (set(o.include) && !(Array.isArray(o.include) && o.include.length === 0)) throw new ContractError('include', 'no extra output items are supported');
+  if (set(o.truncation) && o.truncation !== 'disabled') throw new ContractError('truncation', 'only "disabled" is supported: an input the context cannot hold is refused');
 }
 
 function generation(o: Obj): GenerationParams {
@@ -138,8 +164,10 @@ function generation(o: Obj): GenerationParams {
   const stream = optBool(o.stream, 'stream') ?? false;
   const includeUsage = optBool(so.include_usage, 'stream_options.include_usage') ?? false;
   let stop: string[] = [];
-  if (typeof o.stop === 'string') stop = [o.stop];
-  else if (Array.isArray(o.stop)) {
+  if (typeof o.stop === 'string') {
+    if (o.stop.length === 0) throw new ContractError('stop', 'expected a non-empty string');
+    stop = [o.stop];
+  } else if (Array.isArray(o.stop)) {
     if (o.stop.length > 4 || !o.stop.every((s) => typeof s === 'string' && s.length > 0)) throw new ContractError('stop', 'expected up to 4 non-empty strings');
     stop = o.stop as string[];
   } else if (o.stop !== undefined && o.stop !== null) throw new ContractError('stop', 'expected a string or an array of strings');
@@ -175,13 +203,17 @@ export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest 
       if (typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
       return { endpoint: 'completions', model, prompt: o.prompt, ...generation(o) };
     case 'responses':
+      unsupportedResponses(o);
       return { endpoint: 'responses', model, messages: responsesInput(o), ...generation(o) };
     case 'embeddings': {
       const input = typeof o.input === 'string' ? [o.input] : o.input;
       if (!Array.isArray(input) || input.length === 0 || input.length > 2048 || !input.every((s) => typeof s === 'string')) {
         throw new ContractError('input', 'expected a string or a non-empty array of strings');
       }
-      return { endpoint: 'embeddings', model, input: input as string[] };
+      const encoding = o.encoding_format ?? 'float';
+      if (encoding !== 'float' && encoding !== 'base64') throw new ContractError('encoding_format', 'expected "float" or "base64"');
+      if (o.dimensions !== undefined && o.dimensions !== null) throw new ContractError('dimensions', "reducing the dimensions is not supported: embeddings have the model's own");
+      return { endpoint: 'embeddings', model, input: input as string[], encoding };
     }
     case 'tokenize':
     case 'count_tokens': {

@@ -285,7 +285,7 @@ export class InferService {
         const body = utf8(
           JSON.stringify({
             object: 'list',
-            data: e.vectors.map((embedding, index) => ({ object: 'embedding', index, embedding })),
+            data: e.vectors.map((vector, index) => ({ object: 'embedding', index, embedding: p.encoding === 'base64' ? float32Base64(vector) : vector })),
             model: model.id,
             usage: { prompt_tokens: e.inputTokens, total_tokens: e.inputTokens, cost: formatUsd(cost) },
             service: { request_id: ticket.request_id },
@@ -484,6 +484,13 @@ export class InferService {
  */
 function logStopped(): Refusal {
   return new Refusal(503, 'no_capacity', 'this node cannot sign receipts: its receipt log has stopped; it takes no paid work until its operator restarts it');
+}
+
+/** An embedding as encoding_format "base64" gives it: the little-endian float32 array's bytes, base64. */
+function float32Base64(vector: readonly number[]): string {
+  const view = new DataView(new ArrayBuffer(vector.length * 4));
+  vector.forEach((x, i) => view.setFloat32(i * 4, x, true));
+  return Buffer.from(view.buffer).toString('base64');
 }
 
 function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void): { res: InferResponse; result(): RecordedResponse | undefined } {
