@@ -101,6 +101,20 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
       expect([r.status, ((await r.json()) as { error: { code: string } }).error.code], p).toEqual([404, 'model_not_found']);
     }
     await expect(client.models.retrieve('nobody/nothing')).rejects.toMatchObject({ status: 404 });
+    // The spec's price fields (micro-USD) and its query: filtered, paged, 400 for a bad filter.
+    expect(page.data.find((m) => m.id === MODEL)).toMatchObject({ pricing: { prompt_per_million_au: '150000', completion_per_million_au: '600000', representative_request_au: '750' } });
+    const get = async (q: string) => {
+      const r = await fetch(`${gw.url}/models${q}`);
+      return { status: r.status, body: (await r.json()) as { data?: { id: string }[]; error?: { code: string; message: string } } };
+    };
+    expect((await get('?max_input_price_per_million_usd=0.15&min_context_tokens=' + CONTEXT)).body.data!.map((m) => m.id)).toContain(MODEL);
+    expect((await get('?max_input_price_per_million_usd=0.149999')).body.data!.map((m) => m.id)).not.toContain(MODEL);
+    for (const q of ['?limit=0', '?limit=1&limit=2', '?attestation_tier=1&min_attestation_tier=1', '?sort=bogus']) {
+      expect((await get(q)).body.error, q).toMatchObject({ code: 'invalid_request' });
+      expect((await get(q)).status, q).toBe(400);
+    }
+    const stats = await get(`/by-id/stats?id=${encodeURIComponent(MODEL)}`);
+    expect([stats.status, stats.body.error?.code]).toEqual([501, 'not_supported']);
   });
 
   test('chat completion: body + usage.cost + a verified receipt, settled with the market and recorded', async () => {

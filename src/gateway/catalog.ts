@@ -1,0 +1,263 @@
+// The model catalog (GET /v1/models, marketplace-api.md "Catalog"): the marketplace's provider
+// listing merged by model id, its query filters checked (400 for an invalid, repeated or
+// incompatible one) and applied route by route, sorted and paged with an opaque cursor.
+//
+// Prices are in micro-USD ("_au": the spec does not name its unit; this project's money is
+// integer micro-USD): per million tokens for the token prices, and for the representative request
+// (1,000 input + 1,000 output tokens) its cost. A model's price is its cheapest route's.
+import { isHex } from '../../attestation/bytes.ts';
+import { parseUsd, type Rates } from '../../attestation/money.ts';
+import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
+import { quantizationBucket, representativePrice } from '../dispatch/routing.ts';
+import { invalid } from './errors.ts';
+import type { ProviderEntry } from './market-client.ts';
+
+/** What every model sold through these nodes serves: the text endpoints (embedded llama.cpp). */
+const ENDPOINT_FAMILIES = ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS'] as const;
+const ALL_FAMILIES = ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS', 'DECISIONS', 'IMAGES', 'VIDEOS', 'AUDIO_SPEECH', 'AUDIO_TRANSCRIPTIONS', 'AUDIO_GENERATIONS', 'MUSIC', 'WORKFLOWS'];
+const MODALITIES = ['text', 'embedding'] as const;
+const ALL_MODALITIES = ['text', 'embedding', 'decision', 'image', 'video', 'audio', 'music', 'workflow'];
+const SORTS = ['id', 'providers', 'input_price', 'output_price', 'request_price', 'context', 'listed'] as const;
+const QUANT_RE = /^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$/;
+const PAGE_DEFAULT = 50;
+const PAGE_MAX = 100;
+
+/** One route of a model: a provider's listed offer. */
+interface Route {
+  provider: string;
+  live: boolean;
+  context: number;
+  quantization: string | undefined;
+  tier: string | undefined;
+  rates: Rates | undefined;
+  seen: number | undefined;
+}
+
+interface Model {
+  id: string;
+  routes: Route[];
+}
+
+export interface CatalogQuery {
+  live: boolean;
+  endpointFamily?: string;
+  modality?: string;
+  tier?: number;
+  minTier?: number;
+  maxInput?: bigint;
+  maxOutput?: bigint;
+  maxRequest?: bigint;
+  minContext?: number;
+  quantization?: string;
+  tools?: boolean;
+  structuredOutput?: boolean;
+  provider?: string;
+  promptConfidential?: boolean;
+  sort: (typeof SORTS)[number];
+  order: 'asc' | 'desc';
+  limit: number;
+  offset: number;
+}
+
+/** The listing as models, each with its routes, by id. */
+function models(listing: readonly ProviderEntry[]): Model[] {
+  const byId = new Map<string, Model>();
+  for (const p of listing) {
+    for (const m of p.models) {
+      let rates: Rates | undefined;
+      const wire = p.rates?.[m.id];
+      try {
+        rates = wire ? ratesFromWire(wire) : undefined;
+      } catch {
+        rates = undefined; // a malformed price is no price
+      }
+      const route: Route = {
+        provider: p.provider,
+        live: p.live !== false,
+        context: typeof m.context === 'number' ? m.context : 0,
+        quantization: m.quantization === undefined ? undefined : quantizationBucket(m.quantization),
+        tier: ATTESTATION_TIERS.find((t) => t === p.attestation_tier),
+        rates,
+        seen: typeof p.last_seen === 'number' ? p.last_seen : undefined,
+      };
+      const e = byId.get(m.id) ?? { id: m.id, routes: [] };
+      e.routes.push(route);
+      byId.set(m.id, e);
+    }
+  }
+  return [...byId.values()];
+}
+
+const min = (xs: bigint[]): bigint | undefined => (xs.length === 0 ? undefined : xs.reduce((a, b) => (b < a ? b : a)));
+const tierNumber = (t: string | undefined): number | undefined => (t === undefined ? undefined : Number(t.slice(1)));
+
+/** A model's catalog entry, from the routes that count (all, or the live ones). */
+function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Record<string, bigint | number | string> } {
+  const priced = routes.flatMap((r) => (r.rates ? [r.rates] : []));
+  const input = min(priced.map((r) => r.input_per_mtok));
+  const output = min(priced.map((r) => r.output_per_mtok));
+  const request = min(priced.map((r) => representativePrice(r)));
+  const seen = routes.flatMap((r) => (r.seen === undefined ? [] : [r.seen]));
+  const created = seen.length ? Math.floor(Math.min(...seen) / 1000) : 0;
+  const context = Math.max(0, ...routes.map((r) => r.context));
+  const tiers = [...new Set(routes.flatMap((r) => (r.tier ? [r.tier] : [])))].sort();
+  return {
+    id: m.id,
+    object: 'model',
+    created,
+    owned_by: m.id.includes('/') ? m.id.split('/')[0] : 'service',
+    context_length: context,
+    quantizations: [...new Set(routes.flatMap((r) => (r.quantization ? [r.quantization] : [])))].sort(),
+    providers: new Set(routes.map((r) => r.provider)).size,
+    live_providers: new Set(routes.filter((r) => r.live).map((r) => r.provider)).size,
+    attestation_tiers: tiers,
+    endpoint_families: [...ENDPOINT_FAMILIES],
+    modalities: [...MODALITIES],
+    tools: false,
+    structured_output: false,
+    prompt_confidential: false,
+    pricing: {
+      prompt_per_million_au: input?.toString() ?? null,
+      completion_per_million_au: output?.toString() ?? null,
+      representative_request_au: request?.toString() ?? null,
+    },
+    _sort: { id: m.id, providers: new Set(routes.map((r) => r.provider)).size, input_price: input ?? -1n, output_price: output ?? -1n, request_price: request ?? -1n, context, listed: created },
+  };
+}
+
+/** Whether one route meets every route-level filter. */
+function routeFits(r: Route, q: CatalogQuery): boolean {
+  const tier = tierNumber(r.tier);
+  if (q.tier !== undefined && tier !== q.tier) return false;
+  if (q.minTier !== undefined && (tier === undefined || tier < q.minTier)) return false;
+  if (q.maxInput !== undefined && (!r.rates || r.rates.input_per_mtok > q.maxInput)) return false;
+  if (q.maxOutput !== undefined && (!r.rates || r.rates.output_per_mtok > q.maxOutput)) return false;
+  if (q.maxRequest !== undefined && (!r.rates || representativePrice(r.rates) > q.maxRequest)) return false;
+  if (q.minContext !== undefined && r.context < q.minContext) return false;
+  if (q.quantization !== undefined && r.quantization !== q.quantization) return false;
+  if (q.provider !== undefined && r.provider !== q.provider) return false;
+  return true;
+}
+
+/** Whether the model's own features meet the model-level filters. */
+function modelFits(q: CatalogQuery): boolean {
+  if (q.endpointFamily !== undefined && !(ENDPOINT_FAMILIES as readonly string[]).includes(q.endpointFamily)) return false;
+  if (q.modality !== undefined && !(MODALITIES as readonly string[]).includes(q.modality)) return false;
+  if (q.tools === true || q.structuredOutput === true || q.promptConfidential === true) return false;
+  return true;
+}
+
+/** One page of the catalog under the query, and the cursor of the next page (null on the last). */
+export function catalogPage(listing: readonly ProviderEntry[], q: CatalogQuery): { data: Record<string, unknown>[]; next_cursor: string | null; has_more: boolean } {
+  const fits = modelFits(q);
+  const matched = models(listing).flatMap((m) => {
+    const counted = m.routes.filter((r) => !q.live || r.live);
+    if (!fits || counted.length === 0 || !counted.some((r) => routeFits(r, q))) return [];
+    return [entry(m, counted)];
+  });
+  const dir = q.order === 'desc' ? -1 : 1;
+  matched.sort((a, b) => {
+    const x = a._sort[q.sort]!;
+    const y = b._sort[q.sort]!;
+    const c = x < y ? -1 : x > y ? 1 : 0;
+    const [i, j] = [a._sort.id as string, b._sort.id as string];
+    return c !== 0 ? c * dir : i < j ? -1 : i > j ? 1 : 0; // ties by id, always ascending: a stable page order
+  });
+  const page = matched.slice(q.offset, q.offset + q.limit).map(({ _sort, ...e }) => e);
+  const more = q.offset + q.limit < matched.length;
+  return { data: page, next_cursor: more ? encodeCursor(q.offset + q.limit) : null, has_more: more };
+}
+
+/** The catalog entry of one model (every route counts), or undefined. */
+export function catalogEntry(listing: readonly ProviderEntry[], id: string): Record<string, unknown> | undefined {
+  const m = models(listing).find((e) => e.id === id);
+  if (!m) return undefined;
+  const { _sort, ...e } = entry(m, m.routes);
+  return e;
+}
+
+// An opaque cursor: the offset of the next page, base64url, tagged so a made-up one is refused.
+const encodeCursor = (offset: number): string => Buffer.from(`c1:${offset}`).toString('base64url');
+function decodeCursor(s: string): number {
+  const m = /^c1:([0-9]{1,9})$/.exec(Buffer.from(s, 'base64url').toString('utf8'));
+  if (!m || encodeCursor(Number(m[1])) !== s) throw invalid('cursor', 'expected a cursor from a previous page');
+  return Number(m[1]);
+}
+
+/**
+ * The query of GET /v1/models, checked: each parameter at most once and of its type and bounds,
+ * attestation_tier and min_attestation_tier not together; anything else is 400 naming it.
+ */
+export function parseCatalogQuery(query: Record<string, unknown>): CatalogQuery {
+  const q: CatalogQuery = { live: false, sort: 'id', order: 'asc', limit: PAGE_DEFAULT, offset: 0 };
+  const known = new Set(['live', 'endpoint_family', 'modality', 'attestation_tier', 'min_attestation_tier', 'max_input_price_per_million_usd', 'max_output_price_per_million_usd', 'max_representative_request_price_usd', 'min_context_tokens', 'quantization', 'tools', 'structured_output', 'provider', 'prompt_confidential', 'sort', 'order', 'limit', 'cursor']);
+  for (const [k, v] of Object.entries(query)) {
+    if (!known.has(k)) throw invalid(k.slice(0, 64), 'not a catalog filter');
+    if (typeof v !== 'string') throw invalid(k, 'given more than once');
+  }
+  const str = (k: string): string | undefined => query[k] as string | undefined;
+  const bool = (k: string): boolean | undefined => {
+    const v = str(k);
+    if (v === undefined) return undefined;
+    if (v !== 'true' && v !== 'false') throw invalid(k, 'expected true or false');
+    return v === 'true';
+  };
+  const int = (k: string, lo: number, hi: number): number | undefined => {
+    const v = str(k);
+    if (v === undefined) return undefined;
+    if (!/^[0-9]{1,10}$/.test(v) || Number(v) < lo || Number(v) > hi) throw invalid(k, `expected an integer from ${lo} to ${hi}`);
+    return Number(v);
+  };
+  const usd = (k: string): bigint | undefined => {
+    const v = str(k);
+    if (v === undefined) return undefined;
+    const micro = parseUsd(v);
+    if (micro === undefined) throw invalid(k, 'expected a USD decimal like "0.15" (at most 6 decimals)');
+    return micro;
+  };
+  const oneOf = <T extends string>(k: string, values: readonly T[]): T | undefined => {
+    const v = str(k);
+    if (v !== undefined && !values.includes(v as T)) throw invalid(k, `expected one of ${values.join(', ')}`);
+    return v as T | undefined;
+  };
+  q.live = bool('live') ?? false;
+  const family = oneOf('endpoint_family', ALL_FAMILIES);
+  if (family !== undefined) q.endpointFamily = family;
+  const modality = oneOf('modality', ALL_MODALITIES);
+  if (modality !== undefined) q.modality = modality;
+  const tier = int('attestation_tier', 1, 4);
+  const minTier = int('min_attestation_tier', 1, 4);
+  if (tier !== undefined && minTier !== undefined) throw invalid('attestation_tier', 'cannot be combined with min_attestation_tier');
+  if (tier !== undefined) q.tier = tier;
+  if (minTier !== undefined) q.minTier = minTier;
+  const maxInput = usd('max_input_price_per_million_usd');
+  if (maxInput !== undefined) q.maxInput = maxInput;
+  const maxOutput = usd('max_output_price_per_million_usd');
+  if (maxOutput !== undefined) q.maxOutput = maxOutput;
+  const maxRequest = usd('max_representative_request_price_usd');
+  if (maxRequest !== undefined) q.maxRequest = maxRequest;
+  const minContext = int('min_context_tokens', 1, 4294967295);
+  if (minContext !== undefined) q.minContext = minContext;
+  const quant = str('quantization');
+  if (quant !== undefined) {
+    if (!QUANT_RE.test(quant)) throw invalid('quantization', 'expected 1 to 32 letters, digits, "_" or "-", starting with a letter or digit');
+    q.quantization = quantizationBucket(quant);
+  }
+  const tools = bool('tools');
+  if (tools !== undefined) q.tools = tools;
+  const structured = bool('structured_output');
+  if (structured !== undefined) q.structuredOutput = structured;
+  const confidential = bool('prompt_confidential');
+  if (confidential !== undefined) q.promptConfidential = confidential;
+  const provider = str('provider');
+  if (provider !== undefined) {
+    if (!isHex(provider, 32)) throw invalid('provider', 'expected 64 lowercase hex characters');
+    q.provider = provider;
+  }
+  q.sort = oneOf('sort', SORTS) ?? 'id';
+  q.order = oneOf('order', ['asc', 'desc'] as const) ?? 'asc';
+  q.limit = int('limit', 1, PAGE_MAX) ?? PAGE_DEFAULT;
+  const cursor = str('cursor');
+  if (cursor !== undefined) q.offset = decodeCursor(cursor);
+  return q;
+}

@@ -1,0 +1,111 @@
+// The model catalog's query (marketplace-api.md, "Catalog (no key)"): filters checked and applied
+// route by route, prices from the cheapest route, sorting and an opaque cursor. Pure functions over
+// a listing; the HTTP route is exercised in gateway.test.ts.
+import { describe, expect, test } from 'vitest';
+import { catalogEntry, catalogPage, parseCatalogQuery, type CatalogQuery } from '../src/gateway/catalog.ts';
+import { GatewayError } from '../src/gateway/errors.ts';
+import type { ProviderEntry } from '../src/gateway/market-client.ts';
+
+const A = 'aa'.repeat(32);
+const B = 'bb'.repeat(32);
+const provider = (id: string, over: Partial<ProviderEntry>, models: ProviderEntry['models'], rates: Record<string, { input_per_mtok: string; output_per_mtok: string }>): ProviderEntry => ({
+  provider: id, peer_id: 'p', addresses: [], models, rates, live: true, attestation_tier: 'T1', last_seen: 1_700_000_000_000, ...over,
+});
+const listing: ProviderEntry[] = [
+  provider(A, {}, [{ id: 'tiny/llama', context: 512, quantization: 'F32' }, { id: 'big/model', context: 8192, quantization: 'Q4_K_M' }], {
+    'tiny/llama': { input_per_mtok: '150000', output_per_mtok: '600000' },
+    'big/model': { input_per_mtok: '2000000', output_per_mtok: '8000000' },
+  }),
+  provider(B, { live: false, attestation_tier: 'T2' }, [{ id: 'tiny/llama', context: 2048, quantization: 'f32' }], { 'tiny/llama': { input_per_mtok: '100000', output_per_mtok: '700000' } }),
+];
+const page = (query: Record<string, unknown>) => catalogPage(listing, parseCatalogQuery(query));
+const ids = (query: Record<string, unknown>) => page(query).data.map((m) => m.id);
+const refusal = (query: Record<string, unknown>): string => {
+  try {
+    parseCatalogQuery(query);
+  } catch (e) {
+    expect(e).toBeInstanceOf(GatewayError);
+    expect((e as GatewayError).status).toBe(400);
+    return (e as GatewayError).message;
+  }
+  return 'accepted';
+};
+
+describe('catalog entries', () => {
+  test('merged by id: the widest context, every quantization and tier, the cheapest route\'s prices in micro-USD', () => {
+    expect(catalogEntry(listing, 'tiny/llama')).toEqual({
+      id: 'tiny/llama', object: 'model', created: 1_700_000_000, owned_by: 'tiny', context_length: 2048, quantizations: ['f32'],
+      providers: 2, live_providers: 1, attestation_tiers: ['T1', 'T2'], endpoint_families: ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS'], modalities: ['text', 'embedding'],
+      tools: false, structured_output: false, prompt_confidential: false,
+      // input 0.10 (B), output 0.60 (A); the representative request (1,000 + 1,000 tokens) is cheapest at A: 150 + 600 = 750
+      pricing: { prompt_per_million_au: '100000', completion_per_million_au: '600000', representative_request_au: '750' },
+    });
+    expect(catalogEntry(listing, 'nobody/nothing')).toBeUndefined();
+  });
+});
+
+describe('GET /v1/models query', () => {
+  test('no query: every model, sorted by id, one page', () => {
+    expect(page({})).toMatchObject({ next_cursor: null, has_more: false });
+    expect(ids({})).toEqual(['big/model', 'tiny/llama']);
+  });
+
+  test('filters are judged route by route; live=true counts live routes only', () => {
+    expect(ids({ max_input_price_per_million_usd: '0.1' })).toEqual(['tiny/llama']); // B's route
+    expect(ids({ max_input_price_per_million_usd: '0.1', live: 'true' })).toEqual([]); // B is not live
+    expect(ids({ min_context_tokens: '1000' })).toEqual(['big/model', 'tiny/llama']);
+    expect(ids({ min_context_tokens: '1000', live: 'true' })).toEqual(['big/model']);
+    // One route must meet them all: A is cheap but narrow, B wide but dear.
+    expect(ids({ min_context_tokens: '1000', max_output_price_per_million_usd: '0.6' })).toEqual([]);
+    expect(ids({ max_representative_request_price_usd: '0.00075' })).toEqual(['tiny/llama']);
+    expect(ids({ max_representative_request_price_usd: '0.000749' })).toEqual([]);
+    expect(ids({ attestation_tier: '2' })).toEqual(['tiny/llama']);
+    expect(ids({ min_attestation_tier: '2', live: 'true' })).toEqual([]);
+    expect(ids({ quantization: 'Q4_K_M' })).toEqual(['big/model']);
+    expect(ids({ provider: B })).toEqual(['tiny/llama']);
+    expect(page({ live: 'true', provider: A }).data.find((m) => m.id === 'tiny/llama')).toMatchObject({ providers: 1, context_length: 512, pricing: { prompt_per_million_au: '150000' } });
+    expect(ids({ endpoint_family: 'EMBEDDINGS', modality: 'text' })).toEqual(['big/model', 'tiny/llama']);
+    for (const q of [{ endpoint_family: 'IMAGES' }, { modality: 'image' }, { tools: 'true' }, { structured_output: 'true' }, { prompt_confidential: 'true' }]) expect(ids(q), JSON.stringify(q)).toEqual([]);
+    expect(ids({ tools: 'false', prompt_confidential: 'false' })).toEqual(['big/model', 'tiny/llama']);
+  });
+
+  test('sort and order; ties by id', () => {
+    expect(ids({ sort: 'input_price' })).toEqual(['tiny/llama', 'big/model']);
+    expect(ids({ sort: 'context', order: 'desc' })).toEqual(['big/model', 'tiny/llama']);
+    expect(ids({ sort: 'providers', order: 'desc' })).toEqual(['tiny/llama', 'big/model']);
+    expect(ids({ sort: 'listed' })).toEqual(['big/model', 'tiny/llama']);
+  });
+
+  test('pages: limit and an opaque cursor to the next page', () => {
+    const first = page({ limit: '1' });
+    expect(first.data.map((m) => m.id)).toEqual(['big/model']);
+    expect(first.has_more).toBe(true);
+    const second = page({ limit: '1', cursor: first.next_cursor });
+    expect(second).toMatchObject({ data: [{ id: 'tiny/llama' }], next_cursor: null, has_more: false });
+    expect(refusal({ cursor: 'not-a-cursor' })).toMatch(/^cursor: /);
+    expect(refusal({ cursor: Buffer.from('c1:01').toString('base64url') })).toMatch(/^cursor: /); // made up: not one this gateway wrote
+  });
+
+  test('invalid, repeated, unknown and incompatible filters are 400 naming the filter', () => {
+    const cases: [Record<string, unknown>, RegExp][] = [
+      [{ limit: '0' }, /^limit: expected an integer from 1 to 100/],
+      [{ limit: '101' }, /^limit: /],
+      [{ limit: ['1', '2'] }, /^limit: given more than once/],
+      [{ attestation_tier: '1', min_attestation_tier: '1' }, /^attestation_tier: cannot be combined with min_attestation_tier/],
+      [{ attestation_tier: '5' }, /^attestation_tier: /],
+      [{ sort: 'bogus' }, /^sort: expected one of id, providers/],
+      [{ order: 'up' }, /^order: /],
+      [{ live: 'yes' }, /^live: expected true or false/],
+      [{ modality: 'smell' }, /^modality: /],
+      [{ endpoint_family: 'chat' }, /^endpoint_family: /],
+      [{ max_input_price_per_million_usd: '1e3' }, /^max_input_price_per_million_usd: expected a USD decimal/],
+      [{ min_context_tokens: '0' }, /^min_context_tokens: /],
+      [{ quantization: '-q4' }, /^quantization: /],
+      [{ provider: 'AB'.repeat(32) }, /^provider: expected 64 lowercase hex/],
+      [{ color: 'blue' }, /^color: not a catalog filter/],
+    ];
+    for (const [q, message] of cases) expect(refusal(q), JSON.stringify(q)).toMatch(message);
+    const ok: CatalogQuery = parseCatalogQuery({ live: 'true', sort: 'request_price', order: 'desc', limit: '100', min_context_tokens: '4294967295' });
+    expect(ok).toMatchObject({ live: true, sort: 'request_price', order: 'desc', limit: 100, minContext: 4294967295, offset: 0 });
+  });
+});
