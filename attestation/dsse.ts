@@ -88,6 +88,13 @@ export function signEnvelope(payloadType: string, payload: Uint8Array, signer: {
   return { payload: toBase64(payload), payloadType, signatures: [{ keyid: signer.keyid, sig: toBase64(sig) }] };
 }
 
+/**
+ * The most signatures an envelope may carry. DSSE sets no bound, but every signature without a
+ * known keyid is tried against every trusted key: a peer could otherwise make one 1 MiB ticket
+ * cost ten thousand verifications before it is refused. Real envelopes carry one or two.
+ */
+export const MAX_SIGNATURES = 16;
+
 /** Checks the envelope's shape (from parsed JSON). Unknown top-level fields are refused. */
 export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
   if (value === null || typeof value !== 'object' || Array.isArray(value)) {
@@ -104,6 +111,7 @@ export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
   if (!Array.isArray(env.signatures) || env.signatures.length === 0) {
     return fail('envelope_malformed', 'envelope.signatures must be a non-empty array');
   }
+  if (env.signatures.length > MAX_SIGNATURES) return fail('envelope_malformed', `envelope has ${env.signatures.length} signatures, more than ${MAX_SIGNATURES}`);
   for (const [i, s] of env.signatures.entries()) {
     if (s === null || typeof s !== 'object' || typeof (s as DsseSignature).sig !== 'string') {
       return fail('envelope_malformed', `envelope.signatures[${i}].sig must be a string`);
@@ -182,6 +190,9 @@ export interface VerifiedEnvelope {
  * A signature without keyid is tried against every trusted key.
  */
 export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; keys: readonly DsseKey[] }): VerifyResult<VerifiedEnvelope> {
+  // Checked here too (for envelopes that did not come through checkEnvelopeShape): each signature
+  // costs verifications, and a hostile envelope must not buy unbounded work.
+  if (env.signatures.length > MAX_SIGNATURES) return fail('envelope_malformed', `envelope has ${env.signatures.length} signatures, more than ${MAX_SIGNATURES}`);
   if (env.payloadType !== opts.payloadType) {
     return fail('payload_type_mismatch', `payloadType is "${String(env.payloadType).slice(0, 100)}", expected "${opts.payloadType}"`);
   }

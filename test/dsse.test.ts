@@ -84,6 +84,20 @@ describe('Ed25519 envelopes', () => {
     expect(verifyEnvelope({ ...env, signatures: [{ keyid: 'k1', sig: env.signatures[0]!.sig.slice(0, -4) }] }, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: false, error: { code: 'signature_invalid' } });
     expect(verifyEnvelope({ ...env, signatures: [{ keyid: 'k1', sig: '!!!!' }] }, { payloadType: 'application/x-test', keys: [key] })).toMatchObject({ ok: false, error: { code: 'signature_malformed' } });
   });
+  test('an envelope with more than MAX_SIGNATURES signatures is malformed, before any is verified', async () => {
+    const { MAX_SIGNATURES } = await import('../attestation/dsse.ts');
+    let verifications = 0;
+    const { ed25519Verify } = await import('../attestation/ed25519.ts');
+    const counting: DsseKey = { ...key, verify: (sig, msg, pk) => (verifications++, ed25519Verify(sig, msg, pk)) };
+    const keyless = (n: number) => ({ ...env, signatures: Array.from({ length: n }, () => ({ sig: env.signatures[0]!.sig.replace(/^./, (c) => (c === 'A' ? 'B' : 'A')) })) });
+    expect(verifyEnvelope(keyless(MAX_SIGNATURES + 1), { payloadType: 'application/x-test', keys: [counting] })).toMatchObject({ ok: false, error: { code: 'envelope_malformed', message: `envelope has ${MAX_SIGNATURES + 1} signatures, more than ${MAX_SIGNATURES}` } });
+    expect(verifications).toBe(0);
+    expect(parseEnvelope(JSON.stringify(keyless(10_000)))).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    // Up to the bound, every keyless signature is tried (and a good one among them still verifies).
+    expect(verifyEnvelope(keyless(MAX_SIGNATURES), { payloadType: 'application/x-test', keys: [counting] })).toMatchObject({ ok: false, error: { code: 'signature_invalid' } });
+    expect(verifications).toBe(MAX_SIGNATURES);
+    expect(verifyEnvelope({ ...env, signatures: [...keyless(MAX_SIGNATURES - 1).signatures, { sig: env.signatures[0]!.sig }] }, { payloadType: 'application/x-test', keys: [key] }).ok).toBe(true);
+  });
   test('parseEnvelope names truncated JSON and wrong shapes', () => {
     const text = serializeEnvelope(env);
     expect(parseEnvelope(text.slice(0, -3))).toMatchObject({ ok: false, error: { code: 'envelope_not_json' } });
