@@ -277,6 +277,43 @@ describe('InferService', () => {
     expect(log.size).toBe(before);
   });
 
+  test('work a peer can ask for without paying stays small: free bodies bounded, free requests one at a time, a large paid body parsed only under its ticket', async () => {
+    const { MAX_FREE_BODY, PARSED_BEFORE_TICKET } = await import('../src/serve/infer-service.ts');
+    const free = (prompt: string) => ({ head: { endpoint: 'count_tokens' }, body: utf8(JSON.stringify({ model: 'tiny/llama', prompt })), signal: new AbortController().signal });
+    const overhead = utf8(JSON.stringify({ model: 'tiny/llama', prompt: '' })).length;
+    const atLimit = recorder();
+    await service.handle(free('a'.repeat(MAX_FREE_BODY - overhead)), atLimit.res);
+    expect(atLimit.out.head?.status).toBe(200);
+    const over = recorder();
+    await service.handle(free('a'.repeat(MAX_FREE_BODY - overhead + 1)), over.res);
+    expect([over.out.head?.status, over.out.trailer?.error?.code]).toEqual([413, 'body_too_large']);
+    // Twelve at once: one runs, eight wait their turn, three are refused at once (nothing is charged for any).
+    const many = Array.from({ length: 12 }, () => recorder());
+    await Promise.all(many.map((r) => service.handle(free('hello world'), r.res)));
+    const statuses = many.map((r) => r.out.head?.status);
+    expect(statuses.filter((x) => x === 200)).toHaveLength(9);
+    expect(many.filter((r) => r.out.head?.status === 503).map((r) => r.out.trailer?.error?.code)).toEqual(['no_capacity', 'no_capacity', 'no_capacity']);
+    // A large paid body of deep nesting: without a ticket for it, refused on the ticket, never parsed.
+    const before = log.size;
+    const nested = utf8('['.repeat(PARSED_BEFORE_TICKET + 1));
+    const unticketed = recorder();
+    await service.handle({ head: { endpoint: 'chat/completions' }, body: nested, signal: new AbortController().signal }, unticketed.res);
+    expect([unticketed.out.head?.status, unticketed.out.trailer?.error?.code]).toEqual([401, 'ticket_invalid']);
+    const forBody = recorder(); // a ticket for other bytes
+    await service.handle({ ...request('chat/completions', chatBody), body: nested }, forBody.res);
+    expect([forBody.out.head?.status, forBody.out.trailer?.error?.code]).toEqual([400, 'ticket_body_mismatch']);
+    // Under a ticket for exactly these bytes it is parsed, and refused for what it is.
+    const ticketed = recorder();
+    const t = signTicket(market, ticketPayload(node.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(nested).digest()), max_cost_micro_usd: '100000' }));
+    await service.handle({ head: { endpoint: 'chat/completions', ticket: t }, body: nested, signal: new AbortController().signal }, ticketed.res);
+    expect([ticketed.out.head?.status, ticketed.out.trailer?.error?.code]).toEqual([400, 'invalid_request']);
+    // A small one is parsed first, as before: its contract error names the field.
+    const small = recorder();
+    await service.handle({ head: { endpoint: 'chat/completions' }, body: utf8('{"model":"tiny/llama"}'), signal: new AbortController().signal }, small.res);
+    expect([small.out.head?.status, small.out.trailer?.error?.code]).toEqual([400, 'invalid_request']);
+    expect(log.size).toBe(before);
+  });
+
   test('an idempotent retry gets the same answer and receipt, billed once, also after a restart', async () => {
     const before = log.size;
     const first = recorder();

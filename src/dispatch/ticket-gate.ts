@@ -71,9 +71,25 @@ export class TicketGate {
 
   /** Every check of admit() but the use: for answering an idempotent retry from the record. */
   check(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
+    const v = this.vouch(envelope, expect.body);
+    if (!v.ok) return v;
+    const t = v.ticket;
+    if (t.endpoint !== expect.endpoint) return refuse(400, 'ticket_endpoint_mismatch', `ticket is for ${t.endpoint}, the request is ${expect.endpoint}`);
+    if (t.model !== expect.model) return refuse(400, 'ticket_model_mismatch', `ticket is for model ${t.model}, the request asks for ${expect.model}`);
+    if (t.price_version !== expect.priceVersion) {
+      return refuse(409, 'ticket_price_version_mismatch', `ticket holds price version ${t.price_version}; this node sells at ${expect.priceVersion}`);
+    }
+    return { ok: true, ticket: t };
+  }
+
+  /**
+   * The checks that need no parsed body: a trusted marketplace signed it, for this provider, it is
+   * valid now, and it is for exactly these body bytes (a hash, cheap whatever the body holds).
+   */
+  vouch(envelope: DsseEnvelope | string, body: Uint8Array): { ok: true; ticket: TicketPayload } | TicketRefusal {
     if (this.keys.length === 0) return refuse(401, 'ticket_invalid', 'this node trusts no marketplace key (marketplace.public_keys is empty)');
     const now = this.now();
-    const v = verifyTicket(envelope, { marketplaceKeys: this.keys, provider: this.providerId, now, skewMs: this.skewMs, body: expect.body });
+    const v = verifyTicket(envelope, { marketplaceKeys: this.keys, provider: this.providerId, now, skewMs: this.skewMs, body });
     if (!v.ok) {
       const e = v.error;
       switch (e.code) {
@@ -87,13 +103,7 @@ export class TicketGate {
           return refuse(401, 'ticket_invalid', `${e.code}: ${e.message}`);
       }
     }
-    const t = v.value.payload;
-    if (t.endpoint !== expect.endpoint) return refuse(400, 'ticket_endpoint_mismatch', `ticket is for ${t.endpoint}, the request is ${expect.endpoint}`);
-    if (t.model !== expect.model) return refuse(400, 'ticket_model_mismatch', `ticket is for model ${t.model}, the request asks for ${expect.model}`);
-    if (t.price_version !== expect.priceVersion) {
-      return refuse(409, 'ticket_price_version_mismatch', `ticket holds price version ${t.price_version}; this node sells at ${expect.priceVersion}`);
-    }
-    return { ok: true, ticket: t };
+    return { ok: true, ticket: v.value.payload };
   }
 
   /** Forgets tickets that could no longer pass the expiry check anyway. */

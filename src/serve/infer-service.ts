@@ -89,9 +89,18 @@ class Refusal extends ServiceError {
   override name = 'Refusal';
 }
 
+/** The largest body of a free request (tokenize, count_tokens): about 130,000 tokens of text. */
+export const MAX_FREE_BODY = 512 << 10;
+/** A paid body larger than this is parsed only once its ticket vouches for it (TicketGate.vouch). */
+export const PARSED_BEFORE_TICKET = 64 << 10;
+/** How long a free request waits for its turn before 503 no_capacity. */
+const FREE_MAX_WAIT_MS = 2000;
+
 export class InferService {
   private readonly o: InferServiceOptions;
   private readonly now: () => number;
+  /** Free requests: one at a time, a few waiting (see tokenize). */
+  private readonly freeAdmission = new Admission({ slots: 1, queue: 8 });
 
   constructor(opts: InferServiceOptions) {
     this.o = opts;
@@ -132,6 +141,15 @@ export class InferService {
     try {
       const endpoint = req.head.endpoint;
       if (typeof endpoint !== 'string') throw new Refusal(400, 'invalid_request', 'head.endpoint: expected a string');
+      // Work a peer can ask for without paying stays small: a free request's body is bounded, and a
+      // large paid body is parsed (JSON.parse of 8 MiB of nesting takes seconds) only under a
+      // ticket a marketplace signed for exactly these bytes.
+      const free = (FREE_ENDPOINTS as readonly string[]).includes(endpoint);
+      if (free && req.body.length > MAX_FREE_BODY) throw new Refusal(413, 'body_too_large', `a ${endpoint} body is at most ${MAX_FREE_BODY} bytes`);
+      if (!free && req.body.length > PARSED_BEFORE_TICKET) {
+        const vouched = this.o.gate.vouch(req.head.ticket as DsseEnvelope, req.body);
+        if (!vouched.ok) throw new Refusal(vouched.status, vouched.code, vouched.message);
+      }
       try {
         parsed = parseRequest(endpoint, req.body);
       } catch (e) {
@@ -149,7 +167,7 @@ export class InferService {
       return this.refuse(res, e);
     }
     const p = parsed;
-    if (isTokenize(p)) return this.tokenize(p, model, res);
+    if (isTokenize(p)) return this.tokenize(p, model, req, res);
     const key = req.head.idempotency_key;
     if (key === undefined || !this.o.idempotency) {
       if (this.o.log.failure) return this.refuse(res, logStopped());
@@ -198,6 +216,7 @@ export class InferService {
 
   /** The `model` a body the contract refused names, when this node serves it (else undefined: never a buyer's string as a label). */
   private servedModelNamed(body: Uint8Array): string | undefined {
+    if (body.length > PARSED_BEFORE_TICKET) return undefined; // (not parsed twice)
     try {
       const m = (JSON.parse(Buffer.from(body).toString('utf8')) as { model?: unknown } | null)?.model;
       return typeof m === 'string' && this.o.models.has(m) ? this.o.models.get(m)!.id : undefined;
@@ -228,13 +247,23 @@ export class InferService {
     await res.trailer({ ...r.body() });
   }
 
-  private async tokenize(p: TokenizeRequest, model: ServedModel, res: InferResponse): Promise<void> {
+  private async tokenize(p: TokenizeRequest, model: ServedModel, req: InferRequest, res: InferResponse): Promise<void> {
+    // Free work, unpaid and unticketed: one at a time (tokenizing holds the event loop), a few
+    // waiting, the rest 503 at once, so free requests cannot crowd out paid ones.
+    let release: () => void;
+    try {
+      release = await this.freeAdmission.acquire({ maxWaitMs: FREE_MAX_WAIT_MS, signal: req.signal });
+    } catch (e) {
+      return this.refuse(res, admissionRefusal(e));
+    }
     // Exactly what a generation would be billed for: the chat template and BOS included.
     let tokens: number[];
     try {
       tokens = await model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! });
     } catch (e) {
       return this.refuse(res, e);
+    } finally {
+      release();
     }
     const body = { model: model.id, count: tokens.length, ...(p.returnTokens ? { tokens } : {}) };
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
