@@ -410,6 +410,63 @@ describe('bad input', () => {
   });
 });
 
+describe('the request bytes budget', () => {
+  it('streams that together would hold more than the budget are answered 503 no_capacity at once; what they held is given back', async () => {
+    const { RequestBytesBudget, REQUEST_BYTES_BUDGET } = await import('../src/p2p/request-server.ts');
+    expect(REQUEST_BYTES_BUDGET.limit).toBe(256 * 1024 * 1024);
+    const budget = new RequestBytesBudget(3 * 1024 * 1024);
+    const held = deferred<void>();
+    let called = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      called++;
+      if (req.head.hold === true) await held.promise; // keeps its body (and its share) while it runs
+      await echoHandler(req, res);
+    }, { budget });
+    try {
+      // One request holds 2 MiB while its handler runs; a second of 2 MiB would take the total over.
+      const first = request(client, addr, proto, { hold: true }, new Uint8Array(2 * 1024 * 1024));
+      const firstRes = first.then((r) => readResponse(r));
+      await sleep(10);
+      while (called === 0) await sleep(10);
+      expect(budget.inUse).toBeGreaterThanOrEqual(2 * 1024 * 1024);
+      const over = await readResponse(await request(client, addr, proto, {}, new Uint8Array(2 * 1024 * 1024)));
+      expect(over.head).toEqual({ status: 503 });
+      expect(over.trailer).toMatchObject({ error: { code: 'no_capacity' } });
+      expect(called).toBe(1);
+      // A small one still fits.
+      const small = await readResponse(await request(client, addr, proto, {}, new Uint8Array(1000)));
+      expect(small.body.length).toBe(1000);
+      held.resolve();
+      expect((await firstRes).body.length).toBe(2 * 1024 * 1024);
+      // Everything given back: the same 2 MiB request now fits.
+      for (let i = 0; i < 50 && budget.inUse > 0; i++) await sleep(10);
+      expect(budget.inUse).toBe(0);
+      const again = await readResponse(await request(client, addr, proto, {}, new Uint8Array(2 * 1024 * 1024)));
+      expect(again.body.length).toBe(2 * 1024 * 1024);
+    } finally {
+      held.resolve();
+      await srv.stop();
+    }
+    expect(budget.inUse).toBe(0);
+  });
+
+  it('a partial frame counts too: a client that sends most of one large DATA frame and waits is answered 503 before the frame completes', async () => {
+    const { RequestBytesBudget } = await import('../src/p2p/request-server.ts');
+    const budget = new RequestBytesBudget(1024 * 1024);
+    const { proto, srv } = await serve(echoHandler, { budget });
+    try {
+      const frame = encodeData(new Uint8Array(3 * 1024 * 1024));
+      const partial = new Uint8Array([...encodeHead({}), ...frame.subarray(0, 2 * 1024 * 1024)]);
+      const frames = await rawExchange(proto, partial, false);
+      expect(frames[0]).toEqual({ kind: 'head', value: { status: 503 } });
+      expect(frames[1]).toMatchObject({ kind: 'trailer', value: { error: { code: 'no_capacity' } } });
+    } finally {
+      await srv.stop();
+    }
+    expect(budget.inUse).toBe(0);
+  });
+});
+
 describe('client against a misbehaving server', () => {
   /** A raw server: reads the request to its end, then writes `bytes` and closes. */
   async function rawServer(bytes: Uint8Array): Promise<string> {

@@ -24,6 +24,8 @@ export interface FrameReaderOptions {
   limits?: Partial<FrameLimits>;
   /** Pause the stream once this many decoded bytes wait unread (default 1 MiB). */
   highWaterMark?: number;
+  /** Told, after each arrival, how many received bytes it holds (a partial frame and frames not yet read). */
+  onBuffered?: (bytes: number) => void;
 }
 
 function payloadSize(f: Frame): number {
@@ -39,6 +41,7 @@ export class FrameReader implements AsyncIterable<Frame> {
   private readonly stream: Stream;
   private readonly decoder: FrameDecoder;
   private readonly highWater: number;
+  private readonly onBuffered: ((bytes: number) => void) | undefined;
   private readonly queue: Frame[] = [];
   private queued = 0;
   private ended = false;
@@ -53,6 +56,7 @@ export class FrameReader implements AsyncIterable<Frame> {
     this.stream = stream;
     this.decoder = new FrameDecoder(opts.limits);
     this.highWater = opts.highWaterMark ?? 1024 * 1024;
+    this.onBuffered = opts.onBuffered;
     // See STREAM_READ_BUFFER: while paused, up to a full yamux window may still arrive.
     if (stream.maxReadBufferLength < STREAM_READ_BUFFER) stream.maxReadBufferLength = STREAM_READ_BUFFER;
     stream.addEventListener('message', this.onMessage);
@@ -65,6 +69,11 @@ export class FrameReader implements AsyncIterable<Frame> {
   /** Bytes decoded and waiting for `next()`. */
   get queuedBytes(): number {
     return this.queued;
+  }
+
+  /** Bytes received and held: a partial frame and the frames waiting for `next()`. */
+  get heldBytes(): number {
+    return this.queued + this.decoder.buffered;
   }
 
   async next(): Promise<Frame | null> {
@@ -157,6 +166,7 @@ export class FrameReader implements AsyncIterable<Frame> {
     }
     if (this.queue.length > 0) this.notify();
     if (this.queued > this.highWater && this.stream.readStatus === 'readable' && !this.resuming) this.stream.pause();
+    if (!this.error) this.onBuffered?.(this.heldBytes);
   };
 
   private readonly onEnd = (): void => {

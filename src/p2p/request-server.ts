@@ -46,6 +46,48 @@ export interface HandleRequestsOptions {
   stopTimeoutMs?: number;
   /** Told about handler failures and stream errors; never throws into libp2p. */
   onError?: (err: unknown, context: { protocol: string; remotePeer: string }) => void;
+  /** What every request's received bytes count against. Default: one budget for the whole process (REQUEST_BYTES_BUDGET). */
+  budget?: RequestBytesBudget;
+}
+
+/**
+ * The bytes of request bodies (and partial frames) that all the streams of a process may hold at
+ * once. Each stream may hold 8 MiB of body and a partial frame of 4 MiB, and a peer may open 128
+ * streams per protocol on each connection: without a common bound, one peer without a ticket held
+ * 2 GB for a minute. A stream that would go over gets 503 no_capacity at once.
+ */
+export class RequestBytesBudget {
+  readonly limit: number;
+  private used = 0;
+  constructor(limit: number) {
+    this.limit = limit;
+  }
+  get inUse(): number {
+    return this.used;
+  }
+  /** One stream's share: set() to what it holds now (false, and unchanged, if that would go over); release() at its end. */
+  share(): { set(bytes: number): boolean; release(): void } {
+    let held = 0;
+    return {
+      set: (bytes) => {
+        if (bytes > held && this.used + (bytes - held) > this.limit) return false;
+        this.used += bytes - held;
+        held = bytes;
+        return true;
+      },
+      release: () => {
+        this.used -= held;
+        held = 0;
+      },
+    };
+  }
+}
+
+/** The process's default RequestBytesBudget: 256 MiB. */
+export const REQUEST_BYTES_BUDGET = new RequestBytesBudget(256 * 1024 * 1024);
+
+class OverBudget extends Error {
+  override name = 'OverBudget';
 }
 
 export interface RequestServer {
@@ -62,7 +104,7 @@ export interface RequestServer {
 }
 
 interface BadRequest {
-  status: 400 | 408 | 413;
+  status: 400 | 408 | 413 | 503;
   code: string;
   message: string;
 }
@@ -71,7 +113,7 @@ type ReadResult = { head: JsonObject; body: Uint8Array } | { bad: BadRequest };
 
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 
-async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number): Promise<ReadResult> {
+async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number, share: { set(bytes: number): boolean }): Promise<ReadResult> {
   const timer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request was not received within ${timeoutMs} ms`)), timeoutMs);
   try {
     const first = await reader.next();
@@ -86,11 +128,13 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
       size += f.bytes.length;
       if (size > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
       parts.push(f.bytes);
+      if (!share.set(size + reader.heldBytes)) throw new OverBudget();
     }
     return { head: first.value, body: concatBytes(...parts) };
   } catch (e) {
     if (e instanceof FrameError) return { bad: { status: 400, code: e.code, message: e.message } };
     if (e instanceof StreamError && e.code === 'timeout') return { bad: { status: 408, code: 'request_timeout', message: e.message } };
+    if (e instanceof OverBudget) return { bad: { status: 503, code: 'no_capacity', message: 'the node holds as many request bytes as it takes now; retry shortly' } };
     throw e;
   } finally {
     clearTimeout(timer);
@@ -138,6 +182,7 @@ export async function handleRequests(
 ): Promise<RequestServer> {
   const limits = frameLimits(opts.limits);
   const maxBodyBytes = opts.maxBodyBytes ?? DEFAULT_MAX_BODY;
+  const budget = opts.budget ?? REQUEST_BYTES_BUDGET;
   const lingerMs = opts.lingerMs ?? 2000;
   const readTimeoutMs = opts.readTimeoutMs ?? 60_000;
   const stopTimeoutMs = opts.stopTimeoutMs ?? 2000;
@@ -162,9 +207,17 @@ export async function handleRequests(
     };
     stream.addEventListener('close', onClose);
     if (stream.status !== 'open') ac.abort(new StreamError('stream_closed', 'the stream closed before the request was read'));
-    const reader = new FrameReader(stream, { limits });
+    const share = budget.share();
+    let body = 0; // (the body read so far: what onBuffered adds the reader's held bytes to)
+    const reader: FrameReader = new FrameReader(stream, {
+      limits,
+      onBuffered: (held) => {
+        if (!share.set(body + held)) reader.interrupt(new OverBudget());
+      },
+    });
+    const counted = { set: (bytes: number) => ((body = bytes - reader.heldBytes), share.set(bytes)) };
     try {
-      const read = await readRequest(reader, maxBodyBytes, readTimeoutMs);
+      const read = await readRequest(reader, maxBodyBytes, readTimeoutMs, counted);
       if ('bad' in read) {
         reader.discard();
         if (stream.writeStatus === 'writable') await res.finishWithError(read.bad.status, read.bad.code, read.bad.message);
@@ -187,6 +240,7 @@ export async function handleRequests(
       if (!(e instanceof StreamError)) report(e, remotePeer);
     } finally {
       reader.detach();
+      share.release();
       stream.removeEventListener('close', onClose);
     }
   }
