@@ -216,6 +216,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // A handler that throws (the receipt log failing, a bug) is answered 500 internal_error by the
     // server; the operator sees why here: names, codes and a short message, never request text.
     const infer = await serveInfer(host, service, {
+      // Refused before the request could be read (malformed, too large, too slow, over the bytes
+      // budget): counted and logged like any request, so an operator sees such traffic.
+      onRefused: (r) => {
+        metrics.requests.inc({ endpoint: 'invalid', status: String(r.status) });
+        logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
+      },
       onError: (err, at) => {
         const e = err as { name?: unknown; code?: unknown; message?: unknown };
         logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined } }, 'request handler failed');

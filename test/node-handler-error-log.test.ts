@@ -133,6 +133,15 @@ describe('a request handler that throws on a running node', () => {
     const metrics = await (await fetch(`${node.opsUrl}/metrics`)).text();
     expect(metrics).toMatch(/seller_requests_total\{endpoint="chat\/completions",status="503"\} 1/);
 
+    // A request the server refuses before it can be read (here a body over 8 MiB, its secret never
+    // read) is a request line and a count too, naming the peer: the operator sees such traffic.
+    const big = new Uint8Array(8 * 1024 * 1024 + 1).fill(0x61);
+    const tooBig = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions' }, big));
+    expect(tooBig.trailer).toMatchObject({ error: { code: 'body_too_large' } });
+    await until('the unread request in the log', () => lines().some((l) => l.msg === 'request' && l.status === 413));
+    expect(lines().find((l) => l.msg === 'request' && l.status === 413)).toMatchObject({ level: 30, endpoint: null, code: 'body_too_large', remote_peer: buyer.peerId.toString() });
+    expect(await (await fetch(`${node.opsUrl}/metrics`)).text()).toMatch(/seller_requests_total\{endpoint="invalid",status="413"\} 1/);
+
     await node.stop(1000);
     node = undefined;
     // Every line the node wrote, from start to stop: none quotes the prompt.

@@ -4,7 +4,9 @@
 // Names and labels (keep label values low-cardinality: ids of models and endpoints, codes; never
 // request ids, buyer ids or text):
 //   seller_requests_total{endpoint,status}          counter  one per finished request; endpoint like
-//                                                    "chat/completions", status an HTTP-style code ("200")
+//                                                    "chat/completions" ("invalid": none of this node's, or a
+//                                                    request refused before it could be read), status an
+//                                                    HTTP-style code ("200")
 //   seller_tokens_total{direction,model}            counter  direction "in" (prompt) or "out" (generated)
 //   seller_receipts_signed_total                    counter
 //   seller_earnings_micro_usd_total{model}          counter  exact, see EarningsCounter

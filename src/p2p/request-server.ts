@@ -46,6 +46,8 @@ export interface HandleRequestsOptions {
   stopTimeoutMs?: number;
   /** Told about handler failures and stream errors; never throws into libp2p. */
   onError?: (err: unknown, context: { protocol: string; remotePeer: string }) => void;
+  /** Told of every request the server answers itself, before any handler (malformed, too large, too slow, over budget). */
+  onRefused?: (refusal: { protocol: string; remotePeer: string; status: number; code: string }) => void;
   /** What every request's received bytes count against. Default: one budget for the whole process (REQUEST_BYTES_BUDGET). */
   budget?: RequestBytesBudget;
 }
@@ -219,6 +221,11 @@ export async function handleRequests(
     try {
       const read = await readRequest(reader, maxBodyBytes, readTimeoutMs, counted);
       if ('bad' in read) {
+        try {
+          opts.onRefused?.({ protocol, remotePeer, status: read.bad.status, code: read.bad.code });
+        } catch {
+          // an observer must not break serving
+        }
         reader.discard();
         if (stream.writeStatus === 'writable') await res.finishWithError(read.bad.status, read.bad.code, read.bad.message);
         if (!(await remoteDone(stream, lingerMs))) stream.abort(new StreamError('aborted', 'the client kept sending after an error reply'));
