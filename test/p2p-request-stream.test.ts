@@ -320,6 +320,40 @@ describe('request/response', () => {
   });
 });
 
+describe('a client that stops reading', () => {
+  it('is cut off once a write has waited writeStallMs for it: the handler is cancelled, the stream aborted', async () => {
+    const chunk = new Uint8Array(1024 * 1024);
+    let written = 0;
+    const ended = deferred<{ error: string; aborted: boolean }>();
+    const { proto, srv } = await serve(async (req, res) => {
+      await res.head({ status: 200 });
+      try {
+        for (let i = 0; i < 40; i++) {
+          await res.data(chunk);
+          written++;
+        }
+        await res.trailer({});
+        ended.resolve({ error: 'none', aborted: req.signal.aborted });
+      } catch (e) {
+        ended.resolve({ error: (e as Error).name, aborted: req.signal.aborted });
+      }
+    }, { writeStallMs: 300 });
+    try {
+      const res = await request(client, addr, proto, {});
+      await res.head;
+      const t0 = performance.now();
+      const end = await ended.promise; // the client never reads
+      expect(performance.now() - t0).toBeGreaterThanOrEqual(250);
+      expect(end).toEqual({ error: 'StreamError', aborted: true });
+      expect(written).toBeLessThan(40);
+      // The client's side of it: the stream ends in an error, not a clean TRAILER.
+      await expect((async () => { for await (const _f of res.frames) { /* drain */ } })()).rejects.toThrow();
+    } finally {
+      await srv.stop();
+    }
+  });
+});
+
 describe('bad input', () => {
   it('answers garbage with 400 frame_malformed and keeps serving', async () => {
     const { proto, srv } = await serve(echoHandler);

@@ -200,12 +200,15 @@ function resetError(stream: Stream, cause?: Error): StreamError {
 }
 
 /** Resolves once the stream accepts writes again; rejects when it closes first or `signal` aborts. */
-export function waitForDrain(stream: Stream, signal?: AbortSignal): Promise<void> {
+export function waitForDrain(stream: Stream, signal?: AbortSignal, stallMs?: number): Promise<void> {
   if (!stream.writableNeedsDrain) return Promise.resolve();
   // Not stream.onDrain(): in @libp2p/utils 7.4 its promise is created once and never replaced, so after
   // the first drain it resolves at once and applies no backpressure.
   return new Promise<void>((resolve, reject) => {
+    // A remote that takes nothing for stallMs: the stream is aborted (its close settles this wait).
+    const timer = stallMs === undefined ? undefined : setTimeout(() => stream.abort(new StreamError('timeout', `the remote read nothing for ${stallMs} ms`)), stallMs);
     const done = (err?: Error): void => {
+      clearTimeout(timer);
       stream.removeEventListener('drain', onDrain);
       stream.removeEventListener('close', onClose);
       signal?.removeEventListener('abort', onAbort);

@@ -40,6 +40,12 @@ export interface HandleRequestsOptions {
   maxInboundStreams?: number;
   /** How long the client may take to send HEAD and the whole body; then 408 request_timeout. Default 60 s. */
   readTimeoutMs?: number;
+  /**
+   * How long a response may wait for the client to read anything before the stream is aborted (the
+   * request is then cancelled: billed for what was delivered). Default 60 s: a buyer that stops
+   * reading must not hold a slot for good.
+   */
+  writeStallMs?: number;
   /** After an error reply, how long the client may keep sending before the stream is reset. Default 2 s. */
   lingerMs?: number;
   /** How long stop() waits for running handlers after aborting them. Default 2 s. */
@@ -187,6 +193,7 @@ export async function handleRequests(
   const budget = opts.budget ?? REQUEST_BYTES_BUDGET;
   const lingerMs = opts.lingerMs ?? 2000;
   const readTimeoutMs = opts.readTimeoutMs ?? 60_000;
+  const writeStallMs = opts.writeStallMs ?? 60_000;
   const stopTimeoutMs = opts.stopTimeoutMs ?? 2000;
   const exchanges = new Set<Exchange>();
   let stopping = false;
@@ -202,7 +209,7 @@ export async function handleRequests(
   async function serve(stream: Stream, connection: Connection): Promise<void> {
     const remotePeer = connection.remotePeer.toString();
     const ac = new AbortController();
-    const res = new StreamResponseWriter(stream, ac.signal, limits, opts.dataFrameBytes);
+    const res = new StreamResponseWriter(stream, ac.signal, limits, opts.dataFrameBytes, writeStallMs);
     // The client's cancel: any close of the stream before the response is complete.
     const onClose = (evt: Event & { error?: Error }): void => {
       if (!res.complete) ac.abort(new StreamError(evt.error ? 'stream_reset' : 'stream_closed', 'the client closed the stream', { cause: evt.error }));

@@ -78,9 +78,13 @@ export class StreamResponseWriter implements ResponseWriter {
   /** Settled by the next flush: resolved once it handed the queued bytes to the stream, else rejected. */
   private flushed: Deferred | undefined;
 
-  constructor(stream: Stream, signal: AbortSignal, limits: FrameLimits = DEFAULT_FRAME_LIMITS, dataFrameBytes = 1024 * 1024) {
+  /** How long a write may wait for the remote to take anything before the stream is aborted. */
+  private readonly stallMs: number | undefined;
+
+  constructor(stream: Stream, signal: AbortSignal, limits: FrameLimits = DEFAULT_FRAME_LIMITS, dataFrameBytes = 1024 * 1024, stallMs?: number) {
     this.stream = stream;
     this.signal = signal;
+    this.stallMs = stallMs;
     this.limits = limits;
     this.dataFrameBytes = Math.max(1, Math.min(dataFrameBytes, limits.maxDataBytes));
   }
@@ -131,7 +135,7 @@ export class StreamResponseWriter implements ResponseWriter {
 
   /** data() with `sent`: room first, then queue, then resolve once a flush handed the bytes over. */
   private async dataSent(bytes: Uint8Array): Promise<void> {
-    while (this.stream.writableNeedsDrain) await waitForDrain(this.stream, this.signal);
+    while (this.stream.writableNeedsDrain) await waitForDrain(this.stream, this.signal, this.stallMs);
     this.check();
     if (this.state !== 'body') throw new Error('response misuse: data() after trailer()');
     this.queueData(bytes); // (a full cork is flushed at once: that throws if the stream refuses)
@@ -236,7 +240,7 @@ export class StreamResponseWriter implements ResponseWriter {
   /** Flushes when the cork is full, then waits while the stream asks for a drain. */
   private async ready(): Promise<void> {
     if (this.pendingBytes >= CORK_BYTES) this.flush();
-    while (this.stream.writableNeedsDrain) await waitForDrain(this.stream, this.signal);
+    while (this.stream.writableNeedsDrain) await waitForDrain(this.stream, this.signal, this.stallMs);
     this.check();
   }
 
