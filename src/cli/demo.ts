@@ -78,9 +78,10 @@ export function demoCommand(): Command {
           process.exitCode = res.status === 200 && totals.receipts === 1 ? 0 : 1;
           return;
         }
+        // As start/market/gateway: a second signal while stopping exits at once; handlers before the line.
+        const stopped = untilSignal('seller-node demo', 'stopping gateway, node (in-flight requests finish, receipts flushed), marketplace', stopAll);
         say('Ctrl-C stops all three.');
-        // As start/market/gateway: a second signal while stopping exits at once.
-        await untilSignal('seller-node demo', 'stopping gateway, node (in-flight requests finish, receipts flushed), marketplace', stopAll);
+        await stopped;
       } catch (e) {
         await stopAll();
         throw e;

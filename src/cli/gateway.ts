@@ -44,12 +44,13 @@ export function gatewayCommand(): Command {
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }
+      const stopped = untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close()); // (before the line that says it runs)
       process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  records ${opts.records ?? 'in memory'}\n`);
       // Serving starts anyway (the market may come up later); the operator hears of it now, not from a buyer's 502.
-      // The check runs beside the signal handling below, so Ctrl-C during it still stops cleanly.
+      // The check runs beside the signal handling above, so Ctrl-C during it still stops cleanly.
       gw.market.marketKey().catch((e: { status?: number; code?: string; message: string }) =>
         process.stderr.write(`seller-node: warning: ${e.message}; buyers get ${e.status ?? 502} ${e.code ?? 'market_unreachable'} until that changes\n`),
       );
-      await untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close());
+      await stopped;
     });
 }

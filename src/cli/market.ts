@@ -46,8 +46,9 @@ export function marketCommand(): Command {
         const code = (e as NodeJS.ErrnoException).code;
         throw new CliError(code === 'EADDRINUSE' ? `${opts.listen} is already in use (pick another with --listen)` : `cannot listen on ${opts.listen}: ${code ?? (e as Error).message}`);
       }
+      const stopped = untilSignal('seller-node market', 'stopping', () => market.close()); // (before the line that says it runs)
       process.stdout.write(`seller-node market: ${url}\n  public key ${market.publicKey}\n`);
       process.stderr.write(`key: ${keyFile}\nnodes trust it with: marketplace: { url: ${url}, public_keys: ["${market.publicKey}"] }\n`);
-      await untilSignal('seller-node market', 'stopping', () => market.close());
+      await stopped;
     });
 }
