@@ -211,31 +211,36 @@ describe('hedged requests under a cost cap', () => {
 });
 
 describe('a request whose need only the wider provider can hold (the market picks without counting tokens)', () => {
-  test('a provider whose context is too small refuses it before any work and it fails over to one that can hold it: always answered, billed once', async () => {
-    const picked: string[] = [];
+  test('a provider whose context is too small refuses it before any work and it fails over to one that can hold it, keeping the buyer\'s wait: billed once', async () => {
+    granted = [];
+    const before = await totals();
+    // About 610 tokens of need: more than the narrow node's 512, within the wide node's 1024. The
+    // narrow node first (X-Service-Prefer-Providers keeps its order), as the market may pick it.
+    const res = await post('chat/completions', chatBody(600, 20), { 'x-service-prefer-providers': `${narrow.providerId},${wide.providerId}` });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const receipt = payloadOf(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt);
+    expect(receipt.provider).toBe(wide.providerId);
+    // The narrow node refused at once; the next ticket asked for a context above its 512, with the buyer's wait intact.
+    expect(granted.map((t) => [t.provider, t.routing.min_context])).toEqual([[narrow.providerId, undefined], [wide.providerId, 513]]);
+    expect(granted[1]!.routing.max_wait_ms).toBeUndefined();
+    expect(id).toBe(`${granted[0]!.request_id}-f1`);
+    expect(await record(granted[0]!.request_id)).toMatchObject({ status: 'refused', receipt: null, error: { code: 'context_length_exceeded' } });
+    await gw.idle();
+    const after = await totals();
+    expect(after.receipts).toBe(before.receipts + 1);
+    expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(BigInt(receipt.cost_micro_usd));
+  });
+
+  test('without preferences, wherever the market sends it first, it is answered by the provider that can hold it', async () => {
     for (let i = 0; i < 4; i++) {
-      granted = [];
       const before = await totals();
-      // About 610 tokens of need: more than the narrow node's 512, within the wide node's 1024.
-      const res = await post('chat/completions', chatBody(600, 20 + i));
+      const res = await post('chat/completions', chatBody(600, 30 + i));
       expect(res.status).toBe(200);
-      const id = res.headers.get('x-request-id')!;
-      const receipt = payloadOf(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt);
-      expect(receipt.provider).toBe(wide.providerId);
-      picked.push(granted[0]!.provider);
-      if (granted[0]!.provider === narrow.providerId) {
-        // The narrow node refused at once; the next ticket asked for a context above its 512, with the buyer's wait intact.
-        expect(granted.map((t) => [t.provider, t.routing.min_context])).toEqual([[narrow.providerId, undefined], [wide.providerId, 513]]);
-        expect(granted[1]!.routing.max_wait_ms).toBeUndefined();
-        expect(id).toBe(`${granted[0]!.request_id}-f1`);
-        expect(await record(granted[0]!.request_id)).toMatchObject({ status: 'refused', receipt: null, error: { code: 'context_length_exceeded' } });
-      } else expect(granted.map((t) => t.provider)).toEqual([wide.providerId]);
+      expect(payloadOf(((await res.json()) as { service: { receipt: DsseEnvelope } }).service.receipt).provider).toBe(wide.providerId);
       await gw.idle();
-      const after = await totals();
-      expect(after.receipts).toBe(before.receipts + 1);
-      expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(BigInt(receipt.cost_micro_usd));
+      expect((await totals()).receipts).toBe(before.receipts + 1);
     }
-    expect(picked).toContain(narrow.providerId); // the premise: the market did pick the narrow node first
   });
 
   test('a request no provider can hold is 400 context_length_exceeded once every wider provider has refused it, nothing charged', async () => {
@@ -247,6 +252,25 @@ describe('a request whose need only the wider provider can hold (the market pick
     expect(body.error.message).toMatch(/context of 1024/); // the widest provider's refusal
     expect(granted.at(-1)!.provider).toBe(wide.providerId);
     await gw.idle();
+    expect((await totals()).receipts).toBe(before.receipts);
+  });
+});
+
+describe('a body the request contract refuses', () => {
+  test('is 400 naming the field at the gateway, before any ticket is taken or provider dialled', async () => {
+    granted = [];
+    const before = await totals();
+    for (const [body, field] of [
+      [{ model: MODEL, messages: [] }, 'messages'],
+      [{ model: MODEL, messages: MESSAGES, logit_bias: { '1': 5 } }, 'logit_bias'],
+      [{ model: MODEL, messages: MESSAGES, n: 2 }, 'n'],
+    ] as const) {
+      const res = await post('chat/completions', JSON.stringify(body));
+      const e = ((await res.json()) as { error: { code: string; message: string } }).error;
+      expect([res.status, e.code], field).toEqual([400, 'invalid_request']);
+      expect(e.message.startsWith(`${field}: `), e.message).toBe(true);
+    }
+    expect(granted).toEqual([]);
     expect((await totals()).receipts).toBe(before.receipts);
   });
 });

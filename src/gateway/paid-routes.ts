@@ -19,7 +19,7 @@ import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
-import { PAID_ENDPOINTS, type PaidEndpoint } from '../serve/contract.ts';
+import { ContractError, PAID_ENDPOINTS, parseRequest, type PaidEndpoint } from '../serve/contract.ts';
 import { embeddingsHold, idempotentKey, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
@@ -106,6 +106,14 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     let controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
     const model = peekModel(body);
+    // The node's own request contract, judged here first: a body any node would refuse (400 naming
+    // the field) takes no ticket, no hold and no round trip to a provider.
+    try {
+      parseRequest(endpoint, body);
+    } catch (e) {
+      if (e instanceof ContractError) throw new GatewayError(400, 'invalid_request', e.message); // (as the node words it)
+      throw e;
+    }
     // What every attempt sends: worked out once, however many attempts there are.
     let listing: Promise<ProviderEntry[]> | undefined;
     const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, answered, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
