@@ -220,40 +220,30 @@ export function parseCatalogQuery(query: Record<string, unknown>): CatalogQuery 
     if (v !== undefined && !values.includes(v as T)) throw invalid(k, `expected one of ${values.join(', ')}`);
     return v as T | undefined;
   };
-  q.live = bool('live') ?? false;
-  const family = oneOf('endpoint_family', ALL_FAMILIES);
-  if (family !== undefined) q.endpointFamily = family;
-  const modality = oneOf('modality', ALL_MODALITIES);
-  if (modality !== undefined) q.modality = modality;
   const tier = int('attestation_tier', 1, 4);
   const minTier = int('min_attestation_tier', 1, 4);
   if (tier !== undefined && minTier !== undefined) throw invalid('attestation_tier', 'cannot be combined with min_attestation_tier');
-  if (tier !== undefined) q.tier = tier;
-  if (minTier !== undefined) q.minTier = minTier;
-  const maxInput = usd('max_input_price_per_million_usd');
-  if (maxInput !== undefined) q.maxInput = maxInput;
-  const maxOutput = usd('max_output_price_per_million_usd');
-  if (maxOutput !== undefined) q.maxOutput = maxOutput;
-  const maxRequest = usd('max_representative_request_price_usd');
-  if (maxRequest !== undefined) q.maxRequest = maxRequest;
-  const minContext = int('min_context_tokens', 1, 4294967295);
-  if (minContext !== undefined) q.minContext = minContext;
   const quant = str('quantization');
-  if (quant !== undefined) {
-    if (!QUANT_RE.test(quant)) throw invalid('quantization', 'expected 1 to 32 letters, digits, "_" or "-", starting with a letter or digit');
-    q.quantization = quantizationBucket(quant);
-  }
-  const tools = bool('tools');
-  if (tools !== undefined) q.tools = tools;
-  const structured = bool('structured_output');
-  if (structured !== undefined) q.structuredOutput = structured;
-  const confidential = bool('prompt_confidential');
-  if (confidential !== undefined) q.promptConfidential = confidential;
+  if (quant !== undefined && !QUANT_RE.test(quant)) throw invalid('quantization', 'expected 1 to 32 letters, digits, "_" or "-", starting with a letter or digit');
   const provider = str('provider');
-  if (provider !== undefined) {
-    if (!isHex(provider, 32)) throw invalid('provider', 'expected 64 lowercase hex characters');
-    q.provider = provider;
-  }
+  if (provider !== undefined && !isHex(provider, 32)) throw invalid('provider', 'expected 64 lowercase hex characters');
+  const given: Partial<CatalogQuery> = {
+    live: bool('live'),
+    endpointFamily: oneOf('endpoint_family', ALL_FAMILIES),
+    modality: oneOf('modality', ALL_MODALITIES),
+    tier,
+    minTier,
+    maxInput: usd('max_input_price_per_million_usd'),
+    maxOutput: usd('max_output_price_per_million_usd'),
+    maxRequest: usd('max_representative_request_price_usd'),
+    minContext: int('min_context_tokens', 1, 4294967295),
+    quantization: quant === undefined ? undefined : quantizationBucket(quant),
+    tools: bool('tools'),
+    structuredOutput: bool('structured_output'),
+    promptConfidential: bool('prompt_confidential'),
+    provider,
+  } as Partial<CatalogQuery>;
+  for (const [k, v] of Object.entries(given)) if (v !== undefined) (q as unknown as Record<string, unknown>)[k] = v;
   q.sort = oneOf('sort', SORTS) ?? 'id';
   q.order = oneOf('order', ['asc', 'desc'] as const) ?? 'asc';
   q.limit = int('limit', 1, PAGE_MAX) ?? PAGE_DEFAULT;
