@@ -448,7 +448,7 @@ describe('the request bytes budget', () => {
   it('streams that together would hold more than the budget are answered 503 no_capacity at once; what they held is given back', async () => {
     const { RequestBytesBudget, REQUEST_BYTES_BUDGET } = await import('../src/p2p/request-server.ts');
     expect(REQUEST_BYTES_BUDGET.limit).toBe(256 * 1024 * 1024);
-    const budget = new RequestBytesBudget(3 * 1024 * 1024);
+    const budget = new RequestBytesBudget(3 * 1024 * 1024, 3 * 1024 * 1024); // (one client here: no per-peer bound in the way)
     const held = deferred<void>();
     let called = 0;
     const { proto, srv } = await serve(async (req, res) => {
@@ -484,9 +484,42 @@ describe('the request bytes budget', () => {
     expect(budget.inUse).toBe(0);
   });
 
+  it('one peer holds a quarter of the budget at most: another peer still gets in', async () => {
+    const { RequestBytesBudget, REQUEST_BYTES_BUDGET } = await import('../src/p2p/request-server.ts');
+    expect(REQUEST_BYTES_BUDGET.perPeerLimit).toBe(64 * 1024 * 1024);
+    const budget = new RequestBytesBudget(8 * 1024 * 1024); // 2 MiB a peer
+    const held = deferred<void>();
+    let running = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      running++;
+      if (req.head.hold === true) await held.promise;
+      await echoHandler(req, res);
+    }, { budget });
+    const other = await createHost({ seed: new Uint8Array(32).fill(33), listen: [] });
+    try {
+      const first = request(client, addr, proto, { hold: true }, new Uint8Array(1536 * 1024)).then((r) => readResponse(r));
+      while (running === 0) await sleep(10);
+      expect(budget.heldBy(client.peerId.toString())).toBeGreaterThanOrEqual(1536 * 1024);
+      // The same peer again: over its quarter.
+      const mine = await readResponse(await request(client, addr, proto, {}, new Uint8Array(1024 * 1024)));
+      expect(mine.trailer).toMatchObject({ error: { code: 'no_capacity' } });
+      // Another peer: in.
+      const theirs = await readResponse(await request(other, addr, proto, {}, new Uint8Array(1024 * 1024)));
+      expect(theirs.body.length).toBe(1024 * 1024);
+      held.resolve();
+      expect((await first).body.length).toBe(1536 * 1024);
+      for (let i = 0; i < 50 && budget.inUse > 0; i++) await sleep(10);
+      expect([budget.inUse, budget.heldBy(client.peerId.toString())]).toEqual([0, 0]);
+    } finally {
+      held.resolve();
+      await other.stop();
+      await srv.stop();
+    }
+  });
+
   it('a partial frame counts too: a client that sends most of one large DATA frame and waits is answered 503 before the frame completes', async () => {
     const { RequestBytesBudget } = await import('../src/p2p/request-server.ts');
-    const budget = new RequestBytesBudget(1024 * 1024);
+    const budget = new RequestBytesBudget(1024 * 1024, 1024 * 1024);
     const { proto, srv } = await serve(echoHandler, { budget });
     try {
       const frame = encodeData(new Uint8Array(3 * 1024 * 1024));

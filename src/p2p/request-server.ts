@@ -62,29 +62,44 @@ export interface HandleRequestsOptions {
  * The bytes of request bodies (and partial frames) that all the streams of a process may hold at
  * once. Each stream may hold 8 MiB of body and a partial frame of 4 MiB, and a peer may open 128
  * streams per protocol on each connection: without a common bound, one peer without a ticket held
- * 2 GB for a minute. A stream that would go over gets 503 no_capacity at once.
+ * 2 GB for a minute. A stream that would go over gets 503 no_capacity at once. One peer may hold
+ * a quarter of it at most, so that a peer filling its part leaves room for everyone else.
  */
 export class RequestBytesBudget {
   readonly limit: number;
+  readonly perPeerLimit: number;
   private used = 0;
-  constructor(limit: number) {
+  private readonly byPeer = new Map<string, number>();
+  constructor(limit: number, perPeerLimit = Math.floor(limit / 4)) {
     this.limit = limit;
+    this.perPeerLimit = perPeerLimit;
   }
   get inUse(): number {
     return this.used;
   }
+  /** What `peer`'s streams hold now. */
+  heldBy(peer: string): number {
+    return this.byPeer.get(peer) ?? 0;
+  }
   /** One stream's share: set() to what it holds now (false, and unchanged, if that would go over); release() at its end. */
-  share(): { set(bytes: number): boolean; release(): void } {
+  share(peer = ''): { set(bytes: number): boolean; release(): void } {
     let held = 0;
+    const move = (delta: number): void => {
+      this.used += delta;
+      const mine = this.heldBy(peer) + delta;
+      if (mine === 0) this.byPeer.delete(peer);
+      else this.byPeer.set(peer, mine);
+    };
     return {
       set: (bytes) => {
-        if (bytes > held && this.used + (bytes - held) > this.limit) return false;
-        this.used += bytes - held;
+        const more = bytes - held;
+        if (more > 0 && (this.used + more > this.limit || this.heldBy(peer) + more > this.perPeerLimit)) return false;
+        move(more);
         held = bytes;
         return true;
       },
       release: () => {
-        this.used -= held;
+        move(-held);
         held = 0;
       },
     };
@@ -216,7 +231,7 @@ export async function handleRequests(
     };
     stream.addEventListener('close', onClose);
     if (stream.status !== 'open') ac.abort(new StreamError('stream_closed', 'the stream closed before the request was read'));
-    const share = budget.share();
+    const share = budget.share(remotePeer);
     let body = 0; // (the body read so far: what onBuffered adds the reader's held bytes to)
     const reader: FrameReader = new FrameReader(stream, {
       limits,
