@@ -278,7 +278,7 @@ describe('InferService', () => {
   });
 
   test('work a peer can ask for without paying stays small: free bodies bounded, free requests one at a time, a large paid body parsed only under its ticket', async () => {
-    const { MAX_FREE_BODY, PARSED_BEFORE_TICKET } = await import('../src/serve/infer-service.ts');
+    const { FREE_QUEUE, MAX_FREE_BODY, PARSED_BEFORE_TICKET } = await import('../src/serve/infer-service.ts');
     const free = (prompt: string) => ({ head: { endpoint: 'count_tokens' }, body: utf8(JSON.stringify({ model: 'tiny/llama', prompt })), signal: new AbortController().signal });
     const overhead = utf8(JSON.stringify({ model: 'tiny/llama', prompt: '' })).length;
     const atLimit = recorder();
@@ -287,11 +287,11 @@ describe('InferService', () => {
     const over = recorder();
     await service.handle(free('a'.repeat(MAX_FREE_BODY - overhead + 1)), over.res);
     expect([over.out.head?.status, over.out.trailer?.error?.code]).toEqual([413, 'body_too_large']);
-    // Twelve at once: one runs, eight wait their turn, three are refused at once (nothing is charged for any).
-    const many = Array.from({ length: 12 }, () => recorder());
+    // Many at once: one runs, FREE_QUEUE wait their turn, three more are refused at once (nothing is charged for any).
+    const many = Array.from({ length: FREE_QUEUE + 4 }, () => recorder());
     await Promise.all(many.map((r) => service.handle(free('hello world'), r.res)));
     const statuses = many.map((r) => r.out.head?.status);
-    expect(statuses.filter((x) => x === 200)).toHaveLength(9);
+    expect(statuses.filter((x) => x === 200)).toHaveLength(FREE_QUEUE + 1);
     expect(many.filter((r) => r.out.head?.status === 503).map((r) => r.out.trailer?.error?.code)).toEqual(['no_capacity', 'no_capacity', 'no_capacity']);
     // A large paid body of deep nesting: without a ticket for it, refused on the ticket, never parsed.
     const before = log.size;

@@ -95,12 +95,17 @@ export const MAX_FREE_BODY = 512 << 10;
 export const PARSED_BEFORE_TICKET = 64 << 10;
 /** How long a free request waits for its turn before 503 no_capacity. */
 const FREE_MAX_WAIT_MS = 2000;
+/** Free requests that may wait for their turn. */
+export const FREE_QUEUE = 64;
 
 export class InferService {
   private readonly o: InferServiceOptions;
   private readonly now: () => number;
-  /** Free requests: one at a time, a few waiting (see tokenize). */
-  private readonly freeAdmission = new Admission({ slots: 1, queue: 8 });
+  /**
+   * Free requests: one at a time, up to FREE_QUEUE waiting (see tokenize). Not shared out by peer:
+   * a gateway is one peer for all its buyers, and counts an estimate's inputs eight at a time.
+   */
+  private readonly freeAdmission = new Admission({ slots: 1, queue: FREE_QUEUE });
 
   constructor(opts: InferServiceOptions) {
     this.o = opts;
@@ -248,8 +253,8 @@ export class InferService {
   }
 
   private async tokenize(p: TokenizeRequest, model: ServedModel, req: InferRequest, res: InferResponse): Promise<void> {
-    // Free work, unpaid and unticketed: one at a time (tokenizing holds the event loop), a few
-    // waiting, the rest 503 at once, so free requests cannot crowd out paid ones.
+    // Free work, unpaid and unticketed: one at a time (tokenizing holds the event loop), a bounded
+    // number waiting (at most FREE_MAX_WAIT_MS), the rest 503 at once: free requests cannot crowd out paid ones.
     let release: () => void;
     try {
       release = await this.freeAdmission.acquire({ maxWaitMs: FREE_MAX_WAIT_MS, signal: req.signal });
