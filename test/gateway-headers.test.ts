@@ -179,6 +179,13 @@ describe('a gateway whose marketplace does not answer', () => {
       expect(big.status).toBe(413);
       expect(((await big.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'request_too_large', message: expect.stringContaining(String(MAX_REQUEST_BODY)) });
       expect((await fetch(`${gw.url}/models`)).status).toBe(502); // still up
+      // A path served under other methods: 405 with Allow (no market needed to say so); an unknown path 404.
+      for (const [method, path, allow] of [['GET', 'chat/completions', 'POST'], ['PUT', 'embeddings', 'POST'], ['DELETE', 'requests/req-x', 'GET, HEAD'], ['POST', 'models/tiny/llama', 'GET, HEAD']] as const) {
+        const r = await fetch(`${gw.url}/${path}`, { method });
+        expect([r.status, r.headers.get('allow'), ((await r.json()) as { error: { code: string } }).error.code], `${method} ${path}`).toEqual([405, allow, 'method_not_allowed']);
+      }
+      const none = await fetch(`${gw.url}/nothing/here`);
+      expect([none.status, ((await none.json()) as { error: { code: string } }).error.code]).toEqual([404, 'not_found']);
       expect(gw.records.size).toBe(0); // nothing was paid for, nothing recorded
     } finally {
       await gw.close();

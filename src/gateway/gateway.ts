@@ -37,6 +37,7 @@ import { EstimateStore } from './estimates.ts';
 import { noopLogger, type GatewayLogger } from './gateway-logger.ts';
 import { MarketClient } from './market-client.ts';
 import { registerPaidRoutes } from './paid-routes.ts';
+import { recordRoutes } from './method-routes.ts';
 import { RequestRecords } from './records.ts';
 import { Relay } from './relay.ts';
 import { JSON_TYPE } from '../service-error.ts';
@@ -133,6 +134,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     routerOptions: { maxParamLength: 256 },
   });
 
+  const routeTable = recordRoutes(app); // (before any route: see method-routes.ts)
+
   // The exact body bytes for every content type: the ticket binds their SHA-256, so nothing may
   // parse, re-encode or trim them on the way to the provider.
   app.removeAllContentTypeParsers();
@@ -159,7 +162,12 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     log.error({ err: err.message }, 'gateway error');
     return reply.code(500).type(JSON_TYPE).send(errorBody('internal_error', 'the gateway failed'));
   });
-  app.setNotFoundHandler((req, reply) => reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${req.url.split('?')[0]!.slice(0, 200)}`)));
+  app.setNotFoundHandler((req, reply) => {
+    const path = req.url.split('?')[0]!;
+    const allowed = routeTable.allowed(path);
+    if (allowed.length > 0) return reply.code(405).header('allow', allowed.join(', ')).type(JSON_TYPE).send(errorBody('method_not_allowed', `${path.slice(0, 200)} takes ${allowed.join(', ')}, not ${req.method}`));
+    return reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${path.slice(0, 200)}`));
+  });
 
   const relay = new Relay({ settlements, records });
   registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records), relay, settlements, records, estimates, providerIdleMs });
