@@ -14,6 +14,7 @@ import { TicketGate } from './dispatch/ticket-gate.ts';
 import { fsProblem } from './fs-problem.ts';
 import { loadKeyFile } from './identity.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
+import { LineBudget } from './ops/line-budget.ts';
 import { createMetrics } from './ops/metrics.ts';
 import { createOpsServer } from './ops/server.ts';
 import { createHost } from './p2p/host.ts';
@@ -26,6 +27,9 @@ import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
+
+/** Log lines of refused requests a second, at most (the rest are counted: LineBudget). */
+const REFUSAL_LINES_PER_SECOND = 50;
 
 /**
  * One round of the state pruner: each step runs, and one that fails (state.db busy or broken) is
@@ -182,6 +186,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const pruner = setInterval(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger), 60_000).unref();
     cleanup.push(['state pruner', () => clearInterval(pruner)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
+    // Refusals need no ticket: at most REFUSAL_LINES_PER_SECOND of them are lines, the rest counted (metrics count all).
+    const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND);
+    const suppressedRefusals = (n: number) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`);
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
       log,
@@ -200,7 +207,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
           metrics.requestDuration.observe({ endpoint: e.endpoint, model: e.model }, e.receipt.durationMs / 1000);
           if (e.receipt.firstTokenMs !== null) metrics.timeToFirstToken.observe({ model: e.model }, e.receipt.firstTokenMs / 1000);
         }
-        // ids, counts and codes only: never prompt or output text
+        // ids, counts and codes only: never prompt or output text. A refusal (no receipt) takes a
+        // place in the refusal lines' budget; a request with a receipt is always a line.
+        if (!e.receipt && e.status >= 400 && !refusalLines.take(suppressedRefusals)) return;
         logger.info({ endpoint: e.endpoint, model: e.model, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
       },
     });
@@ -220,7 +229,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       // budget): counted and logged like any request, so an operator sees such traffic.
       onRefused: (r) => {
         metrics.requests.inc({ endpoint: 'invalid', status: String(r.status) });
-        logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
+        if (refusalLines.take(suppressedRefusals)) logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
       },
       onError: (err, at) => {
         const e = err as { name?: unknown; code?: unknown; message?: unknown };

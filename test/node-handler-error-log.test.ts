@@ -142,6 +142,21 @@ describe('a request handler that throws on a running node', () => {
     expect(lines().find((l) => l.msg === 'request' && l.status === 413)).toMatchObject({ level: 30, endpoint: null, code: 'body_too_large', remote_peer: buyer.peerId.toString() });
     expect(await (await fetch(`${node.opsUrl}/metrics`)).text()).toMatch(/seller_requests_total\{endpoint="invalid",status="413"\} 1/);
 
+    // Refusals need no ticket, so their lines are bounded: at most 50 a second; the rest are counted,
+    // and said in one warning once the next second begins (metrics count every one).
+    const refusalLines = () => lines().filter((l) => l.msg === 'request' && l.code === 'model_not_found').length;
+    const suppressed = () => lines().filter((l) => typeof l.suppressed === 'number').reduce((n, l) => n + (l.suppressed as number), 0);
+    const ask = () => request(buyer!, addr, INFER_PROTOCOL, { endpoint: 'tokenize' }, utf8(JSON.stringify({ model: 'nobody/nothing', prompt: 'x' }))).then(readResponse);
+    const burst = await Promise.all(Array.from({ length: 120 }, ask));
+    expect(burst.every((r) => r.head.status === 404)).toBe(true);
+    await new Promise((r) => setTimeout(r, 1100));
+    expect((await ask()).head.status).toBe(404); // a new second: what was held back is said
+    await until('the suppressed-lines warning and the last line', () => suppressed() > 0 && refusalLines() + suppressed() >= 121);
+    expect(refusalLines() + suppressed()).toBe(121);
+    expect(refusalLines()).toBeLessThan(121);
+    expect(lines().find((l) => typeof l.suppressed === 'number')).toMatchObject({ level: 40, msg: expect.stringMatching(/refused request lines not logged \(more than 50 a second\)/) });
+    expect(await (await fetch(`${node.opsUrl}/metrics`)).text()).toMatch(/seller_requests_total\{endpoint="tokenize",status="404"\} 121/);
+
     await node.stop(1000);
     node = undefined;
     // Every line the node wrote, from start to stop: none quotes the prompt.

@@ -1,0 +1,26 @@
+// LineBudget: at most N lines a second of one kind; the rest counted and said once the next second begins.
+import { describe, expect, test } from 'vitest';
+import { LineBudget } from '../src/ops/line-budget.ts';
+
+describe('LineBudget', () => {
+  test('N lines a second pass, the rest are held back and reported once, when the next second begins', () => {
+    let t = 10_000;
+    const reports: number[] = [];
+    const budget = new LineBudget(3, () => t);
+    const take = () => budget.take((n) => reports.push(n));
+    expect(Array.from({ length: 5 }, take)).toEqual([true, true, true, false, false]);
+    expect(reports).toEqual([]);
+    t += 999;
+    expect(take()).toBe(false); // still the same second
+    t += 1;
+    expect(take()).toBe(true); // a new second: the three held back are said, once
+    expect(reports).toEqual([3]);
+    expect([take(), take(), take()]).toEqual([true, true, false]);
+    t += 5000;
+    expect(take()).toBe(true);
+    expect(reports).toEqual([3, 1]);
+    t += 1000;
+    expect(take()).toBe(true);
+    expect(reports).toEqual([3, 1]); // nothing held back: nothing said
+  });
+});
