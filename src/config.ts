@@ -209,12 +209,21 @@ function exactDecimals(doc: YAML.Document): YAML.Document {
   YAML.visit(doc, {
     Scalar(_key, node) {
       if (typeof node.value !== 'number' || node.type !== 'PLAIN' || typeof node.source !== 'string') return;
-      const decimal = /^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)$/.test(node.source);
-      const bigInteger = /^[-+]?[0-9]+$/.test(node.source) && !Number.isSafeInteger(node.value);
-      if (decimal || bigInteger) node.value = node.source;
+      // Only where the double lost something: "8192.0" and "0.15" stay numbers, as before.
+      const plain = /^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)$/.test(node.source);
+      if (plain && decimalText(node.source) !== decimalText(String(node.value))) node.value = node.source;
     },
   });
   return doc;
+}
+
+/** A plain decimal without its sign "+", leading zeros or trailing fraction zeros ("007.50" → "7.5"); other text as it is. */
+function decimalText(s: string): string {
+  const m = /^([-+]?)([0-9]*)(?:\.([0-9]*))?$/.exec(s);
+  if (!m) return s;
+  const int = m[2]!.replace(/^0+(?=[0-9])/, '') || '0';
+  const frac = (m[3] ?? '').replace(/0+$/, '');
+  return `${m[1] === '-' ? '-' : ''}${int}${frac ? `.${frac}` : ''}`;
 }
 
 function usdRate(v: unknown, key: string): bigint {

@@ -189,6 +189,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // Refusals need no ticket: at most REFUSAL_LINES_PER_SECOND of them are lines, the rest counted (metrics count all).
     const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND);
     const suppressedRefusals = (n: number) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`);
+    const refusalTicker = setInterval(() => refusalLines.tick(suppressedRefusals), 1000).unref(); // (a burst that ends is still said)
+    cleanup.push(['refusal lines', () => clearInterval(refusalTicker)]);
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
       log,

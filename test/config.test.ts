@@ -95,6 +95,9 @@ describe('config', () => {
     // The same through an environment variable (a list is YAML text there).
     const env = { SELLER_NODE_MODELS: '[{ id: a, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: 99999999999.999999, output_per_mtok_usd: 1 } }]' };
     expect(rates('1', env).input_per_mtok).toBe(99999999999999999n);
+    // A decimal the double holds exactly stays a number, as before: whole-number keys take "8192.0".
+    expect(parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", context: 8192.0, prices: { input_per_mtok_usd: 0.150, output_per_mtok_usd: 1.0 } }\n', base).models[0]).toMatchObject({ context: 8192, prices: { input_per_mtok: 150000n, output_per_mtok: 1000000n } });
+    expect(parseConfig('receipts: { checkpoint_every: 1000.0 }\n', base, { SELLER_NODE_RECEIPTS__SIGNER_THREADS: '2.0' }).receipts).toMatchObject({ checkpoint_every: 1000, signer_threads: 2 });
     // Whole-number keys still take whole numbers, and refuse a decimal as before.
     expect(() => parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", slots: 2.5, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }\n', base)).toThrow(/models\[0\]\.slots/);
   });

@@ -63,6 +63,7 @@ describe('GET /v1/models query', () => {
     expect(ids({ min_attestation_tier: '2', live: 'true' })).toEqual([]);
     expect(ids({ quantization: 'Q4_K_M' })).toEqual(['big/model']);
     expect(ids({ provider: B })).toEqual(['tiny/llama']);
+    expect(ids({ provider: B.toUpperCase() })).toEqual(['tiny/llama']); // hex in either case
     expect(page({ live: 'true', provider: A }).data.find((m) => m.id === 'tiny/llama')).toMatchObject({ providers: 1, context_length: 512, pricing: { prompt_per_million_au: '150000' } });
     expect(ids({ endpoint_family: 'EMBEDDINGS', modality: 'text' })).toEqual(['big/model', 'tiny/llama']);
     for (const q of [{ endpoint_family: 'IMAGES' }, { modality: 'image' }, { tools: 'true' }, { structured_output: 'true' }, { prompt_confidential: 'true' }]) expect(ids(q), JSON.stringify(q)).toEqual([]);
@@ -101,7 +102,7 @@ describe('GET /v1/models query', () => {
       [{ max_input_price_per_million_usd: '1e3' }, /^max_input_price_per_million_usd: expected a USD decimal/],
       [{ min_context_tokens: '0' }, /^min_context_tokens: /],
       [{ quantization: '-q4' }, /^quantization: /],
-      [{ provider: 'AB'.repeat(32) }, /^provider: expected 64 lowercase hex/],
+      [{ provider: 'AG'.repeat(32) }, /^provider: expected 64 hex/],
       [{ color: 'blue' }, /^color: not a catalog filter/],
     ];
     for (const [q, message] of cases) expect(refusal(q), JSON.stringify(q)).toMatch(message);

@@ -369,6 +369,33 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 1);
   });
 
+  test('a record that cannot be written (state.db full) still lets the trailer and its receipt out', async () => {
+    const before = log.size;
+    const store = new IdempotencyStore(db);
+    let failed = 0;
+    // As a full disk fails it: the running mark is dropped, then the write throws.
+    const failing = new Proxy(store, {
+      get: (t, p) =>
+        p === 'finish'
+          ? (account: string, key: string, response: unknown) => {
+              const first = failed === 0 && response !== undefined;
+              t.finish(account, key, undefined);
+              if (first) {
+                failed++;
+                throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
+              }
+            }
+          : Reflect.get(t, p),
+    });
+    const svc = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: failing, models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const first = recorder();
+    await svc.handle(request('chat/completions', chatBody, { idempotency_key: 'disk-full' }), first.res);
+    expect(failed).toBe(1);
+    expect(first.out.head?.status).toBe(200);
+    expect(typeof first.out.trailer?.receipt).toBe('string'); // the buyer has the receipt it is billed by
+    expect(log.size).toBe(before + 1);
+  });
+
   test('with the receipt log stopped: a recorded retry is still answered from its record; new paid work is refused 503, nothing run or kept', async () => {
     const first = recorder();
     await service.handle(request('chat/completions', chatBody, { idempotency_key: 'stopped-1' }), first.res);

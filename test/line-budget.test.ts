@@ -23,4 +23,17 @@ describe('LineBudget', () => {
     expect(take()).toBe(true);
     expect(reports).toEqual([3, 1]); // nothing held back: nothing said
   });
+
+  test('tick() says what a burst held back once its second is over, with no line after it', () => {
+    let t = 0;
+    const reports: number[] = [];
+    const budget = new LineBudget(1, () => t);
+    for (let i = 0; i < 4; i++) budget.take((n) => reports.push(n));
+    budget.tick((n) => reports.push(n));
+    expect(reports).toEqual([]); // the same second
+    t += 1000;
+    budget.tick((n) => reports.push(n));
+    budget.tick((n) => reports.push(n));
+    expect(reports).toEqual([3]); // once
+  });
 });

@@ -354,6 +354,31 @@ describe('a client that stops reading', () => {
   });
 });
 
+describe('a client that reads slowly', () => {
+  it('is not cut off while it takes anything: one large write may wait longer than writeStallMs', async () => {
+    const { proto, srv } = await serve(async (_req, res) => {
+      await res.head({ status: 200 });
+      await res.data(new Uint8Array(8 * 1024 * 1024)); // one write; it drains only as fast as the client reads
+      await res.trailer({});
+    }, { writeStallMs: 400 });
+    try {
+      const res = await request(client, addr, proto, {});
+      await res.head;
+      const t0 = performance.now();
+      let got = 0;
+      for await (const f of res.frames) {
+        if (f.kind !== 'data') continue;
+        got += f.bytes.length;
+        await sleep(150); // slow, but always reading
+      }
+      expect(got).toBe(8 * 1024 * 1024);
+      expect(performance.now() - t0).toBeGreaterThan(400); // the write did wait longer than writeStallMs
+    } finally {
+      await srv.stop();
+    }
+  });
+});
+
 describe('bad input', () => {
   it('answers garbage with 400 frame_malformed and keeps serving', async () => {
     const { proto, srv } = await serve(echoHandler);

@@ -225,8 +225,8 @@ export function parseCatalogQuery(query: Record<string, unknown>): CatalogQuery 
   if (tier !== undefined && minTier !== undefined) throw invalid('attestation_tier', 'cannot be combined with min_attestation_tier');
   const quant = str('quantization');
   if (quant !== undefined && !QUANT_RE.test(quant)) throw invalid('quantization', 'expected 1 to 32 letters, digits, "_" or "-", starting with a letter or digit');
-  const provider = str('provider');
-  if (provider !== undefined && !isHex(provider, 32)) throw invalid('provider', 'expected 64 lowercase hex characters');
+  const provider = str('provider')?.toLowerCase(); // (hex in either case, as X-Service-Prefer-Providers)
+  if (provider !== undefined && !isHex(provider, 32)) throw invalid('provider', 'expected 64 hex characters');
   const given: Partial<CatalogQuery> = {
     live: bool('live'),
     endpointFamily: oneOf('endpoint_family', ALL_FAMILIES),

@@ -1,6 +1,7 @@
 // A bound on how many log lines of one kind a second may bring. Refusals need no ticket, so a peer
 // can ask for thousands a second, and each would be a line: beyond the bound, lines are counted
-// instead, and the count is said once the next second begins. Metrics still count every request.
+// instead, and the count is said once the next second begins (take() or a timer's tick()).
+// Metrics still count every request.
 
 export class LineBudget {
   private readonly perSecond: number;
@@ -19,18 +20,22 @@ export class LineBudget {
    * the seconds before it held back (never more often than once a second, and only if there were some).
    */
   take(report: (dropped: number) => void): boolean {
-    const t = this.now();
-    if (t - this.windowStart >= 1000) {
-      if (this.dropped > 0) report(this.dropped);
-      this.windowStart = t;
-      this.used = 0;
-      this.dropped = 0;
-    }
+    this.tick(report);
     if (this.used < this.perSecond) {
       this.used++;
       return true;
     }
     this.dropped++;
     return false;
+  }
+
+  /** Begins a new second if one is due, reporting what the last held back: call it on a timer too, so a burst that ends is still said. */
+  tick(report: (dropped: number) => void): void {
+    const t = this.now();
+    if (t - this.windowStart < 1000) return;
+    if (this.dropped > 0) report(this.dropped);
+    this.windowStart = t;
+    this.used = 0;
+    this.dropped = 0;
   }
 }

@@ -206,9 +206,20 @@ export function waitForDrain(stream: Stream, signal?: AbortSignal, stallMs?: num
   // the first drain it resolves at once and applies no backpressure.
   return new Promise<void>((resolve, reject) => {
     // A remote that takes nothing for stallMs: the stream is aborted (its close settles this wait).
-    const timer = stallMs === undefined ? undefined : setTimeout(() => stream.abort(new StreamError('timeout', `the remote read nothing for ${stallMs} ms`)), stallMs);
+    // Progress is the send buffer shrinking, so a slow reader of one large write is not cut off.
+    let buffered = stream.writeBufferLength;
+    let progressAt = Date.now();
+    const timer =
+      stallMs === undefined
+        ? undefined
+        : setInterval(() => {
+            const now = stream.writeBufferLength;
+            if (now < buffered) progressAt = Date.now();
+            buffered = now;
+            if (Date.now() - progressAt >= stallMs) stream.abort(new StreamError('timeout', `the remote read nothing for ${stallMs} ms`));
+          }, Math.max(10, Math.min(1000, Math.floor(stallMs / 4))));
     const done = (err?: Error): void => {
-      clearTimeout(timer);
+      clearInterval(timer);
       stream.removeEventListener('drain', onDrain);
       stream.removeEventListener('close', onClose);
       signal?.removeEventListener('abort', onAbort);

@@ -549,7 +549,12 @@ function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void
       trailer: async (t) => {
         trailer = t;
         const r = result();
-        if (r) beforeTrailer(r);
+        try {
+          if (r) beforeTrailer(r);
+        } catch {
+          // The record could not be written (state.db full or failing): the buyer still gets the
+          // receipt, which is durable; a retry then runs again, as it would without a record.
+        }
         await res.trailer(t);
       },
     },
