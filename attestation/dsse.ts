@@ -95,6 +95,8 @@ export function signEnvelope(payloadType: string, payload: Uint8Array, signer: {
  */
 export const MAX_SIGNATURES = 16;
 
+const tooManySignatures = (n: number) => fail('envelope_malformed', `envelope has ${n} signatures, more than ${MAX_SIGNATURES}`);
+
 /** Checks the envelope's shape (from parsed JSON). Unknown top-level fields are refused. */
 export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
   if (value === null || typeof value !== 'object' || Array.isArray(value)) {
@@ -111,7 +113,7 @@ export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
   if (!Array.isArray(env.signatures) || env.signatures.length === 0) {
     return fail('envelope_malformed', 'envelope.signatures must be a non-empty array');
   }
-  if (env.signatures.length > MAX_SIGNATURES) return fail('envelope_malformed', `envelope has ${env.signatures.length} signatures, more than ${MAX_SIGNATURES}`);
+  if (env.signatures.length > MAX_SIGNATURES) return tooManySignatures(env.signatures.length);
   for (const [i, s] of env.signatures.entries()) {
     if (s === null || typeof s !== 'object' || typeof (s as DsseSignature).sig !== 'string') {
       return fail('envelope_malformed', `envelope.signatures[${i}].sig must be a string`);
@@ -192,7 +194,7 @@ export interface VerifiedEnvelope {
 export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; keys: readonly DsseKey[] }): VerifyResult<VerifiedEnvelope> {
   // Checked here too (for envelopes that did not come through checkEnvelopeShape): each signature
   // costs verifications, and a hostile envelope must not buy unbounded work.
-  if (env.signatures.length > MAX_SIGNATURES) return fail('envelope_malformed', `envelope has ${env.signatures.length} signatures, more than ${MAX_SIGNATURES}`);
+  if (env.signatures.length > MAX_SIGNATURES) return tooManySignatures(env.signatures.length);
   if (env.payloadType !== opts.payloadType) {
     return fail('payload_type_mismatch', `payloadType is "${String(env.payloadType).slice(0, 100)}", expected "${opts.payloadType}"`);
   }

@@ -8,8 +8,7 @@
 // stays empty; nothing is ever written through it. `log export` takes no lock: it only reads, and
 // the checkpoint it may add is the one the node would sign (ReceiptLog.checkpoint).
 import path from 'node:path';
-import Database from 'better-sqlite3';
-import { sqliteOpenError, sqliteWriteProblem } from './fs-problem.ts';
+import { openWritableSqlite } from './sqlite-file.ts';
 
 export const LOCK_FILE = 'node.lock';
 
@@ -26,15 +25,7 @@ export interface DataDirLock {
 /** Takes the data directory's writer lock, or throws DataDirInUseError at once (it never waits). */
 export function lockDataDir(dir: string): DataDirLock {
   const file = path.join(path.resolve(dir), LOCK_FILE);
-  // A lock file this user may not write means a folder this user cannot run a node in: said here, naming the file.
-  const problem = sqliteWriteProblem(file);
-  if (problem) throw new Error(`${file}: ${problem}`);
-  let db: Database.Database;
-  try {
-    db = new Database(file);
-  } catch (e) {
-    throw sqliteOpenError(file, e);
-  }
+  const db = openWritableSqlite(file);
   try {
     db.pragma('busy_timeout = 0');
     db.pragma('locking_mode = EXCLUSIVE');

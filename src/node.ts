@@ -11,7 +11,7 @@ import { LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
-import { fsProblem } from './fs-problem.ts';
+import { fsProblem, isErrnoError } from './fs-problem.ts';
 import { loadKeyFile } from './identity.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
 import { LineBudget } from './ops/line-budget.ts';
@@ -68,7 +68,7 @@ function checkDataDir(dir: string): void {
 /** A data dir file the node could not use: the message names the file (SQLite's own does not). */
 function dataDirError(file: string, e: unknown): NodeStartError {
   const abs = path.resolve(file);
-  if (/^E[A-Z]+$/.test(String((e as { code?: unknown }).code))) return new NodeStartError(`data_dir: ${abs}: ${fsProblem(e)}`, { cause: e });
+  if (isErrnoError(e)) return new NodeStartError(`data_dir: ${abs}: ${fsProblem(e)}`, { cause: e });
   const msg = (e as Error).message ?? String(e);
   return new NodeStartError(`data_dir: ${msg.includes(abs) || msg.includes(file) ? msg : `${abs}: ${msg}`}`, { cause: e });
 }

@@ -44,6 +44,17 @@ describe('catalog entries', () => {
   });
 });
 
+describe('a model no route prices', () => {
+  test('has null prices, and any price filter leaves it out', () => {
+    const unpriced = [provider(A, {}, [{ id: 'free/form', context: 128 }], {})];
+    expect(catalogEntry(unpriced, 'free/form')).toMatchObject({ pricing: { prompt_per_million_au: null, completion_per_million_au: null, representative_request_au: null }, quantizations: [] });
+    expect(catalogPage(unpriced, parseCatalogQuery({})).data.map((m) => m.id)).toEqual(['free/form']);
+    for (const q of [{ max_input_price_per_million_usd: '1000' }, { max_output_price_per_million_usd: '1000' }, { max_representative_request_price_usd: '1000' }]) {
+      expect(catalogPage(unpriced, parseCatalogQuery(q)).data, JSON.stringify(q)).toEqual([]);
+    }
+  });
+});
+
 describe('GET /v1/models query', () => {
   test('no query: every model, sorted by id, one page', () => {
     expect(page({})).toMatchObject({ next_cursor: null, has_more: false });

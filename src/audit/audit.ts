@@ -12,7 +12,7 @@ import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
 import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
 import { verifyPriceList, type PricedVersion } from '../../attestation/price-list.ts';
 import { checkChunk, type CheckedChunk, type CheckTask } from './check-lines.ts';
-import { accessProblem, fsProblem } from '../fs-problem.ts';
+import { accessProblem, fsProblem, isErrnoError } from '../fs-problem.ts';
 import { DEFAULT_CHUNK_BYTES, readChunks } from './chunks.ts';
 
 export type AuditErrorCode = VerifyErrorCode | 'export_missing_file' | 'export_unreadable' | 'export_malformed';
@@ -140,7 +140,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
     }
     await drainTo(0);
   } catch (e) {
-    failure ??= !/^E[A-Z]+$/.test(String((e as { code?: unknown }).code)) ? { code: 'export_malformed', message: `could not read ${receiptsFile}: ${(e as Error).message}` } : { code: 'export_unreadable', message: `${receiptsFile}: ${fsProblem(e)}` };
+    failure ??= isErrnoError(e) ? { code: 'export_unreadable', message: `${receiptsFile}: ${fsProblem(e)}` } : { code: 'export_malformed', message: `could not read ${receiptsFile}: ${(e as Error).message}` };
   } finally {
     await Promise.allSettled(inFlight.map((f) => f.result));
     await pool?.destroy();

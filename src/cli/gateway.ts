@@ -2,21 +2,16 @@
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
 import { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/defaults.ts';
-import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.ts';
+import { isLoopbackHost, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
-import { isLoopbackHost } from '../host-port.ts';
-import { fetchPortProblem } from '../fetch-ports.ts';
 import { CliError, intOption } from './cli-error.ts';
+import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 
 /** "127.0.0.1:11435", "[::1]:11435", "localhost" (default port) → host and port; "11435" alone is refused. */
 export function parseListen(s: string): HostPort {
-  const hp = parseHostPort(s.trim(), GATEWAY_DEFAULT_PORT);
-  if (!hp) throw new CliError(listenOptionProblem('--listen', s, `127.0.0.1:${GATEWAY_DEFAULT_PORT}`), 2);
-  const problem = fetchPortProblem(hp.port);
-  if (problem) throw new CliError(`--listen: ${problem}`, 2);
-  return hp;
+  return parseHttpListen(s, `127.0.0.1:${GATEWAY_DEFAULT_PORT}`, GATEWAY_DEFAULT_PORT);
 }
 
 export function gatewayCommand(): Command {

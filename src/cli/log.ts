@@ -66,11 +66,9 @@ export function logCommand(): Command {
     .action(async (opts: { data: string; seq: number; size?: number; out?: string }) => {
       // Only reads, like log export: no lock, and nothing made where there is no log to prove from.
       const p = dataDirPaths(opts.data);
-      const dirProblem = accessProblem(p.dir);
-      if (dirProblem === 'missing') throw new CliError(`data dir ${opts.data} not found`);
-      const logProblem = dirProblem ?? accessProblem(p.receipts, fs.constants.R_OK);
-      if (logProblem === 'missing') throw new CliError(`${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove`);
-      if (logProblem) throw new CliError(`${p.receipts}: ${logProblem}`);
+      const problem = accessProblem(p.receipts, fs.constants.R_OK);
+      if (problem === 'missing') throw new CliError(fs.existsSync(p.dir) ? `${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove` : `data dir ${opts.data} not found`);
+      if (problem) throw new CliError(`${p.receipts}: ${problem}`);
       const { log: rl } = open(opts.data, { threads: 0 });
       let bundle: string;
       let size: number;

@@ -2,21 +2,12 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
 import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
-import { listenOptionProblem, parseHostPort, type HostPort } from '../host-port.ts';
 import { createLogger } from '../ops/logger.ts';
-import { fetchPortProblem } from '../fetch-ports.ts';
 import { CliError } from './cli-error.ts';
+import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 
 const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
-
-function parseListen(s: string): HostPort {
-  const hp = parseHostPort(s.trim());
-  if (!hp) throw new CliError(listenOptionProblem('--listen', s, DEFAULT_MARKET_LISTEN), 2);
-  const problem = fetchPortProblem(hp.port);
-  if (problem) throw new CliError(`--listen: ${problem}`, 2);
-  return hp;
-}
 
 export function marketCommand(): Command {
   return new Command('market')
@@ -24,7 +15,7 @@ export function marketCommand(): Command {
     .requiredOption('--data <dir>', 'directory for the market key (market.key, created on first run)')
     .option('--listen <host:port>', 'HTTP address to serve on', DEFAULT_MARKET_LISTEN)
     .action(async (opts: { data: string; listen: string }) => {
-      const { host, port } = parseListen(opts.listen);
+      const { host, port } = parseHttpListen(opts.listen, DEFAULT_MARKET_LISTEN);
       const dir = path.resolve(opts.data);
       const keyFile = path.join(dir, 'market.key');
       let key: NodeIdentity;

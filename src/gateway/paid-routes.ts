@@ -15,7 +15,7 @@ import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates
 import { IdleWatch } from './idle-watch.ts';
 import type { RequestRecords } from './records.ts';
 import type { Relay } from './relay.ts';
-import { bodyBytes, idempotencyKey, isObj, peekModel } from './request-body.ts';
+import { bodyBytes, idempotencyKey, isObj } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
@@ -75,7 +75,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
    * answer, the retry would be ticketed afresh, probably to another provider (each node guards only
    * its own requests), and both would run and be billed.
    */
-  const running = new Map<string, object>();
+  const running = new Set<string>();
 
   /** A paid request; one under an Idempotency-Key already running here is refused (see `running`). */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
@@ -83,11 +83,15 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const key = idem === undefined ? undefined : idempotentKey(endpoint, idem);
     if (key === undefined) return paidOnce(endpoint, req, reply, idem, () => {});
     if (running.has(key)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
-    const token = {};
-    running.set(key, token);
+    running.add(key);
     // Released once the buyer has the whole answer (a stream's relay then waits for the market's
-    // settlement, which a retry, answered from the provider's record, need not wait for), or at the end.
-    const release = (): void => void (running.get(key) === token && running.delete(key));
+    // settlement, which a retry, answered from the provider's record, need not wait for), or at the
+    // end; once only (a retry that came in between holds the key by then).
+    let held = true;
+    const release = (): void => {
+      if (held) running.delete(key);
+      held = false;
+    };
     try {
       return await paidOnce(endpoint, req, reply, idem, release);
     } finally {
@@ -105,11 +109,11 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
   async function paidOnce(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined, answered: () => void): Promise<unknown> {
     let controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
-    const model = peekModel(body);
     // The node's own request contract, judged here first: a body any node would refuse (400 naming
     // the field) takes no ticket, no hold and no round trip to a provider.
+    let model: string;
     try {
-      parseRequest(endpoint, body);
+      model = parseRequest(endpoint, body).model;
     } catch (e) {
       if (e instanceof ContractError) throw new GatewayError(400, 'invalid_request', e.message); // (as the node words it)
       throw e;

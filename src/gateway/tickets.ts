@@ -77,11 +77,21 @@ export class Ticketing {
     this.store = store;
   }
 
-  /** The provider that answered under this key: remembered here, else in the store. */
+  /** The provider that answered under this key: remembered here, else in the store (then remembered here too). */
   private answeredAt(endpoint: PaidEndpoint, idem: string | undefined): string | undefined {
     if (idem === undefined) return undefined;
     const key = idempotentKey(endpoint, idem);
-    return this.idempotentAt.get(key) ?? this.store?.idempotentProvider(key);
+    const here = this.idempotentAt.get(key);
+    if (here !== undefined) return here;
+    const stored = this.store?.idempotentProvider(key);
+    if (stored !== undefined) this.keep(key, stored);
+    return stored;
+  }
+
+  private keep(key: string, provider: string): void {
+    this.idempotentAt.delete(key);
+    this.idempotentAt.set(key, provider);
+    if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
   }
 
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
@@ -146,9 +156,7 @@ export class Ticketing {
   /** The provider that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
   remember(endpoint: PaidEndpoint, idem: string, provider: string): void {
     const key = idempotentKey(endpoint, idem);
-    this.idempotentAt.delete(key);
-    this.idempotentAt.set(key, provider);
-    if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
+    this.keep(key, provider);
     this.store?.rememberIdempotent(key, provider);
   }
 

@@ -136,7 +136,8 @@ type ReadResult = { head: JsonObject; body: Uint8Array } | { bad: BadRequest };
 
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 
-async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number, share: { set(bytes: number): boolean }): Promise<ReadResult> {
+/** `hold(size)`: the body read so far is `size` bytes; false when that (with what the reader holds) goes over the budget. */
+async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number, hold: (size: number) => boolean): Promise<ReadResult> {
   const timer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request was not received within ${timeoutMs} ms`)), timeoutMs);
   try {
     const first = await reader.next();
@@ -151,7 +152,7 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
       size += f.bytes.length;
       if (size > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
       parts.push(f.bytes);
-      if (!share.set(size + reader.heldBytes)) throw new OverBudget();
+      if (!hold(size)) throw new OverBudget();
     }
     return { head: first.value, body: concatBytes(...parts) };
   } catch (e) {
@@ -231,17 +232,19 @@ export async function handleRequests(
     };
     stream.addEventListener('close', onClose);
     if (stream.status !== 'open') ac.abort(new StreamError('stream_closed', 'the stream closed before the request was read'));
+    // What the stream holds counts against the budget: the body read so far and what the reader
+    // holds (a partial frame, frames not yet read), after each arrival and each frame read.
     const share = budget.share(remotePeer);
-    let body = 0; // (the body read so far: what onBuffered adds the reader's held bytes to)
+    let body = 0;
     const reader: FrameReader = new FrameReader(stream, {
       limits,
       onBuffered: (held) => {
         if (!share.set(body + held)) reader.interrupt(new OverBudget());
       },
     });
-    const counted = { set: (bytes: number) => ((body = bytes - reader.heldBytes), share.set(bytes)) };
+    const hold = (size: number): boolean => share.set((body = size) + reader.heldBytes);
     try {
-      const read = await readRequest(reader, maxBodyBytes, readTimeoutMs, counted);
+      const read = await readRequest(reader, maxBodyBytes, readTimeoutMs, hold);
       if ('bad' in read) {
         try {
           opts.onRefused?.({ protocol, remotePeer, status: read.bad.status, code: read.bad.code });

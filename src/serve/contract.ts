@@ -111,12 +111,14 @@ function responsesInput(o: Obj): ChatMessage[] {
   return out;
 }
 
+/** Whether an optional field was given (JSON null counts as not given, as the OpenAI API reads it). */
+const set = (v: unknown): boolean => v !== undefined && v !== null;
+
 /**
  * OpenAI features this node does not implement: set to anything but their default, they are refused
  * (400) rather than quietly ignored, so a buyer never pays for an answer that is not what was asked.
  */
 function unsupported(o: Obj): void {
-  const set = (v: unknown) => v !== undefined && v !== null;
   if (set(o.n) && o.n !== 1) throw new ContractError('n', 'only one choice (n = 1) is supported');
   if (set(o.best_of) && o.best_of !== 1) throw new ContractError('best_of', 'only best_of = 1 is supported');
   if (set(o.logprobs) && o.logprobs !== false) throw new ContractError('logprobs', 'log probabilities are not supported');
@@ -145,7 +147,6 @@ function unsupported(o: Obj): void {
 
 /** The Responses API's own features this node does not implement (it is stateless and text only). */
 function unsupportedResponses(o: Obj): void {
-  const set = (v: unknown) => v !== undefined && v !== null;
   if (set(o.text)) {
     const text = object(o.text, 'text');
     if (set(text.format) && object(text.format, 'text.format').type !== 'text') throw new ContractError('text.format.type', 'only "text" is supported');

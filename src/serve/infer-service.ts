@@ -213,9 +213,9 @@ export class InferService {
     // dies while sending it, or a trailer that never reaches the buyer, still answers the retry.
     const recording = record(res, (r) => this.o.idempotency!.finish(account, key, r));
     try {
-      await this.serve(p, model, req, recording.res, checkedTicket);
+      await this.serve(p, model, req, recording, checkedTicket);
     } finally {
-      this.o.idempotency.finish(account, key, recording.result());
+      this.o.idempotency.finish(account, key, undefined); // (the running mark, if no record took it)
     }
   }
 
@@ -511,7 +511,6 @@ export class InferService {
   }
 }
 
-/** Passes a response through and keeps a copy: what a completed idempotent request recorded. */
 /**
  * Paid work needs a receipt at its end: with the receipt log stopped, new work is refused before
  * its ticket is used or anything runs, as a full node's is (the gateway tries another provider).
@@ -527,38 +526,32 @@ function float32Base64(vector: readonly number[]): string {
   return Buffer.from(view.buffer).toString('base64');
 }
 
-function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void): { res: InferResponse; result(): RecordedResponse | undefined } {
+/**
+ * Passes a response through and keeps a copy: a completed answer (status 200, a `completed`
+ * receipt) is handed to `beforeTrailer` as the trailer leaves. A refusal or a cancelled stream is
+ * not: its retry runs again.
+ */
+function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void): InferResponse {
   let head: { status: number; headers: Record<string, string> } | undefined;
   const body: Uint8Array[] = [];
-  let trailer: Record<string, unknown> | undefined;
-  const result = (): RecordedResponse | undefined => {
-    // Only a completed answer is worth repeating; a refusal or a cancelled stream runs again.
-    if (!head || head.status !== 200 || !trailer || trailer.receipt === undefined || trailer.status !== 'completed') return undefined;
-    return { status: head.status, headers: head.headers, body: concatBytes(...body), trailer };
-  };
   return {
-    res: {
-      head: async (h) => {
-        head = h;
-        await res.head(h);
-      },
-      data: async (b, o) => {
-        await res.data(b, o);
-        body.push(b);
-      },
-      trailer: async (t) => {
-        trailer = t;
-        const r = result();
-        try {
-          if (r) beforeTrailer(r);
-        } catch {
-          // The record could not be written (state.db full or failing): the buyer still gets the
-          // receipt, which is durable; a retry then runs again, as it would without a record.
-        }
-        await res.trailer(t);
-      },
+    head: async (h) => {
+      head = h;
+      await res.head(h);
     },
-    result,
+    data: async (b, o) => {
+      await res.data(b, o);
+      body.push(b);
+    },
+    trailer: async (t) => {
+      try {
+        if (head?.status === 200 && t.receipt !== undefined && t.status === 'completed') beforeTrailer({ status: head.status, headers: head.headers, body: concatBytes(...body), trailer: t });
+      } catch {
+        // The record could not be written (state.db full or failing): the buyer still gets the
+        // receipt, which is durable; a retry then runs again, as it would without a record.
+      }
+      await res.trailer(t);
+    },
   };
 }
 

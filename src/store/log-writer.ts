@@ -4,10 +4,9 @@
 // end of the file. (A row per receipt costs B-tree work per receipt, and an index on request ids,
 // which are random, dirties a different page for almost every receipt: measured, 250 page writes
 // a commit instead of 5.)
-import path from 'node:path';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import type { SignedBatch } from '../../attestation/sign-batch.ts';
-import { sqliteOpenError, sqliteWriteProblem } from '../fs-problem.ts';
+import { openWritableSqlite } from '../sqlite-file.ts';
 
 export const SCHEMA = `
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -25,14 +24,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (size INTEGER PRIMARY KEY, root BLOB NOT 
 
 /** Opens a connection the way every writer must: WAL, and a commit is on disk (fsync) when it returns. */
 export function openDb(file: string): Database.Database {
-  const problem = sqliteWriteProblem(file);
-  if (problem) throw new Error(`${path.resolve(file)}: ${problem}`);
-  let db: Database.Database;
-  try {
-    db = new Database(file);
-  } catch (e) {
-    throw sqliteOpenError(file, e);
-  }
+  const db = openWritableSqlite(file);
   db.pragma('page_size = 65536'); // takes effect when the file is created
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = FULL');

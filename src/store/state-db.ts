@@ -1,6 +1,6 @@
 // state.db: the node's small working state (used ticket ids, idempotency records).
-import Database from 'better-sqlite3';
-import { sqliteOpenError } from '../fs-problem.ts';
+import type Database from 'better-sqlite3';
+import { openWritableSqlite } from '../sqlite-file.ts';
 
 /**
  * WAL with synchronous = NORMAL: a write survives any crash of the node process (the WAL is in
@@ -8,12 +8,7 @@ import { sqliteOpenError } from '../fs-problem.ts';
  * moment could lose it. Tickets live 60 s; receipts, the money, are fsynced in receipts.db.
  */
 export function openStateDb(file: string): Database.Database {
-  let db: Database.Database;
-  try {
-    db = new Database(file);
-  } catch (e) {
-    throw sqliteOpenError(file, e);
-  }
+  const db = openWritableSqlite(file);
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = NORMAL');
   return db;
