@@ -21,6 +21,10 @@ describe('request contracts', () => {
     const r = parseRequest('chat/completions', enc({ model: 'm', messages: [{ role: 'system', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] }], max_tokens: 5, stream: true, stream_options: { include_usage: true }, temperature: 0, seed: 7, stop: 'x' }));
     expect(r).toMatchObject({ messages: [{ role: 'system', content: 'ab' }], maxTokens: 5, stream: true, includeUsage: true, temperature: 0, seed: 7, stop: ['x'] });
   });
+  test('a null content is a turn without text (present, as the spec requires)', () => {
+    const r = parseRequest('chat/completions', enc({ model: 'm', messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: null }, { role: 'user', content: 'b' }] }));
+    expect(r).toMatchObject({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: '' }, { role: 'user', content: 'b' }] });
+  });
   test.each([
     ['chat/completions', '{', ''],
     ['chat/completions', [], ''],
@@ -28,6 +32,8 @@ describe('request contracts', () => {
     ['chat/completions', { model: 'm' }, 'messages'],
     ['chat/completions', { model: 'm', messages: [{ role: 'boss', content: 'x' }] }, 'messages[0].role'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 5 }] }, 'messages[0].content'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user' }] }, 'messages[0].content'],
+    ['responses', { model: 'm', input: [{ role: 'user' }] }, 'input[0].content'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: [{ type: 'image_url' }] }] }, 'messages[0].content[0]'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], max_tokens: 0 }, 'max_tokens'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], max_tokens: 1.5 }, 'max_tokens'],

@@ -179,6 +179,10 @@ describe('a gateway whose marketplace does not answer', () => {
       expect(big.status).toBe(413);
       expect(((await big.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'request_too_large', message: expect.stringContaining(String(MAX_REQUEST_BODY)) });
       expect((await fetch(`${gw.url}/models`)).status).toBe(502); // still up
+      // A compressed body is refused naming Content-Encoding, before the market is asked.
+      const { gzipSync } = await import('node:zlib');
+      const gz = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: gzipSync(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] })) });
+      expect([gz.status, ((await gz.json()) as { error: { code: string; message: string } }).error]).toEqual([400, { code: 'invalid_request', message: 'Content-Encoding: "gzip" is not accepted: send the JSON body uncompressed' }]);
       // A path served under other methods: 405 with Allow (no market needed to say so); an unknown path 404.
       for (const [method, path, allow] of [['GET', 'chat/completions', 'POST'], ['PUT', 'embeddings', 'POST'], ['DELETE', 'requests/req-x', 'GET, HEAD'], ['POST', 'models/tiny/llama', 'GET, HEAD']] as const) {
         const r = await fetch(`${gw.url}/${path}`, { method });

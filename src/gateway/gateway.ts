@@ -139,7 +139,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // The exact body bytes for every content type: the ticket binds their SHA-256, so nothing may
   // parse, re-encode or trim them on the way to the provider.
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_REQUEST_BODY }, (_req, body, done) => done(null, body));
+  // A compressed body is refused by name (it would otherwise read as "not UTF-8 JSON"): the
+  // ticket binds the bytes the node parses, and neither side inflates them.
+  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_REQUEST_BODY }, (req, body, done) => {
+    const coding = req.headers['content-encoding'];
+    if (coding !== undefined && coding.trim().toLowerCase() !== 'identity') return done(invalid('Content-Encoding', `${JSON.stringify(coding.slice(0, 40))} is not accepted: send the JSON body uncompressed`), undefined);
+    done(null, body);
+  });
 
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);

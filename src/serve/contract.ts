@@ -67,9 +67,13 @@ function optBool(v: unknown, field: string): boolean | undefined {
   return v;
 }
 
-/** Message content: a string, or an array of text parts (joined). */
+/**
+ * Message content: a string, an array of text parts (joined), or JSON null (no text: an assistant
+ * turn that only called tools, as OpenAI clients send it). The field itself is required.
+ */
 function content(v: unknown, field: string): string {
   if (typeof v === 'string') return v;
+  if (v === null) return '';
   if (Array.isArray(v)) {
     return v
       .map((p, i) => {
