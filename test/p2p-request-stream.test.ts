@@ -129,7 +129,11 @@ describe('host', () => {
   });
 
   it('refuses an unknown protocol id without harm', async () => {
-    await expect(request(client, addr, '/test/no-such-protocol/1.0.0', {})).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
+    // Selected optimistically (the default), the refusal arrives in place of the HEAD; negotiated
+    // first, before the request is sent.
+    const optimistic = await request(client, addr, '/test/no-such-protocol/1.0.0', {}, new Uint8Array(10));
+    await expect(optimistic.head).rejects.toMatchObject({ name: 'UnsupportedProtocolError', message: expect.stringContaining('/test/no-such-protocol/1.0.0') });
+    await expect(request(client, addr, '/test/no-such-protocol/1.0.0', {}, undefined, { negotiate: 'full' })).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
     const { proto, srv } = await serve(echoHandler);
     try {
       const r = await readResponse(await request(client, addr, proto, { a: 1 }, new Uint8Array([1, 2, 3])));
@@ -235,8 +239,10 @@ describe('request/response', () => {
       expect(client.getConnections(server.peerId).length).toBe(1);
       // libp2p's per-stream "peer speaks this protocol" peer-store merges are answered from the
       // cache once recorded, on both sides (src/p2p/protocol-merge-cache.ts).
+      // (A fully negotiated stream, as libp2p opens it: an optimistic one merges nothing on the client.)
+      await readResponse(await request(client, addr, proto, { i: 0 }, new Uint8Array(1), { negotiate: 'full' }));
       const before = [protocolMergeCacheOf(client)!.skipped, protocolMergeCacheOf(server)!.skipped];
-      for (let i = 0; i < 3; i++) await readResponse(await request(client, addr, proto, { i }, new Uint8Array(1)));
+      for (let i = 0; i < 3; i++) await readResponse(await request(client, addr, proto, { i }, new Uint8Array(1), { negotiate: 'full' }));
       expect(protocolMergeCacheOf(client)!.skipped - before[0]!).toBe(3);
       expect(protocolMergeCacheOf(server)!.skipped - before[1]!).toBe(3);
     } finally {
@@ -686,7 +692,7 @@ describe('cancellation and shutdown', () => {
     expect(srv.inFlight).toBe(0);
     for (const p of pending) await expect(readResponse(p)).rejects.toBeInstanceOf(StreamError);
     // The protocol is gone.
-    await expect(request(client, addr, proto, {})).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
+    await expect((await request(client, addr, proto, {})).head).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
   });
 
   it('host stop() with requests in flight is clean', async () => {

@@ -8,7 +8,7 @@ import { sha256Hex } from '../../attestation/hash.ts';
 import type { JsonObject } from '../p2p/frames.ts';
 import type { Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
-import { readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
+import { isUnsupportedProtocol, readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
 import { fitProvidersOf } from './candidates.ts';
 import { GatewayError, headStatus, invalid, providerRefusal } from './errors.ts';
 import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates.ts';
@@ -233,7 +233,8 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         a.idle.kick();
         return { ok: true, a, res, head, status: headStatus(head) };
       } catch (e) {
-        return { ok: false, a, stage: 'head', e: e as Error, res, aborted: a.ac.signal.aborted };
+        // A node that does not take the protocol refused the stream before any handler saw it.
+        return { ok: false, a, stage: isUnsupportedProtocol(e) ? 'connect' : 'head', e: e as Error, res, aborted: a.ac.signal.aborted };
       }
     };
     for (const a of attempts) a.running = dispatch(a).then((o) => (a.outcome = o));

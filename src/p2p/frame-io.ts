@@ -26,6 +26,12 @@ export interface FrameReaderOptions {
   highWaterMark?: number;
   /** Told, after each arrival, how many received bytes it holds (a partial frame and frames not yet read). */
   onBuffered?: (bytes: number) => void;
+  /**
+   * Bytes that must arrive before the first frame (a protocol confirmation: optimistic-select.ts).
+   * `confirmed` resolves once they have; other bytes fail the reader with `mismatch(at)`'s error,
+   * `at` being the index of the first byte that differed.
+   */
+  expectFirst?: { bytes: Uint8Array; mismatch: (at: number) => Error };
 }
 
 function payloadSize(f: Frame): number {
@@ -51,12 +57,18 @@ export class FrameReader implements AsyncIterable<Frame> {
   private discarding = false;
   /** Inside resumeStream(): see there. */
   private resuming = false;
+  private readonly expect: FrameReaderOptions['expectFirst'];
+  private expected = 0;
+  private readonly confirmation = deferred();
 
   constructor(stream: Stream, opts: FrameReaderOptions = {}) {
     this.stream = stream;
     this.decoder = new FrameDecoder(opts.limits);
     this.highWater = opts.highWaterMark ?? 1024 * 1024;
     this.onBuffered = opts.onBuffered;
+    this.expect = opts.expectFirst;
+    this.confirmation.promise.catch(() => {}); // a failure also surfaces through next()
+    if (!this.expect || this.expect.bytes.length === 0) this.confirmation.resolve();
     // See STREAM_READ_BUFFER: while paused, up to a full yamux window may still arrive.
     if (stream.maxReadBufferLength < STREAM_READ_BUFFER) stream.maxReadBufferLength = STREAM_READ_BUFFER;
     stream.addEventListener('message', this.onMessage);
@@ -64,6 +76,11 @@ export class FrameReader implements AsyncIterable<Frame> {
     stream.addEventListener('close', this.onClose);
     if (stream.status === 'reset' || stream.status === 'aborted') this.fail(resetError(stream));
     else if (stream.readableEnded) this.onEnd();
+  }
+
+  /** Resolves once the `expectFirst` bytes have arrived (at once without them); rejects if the reader fails first. */
+  get confirmed(): Promise<void> {
+    return this.confirmation.promise;
   }
 
   /** Bytes decoded and waiting for `next()`. */
@@ -148,14 +165,39 @@ export class FrameReader implements AsyncIterable<Frame> {
   private fail(err: Error): void {
     if (this.error || this.ended) return;
     this.error = err;
+    this.confirmation.reject(err);
     this.notify();
+  }
+
+  /** The part of `chunk` after the expected first bytes; null while they are not all here (or differed). */
+  private confirm(chunk: Uint8Array): Uint8Array | null {
+    const want = this.expect!.bytes;
+    const n = Math.min(want.length - this.expected, chunk.length);
+    for (let i = 0; i < n; i++) {
+      if (chunk[i] !== want[this.expected + i]) {
+        this.fail(this.expect!.mismatch(this.expected + i));
+        return null;
+      }
+    }
+    this.expected += n;
+    if (this.expected < want.length) return null;
+    this.confirmation.resolve();
+    return chunk.subarray(n);
   }
 
   private readonly onMessage = (evt: { data: Uint8Array | Iterable<Uint8Array> }): void => {
     if (this.error || this.ended || this.discarding) return; // after an error the rest of the input is dropped
     const chunks = evt.data instanceof Uint8Array ? [evt.data] : evt.data;
     try {
-      for (const chunk of chunks) {
+      for (let chunk of chunks) {
+        if (this.expect && this.expected < this.expect.bytes.length) {
+          const rest = this.confirm(chunk);
+          if (rest === null) {
+            if (this.error) return;
+            continue;
+          }
+          chunk = rest;
+        }
         for (const f of this.decoder.push(chunk)) {
           this.queue.push(f);
           this.queued += payloadSize(f);
@@ -178,6 +220,10 @@ export class FrameReader implements AsyncIterable<Frame> {
       queueMicrotask(() => this.fail(resetError(this.stream)));
       return;
     }
+    if (this.expect && this.expected < this.expect.bytes.length) {
+      this.fail(new StreamError('stream_closed', 'the stream ended before the remote confirmed the protocol'));
+      return;
+    }
     try {
       this.decoder.end();
       this.ended = true;
@@ -193,6 +239,16 @@ export class FrameReader implements AsyncIterable<Frame> {
     // is delivered on resume() and 'end' follows it. Only an empty buffer means the input is over.
     else if (this.stream.readBufferLength === 0) this.onEnd();
   };
+}
+
+function deferred(): { promise: Promise<void>; resolve: () => void; reject: (e: Error) => void } {
+  let resolve!: () => void;
+  let reject!: (e: Error) => void;
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
 }
 
 function resetError(stream: Stream, cause?: Error): StreamError {

@@ -10,11 +10,12 @@
 import { STREAMS_PER_PROTOCOL } from './stream-limits.ts';
 import { concatBytes } from '../../attestation/bytes.ts';
 import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
-import type { Libp2p, PeerId, Stream } from '@libp2p/interface';
+import { UnsupportedProtocolError, type Libp2p, type PeerId, type Stream } from '@libp2p/interface';
 import { encodeData, encodeHead, frameLimits, FrameError, type FrameLimits, type JsonObject } from './frames.ts';
 import { FrameReader, StreamError, writeBytes } from './frame-io.ts';
 import { parsePeerId } from './peer-id.ts';
 import { CORK_BYTES } from './response-writer.ts';
+import { HEADER_BYTES, openUnnegotiated, selectPreamble } from './optimistic-select.ts';
 
 /** A peer to dial: PeerId, multiaddr(s), a multiaddr string ('/ip4/…/p2p/…'), a provider id or a PeerId string. */
 export type RequestTarget = PeerId | Multiaddr | Multiaddr[] | string;
@@ -33,6 +34,24 @@ export interface RequestOptions {
   highWaterMark?: number;
   /** Concurrent outbound streams per connection for this protocol. Default 128. */
   maxOutboundStreams?: number;
+  /**
+   * 'optimistic' (default): the protocol is selected in the same write as the request, and a node
+   * that does not speak it fails `head` with UnsupportedProtocolError. 'full': negotiated first, one
+   * round trip before the request leaves; the returned promise rejects for such a node.
+   */
+  negotiate?: 'optimistic' | 'full';
+}
+
+/**
+ * The largest request (HEAD and body) sent before the remote has confirmed the protocol. A listener
+ * buffers what arrives while it negotiates (4 MiB at most in libp2p), and a larger body gains
+ * nothing from the round trip saved.
+ */
+const OPTIMISTIC_BYTES = 64 * 1024;
+
+/** Whether a request failed because the remote does not speak its protocol (nothing was sent to a handler). */
+export function isUnsupportedProtocol(e: unknown): boolean {
+  return e instanceof Error && e.name === 'UnsupportedProtocolError';
 }
 
 export interface Response {
@@ -63,7 +82,11 @@ async function* bodyChunks(body: RequestBody | undefined): AsyncIterable<Uint8Ar
   else yield* body;
 }
 
-/** Opens a stream for `protocol` and sends HEAD + body. Rejects if the dial or protocol negotiation fails. */
+/**
+ * Opens a stream for `protocol` and sends HEAD + body. A body given as bytes is announced in the HEAD
+ * (`body_length`), so the server may start before this side closes its write half. Rejects if the
+ * dial fails (or, with `negotiate: 'full'`, the protocol negotiation).
+ */
 export async function request(
   host: Libp2p,
   target: RequestTarget,
@@ -73,18 +96,31 @@ export async function request(
   opts: RequestOptions = {},
 ): Promise<Response> {
   const limits = frameLimits(opts.limits);
-  const headFrame = encodeHead(head, limits); // throws before dialling on a bad or oversized head
+  const bodyLength = body === undefined ? 0 : body instanceof Uint8Array ? body.length : undefined;
+  // throws before dialling on a bad or oversized head
+  const headFrame = encodeHead(bodyLength === undefined ? head : { ...head, body_length: bodyLength }, limits);
   const dataFrameBytes = Math.max(1, Math.min(opts.dataFrameBytes ?? 1024 * 1024, limits.maxDataBytes));
   const signal = opts.signal;
   signal?.throwIfAborted();
 
-  const stream = await host.dialProtocol(toDialTarget(target), protocol, {
-    signal,
-    maxOutboundStreams: opts.maxOutboundStreams ?? STREAMS_PER_PROTOCOL,
-    // libp2p 3 negotiates the protocol before the first byte of the request goes out (one round
-    // trip; it has no optimistic select, whatever `negotiateFully` says): docs/decisions.md.
+  const dialTarget = toDialTarget(target);
+  const maxOutboundStreams = opts.maxOutboundStreams ?? STREAMS_PER_PROTOCOL;
+  // Optimistic: the protocol is selected in the request's first write (optimistic-select.ts), so
+  // the request leaves at once instead of one round trip later.
+  const raw = opts.negotiate === 'full' ? undefined : await openUnnegotiated(host, dialTarget, protocol, { signal, maxOutboundStreams });
+  const preamble = raw ? selectPreamble(protocol) : undefined;
+  const stream = raw ?? (await host.dialProtocol(dialTarget, protocol, { signal, maxOutboundStreams }));
+  const reader = new FrameReader(stream, {
+    limits,
+    highWaterMark: opts.highWaterMark,
+    expectFirst: preamble && {
+      bytes: preamble,
+      mismatch: (at) =>
+        at < HEADER_BYTES
+          ? new FrameError('frame_malformed', 'the remote did not answer multistream-select')
+          : new UnsupportedProtocolError(`Protocol selection failed - the remote does not speak ${protocol}`),
+    },
   });
-  const reader = new FrameReader(stream, { limits, highWaterMark: opts.highWaterMark });
   let localError: Error | undefined; // why we reset the stream, if we did
   let responded = false;
   let complete = false;
@@ -104,8 +140,8 @@ export async function request(
   // Send HEAD and body; stop early once the server has answered (it will not read the rest). A body
   // given as bytes goes out with the HEAD in as few writes as CORK_BYTES allows.
   const sending = (async () => {
-    let batch: Uint8Array[] = [headFrame];
-    let batchBytes = headFrame.length;
+    let batch: Uint8Array[] = preamble ? [preamble, headFrame] : [headFrame];
+    let batchBytes = headFrame.length + (preamble?.length ?? 0);
     const flush = async (): Promise<void> => {
       if (batchBytes === 0) return;
       const bytes = batch.length === 1 ? batch[0]! : concatBytes(...batch);
@@ -114,6 +150,11 @@ export async function request(
       await writeBytes(stream, bytes);
     };
     if (!(body === undefined || body instanceof Uint8Array)) await flush();
+    if (preamble && (bodyLength === undefined || batchBytes + bodyLength > OPTIMISTIC_BYTES)) {
+      // A large or streamed body waits until the remote has taken the protocol.
+      await flush();
+      await reader.confirmed;
+    }
     for await (const chunk of bodyChunks(body)) {
       for (let at = 0; at < chunk.length && !responded; at += dataFrameBytes) {
         const frame = encodeData(chunk.subarray(at, at + dataFrameBytes), limits);
@@ -125,6 +166,9 @@ export async function request(
       if (responded) break;
     }
     await flush();
+    // Closing the write side while the remote still negotiates would cut the bytes it hands on to
+    // the protocol's handler (libp2p refuses them once the remote has finished writing).
+    await reader.confirmed;
     await stream.close();
   })();
   sending.catch((e: unknown) => {
@@ -143,7 +187,7 @@ export async function request(
       responded = true;
       return first.value;
     } catch (e) {
-      if (e instanceof FrameError || e instanceof StreamError) abort(e);
+      if (e instanceof FrameError || e instanceof StreamError || isUnsupportedProtocol(e)) abort(e as Error);
       cleanup();
       throw failure(e);
     }

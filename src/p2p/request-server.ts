@@ -1,6 +1,7 @@
 // Server side of the HTTP-shaped exchange: one stream per request, for any protocol id.
 //
-//   client → server: HEAD, DATA*, then the client closes its write side (end of body)
+//   client → server: HEAD, DATA*, then the client closes its write side (end of body); a HEAD with
+//                    `body_length` ends the body after that many DATA bytes (the close may follow later)
 //   server → client: HEAD, DATA*, TRAILER, then the server closes its write side
 //
 // The whole body is read (bounded) before the handler runs. Bad input is answered, when the stream is
@@ -143,18 +144,31 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
     const first = await reader.next();
     if (!first) return { bad: { status: 400, code: 'frame_truncated', message: 'the stream ended before a HEAD frame' } };
     if (first.kind !== 'head') return { bad: { status: 400, code: 'frame_malformed', message: `expected a HEAD frame first, got ${first.kind.toUpperCase()}` } };
+    // With `body_length` the body ends after that many bytes, without waiting for the client's close.
+    const announced = first.value.body_length;
+    if (announced !== undefined && !(Number.isSafeInteger(announced) && (announced as number) >= 0)) {
+      return { bad: { status: 400, code: 'frame_malformed', message: 'head.body_length: expected a whole number of bytes' } };
+    }
+    const length = announced as number | undefined;
+    if (length !== undefined && length > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
     const parts: Uint8Array[] = [];
     let size = 0;
-    for (;;) {
+    while (size !== length) {
       const f = await reader.next();
-      if (!f) break;
+      if (!f) {
+        if (length === undefined) break;
+        return { bad: { status: 400, code: 'frame_truncated', message: `the stream ended after ${size} of the ${length} body bytes announced` } };
+      }
       if (f.kind !== 'data') return { bad: { status: 400, code: 'frame_malformed', message: `unexpected ${f.kind.toUpperCase()} frame in a request body` } };
       size += f.bytes.length;
       if (size > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
+      if (length !== undefined && size > length) return { bad: { status: 400, code: 'frame_malformed', message: `the body is longer than the ${length} bytes announced` } };
       parts.push(f.bytes);
       if (!hold(size)) throw new OverBudget();
     }
-    return { head: first.value, body: concatBytes(...parts) };
+    // body_length belongs to the framing: handlers see the HEAD without it.
+    const { body_length: _framing, ...head } = first.value;
+    return { head, body: concatBytes(...parts) };
   } catch (e) {
     if (e instanceof FrameError) return { bad: { status: 400, code: e.code, message: e.message } };
     if (e instanceof StreamError && e.code === 'timeout') return { bad: { status: 408, code: 'request_timeout', message: e.message } };
@@ -256,6 +270,8 @@ export async function handleRequests(
         if (!(await remoteDone(stream, lingerMs))) stream.abort(new StreamError('aborted', 'the client kept sending after an error reply'));
         return;
       }
+      // Whatever the client sends after an announced body (it should send nothing but its close) is dropped.
+      reader.discard();
       if (ac.signal.aborted) return;
       const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
       try {

@@ -4,7 +4,7 @@
 export { handleRequests } from './request-server.ts';
 export type { HandleRequestsOptions, IncomingRequest, RequestHandler, RequestServer } from './request-server.ts';
 export type { ResponseWriter } from './response-writer.ts';
-export { request, readResponse } from './request-client.ts';
+export { request, readResponse, isUnsupportedProtocol } from './request-client.ts';
 export type { CollectedResponse, RequestBody, RequestOptions, RequestTarget, Response, ResponseFrame } from './request-client.ts';
 export { StreamError, type StreamErrorCode } from './frame-io.ts';
 export { FrameError, type FrameErrorCode, type FrameLimits, type JsonObject } from './frames.ts';

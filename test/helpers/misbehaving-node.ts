@@ -225,10 +225,16 @@ export class ScriptedNode {
     try {
       const head = await reader.next();
       if (!head || head.kind !== 'head') throw new Error('expected a HEAD frame');
+      // The body ends at the client's close, or after the bytes its HEAD announces (as a node reads it).
+      const announced = typeof head.value.body_length === 'number' ? head.value.body_length : undefined;
       const parts: Uint8Array[] = [];
-      for (let f = await reader.next(); f; f = await reader.next()) {
+      let size = 0;
+      while (size !== announced) {
+        const f = await reader.next();
+        if (!f) break;
         if (f.kind !== 'data') throw new Error(`unexpected ${f.kind} frame in the request`);
         parts.push(f.bytes);
+        size += f.bytes.length;
       }
       ex = new Exchange(this, stream, head.value, Buffer.concat(parts));
     } catch (e) {
