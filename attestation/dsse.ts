@@ -97,17 +97,16 @@ export const MAX_SIGNATURES = 16;
 
 const tooManySignatures = (n: number) => fail('envelope_malformed', `envelope has ${n} signatures, more than ${MAX_SIGNATURES}`);
 
-/** Checks the envelope's shape (from parsed JSON). Unknown top-level fields are refused. */
+/**
+ * Checks the envelope's shape (from parsed JSON). Unknown fields, in the envelope or a signature,
+ * are ignored, as DSSE requires of consumers; they are not signed. (A receipt log line must still
+ * be its envelope's canonical serialisation, which has none: receipt-verify.ts.)
+ */
 export function checkEnvelopeShape(value: unknown): VerifyResult<DsseEnvelope> {
   if (value === null || typeof value !== 'object' || Array.isArray(value)) {
     return fail('envelope_malformed', 'envelope is not a JSON object');
   }
   const env = value as Record<string, unknown>;
-  for (const k of Object.keys(env)) {
-    if (k !== 'payloadType' && k !== 'payload' && k !== 'signatures') {
-      return fail('envelope_malformed', `envelope has an unknown field "${k}"`);
-    }
-  }
   if (typeof env.payloadType !== 'string') return fail('envelope_malformed', 'envelope.payloadType must be a string');
   if (typeof env.payload !== 'string') return fail('envelope_malformed', 'envelope.payload must be a string');
   if (!Array.isArray(env.signatures) || env.signatures.length === 0) {
@@ -183,13 +182,41 @@ export interface VerifiedEnvelope {
   keyid: string;
   /** The first signature that verified under a trusted key (others may be by unknown keys). */
   signature: DsseSignature;
+  /** Whether the payload and that signature are strict standard base64 (what this project writes). */
+  standardBase64: boolean;
+}
+
+const URL_SAFE_B64 = /^[A-Za-z0-9_-]*={0,2}$/;
+
+/**
+ * DSSE lets a producer write base64 "standard or URL-safe", padded or not: the standard padded
+ * text of such a string (the decoders stay strict, so each form still has one reading), or
+ * undefined when it is neither. A string may not mix the two alphabets.
+ */
+export function dsseBase64ToStandard(s: string): string | undefined {
+  if (typeof s !== 'string' || !URL_SAFE_B64.test(s.replaceAll('+', '-').replaceAll('/', '_'))) return undefined;
+  if ((s.includes('+') || s.includes('/')) && (s.includes('-') || s.includes('_'))) return undefined;
+  const bare = s.replace(/=+$/, '');
+  if (bare.length % 4 === 1 || (s.length !== bare.length && s.length % 4 !== 0)) return undefined;
+  return bare.replaceAll('-', '+').replaceAll('_', '/') + '='.repeat((4 - (bare.length % 4)) % 4);
+}
+
+/** Strict standard base64, or (DSSE) its URL-safe or unpadded forms; undefined for anything else. */
+function dsseFromBase64(s: string): { bytes: Uint8Array; standard: boolean } | undefined {
+  const strict = fromBase64(s);
+  if (strict) return { bytes: strict, standard: true };
+  const std = dsseBase64ToStandard(s);
+  const bytes = std === undefined ? undefined : fromBase64(std);
+  return bytes ? { bytes, standard: false } : undefined;
 }
 
 /**
- * Verifies an envelope against trusted keys. Signatures whose keyid names no trusted key are
- * ignored; a signature under a trusted key that does not verify fails the envelope
- * (signature_invalid); an envelope with no signature by a trusted key fails with unknown_key.
- * A signature without keyid is tried against every trusted key.
+ * Verifies an envelope against trusted keys. A signature whose keyid names a trusted key must
+ * verify under it, or the envelope fails (signature_invalid), even next to a good one. The keyid is
+ * only a hint (DSSE): when no named signature verified, signatures without one (or with an empty
+ * one) and those naming a key not trusted here are tried against every trusted key. A keyless one
+ * that verifies under none fails the envelope (signature_invalid); one naming an unknown key is
+ * someone else's and is ignored. No signature by a trusted key: unknown_key.
  */
 export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; keys: readonly DsseKey[] }): VerifyResult<VerifiedEnvelope> {
   // Checked here too (for envelopes that did not come through checkEnvelopeShape): each signature
@@ -198,32 +225,46 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
   if (env.payloadType !== opts.payloadType) {
     return fail('payload_type_mismatch', `payloadType is "${String(env.payloadType).slice(0, 100)}", expected "${opts.payloadType}"`);
   }
-  const decoded = paeOfBase64(env.payloadType, env.payload);
-  if (!decoded) return fail('payload_not_base64', 'envelope.payload is not canonical standard base64');
+  let decoded = paeOfBase64(env.payloadType, env.payload);
+  const payloadStandard = decoded !== undefined;
+  if (!decoded) {
+    const std = dsseBase64ToStandard(env.payload);
+    if (std !== undefined) decoded = paeOfBase64(env.payloadType, std);
+  }
+  if (!decoded) return fail('payload_not_base64', 'envelope.payload is not base64 (standard or URL-safe)');
   const { message, payload } = decoded;
-  let verified: { keyid: string; signature: DsseSignature } | undefined;
+  const named = (s: DsseSignature): DsseKey | undefined => (s.keyid ? opts.keys.find((k) => k.keyid === s.keyid) : undefined);
+  const verifies = (k: DsseKey, sig: Uint8Array): boolean => (k.verify ?? ed25519Verify)(sig, message, k.publicKey);
+  const verified = (key: DsseKey, signature: DsseSignature, standard: boolean): VerifyResult<VerifiedEnvelope> =>
+    // The caller's own copy: `message` may be a slice of Node's shared pool (see newBytes).
+    ok({ payload: payload.slice(), keyid: key.keyid, signature, standardBase64: payloadStandard && standard });
+  // Signatures that name a trusted key first: each must verify under it.
+  let first: VerifyResult<VerifiedEnvelope> | undefined;
+  for (const s of env.signatures) {
+    const key = named(s);
+    if (!key) continue;
+    const sig = dsseFromBase64(s.sig);
+    if (!sig) return fail('signature_malformed', 'a signature is not base64 (standard or URL-safe)');
+    if (!verifies(key, sig.bytes)) return fail('signature_invalid', `signature by ${s.keyid!.slice(0, 80)} does not verify`);
+    first ??= verified(key, s, sig.standard);
+  }
+  if (first) return first;
+  // Then the rest, against every trusted key.
   let failedKeyless = false;
   for (const s of env.signatures) {
-    const candidates = s.keyid === undefined || (opts.keys.length === 1 && opts.keys[0]!.keyid === s.keyid) ? opts.keys : opts.keys.filter((k) => k.keyid === s.keyid);
-    if (candidates.length === 0) continue;
-    const sig = fromBase64(s.sig);
-    if (!sig) return fail('signature_malformed', 'a signature is not canonical standard base64');
-    const good = candidates.find((k) => (k.verify ?? ed25519Verify)(sig, message, k.publicKey));
-    if (!good) {
-      if (s.keyid === undefined) {
-        failedKeyless = true;
-        continue;
-      }
-      return fail('signature_invalid', `signature by ${s.keyid.slice(0, 80)} does not verify`);
+    if (named(s)) continue;
+    const keyless = !s.keyid;
+    const sig = dsseFromBase64(s.sig);
+    if (!sig) {
+      if (keyless) return fail('signature_malformed', 'a signature is not base64 (standard or URL-safe)');
+      continue;
     }
-    verified ??= { keyid: good.keyid, signature: s };
+    const key = opts.keys.find((k) => verifies(k, sig.bytes));
+    if (key) return verified(key, s, sig.standard);
+    if (keyless) failedKeyless = true;
   }
-  if (verified === undefined) {
-    if (failedKeyless) return fail('signature_invalid', 'no signature verifies under a trusted key');
-    return fail('unknown_key', 'no signature by a trusted key');
-  }
-  // The caller's own copy: `message` may be a slice of Node's shared pool (see newBytes).
-  return ok({ payload: payload.slice(), ...verified });
+  if (failedKeyless) return fail('signature_invalid', 'no signature verifies under a trusted key');
+  return fail('unknown_key', 'no signature by a trusted key');
 }
 
 /**

@@ -96,7 +96,8 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   if (opts.chain) {
     // A line that parseEnvelopeLine read (and that verified) is already its envelope's canonical JSON.
     const canonical = line ? (envelope as string) : serializeEnvelope(env);
-    if (typeof envelope === 'string' && envelope !== canonical) {
+    // (A line is what this project writes: base64 standard and padded, though DSSE lets a reader take others.)
+    if ((typeof envelope === 'string' && envelope !== canonical) || !verified.value.standardBase64) {
       return fail('envelope_not_canonical', 'the line is not the canonical JSON of its envelope (the bytes the Merkle leaf commits to)', { seq });
     }
     out.payloadSha256 = sha256Hex(payloadBytes);

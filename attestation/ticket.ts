@@ -75,7 +75,8 @@ export function validateTicketPayload(value: unknown): TicketPayload {
     const c = f.uint(r.min_context, 'routing.min_context');
     if (c < 1 || c > 4294967295) throw new f.FieldError('routing.min_context', 'expected 1 to 4294967295');
   }
-  if (r.quantization !== undefined) f.string(r.quantization, 'routing.quantization', 32, /^[a-z0-9][a-z0-9.-]*$/);
+  // As the buyer wrote it or bucketed (lowercase, "_" → "-"): the node compares buckets.
+  if (r.quantization !== undefined) f.string(r.quantization, 'routing.quantization', 32, /^[A-Za-z0-9][A-Za-z0-9._-]*$/);
   if (r.min_tokens_per_second !== undefined) {
     const t = r.min_tokens_per_second;
     if (typeof t !== 'number' || !Number.isFinite(t) || t <= 0) throw new f.FieldError('routing.min_tokens_per_second', 'expected a number greater than 0');

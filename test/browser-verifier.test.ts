@@ -167,8 +167,10 @@ beforeAll(async () => {
   const payloadOf = (l: string) => (JSON.parse(l) as { payload: string }).payload;
   const padded = lines.find((l) => payloadOf(l).endsWith('='))!;
   const sigOf = (l: string) => (JSON.parse(l) as { signatures: { sig: string }[] }).signatures[0]!.sig;
-  // A random 64-byte signature lacks both '+' and '/' with probability ~6%; among 20, one has them.
-  const sigWithPlusOrSlash = lines.find((l) => /[+/]/.test(sigOf(l)))!;
+  // A random 64-byte signature holds two or more of '+' and '/' with probability ~3/4; among 20, one does.
+  const plusOrSlash = (t: string) => t.match(/[+/]/g)?.length ?? 0;
+  const sigWithPlusOrSlash = lines.find((l) => plusOrSlash(sigOf(l)) >= 2)!;
+  const urlSafe = (t: string) => t.replaceAll('+', '-').replaceAll('/', '_');
   expect(padded).toBeDefined();
   expect(sigWithPlusOrSlash).toBeDefined();
   Object.assign(tampered, {
@@ -180,16 +182,25 @@ beforeAll(async () => {
       const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
       e.payload = e.payload.slice(0, i) + B64[B64.indexOf(e.payload[i]!) | 1]! + e.payload.slice(i + 1);
     }),
+    // DSSE lets a producer write base64 unpadded or URL-safe: the same bytes, still verified.
     payloadUnpadded: withEnvelope(padded, (e) => {
       e.payload = e.payload.replace(/=+$/, '');
     }),
-    // A base64url character, which Node's Buffer decodes leniently.
-    payloadBase64url: withEnvelope(target, (e) => {
+    signatureBase64url: withEnvelope(sigWithPlusOrSlash, (e) => {
+      e.signatures[0]!.sig = urlSafe(e.signatures[0]!.sig);
+    }),
+    // But not the two alphabets mixed in one string (which Node's Buffer would decode leniently).
+    payloadMixedAlphabets: withEnvelope(target, (e) => {
+      e.payload = e.payload.slice(0, 1) + '-+' + e.payload.slice(3);
+    }),
+    signatureMixedAlphabets: withEnvelope(sigWithPlusOrSlash, (e) => {
+      e.signatures[0]!.sig = e.signatures[0]!.sig.replace(/[+/]/, (c) => (c === '+' ? '-' : '_'));
+    }),
+    // A base64url character in a string that is otherwise standard, with no "+" or "/": read as
+    // URL-safe, it is other bytes, and the signature says so.
+    payloadOneUrlChar: withEnvelope(target, (e) => {
       const i = Math.floor(payloadLen / 4);
       e.payload = e.payload.slice(0, i) + '-' + e.payload.slice(i + 1);
-    }),
-    signatureBase64url: withEnvelope(sigWithPlusOrSlash, (e) => {
-      e.signatures[0]!.sig = e.signatures[0]!.sig.replace(/[+/]/, (c) => (c === '+' ? '-' : '_'));
     }),
   });
   const tamperedLogs: Record<string, string[]> = {
@@ -405,9 +416,11 @@ describe('seller-node/verifier in a browser', () => {
       signatureSByteChanged: { ok: false, code: 'signature_invalid' },
       truncated: { ok: false, code: 'envelope_not_json' },
       payloadPadBitsSet: { ok: false, code: 'payload_not_base64' },
-      payloadUnpadded: { ok: false, code: 'payload_not_base64' },
-      payloadBase64url: { ok: false, code: 'payload_not_base64' },
-      signatureBase64url: { ok: false, code: 'signature_malformed' },
+      payloadUnpadded: { ok: true },
+      signatureBase64url: { ok: true },
+      payloadMixedAlphabets: { ok: false, code: 'payload_not_base64' },
+      signatureMixedAlphabets: { ok: false, code: 'signature_malformed' },
+      payloadOneUrlChar: { ok: false, code: /[+/]/.test((JSON.parse(input.lines[5]!) as { payload: string }).payload) ? 'payload_not_base64' : 'signature_invalid' },
       wrongProvider: { ok: false, code: 'unknown_key' },
     });
 

@@ -101,9 +101,39 @@ describe('Ed25519 envelopes', () => {
   test('parseEnvelope names truncated JSON and wrong shapes', () => {
     const text = serializeEnvelope(env);
     expect(parseEnvelope(text.slice(0, -3))).toMatchObject({ ok: false, error: { code: 'envelope_not_json' } });
-    for (const bad of ['null', '[]', '"x"', '{}', '{"payloadType":"t","payload":"","signatures":[]}', '{"payloadType":1,"payload":"","signatures":[{"sig":""}]}', '{"payloadType":"t","payload":"","signatures":[{"sig":""}],"x":1}', '{"payloadType":"t","payload":"","signatures":[{"sig":"","keyid":5}]}']) {
+    for (const bad of ['null', '[]', '"x"', '{}', '{"payloadType":"t","payload":"","signatures":[]}', '{"payloadType":1,"payload":"","signatures":[{"sig":""}]}', '{"payloadType":"t","payload":"","signatures":[{"sig":"","keyid":5}]}']) {
       expect(parseEnvelope(bad)).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
     }
+  });
+  test('DSSE interop: unknown fields are ignored, base64 may be URL-safe or unpadded, an empty keyid is no keyid, and a keyid is only a hint', () => {
+    const opts = { payloadType: 'application/x-test', keys: [key] };
+    const sig = env.signatures[0]!.sig;
+    // Unknown fields (DSSE: "Consumers MUST ignore unrecognized fields"), in the envelope and a signature.
+    const extra = parseEnvelope(JSON.stringify({ ...env, x_note: 'hi', signatures: [{ ...env.signatures[0], x: 1 }] }));
+    expect(extra.ok && verifyEnvelope(extra.value, opts)).toMatchObject({ ok: true, value: { keyid: 'k1', standardBase64: true } });
+    // URL-safe and unpadded base64 ("Either standard or URL-safe encoding is allowed").
+    const url = (b64: string, pad: boolean) => (pad ? b64 : b64.replace(/=+$/, '')).replaceAll('+', '-').replaceAll('/', '_');
+    const bytes = utf8('{"a":"~~~>>>???"}'); // base64 with "+" and "/" in it
+    const e2 = signEnvelope('application/x-test', bytes, { keyid: 'k1', seed });
+    expect(e2.payload).toMatch(/[+/]/);
+    for (const pad of [true, false]) {
+      const v = verifyEnvelope({ ...e2, payload: url(e2.payload, pad), signatures: [{ keyid: 'k1', sig: url(e2.signatures[0]!.sig, pad) }] }, opts);
+      expect(v).toMatchObject({ ok: true, value: { standardBase64: false } });
+      expect(v.ok && [...v.value.payload]).toEqual([...bytes]);
+    }
+    // Mixed alphabets, a lone extra character, or bad padding stay refused.
+    const mixed = e2.payload.replace(/[+/]/, (c) => (c === '+' ? '-' : '_'));
+    expect(mixed).toMatch(/[+/]/);
+    for (const bad of [mixed, 'QQ==Q', 'Q===', 'QQ=', 'Q', 'QQ==\n', 'QR']) {
+      expect(verifyEnvelope({ ...e2, payload: bad }, opts), bad).toMatchObject({ ok: false, error: { code: 'payload_not_base64' } });
+    }
+    // An empty keyid is treated as none ("An unset field MUST be treated the same as set-but-empty").
+    expect(verifyEnvelope({ ...env, signatures: [{ keyid: '', sig }] }, opts)).toMatchObject({ ok: true, value: { keyid: 'k1' } });
+    // A keyid naming no trusted key: the signature is still tried (the keyid is a hint), and a
+    // good one verifies; one by an untrusted key is ignored (unknown_key, not signature_invalid).
+    expect(verifyEnvelope({ ...env, signatures: [{ keyid: 'market-key-2026', sig }] }, opts)).toMatchObject({ ok: true, value: { keyid: 'k1', signature: { keyid: 'market-key-2026' } } });
+    const stranger = signEnvelope('application/x-test', utf8('{"a":1}'), { keyid: 'someone', seed: new Uint8Array(32).fill(8) });
+    expect(verifyEnvelope(stranger, opts)).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
   });
 });
 

@@ -13,6 +13,7 @@ import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { computeCost, formatUsd } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { sha256Hex } from '../attestation/hash.ts';
 import { parseConfig } from '../src/config.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import { checkReceipt } from '../src/gateway/receipt-check.ts';
@@ -361,6 +362,24 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(gw.records.size).toBe(records);
     expect(await totals()).toEqual(before);
     expect((await fetch(`${gw.url}/models`)).status).toBe(200); // still up
+  });
+
+  test("a non-stream body is the node's bytes with the receipt added as the last member of service: without it, they are what response_sha256 covers", async () => {
+    for (const [endpoint, body] of [
+      ['chat/completions', { model: MODEL, messages, max_tokens: 8, seed: 5 }],
+      ['completions', { model: MODEL, prompt: 'once upon', max_tokens: 8 }],
+      ['responses', { model: MODEL, input: 'hello', max_output_tokens: 8 }],
+      ['embeddings', { model: MODEL, input: ['a b', 'c'], encoding_format: 'float' }],
+    ] as const) {
+      const r = await fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      expect(r.status, endpoint).toBe(200);
+      const text = await r.text();
+      const at = text.lastIndexOf(',"receipt":');
+      expect(text.endsWith('}}'), endpoint).toBe(true);
+      const nodeBytes = text.slice(0, at) + '}}';
+      const p = verified((JSON.parse(text) as { service: { receipt: unknown } }).service.receipt);
+      expect(sha256Hex(Buffer.from(nodeBytes)), endpoint).toBe(p.response_sha256);
+    }
   });
 
   test('embeddings: one vector per input, billed for input tokens only', async () => {

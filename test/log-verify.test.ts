@@ -101,4 +101,20 @@ describe('export', () => {
     const r = await audit({ dir: b.exportDir, threads: 0 });
     expect(r.fault).toMatchObject({ code: 'envelope_not_canonical', seq: '2', line: 3 });
   });
+
+  test('a line in URL-safe base64 (a form DSSE lets a reader accept, its signature still good) is envelope_not_canonical', async () => {
+    const b: BuiltLog = await buildLog({ count: 5, checkpointEvery: 5 });
+    temps.push(b.root);
+    const file = path.join(b.exportDir, 'receipts.jsonl');
+    const lines = fs.readFileSync(file, 'utf8').split('\n');
+    const env = JSON.parse(lines[1]!) as { payload: string; signatures: { sig: string }[] };
+    const url = (t: string) => t.replaceAll('+', '-').replaceAll('/', '_').replace(/=+$/, '');
+    expect(url(env.payload) + url(env.signatures[0]!.sig)).not.toBe(env.payload + env.signatures[0]!.sig);
+    lines[1] = lines[1]!.replace(env.payload, url(env.payload)).replace(env.signatures[0]!.sig, url(env.signatures[0]!.sig));
+    fs.writeFileSync(file, lines.join('\n'));
+    const { verifyReceipt } = await import('../attestation/receipt-verify.ts');
+    expect(verifyReceipt(lines[1]!, { provider: b.providerId }).ok).toBe(true); // the receipt itself verifies
+    const r = await audit({ dir: b.exportDir, threads: 0 });
+    expect(r.fault).toMatchObject({ code: 'envelope_not_canonical', seq: '1', line: 2 });
+  });
 });

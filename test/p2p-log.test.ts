@@ -57,6 +57,10 @@ describe('/service/log/1.0.0', () => {
     const under10 = await ask({ op: 'inclusion', seq: 7, size: 10 });
     expect(verifyReceiptProof(under10.text)).toMatchObject({ ok: true, value: { index: 7 } });
     expect(under10.text).toContain(log.checkpoints().find((x) => x.size === 10)!.note);
+    // seq and sizes also as decimal strings, as a receipt carries its seq.
+    const asText = await ask({ op: 'inclusion', seq: '13', size: '20' });
+    expect(asText.text).toBe(bundle.text);
+    expect(JSON.parse((await ask({ op: 'consistency', size1: '10', size2: '20' })).text)).toEqual(JSON.parse((await ask({ op: 'consistency', size1: 10, size2: 20 })).text));
     const c = JSON.parse((await ask({ op: 'consistency', size1: 10 })).text) as { proof: string[]; checkpoint: string };
     const older = log.checkpoints().find((x) => x.size === 10)!.note;
     expect(verifyCheckpointConsistency(older, c.checkpoint, c.proof.map((p) => fromBase64(p)!), log.providerId).ok).toBe(true);
@@ -65,6 +69,7 @@ describe('/service/log/1.0.0', () => {
     expect(await ask({ op: 'receipt', request_id: 'nope' })).toMatchObject({ status: 404, error: 'not_found' });
     expect(await ask({ op: 'inclusion', seq: 22 })).toMatchObject({ status: 404, error: 'not_found' }); // not under a checkpoint yet
     expect(await ask({ op: 'inclusion', seq: -1 })).toMatchObject({ status: 400, error: 'invalid_request' });
+    for (const seq of ['-1', '01', '1.0', ' 1', '99999999999999999999', '']) expect(await ask({ op: 'inclusion', seq }), seq).toMatchObject({ status: 400, error: 'invalid_request' });
     expect(await ask({ op: 'inclusion', seq: 1, size: 'ten' })).toMatchObject({ status: 400, error: 'invalid_request' });
     expect(await ask({ op: 'inclusion', seq: 1, size: 15 })).toMatchObject({ status: 404, error: 'not_found' }); // no checkpoint of that size
     expect(await ask({ op: 'inclusion', seq: 12, size: 10 })).toMatchObject({ status: 404, error: 'not_found' }); // not under it

@@ -49,6 +49,13 @@ describe('verifyTicket', () => {
     expect(r2).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'max_cost_micro_usd' } });
     const r3 = verifyTicket(signTicket(market, { ...ticketPayload(provider.id), routing: { min_tokens_per_second: 0 } }), { marketplaceKeys: keys });
     expect(r3).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'routing.min_tokens_per_second' } });
+    const r4 = verifyTicket(signTicket(market, { ...ticketPayload(provider.id), routing: { quantization: 'q4 k m' } }), { marketplaceKeys: keys });
+    expect(r4).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'routing.quantization' } });
+  });
+  test('a quantization as the buyer wrote it (not yet bucketed) is taken: the node compares buckets', () => {
+    for (const q of ['Q4_K_M', 'q4-k-m', 'F16']) {
+      expect(verifyTicket(signTicket(market, { ...ticketPayload(provider.id), routing: { quantization: q } }), { marketplaceKeys: keys }).ok, q).toBe(true);
+    }
   });
   test('garbage never throws', () => {
     for (const g of ['', 'null', '{"payloadType":"x"}', '[1,2]']) expect(codeOf(g)).toMatch(/envelope_/);

@@ -18,7 +18,18 @@ type Answer = { status: number; type: string; body: string } | { status: number;
 
 const isSize = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
 
-function answerLog(log: ReceiptLog, head: Record<string, unknown>): Answer {
+/**
+ * A seq or tree size as a JSON number or as a decimal string (how receipts carry `seq`, design.md:
+ * integers that may pass 2^53 are strings); anything else is left as it was, to be refused.
+ */
+function sizeOf(v: unknown): unknown {
+  if (typeof v !== 'string' || !/^(0|[1-9][0-9]{0,15})$/.test(v)) return v;
+  const n = Number(v);
+  return Number.isSafeInteger(n) ? n : v;
+}
+
+function answerLog(log: ReceiptLog, raw: Record<string, unknown>): Answer {
+  const head: Record<string, unknown> = { ...raw, seq: sizeOf(raw.seq), size: sizeOf(raw.size), size1: sizeOf(raw.size1), size2: sizeOf(raw.size2) };
   const json = (v: unknown): Answer => ({ status: 200, type: 'application/json', body: JSON.stringify(v) });
   const bad = (code: string, message: string, status = 400): Answer => ({ status, ...errorBody(code, message) });
   switch (head.op) {
