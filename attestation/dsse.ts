@@ -166,7 +166,11 @@ export function parseEnvelopeLine(text: string): DsseEnvelope | undefined {
   return { payload, payloadType, signatures: [{ keyid, sig }] };
 }
 
-/** Parses envelope JSON text. Truncated or non-JSON text gets envelope_not_json. */
+/**
+ * Parses envelope JSON text. Truncated or non-JSON text gets envelope_not_json; a key repeated in
+ * one object is envelope_malformed: JSON.parse keeps the last `payload`, a reader that keeps the
+ * first would show another receipt, so neither reading is taken.
+ */
 export function parseEnvelope(text: string): VerifyResult<DsseEnvelope> {
   let value: unknown;
   try {
@@ -174,7 +178,42 @@ export function parseEnvelope(text: string): VerifyResult<DsseEnvelope> {
   } catch {
     return fail('envelope_not_json', 'envelope is not valid JSON (truncated or corrupted?)');
   }
+  const twice = duplicateKey(text);
+  if (twice !== undefined) return fail('envelope_malformed', `envelope has the key ${JSON.stringify(twice.slice(0, 40))} twice in one object`);
   return checkEnvelopeShape(value);
+}
+
+/** The first key that appears twice in one object of `text`, which must be well-formed JSON. */
+export function duplicateKey(text: string): string | undefined {
+  const objects: (Set<string> | null)[] = []; // one entry per open object (its keys) or array (null)
+  let keyNext = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22) {
+      let j = i + 1;
+      while (text.charCodeAt(j) !== 0x22) j += text.charCodeAt(j) === 0x5c ? 2 : 1;
+      const keys = objects[objects.length - 1];
+      if (keyNext && keys) {
+        const key = JSON.parse(text.slice(i, j + 1)) as string;
+        if (keys.has(key)) return key;
+        keys.add(key);
+        keyNext = false;
+      }
+      i = j;
+    } else if (c === 0x7b) {
+      objects.push(new Set());
+      keyNext = true;
+    } else if (c === 0x5b) {
+      objects.push(null);
+      keyNext = false;
+    } else if (c === 0x7d || c === 0x5d) {
+      objects.pop();
+      keyNext = false;
+    } else if (c === 0x2c) {
+      keyNext = objects[objects.length - 1] != null;
+    }
+  }
+  return undefined;
 }
 
 export interface VerifiedEnvelope {

@@ -3,7 +3,7 @@
 // the provider's signed price lists, every receipt's price against the list of its version.
 // ReceiptChain is incremental, so an auditor can verify receipts in parallel elsewhere and feed
 // the results here in order.
-import { bytesEqual, toBase64 } from './bytes.ts';
+import { bytesEqual, isHex, toBase64 } from './bytes.ts';
 import { receiptLogOrigin, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import type { DsseEnvelope } from './dsse.ts';
 import { MerkleTree, verifyConsistency } from './merkle.ts';
@@ -21,6 +21,9 @@ export interface ChainLink {
   costMicroUsd: bigint;
   holdMicroUsd: bigint;
   status: string;
+  /** The ticket and request the receipt bills: each at most once in a log. */
+  ticketId: string;
+  requestId: string;
 }
 
 export interface LogSummary {
@@ -34,6 +37,8 @@ export interface LogSummary {
   byStatus: Record<string, number>;
   /** The largest checkpoint checked, if any. */
   latestCheckpoint?: { size: number; rootHash: string };
+  /** How many kept checkpoints (the caller's, from before) the log was checked against. */
+  keptCheckpoints: number;
 }
 
 /** Checks seq continuity and the prev chain, and builds the Merkle tree, one receipt at a time. */
@@ -44,6 +49,9 @@ export class ReceiptChain {
   private totalCost = 0n;
   private totalHold = 0n;
   private readonly byStatus: Record<string, number> = {};
+  /** Tickets and requests billed so far, with the seq that billed each. */
+  private readonly tickets = new Map<string, bigint>();
+  private readonly requests = new Map<string, bigint>();
   /** After the first out-of-order seq: the seq that was expected there, and whether it shows up later. */
   private missing: { seq: bigint; at: string; foundLater: boolean } | undefined;
   private failed: VerifyError | undefined;
@@ -67,6 +75,14 @@ export class ReceiptChain {
     if (link.prev !== this.lastHash) {
       return this.stop(fail('prev_mismatch', `prev does not hash the payload of seq ${seq - 1n}`, { seq: link.seq }));
     }
+    // One ticket is one hold for one request, and a node answers a retry of a request from its
+    // record: a second receipt for either bills the buyer twice.
+    const ticketAt = this.tickets.get(link.ticketId);
+    if (ticketAt !== undefined) return this.stop(fail('ticket_billed_twice', `ticket ${link.ticketId} was already billed by seq ${ticketAt}`, { seq: link.seq }));
+    const requestAt = this.requests.get(link.requestId);
+    if (requestAt !== undefined) return this.stop(fail('request_billed_twice', `request ${link.requestId} was already billed by seq ${requestAt}`, { seq: link.seq }));
+    this.tickets.set(link.ticketId, seq);
+    this.requests.set(link.requestId, seq);
     this.expected = seq + 1n;
     this.lastHash = link.payloadSha256;
     this.tree.append(link.leafHash);
@@ -99,8 +115,11 @@ export class ReceiptChain {
     return this.failed !== undefined;
   }
 
-  /** Ends the log: reports a gap or reorder, then checks the checkpoints against the tree. */
-  finish(checkpoints: readonly string[], provider: string): VerifyResult<LogSummary> {
+  /**
+   * Ends the log: reports a gap or reorder, then checks the checkpoints against the tree: the
+   * export's own, and `kept`, checkpoints the auditor holds from before (see checkCheckpoints).
+   */
+  finish(checkpoints: readonly string[], provider: string, kept: readonly string[] = []): VerifyResult<LogSummary> {
     if (this.failed) return { ok: false, error: this.failed };
     if (this.missing) {
       const { seq, at, foundLater } = this.missing;
@@ -108,7 +127,7 @@ export class ReceiptChain {
         ? fail('seq_out_of_order', `seq ${at} appears where seq ${seq} belongs`, { seq: String(seq) })
         : fail('seq_gap', `seq ${seq} is missing (next present is ${at})`, { seq: String(seq) });
     }
-    const cps = checkCheckpoints(checkpoints, provider, this.tree);
+    const cps = checkCheckpoints(checkpoints, provider, this.tree, kept);
     if (!cps.ok) return cps;
     const latest = cps.value.at(-1);
     return ok({
@@ -119,6 +138,7 @@ export class ReceiptChain {
       totalCostMicroUsd: this.totalCost.toString(),
       totalHoldMicroUsd: this.totalHold.toString(),
       byStatus: { ...this.byStatus },
+      keptCheckpoints: kept.length,
       ...(latest ? { latestCheckpoint: { size: latest.size, rootHash: toBase64(latest.rootHash) } } : {}),
     });
   }
@@ -127,11 +147,36 @@ export class ReceiptChain {
 /**
  * Checks signed checkpoints against the log's own tree: each is signed by the provider under its
  * receipt-log origin, no two disagree on the root of one size (a fork), and each root is the
- * tree's root at that size. Returns them sorted by size.
+ * tree's root at that size. Returns the log's own, sorted by size.
+ *
+ * Every checkpoint in an export is the provider's, so they agree with each other even when the
+ * provider rewrote or cut its log and signed them all again. `kept` are checkpoints the auditor (a
+ * buyer, the marketplace) got earlier and kept: the log must still contain each, whole and
+ * unchanged, or it is `checkpoint_inconsistent` (history cut or rewritten).
  */
-export function checkCheckpoints(notes: readonly string[], provider: string, tree: MerkleTree): VerifyResult<VerifiedCheckpoint[]> {
+export function checkCheckpoints(notes: readonly string[], provider: string, tree: MerkleTree, kept: readonly string[] = []): VerifyResult<VerifiedCheckpoint[]> {
+  try {
+    return checkCheckpointsUnsafe(notes, provider, tree, kept);
+  } catch (e) {
+    return fail('checkpoint_malformed', `checkpoints could not be read: ${(e as Error).message}`);
+  }
+}
+
+function checkCheckpointsUnsafe(notes: readonly string[], provider: string, tree: MerkleTree, kept: readonly string[]): VerifyResult<VerifiedCheckpoint[]> {
+  if (!isHex(provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const origin = receiptLogOrigin(provider);
   const key = { name: origin, origin, publicKey: hexKey(provider) };
+  for (const [i, note] of kept.entries()) {
+    const v = verifyCheckpoint(note, key);
+    if (!v.ok) return fail(v.error.code, `kept checkpoint ${i + 1}: ${v.error.message}`);
+    const cp = v.value;
+    if (cp.size > tree.size) {
+      return fail('checkpoint_inconsistent', `kept checkpoint ${i + 1} covers ${cp.size} receipts, this log holds ${tree.size}: receipts the provider had signed into its log are gone`);
+    }
+    if (!bytesEqual(tree.root(cp.size), cp.rootHash)) {
+      return fail('checkpoint_inconsistent', `kept checkpoint ${i + 1} (size ${cp.size}) does not match this log's first ${cp.size} receipts: the provider rewrote its history`);
+    }
+  }
   const verified: VerifiedCheckpoint[] = [];
   for (const [i, note] of notes.entries()) {
     const v = verifyCheckpoint(note, key);
@@ -170,6 +215,12 @@ export interface VerifyLogInput {
   /** Signed checkpoint notes. */
   checkpoints?: readonly string[];
   /**
+   * Checkpoints of this provider's log that the caller got earlier and kept: the log must still
+   * contain each unchanged (else `checkpoint_inconsistent`). The only defence against a provider
+   * that rewrites or cuts its log and signs every checkpoint again.
+   */
+  keptCheckpoints?: readonly string[];
+  /**
    * The provider's signed price lists (envelopes or their JSON). When given, each must verify
    * (else `price_list_invalid`) and every receipt's price must be its model's in the list of the
    * version it cites (else `price_list_missing` or `price_mismatch` at that receipt). When absent,
@@ -178,8 +229,17 @@ export interface VerifyLogInput {
   priceLists?: Iterable<DsseEnvelope | string>;
 }
 
-/** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). */
+/** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). Never throws. */
 export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
+  try {
+    return verifyLogUnsafe(input);
+  } catch (e) {
+    return fail('envelope_malformed', `the log could not be read: ${(e as Error).message}`);
+  }
+}
+
+function verifyLogUnsafe(input: VerifyLogInput): VerifyResult<LogSummary> {
+  if (input === null || typeof input !== 'object') return fail('envelope_malformed', 'expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}');
   let prices: PriceBook | undefined;
   if (input.priceLists !== undefined) {
     const book = verifyPriceLists(input.priceLists, input.provider);
@@ -201,7 +261,7 @@ export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
     if (!added.ok) return added;
   }
   if (n === 0 && (input.checkpoints?.length ?? 0) === 0) return fail('log_empty', 'the log holds no receipts');
-  return chain.finish(input.checkpoints ?? [], input.provider);
+  return chain.finish(input.checkpoints ?? [], input.provider, input.keptCheckpoints ?? []);
 }
 
 /**
@@ -220,8 +280,10 @@ export function verifyPriceLists(lists: Iterable<DsseEnvelope | string>, provide
   return ok(book);
 }
 
-export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd: string; hold_micro_usd: string; status: string }; payloadSha256?: string; leafHash?: Uint8Array }): ChainLink {
+export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd: string; hold_micro_usd: string; status: string; ticket_id: string; request_id: string }; payloadSha256?: string; leafHash?: Uint8Array }): ChainLink {
   return {
+    ticketId: v.payload.ticket_id,
+    requestId: v.payload.request_id,
     seq: v.payload.seq,
     prev: v.payload.prev,
     payloadSha256: v.payloadSha256!,
@@ -238,6 +300,15 @@ export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd
  * rewrites its log. Both must be signed by the provider under its receipt-log origin.
  */
 export function verifyCheckpointConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {
+  try {
+    return checkConsistency(older, newer, proof, provider);
+  } catch (e) {
+    return fail('proof_malformed', `the checkpoints or proof could not be read: ${(e as Error).message}`);
+  }
+}
+
+function checkConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {
+  if (!isHex(provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const origin = receiptLogOrigin(provider);
   const key = { name: origin, origin, publicKey: hexKey(provider) };
   const a = verifyCheckpoint(older, key);

@@ -65,9 +65,18 @@ export function signPriceList(seed: Uint8Array, provider: string, models: readon
   return { payload, envelope: signEnvelope(PRICELIST_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: provider, seed }) };
 }
 
-/** Verifies a provider's signed price list. */
+/** Verifies a provider's signed price list. Never throws. */
 export function verifyPriceList(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
-  if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  try {
+    return verifyPriceListUnsafe(envelope, opts);
+  } catch (e) {
+    // Only reachable through hostile objects (getters, proxies) or a missing argument.
+    return fail('envelope_malformed', `price list could not be read: ${(e as Error).message}`);
+  }
+}
+
+function verifyPriceListUnsafe(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
+  if (!isHex(opts?.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
   const v = verifyEnvelope(shaped.value, { payloadType: PRICELIST_PAYLOAD_TYPE, keys: [{ keyid: opts.provider, publicKey: fromHex(opts.provider) }] });

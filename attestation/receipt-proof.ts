@@ -21,6 +21,14 @@ export interface VerifiedReceiptProof {
  * provider id is the public key that must have signed both the checkpoint and the receipt.
  */
 export function verifyReceiptProof(text: string, opts: { provider?: string } = {}): VerifyResult<VerifiedReceiptProof> {
+  try {
+    return verifyReceiptProofUnsafe(text, opts ?? {});
+  } catch (e) {
+    return fail('bundle_malformed', `the bundle could not be read: ${(e as Error).message}`);
+  }
+}
+
+function verifyReceiptProofUnsafe(text: string, opts: { provider?: string }): VerifyResult<VerifiedReceiptProof> {
   const parsed = parseProofBundle(text);
   if (!parsed.ok) return parsed;
   let provider = opts.provider;
@@ -38,7 +46,8 @@ export function verifyReceiptProof(text: string, opts: { provider?: string } = {
   if (!b.ok) return b;
   const line = fromUtf8(b.value.leafData);
   if (line === undefined) return fail('bundle_malformed', 'the bundle\'s receipt is not UTF-8');
-  const r = verifyReceipt(line, { provider });
+  // The leaf is a line of the log: it must be its envelope's canonical form, as the audit requires.
+  const r = verifyReceipt(line, { provider, chain: true });
   if (!r.ok) return r;
   if (r.value.payload.seq !== String(b.value.index)) {
     return fail('proof_index_out_of_range', `receipt seq ${r.value.payload.seq} is proven at index ${b.value.index}`);

@@ -24,6 +24,8 @@ export type VerifyErrorCode =
   | 'seq_out_of_order'
   | 'prev_mismatch'
   | 'log_empty'
+  | 'ticket_billed_twice'
+  | 'request_billed_twice'
   // prices (a log checked against the provider's signed price lists)
   | 'price_list_invalid'
   | 'price_list_missing'

@@ -53,7 +53,7 @@ function fresh(): string {
   return copyExport(base, t);
 }
 
-async function run(dir: string, opts: { threads?: number; chunkBytes?: number; provider?: string } = {}): Promise<AuditReport> {
+async function run(dir: string, opts: { threads?: number; chunkBytes?: number; provider?: string; kept?: string[] } = {}): Promise<AuditReport> {
   return audit({ dir, threads: 0, ...opts });
 }
 
@@ -102,6 +102,7 @@ describe('audit: a clean export', () => {
       totalCostMicroUsd: base.totalCostMicroUsd.toString(),
       totalHoldMicroUsd: base.totalHoldMicroUsd.toString(),
       byStatus: base.byStatus,
+      keptCheckpoints: 0,
       latestCheckpoint: { size: COUNT, rootHash: base.rootHash },
     });
     expect(r.priceVersions).toEqual([base.priceVersion]);
@@ -835,5 +836,82 @@ describe('verifyLog with price lists', () => {
     const v = verifyLog({ provider: base.providerId, receipts: base.lines, priceLists: lists });
     expect(v).toMatchObject({ ok: false, error: { code: 'price_list_invalid' } });
     expect(!v.ok && v.error.message).toMatch(/^price list #2: unknown_key: /);
+  });
+});
+
+describe('audit against the checkpoints an auditor kept (a provider that re-signs everything)', () => {
+  /** The base export's checkpoint files, copied to a folder the auditor keeps. */
+  function keptFolder(): string {
+    const t = tempDir();
+    temps.push(t);
+    for (const n of fs.readdirSync(path.join(base.exportDir, 'checkpoints'))) fs.copyFileSync(path.join(base.exportDir, 'checkpoints', n), path.join(t, n));
+    return t;
+  }
+
+  it('a later export that extends the log passes; one cut short or rewritten (every checkpoint re-signed) passes alone but not against what was kept', async () => {
+    const kept = keptFolder();
+    const bodyOf = (rewrite: boolean) => (i: number) => (rewrite && i === 5 ? { ...syntheticReceiptBody(i), request_id: 'req-rewritten' } : syntheticReceiptBody(i));
+    const later = async (count: number, rewrite = false) => {
+      const b = await buildLog({ count, checkpointEvery: 10, seed: base.seed, body: bodyOf(rewrite) });
+      temps.push(b.root);
+      return b;
+    };
+    const extended = await later(40);
+    const r = await run(extended.exportDir, { kept: [kept] });
+    expect(r.ok).toBe(true);
+    expect(r.summary!.keptCheckpoints).toBe(3);
+    const cut = await later(20);
+    const rewritten = await later(40, true);
+    for (const [name, b, message] of [
+      ['cut', cut, /covers 30 receipts, this log holds 20/],
+      ['rewritten', rewritten, /does not match this log's first 10 receipts: the provider rewrote its history/],
+    ] as const) {
+      expect((await run(b.exportDir)).ok, `${name} alone`).toBe(true); // it agrees with itself
+      const f = (await run(b.exportDir, { kept: [kept] })).fault;
+      expect(f, name).toMatchObject({ code: 'checkpoint_inconsistent', message: expect.stringMatching(message) });
+      expect(f!.message, name).toContain(`the checkpoint you kept in ${kept}/`);
+      // verifyLog, with the kept notes, says the same.
+      const v = verifyLog({ provider: b.providerId, receipts: b.lines, checkpoints: notesOf(b.exportDir), keptCheckpoints: fs.readdirSync(kept).map((n) => fs.readFileSync(path.join(kept, n), 'utf8')) });
+      expect(v, name).toMatchObject({ ok: false, error: { code: 'checkpoint_inconsistent' } });
+    }
+    // A kept note that is not the provider's (or not a note) is named too.
+    const other = randomSeed();
+    const foreign = path.join(kept, 'foreign');
+    fs.writeFileSync(foreign, makeCheckpoint(other, base.origin, 10, base.roots[10]!));
+    expect((await run(extended.exportDir, { kept: [foreign] })).fault).toMatchObject({ code: 'note_no_known_signature', message: expect.stringContaining(foreign) });
+    expect((await run(extended.exportDir, { kept: [path.join(kept, 'nope')] })).fault).toMatchObject({ code: 'export_unreadable' });
+  });
+
+  it('two receipts for one ticket, or for one request, are billing twice: named at the second', async () => {
+    for (const [field, code] of [['ticket_id', 'ticket_billed_twice'], ['request_id', 'request_billed_twice']] as const) {
+      const b = await buildLog({ count: 12, checkpointEvery: 10, body: (i) => (i === 9 ? { ...syntheticReceiptBody(i), [field]: syntheticReceiptBody(8)[field] } : syntheticReceiptBody(i)) });
+      temps.push(b.root);
+      expect((await run(b.exportDir)).fault, field).toMatchObject({ code, seq: '9', line: 10, message: expect.stringContaining('already billed by seq 8') });
+      expect(verifyLog({ provider: b.providerId, receipts: b.lines }), field).toMatchObject({ ok: false, error: { code, seq: '9' } });
+    }
+  });
+
+  it('a receipts.jsonl that is not a regular file (a FIFO) is refused at once, never waited on', async () => {
+    const dir = fresh();
+    const file = path.join(dir, 'receipts.jsonl');
+    fs.rmSync(file);
+    const { execFileSync } = await import('node:child_process');
+    execFileSync('mkfifo', [file]);
+    expect((await run(dir)).fault).toMatchObject({ code: 'export_malformed', message: expect.stringContaining('not a regular file') });
+  });
+
+  it('a line that is not UTF-8 is envelope_not_json, not read leniently', async () => {
+    const dir = fresh();
+    const file = path.join(dir, 'receipts.jsonl');
+    const bytes = fs.readFileSync(file);
+    const lines = bytes.toString('utf8').split('\n');
+    // An extra signature by an unknown key whose keyid holds the byte 0xFF.
+    const env = JSON.parse(lines[4]!) as DsseEnvelope;
+    const withSig = JSON.stringify({ ...env, signatures: [...env.signatures, { keyid: 'K', sig: env.signatures[0]!.sig }] });
+    const at = Buffer.byteLength(withSig.slice(0, withSig.lastIndexOf('"K"') + 1));
+    const line = Buffer.from(withSig);
+    line[at] = 0xff;
+    fs.writeFileSync(file, Buffer.concat([Buffer.from(lines.slice(0, 4).join('\n') + '\n'), line, Buffer.from('\n' + lines.slice(5).join('\n'))]));
+    expect((await run(dir)).fault).toMatchObject({ code: 'envelope_not_json', line: 5, message: expect.stringContaining('UTF-8') });
   });
 });

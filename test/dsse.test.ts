@@ -3,7 +3,7 @@ import { describe, expect, test } from 'vitest';
 import crypto from 'node:crypto';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { LENIENT_BASE64, base64Candidates } from './helpers/base64-cases.ts';
-import { pae, paeOfBase64, transientPae, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseKey } from '../attestation/dsse.ts';
+import { pae, paeOfBase64, transientPae, parseEnvelope, serializeEnvelope, signEnvelope, verifyEnvelope, type DsseEnvelope, type DsseKey } from '../attestation/dsse.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { readVectorJson } from './helpers/vectors.ts';
 
@@ -104,6 +104,19 @@ describe('Ed25519 envelopes', () => {
     for (const bad of ['null', '[]', '"x"', '{}', '{"payloadType":"t","payload":"","signatures":[]}', '{"payloadType":1,"payload":"","signatures":[{"sig":""}]}', '{"payloadType":"t","payload":"","signatures":[{"sig":"","keyid":5}]}']) {
       expect(parseEnvelope(bad)).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
     }
+  });
+  test('a key repeated in one object of the envelope is envelope_malformed (no reading is taken), whatever the reader', async () => {
+    const { duplicateKey } = await import('../attestation/dsse.ts');
+    const cheap = signEnvelope('application/x-test', utf8('{"cost":"1"}'), { keyid: 'k1', seed });
+    const text = `{"payload":"${cheap.payload}","payload":"${env.payload}","payloadType":"application/x-test","signatures":${JSON.stringify(env.signatures)}}`;
+    expect(verifyEnvelope(JSON.parse(text) as DsseEnvelope, { payloadType: 'application/x-test', keys: [key] }).ok).toBe(true); // (JSON.parse keeps the last)
+    expect(parseEnvelope(text)).toMatchObject({ ok: false, error: { code: 'envelope_malformed', message: 'envelope has the key "payload" twice in one object' } });
+    // Also escaped spellings, and inside a signature; the same key in sibling objects is fine.
+    expect(duplicateKey('{"a":1,"\u0061":2}')).toBe('a');
+    expect(duplicateKey('{"s":[{"k":1,"k":2}]}')).toBe('k');
+    expect(duplicateKey('{"s":[{"k":1},{"k":2}],"t":{"k":"\"k\""},"u":["k","k"]}')).toBeUndefined();
+    expect(duplicateKey('{"a":{"b":1},"b":2}')).toBeUndefined();
+    expect(duplicateKey('{"a":{"b":1},"a":2}')).toBe('a');
   });
   test('DSSE interop: unknown fields are ignored, base64 may be URL-safe or unpadded, an empty keyid is no keyid, and a keyid is only a hint', () => {
     const opts = { payloadType: 'application/x-test', keys: [key] };

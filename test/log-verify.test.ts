@@ -118,3 +118,48 @@ describe('export', () => {
     expect(r.fault).toMatchObject({ code: 'envelope_not_canonical', seq: '1', line: 2 });
   });
 });
+
+describe('the verifier answers, never throws, on what callers really pass', () => {
+  test('a provider id read with its newline or in capitals, missing arguments, hostile objects', async () => {
+    const { verifyLog, checkCheckpoints } = await import('../attestation/log-verify.ts');
+    const { verifyReceiptProof } = await import('../attestation/receipt-proof.ts');
+    const { MerkleTree } = await import('../attestation/merkle.ts');
+    const b: BuiltLog = await buildLog({ count: 3, checkpointEvery: 3 });
+    temps.push(b.root);
+    const note = fs.readFileSync(path.join(b.exportDir, 'checkpoint'), 'utf8');
+    const pubText = fs.readFileSync(path.join(b.exportDir, 'provider.pub'), 'utf8');
+    expect(pubText).toBe(`${b.providerId}\n`);
+    for (const provider of [pubText, b.providerId.toUpperCase()]) {
+      expect(verifyCheckpointConsistency(note, note, [], provider)).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+      expect(verifyLog({ provider, receipts: [], checkpoints: [note] })).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+      expect(checkCheckpoints([note], provider, new MerkleTree())).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+    }
+    const evil = { get payloadType(): string { throw new Error('boom'); }, payload: '', signatures: [{ sig: '' }] };
+    expect(verifyPriceList(evil as never, { provider: b.providerId })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    expect(verifyPriceList('{}', undefined as never)).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+    expect(verifyReceiptProof('x', null as never)).toMatchObject({ ok: false });
+    expect(verifyLog(undefined as never)).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    expect(verifyLog({ provider: b.providerId, receipts: 5 as never })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    const throwing = { *[Symbol.iterator]() { yield b.lines[0]!; throw new Error('disk gone'); } };
+    expect(verifyLog({ provider: b.providerId, receipts: throwing })).toMatchObject({ ok: false, error: { code: 'envelope_malformed', message: expect.stringContaining('disk gone') } });
+  });
+});
+
+describe('verifyReceiptProof', () => {
+  test('a bundle whose leaf is not its envelope\'s canonical line (a log the audit refuses) is envelope_not_canonical', async () => {
+    const { verifyReceiptProof } = await import('../attestation/receipt-proof.ts');
+    const { MerkleTree, leafHash } = await import('../attestation/merkle.ts');
+    const { formatProofBundle } = await import('../attestation/tlog-proof.ts');
+    const { makeCheckpoint } = await import('./helpers/tamper-log.ts');
+    const b: BuiltLog = await buildLog({ count: 3, checkpointEvery: 3 });
+    temps.push(b.root);
+    const proveAt = (lines: string[], index: number) => {
+      const tree = MerkleTree.fromLeafHashes(lines.map((l) => leafHash(l)));
+      const note = makeCheckpoint(b.seed, b.origin, lines.length, tree.root(lines.length));
+      return formatProofBundle({ index, proof: tree.inclusionProof(index, lines.length), checkpointNote: note, extra: new TextEncoder().encode(lines[index]!) });
+    };
+    expect(verifyReceiptProof(proveAt(b.lines, 1), { provider: b.providerId }).ok).toBe(true);
+    const spaced = b.lines.map((l, i) => (i === 1 ? l.replace('{', '{ ') : l));
+    expect(verifyReceiptProof(proveAt(spaced, 1), { provider: b.providerId })).toMatchObject({ ok: false, error: { code: 'envelope_not_canonical' } });
+  });
+});

@@ -44,6 +44,12 @@ export interface AuditOptions {
   threads?: number;
   /** Bytes of receipts.jsonl per worker task (default 1 MiB). */
   chunkBytes?: number;
+  /**
+   * Checkpoint files (or folders of them) the auditor got earlier from this provider and kept: the
+   * log must still contain each unchanged (else `checkpoint_inconsistent`). Without them an audit
+   * can tell that an export agrees with itself, not that it agrees with what was published before.
+   */
+  kept?: readonly string[];
 }
 
 const WORKER = new URL(import.meta.url.endsWith('.ts') ? './audit-worker.ts' : './audit-worker.js', import.meta.url);
@@ -78,14 +84,18 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   if (opts.provider !== undefined && opts.provider !== provider) {
     return fault({ code: 'provider_mismatch', message: `export is by provider ${provider}, expected ${opts.provider}` }, provider);
   }
+  const receiptsStat = fs.statSync(receiptsFile);
+  if (!receiptsStat.isFile()) return fault({ code: 'export_malformed', message: `${receiptsFile} is not a regular file` }, provider);
   const read = readCheckpoints(opts.dir);
   if ('code' in read) return fault(read, provider);
+  const kept = readKept(opts.kept ?? []);
+  if ('code' in kept) return fault(kept, provider);
   const checkpoints = read.notes;
   const prices = verifyExportPriceLists(opts.dir, provider);
   if ('code' in prices) return fault(prices, provider);
 
   // A log of one chunk is one task: checked here, without starting (and tearing down) workers.
-  const size = fs.statSync(receiptsFile).size;
+  const size = receiptsStat.size;
   const oneChunk = size <= (opts.chunkBytes ?? DEFAULT_CHUNK_BYTES);
   const threads = oneChunk ? 0 : (opts.threads ?? 2);
   const pool = threads > 0 ? new Piscina({ filename: WORKER.href, minThreads: threads, maxThreads: threads }) : undefined;
@@ -114,6 +124,8 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
         costMicroUsd: BigInt(c.costs[i]!),
         holdMicroUsd: BigInt(c.holds[i]!),
         status: c.statuses[i]!,
+        ticketId: c.ticketIds[i]!,
+        requestId: c.requestIds[i]!,
       });
       if (!added.ok) return toFault(added.error, line, seq);
     }
@@ -152,13 +164,17 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
     return fault(failure, provider);
   }
   if (lines === 0 && checkpoints.length === 0) return fault({ code: 'log_empty', message: 'receipts.jsonl holds no receipts' }, provider);
-  const finished = chain.finish(checkpoints, provider);
+  const finished = chain.finish(checkpoints, provider, kept.notes);
   if (!finished.ok) {
     // "checkpoint 3: …" names a note by its place in the list: name its file(s) instead.
     const f = toFault(finished.error);
     f.message = f.message.replace(/^checkpoint (\d+): /, (all, n: string) => {
       const [first, ...same] = read.files[Number(n) - 1] ?? [];
       return first === undefined ? all : `${first}${same.length ? ` (and ${same.join(', ')})` : ''}: `;
+    });
+    f.message = f.message.replace(/^kept checkpoint (\d+)/, (all, n: string) => {
+      const file = kept.files[Number(n) - 1];
+      return file === undefined ? all : `the checkpoint you kept in ${file}`;
     });
     return fault(f, provider);
   }
@@ -210,6 +226,35 @@ function verifyExportPriceLists(dir: string, provider: string): { lists: PricedV
     lists.push({ version, models: v.value.models });
   }
   return { lists, folder: true };
+}
+
+/** The auditor's kept checkpoints: each path a note file, or a folder of them (dotfiles skipped). */
+function readKept(paths: readonly string[]): { notes: string[]; files: string[] } | AuditFault {
+  const files: string[] = [];
+  for (const p of paths) {
+    let st: fs.Stats;
+    try {
+      st = fs.statSync(p);
+    } catch (e) {
+      return { code: 'export_unreadable', message: `${p}: ${fsProblem(e)}` };
+    }
+    if (!st.isDirectory()) {
+      files.push(p);
+      continue;
+    }
+    try {
+      for (const n of fs.readdirSync(p).filter((n) => !n.startsWith('.')).sort()) files.push(path.join(p, n));
+    } catch (e) {
+      return { code: 'export_unreadable', message: `${p}: ${fsProblem(e)}` };
+    }
+  }
+  const notes: string[] = [];
+  for (const f of files) {
+    const text = readSmall(f);
+    if (text === undefined) return { code: 'checkpoint_malformed', message: `${f} is not a readable checkpoint (at most 64 KiB)` };
+    notes.push(text);
+  }
+  return { notes, files };
 }
 
 /** `checkpoint` and `checkpoints/*`, deduplicated, with the files (relative to `dir`) each note came from. */

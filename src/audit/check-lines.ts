@@ -2,7 +2,7 @@
 // the lines, verify each on its own and its price against the signed price lists, and reduce it
 // to what the chain check needs, packed into a few arrays so a chunk of thousands of receipts
 // crosses back to the main thread cheaply. A pure function of its input, so chunks run in any order.
-import type { VerifyError } from '../../attestation/result.ts';
+import { fail, type VerifyError } from '../../attestation/result.ts';
 import { PriceBook, type PricedVersion } from '../../attestation/price-list.ts';
 import { peekSeq, verifyReceipt } from '../../attestation/receipt-verify.ts';
 
@@ -25,36 +25,50 @@ export interface CheckedChunk {
   costs: string[];
   holds: string[];
   statuses: string[];
+  ticketIds: string[];
+  requestIds: string[];
   /** Failed lines by index in the chunk. */
   failures: Record<number, VerifyError>;
 }
 
-const decoder = new TextDecoder('utf-8', { fatal: false, ignoreBOM: true });
+// Strict: a line's exact bytes are its Merkle leaf, so bytes that are not UTF-8 are not a receipt
+// (a lenient decoder would read two different files as one log).
+const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+function decodeLine(bytes: Uint8Array): string | undefined {
+  try {
+    return decoder.decode(bytes);
+  } catch {
+    return undefined;
+  }
+}
 
 export function checkChunk(task: CheckTask): CheckedChunk {
   const { bytes, provider } = task;
   // A few entries a task (one per model and price version): rebuilt here, cheaper than any cache.
   const prices = new PriceBook(task.prices);
-  const out: CheckedChunk = { count: 0, seqs: [], prevs: [], payloadHashes: [], leaves: new Uint8Array(0), costs: [], holds: [], statuses: [], failures: {} };
+  const out: CheckedChunk = { count: 0, seqs: [], prevs: [], payloadHashes: [], leaves: new Uint8Array(0), costs: [], holds: [], statuses: [], ticketIds: [], requestIds: [], failures: {} };
   const leaves: Uint8Array[] = [];
   let start = 0;
   while (start < bytes.length) {
     let end = bytes.indexOf(10, start);
     if (end === -1) end = bytes.length;
-    const text = decoder.decode(bytes.subarray(start, end));
+    const text = decodeLine(bytes.subarray(start, end));
     start = end + 1;
     const i = out.count++;
-    const r = verifyReceipt(text, { provider, chain: true });
+    const r = text === undefined ? fail('envelope_not_json', 'the line is not valid UTF-8') : verifyReceipt(text, { provider, chain: true });
     const error: VerifyError | undefined = r.ok ? prices.check(r.value.payload) : r.error;
     if (!r.ok || error) {
       // (a receipt that did not verify always has its error)
       out.failures[i] = error!;
-      out.seqs.push(error!.seq ?? (r.ok ? r.value.payload.seq : peekSeq(text)) ?? '');
+      out.seqs.push(error!.seq ?? (r.ok ? r.value.payload.seq : text === undefined ? undefined : peekSeq(text)) ?? '');
       out.prevs.push('');
       out.payloadHashes.push('');
       out.costs.push('0');
       out.holds.push('0');
       out.statuses.push('');
+      out.ticketIds.push('');
+      out.requestIds.push('');
       leaves.push(new Uint8Array(32));
       continue;
     }
@@ -65,6 +79,8 @@ export function checkChunk(task: CheckTask): CheckedChunk {
     out.costs.push(p.cost_micro_usd);
     out.holds.push(p.hold_micro_usd);
     out.statuses.push(p.status);
+    out.ticketIds.push(p.ticket_id);
+    out.requestIds.push(p.request_id);
     leaves.push(r.value.leafHash!);
   }
   out.leaves = new Uint8Array(out.count * 32);

@@ -15,11 +15,12 @@ export function auditCommand(): Command {
     .option('--provider <id>', 'fail unless the export is by this provider id (64 hex)')
     .option('--threads <n>', 'worker threads for signature checks', intOption('--threads', 0, 64), 2)
     .option('--json', 'print the report as JSON')
+    .option('--kept <path>', 'a checkpoint you got from this provider earlier (a note file, or a folder of them; repeatable): the log must still contain each unchanged', (v: string, all: string[]) => [...all, v], [] as string[])
     .option('--replay', 'also re-run the completed requests on the embedded runtime and compare response_sha256')
     .option('--model <file>', 'with --replay: the GGUF the node served (its SHA-256 must match the receipts)')
     .option('--requests <file>', 'with --replay: the request bodies, one {"request_id", "body": base64} a line')
     .option('--context <n>', 'with --replay: the context length the node served with', intOption('--context', 16, 4294967295))
-    .action(async (dir: string, opts: { provider?: string; threads: number; json?: boolean; replay?: boolean; model?: string; requests?: string; context?: number }) => {
+    .action(async (dir: string, opts: { provider?: string; threads: number; json?: boolean; kept: string[]; replay?: boolean; model?: string; requests?: string; context?: number }) => {
       if (opts.provider !== undefined && !isHex(opts.provider, 32)) throw new CliError('--provider must be 64 lowercase hex characters', 2);
       if (!opts.replay) {
         const stray = (['model', 'requests', 'context'] as const).find((k) => opts[k] !== undefined);
@@ -32,7 +33,7 @@ export function auditCommand(): Command {
         checkReadable(opts.model!, '--model');
         requests = readInput(opts.requests!, '--requests', () => readRequestsFile(opts.requests!));
       }
-      const report = await audit({ dir, threads: opts.threads, ...(opts.provider ? { provider: opts.provider } : {}) });
+      const report = await audit({ dir, threads: opts.threads, kept: opts.kept, ...(opts.provider ? { provider: opts.provider } : {}) });
       let replayed: ReplayReport | undefined;
       let replaySeconds = 0;
       if (report.ok && requests) {
@@ -124,7 +125,7 @@ function formatReport(r: AuditReport): string {
     const statuses = Object.entries(s.byStatus).map(([k, v]) => `${v} ${k}`).join(', ');
     out.push(`receipts     ${s.receipts}${s.receipts ? ` (seq 0..${s.receipts - 1})` : ''}${statuses ? `: ${statuses}` : ''}`);
     out.push('signatures   ok (strict Ed25519, canonical payloads, every field valid)');
-    out.push('chain        ok (seq continuous, every prev hashes the payload before it)');
+    out.push('chain        ok (seq continuous, every prev hashes the payload before it, no ticket or request billed twice)');
     out.push(`costs        ok (every cost = usage × rates and within its hold; total ${formatUsd(BigInt(s.totalCostMicroUsd))} USD of ${formatUsd(BigInt(s.totalHoldMicroUsd))} USD held)`);
     const versions = r.priceVersions ?? [];
     out.push(`prices       ok (every receipt at its model's rates in the signed price list it cites; ${versions.length} price list${versions.length === 1 ? '' : 's'}${versions.length ? `: ${versions.slice(0, 5).join(', ')}${versions.length > 5 ? ', …' : ''}` : ''})`);
@@ -133,6 +134,11 @@ function formatReport(r: AuditReport): string {
       s.latestCheckpoint
         ? `checkpoints  ${s.checkpoints} ok, pairwise consistent; latest covers ${s.latestCheckpoint.size} of ${s.size} receipts`
         : 'checkpoints  none in the export: the tree is not vouched for by a signed checkpoint',
+    );
+    out.push(
+      s.keptCheckpoints
+        ? `kept         ${s.keptCheckpoints} checkpoint${s.keptCheckpoints === 1 ? '' : 's'} you kept: each still in this log, unchanged`
+        : 'kept         none given (--kept): this export agrees with itself; that it agrees with what the provider published before is not checked',
     );
     out.push(`OK (${r.seconds.toFixed(2)} s)`);
   } else if (r.fault) {

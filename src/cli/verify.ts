@@ -53,7 +53,9 @@ const READ_ERRORS: Record<string, string> = { ENOENT: 'no such file', EISDIR: 'i
 function readInput(file: string): string {
   let fd: number | undefined;
   try {
-    fd = file === '-' ? 0 : fs.openSync(file, 'r');
+    // Opened without blocking and checked to be a file: a FIFO or device would wait or never end.
+    fd = file === '-' ? 0 : fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
+    if (fd !== 0 && !fs.fstatSync(fd).isFile()) throw new CliError(`cannot read ${file}: not a regular file`);
     const buf = Buffer.alloc(MAX_FILE + 1);
     let n = 0;
     for (;;) {
