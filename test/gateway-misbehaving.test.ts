@@ -571,6 +571,26 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
+  test('a provider whose node does not take the infer protocol (it answers the optimistic selection "na") is unreachable: the next one serves, nothing charged for the first', async () => {
+    await scripted.speakInfer(false);
+    try {
+      const before = await snapshot();
+      const res = await post(chatBody('anyone there?'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` });
+      expect(res.status).toBe(200);
+      const id = res.headers.get('x-request-id')!;
+      expect(id).toMatch(/-f1$/);
+      expect(scripted.requests).toBe(before.requests);
+      const first = await record(id.replace(/-f1$/, ''));
+      expect(first).toMatchObject({ status: 'failed', provider: scripted.providerId, error: { code: 'provider_unreachable', message: expect.stringContaining('/service/infer/1.0.0') }, receipt: null });
+      expect(await marketReceipts()).toBe(before.receipts + 1);
+      // Alone, it is 503 provider_unreachable in the error envelope.
+      const alone = await post(chatBody('anyone?'), toScripted());
+      expect([alone.status, ((await alone.json()) as { error: { code: string } }).error.code]).toEqual([503, 'provider_unreachable']);
+    } finally {
+      await scripted.speakInfer(true);
+    }
+  });
+
   test('a token count that is not a count → 502 bad_provider_response; nothing recorded, the gateway still counts at a good node', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(JSON_HEAD);

@@ -173,8 +173,14 @@ export class ScriptedNode {
     const log = ReceiptLog.open({ path: path.join(dir, 'scripted-receipts.db'), seed, threads: 0, checkpointIntervalMs: 0 });
     const node = new ScriptedNode(seed, host, log);
     node.logServer = await serveLog(host, log);
-    await host.handle(INFER_PROTOCOL, (stream: Stream) => void node.serve(stream), { maxInboundStreams: 64 });
+    await node.speakInfer(true);
     return node;
+  }
+
+  /** Serves the infer protocol, or stops serving it (a node that then answers "na" to it). */
+  async speakInfer(on: boolean): Promise<void> {
+    if (on) await this.host.handle(INFER_PROTOCOL, (stream: Stream) => void this.serve(stream), { maxInboundStreams: 64 });
+    else await this.host.unhandle(INFER_PROTOCOL);
   }
 
   /** Registers with the market as a node does: signed registration, signed price list, tiny/llama. */
