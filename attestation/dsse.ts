@@ -249,6 +249,15 @@ function dsseFromBase64(s: string): { bytes: Uint8Array; standard: boolean } | u
   return bytes ? { bytes, standard: false } : undefined;
 }
 
+/** The trusted key a signature's keyid names, if any (an empty keyid names none). */
+function namedKey(keys: readonly DsseKey[], s: DsseSignature): DsseKey | undefined {
+  if (!s.keyid) return undefined;
+  for (const k of keys) if (k.keyid === s.keyid) return k;
+  return undefined;
+}
+
+const verifiesUnder = (k: DsseKey, sig: Uint8Array, message: Uint8Array): boolean => (k.verify ?? ed25519Verify)(sig, message, k.publicKey);
+
 /**
  * Verifies an envelope against trusted keys. A signature whose keyid names a trusted key must
  * verify under it, or the envelope fails (signature_invalid), even next to a good one. The keyid is
@@ -272,34 +281,31 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
   }
   if (!decoded) return fail('payload_not_base64', 'envelope.payload is not base64 (standard or URL-safe)');
   const { message, payload } = decoded;
-  const named = (s: DsseSignature): DsseKey | undefined => (s.keyid ? opts.keys.find((k) => k.keyid === s.keyid) : undefined);
-  const verifies = (k: DsseKey, sig: Uint8Array): boolean => (k.verify ?? ed25519Verify)(sig, message, k.publicKey);
-  const verified = (key: DsseKey, signature: DsseSignature, standard: boolean): VerifyResult<VerifiedEnvelope> =>
-    // The caller's own copy: `message` may be a slice of Node's shared pool (see newBytes).
-    ok({ payload: payload.slice(), keyid: key.keyid, signature, standardBase64: payloadStandard && standard });
+  const keys = opts.keys;
   // Signatures that name a trusted key first: each must verify under it.
-  let first: VerifyResult<VerifiedEnvelope> | undefined;
+  let first: { key: DsseKey; signature: DsseSignature; standard: boolean } | undefined;
   for (const s of env.signatures) {
-    const key = named(s);
+    const key = namedKey(keys, s);
     if (!key) continue;
     const sig = dsseFromBase64(s.sig);
     if (!sig) return fail('signature_malformed', 'a signature is not base64 (standard or URL-safe)');
-    if (!verifies(key, sig.bytes)) return fail('signature_invalid', `signature by ${s.keyid!.slice(0, 80)} does not verify`);
-    first ??= verified(key, s, sig.standard);
+    if (!verifiesUnder(key, sig.bytes, message)) return fail('signature_invalid', `signature by ${s.keyid!.slice(0, 80)} does not verify`);
+    first ??= { key, signature: s, standard: sig.standard };
   }
-  if (first) return first;
+  // The caller's own copy of the payload: `message` may be a slice of Node's shared pool (see newBytes).
+  if (first) return ok({ payload: payload.slice(), keyid: first.key.keyid, signature: first.signature, standardBase64: payloadStandard && first.standard });
   // Then the rest, against every trusted key.
   let failedKeyless = false;
   for (const s of env.signatures) {
-    if (named(s)) continue;
+    if (namedKey(keys, s)) continue;
     const keyless = !s.keyid;
     const sig = dsseFromBase64(s.sig);
     if (!sig) {
       if (keyless) return fail('signature_malformed', 'a signature is not base64 (standard or URL-safe)');
       continue;
     }
-    const key = opts.keys.find((k) => verifies(k, sig.bytes));
-    if (key) return verified(key, s, sig.standard);
+    const key = keys.find((k) => verifiesUnder(k, sig.bytes, message));
+    if (key) return ok({ payload: payload.slice(), keyid: key.keyid, signature: s, standardBase64: payloadStandard && sig.standard });
     if (keyless) failedKeyless = true;
   }
   if (failedKeyless) return fail('signature_invalid', 'no signature verifies under a trusted key');
