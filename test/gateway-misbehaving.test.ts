@@ -17,6 +17,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import Database from 'better-sqlite3';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toBase64, utf8 } from '../attestation/bytes.ts';
@@ -1168,5 +1169,133 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
     expect(rec.settled).toBe(false);
     expect(rec.settlement_error?.code).toBe('settlement_refused');
     expect(await marketHas(id)).toBe(false);
+  });
+});
+
+describe('reconciliation: a receipt the request itself could not settle is settled later', () => {
+  let rg: Gateway;
+  const UNIT_MS = 250;
+  beforeAll(async () => {
+    rg = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: UNIT_MS });
+  });
+  afterAll(async () => {
+    await rg?.close(1000);
+  });
+  const rpost = (body: string, headers: Record<string, string>) => fetch(`${rg.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+  const rrecord = (id: string): Promise<RequestRecord> => gatewayRecord(rg.url, id);
+
+  test("a node that made its receipt durable, then died before the trailer and came back after the gateway stopped asking: the receipt is found, settled, and the record says so", async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted","object":"chat.comp');
+      logged = await ex.logReceipt({ status: 'completed', usage: { input_tokens: 9, output_tokens: 4 } });
+      ex.reset();
+    };
+    // The node's log is out of reach while the request's own path looks for the receipt.
+    await scripted.answerLogWith({ status: 503, body: '{"error":{"code":"no_capacity","message":"restarting"}}' });
+    let id: string;
+    const before = await snapshot();
+    try {
+      const res = await rpost(chatBody('crash after fsync'), toScripted());
+      expect(res.status).toBe(502);
+      id = res.headers.get('x-request-id')!;
+      expect(await rrecord(id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, receipt: null });
+      expect(await marketHas(id)).toBe(false);
+      expect(rg.records.unsettledCount).toBeGreaterThan(0);
+    } finally {
+      await scripted.answerLogWith(); // the node is back
+    }
+    const rec = await waitFor('the reconciled record', async () => {
+      const r = await rrecord(id);
+      return r.settled ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'completed', settled: true, provider: scripted.providerId, usage: { prompt_tokens: 9, completion_tokens: 4, total_tokens: 13 } });
+    expect(rec.error).toBeUndefined();
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(id)).toBe(true);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+    await waitFor('the job dropped', () => (rg.records.unsettledCount === 0 ? true : undefined));
+  });
+
+  test('a receipt the market could not take when the request ended (unreachable) is posted again until it is settled, once', async () => {
+    proxy.receipt = () => 'drop';
+    const res = await rpost(chatBody('market away'), toNode());
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const first = await rrecord(id);
+    expect(first).toMatchObject({ status: 'completed', settled: false, settlement_error: { code: 'market_unreachable' } });
+    const posts = proxy.receiptPosts;
+    proxy.receipt = undefined; // the market is back
+    const rec = await waitFor('the settled record', async () => {
+      const r = await rrecord(id);
+      return r.settled ? r : undefined;
+    });
+    expect(rec.settlement_error).toBeUndefined();
+    expect(await marketHas(id)).toBe(true);
+    await waitFor('the job dropped', () => (rg.records.unsettledCount === 0 ? true : undefined));
+    expect(proxy.receiptPosts).toBe(posts + 1);
+  });
+
+  test('a request refused before any work, or settled on its own path, is dropped without a second look at the node or the market', async () => {
+    const posts = proxy.receiptPosts;
+    const ok = await rpost(chatBody('plain'), toNode());
+    expect(ok.status).toBe(200);
+    scripted.behaviour = async (ex) => {
+      await ex.head({ status: 503, headers: { 'content-type': 'application/json' } });
+      await ex.trailer({ error: { code: 'no_capacity', message: 'all 1 slots are busy' } });
+    };
+    const refused = await rpost(chatBody('refused'), toScripted());
+    expect(refused.status).toBe(503);
+    await waitFor('every job dropped', () => (rg.records.unsettledCount === 0 ? true : undefined));
+    expect(proxy.receiptPosts).toBe(posts + 1); // the one settlement of the plain request
+  });
+});
+
+describe('reconciliation across a gateway restart', () => {
+  test('a request the gateway was stopped in (interrupted) is settled by the next gateway on the same records file', async () => {
+    const file = path.join(dir, 'reconcile-records.db');
+    const a = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: 60_000, reconcileUnitMs: 60_000, recordsPath: file });
+    let logged = '';
+    let startedNow!: () => void;
+    const started = { promise: new Promise<void>((r) => (startedNow = r)), resolve: () => startedNow() };
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted"');
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 5, output_tokens: 2 } });
+      started.resolve();
+      await new Promise((r) => setTimeout(r, 3_000)); // does not finish before the gateway stops
+    };
+    await scripted.answerLogWith({ status: 503, body: '{"error":{"code":"no_capacity","message":"busy"}}' });
+    let id = '';
+    const buyer = fetch(`${a.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body: chatBody('interrupt me') })
+      .then((r) => {
+        id = r.headers.get('x-request-id')!;
+        return r.text();
+      })
+      .catch(() => '');
+    await started.promise;
+    await a.close(200);
+    await buyer;
+    scripted.errors.splice(0); // (the behaviour's stream was cut when the gateway stopped)
+    await scripted.answerLogWith();
+    const peek = new Database(file, { readonly: true });
+    const inFlight = peek.prepare<[], { request_id: string }>('SELECT request_id FROM unsettled').all().map((r) => r.request_id);
+    peek.close();
+    expect(inFlight).toHaveLength(1);
+    id ||= inFlight[0]!;
+    const b = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: 250, recordsPath: file });
+    try {
+      const rec = await waitFor('the interrupted request settled', async () => {
+        const r = await gatewayRecord(b.url, id);
+        return r.settled ? r : undefined;
+      });
+      expect(rec).toMatchObject({ status: 'cancelled', settled: true, usage: { prompt_tokens: 5, completion_tokens: 2, total_tokens: 7 } });
+      expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+      expect(await marketHas(id)).toBe(true);
+    } finally {
+      await b.close(1000);
+      scripted.behaviour = honest;
+    }
   });
 });

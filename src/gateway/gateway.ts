@@ -42,6 +42,7 @@ import { RequestRecords } from './records.ts';
 import { Relay } from './relay.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { Settlements } from './settlement.ts';
+import { Reconciler } from './reconcile.ts';
 import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 import { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
@@ -60,6 +61,12 @@ export interface GatewayOptions {
   logger?: GatewayLogger;
   /** How long to keep asking a node for the receipt of a request the buyer left (default 5000 ms). */
   receiptFetchMs?: number;
+  /**
+   * The unit of the reconciler's back-off (reconcile.ts): a request whose receipt was not settled
+   * when it ended is looked at again this long after it started, then 2, 4, 10, … units later
+   * (about 18 h in all). Default 30 s.
+   */
+  reconcileUnitMs?: number;
   /** How many request records to keep in memory (default 10,000). */
   maxRecords?: number;
   /** An SQLite file that keeps every request record across restarts (default: memory only). */
@@ -119,6 +126,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     throw e;
   }
   const settlements = new Settlements({ log, market, records, host, receiptFetchMs });
+  const reconciler = new Reconciler({ records, settlements, market, log, ...(opts.reconcileUnitMs !== undefined ? { unitMs: opts.reconcileUnitMs } : {}) });
 
   const app = fastify({
     logger: false,
@@ -176,7 +184,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   });
 
   const relay = new Relay({ settlements, records });
-  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records), relay, settlements, records, estimates, providerIdleMs });
+  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates });
   registerCatalogRoutes(app, { market });
@@ -200,6 +208,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     records.close();
     throw e;
   }
+  reconciler.start();
   const addr = app.server.address() as AddressInfo;
   const urlHost = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
   const idle = (): Promise<void> => settlements.idle();
@@ -215,6 +224,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     async close(graceMs = 10_000) {
       // Named steps (see stopStep): one that fails is logged and the ones after it still run.
       await stopStep(log, 'http', () => closeHttp(app, graceMs));
+      // Jobs left are kept in the records file and looked at again after the next start.
+      await stopStep(log, 'reconciler', () => reconciler.stop());
       // Settlements (receipts fetched from nodes, posted to the market) get their own grace too:
       // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
       // in_progress (with a records file it reads `interrupted` after the next start); the

@@ -31,6 +31,8 @@ export interface PaidRouteDeps {
   estimates: EstimateStore;
   /** How long a provider may send nothing (IdleWatch). */
   providerIdleMs: number;
+  /** When the reconciler first looks at a request after it starts (reconcile.ts). */
+  firstLookMs: number;
 }
 
 /** How many times a paid request moves on to another provider that could not start it. */
@@ -206,7 +208,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       const ac = new AbortController();
       return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
     });
-    for (const a of attempts) records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
+    for (const a of attempts) {
+      records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
+      d.settlements.watch(a.p, d.firstLookMs);
+    }
 
     // A buyer who leaves cancels the request at the node: its stream is reset, generation stops,
     // and the node writes a `cancelled` receipt for what it delivered.

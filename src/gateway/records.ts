@@ -9,6 +9,7 @@ import Database from 'better-sqlite3';
 import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import type { ReceiptExpectation } from './receipt-check.ts';
 
 export type RecordStatus =
   /** The request is running. */
@@ -50,7 +51,28 @@ const SCHEMA = `
 CREATE TABLE IF NOT EXISTS request_records (request_id TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS request_aliases (request_id TEXT PRIMARY KEY, target TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS idempotent_providers (key TEXT PRIMARY KEY, provider TEXT NOT NULL, at INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS unsettled (request_id TEXT PRIMARY KEY, job TEXT NOT NULL) WITHOUT ROWID;
 `;
+
+/**
+ * A paid request whose receipt may exist and is not yet settled with the marketplace: what the
+ * reconciler needs to find it at the node again and check it (reconcile.ts).
+ */
+export interface UnsettledJob {
+  request_id: string;
+  provider: string;
+  /** The provider's multiaddrs as the ticket gave them. */
+  target: string[];
+  /** What the receipt must say (the ticket's ids, hold, price version and rates). */
+  exp: ReceiptExpectation;
+  created_at: number;
+  /** When to look next (epoch ms), and how many looks found nothing to settle yet. */
+  next_at: number;
+  tries: number;
+}
+
+/** The most unsettled jobs kept; beyond it the oldest is given up (reported). */
+const MAX_JOBS = 100_000;
 
 /** How long the provider that answered under an Idempotency-Key is kept in the file: as long as nodes keep their records (24 h). */
 const IDEMPOTENT_KEPT_MS = 24 * 60 * 60 * 1000;
@@ -71,9 +93,13 @@ export class RequestRecords {
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
   private readonly putIdempotent: Database.Statement<[string, string, number]> | undefined;
+  // (putJob, delJob: see watch())
   private readonly getIdempotent: Database.Statement<[string, number], { provider: string }> | undefined;
   private readonly pruneIdempotent: Database.Statement<[number]> | undefined;
   private idempotentWrites = 0;
+  private readonly jobs = new Map<string, UnsettledJob>();
+  private readonly putJob: Database.Statement<[string, string]> | undefined;
+  private readonly delJob: Database.Statement<[string]> | undefined;
 
   private readonly onFileError: ((e: Error, requestId: string, op: FileOp) => void) | undefined;
   private failures = 0;
@@ -135,6 +161,46 @@ export class RequestRecords {
     this.getIdempotent = db.prepare('SELECT provider FROM idempotent_providers WHERE key = ? AND at >= ?');
     this.pruneIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE at < ?');
     this.pruneIdempotent.run(Date.now() - IDEMPOTENT_KEPT_MS);
+    this.putJob = db.prepare('INSERT OR REPLACE INTO unsettled (request_id, job) VALUES (?, ?)');
+    this.delJob = db.prepare('DELETE FROM unsettled WHERE request_id = ?');
+    // Unsettled requests of the last run are looked at again at once (interrupted ones included).
+    const now = Date.now();
+    for (const row of db.prepare<[], { job: string }>('SELECT job FROM unsettled').all()) {
+      const job = JSON.parse(row.job) as UnsettledJob;
+      this.jobs.set(job.request_id, { ...job, next_at: Math.min(job.next_at, now) });
+    }
+  }
+
+  /** Keeps `job` (a request whose receipt may need settling) until dropJob(). */
+  watch(job: UnsettledJob): void {
+    this.jobs.delete(job.request_id);
+    this.jobs.set(job.request_id, job);
+    if (this.putJob) this.guard(job.request_id, 'write', () => this.putJob!.run(job.request_id, JSON.stringify(job)));
+    if (this.jobs.size > MAX_JOBS) {
+      const oldest = this.jobs.keys().next().value!;
+      this.dropJob(oldest);
+      this.onFileError?.(new Error(`more than ${MAX_JOBS} requests wait to be settled: the oldest is given up`), oldest, 'drop');
+    }
+  }
+
+  /** The jobs due by `now`, oldest first, at most `limit`. */
+  dueJobs(now: number, limit: number): UnsettledJob[] {
+    const out: UnsettledJob[] = [];
+    for (const job of this.jobs.values()) {
+      if (job.next_at <= now) out.push(job);
+      if (out.length >= limit) break;
+    }
+    return out;
+  }
+
+  /** How many requests wait to be settled. */
+  get unsettledCount(): number {
+    return this.jobs.size;
+  }
+
+  dropJob(id: string): void {
+    if (!this.jobs.delete(id)) return;
+    if (this.delJob) this.guard(id, 'write', () => this.delJob!.run(id));
   }
 
   /**
@@ -264,10 +330,12 @@ export class RequestRecords {
     return rec;
   }
 
-  /** The request ended with a verified receipt. */
+  /** The request ended with a verified receipt (also one found later, after an error was recorded: that error goes). */
   settle(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, settlement: { ok: true } | { ok: false; code: string; message: string }): RequestRecord | undefined {
     const p = receipt.payload;
     return this.update(id, {
+      error: undefined,
+      settlement_error: undefined,
       status: p.status,
       provider: p.provider,
       usage: { prompt_tokens: p.usage.input_tokens, completion_tokens: p.usage.output_tokens, total_tokens: p.usage.input_tokens + p.usage.output_tokens },

@@ -163,16 +163,25 @@ export class Settlements {
   }
 
   /**
-   * The receipt of a request whose stream ended early (the buyer left, or the connection broke),
-   * from the node's log, retried until it is there or `receiptFetchMs` has passed.
+   * Keeps what it takes to settle `p` later (records' unsettled jobs): the reconciler looks at it
+   * once the request has ended and settles a receipt that the request's own path could not.
    */
-  private async fetchReceipt(p: Paid): Promise<CheckedReceipt | undefined | 'stopped'> {
-    const deadline = Date.now() + this.d.receiptFetchMs;
+  watch(p: Paid, firstLookMs: number): void {
+    const now = Date.now();
+    this.d.records.watch({ request_id: p.requestId, provider: p.provider, target: p.target.map(String), exp: p.exp, created_at: now, next_at: now + firstLookMs, tries: 0 });
+  }
+
+  /**
+   * The receipt of a request whose stream ended early (the buyer left, or the connection broke),
+   * from the node's log, retried until it is there or `fetchMs` has passed (one try when 0).
+   */
+  async fetchReceipt(p: Pick<Paid, 'requestId' | 'target' | 'exp'>, fetchMs = this.d.receiptFetchMs): Promise<CheckedReceipt | undefined | 'stopped'> {
+    const deadline = Date.now() + fetchMs;
     let last: CheckedReceipt | undefined;
     for (let wait = 50; ; wait = Math.min(wait * 2, 400)) {
       if (this.stopper.signal.aborted) return 'stopped';
       try {
-        const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(Math.max(1, Math.min(3000, deadline - Date.now())))]);
+        const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(Math.max(1000, Math.min(3000, deadline - Date.now())))]);
         const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal }));
         if (r.head.status === 200) {
           const v = JSON.parse(Buffer.from(r.body).toString('utf8')) as { receipts?: unknown };
