@@ -25,6 +25,7 @@ import { readiness, startRegistration, workRefused, type Registration } from './
 import { InferService, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
+import { StoreHealth } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
 
@@ -191,6 +192,22 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const suppressedRefusals = (n: number) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`);
     const refusalTicker = setInterval(() => refusalLines.tick(suppressedRefusals), 1000).unref(); // (a burst that ends is still said)
     cleanup.push(['refusal lines', () => clearInterval(refusalTicker)]);
+    // state.db refusing writes (disk full): paid requests get 503 and the node says it is not
+    // accepting work for a while; the operator hears of it at once, then at most every 10 s.
+    let stateFailuresUnsaid = 0;
+    let stateSaidAt = 0;
+    const state = new StoreHealth({
+      onFailure: (e, first) => {
+        const now = Date.now();
+        if (!first && now - stateSaidAt < 10_000) {
+          stateFailuresUnsaid++;
+          return;
+        }
+        logger.error({ err: { code: (e as { code?: unknown }).code, message: e.message.slice(0, 200) }, failures_since_last_line: stateFailuresUnsaid }, 'state.db refused a write: paid requests are refused (503) until a write succeeds; the node says it is not accepting work');
+        stateSaidAt = now;
+        stateFailuresUnsaid = 0;
+      },
+    });
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
       log,
@@ -198,6 +215,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       idempotency,
       models,
       priceVersion: prices.payload.version,
+      state,
+      onInternalError: (err) => {
+        const e = err as { name?: unknown; code?: unknown; message?: unknown };
+        logger.error({ err: { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined } }, 'request failed before any work (500 internal_error)');
+      },
       observe: (e) => {
         metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
         if (e.code?.startsWith('ticket_')) metrics.ticketRefusals.inc({ reason: e.code });
@@ -244,7 +266,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
-    const standing = () => [stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status(), log.failure] as const;
+    const standing = () => [stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure] as const;
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',

@@ -572,6 +572,20 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
+  test('a node that fails before any work (500 internal_error, no receipt) hands the request to the next provider; nothing charged for it', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head({ status: 500, headers: { 'content-type': 'application/json' } });
+      await ex.trailer({ error: { code: 'internal_error', message: 'the node failed before doing any work' } });
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('node trouble'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    expect(id).toMatch(/-f1$/);
+    expect(await record(id.replace(/-f1$/, ''))).toMatchObject({ status: 'refused', provider: scripted.providerId, error: { code: 'internal_error' }, receipt: null });
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
   test('a provider whose node does not take the infer protocol (it answers the optimistic selection "na") is unreachable: the next one serves, nothing charged for the first', async () => {
     await scripted.speakInfer(false);
     try {

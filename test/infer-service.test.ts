@@ -420,6 +420,44 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 1);
   });
 
+  test('state.db full (a used ticket cannot be written): 503 no_capacity, nothing run, the failure reported once; a later write clears it', async () => {
+    const { StoreHealth } = await import('../src/store/store-health.ts');
+    let now = 1_000_000;
+    const seen: string[] = [];
+    const state = new StoreHealth({ now: () => now, onFailure: (e, first) => seen.push(`${first}:${(e as { code?: string }).code}`) });
+    const internal: unknown[] = [];
+    const svc = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1', state, onInternalError: (e) => internal.push(e) });
+    const before = log.size;
+    // A real SQLITE_FULL: the file may not grow past the pages it has.
+    const pages = db.pragma('page_count', { simple: true }) as number;
+    db.pragma(`max_page_count = ${pages}`);
+    try {
+      for (const over of [{}, { idempotency_key: 'full-1' }]) {
+        let refused = recorder();
+        // (fill the last free pages first: each refused try writes nothing)
+        for (let i = 0; i < 500 && refused.out.head?.status !== 503; i++) {
+          refused = recorder();
+          await svc.handle(request('chat/completions', chatBody, over), refused.res);
+        }
+        expect([refused.out.head?.status, refused.out.trailer?.error?.code], JSON.stringify(refused.out.trailer)).toEqual([503, 'no_capacity']);
+        expect(refused.out.trailer?.error?.message).toMatch(/state store failed: database or disk is full/);
+      }
+      expect(state.failure?.message).toBe('database or disk is full');
+      expect(seen[0]).toBe('true:SQLITE_FULL');
+      expect(seen.slice(1).every((x) => x === 'false:SQLITE_FULL')).toBe(true);
+      expect(internal).toEqual([]); // not an internal error: the disk
+      now += 30_000;
+      expect(state.failure).toBeUndefined(); // tried again after the hold
+    } finally {
+      db.pragma('max_page_count = 1073741823');
+    }
+    const ok = recorder();
+    await svc.handle(request('chat/completions', chatBody), ok.res);
+    expect(ok.out.head?.status).toBe(200);
+    expect(state.failure).toBeUndefined();
+    expect(log.size).toBeGreaterThan(before);
+  });
+
   test('an idempotent request verifies its ticket once, then records its use', async () => {
     const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
     const check = gate.check.bind(gate);

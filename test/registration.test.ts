@@ -182,6 +182,16 @@ describe('readiness', () => {
       reasons: ['the receipt log has stopped (receipt log write failed: disk full): paid requests are refused until a restart'],
     });
   });
+  test('state.db refusing writes is a reason (not accepting work) while it counts', async () => {
+    const { workRefused } = await import('../src/registration.ts');
+    const full = new Error('database or disk is full');
+    expect(readiness(false, true, market, undefined, full)).toEqual({
+      ready: false,
+      reasons: ['state.db refused a write (database or disk is full): paid requests are refused with 503 until a write succeeds (tried again 30 s after the last failure)'],
+    });
+    expect(workRefused(false, true, market, undefined, full)).toHaveLength(1);
+    expect(workRefused(false, true, market, undefined, undefined)).toEqual([]);
+  });
   test('stopping wins over everything', () => {
     expect(readiness(true, false, { ...market, registered: false })).toEqual({ ready: false, reasons: ['stopping'] });
   });

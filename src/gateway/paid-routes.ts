@@ -291,7 +291,12 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
       records.fail(p.requestId, status, { code: e.code, message: e.message });
       // Nothing was done and nothing charged: the next provider may start it.
-      const failOver = mayFailOver && attempts.length === 1 && !gone.signal.aborted && ((e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) || (e.status === 400 && e.code === 'context_length_exceeded'));
+      // (A node's own failure before any work, a refusal 500 with no receipt, is the node's, not the request's.)
+      const failOver =
+        mayFailOver &&
+        attempts.length === 1 &&
+        !gone.signal.aborted &&
+        ((e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) || (e.status === 400 && e.code === 'context_length_exceeded') || (status === 'refused' && e.status === 500));
       // A hedged pair under half the cap each, neither started, one refused for its cost: half the
       // cap is what stopped it, so the request runs once, with the whole cap.
       const unhedge = attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] });

@@ -18,6 +18,7 @@ import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type ParsedRequest, type TextEndpoint } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
 import { readAhead } from './read-ahead.ts';
+import { isStoreError, type StoreHealth } from '../store/store-health.ts';
 import { errorBody, ServiceError } from '../service-error.ts';
 import { chatCompletion, CompletionStream, ResponsesStream, responsesBody, textCompletion, usageOut } from './openai-format.ts';
 
@@ -73,6 +74,10 @@ export interface InferServiceOptions {
   priceVersion: string;
   tier?: AttestationTier;
   now?: () => number;
+  /** Told of state-store writes (used tickets, idempotency records) that fail and succeed. */
+  state?: StoreHealth;
+  /** Told of anything else that failed before any work (answered 500 internal_error). Must not throw. */
+  onInternalError?: (e: unknown) => void;
 }
 
 
@@ -238,6 +243,7 @@ export class InferService {
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
       const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
       if (!admitted.ok) throw new Refusal(admitted.status, admitted.code, admitted.message);
+      this.o.state?.ok(); // (the used-ticket write went through)
       ticket = admitted.ticket;
     } catch (e) {
       return this.refuse(res, e);
@@ -247,9 +253,27 @@ export class InferService {
   }
 
   private async refuse(res: InferResponse, e: unknown): Promise<void> {
-    const r = e instanceof Refusal ? e : e instanceof UnsupportedInputError ? new Refusal(400, e.code, e.message) : new Refusal(500, 'internal_error', 'the node failed before doing any work');
+    const r = e instanceof Refusal ? e : e instanceof UnsupportedInputError ? new Refusal(400, e.code, e.message) : this.failedBeforeWork(e);
     await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
     await res.trailer({ ...r.body() });
+  }
+
+  /**
+   * A request that failed before any work for a reason of the node's own. The state store refusing
+   * a write (disk full) is 503 no_capacity: another provider can take the request, and the node
+   * stops saying it takes work for a while (StoreHealth). Anything else is 500; both are reported.
+   */
+  private failedBeforeWork(e: unknown): Refusal {
+    if (isStoreError(e)) {
+      this.o.state?.failed(e);
+      return new Refusal(503, 'no_capacity', `the node cannot record this request now (its state store failed: ${e.message.slice(0, 120)}); another provider can take it`);
+    }
+    try {
+      this.o.onInternalError?.(e);
+    } catch {
+      // observers must not break serving
+    }
+    return new Refusal(500, 'internal_error', 'the node failed before doing any work');
   }
 
   private async tokenize(p: TokenizeRequest, model: ServedModel, req: InferRequest, res: InferResponse): Promise<void> {
