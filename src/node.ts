@@ -334,7 +334,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       stop(graceMs = 30_000) {
         stopped ??= (async () => {
           for (const m of models.values()) m.admission.close();
+          // The market hears at once that this node takes no more work (accepting: false), not
+          // at the next heartbeat: buyers sent here meanwhile would find it gone.
+          const announced = registration?.announce(Math.min(2000, graceMs)) ?? Promise.resolve();
           if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
+          await announced;
           await undo(); // in reverse order of start: the protocols first, the runtimes, then the receipt log (it flushes every receipt, a cancelled one included), the data dir's lock last
           logger.info({}, 'node stopped');
         })();

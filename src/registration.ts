@@ -70,6 +70,12 @@ export interface Registration {
   readonly registered: boolean;
   /** The node's standing with the market, for /status and /readyz. */
   status(): MarketplaceStatus;
+  /**
+   * Sends one heartbeat now (the snapshot as it is: `accepting: false` once the node is stopping),
+   * when registered; best effort, never longer than `timeoutMs`. So the market stops sending
+   * buyers at once rather than at the next interval.
+   */
+  announce(timeoutMs: number): Promise<void>;
   /** Stops heartbeating; resolves when no request is in flight any more. */
   stop(): Promise<void>;
 }
@@ -282,6 +288,15 @@ export function startRegistration(o: RegistrationOptions): Registration {
     },
     status() {
       return { url: base, registered, registered_at: registeredAt, last_heartbeat_at: lastHeartbeatAt, last_error: lastError, ticket_key: ticketKey };
+    },
+    async announce(timeoutMs: number) {
+      if (!registered || stopper.signal.aborted) return;
+      try {
+        const sent = post('/v1/providers/heartbeat', o.capacity(stamp())).catch(() => undefined);
+        await Promise.race([sent, new Promise((r) => setTimeout(r, timeoutMs).unref())]);
+      } catch {
+        // best effort: the market learns it at the latest when heartbeats stop
+      }
     },
     async stop() {
       stopper.abort();

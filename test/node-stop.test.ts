@@ -22,6 +22,27 @@ describe('RunningNode.stop', () => {
   });
 });
 
+describe('stopping tells the market at once', () => {
+  test('the market sees accepting: false as the stop begins, not a heartbeat interval later, and issues no more tickets to the node', async () => {
+    const { createMarket } = await import('../src/market/market.ts');
+    const { waitForListed } = await import('./helpers/wait.ts');
+    const market = createMarket({ seed: new Uint8Array(32).fill(61), heartbeatIntervalMs: 60_000 });
+    const url = (await market.listen()).url;
+    const node = await startTinyNode(path.join(dir, 'announce'), { publicKey: market.publicKey, marketUrl: url, context: 256, logLevel: 'fatal' });
+    try {
+      await waitForListed(url, [node.providerId]);
+      const listed = async () => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; accepting: boolean }[]).find((p) => p.provider === node.providerId);
+      expect((await listed())?.accepting).toBe(true);
+      await node.stop(2000);
+      // The heartbeat interval is a minute: only the stop's own announcement can have said it.
+      expect((await listed())?.accepting).toBe(false);
+    } finally {
+      await node.stop(1000);
+      await market.close();
+    }
+  });
+});
+
 describe('pruneState (the node\'s state pruner, every minute)', () => {
   test('a step that fails is logged and the next still runs; nothing is thrown into the timer', () => {
     const warnings: { obj: object; msg?: string }[] = [];
