@@ -83,6 +83,52 @@ describe('RequestRecords', () => {
     memory.close();
   });
 
+  test('the file keeps records for its retention period (default 7 days): older ones, and aliases to them, are deleted at open and as it is written; a file of an older version is brought up to date', () => {
+    const file = path.join(dir, 'retention.db');
+    const day = 24 * 60 * 60 * 1000;
+    const now = Date.now();
+    const clock = vi.spyOn(Date, 'now');
+    try {
+      clock.mockReturnValue(now - 8 * day);
+      const old = new RequestRecords(10, file);
+      begin(old, 'old');
+      old.alias('retry-of-old', 'old');
+      old.close();
+      clock.mockReturnValue(now - 6 * day);
+      const mid = new RequestRecords(10, file);
+      begin(mid, 'recent');
+      mid.close();
+      clock.mockReturnValue(now);
+      const a = new RequestRecords(10, file);
+      expect(a.get('old')).toBeUndefined();
+      expect(a.get('retry-of-old')).toBeUndefined();
+      expect(a.get('recent')).toMatchObject({ request_id: 'recent' });
+      a.close();
+      const rows = new Database(file, { readonly: true });
+      expect(rows.prepare('SELECT count(*) AS n FROM request_aliases').get()).toEqual({ n: 0 });
+      rows.close();
+      // A shorter period, given: the 6-day-old record goes too; prune() says how many.
+      const short = new RequestRecords(10, file, undefined, 5 * day);
+      expect(short.get('recent')).toBeUndefined();
+      expect(short.prune()).toBe(0);
+      short.close();
+    } finally {
+      clock.mockRestore();
+    }
+    // A file from before records had a created_at column: the column is added and filled.
+    const legacy = path.join(dir, 'legacy.db');
+    const db = new Database(legacy);
+    db.exec('CREATE TABLE request_records (request_id TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID');
+    const rec = (id: string, at: number) => JSON.stringify({ request_id: id, status: 'completed', endpoint: 'chat/completions', model: 'm', provider: null, usage: null, cost: null, cost_micro_usd: null, receipt: null, settled: true, created_at: at, finished_at: at });
+    db.prepare('INSERT INTO request_records VALUES (?, ?)').run('ancient', rec('ancient', now - 30 * day));
+    db.prepare('INSERT INTO request_records VALUES (?, ?)').run('fresh', rec('fresh', now - day));
+    db.close();
+    const upgraded = new RequestRecords(10, legacy);
+    expect(upgraded.get('ancient')).toBeUndefined();
+    expect(upgraded.get('fresh')).toMatchObject({ status: 'completed' });
+    upgraded.close();
+  });
+
   test('a request running when the gateway stopped reads `interrupted` after the restart', () => {
     const file = path.join(dir, 'b.db');
     const r = new RequestRecords(10, file);

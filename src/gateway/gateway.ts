@@ -71,6 +71,8 @@ export interface GatewayOptions {
   maxRecords?: number;
   /** An SQLite file that keeps every request record across restarts (default: memory only). */
   recordsPath?: string;
+  /** How long the records file keeps a record (default 7 days); older ones are deleted. */
+  recordsKeepMs?: number;
   /** Per-call timeout towards the marketplace (default 10 s). */
   marketTimeoutMs?: number;
   /**
@@ -111,8 +113,11 @@ const RECORDS_FILE_ERROR = {
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
-  const records = new RequestRecords(opts.maxRecords, opts.recordsPath, (e, id, op) =>
-    log.error({ request_id: id, op, err: e.message }, RECORDS_FILE_ERROR[op]),
+  const records = new RequestRecords(
+    opts.maxRecords,
+    opts.recordsPath,
+    (e, id, op) => log.error({ request_id: id, op, err: e.message }, RECORDS_FILE_ERROR[op]),
+    opts.recordsKeepMs,
   );
   const estimates = new EstimateStore();
   const receiptFetchMs = opts.receiptFetchMs ?? 5000;

@@ -79,6 +79,11 @@ const IDEMPOTENT_KEPT_MS = 24 * 60 * 60 * 1000;
 /** Rows written between two prunings of the ones older than that. */
 const IDEMPOTENT_PRUNE_EVERY = 1000;
 
+/** How long the records file keeps a request's record by default (GET /v1/requests/{id} after that: 404). */
+export const RECORDS_KEPT_MS = 7 * 24 * 60 * 60 * 1000;
+/** Record writes between two prunings of the file. */
+const RECORDS_PRUNE_EVERY = 1000;
+
 /** What failed: a read or a write of the records file, or a failed write given up (too many waiting). */
 export type FileOp = 'read' | 'write' | 'drop';
 
@@ -89,7 +94,12 @@ export class RequestRecords {
   private readonly map = new Map<string, RequestRecord>();
   private readonly limit: number;
   private readonly db: Database.Database | undefined;
-  private readonly put: Database.Statement<[string, string]> | undefined;
+  private readonly put: Database.Statement<[string, string, number]> | undefined;
+  private readonly pruneRecords: Database.Statement<[number]> | undefined;
+  private readonly pruneAliases: Database.Statement<[]> | undefined;
+  /** How long the file keeps a record (by its created_at). */
+  private readonly keepMs: number;
+  private recordWrites = 0;
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
   private readonly putIdempotent: Database.Statement<[string, string, number]> | undefined;
@@ -121,9 +131,10 @@ export class RequestRecords {
    * and a buyer's answer (whose receipt the node and the marketplace hold) must never turn into an
    * error because of it, nor a finished request read as still running.
    */
-  constructor(limit = 10_000, file?: string, onFileError?: (e: Error, requestId: string, op: FileOp) => void) {
+  constructor(limit = 10_000, file?: string, onFileError?: (e: Error, requestId: string, op: FileOp) => void, keepMs = RECORDS_KEPT_MS) {
     this.limit = limit;
     this.onFileError = onFileError;
+    this.keepMs = keepMs;
     if (file === undefined) return;
     let db: Database.Database | undefined;
     try {
@@ -134,6 +145,13 @@ export class RequestRecords {
       db.pragma('synchronous = NORMAL');
       db.exec('BEGIN EXCLUSIVE; COMMIT');
       db.exec(SCHEMA);
+      // Each row's start time, for pruning by age without reading every record (files written
+      // before it had this column get it, filled from their records).
+      const columns = db.prepare<[], { name: string }>('PRAGMA table_info(request_records)').all().map((c) => c.name);
+      if (!columns.includes('created_at')) {
+        db.exec(`ALTER TABLE request_records ADD COLUMN created_at INTEGER; UPDATE request_records SET created_at = json_extract(record, '$.created_at')`);
+      }
+      db.exec('CREATE INDEX IF NOT EXISTS request_records_created ON request_records (created_at)');
       // Requests that were running when the gateway last stopped will never end here.
       const now = Date.now();
       const stale = db.prepare<[], { request_id: string; record: string }>(`SELECT request_id, record FROM request_records WHERE json_extract(record, '$.status') = 'in_progress'`).all();
@@ -152,7 +170,9 @@ export class RequestRecords {
       throw new Error(`request records ${file}: ${(e as Error).message}`);
     }
     this.db = db;
-    this.put = db.prepare('INSERT OR REPLACE INTO request_records (request_id, record) VALUES (?, ?)');
+    this.put = db.prepare('INSERT OR REPLACE INTO request_records (request_id, record, created_at) VALUES (?, ?, ?)');
+    this.pruneRecords = db.prepare('DELETE FROM request_records WHERE created_at < ?');
+    this.pruneAliases = db.prepare('DELETE FROM request_aliases WHERE NOT EXISTS (SELECT 1 FROM request_records r WHERE r.request_id = request_aliases.target)');
     this.putAlias = db.prepare('INSERT OR REPLACE INTO request_aliases (request_id, target) VALUES (?, ?)');
     this.load = db.prepare(
       'SELECT record FROM request_records WHERE request_id = coalesce((SELECT target FROM request_aliases WHERE request_id = @id), @id)',
@@ -161,6 +181,7 @@ export class RequestRecords {
     this.getIdempotent = db.prepare('SELECT provider FROM idempotent_providers WHERE key = ? AND at >= ?');
     this.pruneIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE at < ?');
     this.pruneIdempotent.run(Date.now() - IDEMPOTENT_KEPT_MS);
+    this.prune();
     this.putJob = db.prepare('INSERT OR REPLACE INTO unsettled (request_id, job) VALUES (?, ?)');
     this.delJob = db.prepare('DELETE FROM unsettled WHERE request_id = ?');
     // Unsettled requests of the last run are looked at again at once (interrupted ones included).
@@ -272,7 +293,22 @@ export class RequestRecords {
   }
 
   private save(rec: RequestRecord): void {
-    this.stored(rec.request_id, () => this.put?.run(rec.request_id, JSON.stringify(rec)));
+    this.stored(rec.request_id, () => this.put?.run(rec.request_id, JSON.stringify(rec), rec.created_at));
+    if (++this.recordWrites % RECORDS_PRUNE_EVERY === 0) this.prune();
+  }
+
+  /**
+   * Deletes the records (and aliases to them) older than the file keeps them; how many went. Run
+   * at open and every RECORDS_PRUNE_EVERY writes: the file stays as large as that period's traffic.
+   */
+  prune(now = Date.now()): number {
+    if (!this.pruneRecords) return 0;
+    let n = 0;
+    this.guard('', 'write', () => {
+      n = this.pruneRecords!.run(now - this.keepMs).changes;
+      if (n > 0) this.pruneAliases!.run();
+    });
+    return n;
   }
 
   /** Records whose latest change was given up unwritten because too many were waiting (see unsaved). */

@@ -178,6 +178,7 @@ export class Settlements {
   async fetchReceipt(p: Pick<Paid, 'requestId' | 'target' | 'exp'>, fetchMs = this.d.receiptFetchMs): Promise<CheckedReceipt | undefined | 'stopped'> {
     const deadline = Date.now() + fetchMs;
     let last: CheckedReceipt | undefined;
+    let unreached: string | undefined; // why the last try could not ask the node, if it could not
     for (let wait = 50; ; wait = Math.min(wait * 2, 400)) {
       if (this.stopper.signal.aborted) return 'stopped';
       try {
@@ -192,11 +193,17 @@ export class Settlements {
           }
           if (last) return last;
         }
+        unreached = undefined;
       } catch (e) {
         if (this.stopper.signal.aborted) return 'stopped';
-        this.d.log.warn({ request_id: p.requestId, err: (e as Error).message }, 'receipt fetch failed');
+        unreached = (e as Error).message;
       }
-      if (Date.now() + wait > deadline) return undefined;
+      if (Date.now() + wait > deadline) {
+        // One line a request, and only when the node could not be asked (a node that answers
+        // "no receipt" is the usual case of a buyer who left before any work).
+        if (unreached !== undefined && fetchMs > 0) this.d.log.warn({ request_id: p.requestId, err: unreached }, "the provider's log could not be asked for the receipt; the gateway looks again later");
+        return undefined;
+      }
       if (!(await this.pause(wait))) return 'stopped';
     }
   }
