@@ -24,7 +24,7 @@ const MODEL = 'tiny/llama';
 let fx: MarketFixture;
 let marketUrl: string;
 /** Registered, then stopped: listed as live, unreachable. */
-const dead: RunningNode[] = [];
+const dead: (RunningNode & { crash(): Promise<void> })[] = [];
 let live: RunningNode;
 let gw: Gateway;
 
@@ -82,11 +82,11 @@ beforeAll(async () => {
   // The soon-dead nodes register first (the market lists providers in registration order) and
   // offer more slots than the live one (the market tickets the most free slots first without a
   // preference): so without a preference the market's picks are dead nodes, deterministically.
-  for (let i = 0; i < 4; i++) dead.push(await nodeIn(`dead${i}`, 2));
+  for (let i = 0; i < 4; i++) dead.push(await fx.crashableNode(`dead${i}`, { slots: 2 }));
   await waitForListed(marketUrl, dead.map((n) => n.providerId));
   live = await nodeIn('live', 1);
   await waitForListed(marketUrl, [live.providerId]);
-  for (const n of dead) await n.stop(1000);
+  for (const n of dead) await n.crash(); // gone without a word to the market
   gw = await createGateway({ market: marketUrl, port: 0 });
 });
 

@@ -38,9 +38,10 @@ beforeAll(async () => {
   fx = await startMarketFixture('gateway-failover-', { heartbeatIntervalMs: 60_000 });
   marketUrl = fx.url;
   live = await fx.tinyNode('live');
-  gone = await fx.tinyNode('gone');
+  const crashing = await fx.crashableNode('gone');
+  gone = crashing;
   await waitForListed(marketUrl, [live.providerId, gone.providerId]);
-  await gone.stop(1000);
+  await crashing.crash();
   gw = await createGateway({ market: marketUrl, port: 0 });
 });
 afterAll(async () => {

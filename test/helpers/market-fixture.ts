@@ -8,6 +8,7 @@ import path from 'node:path';
 import { createMarket, type Market } from '../../src/market/market.ts';
 import type { RunningNode } from '../../src/node.ts';
 import { startTinyNode, type TinyNodeConfig } from './node-config.ts';
+import { MarketProxy } from './misbehaving-node.ts';
 
 export interface MarketFixture {
   dir: string;
@@ -16,6 +17,12 @@ export interface MarketFixture {
   url: string;
   /** Starts a tiny node in `<dir>/<name>` registered with the market (context 1024, 2 slots, one signer thread, logs at error unless `over` says otherwise). */
   tinyNode(name: string, over?: Partial<TinyNodeConfig>): Promise<RunningNode>;
+  /**
+   * A tiny node that can crash: it reaches the market through a proxy of its own, and crash()
+   * cuts that first, then stops the node, so the market hears nothing of it going (a stopping
+   * node announces `accepting: false`; a crashed one cannot) and keeps listing it as live.
+   */
+  crashableNode(name: string, over?: Partial<TinyNodeConfig>): Promise<RunningNode & { crash(): Promise<void> }>;
   close(): Promise<void>;
 }
 
@@ -24,6 +31,7 @@ export async function startMarketFixture(prefix: string, opts: { heartbeatInterv
   const market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: opts.heartbeatIntervalMs });
   const url = (await market.listen()).url;
   const nodes: RunningNode[] = [];
+  const proxies: MarketProxy[] = [];
   return {
     dir,
     market,
@@ -33,8 +41,21 @@ export async function startMarketFixture(prefix: string, opts: { heartbeatInterv
       nodes.push(node);
       return node;
     },
+    async crashableNode(name, over = {}) {
+      const proxy = await MarketProxy.start(url);
+      proxies.push(proxy);
+      const node = await startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl: proxy.url, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error', ...over });
+      nodes.push(node);
+      return Object.assign(node, {
+        async crash() {
+          await proxy.close();
+          await node.stop(1000);
+        },
+      });
+    },
     async close() {
       for (const n of nodes) await n.stop(1000);
+      for (const p of proxies) await p.close();
       await market.close();
       fs.rmSync(dir, { recursive: true, force: true });
     },
