@@ -22,9 +22,9 @@ export function dataDirPaths(dir: string): DataDirPaths {
   return { dir: abs, key: path.join(abs, 'node.key'), config: path.join(abs, 'config.yaml'), receipts: path.join(abs, 'receipts.db'), prices: path.join(abs, 'prices') };
 }
 
-export function openReceiptLog(dir: string, opts: Partial<Omit<ReceiptLogOptions, 'path' | 'seed'>> = {}): { log: ReceiptLog; identity: NodeIdentity } {
+export function openReceiptLog(dir: string, opts: Partial<Omit<ReceiptLogOptions, 'path' | 'seed'>> = {}, keyFile?: string): { log: ReceiptLog; identity: NodeIdentity } {
   const p = dataDirPaths(dir);
-  const identity = loadKeyFile(p.key);
+  const identity = loadKeyFile(keyFile ?? p.key);
   return { log: ReceiptLog.open({ ...opts, path: p.receipts, seed: identity.seed }), identity };
 }
 

@@ -334,6 +334,39 @@ describe('fill, export, audit round trip', () => {
     expect(r.stderr).toMatch(/warning: .* holds no signed price lists \(prices\/\), so an audit of this export cannot price its receipts/);
   });
 
+  it('log export and log prove of a node whose key is kept outside its data dir (config "key"): --key', async () => {
+    const home = path.join(tmp, 'key-elsewhere');
+    fs.cpSync(data(), path.join(home, 'data'), { recursive: true });
+    fs.renameSync(path.join(home, 'data', 'node.key'), path.join(home, 'node.key'));
+    const out = path.join(tmp, 'export-key-elsewhere');
+    const without = await runCli(['log', 'export', '--data', path.join(home, 'data'), '--out', out]);
+    expect(without.code).toBe(1);
+    expect(without.stderr).toMatch(/node\.key not found: if the node's key is elsewhere \(its config's "key"\), pass --key FILE/);
+    expect(without.stderr).not.toMatch(/create one/);
+    const withKey = await runCli(['log', 'export', '--data', path.join(home, 'data'), '--out', out, '--key', path.join(home, 'node.key')]);
+    expect(withKey.code, withKey.stderr).toBe(0);
+    expect((await runCli(['audit', out, '--threads', '0'])).code).toBe(0);
+    const proof = await runCli(['log', 'prove', '--data', path.join(home, 'data'), '--seq', '3', '--key', path.join(home, 'node.key')]);
+    expect(proof.code, proof.stderr).toBe(0);
+  });
+
+  it('log export to a full disk names the file; of a damaged receipts.db names the database', async () => {
+    const out = path.join(tmp, 'export-full');
+    fs.mkdirSync(out);
+    fs.symlinkSync('/dev/full', path.join(out, 'provider.pub')); // every write there: ENOSPC
+    const full = await runCli(['log', 'export', '--data', data(), '--out', out]);
+    expect(full.code).toBe(1);
+    expect(full.stderr).toContain(`seller-node: cannot write the export to ${out}: no space left on the device (${path.join(out, 'provider.pub')})`);
+    const damaged = path.join(tmp, 'node-damaged');
+    fs.cpSync(data(), damaged, { recursive: true });
+    const db = path.join(damaged, 'receipts.db');
+    for (const f of ['receipts.db-wal', 'receipts.db-shm']) fs.rmSync(path.join(damaged, f), { force: true });
+    fs.truncateSync(db, Math.floor(fs.statSync(db).size / 2));
+    const bad = await runCli(['log', 'export', '--data', damaged, '--out', path.join(tmp, 'export-damaged')]);
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toContain(`seller-node: ${db}: `);
+  });
+
   it('a second fill (default signer threads) continues the log, and the new export audits', async () => {
     const f = await runCli(['log', 'fill', '--data', data(), '--count', '5']);
     expect(f.code, f.stderr).toBe(0);
@@ -474,6 +507,13 @@ describe('verify', () => {
 
   it('a directory is a clean error', async () => {
     expectCleanError(await runCli(['verify', tmp]), /cannot read .*: is a directory/, 1);
+  });
+
+  it('a FIFO is a clean error at once, never waited on', async () => {
+    const fifo = path.join(tmp, 'pipe.json');
+    const { execFileSync } = await import('node:child_process');
+    execFileSync('mkfifo', [fifo]);
+    expectCleanError(await runCli(['verify', fifo]), /cannot read .*pipe\.json: not a regular file/, 1);
   });
 
   it('an empty file is envelope_not_json', async () => {

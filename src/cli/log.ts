@@ -4,17 +4,30 @@ import { Command } from 'commander';
 import { lockDataDir } from '../data-dir-lock.ts';
 import { writeFileAtomic } from '../atomic-file.ts';
 import { dataDirPaths, openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
-import { accessProblem, fsProblem } from '../fs-problem.ts';
+import { accessProblem, fsProblem, isErrnoError } from '../fs-problem.ts';
+import { isStoreError } from '../store/store-health.ts';
 import { exportLog } from '../store/export.ts';
 import { receiptProofBundle } from '../store/proof-bundle.ts';
-import type { NodeIdentity } from '../identity.ts';
+import { IdentityError, type NodeIdentity } from '../identity.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { isSyntheticReceiptLine, syntheticPriceList, syntheticReceiptBody } from '../store/synthetic.ts';
 import { CliError, intOption } from './cli-error.ts';
 
-function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}) {
-  return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 });
+function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}, keyFile?: string) {
+  try {
+    return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 }, keyFile);
+  } catch (e) {
+    // A node whose config keeps its key outside the data dir (`key:`): say so, not "create one".
+    if (e instanceof IdentityError && / not found /.test(e.message) && keyFile === undefined) {
+      throw new CliError(`${e.message.replace(/ \(create one with:.*\)$/, '')}: if the node's key is elsewhere (its config's "key"), pass --key FILE`);
+    }
+    // A damaged receipts.db (SQLite's message does not say which file).
+    if (isStoreError(e)) throw new CliError(`${dataDirPaths(dir).receipts}: ${e.message}`);
+    throw e;
+  }
 }
+
+const KEY_OPTION = ['--key <file>', "the node's key file (default: DIR/node.key; the config's \"key\" when it is elsewhere)"] as const;
 
 /**
  * The first seq of `log` that `log fill` did not write, checking seq 0 and the last: fill refuses
@@ -63,13 +76,14 @@ export function logCommand(): Command {
     .requiredOption('--seq <n>', 'the receipt', intOption('--seq', 0))
     .option('--size <m>', 'prove it under the stored checkpoint of this size (default: the latest)', intOption('--size', 1))
     .option('--out <file>', 'write the bundle here (default: standard output)')
-    .action(async (opts: { data: string; seq: number; size?: number; out?: string }) => {
+    .option(...KEY_OPTION)
+    .action(async (opts: { data: string; seq: number; size?: number; out?: string; key?: string }) => {
       // Only reads, like log export: no lock, and nothing made where there is no log to prove from.
       const p = dataDirPaths(opts.data);
       const problem = accessProblem(p.receipts, fs.constants.R_OK);
       if (problem === 'missing') throw new CliError(fs.existsSync(p.dir) ? `${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove` : `data dir ${opts.data} not found`);
       if (problem) throw new CliError(`${p.receipts}: ${problem}`);
-      const { log: rl } = open(opts.data, { threads: 0 });
+      const { log: rl } = open(opts.data, { threads: 0 }, opts.key);
       let bundle: string;
       let size: number;
       try {
@@ -106,10 +120,18 @@ export function logCommand(): Command {
     .description('write receipts.jsonl, the checkpoints, provider.pub and the signed price lists to a folder for auditors')
     .requiredOption('--data <dir>', 'data directory')
     .requiredOption('--out <dir>', 'folder to write (created if missing)')
-    .action(async (opts: { data: string; out: string }) => {
-      const { log: rl } = open(opts.data, { threads: 0 });
+    .option(...KEY_OPTION)
+    .action(async (opts: { data: string; out: string; key?: string }) => {
+      const { log: rl } = open(opts.data, { threads: 0 }, opts.key);
       try {
-        const s = await exportLog(rl, opts.out, readPriceLists(opts.data));
+        let s: Awaited<ReturnType<typeof exportLog>>;
+        try {
+          s = await exportLog(rl, opts.out, readPriceLists(opts.data));
+        } catch (e) {
+          // A full disk or a folder it may not write: name where (a write on a descriptor names nothing).
+          if (isErrnoError(e)) throw new CliError(`cannot write the export to ${opts.out}: ${fsProblem(e)}${typeof (e as { path?: unknown }).path === 'string' ? ` (${(e as { path: string }).path})` : ''}`);
+          throw e;
+        }
         process.stdout.write(`exported ${plural(s.receipts, 'receipt')}, ${plural(s.checkpoints, 'checkpoint')} and ${plural(s.priceLists, 'price list')} to ${path.resolve(opts.out)}\n`);
         if (s.priceLists === 0 && s.receipts > 0) {
           process.stderr.write(`seller-node: warning: ${opts.data} holds no signed price lists (prices/), so an audit of this export cannot price its receipts\n`);

@@ -55,7 +55,10 @@ function readInput(file: string): string {
   try {
     // Opened without blocking and checked to be a file: a FIFO or device would wait or never end.
     fd = file === '-' ? 0 : fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
-    if (fd !== 0 && !fs.fstatSync(fd).isFile()) throw new CliError(`cannot read ${file}: not a regular file`);
+    if (fd !== 0) {
+      const st = fs.fstatSync(fd);
+      if (!st.isFile()) throw new CliError(`cannot read ${file}: ${st.isDirectory() ? 'is a directory' : 'not a regular file (a FIFO or device)'}`);
+    }
     const buf = Buffer.alloc(MAX_FILE + 1);
     let n = 0;
     for (;;) {

@@ -22,6 +22,16 @@ export interface ExportSummary {
  * Writes the export of `log` into `outDir`. `priceLists` (readPriceLists of the data dir) are the
  * signed lists of every version the receipts cite: without them the export does not audit.
  */
+/** Runs a write of `file`; an error that does not say which file (a write on a descriptor) is told it. */
+function writing<T>(file: string, run: () => T): T {
+  try {
+    return run();
+  } catch (e) {
+    if (e !== null && typeof e === 'object' && (e as { path?: unknown }).path === undefined) (e as { path?: string }).path = file;
+    throw e;
+  }
+}
+
 export async function exportLog(log: ReceiptLog, outDir: string, priceLists: readonly StoredPriceList[]): Promise<ExportSummary> {
   await log.flush();
   log.checkpoint(); // the export's latest checkpoint covers every receipt in it
@@ -30,7 +40,8 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
   // An earlier export into the same folder must not leave checkpoints of another log behind.
   for (const name of fs.readdirSync(cpDir)) if (/^(0|[1-9][0-9]*)$/.test(name)) fs.rmSync(path.join(cpDir, name));
   let receipts = 0;
-  writeFileAtomic(path.join(outDir, 'receipts.jsonl'), (fd) => {
+  const receiptsFile = path.join(outDir, 'receipts.jsonl');
+  writing(receiptsFile, () => writeFileAtomic(receiptsFile, (fd) => {
     let buf: string[] = [];
     for (const line of log.lines()) {
       buf.push(line);
@@ -41,17 +52,18 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
       }
     }
     if (buf.length) fs.writeSync(fd, buf.join('\n') + '\n');
-  });
+  }));
   const cps = log.checkpoints(); // (each over receipts this connection read: all of them are in the file)
-  for (const cp of cps) fs.writeFileSync(path.join(outDir, 'checkpoints', String(cp.size)), cp.note);
+  const write = (file: string, text: string) => writing(file, () => fs.writeFileSync(file, text));
+  for (const cp of cps) write(path.join(outDir, 'checkpoints', String(cp.size)), cp.note);
   const latest = cps.at(-1);
-  if (latest) fs.writeFileSync(path.join(outDir, 'checkpoint'), latest.note);
+  if (latest) write(path.join(outDir, 'checkpoint'), latest.note);
   else fs.rmSync(path.join(outDir, 'checkpoint'), { force: true });
-  fs.writeFileSync(path.join(outDir, 'provider.pub'), log.providerId + '\n');
+  write(path.join(outDir, 'provider.pub'), log.providerId + '\n');
   const pricesDir = path.join(outDir, 'prices');
   fs.mkdirSync(pricesDir, { recursive: true });
   // Nor its price lists: the audit checks every list in the folder.
   for (const name of fs.readdirSync(pricesDir)) if (name.endsWith('.json')) fs.rmSync(path.join(pricesDir, name));
-  for (const l of priceLists) fs.writeFileSync(path.join(pricesDir, `${l.version}.json`), l.text);
+  for (const l of priceLists) write(path.join(pricesDir, `${l.version}.json`), l.text);
   return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0, priceLists: priceLists.length };
 }
