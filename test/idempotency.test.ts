@@ -20,4 +20,30 @@ describe('IdempotencyStore', () => {
     expect(s.begin('acct', 'k', 'h2')).toEqual({ kind: 'new' });
     db.close();
   });
+  test('a run the process died in is found by the next process (interrupted, with its request id), until abandoned or recorded', () => {
+    const db = new Database(':memory:');
+    const dead = new IdempotencyStore(db);
+    expect(dead.begin('acct', 'k', 'h1', 'req-1', 1000)).toEqual({ kind: 'new' });
+    // (no finish: the process died)
+    const next = new IdempotencyStore(db);
+    expect(next.begin('acct', 'k', 'h1', 'req-2')).toEqual({ kind: 'interrupted', requestId: 'req-1' });
+    expect(next.begin('acct', 'k', 'h2', 'req-2')).toMatchObject({ kind: 'conflict', code: 'idempotency_key_reused' });
+    next.abandonInterrupted('acct', 'k');
+    expect(next.begin('acct', 'k', 'h1', 'req-2')).toEqual({ kind: 'new' });
+    next.abandonInterrupted('acct', 'k'); // (not while it runs here)
+    expect(next.begin('acct', 'k', 'h1', 'req-3')).toMatchObject({ kind: 'conflict', code: 'idempotency_in_progress' });
+    next.finish('acct', 'k', response, 2000);
+    const third = new IdempotencyStore(db);
+    expect(third.begin('acct', 'k', 'h1')).toEqual({ kind: 'replay', response });
+    // A run finished without a record (refused, cancelled) leaves no mark either.
+    expect(third.begin('acct', 'x', 'h1', 'req-4')).toEqual({ kind: 'new' });
+    third.finish('acct', 'x', undefined);
+    expect(new IdempotencyStore(db).begin('acct', 'x', 'h1', 'req-5')).toEqual({ kind: 'new' });
+    // Marks older than a day are pruned with the records.
+    const old = new IdempotencyStore(db);
+    old.begin('acct', 'y', 'h1', 'req-6', 10);
+    new IdempotencyStore(db).forgetOlderThan(100, 200);
+    expect(new IdempotencyStore(db).begin('acct', 'y', 'h1', 'req-7')).toEqual({ kind: 'new' });
+    db.close();
+  });
 });

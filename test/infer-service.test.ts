@@ -420,6 +420,37 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 1);
   });
 
+  test('a node that died after a keyed run\'s receipt was durable but before its response was recorded: the retry is not run or billed again (409 idempotency_response_lost); one that died before any receipt runs the retry', async () => {
+    const crashing = new IdempotencyStore(db);
+    crashing.finish = () => {}; // the process dies before it records anything (the mark stays on disk)
+    const dying = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: crashing, models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const before = log.size;
+    const first = recorder();
+    await dying.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-1' }), first.res);
+    expect(first.out.trailer?.status).toBe('completed');
+    const notRun = recorder();
+    await dying.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-2' }, { max_cost_micro_usd: '0' }), notRun.res);
+    expect(notRun.out.head?.status).toBe(403); // refused before any work: no receipt
+    // The restarted node.
+    const restarted = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const retry = recorder();
+    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-1' }), retry.res);
+    expect([retry.out.head?.status, retry.out.trailer?.error?.code]).toEqual([409, 'idempotency_response_lost']);
+    expect(retry.out.trailer?.error?.message).toMatch(/completed and was billed \(receipt seq \d+\)/);
+    expect(log.size).toBe(before + 1); // not run again
+    const again = recorder();
+    await restarted.handle(request('chat/completions', { ...chatBody, seed: 5 }, { idempotency_key: 'crash-1' }), again.res);
+    expect(again.out.trailer?.error?.code).toBe('idempotency_key_reused'); // another body under that key
+    const runs = recorder();
+    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-2' }), runs.res);
+    expect(runs.out.trailer?.status).toBe('completed');
+    expect(log.size).toBe(before + 2);
+    // Recorded now: its retry is answered from the record.
+    const replay = recorder();
+    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-2' }), replay.res);
+    expect(replay.out.trailer?.receipt).toBe(runs.out.trailer?.receipt);
+  });
+
   test('state.db full (a used ticket cannot be written): 503 no_capacity, nothing run, the failure reported once; a later write clears it', async () => {
     const { StoreHealth } = await import('../src/store/store-health.ts');
     let now = 1_000_000;

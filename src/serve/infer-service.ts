@@ -10,6 +10,7 @@ import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../..
 import { ratesToWire, type AttestationTier, type ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import { peekPayload } from '../../attestation/signed-payload.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
 import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
@@ -195,8 +196,20 @@ export class InferService {
       account = checked.ticket.account;
       // The endpoint is part of the request: the same body sent to another endpoint under the key is
       // another request. The ticket check has just matched the body to the ticket's body_sha256.
-      lookup = this.o.idempotency.begin(account, key, sha256Hex(`${p.endpoint}\n${checked.ticket.body_sha256}`));
-      if (lookup.kind === 'conflict') throw new Refusal(409, lookup.code, lookup.message);
+      const requestSha256 = sha256Hex(`${p.endpoint}\n${checked.ticket.body_sha256}`);
+      lookup = this.o.idempotency.begin(account, key, requestSha256, checked.ticket.request_id);
+      if (lookup.kind === 'interrupted') {
+        // The node died while the first try ran. Completed (its receipt durable), it was billed and
+        // its response is gone: never run and billed again. Otherwise (no receipt, or cancelled:
+        // billed only for what it delivered, as any cancelled run) the retry runs.
+        const done = this.completedReceipt(lookup.requestId);
+        if (done) {
+          throw new Refusal(409, 'idempotency_response_lost', `the first request under this Idempotency-Key (${lookup.requestId}) completed and was billed (receipt seq ${done.seq}), but this node stopped before it could record the response; it is not run again`);
+        }
+        this.o.idempotency.abandonInterrupted(account, key);
+        lookup = this.o.idempotency.begin(account, key, requestSha256, checked.ticket.request_id);
+      }
+      if (lookup.kind === 'conflict' || lookup.kind === 'interrupted') throw new Refusal(409, lookup.kind === 'conflict' ? lookup.code : 'idempotency_in_progress', lookup.kind === 'conflict' ? lookup.message : 'a request with this Idempotency-Key is still running');
     } catch (e) {
       return this.refuse(res, e);
     }
@@ -222,6 +235,15 @@ export class InferService {
     } finally {
       this.o.idempotency.finish(account, key, undefined); // (the running mark, if no record took it)
     }
+  }
+
+  /** The durable `completed` receipt of request `requestId` in this node's log, if there is one. */
+  private completedReceipt(requestId: string): { seq: number } | undefined {
+    for (const r of this.o.log.byRequestId(requestId)) {
+      const env = JSON.parse(r.line) as DsseEnvelope;
+      if (peekPayload(env)?.status === 'completed') return { seq: r.seq };
+    }
+    return undefined;
   }
 
   /** The `model` a body the contract refused names, when this node serves it (else undefined: never a buyer's string as a label). */
