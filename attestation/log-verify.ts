@@ -21,9 +21,8 @@ export interface ChainLink {
   costMicroUsd: bigint;
   holdMicroUsd: bigint;
   status: string;
-  /** The ticket and request the receipt bills: each at most once in a log. */
+  /** The ticket the receipt bills: at most once in a log. */
   ticketId: string;
-  requestId: string;
 }
 
 export interface LogSummary {
@@ -49,9 +48,8 @@ export class ReceiptChain {
   private totalCost = 0n;
   private totalHold = 0n;
   private readonly byStatus: Record<string, number> = {};
-  /** Tickets and requests billed so far, with the seq that billed each. */
+  /** Tickets billed so far, with the seq that billed each. */
   private readonly tickets = new Map<string, bigint>();
-  private readonly requests = new Map<string, bigint>();
   /** After the first out-of-order seq: the seq that was expected there, and whether it shows up later. */
   private missing: { seq: bigint; at: string; foundLater: boolean } | undefined;
   private failed: VerifyError | undefined;
@@ -75,14 +73,12 @@ export class ReceiptChain {
     if (link.prev !== this.lastHash) {
       return this.stop(fail('prev_mismatch', `prev does not hash the payload of seq ${seq - 1n}`, { seq: link.seq }));
     }
-    // One ticket is one hold for one request, and a node answers a retry of a request from its
-    // record: a second receipt for either bills the buyer twice.
+    // One ticket is one hold, used once (design.md: "ticket_id was never used before"): a second
+    // receipt for it bills the buyer twice. (Request ids are the marketplace's to give; nothing
+    // makes them unique to a log, so they are not checked.)
     const ticketAt = this.tickets.get(link.ticketId);
     if (ticketAt !== undefined) return this.stop(fail('ticket_billed_twice', `ticket ${link.ticketId} was already billed by seq ${ticketAt}`, { seq: link.seq }));
-    const requestAt = this.requests.get(link.requestId);
-    if (requestAt !== undefined) return this.stop(fail('request_billed_twice', `request ${link.requestId} was already billed by seq ${requestAt}`, { seq: link.seq }));
     this.tickets.set(link.ticketId, seq);
-    this.requests.set(link.requestId, seq);
     this.expected = seq + 1n;
     this.lastHash = link.payloadSha256;
     this.tree.append(link.leafHash);
@@ -280,10 +276,9 @@ export function verifyPriceLists(lists: Iterable<DsseEnvelope | string>, provide
   return ok(book);
 }
 
-export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd: string; hold_micro_usd: string; status: string; ticket_id: string; request_id: string }; payloadSha256?: string; leafHash?: Uint8Array }): ChainLink {
+export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd: string; hold_micro_usd: string; status: string; ticket_id: string }; payloadSha256?: string; leafHash?: Uint8Array }): ChainLink {
   return {
     ticketId: v.payload.ticket_id,
-    requestId: v.payload.request_id,
     seq: v.payload.seq,
     prev: v.payload.prev,
     payloadSha256: v.payloadSha256!,

@@ -95,7 +95,9 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
   const out: VerifiedReceipt = { payload, payloadBytes, envelope: env, signature: verified.value.signature };
   if (opts.chain) {
     // A line that parseEnvelopeLine read (and that verified) is already its envelope's canonical JSON.
-    const canonical = line ? (envelope as string) : serializeEnvelope(env);
+    // Only the envelope's own fields: a reader ignores unknown ones, but a line that carries any is
+    // not the one serialisation of its envelope (and would give the same receipt another leaf).
+    const canonical = line ? (envelope as string) : serializeEnvelope(envelopeFields(env));
     // (A line is what this project writes: base64 standard and padded, though DSSE lets a reader take others.)
     if ((typeof envelope === 'string' && envelope !== canonical) || !verified.value.standardBase64) {
       return fail('envelope_not_canonical', 'the line is not the canonical JSON of its envelope (the bytes the Merkle leaf commits to)', { seq });
@@ -104,6 +106,15 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
     out.leafHash = leafHash(utf8(canonical));
   }
   return ok(out);
+}
+
+/** An envelope with DSSE's fields only (what this project writes). */
+function envelopeFields(env: DsseEnvelope): DsseEnvelope {
+  return {
+    payload: env.payload,
+    payloadType: env.payloadType,
+    signatures: env.signatures.map((s) => (s.keyid === undefined ? { sig: s.sig } : { keyid: s.keyid, sig: s.sig })),
+  };
 }
 
 /** Attaches a seq to an error that concerns one receipt. */

@@ -25,7 +25,6 @@ export type VerifyErrorCode =
   | 'prev_mismatch'
   | 'log_empty'
   | 'ticket_billed_twice'
-  | 'request_billed_twice'
   // prices (a log checked against the provider's signed price lists)
   | 'price_list_invalid'
   | 'price_list_missing'

@@ -245,6 +245,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     }
     cleanup.push(['libp2p host', () => host.stop()]);
     let stopped: Promise<void> | undefined;
+    /** Set as stop() begins (before `stopped`, which its first steps run ahead of). */
+    let stopping = false;
     let registration: Registration | undefined;
     // A handler that throws (the receipt log failing, a bug) is answered 500 internal_error by the
     // server; the operator sees why here: names, codes and a short message, never request text.
@@ -266,7 +268,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
-    const standing = () => [stopped !== undefined, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure] as const;
+    const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure] as const;
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
@@ -332,6 +334,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       priceVersion: prices.payload.version,
       logger,
       stop(graceMs = 30_000) {
+        stopping = true;
         stopped ??= (async () => {
           for (const m of models.values()) m.admission.close();
           // The market hears at once that this node takes no more work (accepting: false), not

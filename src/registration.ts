@@ -113,6 +113,8 @@ export function startRegistration(o: RegistrationOptions): Registration {
   const now = o.now ?? Date.now;
   const stopper = new AbortController();
   let registered = false;
+  /** Set once the node has announced it stops (announce()): no more heartbeats or registrations. */
+  let announced = false;
   let registeredAt: number | null = null;
   let lastHeartbeatAt: number | null = null;
   let lastError: MarketplaceStatus['last_error'] = null;
@@ -213,12 +215,12 @@ export function startRegistration(o: RegistrationOptions): Registration {
     // after it) is logged at its level, the same refusal again at debug.
     let refusals = 0;
     let refusedCode = '';
-    while (!stopper.signal.aborted) {
+    while (!stopper.signal.aborted && !announced) {
       try {
         if (!registered) {
           attempts++;
           const r = await post('/v1/providers/register', registration());
-          if (stopper.signal.aborted) break;
+          if (stopper.signal.aborted || announced) break;
           if (r.kind === 'ok') {
             registered = true;
             registeredAt = now();
@@ -246,7 +248,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
           continue;
         }
         const r = await post('/v1/providers/heartbeat', o.capacity(stamp()));
-        if (stopper.signal.aborted) break;
+        if (stopper.signal.aborted || announced) break;
         if (r.kind === 'refused' && dropsRegistration(r.status)) {
           // Not live at the market any more (or soon): not ready until it takes a registration
           // again. Registering at once is paced by the heartbeat interval when the market accepts
@@ -290,6 +292,10 @@ export function startRegistration(o: RegistrationOptions): Registration {
       return { url: base, registered, registered_at: registeredAt, last_heartbeat_at: lastHeartbeatAt, last_error: lastError, ticket_key: ticketKey };
     },
     async announce(timeoutMs: number) {
+      // From now on the loop neither heartbeats nor registers again: a heartbeat still in flight
+      // (accepting) that the market refuses as older than this one must not lead to a new
+      // registration, which the market would list as accepting.
+      announced = true;
       if (!registered || stopper.signal.aborted) return;
       try {
         const sent = post('/v1/providers/heartbeat', o.capacity(stamp())).catch(() => undefined);

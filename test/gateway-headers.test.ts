@@ -183,6 +183,11 @@ describe('a gateway whose marketplace does not answer', () => {
       const { gzipSync } = await import('node:zlib');
       const gz = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: gzipSync(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] })) });
       expect([gz.status, ((await gz.json()) as { error: { code: string; message: string } }).error]).toEqual([400, { code: 'invalid_request', message: 'Content-Encoding: "gzip" is not accepted: send the JSON body uncompressed' }]);
+      // identity, or an empty header, is no encoding: on to the market (unreachable here).
+      for (const coding of ['identity', '', ' Identity ']) {
+        const plain = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': coding }, body: JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }) });
+        expect(plain.status, JSON.stringify(coding)).toBe(502);
+      }
       // A path served under other methods: 405 with Allow (no market needed to say so); an unknown path 404.
       for (const [method, path, allow] of [['GET', 'chat/completions', 'POST'], ['PUT', 'embeddings', 'POST'], ['DELETE', 'requests/req-x', 'GET, HEAD'], ['POST', 'models/tiny/llama', 'GET, HEAD']] as const) {
         const r = await fetch(`${gw.url}/${path}`, { method });

@@ -1266,6 +1266,31 @@ describe('reconciliation: a receipt the request itself could not settle is settl
   });
 });
 
+describe('reconciliation and close', () => {
+  test("a gateway's close is bounded by its grace while the reconciler waits on a market that does not answer", async () => {
+    const g = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: 200 });
+    let closed = false;
+    try {
+      proxy.receipt = () => 'drop';
+      const res = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toNode() }, body: chatBody('close while reconciling') });
+      expect(res.status).toBe(200);
+      const id = res.headers.get('x-request-id')!;
+      expect(await gatewayRecord(g.url, id)).toMatchObject({ settled: false, settlement_error: { code: 'market_unreachable' } });
+      const never = new Promise<void>(() => {});
+      proxy.receipt = () => ({ hold: never }); // the market takes the POST and never answers
+      const posts = proxy.receiptPosts;
+      await waitFor('the reconciler posting again', () => (proxy.receiptPosts > posts ? true : undefined));
+      const t0 = performance.now();
+      await g.close(200);
+      closed = true;
+      expect(performance.now() - t0).toBeLessThan(5000); // (was 30 s: three POSTs of 10 s)
+    } finally {
+      if (!closed) await g.close(200);
+      proxy.reset();
+    }
+  });
+});
+
 describe('reconciliation across a gateway restart', () => {
   test('a request the gateway was stopped in (interrupted) is settled by the next gateway on the same records file', async () => {
     const file = path.join(dir, 'reconcile-records.db');

@@ -102,6 +102,21 @@ describe('export', () => {
     expect(r.fault).toMatchObject({ code: 'envelope_not_canonical', seq: '2', line: 3 });
   });
 
+  test('a line with a field the envelope does not have (ignored by a reader, not signed) is envelope_not_canonical', async () => {
+    const { verifyReceipt } = await import('../attestation/receipt-verify.ts');
+    const b: BuiltLog = await buildLog({ count: 5, checkpointEvery: 5 });
+    temps.push(b.root);
+    const file = path.join(b.exportDir, 'receipts.jsonl');
+    for (const extra of [(e: Record<string, unknown>) => ({ ...e, note: 'x' }), (e: Record<string, unknown>) => ({ ...e, signatures: (e.signatures as object[]).map((g) => ({ ...g, x: 1 })) })]) {
+      const lines = b.lines.slice();
+      lines[2] = JSON.stringify(extra(JSON.parse(lines[2]!) as Record<string, unknown>));
+      fs.writeFileSync(file, lines.join('\n') + '\n');
+      expect(verifyReceipt(lines[2]!, { provider: b.providerId }).ok).toBe(true); // one receipt: read as DSSE allows
+      expect(verifyReceipt(lines[2]!, { provider: b.providerId, chain: true })).toMatchObject({ ok: false, error: { code: 'envelope_not_canonical' } });
+      expect((await audit({ dir: b.exportDir, threads: 0 })).fault).toMatchObject({ code: 'envelope_not_canonical', seq: '2', line: 3 });
+    }
+  });
+
   test('a line in URL-safe base64 (a form DSSE lets a reader accept, its signature still good) is envelope_not_canonical', async () => {
     const b: BuiltLog = await buildLog({ count: 5, checkpointEvery: 5 });
     temps.push(b.root);

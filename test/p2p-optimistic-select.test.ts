@@ -101,6 +101,37 @@ describe('body_length in the HEAD', () => {
   });
 });
 
+describe('a client that does not close after its announced body', () => {
+  it('one that keeps sending past its body is reset once it has sent 64 KiB more: nothing it sends is held', async () => {
+    const proto = await serve(async (req, res) => {
+      await res.head({ status: 200 });
+      await new Promise((r) => setTimeout(r, 300)); // the handler is still running while junk arrives
+      if (!req.signal.aborted) await res.trailer({});
+    });
+    const stream = await client.dialProtocol(addr, proto);
+    stream.send(encodeHead({ body_length: 0 }));
+    const junk = new Uint8Array(16 * 1024);
+    const ended = new Promise<string>((resolve) => stream.addEventListener('close', (e) => resolve((e as Event & { error?: Error }).error ? 'reset' : 'closed'), { once: true }));
+    for (let i = 0; i < 16 && stream.writeStatus === 'writable'; i++) {
+      stream.send(junk);
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    expect(await ended).toBe('reset');
+  });
+
+  it('one that keeps its side open after the response is cut off after the linger (no stream held for good)', async () => {
+    const proto = await serve();
+    const stream = await client.dialProtocol(addr, proto);
+    stream.send(cat(encodeHead({ body_length: 1 }), encodeData(Uint8Array.of(7))));
+    const dec = new FrameDecoder();
+    const frames: Frame[] = [];
+    const ended = new Promise<string>((resolve) => stream.addEventListener('close', (e) => resolve((e as Event & { error?: Error }).error ? 'reset' : 'closed'), { once: true }));
+    stream.addEventListener('message', (e) => frames.push(...dec.push((e as Event & { data: { subarray(): Uint8Array } }).data.subarray())));
+    expect(await ended).toBe('reset'); // (lingerMs: 200 in these servers)
+    expect(frames.map((f) => f.kind)).toEqual(['head', 'data', 'trailer']); // the answer came first, whole
+  });
+});
+
 describe('optimistic protocol selection', () => {
   it("a small request leaves in its stream's first write, before anything came back: the selection, the HEAD (with body_length) and the body", async () => {
     const proto = await serve();

@@ -19,11 +19,13 @@ function reference(text: string, chain: boolean): string {
   }
   const r = verifyReceipt(value as never, { provider: key.id });
   if (!r.ok) return r.error.code;
-  // As an object there is no line to compare; the line must be the envelope's canonical JSON
-  // (verifyReceipt answers envelope_malformed for what cannot be canonicalised at all).
+  // As an object there is no line to compare; the line must be the envelope's canonical JSON, of
+  // DSSE's fields only (verifyReceipt answers envelope_malformed for what cannot be canonicalised at all).
   if (!chain) return 'ok';
+  const e = r.value.envelope;
+  const dsseOnly = { payload: e.payload, payloadType: e.payloadType, signatures: e.signatures.map((g) => (g.keyid === undefined ? { sig: g.sig } : { keyid: g.keyid, sig: g.sig })) };
   try {
-    return serializeEnvelope(r.value.envelope) === text ? 'ok' : 'envelope_not_canonical';
+    return serializeEnvelope(dsseOnly) === text ? 'ok' : 'envelope_not_canonical';
   } catch {
     return 'envelope_malformed';
   }

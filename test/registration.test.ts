@@ -43,6 +43,22 @@ function node(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg
 
 const listed = async (url: string, id: string) => ((await (await fetch(`${url}/v1/providers`)).json()) as { provider: string; live: boolean }[]).some((p) => p.provider === id && p.live);
 
+describe('announce (a node that stops)', () => {
+  test('after it, the node neither heartbeats nor registers again, whatever the market says', async () => {
+    const { market, url } = await startMarket(0, 50);
+    const n = node(url);
+    await until('registration', () => n.reg.registered);
+    await until('the first heartbeat', () => market.store.providers.get(n.id)?.capacity !== undefined, 3000);
+    await n.reg.announce(1000);
+    const at = market.store.providers.get(n.id)?.capacity?.at;
+    expect(at).toBeDefined();
+    // The market forgets the node (as after a stale heartbeat): a running node would register again.
+    market.store.providers.delete(n.id);
+    await new Promise((r) => setTimeout(r, 400)); // eight heartbeat intervals
+    expect(market.store.providers.get(n.id)).toBeUndefined();
+  });
+});
+
 describe('startRegistration', () => {
   test('a market asking for a heartbeat interval beyond any timer gets one every ten minutes, not a tight loop', async () => {
     const { market, url } = await startMarket(0, 2 ** 40);

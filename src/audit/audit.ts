@@ -125,7 +125,6 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
         holdMicroUsd: BigInt(c.holds[i]!),
         status: c.statuses[i]!,
         ticketId: c.ticketIds[i]!,
-        requestId: c.requestIds[i]!,
       });
       if (!added.ok) return toFault(added.error, line, seq);
     }

@@ -26,7 +26,6 @@ export interface CheckedChunk {
   holds: string[];
   statuses: string[];
   ticketIds: string[];
-  requestIds: string[];
   /** Failed lines by index in the chunk. */
   failures: Record<number, VerifyError>;
 }
@@ -47,7 +46,7 @@ export function checkChunk(task: CheckTask): CheckedChunk {
   const { bytes, provider } = task;
   // A few entries a task (one per model and price version): rebuilt here, cheaper than any cache.
   const prices = new PriceBook(task.prices);
-  const out: CheckedChunk = { count: 0, seqs: [], prevs: [], payloadHashes: [], leaves: new Uint8Array(0), costs: [], holds: [], statuses: [], ticketIds: [], requestIds: [], failures: {} };
+  const out: CheckedChunk = { count: 0, seqs: [], prevs: [], payloadHashes: [], leaves: new Uint8Array(0), costs: [], holds: [], statuses: [], ticketIds: [], failures: {} };
   const leaves: Uint8Array[] = [];
   let start = 0;
   while (start < bytes.length) {
@@ -68,7 +67,6 @@ export function checkChunk(task: CheckTask): CheckedChunk {
       out.holds.push('0');
       out.statuses.push('');
       out.ticketIds.push('');
-      out.requestIds.push('');
       leaves.push(new Uint8Array(32));
       continue;
     }
@@ -80,7 +78,6 @@ export function checkChunk(task: CheckTask): CheckedChunk {
     out.holds.push(p.hold_micro_usd);
     out.statuses.push(p.status);
     out.ticketIds.push(p.ticket_id);
-    out.requestIds.push(p.request_id);
     leaves.push(r.value.leafHash!);
   }
   out.leaves = new Uint8Array(out.count * 32);

@@ -125,7 +125,7 @@ function formatReport(r: AuditReport): string {
     const statuses = Object.entries(s.byStatus).map(([k, v]) => `${v} ${k}`).join(', ');
     out.push(`receipts     ${s.receipts}${s.receipts ? ` (seq 0..${s.receipts - 1})` : ''}${statuses ? `: ${statuses}` : ''}`);
     out.push('signatures   ok (strict Ed25519, canonical payloads, every field valid)');
-    out.push('chain        ok (seq continuous, every prev hashes the payload before it, no ticket or request billed twice)');
+    out.push('chain        ok (seq continuous, every prev hashes the payload before it, no ticket billed twice)');
     out.push(`costs        ok (every cost = usage × rates and within its hold; total ${formatUsd(BigInt(s.totalCostMicroUsd))} USD of ${formatUsd(BigInt(s.totalHoldMicroUsd))} USD held)`);
     const versions = r.priceVersions ?? [];
     out.push(`prices       ok (every receipt at its model's rates in the signed price list it cites; ${versions.length} price list${versions.length === 1 ? '' : 's'}${versions.length ? `: ${versions.slice(0, 5).join(', ')}${versions.length > 5 ? ', …' : ''}` : ''})`);

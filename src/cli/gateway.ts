@@ -20,7 +20,7 @@ export function gatewayCommand(): Command {
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
     .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
-    .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 1, 36_500), 7)
+    .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
     .action(async (opts: { market: string; listen: string; records?: string; recordsDays: number; providerIdleMs: number; logLevel: string }) => {

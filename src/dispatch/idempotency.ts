@@ -25,9 +25,10 @@ export type Lookup =
   | { kind: 'replay'; response: RecordedResponse }
   | { kind: 'conflict'; code: 'idempotency_key_reused' | 'idempotency_in_progress'; message: string }
   /**
-   * A request under this key was running when the node last stopped (it crashed: a clean stop
-   * lets runs finish): its receipt, if it has one, is in the log under `requestId`, its response is
-   * not. The caller decides (abandonInterrupted() to run the request again).
+   * A request under this key ran and ended without its response recorded or its mark cleared: the
+   * node died while it ran (a clean stop lets runs finish), or the write of its record failed. Its
+   * receipt, if it has one, is in the log under `requestId`; its response is not. The caller
+   * decides (abandonInterrupted() to run the request again).
    */
   | { kind: 'interrupted'; requestId: string };
 

@@ -64,7 +64,7 @@ export interface GatewayOptions {
   /**
    * The unit of the reconciler's back-off (reconcile.ts): a request whose receipt was not settled
    * when it ended is looked at again this long after it started, then 2, 4, 10, … units later
-   * (about 18 h in all). Default 30 s.
+   * (about 28 h in all). Default 30 s.
    */
   reconcileUnitMs?: number;
   /** How many request records to keep in memory (default 10,000). */
@@ -156,7 +156,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // ticket binds the bytes the node parses, and neither side inflates them.
   app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_REQUEST_BODY }, (req, body, done) => {
     const coding = req.headers['content-encoding'];
-    if (coding !== undefined && coding.trim().toLowerCase() !== 'identity') return done(invalid('Content-Encoding', `${JSON.stringify(coding.slice(0, 40))} is not accepted: send the JSON body uncompressed`), undefined);
+    const c = coding?.trim().toLowerCase();
+    if (coding !== undefined && c && c !== 'identity') return done(invalid('Content-Encoding', `${JSON.stringify(coding.slice(0, 40))} is not accepted: send the JSON body uncompressed`), undefined);
     done(null, body);
   });
 
@@ -229,8 +230,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     async close(graceMs = 10_000) {
       // Named steps (see stopStep): one that fails is logged and the ones after it still run.
       await stopStep(log, 'http', () => closeHttp(app, graceMs));
-      // Jobs left are kept in the records file and looked at again after the next start.
-      await stopStep(log, 'reconciler', () => reconciler.stop());
+      // No new looks; jobs left are kept in the records file and looked at again after the next
+      // start. Looks under way end with the settlements (bounded below).
+      reconciler.stop();
       // Settlements (receipts fetched from nodes, posted to the market) get their own grace too:
       // a shutdown is bounded whatever a node or the market does. One cut short leaves its record
       // in_progress (with a records file it reads `interrupted` after the next start); the
@@ -240,6 +242,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
         // Stopped, also when idle (a handler cut off with its connection may start one later): no
         // more retries, waits or fetches; a POST already sent gets its own timeout.
         if (!(await settledWithin(settlements.stop(), graceMs))) log.warn({ pending: settlements.pending }, 'gateway closed with settlements still running');
+      });
+      await stopStep(log, 'reconciler', async () => {
+        if (!(await settledWithin(reconciler.idle(), graceMs))) log.warn({}, 'the reconciler was still looking at requests when the gateway closed');
       });
       await stopStep(log, 'libp2p', () => host.stop());
       await stopStep(log, 'records', () => records.close());

@@ -14,11 +14,14 @@ import { checkReceipt } from './receipt-check.ts';
 import type { RequestRecords, UnsettledJob } from './records.ts';
 import type { Settlements } from './settlement.ts';
 
-/** Looks after the first, in units: 1, 2, 4, 10, 20, 60, 120, 240, 480, 960, 1440 (~18 h of 30 s units). */
+/** Looks after the first, in units: 1, 2, 4, 10, 20, 60, 120, 240, 480, 960, 1440 (3,337 units: about 28 h of 30 s units). */
 const BACKOFF = [1, 2, 4, 10, 20, 60, 120, 240, 480, 960, 1440];
 
 /** Settlement errors that another try cannot change: the marketplace refused the receipt itself. */
 const FINAL_SETTLEMENT = new Set(['settlement_refused']);
+
+/** Jobs that ask a node or the market at once. */
+const CONCURRENCY = 8;
 
 export interface ReconcilerOptions {
   records: RequestRecords;
@@ -27,7 +30,7 @@ export interface ReconcilerOptions {
   log: GatewayLogger;
   /** The unit of the back-off, and the first look after a request starts. Default 30 s. */
   unitMs?: number;
-  /** How many jobs are looked at in one turn. Default 16. */
+  /** How many jobs that need a node or the market are looked at in one turn. Default 64. */
   batch?: number;
 }
 
@@ -56,33 +59,55 @@ export class Reconciler {
     this.timer.unref();
   }
 
-  async stop(): Promise<void> {
+  /** Ends the looks: no new turn, no new job in the running one. Its looks under way end with the settlements' stop (see the gateway's close). */
+  stop(): void {
     this.stopped = true;
     clearInterval(this.timer);
+  }
+
+  /** The turn under way, if any, once it has ended. */
+  async idle(): Promise<void> {
     await this.running;
   }
 
-  /** One turn: every due job (up to a batch) looked at. */
+  /**
+   * One turn: every due job looked at. Most need no I/O (settled, refused, still running) and are
+   * done at once; those that ask a node or the market run `concurrency` at a time, at most
+   * `batch` a turn (the rest are due at the next turn).
+   */
   async turn(): Promise<void> {
-    const due = this.o.records.dueJobs(Date.now(), this.o.batch ?? 16);
-    for (const job of due) {
-      if (this.stopped) return;
-      try {
-        await this.look(job);
-      } catch (e) {
-        this.o.log.warn({ request_id: job.request_id, err: (e as Error).message }, 'reconciling a request failed; it is looked at again later');
-        this.later(job);
-      }
+    const { records, log } = this.o;
+    const now = Date.now();
+    const io: UnsettledJob[] = [];
+    for (const job of records.dueJobs(now, Number.MAX_SAFE_INTEGER)) {
+      const rec = records.get(job.request_id);
+      if (!rec) {
+        log.warn({ request_id: job.request_id }, 'a request to settle has no record any more (evicted from memory, or past the records file\'s retention): given up');
+        records.dropJob(job.request_id);
+      } else if (rec.settled || rec.status === 'refused' || rec.status === 'bad_provider_response') records.dropJob(job.request_id);
+      else if (rec.status === 'in_progress') records.watch({ ...job, next_at: now + this.unit });
+      else if (rec.receipt && rec.settlement_error && FINAL_SETTLEMENT.has(rec.settlement_error.code)) records.dropJob(job.request_id);
+      else if (io.length < (this.o.batch ?? 64)) io.push(job);
     }
+    const workers = Array.from({ length: Math.min(CONCURRENCY, io.length) }, async () => {
+      for (let job = io.shift(); job && !this.stopped; job = io.shift()) {
+        try {
+          await this.look(job);
+        } catch (e) {
+          log.warn({ request_id: job.request_id, err: (e as Error).message }, 'reconciling a request failed; it is looked at again later');
+          this.later(job);
+        }
+      }
+    });
+    await Promise.all(workers);
   }
 
+  /** A job that needs the node's log or the market. */
   private async look(job: UnsettledJob): Promise<void> {
     const { records, settlements, log } = this.o;
     const rec = records.get(job.request_id);
-    if (!rec || rec.settled || rec.status === 'refused' || rec.status === 'bad_provider_response') return records.dropJob(job.request_id);
-    if (rec.status === 'in_progress') return records.watch({ ...job, next_at: Date.now() + this.unit });
+    if (!rec) return records.dropJob(job.request_id);
     if (rec.receipt) {
-      if (rec.settlement_error && FINAL_SETTLEMENT.has(rec.settlement_error.code)) return records.dropJob(job.request_id);
       // Verified before; checked again against the ticket (the record is the gateway's own file).
       const c = checkReceipt(serializeEnvelope(rec.receipt), job.exp);
       if (!c.ok) return records.dropJob(job.request_id);
@@ -90,7 +115,11 @@ export class Reconciler {
     } else {
       const found = await this.fetch(job);
       if (found === 'stopped') return;
-      if (found === undefined) return this.later(job);
+      if (found === 'unreached') return this.later(job);
+      if (found === undefined) {
+        // The node answers and has no receipt: after a few looks, it never will.
+        return job.tries >= 2 ? records.dropJob(job.request_id) : this.later(job);
+      }
       if (!found.ok) {
         records.fail(job.request_id, 'bad_provider_response', { code: 'bad_provider_response', message: found.message });
         return records.dropJob(job.request_id);
@@ -98,8 +127,8 @@ export class Reconciler {
       log.info({ request_id: job.request_id, status: found.payload.status, cost_micro_usd: found.payload.cost_micro_usd }, "a receipt found in the provider's log after the request ended; settling it");
       await settlements.track(job.request_id, settlements.settle(job.request_id, found));
     }
-    if (records.get(job.request_id)?.settled) records.dropJob(job.request_id);
-    else this.later(job);
+    // settle() drops the job when the market took the receipt (or refused it for good).
+    if (!this.stopped && records.hasJob(job.request_id)) this.later(job);
   }
 
   /** The receipt from the node's log: at the addresses the ticket gave, else at the ones the market lists now. */
@@ -107,16 +136,16 @@ export class Reconciler {
     const { settlements, market } = this.o;
     const ask = (target: Multiaddr[]) => settlements.fetchReceipt({ requestId: job.request_id, target, exp: job.exp }, 0);
     const first = await ask(job.target.map((a) => multiaddr(a)));
-    if (first !== undefined) return first;
+    if (first !== 'unreached') return first;
     // A node restarted elsewhere (another port, another host) lists its new addresses.
     try {
       const listed = (await market.providers()).find((p) => p.provider === job.provider);
-      if (!listed) return undefined;
+      if (!listed) return first;
       const fresh = dialTarget(listed.provider, listed.peer_id, listed.addresses);
-      if (fresh.map(String).join() === job.target.join()) return undefined;
+      if (fresh.map(String).join() === job.target.join()) return first;
       return await ask(fresh);
     } catch {
-      return undefined;
+      return first;
     }
   }
 

@@ -214,6 +214,10 @@ export class RequestRecords {
     return out;
   }
 
+  hasJob(id: string): boolean {
+    return this.jobs.has(id);
+  }
+
   /** How many requests wait to be settled. */
   get unsettledCount(): number {
     return this.jobs.size;
@@ -402,8 +406,12 @@ export class RequestRecords {
     this.evict();
   }
 
-  /** The request ended without a receipt the gateway accepts. */
+  /**
+   * The request ended without a receipt the gateway accepts. Refused before any work, or answered
+   * with one that did not verify, it will never have one to settle: its unsettled job goes too.
+   */
   fail(id: string, status: Exclude<RecordStatus, 'in_progress' | 'completed' | 'cancelled' | 'failed' | 'interrupted'> | 'failed', error: { code: string; message: string }): RequestRecord | undefined {
+    if (status === 'refused' || status === 'bad_provider_response') this.dropJob(id);
     return this.update(id, { status, error, finished_at: Date.now() });
   }
 

@@ -115,6 +115,7 @@ export class Settlements {
       }
     }
     let outcome: { ok: true } | { ok: false; code: string; message: string } = { ok: false, code: 'market_unreachable', message: 'not tried' };
+    let final = false; // the market answered: taken, or refused for good (another try changes nothing)
     for (let attempt = 0; attempt < SETTLE_ATTEMPTS; attempt++) {
       if (this.stopper.signal.aborted) {
         outcome = { ok: false, code: 'settlement_interrupted', message: `the gateway stopped before the marketplace acknowledged the receipt${attempt > 0 ? ` (${outcome.message})` : ''}` };
@@ -123,18 +124,27 @@ export class Settlements {
       try {
         const ack = await market.postReceipt(r.line);
         outcome = ack.ok ? { ok: true } : { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' };
+        final = true;
         break;
       } catch (e) {
         const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
         outcome = { ok: false, code: g.code, message: g.message };
-        if (g.status < 500) break; // the market refused it: retrying will not change that
+        if (g.status < 500) {
+          final = true;
+          break; // the market refused it: retrying will not change that
+        }
         if (attempt < SETTLE_ATTEMPTS - 1) await this.pause(200 * (attempt + 1)); // cut short by stop(): see the top of the loop
       }
     }
     if (!outcome.ok) log.warn({ request_id: id, code: outcome.code, message: outcome.message }, 'receipt not settled with the marketplace');
     if (!records.get(id)) records.begin({ request_id: id, endpoint: r.payload.endpoint, model: r.payload.model, provider: r.payload.provider });
     records.settle(id, r, outcome);
-    if (askedAs !== undefined && askedAs !== id) records.alias(askedAs, id);
+    // Settled (or refused for good): nothing left for the reconciler. Otherwise it posts it again later.
+    if (final) records.dropJob(id);
+    if (askedAs !== undefined && askedAs !== id) {
+      records.alias(askedAs, id);
+      records.dropJob(askedAs);
+    }
   }
 
   /** Settles a verified receipt in the background: the buyer's answer never waits for the market. */
@@ -150,8 +160,11 @@ export class Settlements {
       (async () => {
         const c = await this.fetchReceipt(p);
         if (c === 'stopped') return; // the record stays in_progress: see stop()
-        if (c === undefined) {
+        if (c === undefined || c === 'unreached') {
           records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
+          // A node that answered "no receipt" for the whole window has none (it writes one as
+          // soon as a run stops); one that could not be asked may yet: the reconciler asks again.
+          if (c === undefined) records.dropJob(p.requestId);
         } else if (!c.ok) {
           records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
         } else {
@@ -175,7 +188,7 @@ export class Settlements {
    * The receipt of a request whose stream ended early (the buyer left, or the connection broke),
    * from the node's log, retried until it is there or `fetchMs` has passed (one try when 0).
    */
-  async fetchReceipt(p: Pick<Paid, 'requestId' | 'target' | 'exp'>, fetchMs = this.d.receiptFetchMs): Promise<CheckedReceipt | undefined | 'stopped'> {
+  async fetchReceipt(p: Pick<Paid, 'requestId' | 'target' | 'exp'>, fetchMs = this.d.receiptFetchMs): Promise<CheckedReceipt | undefined | 'unreached' | 'stopped'> {
     const deadline = Date.now() + fetchMs;
     let last: CheckedReceipt | undefined;
     let unreached: string | undefined; // why the last try could not ask the node, if it could not
@@ -184,6 +197,9 @@ export class Settlements {
       try {
         const signal = AbortSignal.any([this.stopper.signal, AbortSignal.timeout(Math.max(1000, Math.min(3000, deadline - Date.now())))]);
         const r = await readResponse(await p2pRequest(this.d.host, p.target, LOG_PROTOCOL, { op: 'receipt', request_id: p.requestId }, undefined, { signal }));
+        // 404: the node answers and has no receipt for it (yet); anything else but 200: it could
+        // not answer (restarting, overloaded), as good as not reached.
+        if (r.head.status !== 200 && r.head.status !== 404) throw new Error(`the node's log answered ${String(r.head.status)}`);
         if (r.head.status === 200) {
           const v = JSON.parse(Buffer.from(r.body).toString('utf8')) as { receipts?: unknown };
           for (const line of Array.isArray(v.receipts) ? v.receipts : []) {
@@ -201,8 +217,9 @@ export class Settlements {
       if (Date.now() + wait > deadline) {
         // One line a request, and only when the node could not be asked (a node that answers
         // "no receipt" is the usual case of a buyer who left before any work).
-        if (unreached !== undefined && fetchMs > 0) this.d.log.warn({ request_id: p.requestId, err: unreached }, "the provider's log could not be asked for the receipt; the gateway looks again later");
-        return undefined;
+        if (unreached === undefined) return undefined;
+        if (fetchMs > 0) this.d.log.warn({ request_id: p.requestId, err: unreached }, "the provider's log could not be asked for the receipt; the gateway looks again later");
+        return 'unreached';
       }
       if (!(await this.pause(wait))) return 'stopped';
     }

@@ -55,6 +55,8 @@ export class FrameReader implements AsyncIterable<Frame> {
   private wake: (() => void) | undefined;
   private detached = false;
   private discarding = false;
+  private discardBound: { maxBytes: number; onOver: () => void } | undefined;
+  private discarded = 0;
   /** Inside resumeStream(): see there. */
   private resuming = false;
   private readonly expect: FrameReaderOptions['expectFirst'];
@@ -117,8 +119,13 @@ export class FrameReader implements AsyncIterable<Frame> {
     }
   }
 
-  /** Drops queued frames and all further input (after an error reply), keeping the stream flowing. */
-  discard(): void {
+  /**
+   * Drops queued frames and all further input (after an error reply, or after a whole request),
+   * keeping the stream flowing. With `maxBytes`, `onOver` is called once when more than that has
+   * been dropped (a peer that keeps sending what nobody reads).
+   */
+  discard(bound?: { maxBytes: number; onOver: () => void }): void {
+    this.discardBound = bound;
     this.discarding = true;
     this.queue.length = 0;
     this.queued = 0;
@@ -186,6 +193,15 @@ export class FrameReader implements AsyncIterable<Frame> {
   }
 
   private readonly onMessage = (evt: { data: Uint8Array | Iterable<Uint8Array> }): void => {
+    if (this.discarding && this.discardBound) {
+      const data = evt.data;
+      this.discarded += data instanceof Uint8Array ? data.byteLength : (data as { byteLength?: number }).byteLength ?? 0;
+      if (this.discarded > this.discardBound.maxBytes) {
+        const over = this.discardBound.onOver;
+        this.discardBound = undefined;
+        over();
+      }
+    }
     if (this.error || this.ended || this.discarding) return; // after an error the rest of the input is dropped
     const chunks = evt.data instanceof Uint8Array ? [evt.data] : evt.data;
     try {

@@ -137,6 +137,9 @@ type ReadResult = { head: JsonObject; body: Uint8Array } | { bad: BadRequest };
 
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 
+/** What a client may send after its announced body before its stream is reset (it should send nothing but its close). */
+const AFTER_BODY_BYTES = 64 * 1024;
+
 /** `hold(size)`: the body read so far is `size` bytes; false when that (with what the reader holds) goes over the budget. */
 async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number, hold: (size: number) => boolean): Promise<ReadResult> {
   const timer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request was not received within ${timeoutMs} ms`)), timeoutMs);
@@ -270,8 +273,10 @@ export async function handleRequests(
         if (!(await remoteDone(stream, lingerMs))) stream.abort(new StreamError('aborted', 'the client kept sending after an error reply'));
         return;
       }
-      // Whatever the client sends after an announced body (it should send nothing but its close) is dropped.
-      reader.discard();
+      // Whatever the client sends after an announced body (it should send nothing but its close)
+      // is dropped as it arrives; more than a little, and the stream is reset: nothing it sends
+      // is held (libp2p would buffer what nobody reads up to the stream's read buffer).
+      reader.discard({ maxBytes: AFTER_BODY_BYTES, onOver: () => stream.abort(new StreamError('aborted', 'the client kept sending past its body')) });
       if (ac.signal.aborted) return;
       const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
       try {
@@ -283,6 +288,9 @@ export async function handleRequests(
         await res.finishWithError(500, 'internal_error', res.headSent ? 'the response ended without a trailer' : 'the request failed');
       }
       await res.settled();
+      // The answer is out; the client should close too. One that does not is cut off after the
+      // linger, as after an error reply: an open stream is memory and a slot in the stream limits.
+      if (!(await remoteDone(stream, lingerMs))) stream.abort(new StreamError('aborted', 'the client kept its side open after the response'));
     } catch (e) {
       // Stream-level failures (reset while reading, closed while writing): nothing left to answer.
       if (!(e instanceof StreamError)) report(e, remotePeer);

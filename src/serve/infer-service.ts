@@ -199,12 +199,13 @@ export class InferService {
       const requestSha256 = sha256Hex(`${p.endpoint}\n${checked.ticket.body_sha256}`);
       lookup = this.o.idempotency.begin(account, key, requestSha256, checked.ticket.request_id);
       if (lookup.kind === 'interrupted') {
-        // The node died while the first try ran. Completed (its receipt durable), it was billed and
-        // its response is gone: never run and billed again. Otherwise (no receipt, or cancelled:
-        // billed only for what it delivered, as any cancelled run) the retry runs.
+        // The first try's run ended without its response recorded: the node died while it ran, or
+        // (rarely) the record's write failed. Completed (its receipt durable), it was billed and its
+        // response is gone: never run and billed again. Otherwise (no receipt, or cancelled: billed
+        // only for what it delivered, as any cancelled run) the retry runs.
         const done = this.completedReceipt(lookup.requestId);
         if (done) {
-          throw new Refusal(409, 'idempotency_response_lost', `the first request under this Idempotency-Key (${lookup.requestId}) completed and was billed (receipt seq ${done.seq}), but this node stopped before it could record the response; it is not run again`);
+          throw new Refusal(409, 'idempotency_response_lost', `the first request under this Idempotency-Key (${lookup.requestId}) completed and was billed (receipt seq ${done.seq}), but its response was not recorded (the node stopped, or could not write it); it is not run again`);
         }
         this.o.idempotency.abandonInterrupted(account, key);
         lookup = this.o.idempotency.begin(account, key, requestSha256, checked.ticket.request_id);

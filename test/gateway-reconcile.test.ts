@@ -1,0 +1,70 @@
+// The gateway's reconciler on its own (records in memory, the node and the market stubbed): most
+// requests end settled on their own path and leave no job; a due job needing no I/O costs none,
+// however many there are.
+import { describe, expect, test } from 'vitest';
+import type { DsseEnvelope } from '../attestation/dsse.ts';
+import type { ReceiptPayload } from '../attestation/receipt.ts';
+import { Reconciler } from '../src/gateway/reconcile.ts';
+import { RequestRecords, type UnsettledJob } from '../src/gateway/records.ts';
+import type { Settlements } from '../src/gateway/settlement.ts';
+import type { MarketClient } from '../src/gateway/market-client.ts';
+
+const envelope: DsseEnvelope = { payload: 'eyJ9', payloadType: 'application/vnd.test', signatures: [{ keyid: 'k', sig: 'c2ln' }] };
+const receipt = (id: string) => ({
+  envelope,
+  payload: { request_id: id, status: 'completed', provider: 'ab'.repeat(32), usage: { input_tokens: 1, output_tokens: 1 }, cost_micro_usd: '1' } as unknown as ReceiptPayload,
+});
+const job = (id: string, nextAt = 0): UnsettledJob => ({
+  request_id: id,
+  provider: 'ab'.repeat(32),
+  target: ['/ip4/127.0.0.1/tcp/1'],
+  exp: { provider: 'ab'.repeat(32), requestId: id, ticketId: `t-${id}`, endpoint: 'chat/completions', model: 'm', bodySha256: '00'.repeat(32), holdMicroUsd: '9', priceVersion: 'p' },
+  created_at: 0,
+  next_at: nextAt,
+  tries: 0,
+});
+const quiet = { info: () => {}, warn: () => {}, error: () => {} };
+
+describe('Reconciler', () => {
+  test('the watch ends with the request: settled, refused or never reached leaves no job', () => {
+    const r = new RequestRecords(100);
+    for (const id of ['ok', 'refused', 'bad', 'failed']) {
+      r.begin({ request_id: id, endpoint: 'chat/completions', model: 'm', provider: null });
+      r.watch(job(id, Date.now() + 60_000));
+    }
+    expect(r.unsettledCount).toBe(4);
+    r.settle('ok', receipt('ok'), { ok: true });
+    r.dropJob('ok'); // (what Settlements.settle does once the market took it)
+    r.fail('refused', 'refused', { code: 'no_capacity', message: 'busy' });
+    r.fail('bad', 'bad_provider_response', { code: 'bad_provider_response', message: 'no' });
+    r.fail('failed', 'failed', { code: 'provider_failed', message: 'gone' }); // may have a receipt: kept
+    expect(r.unsettledCount).toBe(1);
+    expect(r.hasJob('failed')).toBe(true);
+    r.close();
+  });
+
+  test('one turn clears every due job that needs no I/O (thousands), and asks nothing of the node or the market for them', async () => {
+    const r = new RequestRecords(10_000);
+    const asked: string[] = [];
+    const settlements = { fetchReceipt: async () => (asked.push('node'), 'unreached'), settle: async () => void asked.push('market'), track: (_id: string, p: Promise<void>) => p } as unknown as Settlements;
+    const market = { providers: async () => (asked.push('listing'), []) } as unknown as MarketClient;
+    for (let i = 0; i < 5000; i++) {
+      const id = `r${i}`;
+      r.begin({ request_id: id, endpoint: 'chat/completions', model: 'm', provider: null });
+      if (i % 2) r.settle(id, receipt(id), { ok: true });
+      else r.fail(id, 'failed', { code: 'provider_unreachable', message: 'x' }); // (a job kept by mistake would be looked at)
+      r.watch(job(id, 0));
+    }
+    // Half settled (no I/O: dropped), half failed without a receipt (asked at the node, 8 at once, 64 a turn).
+    const rec = new Reconciler({ records: r, settlements, market, log: quiet, unitMs: 1000 });
+    await rec.turn();
+    expect(r.unsettledCount).toBe(2500);
+    expect(asked.filter((a) => a === 'node')).toHaveLength(64);
+    expect(asked).not.toContain('market');
+    // The node that could not be asked is asked again later (1 unit), not in a tight loop.
+    asked.length = 0;
+    await rec.turn();
+    expect(asked.filter((a) => a === 'node')).toHaveLength(64); // the next 64 due; the first 64 wait
+    r.close();
+  });
+});
