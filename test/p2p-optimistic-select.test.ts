@@ -171,6 +171,33 @@ describe('optimistic protocol selection', () => {
     expect(r2.head).toEqual({ status: 200, size: 3, last: 7 });
   });
 
+  it('a burst over the per-protocol stream limit waits for streams to close instead of being reset, in both modes; a wait can be aborted', async () => {
+    const proto = await serve(async (req, res) => {
+      await new Promise((r) => setTimeout(r, 100));
+      await res.head({ status: 200 });
+      await res.data(req.body);
+      await res.trailer({});
+    });
+    for (const negotiate of ['optimistic', 'full'] as const) {
+      const out = await Promise.allSettled(Array.from({ length: 140 }, async (_, i) => new TextDecoder().decode((await readResponse(await request(client, addr, proto, {}, new TextEncoder().encode(`b${i}`), { negotiate }))).body)));
+      expect(out.filter((o) => o.status === 'rejected').map((o) => String((o as PromiseRejectedResult).reason)), negotiate).toEqual([]);
+      expect(out.map((o) => (o as PromiseFulfilledResult<string>).value)).toEqual(Array.from({ length: 140 }, (_, i) => `b${i}`));
+    }
+    // With a limit of 2, a third request waits; aborted while it waits, it is refused and opens nothing.
+    const held = await Promise.all([request(client, addr, proto, {}, Uint8Array.of(1), { maxOutboundStreams: 2 }), request(client, addr, proto, {}, Uint8Array.of(2), { maxOutboundStreams: 2 })]);
+    const ac = new AbortController();
+    let settled = false;
+    const third = request(client, addr, proto, {}, Uint8Array.of(3), { maxOutboundStreams: 2, signal: ac.signal }).finally(() => (settled = true));
+    third.catch(() => {});
+    await new Promise((r) => setTimeout(r, 30));
+    expect(settled).toBe(false); // waiting for a stream
+    ac.abort(new Error('gave up waiting'));
+    await expect(third).rejects.toThrow('gave up waiting');
+    for (const h of held) expect((await readResponse(h)).head.status).toBe(200);
+    // Once those closed, the slots are free again.
+    expect((await readResponse(await request(client, addr, proto, {}, Uint8Array.of(4), { maxOutboundStreams: 2 }))).head.status).toBe(200);
+  });
+
   it('many optimistic requests in flight on one connection all get their own answers', async () => {
     const proto = await serve(async (req, res) => {
       await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 20)));

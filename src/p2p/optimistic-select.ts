@@ -11,8 +11,7 @@
 // It reaches into the connection for its stream muxer (`connection.muxer`, libp2p 3.3's Connection
 // class; the version is pinned, see docs/decisions.md): when that is not there, the caller falls back
 // to dialProtocol and negotiates as before.
-import { TooManyOutboundProtocolStreamsError, type Connection, type Libp2p, type PeerId, type Stream } from '@libp2p/interface';
-import type { Multiaddr } from '@multiformats/multiaddr';
+import type { Connection, Stream } from '@libp2p/interface';
 
 const MULTISTREAM = '/multistream/1.0.0';
 const encoder = new TextEncoder();
@@ -53,28 +52,15 @@ function muxerOf(connection: Connection): RawMuxer | undefined {
   return muxer !== null && typeof muxer === 'object' && typeof (muxer as RawMuxer).createStream === 'function' ? (muxer as RawMuxer) : undefined;
 }
 
-export interface UnnegotiatedOptions {
-  signal?: AbortSignal;
-  /** Streams this process may have open for `protocol` on one connection (libp2p's per-protocol limit). */
-  maxOutboundStreams: number;
-}
-
 /**
- * A new outbound stream to `target` on which nothing has been negotiated yet: the caller writes
- * selectPreamble(protocol) before its own bytes and checks the same bytes come back first. The
- * stream is labelled with `protocol` so that libp2p's stream counts include it. Undefined when the
- * connection's muxer is out of reach (use dialProtocol then). Rejects as dialProtocol would when
- * the peer cannot be reached or too many streams for `protocol` are open.
+ * A new outbound stream on `connection` on which nothing has been negotiated yet: the caller
+ * writes selectPreamble(protocol) before its own bytes and checks the same bytes come back first.
+ * The stream is labelled with `protocol` so that libp2p's stream counts include it. Undefined when
+ * the connection's muxer is out of reach (use the connection's newStream then).
  */
-export async function openUnnegotiated(host: Libp2p, target: PeerId | Multiaddr | Multiaddr[], protocol: string, opts: UnnegotiatedOptions): Promise<Stream | undefined> {
-  const connection = await host.dial(target, { signal: opts.signal });
+export async function openUnnegotiated(connection: Connection, protocol: string): Promise<Stream | undefined> {
   const muxer = muxerOf(connection);
   if (!muxer || connection.status !== 'open' || connection.limits != null) return undefined;
-  const open = connection.streams.filter((s) => s.direction === 'outbound' && s.protocol === protocol && s.status === 'open').length;
-  if (open >= opts.maxOutboundStreams) {
-    throw new TooManyOutboundProtocolStreamsError(`Too many outbound protocol streams for protocol "${protocol}" - ${open + 1}/${opts.maxOutboundStreams}`);
-  }
-  opts.signal?.throwIfAborted();
   const stream = await muxer.createStream({});
   stream.protocol = protocol;
   return stream;

@@ -16,6 +16,7 @@ import { FrameReader, StreamError, writeBytes } from './frame-io.ts';
 import { parsePeerId } from './peer-id.ts';
 import { CORK_BYTES } from './response-writer.ts';
 import { HEADER_BYTES, openUnnegotiated, selectPreamble } from './optimistic-select.ts';
+import { takeStreamSlot } from './stream-slots.ts';
 
 /** A peer to dial: PeerId, multiaddr(s), a multiaddr string ('/ip4/…/p2p/…'), a provider id or a PeerId string. */
 export type RequestTarget = PeerId | Multiaddr | Multiaddr[] | string;
@@ -103,13 +104,25 @@ export async function request(
   const signal = opts.signal;
   signal?.throwIfAborted();
 
-  const dialTarget = toDialTarget(target);
   const maxOutboundStreams = opts.maxOutboundStreams ?? STREAMS_PER_PROTOCOL;
-  // Optimistic: the protocol is selected in the request's first write (optimistic-select.ts), so
-  // the request leaves at once instead of one round trip later.
-  const raw = opts.negotiate === 'full' ? undefined : await openUnnegotiated(host, dialTarget, protocol, { signal, maxOutboundStreams });
-  const preamble = raw ? selectPreamble(protocol) : undefined;
-  const stream = raw ?? (await host.dialProtocol(dialTarget, protocol, { signal, maxOutboundStreams }));
+  const connection = await host.dial(toDialTarget(target), { signal });
+  // At most maxOutboundStreams streams for this protocol on the connection: more wait for one to
+  // close (stream-slots.ts) rather than be reset by the remote's limit.
+  const release = await takeStreamSlot(connection, protocol, maxOutboundStreams, signal);
+  let stream: Stream;
+  let preamble: Uint8Array | undefined;
+  try {
+    // Optimistic: the protocol is selected in the request's first write (optimistic-select.ts), so
+    // the request leaves at once instead of one round trip later.
+    const raw = opts.negotiate === 'full' ? undefined : await openUnnegotiated(connection, protocol);
+    preamble = raw ? selectPreamble(protocol) : undefined;
+    stream = raw ?? (await connection.newStream(protocol, { signal, maxOutboundStreams }));
+  } catch (e) {
+    release();
+    throw e;
+  }
+  if (stream.status === 'open') stream.addEventListener('close', release, { once: true });
+  else release();
   const reader = new FrameReader(stream, {
     limits,
     highWaterMark: opts.highWaterMark,
