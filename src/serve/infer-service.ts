@@ -595,7 +595,8 @@ function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void
         if (head?.status === 200 && t.receipt !== undefined && t.status === 'completed') beforeTrailer({ status: head.status, headers: head.headers, body: concatBytes(...body), trailer: t });
       } catch {
         // The record could not be written (state.db full or failing): the buyer still gets the
-        // receipt, which is durable; a retry then runs again, as it would without a record.
+        // receipt, which is durable. The run's mark stays on disk, so a retry is answered 409
+        // idempotency_response_lost (billed once, never run again), as after a crash here.
       }
       await res.trailer(t);
     },
