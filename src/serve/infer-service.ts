@@ -230,7 +230,14 @@ export class InferService {
     // again. Finishing it for the retry instead would also finish every cancelled hedge loser.
     // The record is written before the trailer leaves (the receipt is durable by then): a node that
     // dies while sending it, or a trailer that never reaches the buyer, still answers the retry.
-    const recording = record(res, (r) => this.o.idempotency!.finish(account, key, r));
+    const recording = record(res, (r) => {
+      try {
+        this.o.idempotency!.finish(account, key, r);
+      } catch (e) {
+        if (isStoreError(e)) this.o.state?.failed(e); // (state.db refusing writes: the node says so)
+        throw e;
+      }
+    });
     try {
       await this.serve(p, model, req, recording, checkedTicket);
     } finally {
