@@ -451,6 +451,23 @@ describe('InferService', () => {
     expect(replay.out.trailer?.receipt).toBe(runs.out.trailer?.receipt);
   });
 
+  test('an idempotency record the state store refuses: the buyer still gets the answer and its receipt, and the node says the store failed', async () => {
+    const { StoreHealth } = await import('../src/store/store-health.ts');
+    const state = new StoreHealth();
+    const refusing = new IdempotencyStore(db);
+    const finish = refusing.finish.bind(refusing);
+    refusing.finish = (account, key, r, now) => {
+      if (r) throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
+      finish(account, key, r, now);
+    };
+    const svc = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: refusing, models: new Map([[model.id, model]]), priceVersion: 'p1', state });
+    const { res, out } = recorder();
+    await svc.handle(request('chat/completions', chatBody, { idempotency_key: 'unrecorded-1' }), res);
+    expect(out.trailer?.status).toBe('completed');
+    expect(typeof out.trailer?.receipt).toBe('string');
+    expect(state.failure?.message).toBe('database or disk is full');
+  });
+
   test('state.db full (a used ticket cannot be written): 503 no_capacity, nothing run, the failure reported once; a later write clears it', async () => {
     const { StoreHealth } = await import('../src/store/store-health.ts');
     let now = 1_000_000;
