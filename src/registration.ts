@@ -297,12 +297,10 @@ export function startRegistration(o: RegistrationOptions): Registration {
       // registration, which the market would list as accepting.
       announced = true;
       if (!registered || stopper.signal.aborted) return;
-      try {
-        const sent = post('/v1/providers/heartbeat', o.capacity(stamp())).catch(() => undefined);
-        await Promise.race([sent, new Promise((r) => setTimeout(r, timeoutMs).unref())]);
-      } catch {
-        // best effort: the market learns it at the latest when heartbeats stop
-      }
+      // Best effort (a snapshot that fails to sign included): the market learns it at the latest
+      // when heartbeats stop.
+      const sent = (async () => post('/v1/providers/heartbeat', o.capacity(stamp())))().catch(() => undefined);
+      await Promise.race([sent, new Promise((r) => setTimeout(r, timeoutMs).unref())]);
     },
     async stop() {
       stopper.abort();

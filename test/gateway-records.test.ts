@@ -111,7 +111,19 @@ describe('RequestRecords', () => {
       const short = new RequestRecords(10, file, undefined, 5 * day);
       expect(short.get('recent')).toBeUndefined();
       expect(short.prune()).toBe(0);
+      // As it is written: every 1000 writes, records that have aged past the period go.
+      begin(short, 'aging');
+      clock.mockReturnValue(now + 6 * day);
+      for (let i = 0; i < 999; i++) begin(short, `w${i}`);
+      expect(short.get('w0')).toBeDefined();
+      const agingRows = () => {
+        const db = new Database(file, { readonly: true });
+        const ids = db.prepare<[], { request_id: string }>("SELECT request_id FROM request_records WHERE request_id = 'aging'").all();
+        db.close();
+        return ids.length;
+      };
       short.close();
+      expect(agingRows()).toBe(0); // pruned by the 1000th write, not by an open
     } finally {
       clock.mockRestore();
     }

@@ -231,18 +231,9 @@ function verifyExportPriceLists(dir: string, provider: string): { lists: PricedV
 function readKept(paths: readonly string[]): { notes: string[]; files: string[] } | AuditFault {
   const files: string[] = [];
   for (const p of paths) {
-    let st: fs.Stats;
     try {
-      st = fs.statSync(p);
-    } catch (e) {
-      return { code: 'export_unreadable', message: `${p}: ${fsProblem(e)}` };
-    }
-    if (!st.isDirectory()) {
-      files.push(p);
-      continue;
-    }
-    try {
-      for (const n of fs.readdirSync(p).filter((n) => !n.startsWith('.')).sort()) files.push(path.join(p, n));
+      if (!fs.statSync(p).isDirectory()) files.push(p);
+      else for (const n of fs.readdirSync(p).filter((n) => !n.startsWith('.')).sort()) files.push(path.join(p, n));
     } catch (e) {
       return { code: 'export_unreadable', message: `${p}: ${fsProblem(e)}` };
     }

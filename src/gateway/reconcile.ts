@@ -11,7 +11,7 @@ import { dialTarget } from './dial-target.ts';
 import type { GatewayLogger } from './gateway-logger.ts';
 import type { MarketClient } from './market-client.ts';
 import { checkReceipt } from './receipt-check.ts';
-import type { RequestRecords, UnsettledJob } from './records.ts';
+import type { RequestRecord, RequestRecords, UnsettledJob } from './records.ts';
 import type { Settlements } from './settlement.ts';
 
 /** Looks after the first, in units: 1, 2, 4, 10, 20, 60, 120, 240, 480, 960, 1440 (3,337 units: about 28 h of 30 s units). */
@@ -78,7 +78,7 @@ export class Reconciler {
   async turn(): Promise<void> {
     const { records, log } = this.o;
     const now = Date.now();
-    const io: UnsettledJob[] = [];
+    const io: { job: UnsettledJob; rec: RequestRecord }[] = [];
     for (const job of records.dueJobs(now, Number.MAX_SAFE_INTEGER)) {
       const rec = records.get(job.request_id);
       if (!rec) {
@@ -87,12 +87,13 @@ export class Reconciler {
       } else if (rec.settled || rec.status === 'refused' || rec.status === 'bad_provider_response') records.dropJob(job.request_id);
       else if (rec.status === 'in_progress') records.watch({ ...job, next_at: now + this.unit });
       else if (rec.receipt && rec.settlement_error && FINAL_SETTLEMENT.has(rec.settlement_error.code)) records.dropJob(job.request_id);
-      else if (io.length < (this.o.batch ?? 64)) io.push(job);
+      else if (io.length < (this.o.batch ?? 64)) io.push({ job, rec });
     }
     const workers = Array.from({ length: Math.min(CONCURRENCY, io.length) }, async () => {
-      for (let job = io.shift(); job && !this.stopped; job = io.shift()) {
+      for (let next = io.shift(); next && !this.stopped; next = io.shift()) {
+        const { job, rec } = next;
         try {
-          await this.look(job);
+          await this.look(job, rec);
         } catch (e) {
           log.warn({ request_id: job.request_id, err: (e as Error).message }, 'reconciling a request failed; it is looked at again later');
           this.later(job);
@@ -102,11 +103,9 @@ export class Reconciler {
     await Promise.all(workers);
   }
 
-  /** A job that needs the node's log or the market. */
-  private async look(job: UnsettledJob): Promise<void> {
+  /** A job that needs the node's log or the market (`rec`: its record, as the turn read it). */
+  private async look(job: UnsettledJob, rec: RequestRecord): Promise<void> {
     const { records, settlements, log } = this.o;
-    const rec = records.get(job.request_id);
-    if (!rec) return records.dropJob(job.request_id);
     if (rec.receipt) {
       // Verified before; checked again against the ticket (the record is the gateway's own file).
       const c = checkReceipt(serializeEnvelope(rec.receipt), job.exp);

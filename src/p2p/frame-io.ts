@@ -257,9 +257,16 @@ export class FrameReader implements AsyncIterable<Frame> {
   };
 }
 
-function deferred(): { promise: Promise<void>; resolve: () => void; reject: (e: Error) => void } {
+export interface Deferred {
+  promise: Promise<void>;
+  resolve: () => void;
+  reject: (e: unknown) => void;
+}
+
+/** A promise with its resolve and reject (Promise.withResolvers, which the compile target lacks). */
+export function deferred(): Deferred {
   let resolve!: () => void;
-  let reject!: (e: Error) => void;
+  let reject!: (e: unknown) => void;
   const promise = new Promise<void>((res, rej) => {
     resolve = res;
     reject = rej;

@@ -16,7 +16,7 @@
 import { concatBytes } from '../../attestation/bytes.ts';
 import type { Stream } from '@libp2p/interface';
 import { DEFAULT_FRAME_LIMITS, encodeData, encodeHead, encodeTrailer, type FrameLimits, type JsonObject } from './frames.ts';
-import { StreamError, waitForDrain } from './frame-io.ts';
+import { deferred, StreamError, waitForDrain, type Deferred } from './frame-io.ts';
 import { errorBody } from '../service-error.ts';
 import type { DataOptions } from '../serve/infer-service.ts';
 
@@ -40,22 +40,6 @@ export interface ResponseWriter {
 export const CORK_BYTES = 64 * 1024;
 
 const noop = (): void => {};
-
-interface Deferred {
-  promise: Promise<void>;
-  resolve: () => void;
-  reject: (e: unknown) => void;
-}
-
-function deferred(): Deferred {
-  let resolve!: () => void;
-  let reject!: (e: unknown) => void;
-  const promise = new Promise<void>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  return { promise, resolve, reject };
-}
 
 function handled<T>(p: Promise<T>): Promise<T> {
   p.catch(noop);

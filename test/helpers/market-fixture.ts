@@ -32,20 +32,20 @@ export async function startMarketFixture(prefix: string, opts: { heartbeatInterv
   const url = (await market.listen()).url;
   const nodes: RunningNode[] = [];
   const proxies: MarketProxy[] = [];
+  const start = async (name: string, marketUrl: string, over: Partial<TinyNodeConfig>): Promise<RunningNode> => {
+    const node = await startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error', ...over });
+    nodes.push(node);
+    return node;
+  };
   return {
     dir,
     market,
     url,
-    async tinyNode(name, over = {}) {
-      const node = await startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl: url, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error', ...over });
-      nodes.push(node);
-      return node;
-    },
+    tinyNode: (name, over = {}) => start(name, url, over),
     async crashableNode(name, over = {}) {
       const proxy = await MarketProxy.start(url);
       proxies.push(proxy);
-      const node = await startTinyNode(path.join(dir, name), { publicKey: market.publicKey, marketUrl: proxy.url, context: 1024, slots: 2, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error', ...over });
-      nodes.push(node);
+      const node = await start(name, proxy.url, over);
       return Object.assign(node, {
         async crash() {
           await proxy.close();
