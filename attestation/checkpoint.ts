@@ -6,7 +6,7 @@
 // "<provider id>/receipts", the provider id being the lowercase hex of its Ed25519 public key.
 // Sizes are JavaScript numbers, so a checkpoint above 2^53 - 1 leaves is refused as malformed.
 // No `node:` imports: the verifier runs in browsers.
-import { fromBase64, isHex, toBase64 } from './bytes.ts';
+import { fromBase64, fromHex, isHex, toBase64 } from './bytes.ts';
 import { openNote, signNote, type NoteSigner } from './note.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 
@@ -47,6 +47,13 @@ const LONE_SURROGATE = /\p{Cs}/u;
 export function receiptLogOrigin(providerIdHex: string): string {
   if (!isHex(providerIdHex, 32)) throw new TypeError('provider id is the lowercase hex of a 32-byte Ed25519 public key');
   return `${providerIdHex}/receipts`;
+}
+
+/** The key a provider's receipt-log checkpoints verify under (name and origin `<id>/receipts`); undefined for an id that is not 64 lowercase hex. */
+export function receiptLogKey(providerIdHex: string): Required<CheckpointKey> | undefined {
+  if (!isHex(providerIdHex, 32)) return undefined;
+  const origin = `${providerIdHex}/receipts`;
+  return { name: origin, origin, publicKey: fromHex(providerIdHex) };
 }
 
 function validLine(line: unknown): line is string {

@@ -232,7 +232,7 @@ const URL_SAFE_B64 = /^[A-Za-z0-9_-]*={0,2}$/;
  * text of such a string (the decoders stay strict, so each form still has one reading), or
  * undefined when it is neither. A string may not mix the two alphabets.
  */
-export function dsseBase64ToStandard(s: string): string | undefined {
+function dsseBase64ToStandard(s: string): string | undefined {
   if (typeof s !== 'string' || !URL_SAFE_B64.test(s.replaceAll('+', '-').replaceAll('/', '_'))) return undefined;
   if ((s.includes('+') || s.includes('/')) && (s.includes('-') || s.includes('_'))) return undefined;
   const bare = s.replace(/=+$/, '');

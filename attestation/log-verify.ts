@@ -3,8 +3,8 @@
 // the provider's signed price lists, every receipt's price against the list of its version.
 // ReceiptChain is incremental, so an auditor can verify receipts in parallel elsewhere and feed
 // the results here in order.
-import { bytesEqual, isHex, toBase64 } from './bytes.ts';
-import { receiptLogOrigin, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
+import { bytesEqual, toBase64 } from './bytes.ts';
+import { receiptLogKey, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import type { DsseEnvelope } from './dsse.ts';
 import { MerkleTree, verifyConsistency } from './merkle.ts';
 import { PriceBook, verifyPriceList } from './price-list.ts';
@@ -159,9 +159,8 @@ export function checkCheckpoints(notes: readonly string[], provider: string, tre
 }
 
 function checkCheckpointsUnsafe(notes: readonly string[], provider: string, tree: MerkleTree, kept: readonly string[]): VerifyResult<VerifiedCheckpoint[]> {
-  if (!isHex(provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
-  const origin = receiptLogOrigin(provider);
-  const key = { name: origin, origin, publicKey: hexKey(provider) };
+  const key = receiptLogKey(provider);
+  if (!key) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   for (const [i, note] of kept.entries()) {
     const v = verifyCheckpoint(note, key);
     if (!v.ok) return fail(v.error.code, `kept checkpoint ${i + 1}: ${v.error.message}`);
@@ -197,11 +196,6 @@ function checkCheckpointsUnsafe(notes: readonly string[], provider: string, tree
   return ok(verified);
 }
 
-function hexKey(hex: string): Uint8Array {
-  const out = new Uint8Array(32);
-  for (let i = 0; i < 32; i++) out[i] = parseInt(hex.slice(2 * i, 2 * i + 2), 16);
-  return out;
-}
 
 export interface VerifyLogInput {
   /** The provider id (hex of its Ed25519 public key). */
@@ -303,9 +297,8 @@ export function verifyCheckpointConsistency(older: string, newer: string, proof:
 }
 
 function checkConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {
-  if (!isHex(provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
-  const origin = receiptLogOrigin(provider);
-  const key = { name: origin, origin, publicKey: hexKey(provider) };
+  const key = receiptLogKey(provider);
+  if (!key) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const a = verifyCheckpoint(older, key);
   if (!a.ok) return a;
   const b = verifyCheckpoint(newer, key);

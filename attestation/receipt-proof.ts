@@ -1,12 +1,11 @@
 // A receipt's offline proof: a C2SP tlog-proof bundle whose extra data is the receipt envelope.
 // Verifying it proves the receipt is valid on its own AND that the provider committed to it in a
 // signed checkpoint of its log, at the position its seq names.
-import { fromUtf8, isHex, fromHex } from './bytes.ts';
-import { receiptLogOrigin, type VerifiedCheckpoint } from './checkpoint.ts';
+import { fromUtf8 } from './bytes.ts';
+import { parseCheckpoint, receiptLogKey, type VerifiedCheckpoint } from './checkpoint.ts';
 import { fail, ok, type VerifyResult } from './result.ts';
 import { verifyReceipt, type VerifiedReceipt } from './receipt-verify.ts';
 import { parseProofBundle, verifyProofBundle } from './tlog-proof.ts';
-import { parseCheckpoint } from './checkpoint.ts';
 import { parseNote } from './note.ts';
 
 export interface VerifiedReceiptProof {
@@ -40,9 +39,9 @@ function verifyReceiptProofUnsafe(text: string, opts: { provider?: string }): Ve
     if (!m) return fail('checkpoint_origin_mismatch', 'the checkpoint origin is not "<provider id>/receipts"');
     provider = m[1]!;
   }
-  if (!isHex(provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
-  const origin = receiptLogOrigin(provider);
-  const b = verifyProofBundle(text, undefined, { name: origin, origin, publicKey: fromHex(provider) });
+  const key = receiptLogKey(provider);
+  if (!key) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  const b = verifyProofBundle(text, undefined, key);
   if (!b.ok) return b;
   const line = fromUtf8(b.value.leafData);
   if (line === undefined) return fail('bundle_malformed', 'the bundle\'s receipt is not UTF-8');

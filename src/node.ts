@@ -112,6 +112,12 @@ async function measureTokensPerSecond(adapter: RuntimeAdapter): Promise<number> 
   return n > 0 && s > 0 ? Math.round(n / s) : 0;
 }
 
+/** An error as a log line carries it: name, code and a short message (never request text). */
+function errSummary(err: unknown): { name: unknown; code: unknown; message: string | undefined } {
+  const e = err as { name?: unknown; code?: unknown; message?: unknown } | null;
+  return { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined };
+}
+
 export async function startNode(config: NodeConfig, opts: { logDestination?: number } = {}): Promise<RunningNode> {
   // Every model is checked before anything starts: a bad second model fails at once, not after the first loaded.
   if (config.models.length === 0) throw new NodeStartError('config: models: a node needs at least one model to sell');
@@ -203,7 +209,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
           stateFailuresUnsaid++;
           return;
         }
-        logger.error({ err: { code: (e as { code?: unknown }).code, message: e.message.slice(0, 200) }, failures_since_last_line: stateFailuresUnsaid }, 'state.db refused a write: paid requests are refused (503) until a write succeeds; the node says it is not accepting work');
+        logger.error({ err: errSummary(e), failures_since_last_line: stateFailuresUnsaid }, 'state.db refused a write: paid requests are refused (503) until a write succeeds; the node says it is not accepting work');
         stateSaidAt = now;
         stateFailuresUnsaid = 0;
       },
@@ -216,10 +222,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models,
       priceVersion: prices.payload.version,
       state,
-      onInternalError: (err) => {
-        const e = err as { name?: unknown; code?: unknown; message?: unknown };
-        logger.error({ err: { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined } }, 'request failed before any work (500 internal_error)');
-      },
+      onInternalError: (err) => logger.error({ err: errSummary(err) }, 'request failed before any work (500 internal_error)'),
       observe: (e) => {
         metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
         if (e.code?.startsWith('ticket_')) metrics.ticketRefusals.inc({ reason: e.code });
@@ -257,10 +260,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         metrics.requests.inc({ endpoint: 'invalid', status: String(r.status) });
         if (refusalLines.take(suppressedRefusals)) logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
       },
-      onError: (err, at) => {
-        const e = err as { name?: unknown; code?: unknown; message?: unknown };
-        logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined } }, 'request handler failed');
-      },
+      onError: (err, at) => logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: errSummary(err) }, 'request handler failed'),
     });
     cleanup.push(['infer protocol', () => infer.stop()]);
     const logServer = await serveLog(host, log);

@@ -26,20 +26,34 @@ const job = (id: string, nextAt = 0): UnsettledJob => ({
 const quiet = { info: () => {}, warn: () => {}, error: () => {} };
 
 describe('Reconciler', () => {
-  test('the watch ends with the request: settled, refused or never reached leaves no job', () => {
+  test('the watch ends with the request: settled, refused, never reached or answered with a bad receipt leaves no job', async () => {
+    const { Settlements } = await import('../src/gateway/settlement.ts');
     const r = new RequestRecords(100);
-    for (const id of ['ok', 'refused', 'bad', 'failed']) {
+    const ids = ['ok', 'taken-for-good', 'market-away', 'refused', 'unreached', 'bad', 'failed'];
+    for (const id of ids) {
       r.begin({ request_id: id, endpoint: 'chat/completions', model: 'm', provider: null });
       r.watch(job(id, Date.now() + 60_000));
     }
-    expect(r.unsettledCount).toBe(4);
-    r.settle('ok', receipt('ok'), { ok: true });
-    r.dropJob('ok'); // (what Settlements.settle does once the market took it)
+    const answers: Record<string, () => Promise<{ ok: boolean }>> = {
+      ok: async () => ({ ok: true }),
+      'taken-for-good': async () => ({ ok: false }), // the market refused it: another post changes nothing
+      'market-away': async () => {
+        throw Object.assign(new Error('down'), { status: 502, code: 'market_unreachable' });
+      },
+    };
+    let posting = '';
+    const market = { postReceipt: () => answers[posting]!() } as unknown as MarketClient;
+    const s = new Settlements({ log: quiet, market, records: r, host: undefined as never, receiptFetchMs: 0 });
+    for (const id of ['ok', 'taken-for-good', 'market-away']) {
+      posting = id;
+      await s.settle(id, { ok: true, line: 'x', payload: receipt(id).payload, envelope } as never);
+    }
+    await s.stop();
     r.fail('refused', 'refused', { code: 'no_capacity', message: 'busy' });
+    r.fail('unreached', 'failed', { code: 'provider_unreachable', message: 'no route' });
     r.fail('bad', 'bad_provider_response', { code: 'bad_provider_response', message: 'no' });
     r.fail('failed', 'failed', { code: 'provider_failed', message: 'gone' }); // may have a receipt: kept
-    expect(r.unsettledCount).toBe(1);
-    expect(r.hasJob('failed')).toBe(true);
+    expect(ids.filter((id) => r.hasJob(id))).toEqual(['market-away', 'failed']);
     r.close();
   });
 
@@ -52,7 +66,7 @@ describe('Reconciler', () => {
       const id = `r${i}`;
       r.begin({ request_id: id, endpoint: 'chat/completions', model: 'm', provider: null });
       if (i % 2) r.settle(id, receipt(id), { ok: true });
-      else r.fail(id, 'failed', { code: 'provider_unreachable', message: 'x' }); // (a job kept by mistake would be looked at)
+      else r.fail(id, 'failed', { code: 'provider_failed', message: 'x' }); // (may have a receipt: asked at the node)
       r.watch(job(id, 0));
     }
     // Half settled (no I/O: dropped), half failed without a receipt (asked at the node, 8 at once, 64 a turn).

@@ -266,3 +266,19 @@ describe('RequestRecords', () => {
     expect(() => new RequestRecords(10, file)).toThrow(/request records .*not-a-db/);
   });
 });
+
+describe('Ticketing and the records file', () => {
+  test('a request under an Idempotency-Key reads the file once, hit or miss; a provider remembered later is answered from memory', async () => {
+    const { Ticketing } = await import('../src/gateway/tickets.ts');
+    const reads: string[] = [];
+    const file = new Map([['chat/completions\nold', 'aa'.repeat(32)]]);
+    const store = { idempotentProvider: (k: string) => (reads.push(k), file.get(k)), rememberIdempotent: (k: string, p: string) => void file.set(k, p) };
+    const t = new Ticketing({} as never, store);
+    expect([t.isRetry('chat/completions', 'new'), t.isRetry('chat/completions', 'new')]).toEqual([false, false]);
+    expect([t.isRetry('chat/completions', 'old'), t.isRetry('chat/completions', 'old')]).toEqual([true, true]);
+    expect(reads).toEqual(['chat/completions\nnew', 'chat/completions\nold']);
+    t.remember('chat/completions', 'new', 'bb'.repeat(32));
+    expect(t.isRetry('chat/completions', 'new')).toBe(true);
+    expect(reads).toHaveLength(2);
+  });
+});

@@ -55,8 +55,8 @@ function recorder(opts: { failAfter?: number; failOn?: (b: Uint8Array) => boolea
   };
 }
 
-function request(endpoint: string, body: object, over: Record<string, unknown> = {}, ticketOver = {}) {
-  const bytes = utf8(JSON.stringify(body));
+function request(endpoint: string, body: object | Uint8Array, over: Record<string, unknown> = {}, ticketOver = {}) {
+  const bytes = body instanceof Uint8Array ? body : utf8(JSON.stringify(body));
   const ticket = signTicket(market, ticketPayload(node.id, { endpoint, model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000', ...ticketOver }));
   return { head: { endpoint, ticket, ...over }, body: bytes, signal: new AbortController().signal, ticket };
 }
@@ -504,6 +504,24 @@ describe('InferService', () => {
     expect(ok.out.head?.status).toBe(200);
     expect(state.failure).toBeUndefined();
     expect(log.size).toBeGreaterThan(before);
+  });
+
+  test('a paid body over 64 KiB has its ticket verified once (before the parse), keyed or not', async () => {
+    const { PARSED_BEFORE_TICKET } = await import('../src/serve/infer-service.ts');
+    const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
+    const vouch = gate.vouch.bind(gate);
+    let vouches = 0;
+    gate.vouch = (env, body) => (vouches++, vouch(env, body));
+    const svc = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    // Over the size in JSON whitespace: still a small request.
+    const big = utf8(JSON.stringify({ ...chatBody, max_tokens: 2 }) + ' '.repeat(PARSED_BEFORE_TICKET));
+    for (const over of [{}, { idempotency_key: 'big-1' }]) {
+      vouches = 0;
+      const { res, out } = recorder();
+      await svc.handle(request('chat/completions', big, over), res);
+      expect(out.head?.status, JSON.stringify(out.trailer)).toBe(200);
+      expect(vouches).toBe(1);
+    }
   });
 
   test('an idempotent request verifies its ticket once, then records its use', async () => {

@@ -152,7 +152,15 @@ describe('the verifier answers, never throws, on what callers really pass', () =
     const evil = { get payloadType(): string { throw new Error('boom'); }, payload: '', signatures: [{ sig: '' }] };
     expect(verifyPriceList(evil as never, { provider: b.providerId })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
     expect(verifyPriceList('{}', undefined as never)).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
-    expect(verifyReceiptProof('x', null as never)).toMatchObject({ ok: false });
+    {
+      // Options given as null: read as none (the provider from the checkpoint's origin).
+      const { MerkleTree, leafHash } = await import('../attestation/merkle.ts');
+      const { formatProofBundle } = await import('../attestation/tlog-proof.ts');
+      const { makeCheckpoint } = await import('./helpers/tamper-log.ts');
+      const tree = MerkleTree.fromLeafHashes(b.lines.map((l) => leafHash(l)));
+      const bundle = formatProofBundle({ index: 1, proof: tree.inclusionProof(1, b.lines.length), checkpointNote: makeCheckpoint(b.seed, b.origin, b.lines.length, tree.root(b.lines.length)), extra: new TextEncoder().encode(b.lines[1]!) });
+      expect(verifyReceiptProof(bundle, null as never)).toMatchObject({ ok: true, value: { index: 1 } });
+    }
     expect(verifyLog(undefined as never)).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
     expect(verifyLog({ provider: b.providerId, receipts: 5 as never })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
     const throwing = { *[Symbol.iterator]() { yield b.lines[0]!; throw new Error('disk gone'); } };

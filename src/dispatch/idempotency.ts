@@ -76,9 +76,13 @@ export class IdempotencyStore {
     return { kind: 'new' };
   }
 
-  /** Forgets the mark of a request under this key that a crash interrupted (its retry then runs). */
-  abandonInterrupted(account: string, key: string): void {
+  /**
+   * Forgets the mark of a request under this key that a crash interrupted, and begins the retry
+   * (what begin() answers once no such mark is left).
+   */
+  abandonInterrupted(account: string, key: string, requestSha256: string, requestId = '', now = Date.now()): Exclude<Lookup, { kind: 'interrupted' }> {
     if (!this.running.has(`${account}\u0000${key}`)) this.delRunning.run(account, key);
+    return this.begin(account, key, requestSha256, requestId, now) as Exclude<Lookup, { kind: 'interrupted' }>;
   }
 
   /** Records the response of a request begun with begin(); `response` undefined records nothing. Either way the request no longer runs. */

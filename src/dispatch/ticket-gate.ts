@@ -55,8 +55,8 @@ export class TicketGate {
   }
 
   /** Checks the ticket and, if it passes, marks it used (durably) in the same step. */
-  admit(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
-    const checked = this.check(envelope, expect);
+  admit(envelope: DsseEnvelope | string, expect: TicketExpectation, vouched?: TicketPayload): { ok: true; ticket: TicketPayload } | TicketRefusal {
+    const checked = this.check(envelope, expect, vouched);
     return checked.ok ? this.use(checked.ticket) : checked;
   }
 
@@ -70,8 +70,9 @@ export class TicketGate {
   }
 
   /** Every check of admit() but the use: for answering an idempotent retry from the record. */
-  check(envelope: DsseEnvelope | string, expect: TicketExpectation): { ok: true; ticket: TicketPayload } | TicketRefusal {
-    const v = this.vouch(envelope, expect.body);
+  check(envelope: DsseEnvelope | string, expect: TicketExpectation, vouched?: TicketPayload): { ok: true; ticket: TicketPayload } | TicketRefusal {
+    // `vouched`: what vouch() already returned for this envelope and these body bytes (not verified twice).
+    const v = vouched ? ({ ok: true, ticket: vouched } as const) : this.vouch(envelope, expect.body);
     if (!v.ok) return v;
     const t = v.ticket;
     if (t.endpoint !== expect.endpoint) return refuse(400, 'ticket_endpoint_mismatch', `ticket is for ${t.endpoint}, the request is ${expect.endpoint}`);

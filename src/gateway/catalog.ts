@@ -101,6 +101,7 @@ function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Re
   const created = seen.length ? Math.floor(Math.min(...seen) / 1000) : 0;
   const context = Math.max(0, ...routes.map((r) => r.context));
   const tiers = [...new Set(routes.flatMap((r) => (r.tier ? [r.tier] : [])))].sort();
+  const providers = new Set(routes.map((r) => r.provider)).size;
   return {
     id: m.id,
     object: 'model',
@@ -108,7 +109,7 @@ function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Re
     owned_by: m.id.includes('/') ? m.id.split('/')[0] : 'service',
     context_length: context,
     quantizations: [...new Set(routes.flatMap((r) => (r.quantization ? [r.quantization] : [])))].sort(),
-    providers: new Set(routes.map((r) => r.provider)).size,
+    providers,
     live_providers: new Set(routes.filter((r) => r.live).map((r) => r.provider)).size,
     attestation_tiers: tiers,
     endpoint_families: [...ENDPOINT_FAMILIES],
@@ -121,7 +122,7 @@ function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Re
       completion_per_million_au: output?.toString() ?? null,
       representative_request_au: request?.toString() ?? null,
     },
-    _sort: { id: m.id, providers: new Set(routes.map((r) => r.provider)).size, input_price: input ?? -1n, output_price: output ?? -1n, request_price: request ?? -1n, context, listed: created },
+    _sort: { id: m.id, providers, input_price: input ?? -1n, output_price: output ?? -1n, request_price: request ?? -1n, context, listed: created },
   };
 }
 

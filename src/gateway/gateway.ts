@@ -157,7 +157,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: MAX_REQUEST_BODY }, (req, body, done) => {
     const coding = req.headers['content-encoding'];
     const c = coding?.trim().toLowerCase();
-    if (coding !== undefined && c && c !== 'identity') return done(invalid('Content-Encoding', `${JSON.stringify(coding.slice(0, 40))} is not accepted: send the JSON body uncompressed`), undefined);
+    if (c && c !== 'identity') return done(invalid('Content-Encoding', `${JSON.stringify(coding!.slice(0, 40))} is not accepted: send the JSON body uncompressed`), undefined);
     done(null, body);
   });
 

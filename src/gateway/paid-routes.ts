@@ -276,7 +276,6 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       a.ac.abort(new Error('lost the hedge'));
       if (before && !before.ok && before.stage === 'connect' && !before.aborted) {
         records.fail(a.p.requestId, 'failed', { code: 'provider_unreachable', message: `could not reach provider ${a.p.provider}: ${before.e.message}` });
-        records.dropJob(a.p.requestId); // (never reached: nothing to settle)
         continue;
       }
       void settlements.track(
@@ -291,7 +290,6 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     reply.header('x-request-id', p.requestId);
     const fail = (status: 'refused' | 'failed' | 'bad_provider_response', e: GatewayError): never => {
       records.fail(p.requestId, status, { code: e.code, message: e.message });
-      if (e.code === 'provider_unreachable') records.dropJob(p.requestId); // (never reached: nothing to settle)
       // Nothing was done and nothing charged: the next provider may start it.
       // (A node's own failure before any work, a refusal 500 with no receipt, is the node's, not the request's.)
       const failOver =

@@ -79,7 +79,7 @@ export class Reconciler {
     const { records, log } = this.o;
     const now = Date.now();
     const io: { job: UnsettledJob; rec: RequestRecord }[] = [];
-    for (const job of records.dueJobs(now, Number.MAX_SAFE_INTEGER)) {
+    for (const job of records.dueJobs(now)) {
       const rec = records.get(job.request_id);
       if (!rec) {
         log.warn({ request_id: job.request_id }, 'a request to settle has no record any more (evicted from memory, or past the records file\'s retention): given up');
@@ -120,8 +120,8 @@ export class Reconciler {
         return job.tries >= 2 ? records.dropJob(job.request_id) : this.later(job);
       }
       if (!found.ok) {
-        records.fail(job.request_id, 'bad_provider_response', { code: 'bad_provider_response', message: found.message });
-        return records.dropJob(job.request_id);
+        records.fail(job.request_id, 'bad_provider_response', { code: 'bad_provider_response', message: found.message }); // (ends its job)
+        return;
       }
       log.info({ request_id: job.request_id, status: found.payload.status, cost_micro_usd: found.payload.cost_micro_usd }, "a receipt found in the provider's log after the request ended; settling it");
       await settlements.track(job.request_id, settlements.settle(job.request_id, found));

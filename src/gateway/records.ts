@@ -204,14 +204,9 @@ export class RequestRecords {
     }
   }
 
-  /** The jobs due by `now`, oldest first, at most `limit`. */
-  dueJobs(now: number, limit: number): UnsettledJob[] {
-    const out: UnsettledJob[] = [];
-    for (const job of this.jobs.values()) {
-      if (job.next_at <= now) out.push(job);
-      if (out.length >= limit) break;
-    }
-    return out;
+  /** The jobs due by `now`, oldest first. */
+  dueJobs(now: number): UnsettledJob[] {
+    return [...this.jobs.values()].filter((job) => job.next_at <= now);
   }
 
   hasJob(id: string): boolean {
@@ -407,11 +402,12 @@ export class RequestRecords {
   }
 
   /**
-   * The request ended without a receipt the gateway accepts. Refused before any work, or answered
-   * with one that did not verify, it will never have one to settle: its unsettled job goes too.
+   * The request ended without a receipt the gateway accepts. Refused before any work, its provider
+   * never reached, or answered with a receipt that did not verify, it will never have one to
+   * settle: its unsettled job goes too.
    */
   fail(id: string, status: Exclude<RecordStatus, 'in_progress' | 'completed' | 'cancelled' | 'failed' | 'interrupted'> | 'failed', error: { code: string; message: string }): RequestRecord | undefined {
-    if (status === 'refused' || status === 'bad_provider_response') this.dropJob(id);
+    if (status === 'refused' || status === 'bad_provider_response' || error.code === 'provider_unreachable') this.dropJob(id);
     return this.update(id, { status, error, finished_at: Date.now() });
   }
 

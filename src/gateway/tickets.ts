@@ -77,15 +77,17 @@ export class Ticketing {
     this.store = store;
   }
 
-  /** The provider that answered under this key: remembered here, else in the store (then remembered here too). */
+  /**
+   * The provider that answered under this key: remembered here, else in the store (then remembered
+   * here too, a miss as '': one gateway owns its records file, so the store learns nothing new but
+   * what remember() also keeps here, and a request asks once, not once per step).
+   */
   private answeredAt(endpoint: PaidEndpoint, idem: string | undefined): string | undefined {
     if (idem === undefined) return undefined;
     const key = idempotentKey(endpoint, idem);
-    const here = this.idempotentAt.get(key);
-    if (here !== undefined) return here;
-    const stored = this.store?.idempotentProvider(key);
-    if (stored !== undefined) this.keep(key, stored);
-    return stored;
+    let here = this.idempotentAt.get(key);
+    if (here === undefined) this.keep(key, (here = this.store?.idempotentProvider(key) ?? ''));
+    return here || undefined;
   }
 
   private keep(key: string, provider: string): void {

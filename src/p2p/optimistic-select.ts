@@ -12,6 +12,7 @@
 // class; the version is pinned, see docs/decisions.md): when that is not there, the caller falls back
 // to dialProtocol and negotiates as before.
 import type { Connection, Stream } from '@libp2p/interface';
+import { concatBytes } from '../../attestation/bytes.ts';
 
 const MULTISTREAM = '/multistream/1.0.0';
 const encoder = new TextEncoder();
@@ -32,16 +33,17 @@ function mssMessage(text: string): Uint8Array {
  * that speaks it answers first (it echoes the multistream header, then the protocol id).
  */
 export function selectPreamble(protocol: string): Uint8Array {
-  const header = mssMessage(MULTISTREAM);
-  const proto = mssMessage(protocol);
-  const out = new Uint8Array(header.length + proto.length);
-  out.set(header);
-  out.set(proto, header.length);
-  return out;
+  let bytes = preambles.get(protocol);
+  if (!bytes) preambles.set(protocol, (bytes = concatBytes(HEADER, mssMessage(protocol))));
+  return bytes;
 }
 
+const HEADER = mssMessage(MULTISTREAM);
+/** Preambles by protocol id (a client speaks a handful). */
+const preambles = new Map<string, Uint8Array>();
+
 /** How many of the preamble's bytes are the multistream header (the rest is the protocol id). */
-export const HEADER_BYTES = mssMessage(MULTISTREAM).length;
+export const HEADER_BYTES = HEADER.length;
 
 interface RawMuxer {
   createStream(options?: object): Stream | Promise<Stream>;

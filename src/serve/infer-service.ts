@@ -149,6 +149,7 @@ export class InferService {
   private async handleRequest(req: InferRequest, res: InferResponse, ctx: { model?: string }): Promise<void> {
     let parsed: ParsedRequest;
     let model: ServedModel;
+    let vouched: TicketPayload | undefined; // a large body's ticket, verified before its parse
     try {
       const endpoint = req.head.endpoint;
       if (typeof endpoint !== 'string') throw new Refusal(400, 'invalid_request', 'head.endpoint: expected a string');
@@ -158,8 +159,9 @@ export class InferService {
       const free = (FREE_ENDPOINTS as readonly string[]).includes(endpoint);
       if (free && req.body.length > MAX_FREE_BODY) throw new Refusal(413, 'body_too_large', `a ${endpoint} body is at most ${MAX_FREE_BODY} bytes`);
       if (!free && req.body.length > PARSED_BEFORE_TICKET) {
-        const vouched = this.o.gate.vouch(req.head.ticket as DsseEnvelope, req.body);
-        if (!vouched.ok) throw new Refusal(vouched.status, vouched.code, vouched.message);
+        const v = this.o.gate.vouch(req.head.ticket as DsseEnvelope, req.body);
+        if (!v.ok) throw new Refusal(v.status, v.code, v.message);
+        vouched = v.ticket;
       }
       try {
         parsed = parseRequest(endpoint, req.body);
@@ -182,7 +184,7 @@ export class InferService {
     const key = req.head.idempotency_key;
     if (key === undefined || !this.o.idempotency) {
       if (this.o.log.failure) return this.refuse(res, logStopped());
-      return this.serve(p, model, req, res);
+      return this.serve(p, model, req, res, undefined, vouched);
     }
     // An idempotent request: a retry is answered from the record, never run or billed twice.
     let account: string;
@@ -190,7 +192,7 @@ export class InferService {
     let checkedTicket: TicketPayload;
     try {
       if (typeof key !== 'string' || key.length === 0 || key.length > 256) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: expected 1 to 256 characters');
-      const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
+      const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
       account = checked.ticket.account;
@@ -207,10 +209,9 @@ export class InferService {
         if (done) {
           throw new Refusal(409, 'idempotency_response_lost', `the first request under this Idempotency-Key (${lookup.requestId}) completed and was billed (receipt seq ${done.seq}), but its response was not recorded (the node stopped, or could not write it); it is not run again`);
         }
-        this.o.idempotency.abandonInterrupted(account, key);
-        lookup = this.o.idempotency.begin(account, key, requestSha256, checked.ticket.request_id);
+        lookup = this.o.idempotency.abandonInterrupted(account, key, requestSha256, checked.ticket.request_id);
       }
-      if (lookup.kind === 'conflict' || lookup.kind === 'interrupted') throw new Refusal(409, lookup.kind === 'conflict' ? lookup.code : 'idempotency_in_progress', lookup.kind === 'conflict' ? lookup.message : 'a request with this Idempotency-Key is still running');
+      if (lookup.kind === 'conflict') throw new Refusal(409, lookup.code, lookup.message);
     } catch (e) {
       return this.refuse(res, e);
     }
@@ -265,13 +266,16 @@ export class InferService {
     }
   }
 
-  /** `checked`: the ticket, when the caller has already checked it (then only its use is recorded). */
-  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, checked?: TicketPayload): Promise<void> {
+  /**
+   * `checked`: the ticket, when the caller has already checked it (then only its use is recorded);
+   * `vouched`: the ticket vouch() verified for a large body (its signature and body hash not checked again).
+   */
+  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, checked?: TicketPayload, vouched?: TicketPayload): Promise<void> {
     let ticket: TicketPayload;
     try {
       const t = req.head.ticket;
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
-      const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body });
+      const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!admitted.ok) throw new Refusal(admitted.status, admitted.code, admitted.message);
       this.o.state?.ok(); // (the used-ticket write went through)
       ticket = admitted.ticket;

@@ -18,10 +18,6 @@ export interface ExportSummary {
   priceLists: number;
 }
 
-/**
- * Writes the export of `log` into `outDir`. `priceLists` (readPriceLists of the data dir) are the
- * signed lists of every version the receipts cite: without them the export does not audit.
- */
 /** Runs a write of `file`; an error that does not say which file (a write on a descriptor) is told it. */
 function writing<T>(file: string, run: () => T): T {
   try {
@@ -32,6 +28,10 @@ function writing<T>(file: string, run: () => T): T {
   }
 }
 
+/**
+ * Writes the export of `log` into `outDir`. `priceLists` (readPriceLists of the data dir) are the
+ * signed lists of every version the receipts cite: without them the export does not audit.
+ */
 export async function exportLog(log: ReceiptLog, outDir: string, priceLists: readonly StoredPriceList[]): Promise<ExportSummary> {
   await log.flush();
   log.checkpoint(); // the export's latest checkpoint covers every receipt in it
