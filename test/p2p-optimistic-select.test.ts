@@ -215,3 +215,49 @@ describe('optimistic protocol selection', () => {
     expect(client.getConnections(server.peerId)).toHaveLength(1);
   });
 });
+
+describe('a remote that does not answer the selection as a libp2p listener does', () => {
+  /** Makes the server's next inbound stream do `act` in place of its first write (the multistream echo). */
+  function tamperFirstInboundWrite(act: (stream: AbstractMessageStream, data: Uint8Array) => void): void {
+    const send = AbstractMessageStream.prototype.send;
+    let done = false;
+    vi.spyOn(AbstractMessageStream.prototype, 'send').mockImplementation(function (this: AbstractMessageStream, data) {
+      // the server's side of a muxed stream (not the connection under it)
+      if (!done && this.direction === 'inbound' && this.constructor.name === 'YamuxStream') {
+        done = true;
+        act(this, data instanceof Uint8Array ? data : data.subarray());
+        return true;
+      }
+      return send.call(this, data);
+    });
+  }
+
+  it('bytes that are not the multistream header fail the request as frame_malformed; the connection serves the next request', async () => {
+    const proto = await serve();
+    const send = AbstractMessageStream.prototype.send;
+    tamperFirstInboundWrite((stream, data) => send.call(stream, new Uint8Array(data.length).fill(0x41)));
+    const r = await request(client, addr, proto, {}, Uint8Array.of(1));
+    await expect(r.head).rejects.toMatchObject({ code: 'frame_malformed', message: expect.stringContaining('did not answer multistream-select') });
+    vi.restoreAllMocks();
+    expect((await readResponse(await request(client, addr, proto, {}, Uint8Array.of(2)))).body).toEqual(Uint8Array.of(2));
+  });
+
+  it('the header echoed but another protocol id in place of ours fails as UnsupportedProtocolError', async () => {
+    const proto = await serve();
+    const send = AbstractMessageStream.prototype.send;
+    tamperFirstInboundWrite((stream) => send.call(stream, selectPreamble(`${proto}-other`)));
+    const r = await request(client, addr, proto, {}, Uint8Array.of(1));
+    await expect(r.head).rejects.toMatchObject({ name: 'UnsupportedProtocolError' });
+  });
+
+  it('a stream closed before the echo fails the request with a named error, never a hang', async () => {
+    const proto = await serve();
+    tamperFirstInboundWrite((stream) => void stream.close());
+    const r = await request(client, addr, proto, {}, Uint8Array.of(1));
+    const err = await r.head.then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(err).toMatchObject({ name: 'StreamError', code: 'stream_closed', message: expect.stringContaining('before the remote confirmed the protocol') });
+  });
+});
