@@ -6,11 +6,18 @@ import path from 'node:path';
 /**
  * Writes `file` atomically: `write(fd)` fills a temporary file beside it (removed if anything
  * fails), which is fsynced and renamed into place. With `mode`, the file gets exactly that mode
- * whatever the umask. The caller fsyncs the folder when the rename itself must be durable.
+ * whatever the umask. The caller fsyncs the folder when the rename itself must be durable. A file
+ * system error names `file` as its `path` (not the temporary file, nor nothing, as a write on a
+ * descriptor would).
  */
 export function writeFileAtomic(file: string, write: (fd: number) => void, mode?: number): void {
   const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.tmp`);
-  const fd = fs.openSync(tmp, 'w', mode ?? 0o666);
+  let fd: number;
+  try {
+    fd = fs.openSync(tmp, 'w', mode ?? 0o666);
+  } catch (e) {
+    throw naming(e, file);
+  }
   try {
     write(fd);
     if (mode !== undefined) fs.fchmodSync(fd, mode);
@@ -18,7 +25,7 @@ export function writeFileAtomic(file: string, write: (fd: number) => void, mode?
   } catch (e) {
     fs.closeSync(fd);
     fs.rmSync(tmp, { force: true });
-    throw e;
+    throw naming(e, file);
   }
   fs.closeSync(fd);
   try {
@@ -26,6 +33,16 @@ export function writeFileAtomic(file: string, write: (fd: number) => void, mode?
   } catch (e) {
     // (the target is a folder, the file system refuses, ...): the filled temporary file goes too
     fs.rmSync(tmp, { force: true });
-    throw e;
+    throw naming(e, file);
   }
+}
+
+/** `e` with `path` = `file` when it is a file system error about the temporary file or no file. */
+function naming(e: unknown, file: string): unknown {
+  if (e !== null && typeof e === 'object' && typeof (e as { code?: unknown }).code === 'string') {
+    const err = e as { path?: string; dest?: string };
+    err.path = file;
+    delete err.dest;
+  }
+  return e;
 }

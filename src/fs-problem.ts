@@ -26,6 +26,12 @@ export function fsProblem(e: unknown): string {
   }
 }
 
+/** Why a folder could not be made (fs.mkdirSync): fsProblem's words, and a file in the way named as such. */
+export function folderProblem(e: unknown): string {
+  const code = (e as { code?: unknown } | null)?.code;
+  return code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : fsProblem(e);
+}
+
 /**
  * undefined when this user may use `file` so (`mode`: fs.constants.R_OK…; by default, that it
  * exists); 'missing' when it does not exist; else why not.

@@ -11,7 +11,7 @@ import { LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
-import { fsProblem, isErrnoError } from './fs-problem.ts';
+import { folderProblem, fsProblem, isErrnoError } from './fs-problem.ts';
 import { loadKeyFile } from './identity.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
 import { LineBudget } from './ops/line-budget.ts';
@@ -55,9 +55,7 @@ function checkDataDir(dir: string): void {
   try {
     fs.mkdirSync(dir, { recursive: true });
   } catch (e) {
-    const code = (e as { code?: unknown }).code;
-    const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : code === 'EACCES' ? 'permission denied: it cannot be created by this user' : (e as Error).message;
-    throw new NodeStartError(`data_dir: ${path.resolve(dir)}: ${why}`, { cause: e });
+    throw new NodeStartError(`data_dir: ${path.resolve(dir)}: ${folderProblem(e)}`, { cause: e });
   }
   try {
     fs.accessSync(dir, fs.constants.W_OK | fs.constants.X_OK);

@@ -62,8 +62,34 @@ describe('writeFileAtomic', () => {
     expect(err).toBeInstanceOf(Error);
     expect((err as NodeJS.ErrnoException).code).toBe('EISDIR');
     expect((err as NodeJS.ErrnoException).syscall).toBe('rename');
+    expect((err as NodeJS.ErrnoException).path).toBe(target); // the target named, not the temporary file
     expect(fs.readdirSync(d)).toEqual(['target']); // the filled temporary file was removed
     expect(fs.readFileSync(path.join(target, 'inside'), 'utf8')).toBe('kept');
+  });
+
+  test('a file system error names the target as its path: a write on the descriptor (ENOSPC-like, no path of its own) and an open that fails', () => {
+    const d = folder();
+    const file = path.join(d, 'out.json');
+    let err: NodeJS.ErrnoException | undefined;
+    try {
+      writeFileAtomic(file, () => {
+        throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC', syscall: 'write' });
+      });
+    } catch (e) {
+      err = e as NodeJS.ErrnoException;
+    }
+    expect([err?.code, err?.path]).toEqual(['ENOSPC', file]);
+    const inMissing = path.join(d, 'no-such-folder', 'out.json');
+    try {
+      writeFileAtomic(inMissing, write('x'));
+    } catch (e) {
+      err = e as NodeJS.ErrnoException;
+    }
+    expect([err?.code, err?.path]).toEqual(['ENOENT', inMissing]);
+    // An error that is not the file system's is passed on untouched.
+    const plain = new Error('the caller failed');
+    expect(() => writeFileAtomic(file, () => { throw plain; })).toThrow(plain);
+    expect((plain as { path?: unknown }).path).toBeUndefined();
   });
 
   test('mode is applied exactly, whatever the umask (a strict one and none at all)', () => {

@@ -501,12 +501,12 @@ describe('verify', () => {
 
   it('a missing file is a clean error', async () => {
     const r = await runCli(['verify', path.join(tmp, 'no-such-file.json')]);
-    expectCleanError(r, /cannot read .*no-such-file\.json: no such file/, 1);
+    expectCleanError(r, /cannot read .*no-such-file\.json: not found/, 1);
     expect(r.stdout).toBe('');
   });
 
   it('a directory is a clean error', async () => {
-    expectCleanError(await runCli(['verify', tmp]), /cannot read .*: is a directory/, 1);
+    expectCleanError(await runCli(['verify', tmp]), /cannot read .*: it is a folder/, 1);
   });
 
   it('a FIFO is a clean error at once, never waited on', async () => {

@@ -111,3 +111,24 @@ describe('an export this user may not read', () => {
     });
   });
 });
+
+describe('files and folders this user may not use, in every other command', () => {
+  test('verify, audit --replay, market --data, dev-model --out and start name the file and say permission denied', async () => {
+    const closed = path.join(tmp, 'closed');
+    fs.mkdirSync(closed, { mode: 0o700 });
+    fs.writeFileSync(path.join(closed, 'r.json'), '{}');
+    await withMode(closed, 0o000, async () => {
+      const file = path.join(closed, 'r.json');
+      expectRefused(await asOther(['verify', file]), `cannot read ${file}: ${DENIED}`);
+      expectRefused(await asOther(['audit', exp, '--replay', '--model', path.join(tmp, 'tiny.gguf'), '--requests', file]), `cannot read --requests ${file}: ${DENIED}`);
+      expectRefused(await asOther(['market', '--data', path.join(closed, 'market'), '--listen', '127.0.0.1:0']), `cannot use --data ${path.join(closed, 'market')}: ${DENIED}`);
+      expectRefused(await asOther(['dev-model', '--out', path.join(closed, 'm.gguf')]), `cannot write --out ${path.join(closed, 'm.gguf')}: ${DENIED}`);
+      // (a key of this user's own, outside: the data dir is what is refused)
+      const key = path.join(tmp, 'own.key');
+      fs.copyFileSync(path.join(data, 'node.key'), key);
+      if (ROOT) fs.chownSync(key, 65534, 65534);
+      fs.writeFileSync(path.join(tmp, 'node-closed.yaml'), fs.readFileSync(path.join(tmp, 'node.yaml'), 'utf8').replace(`data_dir: ${data}`, `data_dir: ${closed}/data`).replace(`key: ${data}/node.key`, `key: ${key}`));
+      expectRefused(await asOther(['start', '--config', path.join(tmp, 'node-closed.yaml')]), `data_dir: ${closed}/data: ${DENIED}`);
+    });
+  });
+});

@@ -219,9 +219,9 @@ describe('replay', () => {
     expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath()]), /--replay needs --model FILE and --requests FILE \(missing --requests\)/, 2);
     expectUsageError(await runCli(['audit', out, '--replay', '--requests', requests]), /--replay needs --model FILE and --requests FILE \(missing --model\)/, 2);
     const nope = path.join(serving.dir, 'no-such.jsonl');
-    expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', nope]), new RegExp(`^seller-node: cannot read --requests ${nope}: no such file$`, 'm'), 1);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', nope]), new RegExp(`^seller-node: cannot read --requests ${nope}: not found$`, 'm'), 1);
     const noModel = path.join(serving.dir, 'no-such.gguf');
-    expectUsageError(await runCli(['audit', out, '--replay', '--model', noModel, '--requests', requests]), new RegExp(`^seller-node: cannot read --model ${noModel}: no such file$`, 'm'), 1);
-    expectUsageError(await runCli(['audit', out, '--replay', '--model', serving.dir, '--requests', requests]), /^seller-node: cannot read --model .*: is a directory$/m, 1);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', noModel, '--requests', requests]), new RegExp(`^seller-node: cannot read --model ${noModel}: not found$`, 'm'), 1);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', serving.dir, '--requests', requests]), /^seller-node: cannot read --model .*: it is a folder$/m, 1);
   });
 });

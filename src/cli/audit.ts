@@ -3,6 +3,7 @@ import { audit, type AuditReport } from '../audit/audit.ts';
 import { formatUsd } from '../../attestation/money.ts';
 import { isHex } from '../../attestation/bytes.ts';
 import { CliError, intOption } from './cli-error.ts';
+import { fsProblem, isErrnoError } from '../fs-problem.ts';
 import fs from 'node:fs';
 import path from 'node:path';
 import { readRequestsFile, replay, replayFault, type ReplayReport } from '../audit/replay.ts';
@@ -60,16 +61,13 @@ export function auditCommand(): Command {
     });
 }
 
-const READ_ERRORS: Record<string, string> = { ENOENT: 'no such file', EISDIR: 'is a directory', EACCES: 'permission denied' };
-
 /** Runs read, turning a file system error into "cannot read OPTION FILE: why" (exit 1, as verify). */
 function readInput<T>(file: string, option: string, read: () => T): T {
   try {
     return read();
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (typeof code !== 'string') throw e;
-    throw new CliError(`cannot read ${option} ${file}: ${READ_ERRORS[code] ?? code}`);
+    if (!isErrnoError(e)) throw e;
+    throw new CliError(`cannot read ${option} ${file}: ${fsProblem(e)}`);
   }
 }
 

@@ -3,6 +3,7 @@ import { Command } from 'commander';
 import { writeTinyLlama } from '../../adapters/gguf/tiny-llama.ts';
 import { fileSha256 } from '../../adapters/file-sha256.ts';
 import { CliError, intOption } from './cli-error.ts';
+import { fsProblem } from '../fs-problem.ts';
 
 export function devModelCommand(): Command {
   return new Command('dev-model')
@@ -15,7 +16,7 @@ export function devModelCommand(): Command {
         bytes = writeTinyLlama(opts.out, { seed: opts.seed });
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code;
-        const why = code === 'ENOENT' ? `no such folder: ${path.dirname(path.resolve(opts.out))}` : code === 'EISDIR' ? 'it is a folder' : code === 'EACCES' ? 'permission denied' : (e as Error).message;
+        const why = code === 'ENOENT' ? `no such folder: ${path.dirname(path.resolve(opts.out))}` : fsProblem(e);
         throw new CliError(`cannot write --out ${opts.out}: ${why}`);
       }
       process.stdout.write(`${path.resolve(opts.out)}\n`);

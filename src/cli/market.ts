@@ -4,6 +4,7 @@ import { Command } from 'commander';
 import { createKeyFile, IdentityError, loadKeyFile, type NodeIdentity } from '../identity.ts';
 import { createLogger } from '../ops/logger.ts';
 import { CliError } from './cli-error.ts';
+import { folderProblem } from '../fs-problem.ts';
 import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -24,9 +25,7 @@ export function marketCommand(): Command {
         key = fs.existsSync(keyFile) ? loadKeyFile(keyFile) : createKeyFile(keyFile);
       } catch (e) {
         if (e instanceof IdentityError) throw new CliError(e.message);
-        const code = (e as NodeJS.ErrnoException).code;
-        const why = code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : code === 'EACCES' ? 'permission denied' : (code ?? (e as Error).message);
-        throw new CliError(`cannot use --data ${dir}: ${why}`);
+        throw new CliError(`cannot use --data ${dir}: ${folderProblem(e)}`);
       }
       const { createMarket } = await import('../market/market.ts'); // (loaded when it runs: --help stays fast)
       const market = createMarket({ seed: key.seed, host, port, logger: createLogger({ level: 'info', destination: 2, name: 'market' }) });

@@ -7,6 +7,7 @@ import { TLOG_PROOF_HEADER } from '../../attestation/tlog-proof.ts';
 import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import { CliError } from './cli-error.ts';
+import { fsProblem } from '../fs-problem.ts';
 
 const MAX_FILE = 8 << 20;
 
@@ -48,8 +49,6 @@ function payloadOf(v: { payload: ReceiptPayload } | { receipt: { payload: Receip
   return 'receipt' in v ? v.receipt.payload : v.payload;
 }
 
-const READ_ERRORS: Record<string, string> = { ENOENT: 'no such file', EISDIR: 'is a directory', EACCES: 'permission denied' };
-
 function readInput(file: string): string {
   let fd: number | undefined;
   try {
@@ -57,7 +56,7 @@ function readInput(file: string): string {
     fd = file === '-' ? 0 : fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
     if (fd !== 0) {
       const st = fs.fstatSync(fd);
-      if (!st.isFile()) throw new CliError(`cannot read ${file}: ${st.isDirectory() ? 'is a directory' : 'not a regular file (a FIFO or device)'}`);
+      if (!st.isFile()) throw new CliError(`cannot read ${file}: ${st.isDirectory() ? 'it is a folder' : 'not a regular file (a FIFO or device)'}`);
     }
     const buf = Buffer.alloc(MAX_FILE + 1);
     let n = 0;
@@ -70,8 +69,7 @@ function readInput(file: string): string {
     return buf.subarray(0, n).toString('utf8');
   } catch (e) {
     if (e instanceof CliError) throw e;
-    const code = (e as NodeJS.ErrnoException).code ?? '';
-    throw new CliError(`cannot read ${file}: ${READ_ERRORS[code] ?? (code || (e as Error).message)}`);
+    throw new CliError(`cannot read ${file}: ${fsProblem(e)}`);
   } finally {
     if (fd !== undefined && fd !== 0) fs.closeSync(fd);
   }

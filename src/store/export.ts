@@ -41,7 +41,7 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
   for (const name of fs.readdirSync(cpDir)) if (/^(0|[1-9][0-9]*)$/.test(name)) fs.rmSync(path.join(cpDir, name));
   let receipts = 0;
   const receiptsFile = path.join(outDir, 'receipts.jsonl');
-  writing(receiptsFile, () => writeFileAtomic(receiptsFile, (fd) => {
+  writeFileAtomic(receiptsFile, (fd) => {
     let buf: string[] = [];
     for (const line of log.lines()) {
       buf.push(line);
@@ -52,7 +52,7 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
       }
     }
     if (buf.length) fs.writeSync(fd, buf.join('\n') + '\n');
-  }));
+  });
   const cps = log.checkpoints(); // (each over receipts this connection read: all of them are in the file)
   const write = (file: string, text: string) => writing(file, () => fs.writeFileSync(file, text));
   for (const cp of cps) write(path.join(outDir, 'checkpoints', String(cp.size)), cp.note);
