@@ -1267,8 +1267,9 @@ describe('reconciliation: a receipt the request itself could not settle is settl
 });
 
 describe('reconciliation and close', () => {
-  test("a gateway's close is bounded by its grace while the reconciler waits on a market that does not answer", async () => {
-    const g = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: 200 });
+  test("a gateway's close is bounded by its grace while the reconciler waits on a market that does not answer; without a records file, what it forgets is said", async () => {
+    const warned: { o: Record<string, unknown>; msg: string }[] = [];
+    const g = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: 200, logger: { info: () => {}, warn: (o, msg) => warned.push({ o: o as Record<string, unknown>, msg: msg ?? '' }), error: () => {} } });
     let closed = false;
     try {
       proxy.receipt = () => 'drop';
@@ -1284,6 +1285,8 @@ describe('reconciliation and close', () => {
       await g.close(200);
       closed = true;
       expect(performance.now() - t0).toBeLessThan(5000); // (was 30 s: three POSTs of 10 s)
+      const forgot = warned.filter((w) => w.msg.includes('forgotten'));
+      expect(forgot).toEqual([{ o: { unsettled: 1 }, msg: expect.stringMatching(/^1 paid request not yet settled is forgotten \(no records file\).*--records FILE/) }]);
     } finally {
       if (!closed) await g.close(200);
       proxy.reset();

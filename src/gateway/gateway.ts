@@ -245,6 +245,11 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       });
       await stopStep(log, 'reconciler', async () => {
         if (!(await settledWithin(reconciler.idle(), graceMs))) log.warn({}, 'the reconciler was still looking at requests when the gateway closed');
+        // Without a records file, what is left to settle goes with the process: say so, once.
+        const left = records.unsettledCount;
+        if (left > 0 && !records.persistent) {
+          log.warn({ unsettled: left }, `${left} paid request${left === 1 ? '' : 's'} not yet settled ${left === 1 ? 'is' : 'are'} forgotten (no records file): their receipts stay in the nodes' logs; run the gateway with --records FILE to settle them after a restart`);
+        }
       });
       await stopStep(log, 'libp2p', () => host.stop());
       await stopStep(log, 'records', () => records.close());

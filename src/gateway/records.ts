@@ -214,6 +214,11 @@ export class RequestRecords {
   }
 
   /** How many requests wait to be settled. */
+  /** Whether records (and unsettled jobs) are kept in a file, across restarts. */
+  get persistent(): boolean {
+    return this.db !== undefined;
+  }
+
   get unsettledCount(): number {
     return this.jobs.size;
   }
