@@ -143,7 +143,8 @@ describe.concurrent('usage errors', () => {
     expectCleanError(await runCli(['verify', 'x.json', '--provider', 'ab']), /--provider must be 64 lowercase hex/, 2);
   });
 
-  it('gateway without --market, with a market that is not a URL, with a bad --listen or --provider-idle-ms', async () => {
+  it('gateway without --market, with a market that is not a URL, with a bad --listen, --provider-idle-ms or --account', async () => {
+    for (const bad of ['', 'a b', 'x'.repeat(257), 'café']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--account', bad]), /--account must be 1 to 256 of the characters A-Z a-z 0-9 \. _ : @ -, got "/, 2);
     expectCleanError(await runCli(['gateway']), /required option '--market <url>'/);
     expectCleanError(await runCli(['gateway', '--market', 'not a url']), /--market: /, 2);
     expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', 'a:b:c']), '--listen must be host:port, e.g. 127.0.0.1:11435; got "a:b:c"\n', 2);

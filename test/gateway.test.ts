@@ -23,7 +23,7 @@ import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
 import { waitFor, waitForListed } from './helpers/wait.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
-import { errorOf, gatewayRecord, marketReceipt as marketReceiptAt, type MarketReceipt } from './helpers/gateway-reads.ts';
+import { errorOf, gatewayRecord, marketReceipt as marketReceiptAt, settledRecord, type MarketReceipt } from './helpers/gateway-reads.ts';
 
 const RATES = { input_per_mtok: 150_000n, output_per_mtok: 600_000n };
 const MODEL = 'tiny/llama';
@@ -482,6 +482,29 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(second.service.receipt).toEqual(first.service.receipt);
     expect(second.service.request_id).toBe(first.service.request_id);
     expect(second.choices[0]!.message.content).toBe(first.choices[0]!.message.content);
+  });
+
+  test("gateways of two buyers (--account) keep their Idempotency-Keys apart: the same key and body run and bill for each, and the market holds both receipts", async () => {
+    const other = await createGateway({ market: marketUrl, port: 0, account: 'buyer-b' });
+    try {
+      const key = `shared-${crypto.randomUUID()}`;
+      const ask = async (url: string) => {
+        const r = await fetch(`${url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key }, body: JSON.stringify({ model: MODEL, messages, max_tokens: 4, seed: 4 }) });
+        expect(r.status).toBe(200);
+        return ((await r.json()) as { service: { request_id: string } }).service.request_id;
+      };
+      const a = await ask(gw.url); // (the market's default account, dev)
+      const b = await ask(other.url);
+      expect(b).not.toBe(a); // run again for the other buyer, not the first buyer's answer and receipt
+      expect(await ask(other.url)).toBe(b); // each buyer's own retry is still answered from its record
+      // Both billed: each receipt settled with the market.
+      expect((await settledRecord(gw.url, a)).receipt).not.toBeNull();
+      expect((await settledRecord(other.url, b)).receipt).not.toBeNull();
+      expect(verified(JSON.parse((await marketReceipt(a)).receipt)).request_id).toBe(a);
+      expect(verified(JSON.parse((await marketReceipt(b)).receipt)).request_id).toBe(b);
+    } finally {
+      await other.close(1000);
+    }
   });
 
   test('malformed X-Service-* headers are 400 invalid_request naming the header, before any ticket', async () => {

@@ -14,16 +14,23 @@ export function parseListen(s: string): HostPort {
   return parseHttpListen(s, `127.0.0.1:${GATEWAY_DEFAULT_PORT}`, GATEWAY_DEFAULT_PORT);
 }
 
+/** An account name: 1 to 256 of A-Z a-z 0-9 . _ : @ - (it goes into every ticket). */
+function accountOption(v: string): string {
+  if (!/^[A-Za-z0-9._:@-]{1,256}$/.test(v)) throw new CliError(`--account must be 1 to 256 of the characters A-Z a-z 0-9 . _ : @ -, got "${v.slice(0, 300)}"`, 2);
+  return v;
+}
+
 export function gatewayCommand(): Command {
   return new Command('gateway')
     .description("serve the marketplace's OpenAI-compatible API locally (/v1), sending requests straight to providers over libp2p")
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
     .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
+    .option('--account <name>', "the buyer account to ask tickets for (the market's default: dev); nodes keep Idempotency-Keys per account, so gateways of different buyers on one market each need their own", accountOption)
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; records?: string; recordsDays: number; providerIdleMs: number; logLevel: string }) => {
+    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; logLevel: string }) => {
       const { host, port } = parseListen(opts.listen);
       try {
         normalizeMarketUrl(opts.market);
@@ -36,12 +43,12 @@ export function gatewayCommand(): Command {
       let gw;
       try {
         const { createGateway } = await import('../gateway/gateway.ts'); // (loaded when it runs: --help stays fast)
-        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
+        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, ...(opts.account !== undefined ? { account: opts.account } : {}), recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }
       const stopped = untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close()); // (before the line that says it runs)
-      process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  records ${opts.records ?? 'in memory'}\n`);
+      process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  account ${opts.account ?? 'dev (the market\'s default)'}\n  records ${opts.records ?? 'in memory'}\n`);
       // Serving starts anyway (the market may come up later); the operator hears of it now, not from a buyer's 502.
       // The check runs beside the signal handling above, so Ctrl-C during it still stops cleanly.
       gw.market.marketKey().catch((e: { status?: number; code?: string; message: string }) =>

@@ -69,6 +69,12 @@ export interface GatewayOptions {
   reconcileUnitMs?: number;
   /** How many request records to keep in memory (default 10,000). */
   maxRecords?: number;
+  /**
+   * The buyer account the gateway's tickets are asked for (default: the market's, `dev`). Nodes
+   * scope Idempotency-Keys by the ticket's account: gateways of different buyers on one market
+   * should each have their own, or one could replay (or take) another's key.
+   */
+  account?: string;
   /** An SQLite file that keeps every request record across restarts (default: memory only). */
   recordsPath?: string;
   /** How long the records file keeps a record (default 7 days); older ones are deleted. */
@@ -190,7 +196,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   });
 
   const relay = new Relay({ settlements, records });
-  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs });
+  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates });
   registerCatalogRoutes(app, { market });

@@ -71,10 +71,13 @@ export class Ticketing {
    */
   private readonly idempotentAt = new Map<string, string>();
   private readonly store: IdempotentProviderStore | undefined;
+  /** The account the tickets are asked for (the market's default when undefined): a node scopes Idempotency-Keys by it. */
+  private readonly account: string | undefined;
 
-  constructor(market: MarketClient, store?: IdempotentProviderStore) {
+  constructor(market: MarketClient, store?: IdempotentProviderStore, account?: string) {
     this.market = market;
     this.store = store;
+    this.account = account;
   }
 
   /**
@@ -99,6 +102,7 @@ export class Ticketing {
   /** Asks the marketplace for a ticket and checks it is what was asked for. */
   private async take({ endpoint, model, bodySha256 }: TicketAsk, controls: RoutingControls, requestId: string, hold: string | undefined): Promise<Granted> {
     const ask: TicketRequest = { endpoint, model, body_sha256: bodySha256, request_id: requestId };
+    if (this.account !== undefined) ask.account = this.account;
     if (Object.keys(controls.routing).length > 0) ask.routing = controls.routing;
     if (hold !== undefined) ask.max_cost_micro_usd = hold;
     if (controls.preferredProviders) ask.providers = controls.preferredProviders;
