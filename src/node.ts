@@ -53,7 +53,8 @@ export function pruneState(steps: readonly (() => unknown)[], logger: Pick<Logge
  */
 function checkDataDir(dir: string): void {
   try {
-    fs.mkdirSync(dir, { recursive: true });
+    // (made for this user only: state.db holds recorded answers; an existing folder keeps its mode)
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
   } catch (e) {
     throw new NodeStartError(`data_dir: ${path.resolve(dir)}: ${folderProblem(e)}`, { cause: e });
   }

@@ -8,15 +8,28 @@ import fs from 'node:fs';
 import Database from 'better-sqlite3';
 import { accessProblem } from './fs-problem.ts';
 
-/** Opens `file` (created if missing) for writing; an Error naming the file and why, when this user cannot. */
+/**
+ * Opens `file` (created if missing, readable by this user only: SQLite gives its -wal and -shm
+ * files the database's mode) for writing; an Error naming the file and why, when this user cannot.
+ */
 export function openWritableSqlite(file: string): Database.Database {
   const abs = path.resolve(file);
   const problem = writeProblem(abs);
   if (problem) throw new Error(`${abs}: ${problem}`);
   try {
+    createPrivate(abs);
     return new Database(file);
   } catch (e) {
     throw new Error(`${abs}: ${(e as Error).message}`, { cause: e });
+  }
+}
+
+/** Creates `file` empty with mode 0600 when it does not exist (SQLite would make it 0644 under the usual umask). */
+export function createPrivate(file: string): void {
+  try {
+    fs.closeSync(fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL, 0o600));
+  } catch (e) {
+    if ((e as { code?: unknown }).code !== 'EEXIST') throw e;
   }
 }
 

@@ -45,6 +45,8 @@ describe('RequestRecords', () => {
     expect(again.get('retry-of-one')?.request_id).toBe('one');
     expect(again.get('two')).toMatchObject({ status: 'refused', error: { code: 'no_provider' } });
     expect(again.get('three')).toBeUndefined();
+    // Buyers' Idempotency-Keys and receipts: the file and its WAL are this user's only.
+    for (const f of [file, `${file}-wal`]) expect((fs.statSync(f).mode & 0o777).toString(8), f).toBe('600');
     again.close();
   });
 

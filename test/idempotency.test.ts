@@ -45,3 +45,33 @@ describe('IdempotencyStore', () => {
     db.close();
   });
 });
+
+describe("state.db on disk: recorded answers are buyers' output text", () => {
+  test('the file and its WAL are this user\'s only, and a forgotten answer leaves no copy in either', async () => {
+    const fs = await import('node:fs');
+    const os = await import('node:os');
+    const path = await import('node:path');
+    const { openStateDb } = await import('../src/store/state-db.ts');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'state-db-private-'));
+    try {
+      const file = path.join(dir, 'state.db');
+      const db = openStateDb(file);
+      const s = new IdempotencyStore(db);
+      const text = 'the buyer output text, private: 7f3c91';
+      const t0 = Date.now() - 2 * 86_400_000; // two days old
+      expect(s.begin('acct', 'k', 'h1', 'req-1', t0)).toEqual({ kind: 'new' });
+      s.finish('acct', 'k', { ...response, body: new TextEncoder().encode(`{"content":"${text}"}`) }, t0);
+      const holding = () => ['state.db', 'state.db-wal'].filter((f) => fs.existsSync(path.join(dir, f)) && fs.readFileSync(path.join(dir, f)).includes(text));
+      expect(holding()).toEqual(['state.db-wal']); // (recorded: in the WAL until a checkpoint)
+      db.pragma('wal_checkpoint(PASSIVE)'); // as SQLite's auto-checkpoint does: now in both
+      expect(holding()).toEqual(['state.db', 'state.db-wal']);
+      for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) expect((fs.statSync(path.join(dir, f)).mode & 0o777).toString(8), f).toBe('600');
+      expect(s.forgetOlderThan()).toBe(1);
+      expect(holding()).toEqual([]);
+      db.close();
+      expect(holding()).toEqual([]);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -240,6 +240,17 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
     await expect(startNode(config)).rejects.toThrow(new RegExp(`^data_dir: ${path.join(h, 'data', 'node.lock')}: unable to open database file$`));
   });
 
+  test("a data_dir the node makes is this user's only, and so are its databases (state.db holds recorded answers)", async () => {
+    const { h, config } = goodHome('made-dir', { dataDir: './made/data' });
+    const node = await startNode(config);
+    try {
+      expect((fs.statSync(path.join(h, 'made', 'data')).mode & 0o777).toString(8)).toBe('700');
+      for (const f of ['state.db', 'state.db-wal', 'receipts.db', 'receipts.db-wal']) expect((fs.statSync(path.join(h, 'made', 'data', f)).mode & 0o777).toString(8), f).toBe('600');
+    } finally {
+      await node.stop(1000);
+    }
+  });
+
   test('a data_dir that is a file', async () => {
     const { h, config } = goodHome('file-dir', { dataDir: './afile' });
     fs.writeFileSync(path.join(h, 'afile'), 'not a folder');

@@ -97,9 +97,16 @@ export class IdempotencyStore {
     })();
   }
 
-  /** Forgets records (and marks of interrupted runs) older than `maxAgeMs` (default 24 h). */
+  /**
+   * Forgets records (and marks of interrupted runs) older than `maxAgeMs` (default 24 h). The
+   * recorded answers are buyers' output text: with state.db's secure_delete their bytes are zeroed
+   * in the database, and the WAL, which still holds copies of those pages, is checkpointed and
+   * truncated (a reader in the way only delays that to the next pruning).
+   */
   forgetOlderThan(maxAgeMs = 86_400_000, now = Date.now()): number {
     this.pruneRunning.run(now - maxAgeMs);
-    return this.prune.run(now - maxAgeMs).changes;
+    const forgotten = this.prune.run(now - maxAgeMs).changes;
+    if (forgotten > 0 && this.db.pragma('journal_mode', { simple: true }) === 'wal') this.db.pragma('wal_checkpoint(TRUNCATE)');
+    return forgotten;
   }
 }

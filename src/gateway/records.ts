@@ -5,6 +5,7 @@
 // Kept in memory (the most recent `limit`), and, with a file, written through to SQLite (WAL) at
 // every change, so records outlive the gateway: after a restart every record is still answered,
 // and one left `in_progress` by a gateway that stopped mid-request says `interrupted`.
+import { createPrivate } from '../sqlite-file.ts';
 import Database from 'better-sqlite3';
 import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
@@ -139,6 +140,7 @@ export class RequestRecords {
     let db: Database.Database | undefined;
     try {
       // One gateway a file: the exclusive lock, taken now, refuses a second opener at once.
+      createPrivate(file); // (buyers' Idempotency-Keys and receipts: this user's only)
       db = new Database(file, { timeout: 0 });
       db.pragma('locking_mode = EXCLUSIVE');
       db.pragma('journal_mode = WAL');

@@ -1,4 +1,6 @@
-// state.db: the node's small working state (used ticket ids, idempotency records).
+// state.db: the node's small working state (used ticket ids, idempotency records, which hold the
+// answers of requests sent with an Idempotency-Key for 24 h: private to this user, and zeroed when
+// deleted).
 import type Database from 'better-sqlite3';
 import { openWritableSqlite } from '../sqlite-file.ts';
 
@@ -11,5 +13,7 @@ export function openStateDb(file: string): Database.Database {
   const db = openWritableSqlite(file);
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = NORMAL');
+  // Deleted rows (recorded answers past their 24 h) are overwritten with zeros, not left in free pages.
+  db.pragma('secure_delete = ON');
   return db;
 }
