@@ -8,7 +8,7 @@
 // No `node:` imports: the verifier runs in browsers.
 import { fromBase64, fromHex, isHex, toBase64 } from './bytes.ts';
 import { openNote, signNote, type NoteSigner } from './note.ts';
-import { fail, ok, type VerifyResult } from './result.ts';
+import { fail, ok, type VerifyResult, guarded } from './result.ts';
 
 export interface Checkpoint {
   origin: string;
@@ -101,6 +101,10 @@ export function signCheckpoint(cp: Checkpoint, signer: NoteSigner): string {
  * Never throws.
  */
 export function verifyCheckpoint(note: string, key: CheckpointKey): VerifyResult<VerifiedCheckpoint> {
+  return guarded('checkpoint_malformed', 'the checkpoint or its key', () => checkCheckpoint(note, key));
+}
+
+function checkCheckpoint(note: string, key: CheckpointKey): VerifyResult<VerifiedCheckpoint> {
   if (!key || typeof key.name !== 'string' || !(key.publicKey instanceof Uint8Array)) {
     return fail('note_no_known_signature', 'no usable checkpoint key given');
   }

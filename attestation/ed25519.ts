@@ -71,19 +71,14 @@ function wellFormed(signature: Uint8Array, publicKey: Uint8Array): boolean {
 
 /** Strict verification on @noble/ed25519 only (the browser path). */
 export function ed25519VerifyNoble(signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array): boolean {
-  if (!wellFormed(signature, publicKey) || !(message instanceof Uint8Array)) return false;
   try {
+    if (!wellFormed(signature, publicKey) || !(message instanceof Uint8Array)) return false;
     return ed.verify(signature, message, publicKey, { zip215: false });
   } catch {
     return false;
   }
 }
 
-/**
- * Strict Ed25519 verification (see the rule at the top of this file). Never throws: any malformed
- * input is simply invalid. Uses Node's OpenSSL where present and @noble/ed25519 elsewhere; both
- * give the same answer on every input.
- */
 // The last public key that passed the key checks, kept as a copy and compared by content.
 let lastGoodKey: Uint8Array | undefined;
 
@@ -94,7 +89,20 @@ function acceptableKey(publicKey: Uint8Array): boolean {
   return true;
 }
 
+/**
+ * Strict Ed25519 verification (see the rule at the top of this file). Never throws: any malformed
+ * input is simply invalid. Uses Node's OpenSSL where present and @noble/ed25519 elsewhere; both
+ * give the same answer on every input.
+ */
 export function ed25519Verify(signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array): boolean {
+  try {
+    return verifyStrict(signature, message, publicKey);
+  } catch {
+    return false; // (hostile values: a Proxy, a getter that throws)
+  }
+}
+
+function verifyStrict(signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array): boolean {
   if (!native) return ed25519VerifyNoble(signature, message, publicKey);
   if (!wellFormed(signature, publicKey) || !(message instanceof Uint8Array)) return false;
   if (!acceptableKey(publicKey)) return false;

@@ -9,7 +9,7 @@ import type { DsseEnvelope } from './dsse.ts';
 import { MerkleTree, verifyConsistency } from './merkle.ts';
 import { PriceBook, verifyPriceList } from './price-list.ts';
 import { GENESIS_PREV } from './receipt.ts';
-import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { guarded, isOptions, fail, ok, type VerifyError, type VerifyResult } from './result.ts';
 import { peekSeq, verifyReceipt, withSeq } from './receipt-verify.ts';
 
 /** What the chain needs to know of one verified receipt. */
@@ -151,11 +151,7 @@ export class ReceiptChain {
  * unchanged, or it is `checkpoint_inconsistent` (history cut or rewritten).
  */
 export function checkCheckpoints(notes: readonly string[], provider: string, tree: MerkleTree, kept: readonly string[] = []): VerifyResult<VerifiedCheckpoint[]> {
-  try {
-    return checkCheckpointsUnsafe(notes, provider, tree, kept);
-  } catch (e) {
-    return fail('checkpoint_malformed', `checkpoints could not be read: ${(e as Error).message}`);
-  }
+  return guarded('checkpoint_malformed', 'checkpoints', () => checkCheckpointsUnsafe(notes, provider, tree, kept));
 }
 
 function checkCheckpointsUnsafe(notes: readonly string[], provider: string, tree: MerkleTree, kept: readonly string[]): VerifyResult<VerifiedCheckpoint[]> {
@@ -221,15 +217,11 @@ export interface VerifyLogInput {
 
 /** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). Never throws. */
 export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
-  try {
-    return verifyLogUnsafe(input);
-  } catch (e) {
-    return fail('envelope_malformed', `the log could not be read: ${(e as Error).message}`);
-  }
+  return guarded('envelope_malformed', 'the log', () => verifyLogUnsafe(input));
 }
 
 function verifyLogUnsafe(input: VerifyLogInput): VerifyResult<LogSummary> {
-  if (input === null || typeof input !== 'object') return fail('envelope_malformed', 'expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}');
+  if (!isOptions(input)) return fail('options_invalid', 'expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}');
   let prices: PriceBook | undefined;
   if (input.priceLists !== undefined) {
     const book = verifyPriceLists(input.priceLists, input.provider);
@@ -289,11 +281,7 @@ export function linkOf(v: { payload: { seq: string; prev: string; cost_micro_usd
  * rewrites its log. Both must be signed by the provider under its receipt-log origin.
  */
 export function verifyCheckpointConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {
-  try {
-    return checkConsistency(older, newer, proof, provider);
-  } catch (e) {
-    return fail('proof_malformed', `the checkpoints or proof could not be read: ${(e as Error).message}`);
-  }
+  return guarded('proof_malformed', 'the checkpoints or proof', () => checkConsistency(older, newer, proof, provider));
 }
 
 function checkConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {

@@ -6,7 +6,7 @@
 // uses arithmetic (not 32-bit bitwise operators) on them.
 import { bytesEqual, copyBytes } from './bytes.ts';
 import { sha256, sha256Parts, sha256Text } from './hash.ts';
-import { fail, ok, type VerifyResult } from './result.ts';
+import { fail, ok, type VerifyResult, thrownMessage } from './result.ts';
 
 export const HASH_SIZE = 32;
 
@@ -284,6 +284,14 @@ export function rootFromInclusion(leafIndex: number, treeSize: number, leafHash:
 
 /** RFC 9162 §2.1.3.2: is `leafHash` the leaf at `leafIndex` of the tree of `treeSize` with `root`? */
 export function verifyInclusion(leafIndex: number, treeSize: number, leafHash: Uint8Array, proof: Uint8Array[], root: Uint8Array): VerifyResult {
+  try {
+    return checkInclusion(leafIndex, treeSize, leafHash, proof, root);
+  } catch (e) {
+    return fail('proof_malformed', `the proof could not be read: ${thrownMessage(e)}`);
+  }
+}
+
+function checkInclusion(leafIndex: number, treeSize: number, leafHash: Uint8Array, proof: Uint8Array[], root: Uint8Array): VerifyResult {
   if (!isHash(root)) return fail('proof_malformed', `root must be ${HASH_SIZE} bytes`);
   const computed = rootFromInclusion(leafIndex, treeSize, leafHash, proof);
   if (!computed.ok) return computed;
@@ -297,6 +305,14 @@ export function verifyInclusion(leafIndex: number, treeSize: number, leafHash: U
  * as given); size1 == 0 is rejected (a proof from the empty tree is meaningless).
  */
 export function verifyConsistency(size1: number, size2: number, proof: Uint8Array[], root1: Uint8Array, root2: Uint8Array): VerifyResult {
+  try {
+    return checkConsistencyProof(size1, size2, proof, root1, root2);
+  } catch (e) {
+    return fail('proof_malformed', `the proof could not be read: ${thrownMessage(e)}`);
+  }
+}
+
+function checkConsistencyProof(size1: number, size2: number, proof: Uint8Array[], root1: Uint8Array, root2: Uint8Array): VerifyResult {
   if (!isSize(size1) || !isSize(size2)) return fail('proof_malformed', 'tree sizes must be non-negative safe integers');
   if (!(root1 instanceof Uint8Array) || !(root2 instanceof Uint8Array)) return fail('proof_malformed', 'roots must be byte arrays');
   if (!Array.isArray(proof)) return fail('proof_malformed', 'proof must be an array of hashes');

@@ -6,7 +6,7 @@ import { canonicalize } from './canonical-json.ts';
 import { checkEnvelopeShape, parseEnvelope, signEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import * as f from './fields.ts';
 import { sha256Hex } from './hash.ts';
-import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { guarded, isOptions, fail, ok, type VerifyError, type VerifyResult } from './result.ts';
 import { readPayload } from './signed-payload.ts';
 import type { WireRates } from './receipt.ts';
 
@@ -67,16 +67,12 @@ export function signPriceList(seed: Uint8Array, provider: string, models: readon
 
 /** Verifies a provider's signed price list. Never throws. */
 export function verifyPriceList(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
-  try {
-    return verifyPriceListUnsafe(envelope, opts);
-  } catch (e) {
-    // Only reachable through hostile objects (getters, proxies) or a missing argument.
-    return fail('envelope_malformed', `price list could not be read: ${(e as Error).message}`);
-  }
+  return guarded('envelope_malformed', 'price list', () => verifyPriceListUnsafe(envelope, opts));
 }
 
 function verifyPriceListUnsafe(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
-  if (!isHex(opts?.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider }');
+  if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
   const v = verifyEnvelope(shaped.value, { payloadType: PRICELIST_PAYLOAD_TYPE, keys: [{ keyid: opts.provider, publicKey: fromHex(opts.provider) }] });

@@ -6,7 +6,7 @@ import { peekPayload, readPayload } from './signed-payload.ts';
 import { sha256Hex } from './hash.ts';
 import { leafHash } from './merkle.ts';
 import { expectedCost, RECEIPT_PAYLOAD_TYPE, validateReceiptPayload, type ReceiptPayload } from './receipt.ts';
-import { fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { guarded, fail, isOptions, ok, type VerifyError, type VerifyResult } from './result.ts';
 
 export interface VerifiedReceipt {
   payload: ReceiptPayload;
@@ -33,12 +33,7 @@ export interface ReceiptVerifyOptions {
 
 /** Strictly verifies one receipt envelope (an object or its JSON text). Never throws. */
 export function verifyReceipt(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
-  try {
-    return verifyReceiptUnsafe(envelope, opts);
-  } catch (e) {
-    // Only reachable through hostile objects (getters, proxies); still an answer, never a crash.
-    return fail('envelope_malformed', `envelope could not be read: ${(e as Error).message}`);
-  }
+  return guarded('envelope_malformed', 'envelope', () => verifyReceiptUnsafe(envelope, opts));
 }
 
 // Receipts are usually checked many at a time against one provider: remember the last key.
@@ -59,6 +54,7 @@ function providerKey(p: string | Uint8Array): ProviderKey | undefined {
 }
 
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
+  if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider, chain? }');
   const pk = providerKey(opts.provider);
   if (!pk) return fail('unknown_key', 'provider must be 64 lowercase hex characters or a 32-byte key');
   // A log line in the canonical one-signature shape is read without JSON.parse (see parseEnvelopeLine).

@@ -48,7 +48,9 @@ export type VerifyErrorCode =
   | 'checkpoint_size_exceeds_log'
   | 'checkpoint_fork'
   | 'checkpoint_inconsistent'
-  | 'bundle_malformed';
+  | 'bundle_malformed'
+  // the caller's options (a missing provider, a NaN clock): nothing was checked
+  | 'options_invalid';
 
 export interface VerifyError {
   code: VerifyErrorCode;
@@ -63,6 +65,33 @@ export type VerifyResult<T = undefined> = { ok: true; value: T } | { ok: false; 
 
 export function ok<T>(value: T): { ok: true; value: T } {
   return { ok: true, value };
+}
+
+/** What a thrown value says, whatever was thrown (null, a Symbol, an object whose getters throw). Never throws. */
+export function thrownMessage(e: unknown): string {
+  try {
+    const m = e !== null && typeof e === 'object' ? (e as { message?: unknown }).message : undefined;
+    return typeof m === 'string' ? m : String(e);
+  } catch {
+    return 'something unreadable was thrown';
+  }
+}
+
+/**
+ * Runs a check; anything it throws (only reachable through hostile values: getters, proxies, a
+ * missing argument) becomes a failure with `code`, so a verifier function answers, never throws.
+ */
+export function guarded<T>(code: VerifyErrorCode, what: string, check: () => VerifyResult<T>): VerifyResult<T> {
+  try {
+    return check();
+  } catch (e) {
+    return fail(code, `${what} could not be read: ${thrownMessage(e)}`);
+  }
+}
+
+/** Whether `v` is an options object (not null, an array or a string); options_invalid otherwise. */
+export function isOptions(v: unknown): v is Record<string, unknown> {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
 }
 
 export function fail(code: VerifyErrorCode, message: string, extra?: Omit<VerifyError, 'code' | 'message'>): { ok: false; error: VerifyError } {

@@ -5,7 +5,7 @@ import { fromHex, isHex, toHex } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import { readPayload } from './signed-payload.ts';
 import { sha256Hex } from './hash.ts';
-import { fail, ok, type VerifyResult } from './result.ts';
+import { guarded, fail, isOptions, ok, type VerifyResult } from './result.ts';
 import { TICKET_PAYLOAD_TYPE, validateTicketPayload, type TicketPayload } from './ticket.ts';
 
 export interface MarketplaceKey {
@@ -46,14 +46,23 @@ export function decodeMarketplaceKeys(keys: readonly MarketplaceKey[]): { keyid:
 }
 
 export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
-  try {
-    return verifyTicketUnsafe(envelope, opts);
-  } catch (e) {
-    return fail('envelope_malformed', `ticket could not be read: ${(e as Error).message}`);
-  }
+  return guarded('envelope_malformed', 'ticket', () => verifyTicketUnsafe(envelope, opts));
+}
+
+/** Why the options cannot be used, or undefined: a NaN or infinite clock would make every window pass. */
+function ticketOptionsProblem(opts: unknown): string | undefined {
+  if (!isOptions(opts)) return 'options must be an object { marketplaceKeys, provider?, now?, skewMs?, body? }';
+  if (!Array.isArray(opts.marketplaceKeys) || opts.marketplaceKeys.some((k) => !isOptions(k))) return 'marketplaceKeys must be an array of { publicKey, keyid? }';
+  if (opts.provider !== undefined && typeof opts.provider !== 'string') return 'provider must be a string';
+  if (opts.now !== undefined && !Number.isFinite(opts.now)) return 'now must be a finite number of ms since the epoch';
+  if (opts.skewMs !== undefined && !(Number.isFinite(opts.skewMs) && (opts.skewMs as number) >= 0)) return 'skewMs must be a finite number ≥ 0';
+  if (opts.body !== undefined && typeof opts.body !== 'string' && !(opts.body instanceof Uint8Array)) return 'body must be the body bytes or their SHA-256 hex';
+  return undefined;
 }
 
 function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
+  const problem = ticketOptionsProblem(opts);
+  if (problem) return fail('options_invalid', problem);
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
   const keys = decodeMarketplaceKeys(opts.marketplaceKeys);

@@ -436,7 +436,7 @@ describe('seller-node/verifier in a browser', () => {
     // The self-contained proof bundle, with and without a pinned provider.
     expect(out.proof).toEqual({ ok: true, index: PROVEN_INDEX, seq: provenSeq, checkpointSize: RECEIPTS, checkpointRoot: rootHashB64 });
     expect(out.proofPinned).toEqual({ ok: true });
-    expect(out.proofWrongProvider).toEqual({ ok: false, code: 'note_no_known_signature' }); // no signature by that provider's key
+    expect(out.proofWrongProvider).toEqual({ ok: false, code: 'provider_mismatch' }); // the bundle names another provider
     expect(out.tamperedBundles).toEqual({
       proofHashChanged: { ok: false, code: 'proof_root_mismatch' },
       wrongIndex: { ok: false, code: 'proof_root_mismatch' },

@@ -485,9 +485,9 @@ describe('verify', () => {
     expectFail(await runCli(['verify', f]), /^FAIL bundle: proof_root_mismatch: /m);
   });
 
-  it('a bundle pinned to another provider fails on its checkpoint: note_no_known_signature', async () => {
+  it('a bundle pinned to another provider is provider_mismatch, naming the provider it is from', async () => {
     const f = write('bundle-pin.txt', bundle);
-    expectFail(await runCli(['verify', f, '--provider', providerIdOf(randomSeed())]), /^FAIL bundle: note_no_known_signature: /m);
+    expectFail(await runCli(['verify', f, '--provider', providerIdOf(randomSeed())]), /^FAIL bundle: provider_mismatch: the bundle is from provider [0-9a-f]{64}, not /m);
   });
 
   it('a bundle whose checkpoint was edited is signature_invalid', async () => {

@@ -151,7 +151,7 @@ describe('the verifier answers, never throws, on what callers really pass', () =
     }
     const evil = { get payloadType(): string { throw new Error('boom'); }, payload: '', signatures: [{ sig: '' }] };
     expect(verifyPriceList(evil as never, { provider: b.providerId })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
-    expect(verifyPriceList('{}', undefined as never)).toMatchObject({ ok: false, error: { code: 'unknown_key' } });
+    expect(verifyPriceList('{}', undefined as never)).toMatchObject({ ok: false, error: { code: 'options_invalid' } });
     {
       // Options given as null: read as none (the provider from the checkpoint's origin).
       const { MerkleTree, leafHash } = await import('../attestation/merkle.ts');
@@ -161,7 +161,7 @@ describe('the verifier answers, never throws, on what callers really pass', () =
       const bundle = formatProofBundle({ index: 1, proof: tree.inclusionProof(1, b.lines.length), checkpointNote: makeCheckpoint(b.seed, b.origin, b.lines.length, tree.root(b.lines.length)), extra: new TextEncoder().encode(b.lines[1]!) });
       expect(verifyReceiptProof(bundle, null as never)).toMatchObject({ ok: true, value: { index: 1 } });
     }
-    expect(verifyLog(undefined as never)).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    expect(verifyLog(undefined as never)).toMatchObject({ ok: false, error: { code: 'options_invalid' } });
     expect(verifyLog({ provider: b.providerId, receipts: 5 as never })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
     const throwing = { *[Symbol.iterator]() { yield b.lines[0]!; throw new Error('disk gone'); } };
     expect(verifyLog({ provider: b.providerId, receipts: throwing })).toMatchObject({ ok: false, error: { code: 'envelope_malformed', message: expect.stringContaining('disk gone') } });
@@ -184,5 +184,52 @@ describe('verifyReceiptProof', () => {
     expect(verifyReceiptProof(proveAt(b.lines, 1), { provider: b.providerId }).ok).toBe(true);
     const spaced = b.lines.map((l, i) => (i === 1 ? l.replace('{', '{ ') : l));
     expect(verifyReceiptProof(proveAt(spaced, 1), { provider: b.providerId })).toMatchObject({ ok: false, error: { code: 'envelope_not_canonical' } });
+  });
+
+  test("a pin given wrongly is options_invalid, never quietly dropped (another provider's bundle would verify); a pinned bundle of another provider is provider_mismatch", async () => {
+    const { verifyReceiptProof } = await import('../attestation/receipt-proof.ts');
+    const { MerkleTree, leafHash } = await import('../attestation/merkle.ts');
+    const { formatProofBundle } = await import('../attestation/tlog-proof.ts');
+    const { makeCheckpoint } = await import('./helpers/tamper-log.ts');
+    const other: BuiltLog = await buildLog({ count: 2, checkpointEvery: 2 });
+    temps.push(other.root);
+    const tree = MerkleTree.fromLeafHashes(other.lines.map((l) => leafHash(l)));
+    const foreign = formatProofBundle({ index: 0, proof: tree.inclusionProof(0, 2), checkpointNote: makeCheckpoint(other.seed, other.origin, 2, tree.root(2)), extra: new TextEncoder().encode(other.lines[0]!) });
+    const mine = providerIdOf(randomSeed());
+    expect(verifyReceiptProof(foreign).ok).toBe(true); // (unpinned: the bundle's own provider)
+    for (const opts of [mine, { provder: mine }, { provider: undefined }, { provider: 7 }, [mine]]) {
+      const r = verifyReceiptProof(foreign, opts as never);
+      expect(r.ok ? 'ok' : r.error.code, JSON.stringify(opts) ?? String(opts)).toBe('options_invalid');
+    }
+    expect(verifyReceiptProof(foreign, { provider: mine })).toMatchObject({ ok: false, error: { code: 'provider_mismatch' } });
+    expect(verifyReceiptProof(foreign, { provider: other.providerId }).ok).toBe(true);
+  });
+});
+
+describe('the verifier functions answer hostile values, never throw', () => {
+  test('proxies and getters that throw (null, a Symbol message) in checkpoint, Merkle, Ed25519, receipt and log checks', async () => {
+    const { verifyCheckpoint } = await import('../attestation/checkpoint.ts');
+    const { verifyInclusion, verifyConsistency } = await import('../attestation/merkle.ts');
+    const { ed25519Verify } = await import('../attestation/ed25519.ts');
+    const { verifyReceipt } = await import('../attestation/receipt-verify.ts');
+    const { verifyLog } = await import('../attestation/log-verify.ts');
+    const throwing = (thrown: unknown) => new Proxy(new Uint8Array(32), { get: () => { throw thrown; } });
+    const hostile = [null, undefined, Symbol('s'), { message: Symbol('m') }, new Error('boom'), { get message(): string { throw new Error('again'); } }];
+    const h32 = new Uint8Array(32);
+    for (const thrown of hostile) {
+      const bad = throwing(thrown);
+      const getter = { get name(): string { throw thrown; }, publicKey: h32 };
+      const answers = [
+        verifyCheckpoint('origin\n1\nAA==\n\n— k sig\n', getter as never),
+        verifyInclusion(0, 2, bad, [h32], h32),
+        verifyInclusion(0, 2, h32, [bad], h32),
+        verifyConsistency(1, 2, [bad], h32, h32),
+        verifyReceipt({ get payload(): string { throw thrown; }, payloadType: 'x', signatures: [] } as never, { provider: 'ab'.repeat(32) }),
+        verifyLog({ provider: 'ab'.repeat(32), receipts: { [Symbol.iterator]() { throw thrown; } } as never }),
+      ];
+      for (const a of answers) expect(a.ok, String(typeof thrown === 'symbol' ? 'symbol' : thrown)).toBe(false);
+      expect(ed25519Verify(bad, h32, h32)).toBe(false);
+      expect(ed25519Verify(new Uint8Array(64), h32, bad)).toBe(false);
+    }
   });
 });

@@ -35,6 +35,21 @@ describe('verifyTicket', () => {
     expect(codeOf(signTicket(market, { ...p, expires_at: now - 29_000 }))).toBe('ok');
     expect(codeOf(signTicket(market, { ...p, expires_at: now - 1000 }), { skewMs: 0 })).toBe('ticket_expired');
   });
+  test('options that would make every window pass (a NaN or infinite clock or skew, a string skew) are options_invalid, never ok', () => {
+    const now = Date.now();
+    const expired = signTicket(market, ticketPayload(provider.id, { issued_at: now - 120_000, expires_at: now - 60_000 }));
+    const early = signTicket(market, ticketPayload(provider.id, { issued_at: now + 600_000, expires_at: now + 660_000 }));
+    for (const extra of [{ skewMs: NaN }, { skewMs: Infinity }, { skewMs: -1 }, { now: NaN }, { now: Infinity }, { skewMs: '900000' }, { now: String(now) }]) {
+      expect(codeOf(expired, extra), JSON.stringify(extra)).toBe('options_invalid');
+      expect(codeOf(early, extra), JSON.stringify(extra)).toBe('options_invalid');
+    }
+    const fresh = signTicket(market, ticketPayload(provider.id));
+    for (const opts of [undefined, null, 'keys', { marketplaceKeys: 'k' }, { marketplaceKeys: [null] }, { marketplaceKeys: keys, provider: 5 }, { marketplaceKeys: keys, body: null }]) {
+      const r = verifyTicket(fresh, opts as never);
+      expect(r.ok ? 'ok' : r.error.code, JSON.stringify(opts)).toBe('options_invalid');
+    }
+    expect(codeOf(fresh, { skewMs: 0, now })).toBe('ok');
+  });
   test('not yet valid', () => {
     const now = Date.now();
     expect(codeOf(signTicket(market, ticketPayload(provider.id, { issued_at: now + 60_000, expires_at: now + 120_000 })))).toBe('ticket_not_yet_valid');
