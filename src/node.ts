@@ -196,7 +196,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND);
     const suppressedRefusals = (n: number) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`);
     const refusalTicker = setInterval(() => refusalLines.tick(suppressedRefusals), 1000).unref(); // (a burst that ends is still said)
-    cleanup.push(['refusal lines', () => clearInterval(refusalTicker)]);
+    cleanup.push(['refusal lines', () => {
+      clearInterval(refusalTicker);
+      refusalLines.flush(suppressedRefusals); // (the count of the last second's unlogged lines is said too)
+    }]);
     // state.db refusing writes (disk full): paid requests get 503 and the node says it is not
     // accepting work for a while; the operator hears of it at once, then at most every 10 s.
     let stateFailuresUnsaid = 0;
@@ -236,7 +239,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         // ids, counts and codes only: never prompt or output text. A refusal (no receipt) takes a
         // place in the refusal lines' budget; a request with a receipt is always a line.
         if (!e.receipt && e.status >= 400 && !refusalLines.take(suppressedRefusals)) return;
-        logger.info({ endpoint: e.endpoint, model: e.model, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
+        logger.info({ endpoint: e.endpoint, model: e.model, request_id: e.requestId, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
       },
     });
     let host: Awaited<ReturnType<typeof createHost>>;
@@ -281,12 +284,16 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       host: opsHost,
       port: opsPort,
       metrics,
+      // Unhealthy once the receipt log has stopped: it stays stopped until a restart (README), so a
+      // liveness probe that restarts the node on a 503 is what brings paid work back.
+      health: () => (log.failure ? { ok: false, reason: 'the receipt log has stopped (a write failed): paid work is refused until the node is restarted' } : { ok: true }),
       ready: () => readiness(...standing()),
       status: () => ({
         provider_id: identity.providerId,
         peer_id: host.peerId.toString(),
         addresses: host.getMultiaddrs().map((a) => a.toString()),
         price_version: prices.payload.version,
+        accepting: workRefused(...standing()).length === 0,
         models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
         // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
         receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },

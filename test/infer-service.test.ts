@@ -898,3 +898,30 @@ describe('a chat template that refuses the messages (as Gemma\'s refuses a syste
     expect(strict.log.size).toBe(before + 1);
   });
 });
+
+describe('every request is observed once (metrics and the request line), also one whose buyer is gone before its answer', () => {
+  test('a buyer that leaves while queued: 503 request_abandoned with its request id, its ticket used, nothing billed', async () => {
+    const { Admission } = await import('../src/dispatch/admission.ts');
+    const events: import('../src/serve/infer-service.ts').InferEvent[] = [];
+    const busy: ServedModel = { ...model, admission: new Admission({ slots: 1, queue: 4 }) };
+    const svc = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), models: new Map([[busy.id, busy]]), priceVersion: 'p1', observe: (e) => events.push(e) });
+    const release = await busy.admission.acquire({}); // the one slot taken
+    const receiptsBefore = log.size;
+    const r = request('chat/completions', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+    const ac = new AbortController();
+    const gone: InferResponse = { head: async () => { throw new Error('stream reset'); }, data: async () => { throw new Error('stream reset'); }, trailer: async () => { throw new Error('stream reset'); } };
+    const handled = svc.handle({ ...r, signal: ac.signal }, gone).then(() => 'answered', (e: unknown) => (e as { code?: string }).code);
+    await new Promise((res) => setTimeout(res, 20));
+    ac.abort();
+    expect(await handled).toBe('request_abandoned');
+    release();
+    const requestId = (JSON.parse(Buffer.from(r.ticket.payload, 'base64').toString()) as { request_id: string }).request_id;
+    expect(events).toEqual([{ endpoint: 'chat/completions', model: 'tiny/llama', status: 503, code: 'request_abandoned', requestId }]);
+    expect(log.size).toBe(receiptsBefore); // nothing billed
+    // Its ticket was used: the same ticket again is refused.
+    const again = recorder();
+    await svc.handle(r, again.res);
+    expect(again.out.trailer?.error?.code).toBe('ticket_replayed');
+    expect(events.at(-1)).toMatchObject({ status: 409, code: 'ticket_replayed' });
+  });
+});

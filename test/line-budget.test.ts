@@ -36,4 +36,14 @@ describe('LineBudget', () => {
     budget.tick((n) => reports.push(n));
     expect(reports).toEqual([3]); // once
   });
+
+  test('flush() says what is held back at once, the second over or not (at stop), and only once', () => {
+    const t = 0;
+    const reports: number[] = [];
+    const budget = new LineBudget(1, () => t);
+    for (let i = 0; i < 4; i++) budget.take((n) => reports.push(n));
+    budget.flush((n) => reports.push(n));
+    budget.flush((n) => reports.push(n));
+    expect(reports).toEqual([3]);
+  });
 });

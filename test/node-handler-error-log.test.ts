@@ -99,7 +99,15 @@ describe('a request handler that throws on a running node', () => {
     const tok = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'tokenize' }, utf8(JSON.stringify({ model: 'tiny/llama', prompt: 'hello there' }))));
     expect(tok.head.status).toBe(200);
     expect(JSON.parse(Buffer.from(tok.body).toString('utf8'))).toMatchObject({ model: 'tiny/llama', count: expect.any(Number) });
-    expect((await fetch(`${node.opsUrl}/healthz`)).status).toBe(200);
+    // Its ops port answers too, and says it needs a restart (a liveness probe acts on the 503).
+    const health = await fetch(`${node.opsUrl}/healthz`);
+    expect([health.status, await health.json()]).toEqual([503, { status: 'unhealthy', reason: expect.stringContaining('restarted') }]);
+    const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { accepting: boolean };
+    expect(status.accepting).toBe(false);
+    // The request whose receipt could not be written is still a request line (with its request id), and counted.
+    const requestId = (JSON.parse(Buffer.from(ticket.payload, 'base64').toString()) as { request_id: string }).request_id;
+    expect(lines().find((l) => l.msg === 'request' && l.request_id === requestId)).toMatchObject({ endpoint: 'chat/completions', status: 200, code: 'log_failed' });
+    expect(await (await fetch(`${node.opsUrl}/metrics`)).text()).toMatch(/^seller_requests_total\{endpoint="chat\/completions",status="200"\} 1$/m);
     // A body the contract refuses: its request line names the model it asked for (a served one), not "".
     const badBody = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'wizard', content: SECRET }] }));
     const contract = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions' }, badBody));

@@ -172,6 +172,31 @@ describe('drain', () => {
       await srv.stop();
     }
   });
+  it('a request still being received (a HEAD, and its body never sent) does not hold the drain for its whole timeout: it is reset after a moment; a running handler is still waited for', async () => {
+    const release = deferred<void>();
+    const entered = deferred<void>();
+    const { proto, srv } = await serve(async (_req, res) => {
+      entered.resolve();
+      await release.promise;
+      await res.head({ status: 200 });
+      await res.trailer({ done: true });
+    });
+    try {
+      const stuck = await client.dialProtocol(addr, proto);
+      const ended = new Promise<string>((resolve) => stuck.addEventListener('close', () => resolve(stuck.status), { once: true }));
+      stuck.send(encodeHead({ endpoint: 'x', body_length: 100 })); // ... and nothing more, never closing
+      const running = request(client, addr, proto, {}).then(readResponse);
+      await entered.promise;
+      expect(srv.inFlight).toBe(2);
+      setTimeout(() => release.resolve(), 1500); // the handler finishes after the reader's moment
+      const drained = await Promise.race([srv.drain(60_000), new Promise<string>((r) => setTimeout(() => r('still waiting after 15 s'), 15_000))]);
+      expect(drained).toBe(true);
+      expect(await ended).toBe('reset');
+      expect((await running).trailer).toEqual({ done: true }); // not cancelled
+    } finally {
+      await srv.stop();
+    }
+  }, 30_000);
 });
 
 describe('request/response', () => {

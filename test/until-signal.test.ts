@@ -51,6 +51,18 @@ describe('untilSignal', () => {
     finish();
   });
 
+  test('a signal after the stop has finished (the process winding down) changes nothing: no exit 1', async () => {
+    const { host, out, exits } = fakeProcess();
+    const done = untilSignal('seller-node', 'stopping', async () => undefined, host);
+    host.signal('SIGTERM');
+    await done;
+    host.signal('SIGTERM');
+    host.signal('SIGINT');
+    expect(out).toEqual(['seller-node: SIGTERM: stopping\n']);
+    expect(exits).toEqual([]);
+    expect(host.exitCode).toBeUndefined();
+  });
+
   test('a stop that fails says why and sets exit code 1', async () => {
     const { host, out, exits } = fakeProcess();
     const done = untilSignal('seller-node', 'flushing receipts', () => Promise.reject(new Error('disk full')), host);

@@ -1,6 +1,7 @@
 // Long-running commands (start, market, gateway) run until SIGTERM, SIGINT or SIGHUP (the terminal
 // or ssh session it ran in closed), then stop gracefully: in-flight requests finish, receipts flush.
-// A second signal while stopping exits at once with code 1; a failed stop sets exit code 1.
+// A second signal while stopping exits at once with code 1; a failed stop sets exit code 1. A signal
+// once the stop has finished (the process is only winding down) changes nothing.
 
 /** The parts of `process` this uses (tests pass a fake). */
 export interface SignalHost {
@@ -17,7 +18,9 @@ export interface SignalHost {
 export function untilSignal(name: string, doing: string, stop: () => Promise<void>, host: SignalHost = process): Promise<void> {
   return new Promise<void>((resolve) => {
     let stopping = false;
+    let stopped = false;
     const onSignal = (sig: string): void => {
+      if (stopped) return;
       if (stopping) {
         host.stderr.write(`${name}: ${sig} again: exiting now\n`);
         host.exit(1);
@@ -25,11 +28,18 @@ export function untilSignal(name: string, doing: string, stop: () => Promise<voi
       }
       stopping = true;
       host.stderr.write(`${name}: ${sig}: ${doing}\n`);
-      stop().then(resolve, (e: Error) => {
-        host.stderr.write(`${name}: stop failed: ${e.message}\n`);
-        host.exitCode = 1;
-        resolve();
-      });
+      stop().then(
+        () => {
+          stopped = true;
+          resolve();
+        },
+        (e: Error) => {
+          stopped = true;
+          host.stderr.write(`${name}: stop failed: ${e.message}\n`);
+          host.exitCode = 1;
+          resolve();
+        },
+      );
     };
     host.on('SIGTERM', onSignal);
     host.on('SIGINT', onSignal);

@@ -38,4 +38,10 @@ export class LineBudget {
     this.used = 0;
     this.dropped = 0;
   }
+
+  /** Reports what is held back now, the second over or not (at stop: no count is lost). */
+  flush(report: (dropped: number) => void): void {
+    if (this.dropped > 0) report(this.dropped);
+    this.dropped = 0;
+  }
 }

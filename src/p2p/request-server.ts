@@ -120,7 +120,8 @@ export interface RequestServer {
   readonly inFlight: number;
   /**
    * Resolves true once no request is in flight (new ones included while waiting), false if some
-   * still are after timeoutMs. Admits and cancels nothing: the caller stops admission first.
+   * still are after timeoutMs. Admits nothing (the caller stops admission first) and cancels no
+   * request whose handler runs; one still being received after DRAIN_READ_GRACE_MS is reset.
    */
   drain(timeoutMs: number): Promise<boolean>;
   /** Unregisters the protocol, cancels running requests, waits (bounded) for their handlers. */
@@ -212,7 +213,16 @@ function remoteDone(stream: Stream, ms: number): Promise<boolean> {
 interface Exchange {
   stream: Stream;
   done: Promise<void>;
+  /** The request has arrived whole and its handler runs (until then it is being received). */
+  handling: boolean;
 }
+
+/**
+ * How long drain() lets requests still being received arrive whole before it resets them: a real
+ * one is already on its way; a peer that sends a HEAD and never the rest must not hold a stop for
+ * the whole grace period.
+ */
+const DRAIN_READ_GRACE_MS = 1000;
 
 /** Registers `handler` for `protocol` on the host. */
 export async function handleRequests(
@@ -239,7 +249,7 @@ export async function handleRequests(
     }
   };
 
-  async function serve(stream: Stream, connection: Connection): Promise<void> {
+  async function serve(stream: Stream, connection: Connection, exchange: Exchange): Promise<void> {
     const remotePeer = connection.remotePeer.toString();
     const ac = new AbortController();
     const res = new StreamResponseWriter(stream, ac.signal, limits, opts.dataFrameBytes, writeStallMs);
@@ -278,6 +288,7 @@ export async function handleRequests(
       // is held (libp2p would buffer what nobody reads up to the stream's read buffer).
       reader.discard({ maxBytes: AFTER_BODY_BYTES, onOver: () => stream.abort(new StreamError('aborted', 'the client kept sending past its body')) });
       if (ac.signal.aborted) return;
+      exchange.handling = true;
       const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
       try {
         await handler(req, res);
@@ -306,9 +317,9 @@ export async function handleRequests(
       stream.abort(new StreamError('aborted', 'the server is stopping'));
       return;
     }
-    const exchange: Exchange = { stream, done: Promise.resolve() };
+    const exchange: Exchange = { stream, done: Promise.resolve(), handling: false };
     exchanges.add(exchange);
-    exchange.done = serve(stream, connection)
+    exchange.done = serve(stream, connection, exchange)
       .catch((e: unknown) => report(e, connection.remotePeer.toString()))
       .finally(() => exchanges.delete(exchange));
   };
@@ -321,11 +332,19 @@ export async function handleRequests(
       return exchanges.size;
     },
     async drain(timeoutMs: number) {
-      const deadline = Date.now() + timeoutMs;
+      const start = Date.now();
+      const deadline = start + timeoutMs;
+      const readDeadline = start + Math.min(timeoutMs, DRAIN_READ_GRACE_MS);
       while (exchanges.size > 0) {
-        const left = deadline - Date.now();
+        const now = Date.now();
+        const left = deadline - now;
         if (left <= 0) return false;
-        await settledWithin(Promise.allSettled([...exchanges].map((x) => x.done)), left);
+        const receiving = [...exchanges].filter((x) => !x.handling);
+        if (receiving.length > 0 && now >= readDeadline) {
+          for (const x of receiving) x.stream.abort(new StreamError('aborted', 'the server is stopping and the request had not arrived whole'));
+        }
+        const wait = receiving.length > 0 && now < readDeadline ? readDeadline - now : left;
+        await settledWithin(Promise.allSettled([...exchanges].map((x) => x.done)), wait);
       }
       return true;
     },

@@ -59,8 +59,10 @@ export interface InferEvent {
   endpoint: string;
   model: string;
   status: number;
-  /** The error code of a refusal. */
+  /** The error code of a refusal (or of a request that ended otherwise: a buyer gone before the answer). */
   code?: string;
+  /** The ticket's request id, once a ticket was accepted. */
+  requestId?: string;
   receipt?: { status: ReceiptStatus; inputTokens: number; outputTokens: number; costMicroUsd: bigint; firstTokenMs: number | null; durationMs: number };
 }
 
@@ -104,6 +106,12 @@ const FREE_MAX_WAIT_MS = 2000;
 /** Free requests that may wait for their turn. */
 export const FREE_QUEUE = 64;
 
+/** What handle() learns of a request as it goes, for its metrics and log line. */
+interface RequestContext {
+  model?: string;
+  requestId?: string;
+}
+
 export class InferService {
   private readonly o: InferServiceOptions;
   private readonly now: () => number;
@@ -119,34 +127,48 @@ export class InferService {
   }
 
   async handle(req: InferRequest, res: InferResponse): Promise<void> {
-    const ctx: { model?: string } = {};
+    const ctx: RequestContext = {};
     let status = 0;
     let code: string | undefined;
     let receipt: InferEvent['receipt'];
     const started = this.now();
-    await this.handleRequest(req, {
-      head: (h) => ((status = h.status), res.head(h)),
-      data: (b, o) => res.data(b, o),
-      trailer: (t) => {
-        const e = t.error as { code?: string } | undefined;
-        code = e?.code;
-        const r = (t as { [SUMMARY]?: Omit<NonNullable<InferEvent['receipt']>, 'durationMs'> })[SUMMARY];
-        if (r) receipt = { ...r, durationMs: this.now() - started };
-        return res.trailer(t); // the summary's symbol key never reaches JSON
-      },
-    }, ctx);
+    try {
+      await this.handleRequest(req, {
+        head: (h) => ((status = h.status), res.head(h)),
+        data: (b, o) => res.data(b, o),
+        trailer: (t) => {
+          const e = t.error as { code?: string } | undefined;
+          code = e?.code;
+          // (the receipt is durable before its trailer is written: one whose buyer has gone still counts)
+          const r = (t as { [SUMMARY]?: Omit<NonNullable<InferEvent['receipt']>, 'durationMs'> })[SUMMARY];
+          if (r) receipt = { ...r, durationMs: this.now() - started };
+          return res.trailer(t); // the summary's symbol key never reaches JSON
+        },
+      }, ctx);
+    } catch (e) {
+      // Still counted and logged: a buyer gone before its answer (a refusal that could not be
+      // written: one that left while queued), or a handler that failed (the server answers 500).
+      const c = (e as { code?: unknown } | null)?.code;
+      if (status === 0 || code === undefined) ({ status, code } = status === 0 ? { status: 500, code: 'internal_error' } : { status, code: typeof c === 'string' && /^[a-z_]{1,40}$/.test(c) ? c : 'stream_closed' });
+      throw e;
+    } finally {
+      this.observe(req, ctx, status, code, receipt);
+    }
+  }
+
+  private observe(req: InferRequest, ctx: RequestContext, status: number, code: string | undefined, receipt: InferEvent['receipt']): void {
     if (!this.o.observe) return;
     // Metrics label values: only endpoints this node serves (a peer without a ticket picks the
     // head's string, and each distinct label value would be a series kept for good).
     const endpoint = TEXT_ENDPOINTS.includes(req.head.endpoint as TextEndpoint) ? (req.head.endpoint as string) : 'invalid';
     try {
-      this.o.observe({ endpoint, model: ctx.model ?? '', status, ...(code ? { code } : {}), ...(receipt ? { receipt } : {}) });
+      this.o.observe({ endpoint, model: ctx.model ?? '', status, ...(code ? { code } : {}), ...(ctx.requestId ? { requestId: ctx.requestId } : {}), ...(receipt ? { receipt } : {}) });
     } catch {
       // observers must not break serving
     }
   }
 
-  private async handleRequest(req: InferRequest, res: InferResponse, ctx: { model?: string }): Promise<void> {
+  private async handleRequest(req: InferRequest, res: InferResponse, ctx: RequestContext): Promise<void> {
     let parsed: ParsedRequest;
     let model: ServedModel;
     let vouched: TicketPayload | undefined; // a large body's ticket, verified before its parse
@@ -184,7 +206,7 @@ export class InferService {
     const key = req.head.idempotency_key;
     if (key === undefined || !this.o.idempotency) {
       if (this.o.log.failure) return this.refuse(res, logStopped());
-      return this.serve(p, model, req, res, undefined, vouched);
+      return this.serve(p, model, req, res, ctx, undefined, vouched);
     }
     // An idempotent request: a retry is answered from the record, never run or billed twice.
     let account: string;
@@ -195,6 +217,7 @@ export class InferService {
       const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
+      ctx.requestId = checked.ticket.request_id;
       account = checked.ticket.account;
       // The endpoint is part of the request: the same body sent to another endpoint under the key is
       // another request. The ticket check has just matched the body to the ticket's body_sha256.
@@ -240,7 +263,7 @@ export class InferService {
       }
     });
     try {
-      await this.serve(p, model, req, recording, checkedTicket);
+      await this.serve(p, model, req, recording, ctx, checkedTicket);
     } finally {
       this.o.idempotency.finish(account, key, undefined); // (the running mark, if no record took it)
     }
@@ -270,7 +293,7 @@ export class InferService {
    * `checked`: the ticket, when the caller has already checked it (then only its use is recorded);
    * `vouched`: the ticket vouch() verified for a large body (its signature and body hash not checked again).
    */
-  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, checked?: TicketPayload, vouched?: TicketPayload): Promise<void> {
+  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, ctx: RequestContext, checked?: TicketPayload, vouched?: TicketPayload): Promise<void> {
     let ticket: TicketPayload;
     try {
       const t = req.head.ticket;
@@ -279,6 +302,7 @@ export class InferService {
       if (!admitted.ok) throw new Refusal(admitted.status, admitted.code, admitted.message);
       this.o.state?.ok(); // (the used-ticket write went through)
       ticket = admitted.ticket;
+      ctx.requestId = ticket.request_id;
     } catch (e) {
       return this.refuse(res, e);
     }
@@ -288,8 +312,13 @@ export class InferService {
 
   private async refuse(res: InferResponse, e: unknown): Promise<void> {
     const r = e instanceof Refusal ? e : e instanceof UnsupportedInputError ? new Refusal(400, e.code, e.message) : this.failedBeforeWork(e);
-    await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
-    await res.trailer({ ...r.body() });
+    try {
+      await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
+      await res.trailer({ ...r.body() });
+    } catch (err) {
+      // The buyer has gone (one that left while queued: request_abandoned): the refusal still counts.
+      throw Object.assign(new Error('the refusal could not be written: the buyer has gone', { cause: err }), { code: r.code });
+    }
   }
 
   /**
