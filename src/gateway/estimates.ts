@@ -10,6 +10,8 @@ import { sha256Hex } from '../../attestation/hash.ts';
 import type { RoutingControls } from './routing-headers.ts';
 
 const ESTIMATE_TTL_MS = 10 * 60_000;
+/** The most live estimates kept: beyond it the oldest is forgotten (a request citing it gets 400, as for an expired one). */
+export const MAX_ESTIMATES = 50_000;
 
 /** The marketplace API's endpoint names for estimates, and the paths this gateway serves them at. */
 export const ESTIMATE_ENDPOINTS: Record<string, string> = {
@@ -52,11 +54,14 @@ export function routingKey(c: RoutingControls): string {
 }
 
 export class EstimateStore {
+  /** In the order they were made, which is also the order they expire in (one TTL for all). */
   private readonly byId = new Map<string, Estimate>();
   private readonly now: () => number;
+  private readonly max: number;
 
-  constructor(now: () => number = Date.now) {
+  constructor(now: () => number = Date.now, max = MAX_ESTIMATES) {
     this.now = now;
+    this.max = max;
   }
 
   add(e: Omit<Estimate, 'estimateId' | 'expiresAt'>): Estimate {
@@ -76,8 +81,12 @@ export class EstimateStore {
     return e;
   }
 
+  /** Drops the expired ones, oldest first, stopping at the first live one (no scan of them all), and the oldest beyond `max`. */
   private prune(): void {
     const now = this.now();
-    for (const [id, e] of this.byId) if (e.expiresAt <= now) this.byId.delete(id);
+    for (const [id, e] of this.byId) {
+      if (e.expiresAt > now && this.byId.size < this.max) break;
+      this.byId.delete(id);
+    }
   }
 }
