@@ -16,7 +16,7 @@ import { loadKeyFile } from './identity.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
 import { LineBudget } from './ops/line-budget.ts';
 import { createMetrics } from './ops/metrics.ts';
-import { createOpsServer } from './ops/server.ts';
+import { createOpsServer, type HealthResult, type ReadyResult } from './ops/server.ts';
 import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
@@ -174,6 +174,28 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       throw dataDirError(path.join(config.data_dir, 'state.db'), e);
     }
     cleanup.push(['state database', () => void db.close()]);
+    const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
+    // The ops server answers from the start: while the models load (minutes for a real one) /healthz
+    // is ok and /readyz says what is loading, so a liveness probe does not kill a node still loading.
+    const serving: { health?: () => HealthResult; ready?: () => ReadyResult; status?: () => Record<string, unknown> } = {};
+    const { host: opsHost, port: opsPort } = opsHostPort(config); // (checked by parseConfig)
+    const ops = createOpsServer({
+      host: opsHost,
+      port: opsPort,
+      metrics,
+      health: () => serving.health?.() ?? { ok: true },
+      ready: () => serving.ready?.() ?? { ready: false, reasons: [`loading models: ${models.size} of ${config.models.length} ready`] },
+      status: () =>
+        serving.status?.() ?? { provider_id: identity.providerId, loading: true, models_ready: [...models.keys()], models: config.models.map((m) => m.id), uptime_s: Math.round(process.uptime()) },
+    });
+    let opsAddr: Awaited<ReturnType<typeof ops.listen>>;
+    try {
+      opsAddr = await ops.listen();
+    } catch (e) {
+      const code = (e as { code?: unknown }).code;
+      throw new NodeStartError(`ops.http: ${code === 'EADDRINUSE' ? `${config.ops.http} is already in use (pick another host:port in ops.http)` : (e as Error).message}`, { cause: e });
+    }
+    cleanup.push(['ops HTTP', () => ops.close()]);
     for (const m of config.models) {
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
       try {
@@ -216,7 +238,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         stateFailuresUnsaid = 0;
       },
     });
-    const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     const service = new InferService({
       log,
       gate,
@@ -279,37 +300,22 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
     cleanup.push(['capacity protocol', () => capacity.stop()]);
-    const { host: opsHost, port: opsPort } = opsHostPort(config); // (checked by parseConfig)
-    const ops = createOpsServer({
-      host: opsHost,
-      port: opsPort,
-      metrics,
-      // Unhealthy once the receipt log has stopped: it stays stopped until a restart (README), so a
-      // liveness probe that restarts the node on a 503 is what brings paid work back.
-      health: () => (log.failure ? { ok: false, reason: 'the receipt log has stopped (a write failed): paid work is refused until the node is restarted' } : { ok: true }),
-      ready: () => readiness(...standing()),
-      status: () => ({
-        provider_id: identity.providerId,
-        peer_id: host.peerId.toString(),
-        addresses: host.getMultiaddrs().map((a) => a.toString()),
-        price_version: prices.payload.version,
-        accepting: workRefused(...standing()).length === 0,
-        models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
-        // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
-        receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },
-        in_flight: infer.inFlight,
-        uptime_s: Math.round(process.uptime()),
-        marketplace: registration?.status() ?? null,
-      }),
+    // The ops server has been answering since before the models loaded: from now on, for the serving node.
+    serving.health = () => (log.failure ? { ok: false, reason: 'the receipt log has stopped (a write failed): paid work is refused until the node is restarted' } : { ok: true });
+    serving.ready = () => readiness(...standing());
+    serving.status = () => ({
+      provider_id: identity.providerId,
+      peer_id: host.peerId.toString(),
+      addresses: host.getMultiaddrs().map((a) => a.toString()),
+      price_version: prices.payload.version,
+      accepting: workRefused(...standing()).length === 0,
+      models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
+      // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
+      receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },
+      in_flight: infer.inFlight,
+      uptime_s: Math.round(process.uptime()),
+      marketplace: registration?.status() ?? null,
     });
-    let opsAddr: Awaited<ReturnType<typeof ops.listen>>;
-    try {
-      opsAddr = await ops.listen();
-    } catch (e) {
-      const code = (e as { code?: unknown }).code;
-      throw new NodeStartError(`ops.http: ${code === 'EADDRINUSE' ? `${config.ops.http} is already in use (pick another host:port in ops.http)` : (e as Error).message}`, { cause: e });
-    }
-    cleanup.push(['ops HTTP', () => ops.close()]);
     const addresses = host.getMultiaddrs().map((a) => a.toString());
     if (config.marketplace.url) {
       registration = startRegistration({

@@ -6,7 +6,8 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, test, vi } from 'vitest';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -223,6 +224,11 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
       expect(e).toBeInstanceOf(NodeStartError);
       expect(e!.message).toBe(`ops.http: 127.0.0.1:${busy.port} is already in use (pick another host:port in ops.http)`);
       lockDataDir(path.join(h, 'data')).release();
+      // ... before any model loads (the ops server answers from the start, while models load):
+      // with a model file that cannot load, the port is still what is named.
+      fs.truncateSync(path.join(h, 'tiny.gguf'), 1000);
+      const early = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+      expect(early!.message).toBe(`ops.http: 127.0.0.1:${busy.port} is already in use (pick another host:port in ops.http)`);
     } finally {
       await busy.close();
     }
@@ -248,6 +254,41 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
       for (const f of ['state.db', 'state.db-wal', 'receipts.db', 'receipts.db-wal']) expect((fs.statSync(path.join(h, 'made', 'data', f)).mode & 0o777).toString(8), f).toBe('600');
     } finally {
       await node.stop(1000);
+    }
+  });
+
+  test('while its models load, the ops server already answers: /healthz ok, /readyz 503 saying what loads, /status loading', async () => {
+    const free = await busyPort();
+    await free.close(); // (a port that was free a moment ago)
+    const { config } = goodHome('ops-loading', { ops: `127.0.0.1:${free.port}` });
+    let go!: () => void;
+    const held = new Promise<void>((r) => (go = r));
+    const start = LlamaEmbeddedAdapter.prototype.start;
+    vi.spyOn(LlamaEmbeddedAdapter.prototype, 'start').mockImplementation(async function (this: LlamaEmbeddedAdapter) {
+      await held; // a model that takes its time to load
+      return start.call(this);
+    });
+    const starting = startNode(config);
+    try {
+      const ops = `http://127.0.0.1:${free.port}`;
+      let ready: Response | undefined;
+      for (let i = 0; i < 200 && !ready; i++) ready = await fetch(`${ops}/readyz`).catch(() => new Promise<undefined>((r) => setTimeout(() => r(undefined), 25)));
+      expect([ready!.status, await ready!.json()]).toEqual([503, { ready: false, reasons: ['loading models: 0 of 1 ready'] }]);
+      expect((await fetch(`${ops}/healthz`)).status).toBe(200);
+      expect(await (await fetch(`${ops}/status`)).json()).toMatchObject({ loading: true, models_ready: [], models: ['tiny/llama'] });
+      go();
+      const node = await starting;
+      try {
+        const after = (await (await fetch(`${ops}/readyz`)).json()) as { reasons: string[] };
+        expect(after.reasons.some((r) => r.startsWith('loading'))).toBe(false);
+        expect(await (await fetch(`${ops}/status`)).json()).toMatchObject({ accepting: true, models: [{ id: 'tiny/llama' }] });
+      } finally {
+        await node.stop(1000);
+      }
+    } finally {
+      go();
+      vi.restoreAllMocks();
+      await starting.then((n) => n.stop(1000)).catch(() => undefined);
     }
   });
 
