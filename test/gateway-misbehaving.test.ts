@@ -1009,6 +1009,11 @@ describe('a market whose ticket is not what was asked for: 502 bad_market_respon
     ['malformed (no envelope)', (g) => ({ ...g, ticket: 'not an envelope' }), /ticket is malformed/],
     ['with rates that are not micro-USD decimals', (g) => ({ ...g, rates: { input_per_mtok: '1.5', output_per_mtok: '600000' } }), /ticket rates is malformed/],
     ['with per-unit rates that are not micro-USD decimals', (g) => ({ ...g, rates: { ...g.rates, per_unit: { image: -1 } } }), /ticket rates is malformed/],
+    // The node enforces only the routing in the ticket: one that drops or weakens the buyer's controls would have them served past them.
+    ['without the price ceiling the buyer asked for', resigned((t) => ({ ...t, routing: {} })), /does not carry the routing asked for \(max_input_price_micro_usd_per_mtok: asked "100000000", the ticket has none\)/, { 'x-service-max-input-price-per-million-usd': '100' }],
+    ['with the price ceiling raised', resigned((t) => ({ ...t, routing: { ...t.routing, max_output_price_micro_usd_per_mtok: '900000000' } })), /max_output_price_micro_usd_per_mtok: asked "100000000", the ticket has "900000000"/, { 'x-service-max-output-price-per-million-usd': '100' }],
+    ['without the attestation tier asked for', resigned((t) => ({ ...t, routing: {} })), /min_attestation_tier: asked "T1", the ticket has none/, { 'x-service-min-att-tier': '1' }],
+    ['with another quantization than asked (compared as its bucket)', resigned((t) => ({ ...t, routing: { ...t.routing, quantization: 'q4-k-m' } })), /quantization: asked "f32", the ticket has "q4-k-m"/, { 'x-service-quant': 'F32' }],
   ];
   test.each(cases)('%s', async (name, rewrite, message, headers) => {
     proxy.ticket = rewrite;
@@ -1175,6 +1180,29 @@ describe('settlement: POST /v1/receipts failing is retried, refused is not, and 
     expect(rec.settled).toBe(false);
     expect(rec.settlement_error).toEqual({ code: 'receipt_ticket_mismatch', message: 'scripted refusal' });
     expect(await marketHas(id)).toBe(false);
+  });
+
+  test('a 429 (rate limited) or 408 with the market\'s envelope is not a refusal: tried again, and settled once the market takes it', async () => {
+    for (const status of [429, 408]) {
+      proxy.reset();
+      const { id, rec } = await run((n) => (n <= 3 ? { status, body: { error: { code: 'rate_limited', message: 'wait' } } } : 'forward'));
+      expect(proxy.receiptPosts, String(status)).toBe(3); // the request's own three tries
+      expect(rec.settled).toBe(false);
+      expect(rec.settlement_error?.code).toBe('rate_limited');
+      // Still watched (a 4xx refusal would have dropped it): the reconciler posts it again later.
+      expect(gw.records.hasJob(id), String(status)).toBe(true);
+    }
+  });
+
+  test('an acknowledgement for another request or another cost is not a settlement: recorded settlement_mismatch', async () => {
+    for (const ack of [{ ok: true, request_id: 'req-someone-else' }, { ok: true, cost_micro_usd: '999999999' }]) {
+      const { rec } = await run(() => ({ status: 200, body: ack }));
+      expect(rec.settled, JSON.stringify(ack)).toBe(false);
+      expect(rec.settlement_error).toMatchObject({ code: 'settlement_mismatch', message: expect.stringMatching(/^the marketplace acknowledged (request req-someone-else|a cost of 999999999 micro-USD), not this receipt's/) });
+    }
+    // An acknowledgement that names this receipt's request and cost settles it.
+    const { rec } = await run(() => 'forward');
+    expect(rec.settled).toBe(true);
   });
 
   test('200 without ok: true: not retried, recorded settlement_refused', async () => {

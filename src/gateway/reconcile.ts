@@ -18,7 +18,7 @@ import type { Settlements } from './settlement.ts';
 const BACKOFF = [1, 2, 4, 10, 20, 60, 120, 240, 480, 960, 1440];
 
 /** Settlement errors that another try cannot change: the marketplace refused the receipt itself. */
-const FINAL_SETTLEMENT = new Set(['settlement_refused']);
+const FINAL_SETTLEMENT = new Set(['settlement_refused', 'settlement_mismatch']);
 
 /** Jobs that ask a node or the market at once. */
 const CONCURRENCY = 8;

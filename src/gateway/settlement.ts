@@ -123,15 +123,24 @@ export class Settlements {
       }
       try {
         const ack = await market.postReceipt(r.line);
-        outcome = ack.ok ? { ok: true } : { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' };
+        // Settled means the market booked this receipt as signed: an acknowledgement for another
+        // request or another cost is not that (and is said, not recorded as settled).
+        const other = ack.request_id !== undefined && ack.request_id !== r.payload.request_id ? `request ${ack.request_id.slice(0, 100)}` : ack.cost_micro_usd !== undefined && ack.cost_micro_usd !== r.payload.cost_micro_usd ? `a cost of ${ack.cost_micro_usd.slice(0, 40)} micro-USD` : undefined;
+        outcome = !ack.ok
+          ? { ok: false, code: 'settlement_refused', message: 'the marketplace did not accept the receipt' }
+          : other !== undefined
+            ? { ok: false, code: 'settlement_mismatch', message: `the marketplace acknowledged ${other}, not this receipt's (${r.payload.request_id}, ${r.payload.cost_micro_usd} micro-USD)` }
+            : { ok: true };
         final = true;
         break;
       } catch (e) {
         const g = e instanceof GatewayError ? e : new GatewayError(502, 'market_unreachable', String(e));
         outcome = { ok: false, code: g.code, message: g.message };
-        if (g.status < 500) {
+        // The market refused it: retrying will not change that. Not a 408 or 429 (a timeout, a rate
+        // limit: wait and try again), which the reconciler posts again later.
+        if (g.status < 500 && g.status !== 408 && g.status !== 429) {
           final = true;
-          break; // the market refused it: retrying will not change that
+          break;
         }
         if (attempt < SETTLE_ATTEMPTS - 1) await this.pause(200 * (attempt + 1)); // cut short by stop(): see the top of the loop
       }

@@ -3,9 +3,9 @@
 // under an Idempotency-Key goes back to the provider that answered it, a hedge goes elsewhere.
 import type { Multiaddr } from '@multiformats/multiaddr';
 import type { WireRates } from '../../attestation/receipt.ts';
-import type { TicketPayload } from '../../attestation/ticket.ts';
+import type { TicketPayload, TicketRouting } from '../../attestation/ticket.ts';
 import { verifyTicket } from '../../attestation/ticket-verify.ts';
-import { worstCaseCost } from '../dispatch/routing.ts';
+import { quantizationBucket, worstCaseCost } from '../dispatch/routing.ts';
 import type { PaidEndpoint } from '../serve/contract.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError } from './errors.ts';
@@ -114,6 +114,12 @@ export class Ticketing {
     // The market issues the ticket under the request id it was given (docs/market-api.md): one for
     // any other id is another request's, and taking it would put this request's record over that one.
     if (t.endpoint !== endpoint || t.model !== model || t.request_id !== requestId || grant.request_id !== requestId) throw new GatewayError(502, 'bad_market_response', 'the ticket is for another request');
+    // The node enforces the routing the ticket carries, and only that: a ticket that left out (or
+    // changed) a control the buyer asked for would have them served above a price ceiling, below a
+    // tier, on another quantization. The market passes the routing in as given (the quantization
+    // as its bucket).
+    const lost = routingLost(controls.routing, t.routing ?? {});
+    if (lost !== undefined) throw new GatewayError(502, 'bad_market_response', `the marketplace's ticket does not carry the routing asked for (${lost})`);
     if (hold !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(hold)) {
       throw new GatewayError(502, 'bad_market_response', `the ticket holds ${t.max_cost_micro_usd} micro-USD, above X-Service-Max-Cost-Usd`);
     }
@@ -187,3 +193,13 @@ export function embeddingsHold(listing: readonly ProviderEntry[], model: string,
 }
 
 export const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;
+
+/** The first routing control asked for that the ticket does not carry as asked (quantization as its bucket), or undefined. */
+export function routingLost(asked: TicketRouting, carried: TicketRouting): string | undefined {
+  for (const [k, v] of Object.entries(asked) as [keyof TicketRouting, unknown][]) {
+    if (v === undefined) continue;
+    const want = k === 'quantization' && typeof v === 'string' ? quantizationBucket(v) : v;
+    if (carried[k] !== want) return `${k}: asked ${JSON.stringify(want)}, the ticket has ${carried[k] === undefined ? 'none' : JSON.stringify(carried[k])}`;
+  }
+  return undefined;
+}
