@@ -54,7 +54,7 @@ function providerKey(p: string | Uint8Array): ProviderKey | undefined {
 }
 
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
-  if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider, chain? }');
+  if (!isOptions(opts) || Object.keys(opts).some((k) => k !== 'provider' && k !== 'chain')) return fail('options_invalid', 'options must be an object { provider, chain? }');
   const pk = providerKey(opts.provider);
   if (!pk) return fail('unknown_key', 'provider must be 64 lowercase hex characters or a 32-byte key');
   // A log line in the canonical one-signature shape is read without JSON.parse (see parseEnvelopeLine).

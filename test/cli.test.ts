@@ -174,7 +174,7 @@ describe.concurrent('usage errors', () => {
 
   it('gateway --records in a folder that does not exist: a clean error naming the file', async () => {
     const file = path.join(tmp, 'no-such-folder', 'records.db');
-    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder/, 1);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder.*: its folder .*no-such-folder does not exist\n/, 1);
   });
 });
 

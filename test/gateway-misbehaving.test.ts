@@ -1030,6 +1030,23 @@ describe('a market whose ticket is not what was asked for: 502 bad_market_respon
     expect(scripted.log.size).toBe(loggedBefore);
   });
 
+  test("a gateway with --account refuses a ticket the market issued under another account (Idempotency-Keys are kept per account): 502, nobody dialled", async () => {
+    const g = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, account: 'buyer-x' });
+    try {
+      proxy.ticket = resigned((t) => ({ ...t, account: 'dev' }));
+      const before = await snapshot();
+      const res = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body: chatBody('another account') });
+      await expectError(res, 502, 'bad_market_response', /the marketplace's ticket is for account "dev", not "buyer-x"/);
+      expect(scripted.requests).toBe(before.requests);
+      proxy.ticket = undefined; // the market's own ticket, under buyer-x: served
+      const ok = await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toNode() }, body: chatBody('own account') });
+      expect(ok.status).toBe(200);
+      await ok.arrayBuffer();
+    } finally {
+      await g.close(1000);
+    }
+  });
+
   test('a valid ticket for a provider outside X-Service-Prefer-Providers is never used: 503 no_provider, nobody dialled, nothing recorded or charged', async () => {
     // The market's own key signs a ticket for the scripted node while the buyer named only the real one.
     proxy.ticket = (g) => ({ ...resigned((t) => ({ ...t, provider: scripted.providerId }))(g), provider: scripted.providerId, peer_id: scripted.host.peerId.toString() });

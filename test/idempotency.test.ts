@@ -68,6 +68,22 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
       for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) expect((fs.statSync(path.join(dir, f)).mode & 0o777).toString(8), f).toBe('600');
       expect(s.forgetOlderThan()).toBe(1);
       expect(holding()).toEqual([]);
+      // A reader in the way (a backup tool holding a read transaction): pruning does not wait for
+      // it (the busy timeout is 5 s), and the next pruning, with nothing new to forget, truncates.
+      s.begin('acct', 'k2', 'h2', 'req-2', t0);
+      s.finish('acct', 'k2', { ...response, body: new TextEncoder().encode(`{"content":"${text}"}`) }, t0);
+      const reader = new Database(file, { readonly: true });
+      reader.exec('BEGIN');
+      reader.prepare('SELECT count(*) FROM idempotency').get();
+      const t = performance.now();
+      expect(s.forgetOlderThan()).toBe(1);
+      expect(performance.now() - t).toBeLessThan(4000);
+      expect(db.pragma('busy_timeout', { simple: true })).toBe(5000); // (put back)
+      expect(holding()).toContain('state.db-wal'); // (the reader kept the truncation from running)
+      reader.exec('COMMIT');
+      reader.close();
+      expect(s.forgetOlderThan()).toBe(0);
+      expect(holding()).toEqual([]);
       db.close();
       expect(holding()).toEqual([]);
     } finally {

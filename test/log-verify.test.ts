@@ -229,6 +229,7 @@ describe('the verifier functions answer hostile values, never throw', () => {
       ];
       for (const a of answers) expect(a.ok, String(typeof thrown === 'symbol' ? 'symbol' : thrown)).toBe(false);
       expect(ed25519Verify(bad, h32, h32)).toBe(false);
+      expect(verifyReceipt('{}', { provder: 'ab'.repeat(32) } as never)).toMatchObject({ ok: false, error: { code: 'options_invalid' } });
       expect(ed25519Verify(new Uint8Array(64), h32, bad)).toBe(false);
     }
   });

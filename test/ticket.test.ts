@@ -44,6 +44,12 @@ describe('verifyTicket', () => {
       expect(codeOf(early, extra), JSON.stringify(extra)).toBe('options_invalid');
     }
     const fresh = signTicket(market, ticketPayload(provider.id));
+    const other = testKey(); // a ticket for another provider must not pass for want of a pin
+    const forOther = signTicket(market, ticketPayload(other.id));
+    for (const opts of [{ marketplaceKeys: keys, provider: undefined }, { marketplaceKeys: keys, providerId: provider.id }, { marketplaceKeys: keys, provder: provider.id }, { marketplaceKeys: keys, provider: provider.id, body: undefined }, { marketplaceKeys: keys, provider: provider.id, bdy: body }]) {
+      const r = verifyTicket(forOther, opts as never);
+      expect(r.ok ? 'ok' : r.error.code, Object.keys(opts).join()).toBe('options_invalid');
+    }
     for (const opts of [undefined, null, 'keys', { marketplaceKeys: 'k' }, { marketplaceKeys: [null] }, { marketplaceKeys: keys, provider: 5 }, { marketplaceKeys: keys, body: null }]) {
       const r = verifyTicket(fresh, opts as never);
       expect(r.ok ? 'ok' : r.error.code, JSON.stringify(opts)).toBe('options_invalid');

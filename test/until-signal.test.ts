@@ -51,16 +51,22 @@ describe('untilSignal', () => {
     finish();
   });
 
-  test('a signal after the stop has finished (the process winding down) changes nothing: no exit 1', async () => {
+  test('a signal after the stop has finished (the process winding down) exits at once with the stop\'s code, not 1', async () => {
     const { host, out, exits } = fakeProcess();
     const done = untilSignal('seller-node', 'stopping', async () => undefined, host);
     host.signal('SIGTERM');
     await done;
-    host.signal('SIGTERM');
-    host.signal('SIGINT');
-    expect(out).toEqual(['seller-node: SIGTERM: stopping\n']);
     expect(exits).toEqual([]);
-    expect(host.exitCode).toBeUndefined();
+    host.signal('SIGTERM');
+    expect(out).toEqual(['seller-node: SIGTERM: stopping\n', 'seller-node: SIGTERM: stopped already; exiting\n']);
+    expect(exits).toEqual([0]);
+    // ... and a failed stop's code, 1, after a failed stop.
+    const failed = fakeProcess();
+    const f = untilSignal('seller-node', 'stopping', () => Promise.reject(new Error('disk full')), failed.host);
+    failed.host.signal('SIGTERM');
+    await f;
+    failed.host.signal('SIGINT');
+    expect(failed.exits).toEqual([1]);
   });
 
   test('a stop that fails says why and sets exit code 1', async () => {

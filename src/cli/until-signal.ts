@@ -1,7 +1,7 @@
 // Long-running commands (start, market, gateway) run until SIGTERM, SIGINT or SIGHUP (the terminal
 // or ssh session it ran in closed), then stop gracefully: in-flight requests finish, receipts flush.
 // A second signal while stopping exits at once with code 1; a failed stop sets exit code 1. A signal
-// once the stop has finished (the process is only winding down) changes nothing.
+// once the stop has finished (the process is only winding down) exits at once with the stop's code.
 
 /** The parts of `process` this uses (tests pass a fake). */
 export interface SignalHost {
@@ -20,7 +20,11 @@ export function untilSignal(name: string, doing: string, stop: () => Promise<voi
     let stopping = false;
     let stopped = false;
     const onSignal = (sig: string): void => {
-      if (stopped) return;
+      if (stopped) {
+        host.stderr.write(`${name}: ${sig}: stopped already; exiting\n`);
+        host.exit(typeof host.exitCode === 'number' ? host.exitCode : 0);
+        return;
+      }
       if (stopping) {
         host.stderr.write(`${name}: ${sig} again: exiting now\n`);
         host.exit(1);

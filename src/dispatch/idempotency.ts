@@ -42,6 +42,8 @@ export class IdempotencyStore {
   private readonly delRunning: Database.Statement<[string, string]>;
   private readonly pruneRunning: Database.Statement<[number]>;
   private readonly db: Database.Database;
+  /** Forgotten answers may still be in the WAL (its truncation was kept from running by a reader). */
+  private walHoldsForgotten = false;
 
   constructor(db: Database.Database) {
     this.db = db;
@@ -101,12 +103,28 @@ export class IdempotencyStore {
    * Forgets records (and marks of interrupted runs) older than `maxAgeMs` (default 24 h). The
    * recorded answers are buyers' output text: with state.db's secure_delete their bytes are zeroed
    * in the database, and the WAL, which still holds copies of those pages, is checkpointed and
-   * truncated (a reader in the way only delays that to the next pruning).
+   * truncated. Never waiting: a reader in the way (a backup tool) leaves that to the next pruning.
    */
   forgetOlderThan(maxAgeMs = 86_400_000, now = Date.now()): number {
     this.pruneRunning.run(now - maxAgeMs);
     const forgotten = this.prune.run(now - maxAgeMs).changes;
-    if (forgotten > 0 && this.db.pragma('journal_mode', { simple: true }) === 'wal') this.db.pragma('wal_checkpoint(TRUNCATE)');
+    if (forgotten > 0) this.walHoldsForgotten = true;
+    if (this.walHoldsForgotten) this.walHoldsForgotten = !this.truncateWal();
     return forgotten;
+  }
+
+  /** Checkpoints and truncates the WAL without waiting for readers; whether it was done. */
+  private truncateWal(): boolean {
+    if (this.db.pragma('journal_mode', { simple: true }) !== 'wal') return true;
+    const timeout = this.db.pragma('busy_timeout', { simple: true }) as number;
+    this.db.pragma('busy_timeout = 0');
+    try {
+      const [r] = this.db.pragma('wal_checkpoint(TRUNCATE)') as { busy: number }[];
+      return r?.busy === 0;
+    } catch {
+      return false; // (SQLITE_BUSY: tried again at the next pruning)
+    } finally {
+      this.db.pragma(`busy_timeout = ${Number(timeout) || 0}`);
+    }
   }
 }

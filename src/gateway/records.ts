@@ -5,6 +5,8 @@
 // Kept in memory (the most recent `limit`), and, with a file, written through to SQLite (WAL) at
 // every change, so records outlive the gateway: after a restart every record is still answered,
 // and one left `in_progress` by a gateway that stopped mid-request says `interrupted`.
+import path from 'node:path';
+import { fsProblem, isErrnoError } from '../fs-problem.ts';
 import { createPrivate } from '../sqlite-file.ts';
 import Database from 'better-sqlite3';
 import { formatUsd } from '../../attestation/money.ts';
@@ -169,7 +171,9 @@ export class RequestRecords {
       })();
     } catch (e) {
       db?.close();
-      throw new Error(`request records ${file}: ${(e as Error).message}`);
+      const code = (e as { code?: unknown }).code;
+      const why = code === 'ENOENT' ? `its folder ${path.dirname(path.resolve(file))} does not exist` : isErrnoError(e) ? fsProblem(e) : (e as Error).message;
+      throw new Error(`request records ${file}: ${why}`);
     }
     this.db = db;
     this.put = db.prepare('INSERT OR REPLACE INTO request_records (request_id, record, created_at) VALUES (?, ?, ?)');
@@ -215,12 +219,12 @@ export class RequestRecords {
     return this.jobs.has(id);
   }
 
-  /** How many requests wait to be settled. */
   /** Whether records (and unsettled jobs) are kept in a file, across restarts. */
   get persistent(): boolean {
     return this.db !== undefined;
   }
 
+  /** How many requests wait to be settled. */
   get unsettledCount(): number {
     return this.jobs.size;
   }

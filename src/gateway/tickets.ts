@@ -118,6 +118,8 @@ export class Ticketing {
     // changed) a control the buyer asked for would have them served above a price ceiling, below a
     // tier, on another quantization. The market passes the routing in as given (the quantization
     // as its bucket).
+    // Nodes keep Idempotency-Keys per the ticket's account: a ticket under another account than this gateway's would share them.
+    if (this.account !== undefined && t.account !== this.account) throw new GatewayError(502, 'bad_market_response', `the marketplace's ticket is for account ${JSON.stringify(t.account.slice(0, 100))}, not ${JSON.stringify(this.account)}`);
     const lost = routingLost(controls.routing, t.routing ?? {});
     if (lost !== undefined) throw new GatewayError(502, 'bad_market_response', `the marketplace's ticket does not carry the routing asked for (${lost})`);
     if (hold !== undefined && BigInt(t.max_cost_micro_usd) > BigInt(hold)) {
