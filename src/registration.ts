@@ -6,6 +6,7 @@
 // heartbeat_stale: our clock stepped back; 400, 401, …) means it no longer counts the node as live:
 // the node is not registered until it registers again, which it does at once (a refused
 // registration then backs off). Nothing here ever throws into the node.
+import { BodyTooLargeError, readBoundedText } from './bounded-body.ts';
 import { fetchFailure } from './fetch-failure.ts';
 import { normalizeMarketUrl } from './market-url.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
@@ -18,6 +19,10 @@ import { STATE_FAILURE_HOLD_MS } from './store/store-health.ts';
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
 /** The longest heartbeat interval a market may ask for (a timer beyond 2^31 - 1 ms fires at once). */
 const MAX_HEARTBEAT_INTERVAL_MS = 600_000;
+/** The shortest heartbeat interval a market may ask for: a signed snapshot per interval costs CPU inference needs. */
+const MIN_HEARTBEAT_INTERVAL_MS = 1000;
+/** The most the node reads of a market's answer (the API's are a few hundred bytes). */
+const MAX_ANSWER_BYTES = 64 * 1024;
 
 export interface RegistrationOptions {
   /** The marketplace's base URL, e.g. http://127.0.0.1:11436 (the /v1/… paths are added). */
@@ -36,6 +41,8 @@ export interface RegistrationOptions {
   capacity: (at: number) => DsseEnvelope;
   /** Heartbeat interval; default: what the market answers at registration (else 5000 ms). */
   intervalMs?: number;
+  /** The shortest interval the market may ask for (default 1000 ms; tests of the protocol go faster). */
+  minIntervalMs?: number;
   logger?: Logger;
   /** Registration retry backoff: starts at initialMs (default 500), doubles up to maxMs (default 10000). */
   backoff?: { initialMs?: number; maxMs?: number };
@@ -149,45 +156,62 @@ export function startRegistration(o: RegistrationOptions): Registration {
   async function checkTicketKey(): Promise<void> {
     let key: unknown;
     try {
-      const res = await fetch(base + '/v1/market', { signal: AbortSignal.any([stopper.signal, AbortSignal.timeout(timeoutMs)]) });
-      if (!res.ok) return;
-      key = ((await res.json()) as { public_key?: unknown } | null)?.public_key;
+      const res = await fetch(base + '/v1/market', { redirect: 'manual', signal: AbortSignal.any([stopper.signal, AbortSignal.timeout(timeoutMs)]) });
+      if (!res.ok) {
+        await res.body?.cancel().catch(() => undefined);
+        return;
+      }
+      key = (JSON.parse(await readBoundedText(res, MAX_ANSWER_BYTES)) as { public_key?: unknown } | null)?.public_key;
     } catch {
       return;
     }
     if (typeof key !== 'string' || !/^[0-9a-fA-F]{64}$/.test(key)) return;
     const k = key.toLowerCase();
     const trusted = (o.trustedKeys ?? []).some((t) => t.toLowerCase() === k);
+    if (trusted && ticketKey !== null && !ticketKey.trusted) log?.info({ market: base, market_key: k }, 'the marketplace now signs tickets with a trusted key');
     if (!trusted && ticketKey?.public_key !== k) {
       log?.error({ market: base, market_key: k }, 'the marketplace signs tickets with a key that is not in marketplace.public_keys: every ticket it issues will be refused (add its key, or fix marketplace.url)');
     }
     ticketKey = { public_key: k, trusted };
   }
 
-  async function post(path: string, body: unknown): Promise<Outcome> {
+  /** `answered`: whether a 200's body is the API's answer (else the call failed: the market is not answering as itself). */
+  async function post(path: string, body: unknown, answered: (body: Record<string, unknown>) => boolean): Promise<Outcome> {
     let res: Response;
     try {
       res = await fetch(base + path, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify(body),
+        // Not followed: the signed registration goes to marketplace.url, not wherever it points (a 301 would even make it a GET).
+        redirect: 'manual',
         signal: AbortSignal.any([stopper.signal, AbortSignal.timeout(timeoutMs)]),
       });
     } catch (e) {
       return { kind: 'unreachable', message: fetchFailure(e) };
     }
+    if (res.status >= 300 && res.status < 400) {
+      await res.body?.cancel().catch(() => undefined);
+      return { kind: 'unreachable', message: `HTTP ${res.status}: a redirect (not followed: marketplace.url must be the market's own address)` };
+    }
     let json: unknown;
+    let readFailure: string | undefined;
     try {
-      json = await res.json();
-    } catch {
-      return { kind: 'unreachable', message: `HTTP ${res.status} with a body that is not JSON` };
+      json = JSON.parse(await readBoundedText(res, MAX_ANSWER_BYTES));
+    } catch (e) {
+      readFailure = e instanceof BodyTooLargeError ? `an answer larger than ${e.maxBytes} bytes` : e instanceof SyntaxError ? 'a body that is not JSON' : `a body cut off (${fetchFailure(e)})`;
     }
     const obj = json !== null && typeof json === 'object' && !Array.isArray(json) ? (json as Record<string, unknown>) : {};
-    if (res.ok) return { kind: 'ok', body: obj };
+    if (res.ok) {
+      if (readFailure !== undefined) return { kind: 'unreachable', message: `HTTP ${res.status} with ${readFailure}` };
+      return answered(obj) ? { kind: 'ok', body: obj } : { kind: 'unreachable', message: `HTTP ${res.status} with an answer that is not the API's` };
+    }
+    // A 4xx without the API's error body (a proxy's HTML page) is still a refusal; a 5xx the market failing.
     const err = (obj.error ?? {}) as { code?: unknown; message?: unknown };
     const outcome = { kind: 'refused' as const, status: res.status, code: typeof err.code === 'string' ? err.code : `http_${res.status}`, message: typeof err.message === 'string' ? err.message : '' };
     // A 5xx is the market failing, not refusing us: treat it like no answer.
-    return res.status >= 500 ? { kind: 'unreachable', message: `HTTP ${res.status} ${outcome.code}` } : outcome;
+    if (res.status >= 500) return { kind: 'unreachable', message: readFailure !== undefined ? `HTTP ${res.status} with ${readFailure}` : `HTTP ${res.status} ${outcome.code}` };
+    return outcome;
   }
 
   function registration(): DsseEnvelope {
@@ -219,14 +243,14 @@ export function startRegistration(o: RegistrationOptions): Registration {
       try {
         if (!registered) {
           attempts++;
-          const r = await post('/v1/providers/register', registration());
+          const r = await post('/v1/providers/register', registration(), (b) => b.registered === true);
           if (stopper.signal.aborted || announced) break;
           if (r.kind === 'ok') {
             registered = true;
             registeredAt = now();
             lastError = null;
             const told = r.body.heartbeat_interval_ms;
-            interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? Math.min(told, MAX_HEARTBEAT_INTERVAL_MS) : DEFAULT_HEARTBEAT_INTERVAL_MS);
+            interval = o.intervalMs ?? (typeof told === 'number' && Number.isSafeInteger(told) && told > 0 ? Math.max(o.minIntervalMs ?? MIN_HEARTBEAT_INTERVAL_MS, Math.min(told, MAX_HEARTBEAT_INTERVAL_MS)) : DEFAULT_HEARTBEAT_INTERVAL_MS);
             log?.[refusals > 1 ? 'debug' : 'info']({ market: base, attempts, heartbeat_interval_ms: interval }, 'registered with the marketplace');
             if (o.trustedKeys) await checkTicketKey();
             attempts = 0;
@@ -247,7 +271,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
           backoff = Math.min(backoff * 2, maxBackoff);
           continue;
         }
-        const r = await post('/v1/providers/heartbeat', o.capacity(stamp()));
+        const r = await post('/v1/providers/heartbeat', o.capacity(stamp()), (b) => b.ok === true);
         if (stopper.signal.aborted || announced) break;
         if (r.kind === 'refused' && dropsRegistration(r.status)) {
           // Not live at the market any more (or soon): not ready until it takes a registration
@@ -266,6 +290,9 @@ export function startRegistration(o: RegistrationOptions): Registration {
           lastHeartbeatAt = now();
           lastError = null;
           refusals = 0;
+          // A key read wrong once (a replica mid-rotation, a proxy's answer) must not keep the node
+          // out of work while the market stays healthy: read again each heartbeat until trusted.
+          if (o.trustedKeys && !ticketKey?.trusted) await checkTicketKey();
           if (heartbeatFailing) log?.info({ market: base }, 'marketplace reachable again');
           heartbeatFailing = false;
         } else {
@@ -299,7 +326,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
       if (!registered || stopper.signal.aborted) return;
       // Best effort (a snapshot that fails to sign included): the market learns it at the latest
       // when heartbeats stop.
-      const sent = (async () => post('/v1/providers/heartbeat', o.capacity(stamp())))().catch(() => undefined);
+      const sent = (async () => post('/v1/providers/heartbeat', o.capacity(stamp()), (b) => b.ok === true))().catch(() => undefined);
       await Promise.race([sent, new Promise((r) => setTimeout(r, timeoutMs).unref())]);
     },
     async stop() {

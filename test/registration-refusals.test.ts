@@ -24,6 +24,7 @@ interface Answer {
   /** Sent as JSON, or as it is when `raw`. */
   body: unknown;
   raw?: boolean;
+  headers?: Record<string, string>;
 }
 /** One request as the market saw it, with the node's standing when it arrived. */
 interface Seen {
@@ -57,7 +58,7 @@ async function scriptedMarket(script: (route: Route, n: number) => Answer, node:
         const issuedAt = route === 'register' ? (JSON.parse(Buffer.from(envelope.payload, 'base64').toString()) as { issued_at: number }).issued_at : undefined;
         seen.push({ route, ...(issuedAt !== undefined ? { issuedAt } : {}), status: node()!.status(), at: performance.now() });
       }
-      res.writeHead(answer.status, { 'content-type': 'application/json' }).end(answer.raw ? String(answer.body) : JSON.stringify(answer.body));
+      res.writeHead(answer.status, { 'content-type': 'application/json', ...answer.headers }).end(answer.raw ? String(answer.body) : JSON.stringify(answer.body));
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -72,7 +73,7 @@ const snapshot: DsseEnvelope = { payloadType: 'application/vnd.service.capacity.
 
 /** The node's registration with the market at `marketUrl`, logging into `lines`. */
 function registerNode(marketUrl: string, over: Partial<RegistrationOptions> = {}): { reg: Registration; lines: LogLine[] } {
-  const n = registeringNode(marketUrl, p, { capacity: () => snapshot, backoff: { initialMs: 20, maxMs: 80 }, ...over });
+  const n = registeringNode(marketUrl, p, { capacity: () => snapshot, backoff: { initialMs: 20, maxMs: 80 }, minIntervalMs: 10, ...over });
   cleanups.push(() => n.reg.stop());
   return n;
 }
@@ -216,4 +217,82 @@ describe('a heartbeat the market fails to answer keeps the node registered and r
     expect(n.lines.filter((l) => l.msg === 'heartbeat failed; still serving, will keep trying')).toEqual([expect.objectContaining({ level: 40 })]);
     expect(n.lines.some((l) => /registering again/.test(l.msg))).toBe(false);
   });
+});
+
+describe("answers that are not the market's API are not taken at face value", () => {
+  test('a heartbeat refused with a 4xx without the API\'s body (a proxy\'s HTML page) is a refusal: the node registers again', async () => {
+    const n = await scenario((route, i) => (route === 'register' ? registered() : i === 1 ? { status: 404, body: '<html>Not Found</html>', raw: true } : ok));
+    await until('a registration after the refusal', () => routes(n.seen).filter((r) => r === 'register').length >= 2);
+    expect(routes(n.seen).slice(0, 3)).toEqual(['register', 'heartbeat', 'register']);
+    expect(n.seen[2]!.status).toMatchObject({ registered: false, last_error: { during: 'heartbeat', code: 'http_404' } });
+  });
+
+  test('a 200 whose body is not the API\'s answer ({ok: false}, an error body, the wrong shape) is a failure, not a success', async () => {
+    const notAnswers: Answer[] = [{ status: 200, body: { ok: false } }, { status: 200, body: { error: { code: 'x', message: 'y' } } }, { status: 200, body: [1, 2, 3] }];
+    for (const wrong of notAnswers) {
+      const hb = await scenario((route, i) => (route === 'register' ? registered() : i === 1 ? wrong : ok));
+      await until('a heartbeat after the wrong one', () => routes(hb.seen).filter((r) => r === 'heartbeat').length >= 2);
+      expect(hb.seen[2]!.status, JSON.stringify(wrong.body)).toMatchObject({ registered: true, last_heartbeat_at: null, last_error: { during: 'heartbeat', reason: "HTTP 200 with an answer that is not the API's" } });
+      const reg = await scenario((route, i) => (route === 'register' ? (i === 1 ? wrong : registered()) : ok));
+      await until('a second registration', () => routes(reg.seen).filter((r) => r === 'register').length >= 2);
+      expect(reg.seen[1]!.status, JSON.stringify(wrong.body)).toMatchObject({ registered: false, last_error: { during: 'registration' } });
+    }
+  });
+
+  test('a redirect is not followed: the signed registration goes to marketplace.url only', async () => {
+    let elsewhere = 0;
+    const other = http.createServer((_req, res) => {
+      elsewhere++;
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ registered: true, heartbeat_interval_ms: 1000 }));
+    });
+    await new Promise<void>((r) => other.listen(0, '127.0.0.1', r));
+    cleanups.push(() => new Promise((r) => other.close(() => r())));
+    const to = `http://127.0.0.1:${(other.address() as net.AddressInfo).port}/v1/providers/register`;
+    for (const status of [307, 301]) {
+      const n = await scenario((route) => (route === 'register' ? { status, body: '', raw: true, headers: { location: to } } : ok));
+      await until('a registration retried', () => routes(n.seen).length >= 2);
+      expect(n.reg.status(), String(status)).toMatchObject({ registered: false, last_error: { during: 'registration', reason: expect.stringMatching(new RegExp(`^HTTP ${status}: a redirect \\(not followed`)) } });
+    }
+    expect(elsewhere).toBe(0);
+  });
+
+  test('an answer larger than 64 KiB is not read: a failure, named', async () => {
+    const n = await scenario((route, i) => (route === 'register' ? registered() : i === 1 ? { status: 200, body: JSON.stringify({ ok: true, pad: 'x'.repeat(200_000) }), raw: true } : ok));
+    await until('a heartbeat after the large one', () => routes(n.seen).filter((r) => r === 'heartbeat').length >= 2);
+    expect(n.seen[2]!.status).toMatchObject({ registered: true, last_error: { during: 'heartbeat', reason: 'HTTP 200 with an answer larger than 65536 bytes' } });
+  });
+});
+
+test('a ticket key read wrong once is read again at each heartbeat until trusted: the node does not stay out of work', async () => {
+  const trustedKey = testKey();
+  let keyReads = 0;
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const body =
+        req.url === '/v1/market'
+          ? { public_key: ++keyReads === 1 ? testKey().id : trustedKey.id } // a wrong key once (a replica mid-rotation)
+          : req.url === '/v1/providers/register'
+            ? { registered: true, heartbeat_interval_ms: 1000 }
+            : { ok: true };
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  cleanups.push(() => new Promise((r) => server.close(() => r())));
+  const n = registerNode(`http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, { trustedKeys: [trustedKey.id] });
+  await until('the key read again and trusted', () => n.reg.status().ticket_key?.trusted === true, 5000);
+  // Read wrong first (said at error level), then again at a heartbeat, and trusted.
+  expect(n.lines.filter((l) => /not in marketplace\.public_keys/.test(l.msg)).map((l) => l.level)).toEqual([50]);
+  expect(n.lines.some((l) => l.msg === 'the marketplace now signs tickets with a trusted key')).toBe(true);
+  expect(keyReads).toBeGreaterThanOrEqual(2);
+});
+
+
+test('a market that asks for heartbeats faster than once a second gets them once a second', async () => {
+  const n = await scenario((route) => (route === 'register' ? registered(1) : ok), { minIntervalMs: undefined });
+  await until('two heartbeats', () => routes(n.seen).filter((r) => r === 'heartbeat').length >= 2, 5000);
+  const beats = n.seen.filter((s) => s.route === 'heartbeat').map((s) => s.at);
+  expect(beats[1]! - beats[0]!).toBeGreaterThan(900);
+  expect(n.lines.find((l) => l.msg === 'registered with the marketplace')).toMatchObject({ heartbeat_interval_ms: 1000 });
 });

@@ -2,6 +2,7 @@
 // key, the provider list, tickets and receipt settlement. Failures become GatewayErrors: the
 // market's own error envelope and status are relayed; an unreachable market is 502
 // market_unreachable and an answer that is not what the API promises is 502 bad_market_response.
+import { BodyTooLargeError, readBoundedText } from '../bounded-body.ts';
 import { fetchFailure } from '../fetch-failure.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
@@ -57,6 +58,11 @@ export interface MarketClientOptions {
   fetch?: typeof fetch;
 }
 
+
+/** The most read of one market answer: the provider list, the largest, is a few MB at most. */
+const MAX_MARKET_ANSWER_BYTES = 16 * 1024 * 1024;
+/** The statuses of the market's API that the gateway passes on with the market's error code. */
+const RELAYED_STATUSES = new Set([400, 402, 403, 404, 408, 409, 413, 422, 429, 503]);
 
 const bad = (what: string): GatewayError => new GatewayError(502, 'bad_market_response', `the marketplace's ${what} is malformed`);
 
@@ -129,12 +135,19 @@ export class MarketClient {
         method,
         headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
         ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        redirect: 'manual', // (the market's own answer, from the market's own address)
         signal: AbortSignal.timeout(this.timeoutMs),
       });
     } catch (e) {
       throw new GatewayError(502, 'market_unreachable', `the marketplace at ${this.baseUrl} did not answer (${fetchFailure(e)})`);
     }
-    const text = await res.text().catch(() => '');
+    let text = '';
+    try {
+      text = await readBoundedText(res, MAX_MARKET_ANSWER_BYTES);
+    } catch (e) {
+      if (e instanceof BodyTooLargeError) throw new GatewayError(502, 'bad_market_response', `the marketplace's answer to ${method} ${path} is larger than ${e.maxBytes} bytes`);
+      throw new GatewayError(502, 'market_unreachable', `the marketplace's answer to ${method} ${path} was cut off (${fetchFailure(e)})`);
+    }
     let value: unknown;
     try {
       value = text === '' ? undefined : JSON.parse(text);
@@ -143,8 +156,10 @@ export class MarketClient {
     }
     if (!res.ok) {
       const err = readErrorBody(value);
-      if (err) throw new GatewayError(res.status, err.code, err.message);
-      throw new GatewayError(502, 'bad_market_response', `the marketplace answered ${method} ${path} with HTTP ${res.status}`);
+      // Relayed to the buyer as the market said it, for the statuses its API answers with; any
+      // other (a redirect, a 401 from a proxy, a 399) is the market not answering as itself.
+      if (err && RELAYED_STATUSES.has(res.status)) throw new GatewayError(res.status, err.code, err.message);
+      throw new GatewayError(502, 'bad_market_response', `the marketplace answered ${method} ${path} with HTTP ${res.status}${err ? ` (${err.code})` : ''}`);
     }
     if (value === undefined) throw bad(`answer to ${method} ${path}`);
     return value;
