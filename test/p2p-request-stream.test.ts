@@ -146,15 +146,21 @@ describe('host', () => {
 });
 
 describe('drain', () => {
-  it('waits for running handlers, reports the ones still running at the deadline, and cancels nothing', async () => {
+  /** A server whose handler, once entered, waits for `release` before it answers. */
+  async function heldServer() {
     const release = deferred<void>();
     const entered = deferred<void>();
-    const { proto, srv } = await serve(async (_req, res) => {
+    const served = await serve(async (_req, res) => {
       entered.resolve();
       await release.promise;
       await res.head({ status: 200 });
       await res.trailer({ done: true });
     });
+    return { release, entered, ...served };
+  }
+
+  it('waits for running handlers, reports the ones still running at the deadline, and cancels nothing', async () => {
+    const { release, entered, proto, srv } = await heldServer();
     try {
       expect(await srv.drain(1000)).toBe(true); // nothing running
       const pending = request(client, addr, proto, {}).then(readResponse);
@@ -173,14 +179,7 @@ describe('drain', () => {
     }
   });
   it('a request still being received (a HEAD, and its body never sent) does not hold the drain for its whole timeout: it is reset after a moment; a running handler is still waited for', async () => {
-    const release = deferred<void>();
-    const entered = deferred<void>();
-    const { proto, srv } = await serve(async (_req, res) => {
-      entered.resolve();
-      await release.promise;
-      await res.head({ status: 200 });
-      await res.trailer({ done: true });
-    });
+    const { release, entered, proto, srv } = await heldServer();
     try {
       const stuck = await client.dialProtocol(addr, proto);
       const ended = new Promise<string>((resolve) => stuck.addEventListener('close', () => resolve(stuck.status), { once: true }));
