@@ -17,12 +17,12 @@ function clientAnswering(answer: () => Response): { client: MarketClient; calls:
 const json = (status: number, body: unknown, headers: Record<string, string> = {}) => new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json', ...headers } });
 
 describe('MarketClient reads the market\'s answers with bounds', () => {
-  test('an answer declared larger than 16 MiB is not read', async () => {
-    const { client } = clientAnswering(() => new Response('{}', { status: 200, headers: { 'content-length': String(17 * 1024 * 1024) } }));
-    await expect(client.marketKey()).rejects.toMatchObject({ status: 502, code: 'bad_market_response', message: expect.stringMatching(/larger than 16777216 bytes/) });
+  test('an answer declared larger than 64 MiB is not read', async () => {
+    const { client } = clientAnswering(() => new Response('{}', { status: 200, headers: { 'content-length': String(65 * 1024 * 1024) } }));
+    await expect(client.marketKey()).rejects.toMatchObject({ status: 502, code: 'bad_market_response', message: expect.stringMatching(/larger than 67108864 bytes/) });
   });
 
-  test('an endless answer is cut off at 16 MiB, not read into memory', async () => {
+  test('an endless answer is cut off at 64 MiB, not read into memory', async () => {
     let sent = 0;
     const chunk = new Uint8Array(1024 * 1024).fill(0x20);
     const { client } = clientAnswering(
@@ -38,7 +38,7 @@ describe('MarketClient reads the market\'s answers with bounds', () => {
         ),
     );
     await expect(client.marketKey()).rejects.toMatchObject({ status: 502, code: 'bad_market_response', message: expect.stringMatching(/larger than/) });
-    expect(sent).toBeLessThan(20 * 1024 * 1024);
+    expect(sent).toBeLessThan(68 * 1024 * 1024);
   });
 
   test('a redirect is not followed, and a status the API does not answer with is not relayed to the buyer', async () => {

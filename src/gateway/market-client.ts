@@ -59,8 +59,11 @@ export interface MarketClientOptions {
 }
 
 
-/** The most read of one market answer: the provider list, the largest, is a few MB at most. */
-const MAX_MARKET_ANSWER_BYTES = 16 * 1024 * 1024;
+/**
+ * The most read of one market answer. The provider list is the largest: a few MB usually, ~23 MB
+ * with the dev market full (1,000 providers of 10 models and 32 long addresses each).
+ */
+const MAX_MARKET_ANSWER_BYTES = 64 * 1024 * 1024;
 /** The statuses of the market's API that the gateway passes on with the market's error code. */
 const RELAYED_STATUSES = new Set([400, 402, 403, 404, 408, 409, 413, 422, 429, 503]);
 

@@ -24,7 +24,7 @@ export interface MarketOptions {
   port?: number;
   /** Clock, ms since the epoch (default Date.now). */
   now?: () => number;
-  /** The interval nodes are told to heartbeat at (default 5000 ms); live = seen within 3 of them. */
+  /** The interval nodes are told to heartbeat at (default 5000 ms); live = seen within 3 of them. Nodes heartbeat at most once a second, so below ~1000 ms they read as gone. */
   heartbeatIntervalMs?: number;
   /** Pino logger; without one the market logs nothing. */
   logger?: FastifyBaseLogger;
