@@ -250,7 +250,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
         if (e.code?.startsWith('ticket_')) metrics.ticketRefusals.inc({ reason: e.code });
         if (e.receipt) {
-          metrics.receiptsSigned.inc();
+          metrics.receiptsSigned.inc({ status: e.receipt.status });
           metrics.tokens.inc({ direction: 'in', model: e.model }, e.receipt.inputTokens);
           metrics.tokens.inc({ direction: 'out', model: e.model }, e.receipt.outputTokens);
           metrics.earnings.add(e.model, e.receipt.costMicroUsd);

@@ -27,8 +27,9 @@ describe('createMetrics', () => {
     m.requests.inc({ endpoint: 'completions', status: 429 });
     m.tokens.inc({ direction: 'in', model: 'llama' }, 120);
     m.tokens.inc({ direction: 'out', model: 'llama' }, 30);
-    m.receiptsSigned.inc();
-    m.receiptsSigned.inc(2);
+    m.receiptsSigned.inc({ status: 'completed' });
+    m.receiptsSigned.inc({ status: 'completed' }, 2);
+    m.receiptsSigned.inc({ status: 'cancelled' });
     m.earnings.add('llama', 293n);
     m.queueDepth.set({ model: 'llama' }, 4);
     m.slotsInUse.set({ model: 'llama' }, 2);
@@ -43,7 +44,8 @@ describe('createMetrics', () => {
       'seller_requests_total{endpoint="completions",status="429"} 1',
       'seller_tokens_total{direction="in",model="llama"} 120',
       'seller_tokens_total{direction="out",model="llama"} 30',
-      'seller_receipts_signed_total 3',
+      'seller_receipts_signed_total{status="completed"} 3',
+      'seller_receipts_signed_total{status="cancelled"} 1',
       'seller_earnings_micro_usd_total{model="llama"} 293',
       'seller_queue_depth{model="llama"} 4',
       'seller_slots_in_use{model="llama"} 1',

@@ -77,7 +77,7 @@ describe('seller-node start', () => {
     expect(metrics).toMatch(/seller_requests_total\{endpoint="chat\/completions",status="200"\} 1/);
     expect(metrics).toMatch(/seller_requests_total\{endpoint="invalid",status="400"\} 3/);
     expect(metrics).not.toMatch(/nope|xxxx/);
-    expect(metrics).toMatch(/seller_receipts_signed_total 1/);
+    expect(metrics).toMatch(/seller_receipts_signed_total\{status="completed"\} 1/);
     const status = (await (await fetch(`${ops}/status`)).json()) as { provider_id: string; receipts: { receipts: number } };
     expect(status.provider_id).toBe(provider);
 

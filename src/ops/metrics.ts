@@ -8,7 +8,7 @@
 //                                                    request refused before it could be read), status an
 //                                                    HTTP-style code ("200")
 //   seller_tokens_total{direction,model}            counter  direction "in" (prompt) or "out" (generated)
-//   seller_receipts_signed_total                    counter
+//   seller_receipts_signed_total{status}            counter
 //   seller_earnings_micro_usd_total{model}          counter  exact, see EarningsCounter
 //   seller_queue_depth{model}                       gauge    requests waiting for a slot
 //   seller_slots_in_use{model}                      gauge    slots generating right now
@@ -55,7 +55,7 @@ export interface Metrics {
   /** seller_tokens_total{direction,model}; direction is "in" or "out". */
   readonly tokens: Counter<'direction' | 'model'>;
   /** seller_receipts_signed_total */
-  readonly receiptsSigned: Counter;
+  readonly receiptsSigned: Counter<'status'>;
   /** seller_earnings_micro_usd_total{model} */
   readonly earnings: EarningsCounter;
   /** seller_queue_depth{model} */
@@ -95,7 +95,8 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
   });
   const receiptsSigned = new Counter({
     name: 'seller_receipts_signed_total',
-    help: 'Receipts signed.',
+    help: 'Receipts signed, by receipt status (completed, cancelled, failed).',
+    labelNames: ['status'] as const,
     registers,
   });
   // The exact bigint totals are the source of truth; at every scrape the float counter is rebuilt
