@@ -448,3 +448,18 @@ describe('receipts from a real serving core', () => {
     expect((await call(base, 'POST', '/v1/receipts', { receipt: line })).status).toBe(200); // the honest one still settles
   });
 });
+
+test('a refused receipt is a warning in the market\'s log, with its code (money disputed); a bad request elsewhere is not', async () => {
+  const { default: pino } = await import('pino');
+  const lines: { level: number; msg: string; code?: string }[] = [];
+  const logger = pino({ level: 'info' }, { write: (s: string) => void lines.push(JSON.parse(s)) });
+  const m = createMarket({ seed: testKey().seed, logger });
+  try {
+    const { url } = await m.listen();
+    expect((await call(url, 'POST', '/v1/receipts', { receipt: 'not json' })).body.error.code).toBe('envelope_not_json');
+    expect((await call(url, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'none', body_sha256: '00'.repeat(32) })).status).toBe(404);
+    expect(lines.filter((l) => l.msg === 'receipt refused')).toEqual([expect.objectContaining({ level: 40, code: 'envelope_not_json' })]);
+  } finally {
+    await m.close();
+  }
+});

@@ -80,7 +80,11 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
   const { store } = ctx;
 
   app.setErrorHandler(async (err: FastifyError | MarketError, req, reply) => {
-    if (err instanceof MarketError) return reply.code(err.status).send(errorBody(err.code, err.message));
+    if (err instanceof MarketError) {
+      // A receipt refused is money disputed (forged, for another ticket, a second one for a ticket): the operator hears of it.
+      if (req.routeOptions.url === '/v1/receipts' && req.method === 'POST') req.log.warn({ code: err.code, reason: err.message.slice(0, 200) }, 'receipt refused');
+      return reply.code(err.status).send(errorBody(err.code, err.message));
+    }
     const status = typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
     if (status === 500) {
       req.log.error({ err }, 'market: request failed');
