@@ -47,47 +47,101 @@ describe('IdempotencyStore', () => {
 });
 
 describe("state.db on disk: recorded answers are buyers' output text", () => {
-  test('the file and its WAL are this user\'s only, and a forgotten answer leaves no copy in either', async () => {
+  /** A fresh state.db in its own folder; `holding(bytes)` lists the files (db, WAL) that contain `bytes`. */
+  async function stateDb() {
     const fs = await import('node:fs');
     const os = await import('node:os');
     const path = await import('node:path');
     const { openStateDb } = await import('../src/store/state-db.ts');
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'state-db-private-'));
+    const file = path.join(dir, 'state.db');
+    const holding = (bytes: Uint8Array | string) => ['state.db', 'state.db-wal'].filter((f) => fs.existsSync(path.join(dir, f)) && fs.readFileSync(path.join(dir, f)).includes(bytes));
+    return { fs, path, dir, file, open: () => openStateDb(file), holding, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
+  }
+  const text = 'the buyer output text, private: 7f3c91';
+  const answer = { ...response, body: new TextEncoder().encode(`{"content":"${text}"}`) };
+  const t0 = Date.now() - 2 * 86_400_000; // two days old
+
+  test("sealed: neither the answer nor the Idempotency-Key is in the file; the buyer's retry opens it; another key does not find it", async () => {
+    const d = await stateDb();
     try {
-      const file = path.join(dir, 'state.db');
-      const db = openStateDb(file);
+      const db = d.open();
       const s = new IdempotencyStore(db);
-      const text = 'the buyer output text, private: 7f3c91';
-      const t0 = Date.now() - 2 * 86_400_000; // two days old
+      expect(s.begin('acct', 'key-7f3c91', 'h1', 'req-1')).toEqual({ kind: 'new' });
+      s.finish('acct', 'key-7f3c91', answer);
+      db.pragma('wal_checkpoint(PASSIVE)'); // (in the database file too)
+      expect(d.holding(text)).toEqual([]);
+      expect(d.holding('key-7f3c91')).toEqual([]);
+      expect(new IdempotencyStore(db).begin('acct', 'key-7f3c91', 'h1')).toEqual({ kind: 'replay', response: answer });
+      expect(new IdempotencyStore(db).begin('other', 'key-7f3c91', 'h1')).toEqual({ kind: 'new' });
+      // A record damaged on disk is an error, never another answer nor a second run.
+      db.prepare("UPDATE idempotency_sealed SET sealed = zeroblob(64)").run();
+      expect(() => new IdempotencyStore(db).begin('acct', 'key-7f3c91', 'h1')).toThrow();
+      db.close();
+    } finally {
+      d.remove();
+    }
+  });
+
+  test("the file and its WAL are this user's only, and a forgotten record leaves no copy of its sealed bytes in either, also with a reader in the way", async () => {
+    const d = await stateDb();
+    try {
+      const db = d.open();
+      const s = new IdempotencyStore(db);
+      const sealedOf = () => new Uint8Array((db.prepare('SELECT sealed FROM idempotency_sealed').get() as { sealed: Uint8Array }).sealed);
       expect(s.begin('acct', 'k', 'h1', 'req-1', t0)).toEqual({ kind: 'new' });
-      s.finish('acct', 'k', { ...response, body: new TextEncoder().encode(`{"content":"${text}"}`) }, t0);
-      const holding = () => ['state.db', 'state.db-wal'].filter((f) => fs.existsSync(path.join(dir, f)) && fs.readFileSync(path.join(dir, f)).includes(text));
-      expect(holding()).toEqual(['state.db-wal']); // (recorded: in the WAL until a checkpoint)
+      s.finish('acct', 'k', answer, t0);
+      const sealed = sealedOf();
+      expect(d.holding(sealed)).toEqual(['state.db-wal']); // (recorded: in the WAL until a checkpoint)
       db.pragma('wal_checkpoint(PASSIVE)'); // as SQLite's auto-checkpoint does: now in both
-      expect(holding()).toEqual(['state.db', 'state.db-wal']);
-      for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) expect((fs.statSync(path.join(dir, f)).mode & 0o777).toString(8), f).toBe('600');
+      expect(d.holding(sealed)).toEqual(['state.db', 'state.db-wal']);
+      for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) expect((d.fs.statSync(d.path.join(d.dir, f)).mode & 0o777).toString(8), f).toBe('600');
       expect(s.forgetOlderThan()).toBe(1);
-      expect(holding()).toEqual([]);
+      expect(d.holding(sealed)).toEqual([]);
       // A reader in the way (a backup tool holding a read transaction): pruning does not wait for
       // it (the busy timeout is 5 s), and the next pruning, with nothing new to forget, truncates.
       s.begin('acct', 'k2', 'h2', 'req-2', t0);
-      s.finish('acct', 'k2', { ...response, body: new TextEncoder().encode(`{"content":"${text}"}`) }, t0);
-      const reader = new Database(file, { readonly: true });
+      s.finish('acct', 'k2', answer, t0);
+      const second = sealedOf();
+      const reader = new Database(d.file, { readonly: true });
       reader.exec('BEGIN');
-      reader.prepare('SELECT count(*) FROM idempotency').get();
+      reader.prepare('SELECT count(*) FROM idempotency_sealed').get();
       const t = performance.now();
       expect(s.forgetOlderThan()).toBe(1);
       expect(performance.now() - t).toBeLessThan(4000);
       expect(db.pragma('busy_timeout', { simple: true })).toBe(5000); // (put back)
-      expect(holding()).toContain('state.db-wal'); // (the reader kept the truncation from running)
+      expect(d.holding(second)).toContain('state.db-wal'); // (the reader kept the truncation from running)
       reader.exec('COMMIT');
       reader.close();
       expect(s.forgetOlderThan()).toBe(0);
-      expect(holding()).toEqual([]);
+      expect(d.holding(second)).toEqual([]);
       db.close();
-      expect(holding()).toEqual([]);
+      expect(d.holding(second)).toEqual([]);
     } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
+      d.remove();
+    }
+  });
+
+  test('records a node before this version wrote in the clear are sealed at open, their clear copies dropped and gone from the file', async () => {
+    const d = await stateDb();
+    try {
+      const db = d.open();
+      db.exec(`CREATE TABLE idempotency (account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, status INTEGER NOT NULL, headers TEXT NOT NULL, body BLOB NOT NULL, trailer TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (account, key)) WITHOUT ROWID;
+        CREATE TABLE idempotency_running (account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, request_id TEXT NOT NULL, started_at INTEGER NOT NULL, PRIMARY KEY (account, key)) WITHOUT ROWID`);
+      db.prepare('INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run('acct', 'old-key', 'h1', answer.status, JSON.stringify(answer.headers), answer.body, JSON.stringify(answer.trailer), Date.now());
+      db.prepare('INSERT INTO idempotency_running VALUES (?, ?, ?, ?, ?)').run('acct', 'died-key', 'h2', 'req-died', Date.now());
+      db.pragma('wal_checkpoint(PASSIVE)');
+      expect(d.holding(text)).not.toEqual([]);
+      const s = new IdempotencyStore(db);
+      expect(s.begin('acct', 'old-key', 'h1')).toEqual({ kind: 'replay', response: answer });
+      expect(s.begin('acct', 'died-key', 'h2')).toEqual({ kind: 'interrupted', requestId: 'req-died' });
+      expect(db.prepare("SELECT name FROM sqlite_master WHERE name IN ('idempotency', 'idempotency_running')").all()).toEqual([]);
+      s.forgetOlderThan(); // (nothing to forget: the clear copies leave the WAL)
+      db.pragma('wal_checkpoint(TRUNCATE)');
+      expect(d.holding(text)).toEqual([]);
+      db.close();
+    } finally {
+      d.remove();
     }
   });
 });

@@ -3,6 +3,7 @@
 // again, and is not billed again; the same key with another body is refused; a retry while the
 // first is still running is refused rather than run twice. Records live on disk, so a restart
 // does not turn a retry into a second charge.
+import crypto from 'node:crypto';
 import type Database from 'better-sqlite3';
 
 export interface RecordedResponse {
@@ -12,13 +13,48 @@ export interface RecordedResponse {
   trailer: Record<string, unknown>;
 }
 
-const SCHEMA = `CREATE TABLE IF NOT EXISTS idempotency (
-  account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL,
-  status INTEGER NOT NULL, headers TEXT NOT NULL, body BLOB NOT NULL, trailer TEXT NOT NULL, created_at INTEGER NOT NULL,
-  PRIMARY KEY (account, key)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS idempotency_running (
-  account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, request_id TEXT NOT NULL, started_at INTEGER NOT NULL,
-  PRIMARY KEY (account, key)) WITHOUT ROWID`;
+// Recorded answers are buyers' output text, kept 24 h. They are sealed (AES-256-GCM) under a key
+// derived from the account and the Idempotency-Key, which only the buyer's retry brings: the file
+// holds neither the key nor a readable answer. A record is found by another value derived from
+// the same two (HKDF-SHA256, two labels).
+const SCHEMA = `CREATE TABLE IF NOT EXISTS idempotency_sealed (
+  id TEXT PRIMARY KEY, request_sha256 TEXT NOT NULL, sealed BLOB NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotency_marks (
+  id TEXT PRIMARY KEY, request_sha256 TEXT NOT NULL, request_id TEXT NOT NULL, started_at INTEGER NOT NULL) WITHOUT ROWID`;
+const HKDF_SALT = 'seller-node idempotency v1';
+
+/** What a record is found by, and the key it is sealed with: both from the account and the Idempotency-Key. */
+function recordKeys(account: string, key: string): { id: string; seal: Buffer } {
+  const ikm = Buffer.from(`${account}\u0000${key}`, 'utf8');
+  return {
+    id: Buffer.from(crypto.hkdfSync('sha256', ikm, HKDF_SALT, 'record id', 32)).toString('hex'),
+    seal: Buffer.from(crypto.hkdfSync('sha256', ikm, HKDF_SALT, 'record seal', 32)),
+  };
+}
+
+/** nonce (12) ‖ AES-256-GCM(u32 header length ‖ header JSON ‖ body) ‖ tag (16), bound to the record's id. */
+function sealResponse(r: RecordedResponse, keys: { id: string; seal: Buffer }): Buffer {
+  const header = Buffer.from(JSON.stringify({ status: r.status, headers: r.headers, trailer: r.trailer }), 'utf8');
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(header.length);
+  const nonce = crypto.randomBytes(12);
+  const cipher = crypto.createCipheriv('aes-256-gcm', keys.seal, nonce);
+  cipher.setAAD(Buffer.from(keys.id, 'hex'));
+  const sealed = Buffer.concat([cipher.update(length), cipher.update(header), cipher.update(r.body), cipher.final()]);
+  return Buffer.concat([nonce, sealed, cipher.getAuthTag()]);
+}
+
+function openResponse(blob: Uint8Array, keys: { id: string; seal: Buffer }): RecordedResponse {
+  const b = Buffer.from(blob.buffer, blob.byteOffset, blob.byteLength);
+  if (b.length < 12 + 4 + 16) throw new Error('an idempotency record is damaged (too short)');
+  const decipher = crypto.createDecipheriv('aes-256-gcm', keys.seal, b.subarray(0, 12));
+  decipher.setAAD(Buffer.from(keys.id, 'hex'));
+  decipher.setAuthTag(b.subarray(b.length - 16));
+  const plain = Buffer.concat([decipher.update(b.subarray(12, b.length - 16)), decipher.final()]); // (throws if damaged)
+  const n = plain.readUInt32BE(0);
+  const header = JSON.parse(plain.subarray(4, 4 + n).toString('utf8')) as Omit<RecordedResponse, 'body'>;
+  return { status: header.status, headers: header.headers, trailer: header.trailer, body: new Uint8Array(plain.subarray(4 + n)) };
+}
 
 export type Lookup =
   | { kind: 'new' }
@@ -33,13 +69,14 @@ export type Lookup =
   | { kind: 'interrupted'; requestId: string };
 
 export class IdempotencyStore {
-  private readonly get: Database.Statement<[string, string], { request_sha256: string; status: number; headers: string; body: Uint8Array; trailer: string }>;
-  private readonly put: Database.Statement<[string, string, string, number, string, Uint8Array, string, number]>;
+  private readonly get: Database.Statement<[string], { request_sha256: string; sealed: Uint8Array }>;
+  private readonly put: Database.Statement<[string, string, Uint8Array, number]>;
   private readonly prune: Database.Statement<[number]>;
+  /** Runs under way here: record id → request hash. */
   private readonly running = new Map<string, string>();
-  private readonly getRunning: Database.Statement<[string, string], { request_sha256: string; request_id: string }>;
-  private readonly putRunning: Database.Statement<[string, string, string, string, number]>;
-  private readonly delRunning: Database.Statement<[string, string]>;
+  private readonly getRunning: Database.Statement<[string], { request_sha256: string; request_id: string }>;
+  private readonly putRunning: Database.Statement<[string, string, string, number]>;
+  private readonly delRunning: Database.Statement<[string]>;
   private readonly pruneRunning: Database.Statement<[number]>;
   private readonly db: Database.Database;
   /** Forgotten answers may still be in the WAL (its truncation was kept from running by a reader). */
@@ -48,13 +85,36 @@ export class IdempotencyStore {
   constructor(db: Database.Database) {
     this.db = db;
     db.exec(SCHEMA);
-    this.getRunning = db.prepare('SELECT request_sha256, request_id FROM idempotency_running WHERE account = ? AND key = ?');
-    this.putRunning = db.prepare('INSERT OR REPLACE INTO idempotency_running (account, key, request_sha256, request_id, started_at) VALUES (?, ?, ?, ?, ?)');
-    this.delRunning = db.prepare('DELETE FROM idempotency_running WHERE account = ? AND key = ?');
-    this.pruneRunning = db.prepare('DELETE FROM idempotency_running WHERE started_at < ?');
-    this.get = db.prepare('SELECT request_sha256, status, headers, body, trailer FROM idempotency WHERE account = ? AND key = ?');
-    this.put = db.prepare('INSERT OR REPLACE INTO idempotency (account, key, request_sha256, status, headers, body, trailer, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)');
-    this.prune = db.prepare('DELETE FROM idempotency WHERE created_at < ?');
+    this.getRunning = db.prepare('SELECT request_sha256, request_id FROM idempotency_marks WHERE id = ?');
+    this.putRunning = db.prepare('INSERT OR REPLACE INTO idempotency_marks (id, request_sha256, request_id, started_at) VALUES (?, ?, ?, ?)');
+    this.delRunning = db.prepare('DELETE FROM idempotency_marks WHERE id = ?');
+    this.pruneRunning = db.prepare('DELETE FROM idempotency_marks WHERE started_at < ?');
+    this.get = db.prepare('SELECT request_sha256, sealed FROM idempotency_sealed WHERE id = ?');
+    this.put = db.prepare('INSERT OR REPLACE INTO idempotency_sealed (id, request_sha256, sealed, created_at) VALUES (?, ?, ?, ?)');
+    this.prune = db.prepare('DELETE FROM idempotency_sealed WHERE created_at < ?');
+    this.sealOlderRecords();
+  }
+
+  /** Records and marks a node before this version wrote in the clear are sealed, and the clear tables dropped. */
+  private sealOlderRecords(): void {
+    const tables = new Set(this.db.prepare<[], { name: string }>("SELECT name FROM sqlite_master WHERE type = 'table'").all().map((t) => t.name));
+    if (!tables.has('idempotency') && !tables.has('idempotency_running')) return;
+    this.db.transaction(() => {
+      if (tables.has('idempotency')) {
+        const rows = this.db.prepare<[], { account: string; key: string; request_sha256: string; status: number; headers: string; body: Uint8Array; trailer: string; created_at: number }>('SELECT * FROM idempotency').all();
+        for (const r of rows) {
+          const keys = recordKeys(r.account, r.key);
+          this.put.run(keys.id, r.request_sha256, sealResponse({ status: r.status, headers: JSON.parse(r.headers), body: new Uint8Array(r.body), trailer: JSON.parse(r.trailer) }, keys), r.created_at);
+        }
+        this.db.exec('DROP TABLE idempotency');
+      }
+      if (tables.has('idempotency_running')) {
+        const rows = this.db.prepare<[], { account: string; key: string; request_sha256: string; request_id: string; started_at: number }>('SELECT * FROM idempotency_running').all();
+        for (const r of rows) this.putRunning.run(recordKeys(r.account, r.key).id, r.request_sha256, r.request_id, r.started_at);
+        this.db.exec('DROP TABLE idempotency_running');
+      }
+    })();
+    this.walHoldsForgotten = true; // (the clear copies: gone from the WAL at the next pruning)
   }
 
   /**
@@ -63,18 +123,18 @@ export class IdempotencyStore {
    * finds the mark after its restart ('interrupted').
    */
   begin(account: string, key: string, requestSha256: string, requestId = '', now = Date.now()): Lookup {
-    const id = `${account}\u0000${key}`;
+    const keys = recordKeys(account, key);
     const reused = { kind: 'conflict', code: 'idempotency_key_reused', message: 'this Idempotency-Key was used for a different request' } as const;
-    const row = this.get.get(account, key);
+    const row = this.get.get(keys.id);
     if (row) {
       if (row.request_sha256 !== requestSha256) return reused;
-      return { kind: 'replay', response: { status: row.status, headers: JSON.parse(row.headers) as Record<string, string>, body: new Uint8Array(row.body), trailer: JSON.parse(row.trailer) as Record<string, unknown> } };
+      return { kind: 'replay', response: openResponse(row.sealed, keys) };
     }
-    if (this.running.has(id)) return { kind: 'conflict', code: 'idempotency_in_progress', message: 'a request with this Idempotency-Key is still running' };
-    const orphan = this.getRunning.get(account, key);
+    if (this.running.has(keys.id)) return { kind: 'conflict', code: 'idempotency_in_progress', message: 'a request with this Idempotency-Key is still running' };
+    const orphan = this.getRunning.get(keys.id);
     if (orphan) return orphan.request_sha256 !== requestSha256 ? reused : { kind: 'interrupted', requestId: orphan.request_id };
-    this.putRunning.run(account, key, requestSha256, requestId, now);
-    this.running.set(id, requestSha256);
+    this.putRunning.run(keys.id, requestSha256, requestId, now);
+    this.running.set(keys.id, requestSha256);
     return { kind: 'new' };
   }
 
@@ -83,19 +143,20 @@ export class IdempotencyStore {
    * (what begin() answers once no such mark is left).
    */
   abandonInterrupted(account: string, key: string, requestSha256: string, requestId = '', now = Date.now()): Exclude<Lookup, { kind: 'interrupted' }> {
-    if (!this.running.has(`${account}\u0000${key}`)) this.delRunning.run(account, key);
+    const { id } = recordKeys(account, key);
+    if (!this.running.has(id)) this.delRunning.run(id);
     return this.begin(account, key, requestSha256, requestId, now) as Exclude<Lookup, { kind: 'interrupted' }>;
   }
 
   /** Records the response of a request begun with begin(); `response` undefined records nothing. Either way the request no longer runs. */
   finish(account: string, key: string, response: RecordedResponse | undefined, now = Date.now()): void {
-    const id = `${account}\u0000${key}`;
-    const sha = this.running.get(id);
-    this.running.delete(id);
+    const keys = recordKeys(account, key);
+    const sha = this.running.get(keys.id);
+    this.running.delete(keys.id);
     if (sha === undefined) return;
     this.db.transaction(() => {
-      if (response) this.put.run(account, key, sha, response.status, JSON.stringify(response.headers), response.body, JSON.stringify(response.trailer), now);
-      this.delRunning.run(account, key);
+      if (response) this.put.run(keys.id, sha, sealResponse(response, keys), now);
+      this.delRunning.run(keys.id);
     })();
   }
 
