@@ -145,3 +145,13 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
     }
   });
 });
+
+test('an account and key that run into each other find no other pair\'s record (the account is length-prefixed)', () => {
+  const db = new Database(':memory:');
+  const s = new IdempotencyStore(db);
+  expect(s.begin('a\u0000b', 'c', 'h1')).toEqual({ kind: 'new' });
+  s.finish('a\u0000b', 'c', response);
+  expect(s.begin('a', 'b\u0000c', 'h1')).toEqual({ kind: 'new' });
+  expect(s.begin('ab', 'c', 'h1')).toEqual({ kind: 'new' });
+  db.close();
+});

@@ -25,7 +25,11 @@ const HKDF_SALT = 'seller-node idempotency v1';
 
 /** What a record is found by, and the key it is sealed with: both from the account and the Idempotency-Key. */
 function recordKeys(account: string, key: string): { id: string; seal: Buffer } {
-  const ikm = Buffer.from(`${account}\u0000${key}`, 'utf8');
+  // The account's length first: no two (account, key) pairs give the same bytes, whatever they hold.
+  const a = Buffer.from(account, 'utf8');
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(a.length);
+  const ikm = Buffer.concat([length, a, Buffer.from(key, 'utf8')]);
   return {
     id: Buffer.from(crypto.hkdfSync('sha256', ikm, HKDF_SALT, 'record id', 32)).toString('hex'),
     seal: Buffer.from(crypto.hkdfSync('sha256', ikm, HKDF_SALT, 'record seal', 32)),
