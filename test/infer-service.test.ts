@@ -343,6 +343,13 @@ describe('InferService', () => {
     await service.handle(request('chat/completions', chatBody, { idempotency_key: 'retry-2' }), ran.res);
     expect(ran.out.head?.status).toBe(200);
     expect(log.size).toBe(before + 2);
+    // Keys that are not 1 to 256 characters of well-formed Unicode are refused, nothing run or billed.
+    for (const bad of ['', 'x'.repeat(257), 'lone \uD800 surrogate', 'lone \uDC00 low', 5]) {
+      const r = recorder();
+      await service.handle(request('chat/completions', chatBody, { idempotency_key: bad }), r.res);
+      expect([r.out.head?.status, r.out.trailer?.error?.code], String(bad)).toEqual([400, 'invalid_request']);
+    }
+    expect(log.size).toBe(before + 2);
   });
 
   test('an idempotent answer is recorded before its trailer leaves: a retry while the trailer is still on its way is answered from the record', async () => {

@@ -63,7 +63,7 @@ function openResponse(blob: Uint8Array, keys: { id: string; seal: Buffer }): Rec
 export type Lookup =
   | { kind: 'new' }
   | { kind: 'replay'; response: RecordedResponse }
-  | { kind: 'conflict'; code: 'idempotency_key_reused' | 'idempotency_in_progress'; message: string }
+  | { kind: 'conflict'; code: 'idempotency_key_reused' | 'idempotency_in_progress' | 'idempotency_response_lost'; message: string }
   /**
    * A request under this key ran and ended without its response recorded or its mark cleared: the
    * node died while it ran (a clean stop lets runs finish), or the write of its record failed. Its
@@ -83,8 +83,11 @@ export class IdempotencyStore {
   private readonly delRunning: Database.Statement<[string]>;
   private readonly pruneRunning: Database.Statement<[number]>;
   private readonly db: Database.Database;
-  /** Forgotten answers may still be in the WAL (its truncation was kept from running by a reader). */
-  private walHoldsForgotten = false;
+  /**
+   * Forgotten answers may still be in the WAL (its truncation was kept from running by a reader).
+   * True at open: what a process that died before its pruning left is cleaned at the first one.
+   */
+  private walHoldsForgotten = true;
 
   constructor(db: Database.Database) {
     this.db = db;
@@ -108,7 +111,13 @@ export class IdempotencyStore {
         const rows = this.db.prepare<[], { account: string; key: string; request_sha256: string; status: number; headers: string; body: Uint8Array; trailer: string; created_at: number }>('SELECT * FROM idempotency').all();
         for (const r of rows) {
           const keys = recordKeys(r.account, r.key);
-          this.put.run(keys.id, r.request_sha256, sealResponse({ status: r.status, headers: JSON.parse(r.headers), body: new Uint8Array(r.body), trailer: JSON.parse(r.trailer) }, keys), r.created_at);
+          let recorded: RecordedResponse;
+          try {
+            recorded = { status: r.status, headers: JSON.parse(r.headers), body: new Uint8Array(r.body), trailer: JSON.parse(r.trailer) };
+          } catch {
+            continue; // (a row damaged on disk cannot be answered from: dropped, not a node that cannot start)
+          }
+          this.put.run(keys.id, r.request_sha256, sealResponse(recorded, keys), r.created_at);
         }
         this.db.exec('DROP TABLE idempotency');
       }
@@ -118,7 +127,8 @@ export class IdempotencyStore {
         this.db.exec('DROP TABLE idempotency_running');
       }
     })();
-    this.walHoldsForgotten = true; // (the clear copies: gone from the WAL at the next pruning)
+    // The clear copies leave the database file and the WAL now (else at the first pruning).
+    this.walHoldsForgotten = !this.truncateWal();
   }
 
   /**
@@ -132,7 +142,12 @@ export class IdempotencyStore {
     const row = this.get.get(keys.id);
     if (row) {
       if (row.request_sha256 !== requestSha256) return reused;
-      return { kind: 'replay', response: openResponse(row.sealed, keys) };
+      try {
+        return { kind: 'replay', response: openResponse(row.sealed, keys) };
+      } catch {
+        // Damaged on disk: the request ran and was billed; it must not run (and be billed) again, here or elsewhere.
+        return { kind: 'conflict', code: 'idempotency_response_lost', message: 'the recorded response for this Idempotency-Key cannot be read (damaged on disk); the request is not run again' };
+      }
     }
     if (this.running.has(keys.id)) return { kind: 'conflict', code: 'idempotency_in_progress', message: 'a request with this Idempotency-Key is still running' };
     const orphan = this.getRunning.get(keys.id);

@@ -99,6 +99,8 @@ class Refusal extends ServiceError {
 
 /** The largest body of a free request (tokenize, count_tokens): about 130,000 tokens of text. */
 export const MAX_FREE_BODY = 512 << 10;
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 /** A paid body larger than this is parsed only once its ticket vouches for it (TicketGate.vouch). */
 export const PARSED_BEFORE_TICKET = 64 << 10;
 /** How long a free request waits for its turn before 503 no_capacity. */
@@ -214,6 +216,8 @@ export class InferService {
     let checkedTicket: TicketPayload;
     try {
       if (typeof key !== 'string' || key.length === 0 || key.length > 256) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: expected 1 to 256 characters');
+      // (a lone surrogate has no UTF-8 form: two keys differing only there would be one record)
+      if (LONE_SURROGATE.test(key)) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: not well-formed Unicode (a lone surrogate)');
       const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
