@@ -124,7 +124,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
    * anything, then again every `every` bytes, PAUSES times in all. A paused response stops reading
    * its socket (Node's HTTP client stops the socket once the response's buffer is full).
    */
-  function readSlowly(url: string, body: string, every: number, pauseMs = PAUSE_MS): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer; pauses: number }> {
+  function readSlowly(url: string, body: string, every: number, pauseMs: number | (() => boolean) = PAUSE_MS): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer; pauses: number }> {
     return new Promise((resolve, reject) => {
       const req = http.request(url, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-service-prefer-providers': scripted.providerId } }, (res) => {
         const chunks: Buffer[] = [];
@@ -134,7 +134,13 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
         const pause = (): void => {
           pauses++;
           res.pause();
-          setTimeout(() => res.resume(), pauseMs);
+          if (typeof pauseMs === 'number') setTimeout(() => res.resume(), pauseMs);
+          else {
+            // Until the condition holds (at most a minute: the test's premise check then fails).
+            const until = Date.now() + 60_000;
+            const check = (): void => void (pauseMs() || Date.now() > until ? res.resume() : setTimeout(check, 50));
+            check();
+          }
         };
         res.on('data', (c: Buffer) => {
           chunks.push(c);
@@ -194,11 +200,12 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     const events = Array.from({ length: EVENTS }, (_, i) => event(i));
     const expected = Buffer.concat(events);
     const stalls: number[] = [];
+    const progress = { at: 0 };
     let release!: () => void;
     const released = new Promise<void>((r) => (release = r));
     let cutOff = false;
     scripted.behaviour = async (ex) => {
-      await sendTimed(ex, events, stalls);
+      await sendTimed(ex, events, stalls, progress);
       await Promise.race([released, new Promise((r) => setTimeout(r, 25_000))]);
       try {
         await ex.data('data: [DONE]\n\n');
@@ -207,10 +214,11 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
         cutOff = true; // the gateway reset the stream: nothing more can be sent
       }
     };
-    // One pause, before the first byte (`every` is never reached again); longer than the other
-    // test's, so that even on a loaded machine, where filling every buffer on the way takes
-    // seconds, the provider is then held up for longer than its idle limit.
-    const res = await readSlowly(`${slow.url}/chat/completions`, chatBody('a long answer, then silence'), Infinity, 5 * IDLE_MS);
+    // One pause, before the first byte (`every` is never reached again), until the provider has
+    // been held up for twice its idle limit (its writes blocked: every buffer on the way full),
+    // however long filling those buffers takes on a loaded machine.
+    const held = () => progress.at > 0 && Date.now() - progress.at > 2 * IDLE_MS;
+    const res = await readSlowly(`${slow.url}/chat/completions`, chatBody('a long answer, then silence'), Infinity, held);
     release();
     expect(res.status).toBe(200);
     const id = res.headers['x-request-id'] as string;
