@@ -15,8 +15,13 @@ export class CanonicalJsonError extends Error {
 const ANY_SURROGATE = /[\uD800-\uDFFF]/;
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
+/** Whether `s` holds a lone surrogate (no UTF-8 form: it would encode as U+FFFD, meeting other strings). */
+export function hasLoneSurrogate(s: string): boolean {
+  return ANY_SURROGATE.test(s) && LONE_SURROGATE.test(s);
+}
+
 function str(s: string): string {
-  if (ANY_SURROGATE.test(s) && LONE_SURROGATE.test(s)) throw new CanonicalJsonError('string holds a lone surrogate');
+  if (hasLoneSurrogate(s)) throw new CanonicalJsonError('string holds a lone surrogate');
   return JSON.stringify(s);
 }
 
@@ -72,7 +77,7 @@ function alreadySorted(value: unknown, depth: number): boolean {
   if (depth > 128) throw new CanonicalJsonError('nesting deeper than 128 levels');
   switch (typeof value) {
     case 'string':
-      if (ANY_SURROGATE.test(value) && LONE_SURROGATE.test(value)) throw new CanonicalJsonError('string holds a lone surrogate');
+      if (hasLoneSurrogate(value)) throw new CanonicalJsonError('string holds a lone surrogate');
       return true;
     case 'number':
       if (!Number.isFinite(value)) throw new CanonicalJsonError(`number ${value} has no JSON form`);
@@ -99,7 +104,7 @@ function alreadySorted(value: unknown, depth: number): boolean {
       for (let i = 0; i < keys.length; i++) {
         const k = keys[i]!;
         if (i > 0 && !(keys[i - 1]! < k)) sorted = false;
-        if (ANY_SURROGATE.test(k) && LONE_SURROGATE.test(k)) throw new CanonicalJsonError('key holds a lone surrogate');
+        if (hasLoneSurrogate(k)) throw new CanonicalJsonError('key holds a lone surrogate');
         const v = obj[k];
         if (v !== undefined && !alreadySorted(v, depth + 1)) sorted = false;
       }

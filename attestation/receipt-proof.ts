@@ -3,7 +3,7 @@
 // signed checkpoint of its log, at the position its seq names.
 import { fromUtf8 } from './bytes.ts';
 import { parseCheckpoint, receiptLogKey, type VerifiedCheckpoint } from './checkpoint.ts';
-import { guarded, fail, isOptions, ok, type VerifyResult } from './result.ts';
+import { guarded, fail, isOptions, ok, unknownOption, type VerifyResult } from './result.ts';
 import { verifyReceipt, type VerifiedReceipt } from './receipt-verify.ts';
 import { parseProofBundle, verifyProofBundle } from './tlog-proof.ts';
 import { parseNote } from './note.ts';
@@ -26,10 +26,11 @@ export function verifyReceiptProof(text: string, opts: { provider?: string } = {
 function verifyReceiptProofUnsafe(text: string, opts: { provider?: string }): VerifyResult<VerifiedReceiptProof> {
   // A pin that is not given as asked (a misspelt key, `provider: undefined` from an unset variable)
   // must not quietly become "whichever provider the bundle names".
-  if (!isOptions(opts) || Object.keys(opts).some((k) => k !== 'provider')) return fail('options_invalid', 'options must be an object { provider? }');
+  if (!isOptions(opts) || unknownOption(opts, ['provider']) !== undefined) return fail('options_invalid', 'options must be an object { provider? }');
   if ('provider' in opts && typeof opts.provider !== 'string') return fail('options_invalid', 'provider must be a provider id (64 lowercase hex characters), or left out');
   const pinned = opts.provider;
-  if (pinned !== undefined && !receiptLogKey(pinned)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  const pinnedKey = pinned === undefined ? undefined : receiptLogKey(pinned);
+  if (pinned !== undefined && !pinnedKey) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const parsed = parseProofBundle(text);
   if (!parsed.ok) return parsed;
   const note = parseNote(parsed.value.checkpointNote);
@@ -39,8 +40,7 @@ function verifyReceiptProofUnsafe(text: string, opts: { provider?: string }): Ve
   if (pinned !== undefined && m && m[1] !== pinned) return fail('provider_mismatch', `the bundle is from provider ${m[1]}, not ${pinned}`);
   if (pinned === undefined && !m) return fail('checkpoint_origin_mismatch', 'the checkpoint origin is not "<provider id>/receipts"');
   const provider = pinned ?? m![1]!;
-  const key = receiptLogKey(provider);
-  if (!key) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  const key = pinnedKey ?? receiptLogKey(provider)!; // (an origin's id is 64 lowercase hex: a key)
   const b = verifyProofBundle(text, undefined, key);
   if (!b.ok) return b;
   const line = fromUtf8(b.value.leafData);

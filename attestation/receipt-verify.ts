@@ -6,7 +6,9 @@ import { peekPayload, readPayload } from './signed-payload.ts';
 import { sha256Hex } from './hash.ts';
 import { leafHash } from './merkle.ts';
 import { expectedCost, RECEIPT_PAYLOAD_TYPE, validateReceiptPayload, type ReceiptPayload } from './receipt.ts';
-import { guarded, fail, isOptions, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { guarded, fail, isOptions, ok, unknownOption, type VerifyError, type VerifyResult } from './result.ts';
+
+const RECEIPT_OPTIONS = ['provider', 'chain'];
 
 export interface VerifiedReceipt {
   payload: ReceiptPayload;
@@ -54,7 +56,7 @@ function providerKey(p: string | Uint8Array): ProviderKey | undefined {
 }
 
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
-  if (!isOptions(opts) || Object.keys(opts).some((k) => k !== 'provider' && k !== 'chain')) return fail('options_invalid', 'options must be an object { provider, chain? }');
+  if (!isOptions(opts) || unknownOption(opts, RECEIPT_OPTIONS) !== undefined) return fail('options_invalid', 'options must be an object { provider, chain? }');
   const pk = providerKey(opts.provider);
   if (!pk) return fail('unknown_key', 'provider must be 64 lowercase hex characters or a 32-byte key');
   // A log line in the canonical one-signature shape is read without JSON.parse (see parseEnvelopeLine).

@@ -94,6 +94,11 @@ export function isOptions(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
 }
 
+/** The first key of `opts` that is not one of `allowed` (a misspelt pin must not quietly check nothing), or undefined. */
+export function unknownOption(opts: Record<string, unknown>, allowed: readonly string[]): string | undefined {
+  return Object.keys(opts).find((k) => !allowed.includes(k));
+}
+
 export function fail(code: VerifyErrorCode, message: string, extra?: Omit<VerifyError, 'code' | 'message'>): { ok: false; error: VerifyError } {
   return { ok: false, error: { code, message, ...extra } };
 }

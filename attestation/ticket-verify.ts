@@ -5,7 +5,7 @@ import { fromHex, isHex, toHex } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import { readPayload } from './signed-payload.ts';
 import { sha256Hex } from './hash.ts';
-import { guarded, fail, isOptions, ok, type VerifyResult } from './result.ts';
+import { guarded, fail, isOptions, ok, unknownOption, type VerifyResult } from './result.ts';
 import { TICKET_PAYLOAD_TYPE, validateTicketPayload, type TicketPayload } from './ticket.ts';
 
 export interface MarketplaceKey {
@@ -49,14 +49,14 @@ export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerify
   return guarded('envelope_malformed', 'ticket', () => verifyTicketUnsafe(envelope, opts));
 }
 
-const TICKET_OPTIONS = new Set(['marketplaceKeys', 'provider', 'now', 'skewMs', 'body']);
+const TICKET_OPTIONS = ['marketplaceKeys', 'provider', 'now', 'skewMs', 'body'];
 
 /** Why the options cannot be used, or undefined: a NaN or infinite clock would make every window pass. */
 function ticketOptionsProblem(opts: unknown): string | undefined {
   if (!isOptions(opts)) return 'options must be an object { marketplaceKeys, provider?, now?, skewMs?, body? }';
   // A pin under a misspelt name, or given as undefined (an unset variable), must not quietly check nothing.
-  const unknown = Object.keys(opts).find((k) => !TICKET_OPTIONS.has(k));
-  if (unknown !== undefined) return `unknown option ${JSON.stringify(unknown.slice(0, 40))} (options: ${[...TICKET_OPTIONS].join(', ')})`;
+  const unknown = unknownOption(opts, TICKET_OPTIONS);
+  if (unknown !== undefined) return `unknown option ${JSON.stringify(unknown.slice(0, 40))} (options: ${TICKET_OPTIONS.join(', ')})`;
   for (const pin of ['provider', 'body'] as const) if (pin in opts && opts[pin] === undefined) return `${pin} is undefined: leave it out to check no ${pin}`;
   if (!Array.isArray(opts.marketplaceKeys) || opts.marketplaceKeys.some((k) => !isOptions(k))) return 'marketplaceKeys must be an array of { publicKey, keyid? }';
   if (opts.provider !== undefined && typeof opts.provider !== 'string') return 'provider must be a string';

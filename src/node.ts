@@ -292,10 +292,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
     const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure] as const;
+    /** Whether the node takes paid work now (the capacity snapshot and /status say it alike). */
+    const accepting = () => workRefused(...standing()).length === 0;
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,
       attestation_tier: 'T1',
-      accepting: workRefused(...standing()).length === 0,
+      accepting: accepting(),
       models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
@@ -308,7 +310,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       peer_id: host.peerId.toString(),
       addresses: host.getMultiaddrs().map((a) => a.toString()),
       price_version: prices.payload.version,
-      accepting: workRefused(...standing()).length === 0,
+      accepting: accepting(),
       models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
       // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
       receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },

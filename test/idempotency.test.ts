@@ -47,8 +47,8 @@ describe('IdempotencyStore', () => {
 });
 
 describe("state.db on disk: recorded answers are buyers' output text", () => {
-  /** A fresh state.db in its own folder; `holding(bytes)` lists the files (db, WAL) that contain `bytes`. */
-  async function stateDb() {
+  /** Runs `run` on a fresh state.db in its own folder (removed after); `holding(bytes)` lists the files (db, WAL) that contain `bytes`. */
+  async function withStateDb(run: (d: { fs: typeof import('node:fs'); path: typeof import('node:path'); dir: string; file: string; holding: (bytes: Uint8Array | string) => string[] }, db: Database.Database) => Promise<void> | void): Promise<void> {
     const fs = await import('node:fs');
     const os = await import('node:os');
     const path = await import('node:path');
@@ -56,16 +56,20 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'state-db-private-'));
     const file = path.join(dir, 'state.db');
     const holding = (bytes: Uint8Array | string) => ['state.db', 'state.db-wal'].filter((f) => fs.existsSync(path.join(dir, f)) && fs.readFileSync(path.join(dir, f)).includes(bytes));
-    return { fs, path, dir, file, open: () => openStateDb(file), holding, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
+    const db = openStateDb(file);
+    try {
+      await run({ fs, path, dir, file, holding }, db);
+    } finally {
+      if (db.open) db.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   }
   const text = 'the buyer output text, private: 7f3c91';
   const answer = { ...response, body: new TextEncoder().encode(`{"content":"${text}"}`) };
   const t0 = Date.now() - 2 * 86_400_000; // two days old
 
   test("sealed: neither the answer nor the Idempotency-Key is in the file; the buyer's retry opens it; another key does not find it", async () => {
-    const d = await stateDb();
-    try {
-      const db = d.open();
+    await withStateDb(async (d, db) => {
       const s = new IdempotencyStore(db);
       expect(s.begin('acct', 'key-7f3c91', 'h1', 'req-1')).toEqual({ kind: 'new' });
       s.finish('acct', 'key-7f3c91', answer);
@@ -78,15 +82,11 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
       db.prepare("UPDATE idempotency_sealed SET sealed = zeroblob(64)").run();
       expect(new IdempotencyStore(db).begin('acct', 'key-7f3c91', 'h1')).toMatchObject({ kind: 'conflict', code: 'idempotency_response_lost' });
       db.close();
-    } finally {
-      d.remove();
-    }
+    });
   });
 
   test("the file and its WAL are this user's only, and a forgotten record leaves no copy of its sealed bytes in either, also with a reader in the way", async () => {
-    const d = await stateDb();
-    try {
-      const db = d.open();
+    await withStateDb(async (d, db) => {
       const s = new IdempotencyStore(db);
       const sealedOf = () => new Uint8Array((db.prepare('SELECT sealed FROM idempotency_sealed').get() as { sealed: Uint8Array }).sealed);
       expect(s.begin('acct', 'k', 'h1', 'req-1', t0)).toEqual({ kind: 'new' });
@@ -117,15 +117,11 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
       expect(d.holding(second)).toEqual([]);
       db.close();
       expect(d.holding(second)).toEqual([]);
-    } finally {
-      d.remove();
-    }
+    });
   });
 
   test('records a node before this version wrote in the clear are sealed at open, their clear copies dropped and gone from the file', async () => {
-    const d = await stateDb();
-    try {
-      const db = d.open();
+    await withStateDb(async (d, db) => {
       db.exec(`CREATE TABLE idempotency (account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, status INTEGER NOT NULL, headers TEXT NOT NULL, body BLOB NOT NULL, trailer TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (account, key)) WITHOUT ROWID;
         CREATE TABLE idempotency_running (account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, request_id TEXT NOT NULL, started_at INTEGER NOT NULL, PRIMARY KEY (account, key)) WITHOUT ROWID`);
       db.prepare('INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run('acct', 'old-key', 'h1', answer.status, JSON.stringify(answer.headers), answer.body, JSON.stringify(answer.trailer), Date.now());
@@ -140,9 +136,7 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
       expect(db.prepare("SELECT name FROM sqlite_master WHERE name IN ('idempotency', 'idempotency_running')").all()).toEqual([]);
       expect(d.holding(text)).toEqual([]); // (the clear copies left the file and the WAL at open, not at a pruning a crash could prevent)
       db.close();
-    } finally {
-      d.remove();
-    }
+    });
   });
 });
 

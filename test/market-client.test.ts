@@ -41,6 +41,22 @@ describe('MarketClient reads the market\'s answers with bounds', () => {
     expect(sent).toBeLessThan(68 * 1024 * 1024);
   });
 
+  test('an answer cut off mid-body is market_unreachable, named, not a malformed answer', async () => {
+    const { client } = clientAnswering(
+      () =>
+        new Response(
+          new ReadableStream<Uint8Array>({
+            start(c) {
+              c.enqueue(new TextEncoder().encode('{"public_key":"ab'));
+              c.error(new Error('connection reset'));
+            },
+          }),
+          { status: 200 },
+        ),
+    );
+    await expect(client.marketKey()).rejects.toMatchObject({ status: 502, code: 'market_unreachable', message: expect.stringMatching(/was cut off \(connection reset\)/) });
+  });
+
   test('a redirect is not followed, and a status the API does not answer with is not relayed to the buyer', async () => {
     for (const answer of [new Response(null, { status: 307, headers: { location: 'http://elsewhere.invalid/v1/market' } }), json(401, { error: { code: 'unauthorized', message: 'proxy login' } }), json(399, { error: { code: 'odd', message: 'odd' } })]) {
       const status = answer.status;

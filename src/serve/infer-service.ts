@@ -2,6 +2,7 @@
 // the exact body bytes), a response out (head, data, trailer). Every refusal happens before any
 // work and charges nothing; every request that did work ends in a durable signed receipt for
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
+import { hasLoneSurrogate } from '../../attestation/canonical-json.ts';
 import crypto from 'node:crypto';
 import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
@@ -99,8 +100,6 @@ class Refusal extends ServiceError {
 
 /** The largest body of a free request (tokenize, count_tokens): about 130,000 tokens of text. */
 export const MAX_FREE_BODY = 512 << 10;
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
-
 /** A paid body larger than this is parsed only once its ticket vouches for it (TicketGate.vouch). */
 export const PARSED_BEFORE_TICKET = 64 << 10;
 /** How long a free request waits for its turn before 503 no_capacity. */
@@ -150,8 +149,13 @@ export class InferService {
     } catch (e) {
       // Still counted and logged: a buyer gone before its answer (a refusal that could not be
       // written: one that left while queued), or a handler that failed (the server answers 500).
-      const c = (e as { code?: unknown } | null)?.code;
-      if (status === 0 || code === undefined) ({ status, code } = status === 0 ? { status: 500, code: 'internal_error' } : { status, code: typeof c === 'string' && /^[a-z_]{1,40}$/.test(c) ? c : 'stream_closed' });
+      if (status === 0) {
+        status = 500;
+        code = 'internal_error';
+      } else if (code === undefined) {
+        const c = (e as { code?: unknown } | null)?.code;
+        code = typeof c === 'string' && /^[a-z_]{1,40}$/.test(c) ? c : 'stream_closed';
+      }
       throw e;
     } finally {
       this.observe(req, ctx, status, code, receipt);
@@ -217,7 +221,7 @@ export class InferService {
     try {
       if (typeof key !== 'string' || key.length === 0 || key.length > 256) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: expected 1 to 256 characters');
       // (a lone surrogate has no UTF-8 form: two keys differing only there would be one record)
-      if (LONE_SURROGATE.test(key)) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: not well-formed Unicode (a lone surrogate)');
+      if (hasLoneSurrogate(key)) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: not well-formed Unicode (a lone surrogate)');
       const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
