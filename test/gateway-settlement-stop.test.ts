@@ -75,6 +75,30 @@ describe('Settlements.stop', () => {
     expect(records.get('req-posting')).toMatchObject({ settled: false, settlement_error: { code: 'settlement_interrupted' } });
   });
 
+  test('a POST the market never answers ends at stop(), not at its own timeout: recorded not settled, settlement_interrupted', async () => {
+    const records = new RequestRecords();
+    let sent!: () => void;
+    const posting = new Promise<void>((r) => (sent = r));
+    // A market that takes the POST and never answers: only the call's signal ends it.
+    const market = new MarketClient('http://127.0.0.1:2', {
+      timeoutMs: 600_000,
+      fetch: ((_url: string, init: RequestInit) => {
+        sent();
+        return new Promise((_resolve, reject) => init.signal!.addEventListener('abort', () => reject(init.signal!.reason), { once: true }));
+      }) as unknown as typeof fetch,
+    });
+    const s = new Settlements({ log: noopLogger, market, records, host, receiptFetchMs: 1000 });
+    const node = testKey();
+    const payload: ReceiptPayload = receiptPayload(node, 0, { request_id: 'req-hanging' } as Partial<ReceiptPayload>);
+    const envelope = signReceipt(node, payload);
+    s.settleLater('req-hanging', { ok: true, line: serializeEnvelope(envelope), payload, envelope });
+    await posting;
+    // Without the signal this stop would wait for the POST's 10-minute timeout: the test would time out.
+    await s.stop();
+    expect(s.pending).toBe(0);
+    expect(records.get('req-hanging')).toMatchObject({ settled: false, settlement_error: { code: 'settlement_interrupted', message: expect.stringMatching(/had not answered when the gateway stopped/) } });
+  });
+
   test('a settlement begun after stop() posts nothing: recorded not settled, settlement_interrupted', async () => {
     const records = new RequestRecords();
     let posts = 0;

@@ -72,3 +72,25 @@ describe('MarketClient reads the market\'s answers with bounds', () => {
     }
   });
 });
+
+describe('MarketClient.close', () => {
+  test('a call under way ends at once, and later calls fail without asking the market', async () => {
+    let asked = 0;
+    let started!: () => void;
+    const asking = new Promise<void>((r) => (started = r));
+    const client = new MarketClient('http://market.invalid', {
+      timeoutMs: 600_000,
+      fetch: ((_url: string, init: RequestInit) => {
+        asked++;
+        started();
+        return new Promise((_resolve, reject) => init.signal!.addEventListener('abort', () => reject(init.signal!.reason), { once: true }));
+      }) as unknown as typeof fetch,
+    });
+    const key = client.marketKey();
+    await asking;
+    client.close();
+    await expect(key).rejects.toMatchObject({ status: 503, code: 'market_unreachable', message: expect.stringMatching(/had not answered when the gateway stopped/) });
+    await expect(client.providers()).rejects.toMatchObject({ code: 'market_unreachable', message: expect.stringMatching(/the gateway is stopping/) });
+    expect(asked).toBe(1);
+  });
+});

@@ -246,7 +246,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       await stopStep(log, 'settlements', async () => {
         if (!(await settledWithin(idle(), graceMs))) log.warn({ pending: settlements.pending, grace_ms: graceMs }, 'settlements still running after the grace period are stopped');
         // Stopped, also when idle (a handler cut off with its connection may start one later): no
-        // more retries, waits or fetches; a POST already sent gets its own timeout.
+        // more retries, waits or fetches, and a POST under way ends (its record: settlement_interrupted).
         if (!(await settledWithin(settlements.stop(), graceMs))) log.warn({ pending: settlements.pending }, 'gateway closed with settlements still running');
       });
       await stopStep(log, 'reconciler', async () => {
@@ -257,6 +257,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
           log.warn({ unsettled: left }, `${left} paid request${left === 1 ? '' : 's'} not yet settled ${left === 1 ? 'is' : 'are'} forgotten (no records file): their receipts stay in the nodes' logs; run the gateway with --records FILE to settle them after a restart`);
         }
       });
+      // Whatever still asks the market (the start-up key probe, a look of the reconciler's) ends now.
+      market.close();
       await stopStep(log, 'libp2p', () => host.stop());
       await stopStep(log, 'records', () => records.close());
     },

@@ -123,6 +123,8 @@ export class MarketClient {
   private readonly timeoutMs: number;
   private readonly fetchFn: typeof fetch;
   private key: Promise<MarketKey> | undefined;
+  /** Aborted by close(): every call under way ends at once, and later ones fail at once. */
+  private readonly closer = new AbortController();
 
   constructor(url: string, opts: MarketClientOptions = {}) {
     this.baseUrl = normalizeMarketUrl(url);
@@ -130,8 +132,18 @@ export class MarketClient {
     this.fetchFn = opts.fetch ?? fetch;
   }
 
-  /** JSON in, JSON out; a non-2xx answer throws the market's error (status and code relayed). */
-  private async call(method: 'GET' | 'POST', path: string, body?: unknown): Promise<unknown> {
+  /** Ends every call under way (a gateway stopping waits for no market); later calls fail at once. */
+  close(): void {
+    this.closer.abort();
+  }
+
+  /**
+   * JSON in, JSON out; a non-2xx answer throws the market's error (status and code relayed). A call
+   * ends at its timeout, at close(), or when `signal` aborts.
+   */
+  private async call(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal): Promise<unknown> {
+    const stopping = (): boolean => this.closer.signal.aborted || signal?.aborted === true;
+    if (stopping()) throw new GatewayError(503, 'market_unreachable', `not asking the marketplace at ${this.baseUrl}: the gateway is stopping`);
     let res: Response;
     try {
       res = await this.fetchFn(`${this.baseUrl}${path}`, {
@@ -139,15 +151,17 @@ export class MarketClient {
         headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
         ...(body === undefined ? {} : { body: JSON.stringify(body) }),
         redirect: 'manual', // (the market's own answer, from the market's own address)
-        signal: AbortSignal.timeout(this.timeoutMs),
+        signal: AbortSignal.any([this.closer.signal, AbortSignal.timeout(this.timeoutMs), ...(signal ? [signal] : [])]),
       });
     } catch (e) {
+      if (stopping()) throw new GatewayError(503, 'market_unreachable', `the marketplace at ${this.baseUrl} had not answered when the gateway stopped`);
       throw new GatewayError(502, 'market_unreachable', `the marketplace at ${this.baseUrl} did not answer (${fetchFailure(e)})`);
     }
     let text = '';
     try {
       text = await readBoundedText(res, MAX_MARKET_ANSWER_BYTES);
     } catch (e) {
+      if (stopping()) throw new GatewayError(503, 'market_unreachable', `the marketplace's answer to ${method} ${path} was cut off: the gateway stopped`);
       if (e instanceof BodyTooLargeError) throw new GatewayError(502, 'bad_market_response', `the marketplace's answer to ${method} ${path} is larger than ${e.maxBytes} bytes`);
       throw new GatewayError(502, 'market_unreachable', `the marketplace's answer to ${method} ${path} was cut off (${fetchFailure(e)})`);
     }
@@ -202,9 +216,9 @@ export class MarketClient {
     };
   }
 
-  /** POST /v1/receipts: settles one receipt (idempotent per receipt at the market). */
-  async postReceipt(line: string): Promise<ReceiptAck> {
-    const v = await this.call('POST', '/v1/receipts', { receipt: line });
+  /** POST /v1/receipts: settles one receipt (idempotent per receipt at the market). `signal` ends the call. */
+  async postReceipt(line: string, signal?: AbortSignal): Promise<ReceiptAck> {
+    const v = await this.call('POST', '/v1/receipts', { receipt: line }, signal);
     if (!isObj(v)) throw bad('receipt acknowledgement');
     return {
       ok: v.ok === true,

@@ -122,7 +122,7 @@ export class Settlements {
         break;
       }
       try {
-        const ack = await market.postReceipt(r.line);
+        const ack = await market.postReceipt(r.line, this.stopper.signal); // stop() ends a POST under way
         // Settled means the market booked this receipt as signed: an acknowledgement for another
         // request or another cost is not that (and is said, not recorded as settled).
         const other = ack.request_id !== undefined && ack.request_id !== r.payload.request_id ? `request ${ack.request_id.slice(0, 100)}` : ack.cost_micro_usd !== undefined && ack.cost_micro_usd !== r.payload.cost_micro_usd ? `a cost of ${ack.cost_micro_usd.slice(0, 40)} micro-USD` : undefined;
