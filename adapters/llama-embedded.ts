@@ -173,6 +173,11 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           seed: req.sampling.seed,
           ...(req.sampling.topK !== undefined ? { topK: req.sampling.topK } : {}),
           ...(req.sampling.topP !== undefined ? { topP: req.sampling.topP } : {}),
+          ...(req.sampling.minP !== undefined ? { minP: req.sampling.minP } : {}),
+          // llama.cpp's repeat penalty: over the last 64 tokens, the input's and the output's.
+          ...(req.sampling.repeatPenalty !== undefined && req.sampling.repeatPenalty !== 1
+            ? { repeatPenalty: { penalty: req.sampling.repeatPenalty, maxPunishTokens: REPEAT_WINDOW, punishTokens: () => lastTokens(input, output, REPEAT_WINDOW) } }
+            : {}),
         });
         evaluated = true;
         for await (const token of evaluation) {
@@ -270,4 +275,13 @@ function stopPrefixLength(text: string, stops: string[]): number {
     }
   }
   return best;
+}
+
+/** How many of the latest tokens the repeat penalty looks at (llama.cpp's penalty_last_n default). */
+const REPEAT_WINDOW = 64;
+
+/** The last `n` tokens of the input followed by the output. */
+function lastTokens(input: readonly Token[], output: readonly Token[], n: number): Token[] {
+  if (output.length >= n) return output.slice(output.length - n);
+  return [...input.slice(Math.max(0, input.length - (n - output.length))), ...output];
 }

@@ -6,6 +6,18 @@
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool' | 'developer';
   content: string;
+  /** The participant's name, for the chat template. */
+  name?: string;
+  /** A tool result: the call it answers. */
+  tool_call_id?: string;
+  /** An assistant turn's calls, as the chat API gives them (arguments: JSON text). */
+  tool_calls?: ToolCall[];
+}
+
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
 }
 
 export type GenerationInput = { kind: 'chat'; messages: ChatMessage[] } | { kind: 'prompt'; prompt: string };
@@ -14,7 +26,11 @@ export interface SamplingOptions {
   /** 0 = greedy. */
   temperature: number;
   topP?: number;
+  /** 0 turns it off. */
   topK?: number;
+  minP?: number;
+  /** A repeat penalty over the last 64 tokens (input and output); 1 turns it off. */
+  repeatPenalty?: number;
   /** Fixed seed: the same request gives the same tokens (audit replay relies on it). */
   seed: number;
 }

@@ -38,7 +38,7 @@ describe('request contracts', () => {
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], max_tokens: 0 }, 'max_tokens'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], max_tokens: 1.5 }, 'max_tokens'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stream: 'yes' }, 'stream'],
-    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stream_options: { include_usage: 1 } }, 'stream_options.include_usage'],
+    ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stream: true, stream_options: { include_usage: 1 } }, 'stream_options.include_usage'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], temperature: 3 }, 'temperature'],
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
     ['completions', { model: 'm' }, 'prompt'],
@@ -113,5 +113,101 @@ describe('request contracts', () => {
   });
   test('invalid UTF-8 is refused', () => {
     expect(() => parseRequest('completions', Uint8Array.of(0x7b, 0xff, 0x7d))).toThrow(/UTF-8/);
+  });
+
+  test('a field outside the endpoint\'s contract is refused naming it, never ignored (as the OpenAI API refuses an unrecognised argument)', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    const refused: [string, object, string][] = [
+      ['chat/completions', { ...chat, temprature: 0 }, 'temprature'],
+      ['chat/completions', { ...chat, mirostat: 2 }, 'mirostat'],
+      ['chat/completions', { ...chat, max_output_tokens: 5 }, 'max_output_tokens'],
+      ['completions', { model: 'm', prompt: 'p', messages: [] }, 'messages'],
+      ['completions', { model: 'm', prompt: 'p', max_completion_tokens: 3 }, 'max_completion_tokens'],
+      ['responses', { model: 'm', input: 'x', max_tokens: 5 }, 'max_tokens'],
+      ['embeddings', { model: 'm', input: 'x', stream: true }, 'stream'],
+      ['tokenize', { model: 'm', prompt: 'p', dimensions: 3 }, 'dimensions'],
+      ['chat/completions', { ...chat, messages: [{ role: 'user', content: 'x', weight: 1 }] }, 'messages[0].weight'],
+      ['responses', { model: 'm', input: [{ role: 'user', content: 'x', name: 'a' }] }, 'input[0].name'],
+      ['responses', { model: 'm', input: 'x', text: { format: { type: 'text' }, schema: {} } }, 'text.schema'],
+    ];
+    for (const [endpoint, body, f] of refused) expect(field(endpoint, body), JSON.stringify(body)).toBe(f);
+  });
+  test('OpenAI fields that would change the answer are refused unless at their default; fields that cannot change it are checked for shape', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    const refused: [string, object, string][] = [
+      ['chat/completions', { ...chat, service_tier: 'priority' }, 'service_tier'],
+      ['chat/completions', { ...chat, web_search_options: {} }, 'web_search_options'],
+      ['chat/completions', { ...chat, verbosity: 'low' }, 'verbosity'],
+      ['chat/completions', { ...chat, function_call: { name: 'f' } }, 'function_call'],
+      ['responses', { model: 'm', input: 'x', text: { verbosity: 'high' } }, 'text.verbosity'],
+      ['responses', { model: 'm', input: 'x', max_tool_calls: -1 }, 'max_tool_calls'],
+      ['completions', { model: 'm', prompt: 'p', echo: 1 }, 'echo'],
+      ['completions', { model: 'm', prompt: 'p', echo: 'true' }, 'echo'],
+      ['chat/completions', { ...chat, store: 'yes' }, 'store'],
+      ['chat/completions', { ...chat, user: 5 }, 'user'],
+      ['chat/completions', { ...chat, metadata: 'm' }, 'metadata'],
+      // stream_options without a stream (the OpenAI API refuses it too).
+      ['chat/completions', { ...chat, stream_options: { include_usage: true } }, 'stream_options'],
+    ];
+    for (const [endpoint, body, f] of refused) expect(field(endpoint, body), JSON.stringify(body)).toBe(f);
+    const accepted: [string, object][] = [
+      ['chat/completions', { ...chat, service_tier: 'auto', verbosity: 'medium', function_call: 'none', store: true, prompt_cache_key: 'k', safety_identifier: 's', web_search_options: null }],
+      ['responses', { model: 'm', input: 'x', text: { verbosity: 'medium' }, max_tool_calls: 3, store: true, service_tier: 'default', metadata: {} }],
+      ['embeddings', { model: 'm', input: 'x', user: 'u' }],
+    ];
+    for (const [endpoint, body] of accepted) expect(field(endpoint, body), JSON.stringify(body)).toBe('ok');
+  });
+  test('the output cap has one name per request: chat takes max_tokens or max_completion_tokens, never both', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    expect(parseRequest('chat/completions', enc({ ...chat, max_completion_tokens: 3 }))).toMatchObject({ maxTokens: 3 });
+    expect(parseRequest('chat/completions', enc({ ...chat, max_tokens: null, max_completion_tokens: 3 }))).toMatchObject({ maxTokens: 3 });
+    expect(() => parseRequest('chat/completions', enc({ ...chat, max_tokens: 10, max_completion_tokens: 3 }))).toThrow(/max_completion_tokens: give only one of max_tokens and max_completion_tokens/);
+  });
+  test('seeds: 0 to 2^32 − 2 (2^32 − 1 is llama.cpp\'s "random seed", negative ones all read as 0: neither could be replayed)', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    expect(parseRequest('chat/completions', enc({ ...chat, seed: 0 }))).toMatchObject({ seed: 0 });
+    expect(parseRequest('chat/completions', enc({ ...chat, seed: 2 ** 32 - 2 }))).toMatchObject({ seed: 2 ** 32 - 2 });
+    for (const seed of [2 ** 32 - 1, -1, -12345, 2 ** 32, 1.5]) expect(field('chat/completions', { ...chat, seed }), String(seed)).toBe('seed');
+  });
+  test('llama.cpp\'s samplers: top_k (0 or -1 off), min_p, repetition_penalty (1 off)', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    expect(parseRequest('completions', enc({ model: 'm', prompt: 'p', top_k: 1, min_p: 0.05, repetition_penalty: 1.3 }))).toMatchObject({ topK: 1, minP: 0.05, repetitionPenalty: 1.3 });
+    expect(parseRequest('chat/completions', enc({ ...chat, top_k: -1 }))).toMatchObject({ topK: 0 });
+    for (const [k, v] of [['top_k', -2], ['top_k', 1.5], ['min_p', 1.5], ['repetition_penalty', 0], ['repetition_penalty', -1]] as const) expect(field('chat/completions', { ...chat, [k]: v }), `${k} ${v}`).toBe(k);
+    // At temperature 0 the runtime takes the likeliest token without its penalties: refused, not ignored.
+    expect(field('chat/completions', { ...chat, temperature: 0, repetition_penalty: 1.3 })).toBe('repetition_penalty');
+    expect(field('chat/completions', { ...chat, temperature: 0, repetition_penalty: 1 })).toBe('ok');
+  });
+  test('message names and a tool-calling history reach the chat template as sent; an answer\'s other fields only as null', () => {
+    const history = [
+      { role: 'user', name: 'alice', content: 'weather?' },
+      { role: 'assistant', content: null, refusal: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'c1', content: 'result 42' },
+    ];
+    expect(parseRequest('chat/completions', enc({ model: 'm', messages: history }))).toMatchObject({
+      messages: [
+        { role: 'user', name: 'alice', content: 'weather?' },
+        { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+        { role: 'tool', tool_call_id: 'c1', content: 'result 42' },
+      ],
+    });
+    const refused: [object, string][] = [
+      [{ role: 'user', content: 'x', name: 7 }, 'messages[0].name'],
+      [{ role: 'user', content: 'x', tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: '{}' } }] }, 'messages[0].tool_calls'],
+      [{ role: 'assistant', content: 'x', tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: {} } }] }, 'messages[0].tool_calls[0].function.arguments'],
+      [{ role: 'assistant', content: 'x', refusal: 'no' }, 'messages[0].refusal'],
+      [{ role: 'assistant', content: 'x', function_call: { name: 'f', arguments: '{}' } }, 'messages[0].function_call'],
+      [{ role: 'tool', content: 'x', tool_call_id: '' }, 'messages[0].tool_call_id'],
+    ];
+    for (const [m, f] of refused) expect(field('chat/completions', { model: 'm', messages: [m] }), JSON.stringify(m)).toBe(f);
+  });
+  test('tokenize and count_tokens check the body they count as its endpoint would: no count for a request that would be refused', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    expect(field('tokenize', { ...chat, tools: [{ type: 'function', function: { name: 'f' } }] })).toBe('tools');
+    expect(field('count_tokens', { ...chat, seed: -1 })).toBe('seed');
+    expect(field('tokenize', { model: 'm', prompt: 'p', echo: true })).toBe('echo');
+    expect(parseRequest('tokenize', enc({ ...chat, max_tokens: 5, temperature: 0, return_tokens: true }))).toMatchObject({ endpoint: 'tokenize', messages: [{ role: 'user', content: 'x' }], returnTokens: true });
+    // JSON null is "not given", here as everywhere.
+    expect(parseRequest('count_tokens', enc({ model: 'm', messages: null, prompt: 'p' }))).toMatchObject({ prompt: 'p' });
   });
 });

@@ -108,6 +108,29 @@ describe('InferService', () => {
     expect(JSON.parse(text(again.out)).choices[0].message.content).toBe(body.choices[0].message.content);
   });
 
+  test('the samplers a buyer sets reach the runtime: top_k 1 at temperature 1.5 answers what temperature 0 does (and differs without it)', async () => {
+    const answer = async (extra: object): Promise<string> => {
+      const { res, out } = recorder();
+      await service.handle(request('chat/completions', { ...chatBody, ...extra }), res);
+      expect(out.head?.status).toBe(200);
+      return JSON.parse(text(out)).choices[0].message.content as string;
+    };
+    const greedy = await answer({ temperature: 0 });
+    expect(await answer({ temperature: 1.5, seed: 3 })).not.toBe(greedy);
+    expect(await answer({ temperature: 1.5, seed: 3, top_k: 1 })).toBe(greedy);
+  });
+
+  test('a field outside the contract is refused before any work: 400 naming it, no receipt', async () => {
+    const before = log.size;
+    for (const extra of [{ mirostat: 2 }, { max_tokens: 10, max_completion_tokens: 3 }, { seed: 4294967295 }, { seed: -1 }]) {
+      const { res, out } = recorder();
+      await service.handle(request('chat/completions', { ...chatBody, ...extra }), res);
+      expect(out.head?.status, JSON.stringify(extra)).toBe(400);
+      expect(out.trailer?.error).toMatchObject({ code: 'invalid_request', message: expect.stringMatching(new RegExp(`^${Object.keys(extra).at(-1)}: `)) });
+    }
+    expect(log.size).toBe(before);
+  });
+
   test('streams: chunks, a usage chunk only with include_usage, then [DONE]', async () => {
     for (const includeUsage of [true, false]) {
       const { res, out } = recorder();

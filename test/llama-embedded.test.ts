@@ -53,6 +53,25 @@ describe('LlamaEmbeddedAdapter', () => {
     expect(await rt.detokenize(await rt.tokenize('hello world'))).toBe('hello world');
   });
 
+  test('a message\'s name, tool calls and tool_call_id reach the chat template as sent (the template decides how they read)', async () => {
+    const templated = path.join(dir, 'named.gguf');
+    writeTinyLlama(templated, {
+      chatTemplate: "{% for m in messages %}{{ m.role }}{% if m.name %}({{ m.name }}){% endif %}{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}:{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}<call {{ c.id }} {{ c.function.name }} {{ c.function.arguments }}>{% endfor %}{% endif %};{% endfor %}",
+    });
+    const named = new LlamaEmbeddedAdapter({ modelPath: templated, slots: 1, contextLength: 256 });
+    await named.start();
+    try {
+      const text = await named.renderChat([
+        { role: 'user', name: 'alice', content: 'weather?' },
+        { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+        { role: 'tool', tool_call_id: 'c1', content: '42' },
+      ]);
+      expect(text).toBe('user(alice):weather?;assistant:<call c1 get_weather {"city":"Paris"}>;tool[c1]:42;');
+    } finally {
+      await named.stop();
+    }
+  });
+
   test('a fixed seed replays the same tokens; maxTokens is exact; usage adds up', async () => {
     const req: GenerateRequest = { input: chat, maxTokens: 24, sampling: { temperature: 0.8, seed: 42 } };
     const a = await run(req);
@@ -67,6 +86,20 @@ describe('LlamaEmbeddedAdapter', () => {
     const other = await run({ ...req, sampling: { temperature: 1, seed: 7 } });
     const again = await run({ ...req, sampling: { temperature: 1, seed: 8 } });
     expect(ids(other)).not.toEqual(ids(again));
+  });
+
+  test('llama.cpp\'s samplers as asked: top_k 1 and min_p 1 are greedy at any temperature; a repeat penalty changes a seeded run, the same way every time', async () => {
+    const ids = (x: { chunks: GeneratedChunk[] }) => x.chunks.flatMap((c) => c.tokens);
+    const greedy = ids(await run({ input: chat, maxTokens: 24, sampling: { temperature: 0, seed: 0 } }));
+    const sampled = ids(await run({ input: chat, maxTokens: 24, sampling: { temperature: 1.5, seed: 3 } }));
+    expect(sampled).not.toEqual(greedy); // (so the two below are the samplers' doing)
+    expect(ids(await run({ input: chat, maxTokens: 24, sampling: { temperature: 1.5, seed: 3, topK: 1 } }))).toEqual(greedy);
+    expect(ids(await run({ input: chat, maxTokens: 24, sampling: { temperature: 1.5, seed: 3, minP: 1 } }))).toEqual(greedy);
+    const penalised = { input: chat, maxTokens: 24, sampling: { temperature: 1.5, seed: 3, repeatPenalty: 1.8 } };
+    const p1 = ids(await run(penalised));
+    expect(p1).not.toEqual(sampled);
+    expect(ids(await run(penalised))).toEqual(p1);
+    expect(ids(await run({ ...penalised, sampling: { temperature: 1.5, seed: 3, repeatPenalty: 1 } }))).toEqual(sampled);
   });
 
   test('a generation does not depend on another running beside it (audit replay runs requests one at a time)', async () => {

@@ -1,7 +1,7 @@
 // The request contracts of the text endpoints (marketplace-api.md): parse the exact body bytes,
 // check every field the node acts on, and refuse anything else with 400 naming the field.
 // Nothing is charged for a request refused here.
-import type { ChatMessage } from '../../adapters/runtime-adapter.ts';
+import type { ChatMessage, ToolCall } from '../../adapters/runtime-adapter.ts';
 
 export class ContractError extends Error {
   override name = 'ContractError';
@@ -27,6 +27,11 @@ export interface GenerationParams {
   includeUsage: boolean;
   temperature: number;
   topP: number | undefined;
+  /** llama.cpp's top_k: 0 turns it off. */
+  topK: number | undefined;
+  minP: number | undefined;
+  /** llama.cpp's repeat penalty over the last 64 tokens: 1 turns it off. */
+  repetitionPenalty: number | undefined;
   seed: number | undefined;
   stop: string[];
 }
@@ -87,14 +92,58 @@ function content(v: unknown, field: string): string {
   throw new ContractError(field, 'expected a string or an array of text parts');
 }
 
-function messages(v: unknown): ChatMessage[] {
-  if (!Array.isArray(v) || v.length === 0) throw new ContractError('messages', 'expected a non-empty array');
-  return v.map((m, i) => {
-    const o = object(m, `messages[${i}]`);
-    if (!ROLES.includes(o.role as ChatMessage['role'])) throw new ContractError(`messages[${i}].role`, `expected one of ${ROLES.join(', ')}`);
-    return { role: o.role as ChatMessage['role'], content: content(o.content, `messages[${i}].content`) };
+/** The fields of a chat message this node reads; any other is refused (it would be ignored). */
+const MESSAGE_FIELDS = new Set(['role', 'content', 'name', 'tool_calls', 'tool_call_id', 'refusal', 'function_call', 'audio']);
+
+/**
+ * One chat message. `name`, `tool_call_id` and an assistant turn's `tool_calls` reach the model's
+ * chat template as sent (as a serving runtime passes them): the template decides how they read.
+ */
+function message(m: unknown, at: string, fields: ReadonlySet<string> = MESSAGE_FIELDS): ChatMessage {
+  const o = object(m, at);
+  for (const k of Object.keys(o)) if (!fields.has(k)) throw new ContractError(`${at}.${k}`, 'not a field of a chat message (it would be ignored)');
+  if (!ROLES.includes(o.role as ChatMessage['role'])) throw new ContractError(`${at}.role`, `expected one of ${ROLES.join(', ')}`);
+  const out: ChatMessage = { role: o.role as ChatMessage['role'], content: content(o.content, `${at}.content`) };
+  if (set(o.name)) {
+    if (typeof o.name !== 'string' || o.name.length === 0 || o.name.length > 256) throw new ContractError(`${at}.name`, 'expected a name of 1 to 256 characters');
+    out.name = o.name;
+  }
+  if (set(o.tool_call_id)) {
+    if (typeof o.tool_call_id !== 'string' || o.tool_call_id.length === 0 || o.tool_call_id.length > 256) throw new ContractError(`${at}.tool_call_id`, 'expected an id of 1 to 256 characters');
+    out.tool_call_id = o.tool_call_id;
+  }
+  if (set(o.tool_calls) && !(Array.isArray(o.tool_calls) && o.tool_calls.length === 0)) {
+    if (o.role !== 'assistant') throw new ContractError(`${at}.tool_calls`, 'only an assistant message calls tools');
+    out.tool_calls = toolCalls(o.tool_calls, `${at}.tool_calls`);
+  }
+  // An answer's own fields, as a client sends an earlier answer back: only their empty values.
+  for (const k of ['refusal', 'function_call', 'audio'] as const) {
+    if (set(o[k])) throw new ContractError(`${at}.${k}`, 'not supported by this model (only null)');
+  }
+  return out;
+}
+
+/** An assistant turn's tool calls, in the chat API's shape: `{id, type: "function", function: {name, arguments}}`. */
+function toolCalls(v: unknown, field: string): ToolCall[] {
+  if (!Array.isArray(v) || v.length > 128) throw new ContractError(field, 'expected an array of up to 128 tool calls');
+  return v.map((c, i) => {
+    const o = object(c, `${field}[${i}]`);
+    const f = object(o.function, `${field}[${i}].function`);
+    if (typeof o.id !== 'string' || o.id.length === 0 || o.id.length > 256) throw new ContractError(`${field}[${i}].id`, 'expected an id of 1 to 256 characters');
+    if (o.type !== 'function') throw new ContractError(`${field}[${i}].type`, 'expected "function"');
+    if (typeof f.name !== 'string' || f.name.length === 0 || f.name.length > 256) throw new ContractError(`${field}[${i}].function.name`, 'expected a name of 1 to 256 characters');
+    if (typeof f.arguments !== 'string') throw new ContractError(`${field}[${i}].function.arguments`, 'expected a string (JSON text)');
+    return { id: o.id, type: 'function', function: { name: f.name, arguments: f.arguments } };
   });
 }
+
+function messages(v: unknown): ChatMessage[] {
+  if (!Array.isArray(v) || v.length === 0) throw new ContractError('messages', 'expected a non-empty array');
+  return v.map((m, i) => message(m, `messages[${i}]`));
+}
+
+/** The fields of a Responses input message (besides type, id and status). */
+const INPUT_MESSAGE_FIELDS = new Set(['role', 'content']);
 
 /** Responses API input: a string (one user message) or a list of messages; instructions lead as system. */
 function responsesInput(o: Obj): ChatMessage[] {
@@ -108,11 +157,30 @@ function responsesInput(o: Obj): ChatMessage[] {
     o.input.forEach((m, i) => {
       const item = object(m, `input[${i}]`);
       if (item.type !== undefined && item.type !== 'message') throw new ContractError(`input[${i}].type`, 'only message items are supported by this model');
-      if (!ROLES.includes(item.role as ChatMessage['role'])) throw new ContractError(`input[${i}].role`, `expected one of ${ROLES.join(', ')}`);
-      out.push({ role: item.role as ChatMessage['role'], content: content(item.content, `input[${i}].content`) });
+      // (`id` and `status`: an earlier output item sent back as it came.)
+      const { type: _type, id: _id, status: _status, ...msg } = item;
+      out.push(message(msg, `input[${i}]`, INPUT_MESSAGE_FIELDS));
     });
   } else throw new ContractError('input', 'expected a string or a non-empty array of messages');
   return out;
+}
+
+// Every field each endpoint's contract has. A field outside its endpoint's list is refused (400
+// naming it), as the OpenAI API refuses an unrecognised argument: a buyer never pays for an answer
+// that quietly ignored part of the request. A field in the list is either acted on, refused unless
+// at its default (unsupported() below), or one that cannot change the answer (user, metadata, store…).
+const SAMPLING_FIELDS = ['temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty', 'seed', 'stop', 'logit_bias', 'frequency_penalty', 'presence_penalty'];
+const ACCOUNTING_FIELDS = ['user', 'metadata', 'store', 'service_tier', 'prompt_cache_key', 'safety_identifier'];
+const CHAT_FIELDS = new Set(['model', 'messages', 'stream', 'stream_options', 'max_tokens', 'max_completion_tokens', 'n', 'logprobs', 'top_logprobs', 'tools', 'functions', 'tool_choice', 'function_call', 'parallel_tool_calls', 'response_format', 'modalities', 'audio', 'prediction', 'reasoning_effort', 'web_search_options', 'verbosity', ...SAMPLING_FIELDS, ...ACCOUNTING_FIELDS]);
+const COMPLETION_FIELDS = new Set(['model', 'prompt', 'stream', 'stream_options', 'max_tokens', 'n', 'best_of', 'logprobs', 'echo', 'suffix', ...SAMPLING_FIELDS, ...ACCOUNTING_FIELDS]);
+const RESPONSE_FIELDS = new Set(['model', 'input', 'instructions', 'stream', 'stream_options', 'max_output_tokens', 'top_logprobs', 'text', 'tools', 'tool_choice', 'parallel_tool_calls', 'max_tool_calls', 'previous_response_id', 'conversation', 'prompt', 'reasoning', 'background', 'include', 'truncation', ...SAMPLING_FIELDS, ...ACCOUNTING_FIELDS]);
+const EMBEDDING_FIELDS = new Set(['model', 'input', 'encoding_format', 'dimensions', 'user']);
+const COUNT_FIELDS = ['return_tokens'];
+
+function knownFields(o: Obj, fields: ReadonlySet<string>, extra: readonly string[] = []): void {
+  for (const k of Object.keys(o)) {
+    if (!fields.has(k) && !extra.includes(k)) throw new ContractError(k.slice(0, 64), 'not a field of this endpoint\'s request contract (it would be ignored)');
+  }
 }
 
 /** Whether an optional field was given (JSON null counts as not given, as the OpenAI API reads it). */
@@ -142,19 +210,34 @@ function unsupported(o: Obj): void {
   for (const k of ['frequency_penalty', 'presence_penalty'] as const) {
     if (set(o[k]) && o[k] !== 0) throw new ContractError(k, 'repetition penalties are not supported (only 0)');
   }
-  if (set(o.tool_choice) && o.tool_choice !== 'none' && o.tool_choice !== 'auto') throw new ContractError('tool_choice', 'tool calling is not supported by this model (only "none" or "auto")');
+  for (const k of ['tool_choice', 'function_call'] as const) {
+    if (set(o[k]) && o[k] !== 'none' && o[k] !== 'auto') throw new ContractError(k, 'tool calling is not supported by this model (only "none" or "auto")');
+  }
   if (set(o.modalities) && !(Array.isArray(o.modalities) && o.modalities.length === 1 && o.modalities[0] === 'text')) throw new ContractError('modalities', 'only ["text"] is supported');
-  for (const k of ['audio', 'prediction', 'reasoning_effort'] as const) {
+  for (const k of ['audio', 'prediction', 'reasoning_effort', 'web_search_options'] as const) {
     if (set(o[k])) throw new ContractError(k, 'not supported by this model');
   }
+  if (set(o.verbosity) && o.verbosity !== 'medium') throw new ContractError('verbosity', 'only "medium" (the default) is supported');
+  if (set(o.service_tier) && o.service_tier !== 'auto' && o.service_tier !== 'default') throw new ContractError('service_tier', 'only "auto" or "default" is offered');
+  if (o.echo !== undefined) optBool(o.echo, 'echo');
+  // Fields that cannot change the answer: only their shape is checked.
+  optBool(o.store, 'store');
+  optBool(o.parallel_tool_calls, 'parallel_tool_calls');
+  for (const k of ['user', 'prompt_cache_key', 'safety_identifier'] as const) {
+    if (set(o[k]) && typeof o[k] !== 'string') throw new ContractError(k, 'expected a string');
+  }
+  if (set(o.metadata)) object(o.metadata, 'metadata');
 }
 
 /** The Responses API's own features this node does not implement (it is stateless and text only). */
 function unsupportedResponses(o: Obj): void {
   if (set(o.text)) {
     const text = object(o.text, 'text');
+    for (const k of Object.keys(text)) if (k !== 'format' && k !== 'verbosity') throw new ContractError(`text.${k.slice(0, 64)}`, 'not a field of the text options (it would be ignored)');
     if (set(text.format) && object(text.format, 'text.format').type !== 'text') throw new ContractError('text.format.type', 'only "text" is supported');
+    if (set(text.verbosity) && text.verbosity !== 'medium') throw new ContractError('text.verbosity', 'only "medium" (the default) is supported');
   }
+  optInt(o.max_tool_calls, 'max_tool_calls', 0, 1 << 20); // (no tools run here: it limits nothing)
   for (const k of ['previous_response_id', 'conversation', 'prompt', 'reasoning'] as const) {
     if (set(o[k])) throw new ContractError(k, 'not supported by this node (it keeps no conversations, prompts or reasoning)');
   }
@@ -163,10 +246,22 @@ function unsupportedResponses(o: Obj): void {
   if (set(o.truncation) && o.truncation !== 'disabled') throw new ContractError('truncation', 'only "disabled" is supported: an input the context cannot hold is refused');
 }
 
-function generation(o: Obj): GenerationParams {
+/** The output token cap: the endpoint's field for it, or (chat) either of its two names, never both. */
+function maxTokens(o: Obj, names: readonly string[]): number | undefined {
+  const given = names.filter((k) => set(o[k]));
+  if (given.length > 1) throw new ContractError(given[1]!, `give only one of ${given.join(' and ')}`);
+  const name = given[0];
+  return name === undefined ? undefined : optInt(o[name], name, 1, 1 << 24);
+}
+
+/** The largest seed: 2^32 − 1 asks llama.cpp for a random one, which no replay could reproduce. */
+export const MAX_SEED = 2 ** 32 - 2;
+
+function generation(o: Obj, maxNames: readonly string[]): GenerationParams {
   unsupported(o);
-  const so = o.stream_options === undefined || o.stream_options === null ? {} : object(o.stream_options, 'stream_options');
   const stream = optBool(o.stream, 'stream') ?? false;
+  if (set(o.stream_options) && !stream) throw new ContractError('stream_options', 'only allowed with stream: true');
+  const so = set(o.stream_options) ? object(o.stream_options, 'stream_options') : {};
   const includeUsage = optBool(so.include_usage, 'stream_options.include_usage') ?? false;
   let stop: string[] = [];
   if (typeof o.stop === 'string') {
@@ -176,14 +271,22 @@ function generation(o: Obj): GenerationParams {
     if (o.stop.length > 4 || !o.stop.every((s) => typeof s === 'string' && s.length > 0)) throw new ContractError('stop', 'expected up to 4 non-empty strings');
     stop = o.stop as string[];
   } else if (o.stop !== undefined && o.stop !== null) throw new ContractError('stop', 'expected a string or an array of strings');
-  const maxField = o.max_tokens !== undefined ? 'max_tokens' : o.max_output_tokens !== undefined ? 'max_output_tokens' : 'max_completion_tokens';
+  const penalty = optNumber(o.repetition_penalty, 'repetition_penalty', 0, 100);
+  if (penalty === 0) throw new ContractError('repetition_penalty', 'expected a number above 0 (1 turns it off)');
+  const temperature = optNumber(o.temperature, 'temperature', 0, 2) ?? 1;
+  // The embedded runtime takes the likeliest token at temperature 0 without its penalties.
+  if (penalty !== undefined && penalty !== 1 && temperature === 0) throw new ContractError('repetition_penalty', 'applies only when sampling (temperature above 0) on this runtime');
+  const topK = optInt(o.top_k, 'top_k', -1, 1 << 24);
   return {
-    maxTokens: optInt(o.max_tokens ?? o.max_output_tokens ?? o.max_completion_tokens, maxField, 1, 1 << 24),
+    maxTokens: maxTokens(o, maxNames),
     stream,
     includeUsage,
-    temperature: optNumber(o.temperature, 'temperature', 0, 2) ?? 1,
+    temperature,
     topP: optNumber(o.top_p, 'top_p', 0, 1),
-    seed: optInt(o.seed, 'seed', -(2 ** 31), 2 ** 32 - 1),
+    topK: topK === -1 ? 0 : topK, // (-1, as vLLM spells "off")
+    minP: optNumber(o.min_p, 'min_p', 0, 1),
+    repetitionPenalty: penalty,
+    seed: optInt(o.seed, 'seed', 0, MAX_SEED),
     stop,
   };
 }
@@ -203,14 +306,16 @@ export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest 
   const model = o.model;
   switch (endpoint as TextEndpoint) {
     case 'chat/completions':
-      return { endpoint: 'chat/completions', model, messages: messages(o.messages), ...generation(o) };
+      return chat(o, model);
     case 'completions':
-      if (typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
-      return { endpoint: 'completions', model, prompt: o.prompt, ...generation(o) };
+      return completion(o, model);
     case 'responses':
+      knownFields(o, RESPONSE_FIELDS);
       unsupportedResponses(o);
-      return { endpoint: 'responses', model, messages: responsesInput(o), ...generation(o) };
+      return { endpoint: 'responses', model, messages: responsesInput(o), ...generation(o, ['max_output_tokens']) };
     case 'embeddings': {
+      knownFields(o, EMBEDDING_FIELDS);
+      if (set(o.user) && typeof o.user !== 'string') throw new ContractError('user', 'expected a string');
       const input = typeof o.input === 'string' ? [o.input] : o.input;
       if (!Array.isArray(input) || input.length === 0 || input.length > 2048 || !input.every((s) => typeof s === 'string')) {
         throw new ContractError('input', 'expected a string or a non-empty array of strings');
@@ -222,14 +327,26 @@ export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest 
     }
     case 'tokenize':
     case 'count_tokens': {
-      const hasMessages = o.messages !== undefined;
-      const hasPrompt = o.prompt !== undefined;
+      // The body of the request to count (chat's or completions'), checked as that request would
+      // be: a count is never given for a body the endpoint would refuse.
+      const hasMessages = set(o.messages);
+      const hasPrompt = set(o.prompt);
       if (hasMessages === hasPrompt) throw new ContractError(hasMessages ? 'prompt' : 'messages', 'give exactly one of messages or prompt');
-      if (hasPrompt && typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
       const returnTokens = optBool(o.return_tokens, 'return_tokens') ?? false;
       return hasMessages
-        ? { endpoint: endpoint as 'tokenize', model, messages: messages(o.messages), returnTokens }
-        : { endpoint: endpoint as 'tokenize', model, prompt: o.prompt as string, returnTokens };
+        ? { endpoint: endpoint as 'tokenize', model, messages: chat(o, model, [...COUNT_FIELDS, 'prompt']).messages, returnTokens }
+        : { endpoint: endpoint as 'tokenize', model, prompt: completion(o, model, [...COUNT_FIELDS, 'messages']).prompt, returnTokens };
     }
   }
+}
+
+function chat(o: Obj, model: string, extra: readonly string[] = []): ParsedRequest & { endpoint: 'chat/completions' } {
+  knownFields(o, CHAT_FIELDS, extra);
+  return { endpoint: 'chat/completions', model, messages: messages(o.messages), ...generation(o, ['max_tokens', 'max_completion_tokens']) };
+}
+
+function completion(o: Obj, model: string, extra: readonly string[] = []): ParsedRequest & { endpoint: 'completions' } {
+  knownFields(o, COMPLETION_FIELDS, extra);
+  if (typeof o.prompt !== 'string') throw new ContractError('prompt', 'expected a string');
+  return { endpoint: 'completions', model, prompt: o.prompt, ...generation(o, ['max_tokens']) };
 }

@@ -4,7 +4,7 @@
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import { hasLoneSurrogate } from '../../attestation/canonical-json.ts';
 import crypto from 'node:crypto';
-import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter } from '../../adapters/runtime-adapter.ts';
+import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter, type SamplingOptions } from '../../adapters/runtime-adapter.ts';
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
@@ -17,7 +17,7 @@ import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
-import { ContractError, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type ParsedRequest, type TextEndpoint } from './contract.ts';
+import { ContractError, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type GenerationParams, type ParsedRequest, type TextEndpoint } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
 import { readAhead } from './read-ahead.ts';
 import { isStoreError, type StoreHealth } from '../store/store-health.ts';
@@ -491,7 +491,7 @@ export class InferService {
       await delivery.res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
       await send(stream?.start() ?? rstream?.start());
       // Read ahead: the runtime computes the next tokens while this one is relayed.
-      gen = readAhead(model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: { temperature: p.temperature, seed: p.seed ?? 0, ...(p.topP !== undefined ? { topP: p.topP } : {}) }, stop: p.stop, signal: req.signal }), READ_AHEAD_CHUNKS);
+      gen = readAhead(model.adapter.generate({ input, inputTokens: tokens, maxTokens, sampling: samplingOf(p), stop: p.stop, signal: req.signal }), READ_AHEAD_CHUNKS);
       for (;;) {
         const n = await gen.next();
         if (n.done) {
@@ -679,5 +679,21 @@ function watchDelivery(res: InferResponse): { res: InferResponse; readonly faile
     get failed() {
       return failed;
     },
+  };
+}
+
+/**
+ * The runtime's sampling for a request: what the buyer set, the runtime's defaults for the rest
+ * (llama.cpp: top_p 0.95, top_k 40, min_p 0), and seed 0 when none is given, so every request
+ * can be replayed.
+ */
+function samplingOf(p: GenerationParams): SamplingOptions {
+  return {
+    temperature: p.temperature,
+    seed: p.seed ?? 0,
+    ...(p.topP !== undefined ? { topP: p.topP } : {}),
+    ...(p.topK !== undefined ? { topK: p.topK } : {}),
+    ...(p.minP !== undefined ? { minP: p.minP } : {}),
+    ...(p.repetitionPenalty !== undefined ? { repeatPenalty: p.repetitionPenalty } : {}),
   };
 }
