@@ -35,7 +35,18 @@ export interface ReceiptVerifyOptions {
 
 /** Strictly verifies one receipt envelope (an object or its JSON text). Never throws. */
 export function verifyReceipt(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
-  return guarded('envelope_malformed', 'envelope', () => verifyReceiptUnsafe(envelope, opts));
+  // The options are read once, first, under their own name: a getter that throws is the options' fault, not the envelope's.
+  const read = guarded('options_invalid', 'options', () => readReceiptOptions(opts));
+  if (!read.ok) return read;
+  return guarded('envelope_malformed', 'envelope', () => verifyReceiptUnsafe(envelope, read.value));
+}
+
+function readReceiptOptions(opts: unknown): VerifyResult<ReceiptVerifyOptions> {
+  if (!isOptions(opts) || unknownOption(opts, RECEIPT_OPTIONS) !== undefined) return fail('options_invalid', 'options must be an object { provider, chain? }');
+  const { provider, chain } = opts;
+  if (provider === undefined) return fail('options_invalid', 'options.provider is required: the provider id (64 hex characters) or its 32-byte key');
+  if (chain !== undefined && typeof chain !== 'boolean') return fail('options_invalid', 'options.chain must be true or false');
+  return ok({ provider: provider as string | Uint8Array, ...(chain === true ? { chain } : {}) });
 }
 
 // Receipts are usually checked many at a time against one provider: remember the last key.
@@ -56,7 +67,6 @@ function providerKey(p: string | Uint8Array): ProviderKey | undefined {
 }
 
 function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerifyOptions): VerifyResult<VerifiedReceipt> {
-  if (!isOptions(opts) || unknownOption(opts, RECEIPT_OPTIONS) !== undefined) return fail('options_invalid', 'options must be an object { provider, chain? }');
   const pk = providerKey(opts.provider);
   if (!pk) return fail('unknown_key', 'provider must be 64 lowercase hex characters or a 32-byte key');
   // A log line in the canonical one-signature shape is read without JSON.parse (see parseEnvelopeLine).

@@ -46,6 +46,8 @@ export interface ModelConfig {
   url: string | null;
   quantization: string;
   context: number;
+  /** Whether `context` was set (not the default): the node warns when the model cannot serve it. */
+  context_set?: boolean;
   prices: ModelPrices;
   slots: number;
   queue: number;
@@ -308,6 +310,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       url: murl,
       quantization,
       context: int(full.context, `${where}.context`, 16, 4294967295),
+      context_set: m.context !== undefined && m.context !== null,
       prices: {
         input_per_mtok: usdRate(prices.input_per_mtok_usd, `${where}.prices.input_per_mtok_usd`),
         output_per_mtok: usdRate(prices.output_per_mtok_usd, `${where}.prices.output_per_mtok_usd`),

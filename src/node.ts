@@ -206,6 +206,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       const tps = await measureTokensPerSecond(adapter);
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
+      if (m.context_set === true && adapter.info.contextLength < m.context) {
+        // The runtime serves no more than the model was trained for: say so, or the operator believes the config.
+        logger.warn({ model: m.id, configured: m.context, context: adapter.info.contextLength }, `model ${m.id}: context ${m.context} is more than the model was trained for; serving ${adapter.info.contextLength}`);
+      }
       logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256 }, 'model ready');
     }
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });

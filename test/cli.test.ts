@@ -9,7 +9,7 @@ import { loadKeyFile } from '../src/identity.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { priceVersion, verifyPriceList } from '../attestation/price-list.ts';
 import { SYNTHETIC_PRICE_LIST, syntheticReceiptBody } from '../src/store/synthetic.ts';
-import { assertCliBuilt, runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
+import { assertCliBuilt, CLI_BIN, runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
 import { flipSignatureBit, payloadOf, providerIdOf, randomSeed, removeTemp, tempDir, withPayloadKeepSig } from './helpers/tamper-log.ts';
 
 let tmp: string;
@@ -150,6 +150,7 @@ describe.concurrent('usage errors', () => {
     expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', 'a:b:c']), '--listen must be host:port, e.g. 127.0.0.1:11435; got "a:b:c"\n', 2);
     for (const bad of ['soon', '-5', '1e5']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be a whole number, got "?${bad}`), 2);
     for (const bad of ['999', '1000000000']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be between 1000 and 999999999, got "?${bad}`), 2);
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--records-days', '30']), '--records-days needs --records FILE (records kept in memory go with the process)', 2);
   });
 
   it('gateway and market --listen with a port alone: the same usage error, before anything listens or warns', async () => {
@@ -510,11 +511,23 @@ describe('verify', () => {
     expectCleanError(await runCli(['verify', tmp]), /cannot read .*: it is a folder/, 1);
   });
 
-  it('a FIFO is a clean error at once, never waited on', async () => {
+  it('a FIFO nobody writes to reads as empty at once, never waited on', async () => {
     const fifo = path.join(tmp, 'pipe.json');
     const { execFileSync } = await import('node:child_process');
     execFileSync('mkfifo', [fifo]);
-    expectCleanError(await runCli(['verify', fifo]), /cannot read .*pipe\.json: not a regular file/, 1);
+    expectFail(await runCli(['verify', fifo]), /^FAIL receipt: envelope_not_json: /m);
+  });
+
+  it('a pipe is read to its end (the README\'s `verify <(sed -n 5p receipts.jsonl)`)', async () => {
+    const f = write('piped.json', lines[3]!);
+    const { execFileSync } = await import('node:child_process');
+    // The writer starts late: the read waits for it, then for its end.
+    const out = execFileSync('bash', ['-c', `${JSON.stringify(process.execPath)} ${JSON.stringify(CLI_BIN)} verify --provider ${id} <(sleep 0.3; cat ${JSON.stringify(f)})`], { encoding: 'utf8' });
+    expect(out).toMatch(/^OK receipt: seq 3 /m);
+  });
+
+  it('a device is a clean error at once', async () => {
+    expectCleanError(await runCli(['verify', '/dev/zero']), /cannot read \/dev\/zero: not a regular file or a pipe \(a device\)/, 1);
   });
 
   it('an empty file is envelope_not_json', async () => {

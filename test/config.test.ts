@@ -37,7 +37,7 @@ describe('config', () => {
   test('models: defaults, exact prices, resolved paths, normalised quantization', () => {
     const c = parseConfig(model.replace('    prices', '    quantization: Q4_K_M\n    prices'), base);
     expect(c.models).toEqual([
-      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16, max_wait_ms: 30_000 },
+      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, context_set: false, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16, max_wait_ms: 30_000 },
     ]);
   });
 

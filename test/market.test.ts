@@ -91,6 +91,14 @@ describe('registration', () => {
     expect(r.body.error.message).toMatch(message);
   });
 
+  test('a body sent as another Content-Type is a malformed body: 400 with the route\'s code, not 415', async () => {
+    for (const [route, code] of [['/v1/providers/register', 'registration_invalid'], ['/v1/tickets', 'invalid_request']] as const) {
+      const r = await fetch(`${url}${route}`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: JSON.stringify(registration(provider())) });
+      expect(r.status, route).toBe(400);
+      expect(await r.json()).toEqual({ error: { code, message: 'body: expected JSON (Content-Type: application/json)' } });
+    }
+  });
+
   test('an older registration does not replace the one in force', async () => {
     const p = provider();
     const now = Date.now();

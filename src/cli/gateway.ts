@@ -30,7 +30,9 @@ export function gatewayCommand(): Command {
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; logLevel: string }) => {
+    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; logLevel: string }, cmd: Command) => {
+      // Records kept in memory last until the gateway stops, whatever --records-days says: refused, not ignored.
+      if (opts.records === undefined && cmd.getOptionValueSource('recordsDays') === 'cli') throw new CliError('--records-days needs --records FILE (records kept in memory go with the process)', 2);
       const { host, port } = parseListen(opts.listen);
       try {
         normalizeMarketUrl(opts.market);

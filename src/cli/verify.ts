@@ -49,19 +49,30 @@ function payloadOf(v: { payload: ReceiptPayload } | { receipt: { payload: Receip
   return 'receipt' in v ? v.receipt.payload : v.payload;
 }
 
+const PAUSE = new Int32Array(new SharedArrayBuffer(4));
+
 function readInput(file: string): string {
   let fd: number | undefined;
   try {
-    // Opened without blocking and checked to be a file: a FIFO or device would wait or never end.
+    // Opened without blocking and checked: a file, or a pipe (`<(sed -n 5p receipts.jsonl)`), read
+    // to its end within MAX_FILE; a device (which might never end) or a folder is refused.
     fd = file === '-' ? 0 : fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
     if (fd !== 0) {
       const st = fs.fstatSync(fd);
-      if (!st.isFile()) throw new CliError(`cannot read ${file}: ${st.isDirectory() ? 'it is a folder' : 'not a regular file (a FIFO or device)'}`);
+      // (A pipe is read until its writer closes it; one without a writer reads as empty, never waited on.)
+      if (!st.isFile() && !st.isFIFO()) throw new CliError(`cannot read ${file}: ${st.isDirectory() ? 'it is a folder' : 'not a regular file or a pipe (a device)'}`);
     }
     const buf = Buffer.alloc(MAX_FILE + 1);
     let n = 0;
     for (;;) {
-      const r = fs.readSync(fd, buf, n, buf.length - n, null);
+      let r: number;
+      try {
+        r = fs.readSync(fd, buf, n, buf.length - n, null);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EAGAIN') throw e;
+        Atomics.wait(PAUSE, 0, 0, 10); // a pipe whose writer has not written yet
+        continue;
+      }
       if (r === 0) break;
       n += r;
       if (n > MAX_FILE) throw new CliError(`${file} is larger than ${MAX_FILE} bytes`);

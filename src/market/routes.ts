@@ -85,13 +85,15 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
       if (req.routeOptions.url === '/v1/receipts' && req.method === 'POST') req.log.warn({ code: err.code, reason: err.message.slice(0, 200) }, 'receipt refused');
       return reply.code(err.status).send(errorBody(err.code, err.message));
     }
-    const status = typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
+    // A body that is not JSON, by its Content-Type too, is a malformed body like any other (400, the route's code).
+    const notJson = err.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE';
+    const status = notJson ? 400 : typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
     if (status === 500) {
       req.log.error({ err }, 'market: request failed');
       return reply.code(500).send(errorBody('internal_error', 'internal error'));
     }
     const code = status === 400 ? ((req.routeOptions.config as RouteConfig | undefined)?.invalidCode ?? 'invalid_request') : 'invalid_request';
-    const message = err.validation ? validationMessage(err.validation as AjvIssue[]) : err.message;
+    const message = notJson ? 'body: expected JSON (Content-Type: application/json)' : err.validation ? validationMessage(err.validation as AjvIssue[]) : err.message;
     return reply.code(status).send(errorBody(code, message));
   });
 
