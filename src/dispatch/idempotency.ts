@@ -5,6 +5,8 @@
 // does not turn a retry into a second charge.
 import crypto from 'node:crypto';
 import type Database from 'better-sqlite3';
+import { sha256Hex } from '../../attestation/hash.ts';
+import { peekPayload } from '../../attestation/signed-payload.ts';
 
 export interface RecordedResponse {
   status: number;
@@ -117,7 +119,7 @@ export class IdempotencyStore {
           } catch {
             continue; // (a row damaged on disk cannot be answered from: dropped, not a node that cannot start)
           }
-          this.put.run(keys.id, r.request_sha256, sealResponse(recorded, keys), r.created_at);
+          this.put.run(keys.id, currentRequestSha256(r.request_sha256, recorded.trailer), sealResponse(recorded, keys), r.created_at);
         }
         this.db.exec('DROP TABLE idempotency');
       }
@@ -207,4 +209,22 @@ export class IdempotencyStore {
       this.db.pragma(`busy_timeout = ${Number(timeout) || 0}`);
     }
   }
+}
+
+/**
+ * A record's request hash in the form this version compares, sha256("<endpoint>\n<body_sha256>").
+ * Builds before the endpoint was part of a request's identity stored the body's SHA-256 alone, which
+ * is also the request_sha256 of the receipt the record answers with: such a record is given the
+ * current form from its receipt's endpoint (else its retry would read as another request).
+ */
+function currentRequestSha256(stored: string, trailer: Record<string, unknown>): string {
+  if (typeof trailer.receipt !== 'string') return stored;
+  let envelope: unknown;
+  try {
+    envelope = JSON.parse(trailer.receipt);
+  } catch {
+    return stored;
+  }
+  const p = envelope !== null && typeof envelope === 'object' ? peekPayload(envelope as { payload: string }) : undefined;
+  return p && p.request_sha256 === stored && typeof p.endpoint === 'string' ? sha256Hex(`${p.endpoint}\n${stored}`) : stored;
 }
