@@ -7,7 +7,8 @@ import { toBase64, utf8 } from '../attestation/bytes.ts';
 import { formatProofBundle } from '../attestation/tlog-proof.ts';
 import { loadKeyFile } from '../src/identity.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
-import { priceVersion, verifyPriceList } from '../attestation/price-list.ts';
+import { priceVersion, signPriceList, verifyPriceList } from '../attestation/price-list.ts';
+import { savePriceList } from '../src/data-dir.ts';
 import { SYNTHETIC_PRICE_LIST, syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { assertCliBuilt, CLI_BIN, runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
 import { flipSignatureBit, payloadOf, providerIdOf, randomSeed, removeTemp, tempDir, withPayloadKeepSig } from './helpers/tamper-log.ts';
@@ -334,6 +335,18 @@ describe('fill, export, audit round trip', () => {
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toMatch(/^exported 30 receipts, \d+ checkpoints and 0 price lists to /);
     expect(r.stderr).toMatch(/warning: .* holds no signed price lists \(prices\/\), so an audit of this export cannot price its receipts/);
+  });
+
+  it('log export warns when receipts cite a price version whose signed list the data dir lacks (prices changed when upgrading from a build that kept none)', async () => {
+    const partial = path.join(tmp, 'node-other-prices');
+    fs.cpSync(data(), partial, { recursive: true });
+    fs.rmSync(path.join(partial, 'prices'), { recursive: true });
+    const key = loadKeyFile(path.join(partial, 'node.key'));
+    savePriceList(partial, signPriceList(key.seed, key.providerId, [{ ...SYNTHETIC_PRICE_LIST[0]!, input_per_mtok: '200000' }]));
+    const r = await runCli(['log', 'export', '--data', partial, '--out', path.join(tmp, 'export-other-prices')]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/ and 1 price list to /);
+    expect(r.stderr).toContain(`warning: receipts cite price versions with no signed price list in ${partial}/prices (${SYNTHETIC_VERSION}): an audit of this export fails at them with price_list_missing`);
   });
 
   it('log export and log prove of a node whose key is kept outside its data dir (config "key"): --key', async () => {

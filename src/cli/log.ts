@@ -135,6 +135,9 @@ export function logCommand(): Command {
         process.stdout.write(`exported ${plural(s.receipts, 'receipt')}, ${plural(s.checkpoints, 'checkpoint')} and ${plural(s.priceLists, 'price list')} to ${path.resolve(opts.out)}\n`);
         if (s.priceLists === 0 && s.receipts > 0) {
           process.stderr.write(`seller-node: warning: ${opts.data} holds no signed price lists (prices/), so an audit of this export cannot price its receipts\n`);
+        } else if (s.missingPriceVersions.length > 0) {
+          const versions = s.missingPriceVersions.slice(0, 5).join(', ') + (s.missingPriceVersions.length > 5 ? `, and ${s.missingPriceVersions.length - 5} more` : '');
+          process.stderr.write(`seller-node: warning: receipts cite price versions with no signed price list in ${opts.data}/prices (${versions}): an audit of this export fails at them with price_list_missing; starting the node once with those prices (and its key) saves their list\n`);
         }
       } finally {
         await rl.close();

@@ -10,12 +10,15 @@ import { writeFileAtomic } from '../atomic-file.ts';
 import path from 'node:path';
 import type { StoredPriceList } from '../data-dir.ts';
 import type { ReceiptLog } from './receipt-log.ts';
+import { peekPayload } from '../../attestation/signed-payload.ts';
 
 export interface ExportSummary {
   receipts: number;
   checkpoints: number;
   latestCheckpointSize: number;
   priceLists: number;
+  /** Price versions the receipts cite with no signed list among `priceLists`: the audit cannot price those receipts. */
+  missingPriceVersions: string[];
 }
 
 /** Runs a write of `file`; an error that does not say which file (a write on a descriptor) is told it. */
@@ -41,11 +44,14 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
   for (const name of fs.readdirSync(cpDir)) if (/^(0|[1-9][0-9]*)$/.test(name)) fs.rmSync(path.join(cpDir, name));
   let receipts = 0;
   const receiptsFile = path.join(outDir, 'receipts.jsonl');
+  const cited = new Set<string>();
   writeFileAtomic(receiptsFile, (fd) => {
     let buf: string[] = [];
     for (const line of log.lines()) {
       buf.push(line);
       receipts++;
+      const version = priceVersionOf(line);
+      if (version !== undefined) cited.add(version);
       if (buf.length === 1024) {
         fs.writeSync(fd, buf.join('\n') + '\n');
         buf = [];
@@ -65,5 +71,17 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
   // Nor its price lists: the audit checks every list in the folder.
   for (const name of fs.readdirSync(pricesDir)) if (name.endsWith('.json')) fs.rmSync(path.join(pricesDir, name));
   for (const l of priceLists) write(path.join(pricesDir, `${l.version}.json`), l.text);
-  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0, priceLists: priceLists.length };
+  const held = new Set(priceLists.map((l) => l.version));
+  return { receipts, checkpoints: cps.length, latestCheckpointSize: latest?.size ?? 0, priceLists: priceLists.length, missingPriceVersions: [...cited].filter((v) => !held.has(v)).sort() };
+}
+
+/** The price version a log line's receipt cites (read only to warn; the audit checks it for real). */
+function priceVersionOf(line: string): string | undefined {
+  try {
+    const price = peekPayload(JSON.parse(line) as { payload: string })?.price;
+    const version = price !== null && typeof price === 'object' ? (price as { version?: unknown }).version : undefined;
+    return typeof version === 'string' ? version : undefined;
+  } catch {
+    return undefined;
+  }
 }
