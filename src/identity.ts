@@ -61,7 +61,7 @@ export function loadKeyFile(file: string): NodeIdentity {
     throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
   }
   if ((st.mode & 0o077) !== 0) {
-    throw new IdentityError(`key file ${file} has mode ${(st.mode & 0o777).toString(8)}; others can read it. Run: chmod 600 ${file}`);
+    throw new IdentityError(`key file ${file} has mode ${(st.mode & 0o777).toString(8)}; ${st.mode & 0o007 ? 'any user' : 'its group'} can ${st.mode & 0o044 ? 'read' : 'write'} it. Run: chmod 600 ${file}`);
   }
   let pem: string;
   try {

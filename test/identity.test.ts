@@ -31,9 +31,11 @@ describe('node key file', () => {
     const file = path.join(dir, 'c.key');
     createKeyFile(file);
     fs.chmodSync(file, 0o644);
-    expect(() => loadKeyFile(file)).toThrow(/others can read it/);
+    expect(() => loadKeyFile(file)).toThrow(/has mode 644; any user can read it\. Run: chmod 600 /);
     fs.chmodSync(file, 0o640);
-    expect(() => loadKeyFile(file)).toThrow(IdentityError);
+    expect(() => loadKeyFile(file)).toThrow(/has mode 640; its group can read it\. /);
+    fs.chmodSync(file, 0o620);
+    expect(() => loadKeyFile(file)).toThrow(/has mode 620; its group can write it\. /);
   });
   test('a key from openssl genpkey loads', () => {
     const file = path.join(dir, 'o.key');

@@ -36,5 +36,9 @@ export function headStatus(head: { status?: unknown }): number {
 export function providerRefusal(status: number, trailer: unknown): { error: GatewayError; refused: boolean } {
   const err = readErrorBody(trailer);
   if (!err || status < 400 || status > 599) return { error: new GatewayError(502, 'bad_provider_response', `the provider answered HTTP ${status} without an error`), refused: false };
+  // The gateway checked the ticket before it sent it: a provider that refuses it disagrees with the
+  // marketplace (its key, a clock, a used id), which is no fault of the buyer's: never their 401 (an
+  // OpenAI client reads that as its own key refused), but 502 with the provider's code.
+  if (err.code.startsWith('ticket_')) return { error: new GatewayError(502, err.code, `the provider refused the marketplace's ticket: ${err.message}`), refused: true };
   return { error: new GatewayError(status, err.code, err.message), refused: true };
 }
