@@ -273,6 +273,52 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
   });
 });
 
+describe('a buyer who stops reading a stream and never leaves', () => {
+  const BUYER_IDLE_MS = 2000;
+  let stalled: Gateway;
+  beforeAll(async () => {
+    stalled = await createGateway({ market: marketUrl, port: 0, receiptFetchMs: 800, buyerIdleMs: BUYER_IDLE_MS });
+  });
+  afterAll(async () => {
+    await stalled?.close(1000);
+  });
+
+  test('is taken for gone after buyerIdleMs: the relay ends, the provider\'s stream is reset, its `cancelled` receipt settled', async () => {
+    const event = Buffer.from(`data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [{ index: 0, delta: { content: 'x'.repeat(64 * 1024) }, finish_reason: null }] })}\n\n`);
+    let logged = '';
+    let cutOff = false;
+    let sentEvents = 0;
+    scripted.behaviour = async (ex) => {
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 9, output_tokens: 5 } });
+      try {
+        await ex.head(SSE_HEAD);
+        for (let i = 0; i < 640; i++) {
+          await ex.data(event);
+          sentEvents++;
+        }
+      } catch {
+        cutOff = true;
+      }
+    };
+    let id = '';
+    const startedAt = Date.now();
+    const req = http.request(`${stalled.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-prefer-providers': scripted.providerId } }, (res) => {
+      id = res.headers['x-request-id'] as string;
+      res.pause(); // never reads, never leaves
+    });
+    req.on('error', () => undefined);
+    req.end(chatBody('a long answer, never read'));
+    await waitFor('the provider to find its stream reset', async () => (cutOff ? true : undefined), 30_000);
+    expect(Date.now() - startedAt).toBeGreaterThanOrEqual(BUYER_IDLE_MS);
+    expect(sentEvents).toBeLessThan(640); // (not the whole answer: the buffers on the way hold a fraction of its 40 MB)
+    const rec = await settledRecord(stalled.url, id);
+    expect(rec).toMatchObject({ status: 'cancelled', usage: { prompt_tokens: 9, completion_tokens: 5 } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(id)).toBe(true);
+    req.destroy();
+  });
+});
+
 // ---- events split across DATA frames ------------------------------------------------------------
 
 describe('SSE events split across DATA frames: relayed intact, in order, each once its blank line is in', () => {

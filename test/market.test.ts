@@ -99,6 +99,12 @@ describe('registration', () => {
     }
   });
 
+  test('a body over the market\'s 4 MiB limit is 413 request_too_large (the gateway\'s code for it too)', async () => {
+    const r = await fetch(`${url}/v1/tickets`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pad: 'x'.repeat(5 << 20) }) });
+    expect(r.status).toBe(413);
+    expect(((await r.json()) as { error: { code: string } }).error.code).toBe('request_too_large');
+  });
+
   test('an older registration does not replace the one in force', async () => {
     const p = provider();
     const now = Date.now();

@@ -1,7 +1,7 @@
 // `seller-node gateway --market URL [--listen 127.0.0.1:11435] [--records FILE]`: the marketplace's OpenAI-compatible
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
-import { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/defaults.ts';
+import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/defaults.ts';
 import { isLoopbackHost, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
@@ -29,8 +29,9 @@ export function gatewayCommand(): Command {
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
+    .option('--buyer-idle-ms <ms>', 'take a buyer who leaves a streamed answer unread this long for gone (the provider is stopped and bills what it sent)', intOption('--buyer-idle-ms', 1000, 999_999_999), BUYER_IDLE_DEFAULT_MS)
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; logLevel: string }, cmd: Command) => {
+    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; buyerIdleMs: number; logLevel: string }, cmd: Command) => {
       // Records kept in memory last until the gateway stops, whatever --records-days says: refused, not ignored.
       if (opts.records === undefined && cmd.getOptionValueSource('recordsDays') === 'cli') throw new CliError('--records-days needs --records FILE (records kept in memory go with the process)', 2);
       const { host, port } = parseListen(opts.listen);
@@ -45,7 +46,7 @@ export function gatewayCommand(): Command {
       let gw;
       try {
         const { createGateway } = await import('../gateway/gateway.ts'); // (loaded when it runs: --help stays fast)
-        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, ...(opts.account !== undefined ? { account: opts.account } : {}), recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
+        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, buyerIdleMs: opts.buyerIdleMs, ...(opts.account !== undefined ? { account: opts.account } : {}), recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }

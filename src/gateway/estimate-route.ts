@@ -25,14 +25,20 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     const controls = parseRoutingHeaders(req.headers);
     let ask: { endpoint?: unknown; body?: unknown };
     try {
-      ask = JSON.parse(bodyBytes(req).toString('utf8')) as typeof ask;
+      // (Read as the node reads a body: UTF-8, a leading BOM dropped.)
+      ask = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bodyBytes(req))) as typeof ask;
     } catch {
       throw invalid('body', 'expected a JSON object {endpoint, body}');
     }
     const endpoint = typeof ask?.endpoint === 'string' && Object.hasOwn(ESTIMATE_ENDPOINTS, ask.endpoint) ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
     if (!endpoint) throw invalid('endpoint', `expected one of ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')}`);
     if (!isObj(ask.body)) throw invalid('body', 'expected the request body of that endpoint');
-    const bytes = Buffer.from(JSON.stringify(ask.body));
+    let bytes: Buffer;
+    try {
+      bytes = Buffer.from(JSON.stringify(ask.body));
+    } catch {
+      throw invalid('body', 'nested too deeply'); // (JSON.stringify's stack)
+    }
     let parsed: ParsedRequest;
     try {
       parsed = parseRequest(endpoint, bytes);

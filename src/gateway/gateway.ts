@@ -45,7 +45,8 @@ import { Settlements } from './settlement.ts';
 import { Reconciler } from './reconcile.ts';
 import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
-import { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
+import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, MAX_CONNECTIONS_DEFAULT, PROVIDER_IDLE_DEFAULT_MS, REQUEST_TIMEOUT_DEFAULT_MS } from './defaults.ts';
+import { httpGuard } from './http-guard.ts';
 
 export { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS };
 
@@ -88,6 +89,18 @@ export interface GatewayOptions {
    * event) with that code, and what it did is settled from its log.
    */
   providerIdleMs?: number;
+  /**
+   * The longest a buyer may leave a streamed answer unread (its socket not draining) before the
+   * gateway takes them for gone: the relay ends and the provider's stream is reset, so its
+   * `cancelled` receipt bills what it sent by then, not all it could generate (default 30 s).
+   */
+  buyerIdleMs?: number;
+  /** The whole request (headers and body) must arrive within this (default 60 s). */
+  requestTimeoutMs?: number;
+  /** Connections beyond this are closed as they arrive (default 1024). */
+  maxConnections?: number;
+  /** Bytes of request bodies held at once while they arrive (default 256 MiB); more is 503 gateway_busy. */
+  bodyBudgetBytes?: number;
 }
 
 export interface Gateway {
@@ -139,9 +152,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const settlements = new Settlements({ log, market, records, host, receiptFetchMs });
   const reconciler = new Reconciler({ records, settlements, market, log, ...(opts.reconcileUnitMs !== undefined ? { unitMs: opts.reconcileUnitMs } : {}) });
 
+  const listenHost = opts.host ?? '127.0.0.1';
+  const requestTimeoutMs = opts.requestTimeoutMs ?? REQUEST_TIMEOUT_DEFAULT_MS;
   const app = fastify({
     logger: false,
     bodyLimit: MAX_REQUEST_BODY,
+    // A request (headers and body) must arrive within this: a client that sends part of a body and
+    // stalls would otherwise hold its connection, and up to 8 MiB, for ever.
+    requestTimeout: requestTimeoutMs,
+    // (Node checks the deadlines this often: its default, 30 s, would let one run half again over.)
+    http: { connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
     genReqId: () => `req-${crypto.randomUUID()}`,
     return503OnClosing: true,
     // The spec's envelope also for requests that reach no route: a URL that does not decode
@@ -167,6 +187,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     done(null, body);
   });
 
+  const guard = httpGuard({ listenHost, maxBodyBytes: MAX_REQUEST_BODY, ...(opts.bodyBudgetBytes !== undefined ? { budgetBytes: opts.bodyBudgetBytes } : {}) });
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
     // One line a request when its response ends (streams too: they are hijacked, so fastify's
@@ -179,6 +200,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - started) }, 'request');
     });
   });
+  // (After the request line above is set up, so a refused request is logged like any other.)
+  app.addHook('onRequest', guard.onRequest);
 
   app.setErrorHandler((err: FastifyError | GatewayError, _req, reply) => {
     if (err instanceof GatewayError) return reply.code(err.status).type(JSON_TYPE).send(err.body());
@@ -195,7 +218,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${path.slice(0, 200)}`));
   });
 
-  const relay = new Relay({ settlements, records });
+  const relay = new Relay({ settlements, records, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
   registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates });
@@ -212,7 +235,11 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.type(JSON_TYPE).send(rec);
   });
 
-  const listenHost = opts.host ?? '127.0.0.1';
+  // More connections than this are closed as they arrive, before the process runs out of file
+  // descriptors (which the market, the nodes and the records file need too).
+  app.server.maxConnections = opts.maxConnections ?? MAX_CONNECTIONS_DEFAULT;
+  // Node checks the request deadline only when the headers' (60 s by default) is no later.
+  app.server.headersTimeout = Math.min(app.server.headersTimeout, requestTimeoutMs);
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {

@@ -24,6 +24,8 @@ import type { Paid } from './tickets.ts';
 export interface RelayDeps {
   settlements: Settlements;
   records: RequestRecords;
+  /** How long a buyer may leave a stream unread before it counts as gone (default: never). */
+  buyerIdleMs?: number;
 }
 
 export class Relay {
@@ -160,10 +162,13 @@ export class Relay {
       if (!bytes.length) return;
       openEvent = !endsWithBlankLine(bytes);
       if (gone.aborted || raw.destroyed || raw.write(bytes)) return;
-      // The buyer is slow to read: that wait is theirs, not the provider's.
+      // The buyer is slow to read: that wait is theirs, not the provider's. A buyer who reads nothing
+      // for buyerIdleMs is taken for gone (the connection is closed, which ends the relay as any
+      // leaving does): the provider then bills what it sent by then, not what a stalled reader's
+      // buffers could take.
       idle.pause();
       try {
-        await drained(raw);
+        if (!(await drained(raw, this.d.buyerIdleMs))) raw.destroy();
       } finally {
         idle.resume();
       }
@@ -241,16 +246,19 @@ function endStream(raw: ServerResponse, code?: string, message?: string): void {
   raw.end();
 }
 
-/** Resolves once the response can take more bytes, or has closed. */
-function drained(raw: ServerResponse): Promise<void> {
+/** Resolves true once the response can take more bytes or has closed; false after `ms` without either. */
+function drained(raw: ServerResponse, ms?: number): Promise<boolean> {
   return new Promise((resolve) => {
-    const done = (): void => {
-      raw.off('drain', done);
-      raw.off('close', done);
-      resolve();
+    const done = (ok: boolean): void => {
+      raw.off('drain', onEvent);
+      raw.off('close', onEvent);
+      if (timer) clearTimeout(timer);
+      resolve(ok);
     };
-    raw.on('drain', done);
-    raw.on('close', done);
+    const onEvent = (): void => done(true);
+    raw.on('drain', onEvent);
+    raw.on('close', onEvent);
+    const timer = ms === undefined ? undefined : setTimeout(() => done(false), ms);
   });
 }
 

@@ -57,6 +57,9 @@ export function createMarket(opts: MarketOptions): Market {
     ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: 4 * 1024 * 1024,
+    // A request (headers and body) must arrive within 60 s: a stalled body would hold its
+    // connection, and up to 4 MiB, for ever.
+    requestTimeout: 60_000,
     return503OnClosing: true,
     // Bodies are checked as sent: no type coercion, nothing silently removed or defaulted.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
@@ -75,6 +78,8 @@ export function createMarket(opts: MarketOptions): Market {
     publicKey,
     store,
     async listen() {
+      // More connections than this are closed as they arrive, before the process runs out of descriptors.
+      app.server.maxConnections = 1024;
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;

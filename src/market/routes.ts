@@ -92,7 +92,7 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
       req.log.error({ err }, 'market: request failed');
       return reply.code(500).send(errorBody('internal_error', 'internal error'));
     }
-    const code = status === 400 ? ((req.routeOptions.config as RouteConfig | undefined)?.invalidCode ?? 'invalid_request') : 'invalid_request';
+    const code = status === 400 ? ((req.routeOptions.config as RouteConfig | undefined)?.invalidCode ?? 'invalid_request') : status === 413 ? 'request_too_large' : 'invalid_request';
     const message = notJson ? 'body: expected JSON (Content-Type: application/json)' : err.validation ? validationMessage(err.validation as AjvIssue[]) : err.message;
     return reply.code(status).send(errorBody(code, message));
   });

@@ -1,0 +1,118 @@
+// The gateway as an HTTP server that spends its buyer's money without authentication: a web page's
+// request (Origin) and a name that only resolves here (DNS rebinding: Host) are refused before any
+// ticket; bodies being received share a byte budget and must arrive in time; a Transfer-Encoding
+// other than chunked is refused. Against a real market with no provider: nothing refused here ever
+// reaches it.
+import crypto from 'node:crypto';
+import http from 'node:http';
+import net from 'node:net';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import { isLoopbackHostHeader } from '../src/gateway/http-guard.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+
+let market: Market;
+let proxy: http.Server;
+let marketCalls = 0;
+let gw: Gateway;
+
+beforeAll(async () => {
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)) });
+  const marketUrl = (await market.listen()).url;
+  // The market behind a proxy that counts the gateway's calls to it.
+  proxy = http.createServer((req, res) => {
+    marketCalls++;
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      void fetch(`${marketUrl}${req.url}`, { method: req.method, headers: { 'content-type': 'application/json' }, ...(chunks.length ? { body: Buffer.concat(chunks) } : {}) }).then(async (r) => {
+        res.writeHead(r.status, { 'content-type': 'application/json' });
+        res.end(Buffer.from(await r.arrayBuffer()));
+      });
+    });
+  });
+  await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+  gw = await createGateway({ market: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, port: 0, requestTimeoutMs: 1500, bodyBudgetBytes: 1 << 20 });
+});
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await new Promise((r) => proxy?.close(r));
+  await market?.close();
+});
+
+const chat = JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] });
+
+
+/** Sends raw HTTP and resolves with what came back when the server closed or `ms` passed. */
+function rawExchange(text: string | Buffer, ms = 5000, keepOpen = false): { answer: Promise<string>; socket: net.Socket } {
+  const socket = net.connect(gw.port, gw.host);
+  socket.write(text);
+  const answer = new Promise<string>((resolve) => {
+    let got = '';
+    socket.on('data', (c) => {
+      got += c.toString('latin1');
+      if (!keepOpen && /\r\n\r\n[\s\S]*\}$/.test(got)) resolve(got);
+    });
+    socket.on('close', () => resolve(got));
+    socket.on('error', () => resolve(got));
+    setTimeout(() => resolve(got), ms);
+  });
+  return { answer, socket };
+}
+
+describe('requests the gateway refuses before any route', () => {
+  test('a request from a web page (any Origin) is 403 origin_not_allowed, paid routes and reads alike; no ticket asked', async () => {
+    const before = marketCalls;
+    for (const [method, route, body] of [['POST', '/chat/completions', chat], ['POST', '/embeddings', '{"model":"m","input":"x"}'], ['GET', '/models', undefined]] as const) {
+      for (const origin of ['https://evil.example', 'null', 'http://127.0.0.1:8080']) {
+        const r = await fetch(`${gw.url}${route}`, { method, headers: { origin, 'content-type': 'text/plain' }, ...(body ? { body } : {}) });
+        expect(r.status, `${method} ${route} ${origin}`).toBe(403);
+        expect(((await r.json()) as { error: { code: string } }).error.code).toBe('origin_not_allowed');
+      }
+    }
+    expect(marketCalls).toBe(before); // (the gateway never asked the market anything for them)
+  });
+
+  test('a Host that is not the loopback (a name rebound to 127.0.0.1) is 403 host_not_allowed; localhost, 127.x and [::1] are fine', async () => {
+    const asHost = async (host: string): Promise<{ status: number; code?: string }> => {
+      const { answer } = rawExchange(`POST /v1/chat/completions HTTP/1.1\r\nHost: ${host}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`);
+      const text = await answer;
+      const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1]);
+      return { status, code: /"code":"([a-z_]+)"/.exec(text)?.[1] };
+    };
+    expect(await asHost(`attacker.example:${gw.port}`)).toEqual({ status: 403, code: 'host_not_allowed' });
+    expect(await asHost('10.0.0.5')).toEqual({ status: 403, code: 'host_not_allowed' });
+    // Past the guard, the contract refuses the empty body: the request got through.
+    for (const ok of [`localhost:${gw.port}`, `127.0.0.1:${gw.port}`, `127.1.2.3`, `[::1]:${gw.port}`, 'LOCALHOST']) expect(await asHost(ok), ok).toEqual({ status: 400, code: 'invalid_request' });
+  });
+
+  test('a Transfer-Encoding other than chunked is 400 (it would be read as plain JSON)', async () => {
+    const { answer } = rawExchange(`POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n${chat.length.toString(16)}\r\n${chat}\r\n0\r\n\r\n`);
+    const text = await answer;
+    expect(text).toMatch(/^HTTP\/1\.1 400 /);
+    expect(text).toMatch(/"code":"invalid_request","message":"Transfer-Encoding: \\"gzip, chunked\\" is not accepted/);
+  });
+
+  test('bodies being received share a budget: over it, 503 gateway_busy with Retry-After; a stalled body is cut off in time and its share comes back', async () => {
+    // 900 KB declared, a few bytes sent, then nothing: it holds 900 KB of the 1 MiB budget.
+    const stalled = rawExchange(`POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 900000\r\n\r\n{"mo`, 10_000, true);
+    await new Promise((r) => setTimeout(r, 200));
+    const busy = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pad: 'x'.repeat(200_000) }) });
+    expect(busy.status).toBe(503);
+    expect(busy.headers.get('retry-after')).toBe('1');
+    expect(((await busy.json()) as { error: { code: string } }).error.code).toBe('gateway_busy');
+    // The stalled request is answered 408 once the request timeout (1.5 s here) has passed.
+    const text = await stalled.answer;
+    expect(text).toMatch(/^HTTP\/1\.1 408 /);
+    stalled.socket.destroy();
+    // Its share is back: the same request now passes the guard (and the contract refuses it).
+    const again = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pad: 'x'.repeat(200_000) }) });
+    expect(again.status).toBe(400);
+  });
+});
+
+test('isLoopbackHostHeader', () => {
+  for (const h of ['localhost', 'localhost:11435', '127.0.0.1', '127.0.0.1:80', '127.255.0.9:1', '[::1]', '[::1]:11435', 'LocalHost:1']) expect(isLoopbackHostHeader(h), h).toBe(true);
+  for (const h of ['', 'evil.example', 'evil.example:11435', '127.0.0.1.evil.example', 'localhost.evil.example:80', '[::2]:1', '10.0.0.1', '0.0.0.0']) expect(isLoopbackHostHeader(h), h).toBe(false);
+});
