@@ -16,6 +16,7 @@ import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
 import { PAID_ENDPOINTS } from '../src/serve/contract.ts';
 import { call, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
+import { stalledRequest } from './helpers/stalled-request.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';
 
@@ -103,6 +104,19 @@ describe('registration', () => {
     const r = await fetch(`${url}/v1/tickets`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pad: 'x'.repeat(5 << 20) }) });
     expect(r.status).toBe(413);
     expect(((await r.json()) as { error: { code: string } }).error.code).toBe('request_too_large');
+  });
+
+  test('a request whose body stops short is answered 408 and closed once its deadline has passed, not held for ever', async () => {
+    const m = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), requestTimeoutMs: 1000 });
+    const { port, host } = await m.listen();
+    try {
+      const r = await stalledRequest(port, host, '/v1/tickets');
+      expect(r.answer).toMatch(/^HTTP\/1\.1 408 /);
+      expect(r.answer).toContain('"code":"request_timeout"');
+      expect(r.ms).toBeLessThan(10_000);
+    } finally {
+      await m.close();
+    }
   });
 
   test('an older registration does not replace the one in force', async () => {

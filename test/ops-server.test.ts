@@ -2,6 +2,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { createLogger } from '../src/ops/logger.ts';
 import { createMetrics, type Metrics } from '../src/ops/metrics.ts';
 import { createOpsServer, isLoopbackHost, type OpsServer, type OpsServerOptions, type ReadyResult } from '../src/ops/server.ts';
+import { stalledRequest } from './helpers/stalled-request.ts';
 
 const JSON_TYPE = 'application/json; charset=utf-8';
 const servers: OpsServer[] = [];
@@ -220,4 +221,12 @@ describe('ops server lifecycle', () => {
     expect(() => createOpsServer({ ...base, port: 0, host: '' })).toThrow(TypeError);
     expect(() => createOpsServer({ ...base, port: 0, metrics: {} as Metrics })).toThrow(TypeError);
   });
+});
+
+test('a request whose body stops short is answered 408 and closed once its deadline has passed (Node enforces it: headersTimeout within it)', async () => {
+  const { url } = await start({ requestTimeoutMs: 1000 });
+  const u = new URL(url);
+  const r = await stalledRequest(Number(u.port), u.hostname, '/status');
+  expect(r.answer).toMatch(/^HTTP\/1\.1 408 /);
+  expect(r.ms).toBeLessThan(10_000);
 });

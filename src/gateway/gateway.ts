@@ -47,6 +47,7 @@ import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, MAX_CONNECTIONS_DEFAULT, PROVIDER_IDLE_DEFAULT_MS, REQUEST_TIMEOUT_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
+import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 
 export { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS };
 
@@ -159,9 +160,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     bodyLimit: MAX_REQUEST_BODY,
     // A request (headers and body) must arrive within this: a client that sends part of a body and
     // stalls would otherwise hold its connection, and up to 8 MiB, for ever.
-    requestTimeout: requestTimeoutMs,
-    // (Node checks the deadlines this often: its default, 30 s, would let one run half again over.)
-    http: { connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(requestTimeoutMs / 4))) },
+    ...requestDeadlineOptions(requestTimeoutMs),
     genReqId: () => `req-${crypto.randomUUID()}`,
     return503OnClosing: true,
     // The spec's envelope also for requests that reach no route: a URL that does not decode
@@ -238,8 +237,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // More connections than this are closed as they arrive, before the process runs out of file
   // descriptors (which the market, the nodes and the records file need too).
   app.server.maxConnections = opts.maxConnections ?? MAX_CONNECTIONS_DEFAULT;
-  // Node checks the request deadline only when the headers' (60 s by default) is no later.
-  app.server.headersTimeout = Math.min(app.server.headersTimeout, requestTimeoutMs);
+  enforceRequestDeadline(app.server, requestTimeoutMs);
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {

@@ -10,6 +10,7 @@ import { registerRoutes } from './routes.ts';
 import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
 import { closeHttp } from '../http-close.ts';
 import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 
 export { DEFAULT_MARKET_LIMITS, type MarketLimits } from './store.ts';
 
@@ -30,6 +31,8 @@ export interface MarketOptions {
   logger?: FastifyBaseLogger;
   /** Bounds on what the market keeps in memory (providers, tickets, receipts); each defaults as DEFAULT_MARKET_LIMITS says. */
   limits?: Partial<MarketLimits>;
+  /** A whole request (headers and body) must arrive within this (default 60 s). */
+  requestTimeoutMs?: number;
 }
 
 export interface Market {
@@ -48,6 +51,7 @@ export function createMarket(opts: MarketOptions): Market {
   if (!(opts.seed instanceof Uint8Array) || opts.seed.length !== 32) throw new TypeError('market: seed must be 32 bytes');
   const host = opts.host ?? '127.0.0.1';
   const port = opts.port ?? 0;
+  const requestTimeoutMs = opts.requestTimeoutMs ?? 60_000;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new RangeError(`market: port must be an integer 0..65535, got ${String(port)}`);
   const heartbeatIntervalMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
   if (!Number.isSafeInteger(heartbeatIntervalMs) || heartbeatIntervalMs < 1) throw new RangeError('market: heartbeatIntervalMs must be a positive integer');
@@ -57,9 +61,9 @@ export function createMarket(opts: MarketOptions): Market {
     ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: 4 * 1024 * 1024,
-    // A request (headers and body) must arrive within 60 s: a stalled body would hold its
+    // A request (headers and body) must arrive in time: a stalled body would hold its
     // connection, and up to 4 MiB, for ever.
-    requestTimeout: 60_000,
+    ...requestDeadlineOptions(requestTimeoutMs),
     return503OnClosing: true,
     // Bodies are checked as sent: no type coercion, nothing silently removed or defaulted.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
@@ -80,6 +84,7 @@ export function createMarket(opts: MarketOptions): Market {
     async listen() {
       // More connections than this are closed as they arrive, before the process runs out of descriptors.
       app.server.maxConnections = 1024;
+      enforceRequestDeadline(app.server, requestTimeoutMs);
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;

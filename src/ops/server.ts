@@ -15,6 +15,7 @@ import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type
 import type { Registry } from 'prom-client';
 import { closeHttp } from '../http-close.ts';
 import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 import { errorBody, JSON_TYPE } from '../service-error.ts';
 
 type MaybePromise<T> = T | Promise<T>;
@@ -47,6 +48,8 @@ export interface OpsServerOptions {
   status: () => MaybePromise<object>;
   /** How long an async callback may take before the request fails with 500 (default 5000 ms). */
   callbackTimeoutMs?: number;
+  /** A whole request (headers and body) must arrive within this (default 10 s). */
+  requestTimeoutMs?: number;
 }
 
 export interface OpsServerAddress {
@@ -133,6 +136,7 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
   if (typeof options.ready !== 'function' || typeof options.status !== 'function') throw new TypeError('ops server: ready and status callbacks are required');
   const health = options.health ?? ((): HealthResult => ({ ok: true }));
   const timeoutMs = options.callbackTimeoutMs ?? 5000;
+  const requestTimeoutMs = options.requestTimeoutMs ?? 10_000;
   if (!(timeoutMs > 0)) throw new RangeError('ops server: callbackTimeoutMs must be positive');
 
   const app: FastifyInstance = fastify({
@@ -140,7 +144,7 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     // Fastify's per-request info lines would log every scrape; we log at debug instead.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: 16 * 1024,
-    requestTimeout: 10_000,
+    ...requestDeadlineOptions(requestTimeoutMs),
     return503OnClosing: true,
     // Requests that reach no route (a URL that does not decode, HTTP that does not parse) get the
     // same error body as the rest.
@@ -245,6 +249,7 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     async listen(): Promise<OpsServerAddress> {
       if (listening) throw new Error('ops server: already listening');
       listening = true;
+      enforceRequestDeadline(app.server, requestTimeoutMs);
       try {
         await app.listen({ host, port });
       } catch (err) {
