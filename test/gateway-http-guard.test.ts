@@ -116,3 +116,20 @@ test('isLoopbackHostHeader', () => {
   for (const h of ['localhost', 'localhost:11435', '127.0.0.1', '127.0.0.1:80', '127.255.0.9:1', '[::1]', '[::1]:11435', 'LocalHost:1']) expect(isLoopbackHostHeader(h), h).toBe(true);
   for (const h of ['', 'evil.example', 'evil.example:11435', '127.0.0.1.evil.example', 'localhost.evil.example:80', '[::2]:1', '10.0.0.1', '0.0.0.0']) expect(isLoopbackHostHeader(h), h).toBe(false);
 });
+
+test('refused requests are at most 50 log lines a second, the rest counted in one warning; answered ones are all lines', async () => {
+  const lines: { msg: string; o: Record<string, unknown> }[] = [];
+  const collect = (o: object, msg?: string): void => void lines.push({ msg: msg ?? '', o: o as Record<string, unknown> });
+  const g = await createGateway({ market: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, port: 0, logger: { info: collect, warn: collect, error: collect } });
+  try {
+    await Promise.all(Array.from({ length: 120 }, () => fetch(`${g.url}/no-such-route`).then((r) => r.arrayBuffer())));
+    const logged = lines.filter((l) => l.msg === 'request' && l.o.status === 404).length;
+    expect(logged).toBeGreaterThanOrEqual(50);
+    expect(logged).toBeLessThan(120);
+  } finally {
+    await g.close(1000);
+  }
+  const logged = lines.filter((l) => l.msg === 'request' && l.o.status === 404).length;
+  const suppressed = lines.filter((l) => /request lines of refused or unanswered requests not logged/.test(l.msg)).reduce((n, l) => n + (l.o.suppressed as number), 0);
+  expect(logged + suppressed).toBe(120); // (every refusal is a line or counted: the count of the last second is said at close)
+});

@@ -47,9 +47,13 @@ import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, MAX_CONNECTIONS_DEFAULT, PROVIDER_IDLE_DEFAULT_MS, REQUEST_TIMEOUT_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
+import { LineBudget } from '../ops/line-budget.ts';
 import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 
 export { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS };
+
+/** Log lines of refused (or unanswered) requests a second, at most. */
+const REFUSED_LINES_PER_SECOND = 50;
 
 export interface GatewayOptions {
   /** The marketplace's base URL (e.g. http://127.0.0.1:11436; a trailing /v1 is allowed). */
@@ -186,6 +190,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     done(null, body);
   });
 
+  const refusedLines = new LineBudget(REFUSED_LINES_PER_SECOND);
+  const suppressedRefusals = (n: number): void => log.warn({ suppressed: n }, `${n} request lines of refused or unanswered requests not logged (more than ${REFUSED_LINES_PER_SECOND} a second)`);
+  const refusedTicker = setInterval(() => refusedLines.tick(suppressedRefusals), 1000).unref(); // (a burst that ends is still said)
   const guard = httpGuard({ listenHost, maxBodyBytes: MAX_REQUEST_BODY, ...(opts.bodyBudgetBytes !== undefined ? { budgetBytes: opts.bodyBudgetBytes } : {}) });
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
@@ -196,6 +203,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     const started = performance.now();
     reply.raw.once('close', () => {
       const status = reply.raw.headersSent ? reply.raw.statusCode : null;
+      // Refused requests cost a client nothing to send: at most REFUSED_LINES_PER_SECOND of them are lines, the rest counted.
+      if ((status === null || status >= 400) && !refusedLines.take(suppressedRefusals)) return;
       log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - started) }, 'request');
     });
   });
@@ -241,6 +250,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {
+    clearInterval(refusedTicker);
     await host.stop();
     records.close();
     throw e;
@@ -284,6 +294,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       });
       // Whatever still asks the market (the start-up key probe, a look of the reconciler's) ends now.
       market.close();
+      clearInterval(refusedTicker);
+      refusedLines.flush(suppressedRefusals);
       await stopStep(log, 'libp2p', () => host.stop());
       await stopStep(log, 'records', () => records.close());
     },
