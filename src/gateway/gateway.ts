@@ -27,7 +27,7 @@ import { fastify, type FastifyError, type FastifyInstance } from 'fastify';
 import { createHost, type Host } from '../p2p/host.ts';
 import { MAX_REQUEST_BODY } from '../serve/contract.ts';
 import { closeHttp } from '../http-close.ts';
-import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { answerExpectations, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
 import { settledWithin } from '../settled-within.ts';
 import { stopStep } from '../stop-step.ts';
 import { registerCatalogRoutes } from './catalog-routes.ts';
@@ -247,6 +247,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // descriptors (which the market, the nodes and the records file need too).
   app.server.maxConnections = opts.maxConnections ?? MAX_CONNECTIONS_DEFAULT;
   enforceRequestDeadline(app.server, requestTimeoutMs);
+  answerExpectations(app.server);
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {

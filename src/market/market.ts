@@ -9,7 +9,7 @@ import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { registerRoutes } from './routes.ts';
 import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
 import { closeHttp } from '../http-close.ts';
-import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { answerExpectations, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
 import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 
 export { DEFAULT_MARKET_LIMITS, type MarketLimits } from './store.ts';
@@ -85,6 +85,7 @@ export function createMarket(opts: MarketOptions): Market {
       // More connections than this are closed as they arrive, before the process runs out of descriptors.
       app.server.maxConnections = 1024;
       enforceRequestDeadline(app.server, requestTimeoutMs);
+      answerExpectations(app.server);
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;

@@ -14,7 +14,7 @@ import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
 import { closeHttp } from '../http-close.ts';
-import { clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { answerExpectations, clientErrorHandler, frameworkErrorReply, missingHost } from '../http-errors.ts';
 import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 import { errorBody, JSON_TYPE } from '../service-error.ts';
 
@@ -223,6 +223,11 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     return reply.code(200).type(metrics.registry.contentType).send(text);
   });
 
+  app.addHook('onRequest', async (req) => {
+    const noHost = missingHost(req.raw);
+    if (noHost) throw new OpsFailure(400, 'bad_request', noHost);
+  });
+
   app.setNotFoundHandler(async (req, reply) => {
     const path = (req.url.split('?')[0] ?? '').slice(0, 200);
     if (OPS_ROUTES.includes(path)) {
@@ -250,6 +255,7 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
       if (listening) throw new Error('ops server: already listening');
       listening = true;
       enforceRequestDeadline(app.server, requestTimeoutMs);
+      answerExpectations(app.server);
       try {
         await app.listen({ host, port });
       } catch (err) {
