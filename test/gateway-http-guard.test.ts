@@ -4,11 +4,15 @@
 // other than chunked is refused. Against a real market with no provider: nothing refused here ever
 // reaches it.
 import crypto from 'node:crypto';
+import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import { isLoopbackHostHeader } from '../src/gateway/http-guard.ts';
+import { readApiKeysFile } from '../src/gateway/api-keys.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 
 let market: Market;
@@ -132,4 +136,44 @@ test('refused requests are at most 50 log lines a second, the rest counted in on
   const logged = lines.filter((l) => l.msg === 'request' && l.o.status === 404).length;
   const suppressed = lines.filter((l) => /request lines of refused or unanswered requests not logged/.test(l.msg)).reduce((n, l) => n + (l.o.suppressed as number), 0);
   expect(logged + suppressed).toBe(120); // (every refusal is a line or counted: the count of the last second is said at close)
+});
+
+describe('API keys (--api-keys-file)', () => {
+  const KEY = 'sk-svc-v1-0123456789abcdef';
+  test('every route but /v1/models needs a known key, as Bearer or X-Service-API-Key; a missing or unknown one is 401 before the market is asked', async () => {
+    const g = await createGateway({ market: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, port: 0, apiKeys: [KEY] });
+    try {
+      const before = marketCalls;
+      const post = (headers: Record<string, string>) => fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: '{}' });
+      const codeOf = async (r: Response) => [r.status, ((await r.json()) as { error: { code: string } }).error.code];
+      expect(await codeOf(await post({}))).toEqual([401, 'missing_api_key']);
+      expect(await codeOf(await post({ authorization: 'Bearer sk-svc-v1-not-the-right-one' }))).toEqual([401, 'invalid_api_key']);
+      expect(await codeOf(await post({ authorization: `Basic ${KEY}` }))).toEqual([401, 'missing_api_key']);
+      expect(await codeOf(await fetch(`${g.url}/requests/req-x`))).toEqual([401, 'missing_api_key']);
+      expect(marketCalls).toBe(before);
+      // With the key (either header), the request goes on: here the contract refuses the empty body.
+      expect(await codeOf(await post({ authorization: `Bearer ${KEY}` }))).toEqual([400, 'invalid_request']);
+      expect(await codeOf(await post({ 'x-service-api-key': KEY }))).toEqual([400, 'invalid_request']);
+      // The catalog is open, as the spec has it.
+      expect((await fetch(`${g.url}/models`)).status).toBe(200);
+    } finally {
+      await g.close(1000);
+    }
+  });
+
+  test('the keys file: one key a line, comments and blank lines skipped; a malformed line or no key is refused naming it', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'api-keys-'));
+    try {
+      const f = path.join(dir, 'keys');
+      fs.writeFileSync(f, `# buyers\n${KEY}\n\n  sk-svc-v1-fedcba9876543210  \n`);
+      expect(readApiKeysFile(f)).toEqual([KEY, 'sk-svc-v1-fedcba9876543210']);
+      fs.writeFileSync(f, `${KEY}\nshort\n`);
+      expect(() => readApiKeysFile(f)).toThrow(`${f}:2: an API key is 16 to 256 visible ASCII characters, without spaces`);
+      fs.writeFileSync(f, '# nothing\n');
+      expect(() => readApiKeysFile(f)).toThrow(`${f} holds no API key`);
+      expect(() => readApiKeysFile(path.join(dir, 'missing'))).toThrow(/cannot read the API keys file .*missing: not found/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });

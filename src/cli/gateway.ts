@@ -6,6 +6,7 @@ import { isLoopbackHost, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { CliError, intOption } from './cli-error.ts';
+import { readApiKeysFile } from '../gateway/api-keys.ts';
 import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -30,8 +31,9 @@ export function gatewayCommand(): Command {
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--buyer-idle-ms <ms>', 'take a buyer who leaves a streamed answer unread this long for gone (the provider is stopped and bills what it sent)', intOption('--buyer-idle-ms', 1000, 999_999_999), BUYER_IDLE_DEFAULT_MS)
+    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments)')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
-    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; buyerIdleMs: number; logLevel: string }, cmd: Command) => {
+    .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; buyerIdleMs: number; apiKeysFile?: string; logLevel: string }, cmd: Command) => {
       // Records kept in memory last until the gateway stops, whatever --records-days says: refused, not ignored.
       if (opts.records === undefined && cmd.getOptionValueSource('recordsDays') === 'cli') throw new CliError('--records-days needs --records FILE (records kept in memory go with the process)', 2);
       const { host, port } = parseListen(opts.listen);
@@ -42,11 +44,19 @@ export function gatewayCommand(): Command {
       }
       if (!(LOGGER_LEVELS as readonly string[]).includes(opts.logLevel)) throw new CliError(`--log-level must be one of ${LOGGER_LEVELS.join(', ')}`, 2);
       const logger = createLogger({ level: opts.logLevel as (typeof LOGGER_LEVELS)[number], destination: 2 });
-      if (!isLoopbackHost(host)) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication\n`);
+      let apiKeys: string[] | undefined;
+      if (opts.apiKeysFile !== undefined) {
+        try {
+          apiKeys = readApiKeysFile(opts.apiKeysFile);
+        } catch (e) {
+          throw new CliError(`--api-keys-file: ${(e as Error).message}`, 2);
+        }
+      }
+      if (!isLoopbackHost(host) && !apiKeys) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication (--api-keys-file adds it)\n`);
       let gw;
       try {
         const { createGateway } = await import('../gateway/gateway.ts'); // (loaded when it runs: --help stays fast)
-        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, buyerIdleMs: opts.buyerIdleMs, ...(opts.account !== undefined ? { account: opts.account } : {}), recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
+        gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, buyerIdleMs: opts.buyerIdleMs, ...(apiKeys ? { apiKeys } : {}), ...(opts.account !== undefined ? { account: opts.account } : {}), recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }

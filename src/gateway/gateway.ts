@@ -47,6 +47,7 @@ import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, MAX_CONNECTIONS_DEFAULT, PROVIDER_IDLE_DEFAULT_MS, REQUEST_TIMEOUT_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
+import { apiKeyCheck } from './api-keys.ts';
 import { LineBudget } from '../ops/line-budget.ts';
 import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
 
@@ -106,6 +107,11 @@ export interface GatewayOptions {
   maxConnections?: number;
   /** Bytes of request bodies held at once while they arrive (default 256 MiB); more is 503 gateway_busy. */
   bodyBudgetBytes?: number;
+  /**
+   * API keys a request must carry (`Authorization: Bearer <key>` or `X-Service-API-Key`), the
+   * /models routes excepted, as the spec has it; without them the gateway serves whoever reaches it.
+   */
+  apiKeys?: readonly string[];
 }
 
 export interface Gateway {
@@ -210,6 +216,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   });
   // (After the request line above is set up, so a refused request is logged like any other.)
   app.addHook('onRequest', guard.onRequest);
+  if (opts.apiKeys !== undefined) app.addHook('onRequest', apiKeyCheck(opts.apiKeys));
 
   app.setErrorHandler((err: FastifyError | GatewayError, _req, reply) => {
     if (err instanceof GatewayError) return reply.code(err.status).type(JSON_TYPE).send(err.body());
