@@ -55,26 +55,26 @@ function raw(port: number, bytes: string): Promise<RawAnswer> {
 const CLIENT_ERRORS: { name: string; bytes: (path: string) => string; status: number; code?: string; message: RegExp }[] = [
   {
     name: 'both transfer-encoding: chunked and content-length',
-    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n`,
+    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n`,
     status: 400,
     message: /not valid HTTP/,
   },
   {
     name: 'a content-length that is not a number',
-    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 12abc\r\n\r\n{}`,
+    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 12abc\r\n\r\n{}`,
     status: 400,
     message: /not valid HTTP.*Content-Length/,
   },
   {
     name: 'headers larger than the server accepts',
-    bytes: (p) => `GET ${p} HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`,
+    bytes: (p) => `GET ${p} HTTP/1.1\r\nHost: localhost\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`,
     status: 431,
     code: 'headers_too_large',
     message: /headers/,
   },
   {
     name: 'chunk extensions larger than the server accepts',
-    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2;${'e'.repeat(20_000)}\r\n{}\r\n0\r\n\r\n`,
+    bytes: (p) => `POST ${p} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2;${'e'.repeat(20_000)}\r\n{}\r\n0\r\n\r\n`,
     status: 413,
     code: 'request_too_large',
     message: /chunk extensions/,
@@ -109,7 +109,7 @@ function describeServer(name: string, setup: () => Promise<{ port: number; base:
     });
 
     test('the same bad URL on a kept-alive connection does not stop the next request on it', async () => {
-      const both = `GET ${s.badUrl} HTTP/1.1\r\nHost: x\r\n\r\nGET ${new URL(s.next).pathname} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`;
+      const both = `GET ${s.badUrl} HTTP/1.1\r\nHost: localhost\r\n\r\nGET ${new URL(s.next).pathname} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n`;
       const a = await raw(s.port, both);
       expect(a.status).toBe(400);
       expect(String(a.body)).toContain(`HTTP/1.1 ${s.nextStatus} `); // the second answer follows the first on the same connection
