@@ -210,4 +210,24 @@ describe('request contracts', () => {
     // JSON null is "not given", here as everywhere.
     expect(parseRequest('count_tokens', enc({ model: 'm', messages: null, prompt: 'p' }))).toMatchObject({ prompt: 'p' });
   });
+
+  test('an earlier answer sent back as the client got it (the openai client adds refusal and parsed, others annotations, reasoning_content): taken while those are empty', () => {
+    const sdkAnswer = { role: 'assistant', content: 'hello', refusal: null, parsed: null, annotations: [], reasoning_content: '', audio: null, function_call: null, tool_calls: [] };
+    expect(parseRequest('chat/completions', enc({ model: 'm', messages: [{ role: 'user', content: 'hi' }, sdkAnswer, { role: 'user', content: 'more' }] }))).toMatchObject({ messages: [{ content: 'hi' }, { role: 'assistant', content: 'hello' }, { content: 'more' }] });
+    for (const [k, v] of [['parsed', { a: 1 }], ['annotations', [{ type: 'url_citation' }]], ['reasoning_content', 'because']] as const) {
+      expect(field('chat/completions', { model: 'm', messages: [{ ...sdkAnswer, [k]: v }] }), k).toBe(`messages[0].${k}`);
+    }
+  });
+  test('stream options: include_usage, and include_obfuscation only false; any other is refused', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }], stream: true };
+    expect(parseRequest('chat/completions', enc({ ...chat, stream_options: { include_usage: true, include_obfuscation: false } }))).toMatchObject({ includeUsage: true });
+    expect(field('chat/completions', { ...chat, stream_options: { include_obfuscation: true } })).toBe('stream_options.include_obfuscation');
+    expect(field('responses', { model: 'm', input: 'x', stream: true, stream_options: { continuous_usage_stats: true } })).toBe('stream_options.continuous_usage_stats');
+  });
+  test('an unknown field\'s refusal names the contract\'s field for another runtime\'s name, and the other unknown fields too', () => {
+    const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
+    expect(() => parseRequest('completions', enc({ model: 'm', prompt: 'p', repeat_penalty: 1.1 }))).toThrow(/^repeat_penalty: not a field of this endpoint's request contract \(it would be ignored\) \(send repetition_penalty\)$/);
+    expect(() => parseRequest('chat/completions', enc({ ...chat, n_predict: 5, mirostat: 2, typical_p: 0.9 }))).toThrow(/^n_predict: .*\(send max_tokens\); so are "mirostat", "typical_p"$/);
+  });
 });
+

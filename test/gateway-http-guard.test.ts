@@ -117,8 +117,8 @@ describe('requests the gateway refuses before any route', () => {
 });
 
 test('isLoopbackHostHeader', () => {
-  for (const h of ['localhost', 'localhost:11435', '127.0.0.1', '127.0.0.1:80', '127.255.0.9:1', '[::1]', '[::1]:11435', 'LocalHost:1']) expect(isLoopbackHostHeader(h), h).toBe(true);
-  for (const h of ['', 'evil.example', 'evil.example:11435', '127.0.0.1.evil.example', 'localhost.evil.example:80', '[::2]:1', '10.0.0.1', '0.0.0.0']) expect(isLoopbackHostHeader(h), h).toBe(false);
+  for (const h of ['localhost', 'localhost:11435', '127.0.0.1', '127.0.0.1:80', '127.255.0.9:1', '[::1]', '[::1]:11435', 'LocalHost:1', 'localhost.', 'localhost.:8080', '127.0.0.1.', '127.1', '[0:0:0:0:0:0:0:1]', '[::ffff:127.0.0.1]:5', '[::FFFF:7f00:1]']) expect(isLoopbackHostHeader(h), h).toBe(true);
+  for (const h of ['', 'evil.example', 'evil.example:11435', '127.0.0.1.evil.example', 'localhost.evil.example:80', '[::2]:1', '10.0.0.1', '0.0.0.0', 'evil@localhost', 'localhost/x', 'local host', '[::ffff:10.0.0.1]', '128.0.0.1', 'localhost..']) expect(isLoopbackHostHeader(h), h).toBe(false);
 });
 
 test('refused requests are at most 50 log lines a second, the rest counted in one warning; answered ones are all lines', async () => {

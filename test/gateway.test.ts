@@ -194,6 +194,15 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(rec.cost).toBe(u.cost);
   });
 
+  test('a conversation through the official client\'s own helpers: the answer stream().finalMessage() gives, sent back as the next turn\'s history, is taken', async () => {
+    const first = client.chat.completions.stream({ model: MODEL, messages, max_tokens: 8, seed: 2 });
+    const answer = await first.finalMessage(); // (the client adds refusal and parsed to it)
+    expect(answer).toMatchObject({ role: 'assistant', refusal: null, parsed: null });
+    const next = await client.chat.completions.create({ model: MODEL, messages: [...messages, answer, { role: 'user', content: 'and then?' }], max_tokens: 8, seed: 2 });
+    expect(next.choices[0]!.message.role).toBe('assistant');
+    expect(next.usage!.prompt_tokens).toBeGreaterThan(0);
+  });
+
   test('legacy completion: body, usage.cost as the arithmetic, a verified receipt', async () => {
     const prompt = 'the quick brown fox';
     const res = (await client.completions.create({ model: MODEL, prompt, max_tokens: 10, seed: 6 })) as OpenAI.Completion & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

@@ -4,7 +4,7 @@ export const GATEWAY_DEFAULT_PORT = 11435;
 /** How long a provider may send nothing (before its answer starts, and between frames). */
 export const PROVIDER_IDLE_DEFAULT_MS = 120_000;
 /** How long a buyer may leave a streamed answer unread before the gateway takes them for gone. */
-export const BUYER_IDLE_DEFAULT_MS = 30_000;
+export const BUYER_IDLE_DEFAULT_MS = 120_000;
 /** How long a whole request (headers and body) may take to arrive. */
 export const REQUEST_TIMEOUT_DEFAULT_MS = 60_000;
 /** Connections the gateway keeps at once. */

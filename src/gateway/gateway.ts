@@ -96,9 +96,10 @@ export interface GatewayOptions {
    */
   providerIdleMs?: number;
   /**
-   * The longest a buyer may leave a streamed answer unread (its socket not draining) before the
-   * gateway takes them for gone: the relay ends and the provider's stream is reset, so its
-   * `cancelled` receipt bills what it sent by then, not all it could generate (default 30 s).
+   * The longest a buyer's connection may take nothing of a streamed answer before the gateway takes
+   * them for gone: the relay ends and the provider's stream is reset, so its `cancelled` receipt
+   * bills what it sent by then, not all it could generate (default 120 s). The kernel reports a
+   * slow reader's progress in steps of up to a few MiB, so this must allow one that long.
    */
   buyerIdleMs?: number;
   /** The whole request (headers and body) must arrive within this (default 60 s). */

@@ -162,10 +162,12 @@ export class Relay {
       if (!bytes.length) return;
       openEvent = !endsWithBlankLine(bytes);
       if (gone.aborted || raw.destroyed || raw.write(bytes)) return;
-      // The buyer is slow to read: that wait is theirs, not the provider's. A buyer who reads nothing
-      // for buyerIdleMs is taken for gone (the connection is closed, which ends the relay as any
-      // leaving does): the provider then bills what it sent by then, not what a stalled reader's
-      // buffers could take.
+      // The buyer is slow to read: that wait is theirs, not the provider's. A buyer whose
+      // connection takes nothing for buyerIdleMs is taken for gone (the connection is closed, which
+      // ends the relay as any leaving does): the provider then bills what it sent by then, not what
+      // a stalled reader's buffers could take. (The kernel says a socket can take more only once a
+      // good part of its send buffer, up to a few MiB, has gone: the limit must allow a slow reader
+      // that long.)
       idle.pause();
       try {
         if (!(await drained(raw, this.d.buyerIdleMs))) raw.destroy();

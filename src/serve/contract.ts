@@ -92,8 +92,15 @@ function content(v: unknown, field: string): string {
   throw new ContractError(field, 'expected a string or an array of text parts');
 }
 
+/**
+ * Fields an answer carries that a client sends back in the history as it got them (the openai
+ * client's messages have `refusal` and `parsed`; others add `annotations`, `reasoning_content`):
+ * taken only empty, since the model would never see them.
+ */
+const ANSWER_ONLY_FIELDS = ['refusal', 'function_call', 'audio', 'parsed', 'annotations', 'reasoning_content'] as const;
+
 /** The fields of a chat message this node reads; any other is refused (it would be ignored). */
-const MESSAGE_FIELDS = new Set(['role', 'content', 'name', 'tool_calls', 'tool_call_id', 'refusal', 'function_call', 'audio']);
+const MESSAGE_FIELDS = new Set(['role', 'content', 'name', 'tool_calls', 'tool_call_id', ...ANSWER_ONLY_FIELDS]);
 
 /**
  * One chat message. `name`, `tool_call_id` and an assistant turn's `tool_calls` reach the model's
@@ -117,8 +124,9 @@ function message(m: unknown, at: string, fields: ReadonlySet<string> = MESSAGE_F
     out.tool_calls = toolCalls(o.tool_calls, `${at}.tool_calls`);
   }
   // An answer's own fields, as a client sends an earlier answer back: only their empty values.
-  for (const k of ['refusal', 'function_call', 'audio'] as const) {
-    if (set(o[k])) throw new ContractError(`${at}.${k}`, 'not supported by this model (only null)');
+  for (const k of ANSWER_ONLY_FIELDS) {
+    const v = o[k];
+    if (set(v) && v !== '' && !(Array.isArray(v) && v.length === 0)) throw new ContractError(`${at}.${k}`, 'not supported by this model (only null or empty)');
   }
   return out;
 }
@@ -177,10 +185,16 @@ const RESPONSE_FIELDS = new Set(['model', 'input', 'instructions', 'stream', 'st
 const EMBEDDING_FIELDS = new Set(['model', 'input', 'encoding_format', 'dimensions', 'user']);
 const COUNT_FIELDS = ['return_tokens'];
 
+/** Other runtimes' names for fields this contract has: named in the refusal. */
+const OTHER_NAMES: Record<string, string> = { repeat_penalty: 'repetition_penalty', n_predict: 'max_tokens', max_new_tokens: 'max_tokens', stop_sequences: 'stop', random_seed: 'seed' };
+
 function knownFields(o: Obj, fields: ReadonlySet<string>, extra: readonly string[] = []): void {
-  for (const k of Object.keys(o)) {
-    if (!fields.has(k) && !extra.includes(k)) throw new ContractError(k.slice(0, 64), 'not a field of this endpoint\'s request contract (it would be ignored)');
-  }
+  const unknown = Object.keys(o).filter((k) => !fields.has(k) && !extra.includes(k));
+  if (unknown.length === 0) return;
+  const k = unknown[0]!;
+  const hint = Object.hasOwn(OTHER_NAMES, k) ? ` (send ${OTHER_NAMES[k]})` : '';
+  const more = unknown.length > 1 ? `; so are ${unknown.slice(1, 6).map((u) => JSON.stringify(u.slice(0, 64))).join(', ')}${unknown.length > 6 ? ', …' : ''}` : '';
+  throw new ContractError(k.slice(0, 64), `not a field of this endpoint's request contract (it would be ignored)${hint}${more}`);
 }
 
 /** Whether an optional field was given (JSON null counts as not given, as the OpenAI API reads it). */
@@ -262,6 +276,9 @@ function generation(o: Obj, maxNames: readonly string[]): GenerationParams {
   const stream = optBool(o.stream, 'stream') ?? false;
   if (set(o.stream_options) && !stream) throw new ContractError('stream_options', 'only allowed with stream: true');
   const so = set(o.stream_options) ? object(o.stream_options, 'stream_options') : {};
+  for (const k of Object.keys(so)) if (k !== 'include_usage' && k !== 'include_obfuscation') throw new ContractError(`stream_options.${k.slice(0, 64)}`, 'not a stream option (it would be ignored)');
+  if (so.include_obfuscation === true) throw new ContractError('stream_options.include_obfuscation', 'obfuscation padding is not supported (only false)');
+  optBool(so.include_obfuscation, 'stream_options.include_obfuscation');
   const includeUsage = optBool(so.include_usage, 'stream_options.include_usage') ?? false;
   let stop: string[] = [];
   if (typeof o.stop === 'string') {
