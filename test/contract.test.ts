@@ -228,6 +228,9 @@ describe('request contracts', () => {
     const chat = { model: 'm', messages: [{ role: 'user', content: 'x' }] };
     expect(() => parseRequest('completions', enc({ model: 'm', prompt: 'p', repeat_penalty: 1.1 }))).toThrow(/^repeat_penalty: not a field of this endpoint's request contract \(it would be ignored\) \(send repetition_penalty\)$/);
     expect(() => parseRequest('chat/completions', enc({ ...chat, n_predict: 5, mirostat: 2, typical_p: 0.9 }))).toThrow(/^n_predict: .*\(send max_tokens\); so are "mirostat", "typical_p"$/);
+    // The endpoint's own name for it, or none where the endpoint has no such field.
+    expect(() => parseRequest('responses', enc({ model: 'm', input: 'x', n_predict: 5 }))).toThrow(/^n_predict: .*\(send max_output_tokens\)$/);
+    expect(() => parseRequest('embeddings', enc({ model: 'm', input: 'x', n_predict: 5 }))).toThrow(/^n_predict: not a field of this endpoint's request contract \(it would be ignored\)$/);
   });
 });
 

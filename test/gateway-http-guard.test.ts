@@ -146,7 +146,9 @@ describe('API keys (--api-keys-file)', () => {
       const before = marketCalls;
       const post = (headers: Record<string, string>) => fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: '{}' });
       const codeOf = async (r: Response) => [r.status, ((await r.json()) as { error: { code: string } }).error.code];
-      expect(await codeOf(await post({}))).toEqual([401, 'missing_api_key']);
+      const missing = await post({});
+      expect(missing.headers.get('www-authenticate')).toBe('Bearer');
+      expect(await codeOf(missing)).toEqual([401, 'missing_api_key']);
       expect(await codeOf(await post({ authorization: 'Bearer sk-svc-v1-not-the-right-one' }))).toEqual([401, 'invalid_api_key']);
       expect(await codeOf(await post({ authorization: `Basic ${KEY}` }))).toEqual([401, 'missing_api_key']);
       expect(await codeOf(await fetch(`${g.url}/requests/req-x`))).toEqual([401, 'missing_api_key']);
@@ -154,8 +156,10 @@ describe('API keys (--api-keys-file)', () => {
       // With the key (either header), the request goes on: here the contract refuses the empty body.
       expect(await codeOf(await post({ authorization: `Bearer ${KEY}` }))).toEqual([400, 'invalid_request']);
       expect(await codeOf(await post({ 'x-service-api-key': KEY }))).toEqual([400, 'invalid_request']);
-      // The catalog is open, as the spec has it.
+      expect(await codeOf(await post({ authorization: `Bearer\t${KEY}` }))).toEqual([400, 'invalid_request']);
+      // The catalog is open, as the spec has it (HEAD as GET).
       expect((await fetch(`${g.url}/models`)).status).toBe(200);
+      expect((await fetch(`${g.url}/models`, { method: 'HEAD' })).status).toBe(200);
     } finally {
       await g.close(1000);
     }

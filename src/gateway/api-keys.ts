@@ -5,7 +5,7 @@
 // its hash, so no comparison runs over the secret itself.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import type { FastifyRequest } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { fsProblem } from '../fs-problem.ts';
 import { GatewayError } from './errors.ts';
 
@@ -34,17 +34,23 @@ export function readApiKeysFile(file: string): string[] {
 }
 
 /** The onRequest check for `keys` (routes under /v1/models are open, as the spec has them). */
-export function apiKeyCheck(keys: readonly string[]): (req: FastifyRequest) => Promise<void> {
+export function apiKeyCheck(keys: readonly string[]): (req: FastifyRequest, reply: FastifyReply) => Promise<void> {
   for (const k of keys) if (!KEY_RE.test(k)) throw new TypeError('gateway: an API key is 16 to 256 visible ASCII characters, without spaces');
   const known = new Set(keys.map(digest));
-  return async (req) => {
+  return async (req, reply) => {
     const path = req.url.split('?')[0]!;
-    if (req.method === 'GET' && (path === '/v1/models' || path.startsWith('/v1/models/'))) return;
+    if ((req.method === 'GET' || req.method === 'HEAD') && (path === '/v1/models' || path.startsWith('/v1/models/'))) return;
     const auth = req.headers.authorization;
-    const bearer = typeof auth === 'string' && /^Bearer +/i.test(auth) ? auth.replace(/^Bearer +/i, '').trim() : undefined;
+    const bearer = typeof auth === 'string' && /^Bearer[ \t]+/i.test(auth) ? auth.replace(/^Bearer[ \t]+/i, '').trim() : undefined;
     const alt = req.headers['x-service-api-key'];
     const presented = bearer ?? (typeof alt === 'string' ? alt.trim() : undefined);
-    if (presented === undefined || presented === '') throw new GatewayError(401, 'missing_api_key', 'this gateway needs an API key: send Authorization: Bearer <key>');
-    if (!known.has(digest(presented))) throw new GatewayError(401, 'invalid_api_key', 'the API key is not one this gateway accepts');
+    if (presented === undefined || presented === '') throw unauthorized(reply, 'missing_api_key', 'this gateway needs an API key: send Authorization: Bearer <key>');
+    if (!known.has(digest(presented))) throw unauthorized(reply, 'invalid_api_key', 'the API key is not one this gateway accepts');
   };
+}
+
+/** A 401, with the challenge HTTP asks of one (RFC 9110 §11.6.1). */
+function unauthorized(reply: FastifyReply, code: string, message: string): GatewayError {
+  void reply.header('www-authenticate', 'Bearer');
+  return new GatewayError(401, code, message);
 }

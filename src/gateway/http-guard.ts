@@ -51,7 +51,7 @@ export function httpGuard(opts: HttpGuardOptions): { onRequest: (req: FastifyReq
   const onRequest = async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const origin = req.headers.origin;
     if (origin !== undefined) {
-      throw new GatewayError(403, 'origin_not_allowed', `a request from a web page (Origin ${JSON.stringify(origin.slice(0, 100))}) is refused: the gateway has no authentication, so a page could spend the buyer's money; call it from a program`);
+      throw new GatewayError(403, 'origin_not_allowed', `a request from a web page (Origin ${JSON.stringify(origin.slice(0, 100))}) is refused: the gateway spends its buyer's money, and a page the buyer visits could send one; call it from a program`);
     }
     const noHost = missingHost(req.raw);
     if (noHost) throw new GatewayError(400, 'invalid_request', noHost);

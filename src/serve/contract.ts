@@ -186,13 +186,20 @@ const EMBEDDING_FIELDS = new Set(['model', 'input', 'encoding_format', 'dimensio
 const COUNT_FIELDS = ['return_tokens'];
 
 /** Other runtimes' names for fields this contract has: named in the refusal. */
-const OTHER_NAMES: Record<string, string> = { repeat_penalty: 'repetition_penalty', n_predict: 'max_tokens', max_new_tokens: 'max_tokens', stop_sequences: 'stop', random_seed: 'seed' };
+const OTHER_NAMES: Record<string, readonly string[]> = {
+  repeat_penalty: ['repetition_penalty'],
+  n_predict: ['max_tokens', 'max_output_tokens'],
+  max_new_tokens: ['max_tokens', 'max_output_tokens'],
+  stop_sequences: ['stop'],
+  random_seed: ['seed'],
+};
 
 function knownFields(o: Obj, fields: ReadonlySet<string>, extra: readonly string[] = []): void {
   const unknown = Object.keys(o).filter((k) => !fields.has(k) && !extra.includes(k));
   if (unknown.length === 0) return;
   const k = unknown[0]!;
-  const hint = Object.hasOwn(OTHER_NAMES, k) ? ` (send ${OTHER_NAMES[k]})` : '';
+  const ours = Object.hasOwn(OTHER_NAMES, k) ? OTHER_NAMES[k]!.find((f) => fields.has(f)) : undefined; // (the endpoint's own name for it)
+  const hint = ours !== undefined ? ` (send ${ours})` : '';
   const more = unknown.length > 1 ? `; so are ${unknown.slice(1, 6).map((u) => JSON.stringify(u.slice(0, 64))).join(', ')}${unknown.length > 6 ? ', …' : ''}` : '';
   throw new ContractError(k.slice(0, 64), `not a field of this endpoint's request contract (it would be ignored)${hint}${more}`);
 }
