@@ -44,6 +44,8 @@ beforeAll(async () => {
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 4, temperature: 0.9 });
   await serve('chat/completions', { model: 'tiny/llama', messages, max_tokens: 30, seed: 9, stream: true, stream_options: { include_usage: true } });
   await serve('completions', { model: 'tiny/llama', prompt: 'the quick', max_tokens: 25, temperature: 0 });
+  // llama.cpp's samplers, as a buyer sets them: a replay samples the same way.
+  await serve('completions', { model: 'tiny/llama', prompt: 'the quick', max_tokens: 25, temperature: 1.3, seed: 12, top_k: 7, min_p: 0.02, repetition_penalty: 1.4 });
   await serve('embeddings', { model: 'tiny/llama', input: ['hello', 'world'] });
   await serve('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 20, seed: 8, stream: true });
   // Output capped by the hold, not by max_tokens: replay must find the same cap.
