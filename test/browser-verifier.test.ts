@@ -15,7 +15,8 @@ import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import * as esbuild from 'esbuild';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import type { BrowserContext, Page } from 'playwright-core';
+import { launchChromium } from './helpers/chromium.ts';
 import { fromBase64, toBase64, toHex, utf8 } from '../attestation/bytes.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { formatProofBundle } from '../attestation/tlog-proof.ts';
@@ -24,7 +25,6 @@ import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { readVectorJson, REPO_ROOT } from './helpers/vectors.ts';
 
-const CHROMIUM = '/usr/bin/chromium';
 const RECEIPTS = 20;
 const PROVEN_INDEX = 13;
 
@@ -246,11 +246,7 @@ beforeAll(async () => {
     }
   });
   await new Promise<void>((resolve) => server!.listen(0, '127.0.0.1', resolve));
-  context = await chromium.launchPersistentContext(path.join(tmp, 'chromium-profile'), {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'],
-  });
+  context = await launchChromium(path.join(tmp, 'chromium-profile'));
 }, 60_000);
 
 afterAll(async () => {

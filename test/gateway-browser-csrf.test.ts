@@ -9,12 +9,12 @@ import path from 'node:path';
 import crypto from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { chromium, type BrowserContext } from 'playwright-core';
+import type { BrowserContext } from 'playwright-core';
+import { launchChromium } from './helpers/chromium.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { until } from './helpers/wait.ts';
 
-const CHROMIUM = '/usr/bin/chromium';
 
 let tmp: string;
 let market: Market;
@@ -45,11 +45,7 @@ window.done = fetch(${JSON.stringify(`${gw.url}/chat/completions`)}, { method: '
 </script></body></html>`;
   page = http.createServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end(html));
   await new Promise<void>((r) => page.listen(0, '127.0.0.1', r));
-  context = await chromium.launchPersistentContext(path.join(tmp, 'chromium-profile'), {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'],
-  });
+  context = await launchChromium(path.join(tmp, 'chromium-profile'));
 }, 60_000);
 
 afterAll(async () => {
