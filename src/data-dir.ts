@@ -66,6 +66,12 @@ export function savePriceList(dir: string, list: { payload: PriceListPayload; en
   return 'saved';
 }
 
+/** The text of `prices/<version>.json` (a signed price list), or undefined when there is none. */
+export function readPriceList(dir: string, version: string): string | undefined {
+  if (!/^p-[0-9a-f]{16}$/.test(version)) return undefined;
+  return readIfExists(path.join(dataDirPaths(dir).prices, `${version}.json`));
+}
+
 /** Every `prices/<version>.json` of a data dir, by version (none for a dir without prices/). */
 export function readPriceLists(dir: string): StoredPriceList[] {
   const folder = dataDirPaths(dir).prices;

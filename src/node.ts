@@ -6,7 +6,7 @@ import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import { opsHostPort, type NodeConfig } from './config.ts';
-import { savePriceList } from './data-dir.ts';
+import { readPriceList, savePriceList } from './data-dir.ts';
 import { LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
 import { Admission } from './dispatch/admission.ts';
 import { IdempotencyStore } from './dispatch/idempotency.ts';
@@ -290,7 +290,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       onError: (err, at) => logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: errSummary(err) }, 'request handler failed'),
     });
     cleanup.push(['infer protocol', () => infer.stop()]);
-    const logServer = await serveLog(host, log);
+    const logServer = await serveLog(host, log, (version) => readPriceList(config.data_dir, version));
     cleanup.push(['log protocol', () => logServer.stop()]);
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });

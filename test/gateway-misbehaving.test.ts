@@ -262,6 +262,15 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
   ];
   test.each(cases)('%s', refusedAnswerCase);
 
+  test('rates the market misstated (the provider\'s signed price list has its receipt\'s): 502 bad_market_response, not the provider\'s fault; the answer withheld, never settled', async () => {
+    // The market's grant states other rates for the ticket's price version; the node bills its own, signed ones.
+    proxy.ticket = (g) => ({ ...g, rates: { ...(g as { rates: object }).rates, output_per_mtok: '1' } });
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('misstated rates'), toScripted()), 502, 'bad_market_response', /the marketplace stated price version p-[0-9a-f]{16}'s rates for tiny\/llama as .*"output_per_mtok":"1".*, but the provider's signed price list has .*, as its receipt bills/);
+    expect(await record(e.id)).toMatchObject({ status: 'failed', error: { code: 'bad_market_response' }, settled: false, receipt: null });
+    await expectNothingSettled(before);
+  });
+
   test('streamed: [DONE] is held until the receipt verifies; a bad one ends the stream with a bad_provider_response event instead; recorded, never settled', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(SSE_HEAD);

@@ -5,6 +5,8 @@ import { fromBase64 } from '../attestation/bytes.ts';
 import { verifyCheckpointConsistency } from '../attestation/log-verify.ts';
 import { verifyReceiptProof } from '../attestation/receipt-proof.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { serializeEnvelope } from '../attestation/dsse.ts';
+import { signPriceList, verifyPriceList } from '../attestation/price-list.ts';
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { LOG_PROTOCOL, serveLog } from '../src/p2p/log-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
@@ -17,6 +19,7 @@ let log: ReceiptLog;
 let node: Host;
 let client: Host;
 let addr: string;
+let prices: ReturnType<typeof signPriceList>;
 
 beforeAll(async () => {
   const seed = new Uint8Array(crypto.randomBytes(32));
@@ -24,7 +27,8 @@ beforeAll(async () => {
   await Promise.all(Array.from({ length: 25 }, (_, i) => log.append(syntheticReceiptBody(i))));
   node = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
   client = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
-  await serveLog(node, log);
+  prices = signPriceList(seed, log.providerId, [{ model: 'tiny/llama', input_per_mtok: '150000', output_per_mtok: '600000' }]);
+  await serveLog(node, log, (v) => (v === prices.payload.version ? serializeEnvelope(prices.envelope) : undefined));
   addr = node.getMultiaddrs()[0]!.toString();
 });
 afterAll(async () => {
@@ -65,6 +69,15 @@ describe('/service/log/1.0.0', () => {
     const older = log.checkpoints().find((x) => x.size === 10)!.note;
     expect(verifyCheckpointConsistency(older, c.checkpoint, c.proof.map((p) => fromBase64(p)!), log.providerId).ok).toBe(true);
   });
+  test('the signed price list of a version: whoever holds a receipt checks its rates against what the provider signed', async () => {
+    const r = await ask({ op: 'price_list', version: prices.payload.version });
+    expect(r.status).toBe(200);
+    const v = verifyPriceList((JSON.parse(r.text) as { price_list: never }).price_list, { provider: log.providerId });
+    expect(v).toMatchObject({ ok: true, value: { version: prices.payload.version, models: [{ model: 'tiny/llama', output_per_mtok: '600000' }] } });
+    expect(await ask({ op: 'price_list', version: 'p-0000000000000000' })).toMatchObject({ status: 404, error: 'not_found' });
+    for (const version of [undefined, 'p-1', '../prices/x', 7]) expect(await ask({ op: 'price_list', version }), String(version)).toMatchObject({ status: 400, error: 'invalid_request' });
+  });
+
   test('bad and unknown asks get codes', async () => {
     expect(await ask({ op: 'receipt', request_id: 'nope' })).toMatchObject({ status: 404, error: 'not_found' });
     expect(await ask({ op: 'inclusion', seq: 22 })).toMatchObject({ status: 404, error: 'not_found' }); // not under a checkpoint yet

@@ -5,6 +5,7 @@
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { ratesFromWire, ratesMatch, type ReceiptPayload, type WireRates } from '../../attestation/receipt.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
+import type { DisputedRates } from './price-dispute.ts';
 
 export interface ReceiptExpectation {
   provider: string;
@@ -22,7 +23,7 @@ export interface ReceiptExpectation {
   responseSha256?: string;
 }
 
-export type CheckedReceipt = { ok: true; line: string; payload: ReceiptPayload; envelope: DsseEnvelope } | { ok: false; message: string };
+export type CheckedReceipt = { ok: true; line: string; payload: ReceiptPayload; envelope: DsseEnvelope } | { ok: false; message: string; disputedRates?: DisputedRates };
 
 /**
  * With `allowReplay` (the request carried an Idempotency-Key), a receipt of an EARLIER request with
@@ -44,7 +45,12 @@ export function checkReceipt(line: unknown, exp: ReceiptExpectation, allowReplay
     mismatches.push(['request_id', p.request_id, exp.requestId], ['ticket_id', p.ticket_id, exp.ticketId], ['hold_micro_usd', p.hold_micro_usd, exp.holdMicroUsd], ['price.version', p.price.version, exp.priceVersion]);
     // A receipt's cost is usage × ITS rates: rates other than the price list's would bill anything up to the hold.
     if (exp.rates && !ratesMatch(p.price.rates, ratesFromWire(exp.rates))) {
-      return { ok: false, message: `the receipt's rates ${JSON.stringify(p.price.rates).slice(0, 200)} are not price version ${exp.priceVersion}'s ${JSON.stringify(exp.rates).slice(0, 200)}` };
+      // (Whose fault: the provider's signed price list decides; see price-dispute.ts.)
+      return {
+        ok: false,
+        message: `the receipt's rates ${JSON.stringify(p.price.rates).slice(0, 200)} are not price version ${exp.priceVersion}'s ${JSON.stringify(exp.rates).slice(0, 200)}`,
+        disputedRates: { version: exp.priceVersion, model: exp.model, receipt: p.price.rates, market: exp.rates },
+      };
     }
   }
   if (exp.responseSha256 !== undefined) mismatches.push(['response_sha256', p.response_sha256, exp.responseSha256]);

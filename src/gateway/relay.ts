@@ -19,11 +19,15 @@ import { isObj } from './request-body.ts';
 import type { Settlements, VerifiedReceipt } from './settlement.ts';
 import { endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT } from './sse-events.ts';
 import type { Paid } from './tickets.ts';
+import type { Host } from '../p2p/host.ts';
+import { providerListBacksReceipt } from './price-dispute.ts';
 
 
 export interface RelayDeps {
   settlements: Settlements;
   records: RequestRecords;
+  /** The gateway's libp2p host: a receipt whose rates are disputed is checked against its provider's signed price list. */
+  host: Host;
   /** How long a buyer may leave a stream unread before it counts as gone (default: never). */
   buyerIdleMs?: number;
 }
@@ -49,11 +53,23 @@ export class Relay {
     return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
   }
 
-  /** The TRAILER's receipt checked against the answer relayed; a bad one fails the record. */
-  private checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): CheckedReceipt {
+  /**
+   * The TRAILER's receipt checked against the answer relayed; a bad one fails the record, and is
+   * the provider's fault (bad_provider_response) unless only its rates differ from what the market
+   * stated and the provider's signed price list has the receipt's rates: then the market misstated
+   * them (bad_market_response). Either way the answer is withheld and nothing is settled.
+   */
+  private async checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): Promise<CheckedReceipt & { code?: string }> {
     const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
-    if (!checked.ok) this.d.records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: checked.message });
-    return checked;
+    if (checked.ok) return checked;
+    let failure = { code: 'bad_provider_response', message: checked.message };
+    const d = checked.disputedRates;
+    if (d && (await providerListBacksReceipt(this.d.host, p, d))) {
+      failure = { code: 'bad_market_response', message: `the marketplace stated price version ${d.version}'s rates for ${d.model.slice(0, 256)} as ${JSON.stringify(d.market).slice(0, 200)}, but the provider's signed price list has ${JSON.stringify(d.receipt).slice(0, 200)}, as its receipt bills` };
+    }
+    this.d.records.fail(p.requestId, failure.code === 'bad_market_response' ? 'failed' : 'bad_provider_response', failure);
+    this.d.records.dropJob(p.requestId); // (the answer was withheld: its receipt is never settled, so the buyer is never charged)
+    return { ok: false, ...failure };
   }
 
   async relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch): Promise<unknown> {
@@ -74,8 +90,8 @@ export class Relay {
     } finally {
       idle.stop();
     }
-    const checked = this.checkTrailer(p, trailer, hash);
-    if (!checked.ok) throw new GatewayError(502, 'bad_provider_response', checked.message);
+    const checked = await this.checkTrailer(p, trailer, hash);
+    if (!checked.ok) throw new GatewayError(502, checked.code ?? 'bad_provider_response', checked.message);
     const id = checked.payload.request_id; // an idempotent retry is answered with the first request's receipt
     if (id !== p.requestId) reply.header('x-request-id', id);
     // Settled in the background: the buyer's answer waits for the receipt to verify, never for the
@@ -220,9 +236,9 @@ export class Relay {
     }
     finished();
     const work = (async () => {
-      const checked = this.checkTrailer(p, trailer, hash);
+      const checked = await this.checkTrailer(p, trailer, hash);
       if (!checked.ok) {
-        endWithError('bad_provider_response', checked.message);
+        endWithError(checked.code ?? 'bad_provider_response', checked.message);
         return;
       }
       if (checked.payload.status !== 'completed') {

@@ -5,6 +5,7 @@
 //   { op: "checkpoint" }                     → { checkpoint: signed note | null, size }
 //   { op: "inclusion", seq, size? }          → text/plain tlog-proof bundle (extra = the receipt)
 //   { op: "consistency", size1, size2? }     → { size1, size2, proof: [base64 …], checkpoint }
+//   { op: "price_list", version }            → { price_list: the node's signed price list of that version }
 import { toBase64, utf8 } from '../../attestation/bytes.ts';
 import { receiptProofBundle } from '../store/proof-bundle.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
@@ -28,7 +29,10 @@ function sizeOf(v: unknown): unknown {
   return Number.isSafeInteger(n) ? n : v;
 }
 
-function answerLog(log: ReceiptLog, raw: Record<string, unknown>): Answer {
+/** The node's signed price list of a version, as it keeps it (envelope JSON text), or undefined. */
+export type PriceListLookup = (version: string) => string | undefined;
+
+function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList?: PriceListLookup): Answer {
   const head: Record<string, unknown> = { ...raw, seq: sizeOf(raw.seq), size: sizeOf(raw.size), size1: sizeOf(raw.size1), size2: sizeOf(raw.size2) };
   const json = (v: unknown): Answer => ({ status: 200, type: 'application/json', body: JSON.stringify(v) });
   const bad = (code: string, message: string, status = 400): Answer => ({ status, ...errorBody(code, message) });
@@ -59,14 +63,21 @@ function answerLog(log: ReceiptLog, raw: Record<string, unknown>): Answer {
       if (!cp || size2 > cp.size) return bad('not_found', 'no signed checkpoint covers size2', 404);
       return json({ size1: head.size1, size2, proof: log.consistencyProof(head.size1, size2).map(toBase64), checkpoint: log.checkpointAt(size2)?.note ?? null });
     }
+    case 'price_list': {
+      // (Who holds a receipt can check its rates against the list its provider signed.)
+      if (typeof head.version !== 'string' || !/^p-[0-9a-f]{16}$/.test(head.version)) return bad('invalid_request', 'version: expected a price version (p- and 16 hex digits)');
+      const text = priceList?.(head.version);
+      if (text === undefined) return bad('not_found', `no price list of version ${head.version}`, 404);
+      return { status: 200, type: 'application/json', body: `{"price_list":${text.trim()}}` };
+    }
     default:
-      return bad('invalid_request', 'op: expected receipt, checkpoint, inclusion or consistency');
+      return bad('invalid_request', 'op: expected receipt, checkpoint, inclusion, consistency or price_list');
   }
 }
 
-export function serveLog(host: Host, log: ReceiptLog): Promise<RequestServer> {
+export function serveLog(host: Host, log: ReceiptLog, priceList?: PriceListLookup): Promise<RequestServer> {
   return handleRequests(host, LOG_PROTOCOL, async (req, res) => {
-    const a = answerLog(log, req.head);
+    const a = answerLog(log, req.head, priceList);
     if ('error' in a) {
       await res.head({ status: a.status, headers: { 'content-type': 'application/json' } });
       await res.trailer({ error: a.error });

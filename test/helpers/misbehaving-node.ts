@@ -172,9 +172,14 @@ export class ScriptedNode {
     const host = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
     const log = ReceiptLog.open({ path: path.join(dir, 'scripted-receipts.db'), seed, threads: 0, checkpointIntervalMs: 0 });
     const node = new ScriptedNode(seed, host, log);
-    node.logServer = await serveLog(host, log);
+    node.logServer = await serveLog(host, log, (v) => node.priceListOf(v));
     await node.speakInfer(true);
     return node;
+  }
+
+  /** Its signed price list, by version, as a node's log serves it. */
+  priceListOf(version: string): string | undefined {
+    return version === this.priceVersion ? serializeEnvelope(this.priceEnvelope) : undefined;
   }
 
   /** Serves the infer protocol, or stops serving it (a node that then answers "na" to it). */
@@ -212,7 +217,7 @@ export class ScriptedNode {
           await res.data(utf8(answer.body));
           await res.trailer({});
         })
-      : await serveLog(this.host, this.log);
+      : await serveLog(this.host, this.log, (v) => this.priceListOf(v));
   }
 
   /** Sends the market a signed heartbeat: whether it takes requests, with every slot free. */
