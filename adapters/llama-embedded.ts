@@ -44,6 +44,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private template: Template | undefined;
   private starting = false;
   info: RuntimeInfo = { adapter: 'llama-embedded', version: '', modelSha256: '', contextLength: 0, embeddingLength: 0, chatTemplate: null };
+  /** The most bytes one token stands for (set at start): what bounds an input's token count from below. */
+  private maxTokenBytes = Number.POSITIVE_INFINITY;
 
   constructor(opts: LlamaEmbeddedOptions) {
     this.opts = opts;
@@ -92,6 +94,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     for (let i = 0; i < slots; i++) this.idle.push(this.context.getSequence());
     const chatTemplate = model.fileInfo.metadata?.tokenizer?.chat_template;
     this.template = typeof chatTemplate === 'string' ? new Template(chatTemplate) : undefined;
+    this.maxTokenBytes = longestToken(model);
     this.info = {
       adapter: 'llama-embedded',
       version: `node-llama-cpp/${llama.buildType}/${llama.gpu || 'cpu'}`,
@@ -137,7 +140,15 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   /** The exact tokens a generation starts from: BOS when the model wants it, then the prompt. */
-  async inputTokens(input: GenerationInput): Promise<Token[]> {
+  async inputTokens(input: GenerationInput, opts: { atMost?: number } = {}): Promise<Token[]> {
+    // Tokenising is synchronous (4 s for 8 MiB here, the event loop held all that time): with
+    // atMost, a text too long by its length alone is refused before it is rendered or tokenised.
+    // No token is longer than maxTokenBytes, so it needs at least bytes / maxTokenBytes tokens.
+    if (opts.atMost !== undefined) {
+      const bytes = input.kind === 'chat' ? input.messages.reduce((n, m) => n + Buffer.byteLength(m.content), 0) : Buffer.byteLength(input.prompt);
+      const atLeast = Math.ceil(bytes / this.maxTokenBytes);
+      if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `an input of at least ${atLeast} tokens (${bytes} bytes) exceeds the model's context of ${opts.atMost}`);
+    }
     const text = input.kind === 'chat' ? await this.renderChat(input.messages) : input.prompt;
     const tokens = this.m.tokenize(text, input.kind === 'chat');
     const bos = this.m.tokens.bos;
@@ -284,4 +295,17 @@ const REPEAT_WINDOW = 64;
 function lastTokens(input: readonly Token[], output: readonly Token[], n: number): Token[] {
   if (output.length >= n) return output.slice(output.length - n);
   return [...input.slice(Math.max(0, input.length - (n - output.length))), ...output];
+}
+
+/**
+ * The most bytes one token of the model's vocabulary stands for (a bound: 4 bytes are added for
+ * the leading space a tokenizer adds or a lone token's text drops, and for a byte token's text).
+ */
+function longestToken(model: LlamaModel): number {
+  let most = 1;
+  for (const t of model.iterateAllTokens()) {
+    const n = Buffer.byteLength(model.detokenize([t], true));
+    if (n > most) most = n;
+  }
+  return most + 4;
 }

@@ -104,8 +104,12 @@ export interface RuntimeAdapter {
   detokenize(tokens: number[]): Promise<string>;
   /** The prompt a chat becomes under the model's chat template (with the generation prompt). */
   renderChat(messages: ChatMessage[]): Promise<string>;
-  /** The tokens a generation input becomes, exactly as generation evaluates them (BOS included). */
-  inputTokens(input: GenerationInput): Promise<number[]>;
+  /**
+   * The tokens a generation input becomes, exactly as generation evaluates them (BOS included).
+   * With `atMost`, an input that needs more tokens than that by its length alone is refused
+   * (UnsupportedInputError context_length_exceeded) before it is rendered or tokenised.
+   */
+  inputTokens(input: GenerationInput, opts?: { atMost?: number }): Promise<number[]>;
   /** inputTokens(input).length. */
   countInputTokens(input: GenerationInput): Promise<number>;
   /** Streams chunks; the returned value is the final accounting. */

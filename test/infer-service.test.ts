@@ -131,6 +131,15 @@ describe('InferService', () => {
     expect(log.size).toBe(before);
   });
 
+  test('a paid input too long for the context by its length alone is refused before it is tokenised: 400 context_length_exceeded, no receipt', async () => {
+    const before = log.size;
+    const { res, out } = recorder();
+    await service.handle(request('completions', { model: 'tiny/llama', prompt: 'hello world '.repeat(200_000), max_tokens: 4 }), res);
+    expect(out.head?.status).toBe(400);
+    expect(out.trailer?.error).toMatchObject({ code: 'context_length_exceeded', message: expect.stringMatching(/^an input of at least \d+ tokens \(2400000 bytes\) exceeds the model's context of \d+$/) });
+    expect(log.size).toBe(before);
+  });
+
   test('streams: chunks, a usage chunk only with include_usage, then [DONE]', async () => {
     for (const includeUsage of [true, false]) {
       const { res, out } = recorder();

@@ -72,6 +72,18 @@ describe('LlamaEmbeddedAdapter', () => {
     }
   });
 
+  test('with atMost, an input too long by its length alone is refused before it is rendered or tokenised; one near the limit is counted', async () => {
+    // (Tokenising 8 MiB holds the event loop for seconds here: the bound spares it.)
+    const huge = 'hello world the quick brown fox '.repeat(256 * 1024);
+    await expect(rt.inputTokens({ kind: 'prompt', prompt: huge }, { atMost: 512 })).rejects.toMatchObject({ code: 'context_length_exceeded', message: expect.stringMatching(/^an input of at least \d+ tokens \(8388608 bytes\) exceeds the model's context of 512$/) });
+    await expect(rt.inputTokens({ kind: 'chat', messages: [{ role: 'user', content: huge }] }, { atMost: 512 })).rejects.toMatchObject({ code: 'context_length_exceeded' });
+    // Just within the context, by its real count: counted, never refused by the bound.
+    let text = '';
+    while ((await rt.countInputTokens({ kind: 'prompt', prompt: text + 'hello world ' })) <= 512) text += 'hello world ';
+    expect((await rt.inputTokens({ kind: 'prompt', prompt: text }, { atMost: 512 })).length).toBeLessThanOrEqual(512);
+    expect((await rt.inputTokens({ kind: 'prompt', prompt: text + 'hello world ' }, { atMost: 512 })).length).toBeGreaterThan(512); // (counted, not refused: the bound is loose)
+  });
+
   test('a fixed seed replays the same tokens; maxTokens is exact; usage adds up', async () => {
     const req: GenerateRequest = { input: chat, maxTokens: 24, sampling: { temperature: 0.8, seed: 42 } };
     const a = await run(req);

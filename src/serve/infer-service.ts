@@ -376,7 +376,8 @@ export class InferService {
     // The input's cost is known before any work: a hold that does not cover it is refused first.
     const tokens: number[][] = [];
     try {
-      for (const text of p.input) tokens.push(await model.adapter.inputTokens({ kind: 'prompt', prompt: text }));
+      // (An input longer than the context by its length alone is refused before it is tokenised.)
+      for (const text of p.input) tokens.push(await model.adapter.inputTokens({ kind: 'prompt', prompt: text }, { atMost: model.adapter.info.contextLength }));
     } catch (e) {
       return this.refuse(res, e);
     }
@@ -441,7 +442,7 @@ export class InferService {
     let maxTokens: number;
     let tokens: number[];
     try {
-      tokens = await model.adapter.inputTokens(input);
+      tokens = await model.adapter.inputTokens(input, { atMost: model.adapter.info.contextLength });
       const inputTokens = tokens.length;
       // max_tokens as asked: more than the context leaves is refused (context_length_exceeded), never
       // quietly cut; without it, whatever room the context leaves (textNeed).
