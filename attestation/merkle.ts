@@ -6,7 +6,7 @@
 // uses arithmetic (not 32-bit bitwise operators) on them.
 import { bytesEqual, copyBytes } from './bytes.ts';
 import { sha256, sha256Parts, sha256Text } from './hash.ts';
-import { fail, ok, type VerifyResult, thrownMessage } from './result.ts';
+import { fail, guarded, ok, type VerifyResult } from './result.ts';
 
 export const HASH_SIZE = 32;
 
@@ -284,11 +284,7 @@ export function rootFromInclusion(leafIndex: number, treeSize: number, leafHash:
 
 /** RFC 9162 §2.1.3.2: is `leafHash` the leaf at `leafIndex` of the tree of `treeSize` with `root`? */
 export function verifyInclusion(leafIndex: number, treeSize: number, leafHash: Uint8Array, proof: Uint8Array[], root: Uint8Array): VerifyResult {
-  try {
-    return checkInclusion(leafIndex, treeSize, leafHash, proof, root);
-  } catch (e) {
-    return fail('proof_malformed', `the proof could not be read: ${thrownMessage(e)}`);
-  }
+  return guarded('proof_malformed', 'the proof', () => checkInclusion(leafIndex, treeSize, leafHash, proof, root));
 }
 
 function checkInclusion(leafIndex: number, treeSize: number, leafHash: Uint8Array, proof: Uint8Array[], root: Uint8Array): VerifyResult {
@@ -305,11 +301,7 @@ function checkInclusion(leafIndex: number, treeSize: number, leafHash: Uint8Arra
  * as given); size1 == 0 is rejected (a proof from the empty tree is meaningless).
  */
 export function verifyConsistency(size1: number, size2: number, proof: Uint8Array[], root1: Uint8Array, root2: Uint8Array): VerifyResult {
-  try {
-    return checkConsistencyProof(size1, size2, proof, root1, root2);
-  } catch (e) {
-    return fail('proof_malformed', `the proof could not be read: ${thrownMessage(e)}`);
-  }
+  return guarded('proof_malformed', 'the proof', () => checkConsistencyProof(size1, size2, proof, root1, root2));
 }
 
 function checkConsistencyProof(size1: number, size2: number, proof: Uint8Array[], root1: Uint8Array, root2: Uint8Array): VerifyResult {

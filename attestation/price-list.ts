@@ -24,6 +24,11 @@ export interface PriceListPayload {
   models: PriceListEntry[];
 }
 
+/** Whether `v` is written as a price version is ("p-" and 16 lowercase hex digits). */
+export function isPriceVersion(v: unknown): v is string {
+  return typeof v === 'string' && /^p-[0-9a-f]{16}$/.test(v);
+}
+
 /** "p-" + 16 hex of SHA-256 over the canonical model prices. */
 export function priceVersion(models: readonly PriceListEntry[]): string {
   return 'p-' + sha256Hex(canonicalize(sortedEntries(models))).slice(0, 16);

@@ -68,7 +68,7 @@ export function ok<T>(value: T): { ok: true; value: T } {
 }
 
 /** What a thrown value says, whatever was thrown (null, a Symbol, an object whose getters throw). Never throws. */
-export function thrownMessage(e: unknown): string {
+function thrownMessage(e: unknown): string {
   try {
     const m = e !== null && typeof e === 'object' ? (e as { message?: unknown }).message : undefined;
     return typeof m === 'string' ? m : String(e);

@@ -33,3 +33,12 @@ export function peekPayload(env: Pick<DsseEnvelope, 'payload'>): Record<string, 
     return undefined;
   }
 }
+
+/** The payload of an envelope given as its JSON text (a log line), best effort: undefined when it cannot be read. Never throws. */
+export function peekLine(line: string): Record<string, unknown> | undefined {
+  try {
+    return peekPayload(JSON.parse(line) as DsseEnvelope);
+  } catch {
+    return undefined;
+  }
+}

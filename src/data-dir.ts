@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import { writeFileAtomic } from './atomic-file.ts';
 import path from 'node:path';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
-import { verifyPriceList, type PriceListPayload } from '../attestation/price-list.ts';
+import { isPriceVersion, verifyPriceList, type PriceListPayload } from '../attestation/price-list.ts';
 import { loadKeyFile, type NodeIdentity } from './identity.ts';
 import { ReceiptLog, type ReceiptLogOptions } from './store/receipt-log.ts';
 
@@ -68,7 +68,7 @@ export function savePriceList(dir: string, list: { payload: PriceListPayload; en
 
 /** The text of `prices/<version>.json` (a signed price list), or undefined when there is none. */
 export function readPriceList(dir: string, version: string): string | undefined {
-  if (!/^p-[0-9a-f]{16}$/.test(version)) return undefined;
+  if (!isPriceVersion(version)) return undefined;
   return readIfExists(path.join(dataDirPaths(dir).prices, `${version}.json`));
 }
 

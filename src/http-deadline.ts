@@ -7,7 +7,7 @@ import type { Server } from 'node:http';
 
 /** Fastify options that set the deadline and have Node check it every quarter of it (at most 30 s). */
 export function requestDeadlineOptions(ms: number): { requestTimeout: number; http: { connectionsCheckingInterval: number; requireHostHeader: false } } {
-  // (requireHostHeader off: Node's own answer to a request without Host has no body; the servers refuse it themselves, with their error body: see missingHost.)
+  // (requireHostHeader off: Node's own answer to a request without Host has no body; the servers refuse it themselves, with their error body: see answerBareRefusals in http-errors.ts.)
   return { requestTimeout: ms, http: { connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(ms / 4))), requireHostHeader: false } };
 }
 

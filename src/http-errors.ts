@@ -1,9 +1,10 @@
 // Errors before routing, answered with the project's error body ({error: {code, message}}).
 // Shared by the three HTTP servers (the ops server, the development market and the buyer
 // gateway), each passing its own 400 code.
-import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { FastifyBaseLogger, FastifyError, FastifyReply, FastifyServerOptions } from 'fastify';
+import type { FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyServerOptions } from 'fastify';
+import { enforceRequestDeadline } from './http-deadline.ts';
 import { errorBody, JSON_TYPE } from './service-error.ts';
 
 /**
@@ -75,18 +76,18 @@ export function clientErrorHandler(badRequestCode: string, log?: () => FastifyBa
 }
 
 /**
- * Node answers an `Expect` other than 100-continue itself, 417 with an empty body: this gives the
- * server's error body instead. (A request without `Host`, which Node would also answer bare when
- * `requireHostHeader` is on, is refused by the server's own hook: missingHost below.)
+ * What every HTTP server of the project adds before it listens: the request deadline Node is to
+ * enforce (http-deadline.ts), and its error body for the two requests Node would answer bare, with
+ * no body: an `Expect` other than 100-continue (417) and an HTTP/1.1 request without `Host` (400;
+ * requestDeadlineOptions turns Node's own check off so that this one answers).
  */
-export function answerExpectations(server: Server): void {
-  server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+export function answerBareRefusals(app: FastifyInstance, badRequestCode: string, requestTimeoutMs: number): void {
+  enforceRequestDeadline(app.server, requestTimeoutMs);
+  app.server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
     const text = JSON.stringify(errorBody('expectation_failed', `Expect: ${JSON.stringify(String(req.headers.expect).slice(0, 40))} is not supported (only 100-continue)`));
     res.writeHead(417, { 'content-type': JSON_TYPE, 'content-length': Buffer.byteLength(text), connection: 'close' }).end(text);
   });
-}
-
-/** Why an HTTP/1.1 request without a Host header is refused, or undefined when it has one (or is HTTP/1.0). */
-export function missingHost(req: IncomingMessage): string | undefined {
-  return req.httpVersion === '1.1' && req.headers.host === undefined ? 'an HTTP/1.1 request needs a Host header' : undefined;
+  app.addHook('onRequest', async (req, reply) => {
+    if (req.raw.httpVersion === '1.1' && req.headers.host === undefined) return reply.code(400).type(JSON_TYPE).send(errorBody(badRequestCode, 'an HTTP/1.1 request needs a Host header'));
+  });
 }

@@ -146,21 +146,19 @@ describe("state.db on disk: recorded answers are buyers' output text", () => {
 });
 
 test('a record from a build that hashed the body alone (before the endpoint was part of a request) answers its retry after the upgrade', () => {
-  {
-    const db = new Database(':memory:');
-    db.exec(`CREATE TABLE idempotency (account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, status INTEGER NOT NULL, headers TEXT NOT NULL, body BLOB NOT NULL, trailer TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (account, key)) WITHOUT ROWID`);
-    const node = testKey();
-    const bodySha = 'ab'.repeat(32);
-    const receipt = serializeEnvelope(signReceipt(node, receiptPayload(node, 0, { endpoint: 'completions', request_sha256: bodySha } as Partial<ReceiptPayload>)));
-    const old = { status: 200, headers: { 'content-type': 'application/json' }, body: utf8('{"old":true}'), trailer: { receipt } };
-    db.prepare('INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run('acct', 'k', bodySha, old.status, JSON.stringify(old.headers), old.body, JSON.stringify(old.trailer), Date.now());
-    const s = new IdempotencyStore(db);
-    // What the node compares now: the endpoint and the body's hash.
-    expect(s.begin('acct', 'k', sha256Hex(`completions\n${bodySha}`))).toEqual({ kind: 'replay', response: old });
-    // The same body to another endpoint is still another request.
-    expect(s.begin('acct', 'k', sha256Hex(`chat/completions\n${bodySha}`))).toMatchObject({ kind: 'conflict', code: 'idempotency_key_reused' });
-    db.close();
-  }
+  const db = new Database(':memory:');
+  db.exec(`CREATE TABLE idempotency (account TEXT NOT NULL, key TEXT NOT NULL, request_sha256 TEXT NOT NULL, status INTEGER NOT NULL, headers TEXT NOT NULL, body BLOB NOT NULL, trailer TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (account, key)) WITHOUT ROWID`);
+  const node = testKey();
+  const bodySha = 'ab'.repeat(32);
+  const receipt = serializeEnvelope(signReceipt(node, receiptPayload(node, 0, { endpoint: 'completions', request_sha256: bodySha } as Partial<ReceiptPayload>)));
+  const old = { status: 200, headers: { 'content-type': 'application/json' }, body: utf8('{"old":true}'), trailer: { receipt } };
+  db.prepare('INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run('acct', 'k', bodySha, old.status, JSON.stringify(old.headers), old.body, JSON.stringify(old.trailer), Date.now());
+  const s = new IdempotencyStore(db);
+  // What the node compares now: the endpoint and the body's hash.
+  expect(s.begin('acct', 'k', sha256Hex(`completions\n${bodySha}`))).toEqual({ kind: 'replay', response: old });
+  // The same body to another endpoint is still another request.
+  expect(s.begin('acct', 'k', sha256Hex(`chat/completions\n${bodySha}`))).toMatchObject({ kind: 'conflict', code: 'idempotency_key_reused' });
+  db.close();
 });
 
 test('an account and key that run into each other find no other pair\'s record (the account is length-prefixed)', () => {

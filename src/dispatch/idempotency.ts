@@ -6,7 +6,7 @@
 import crypto from 'node:crypto';
 import type Database from 'better-sqlite3';
 import { sha256Hex } from '../../attestation/hash.ts';
-import { peekPayload } from '../../attestation/signed-payload.ts';
+import { peekLine } from '../../attestation/signed-payload.ts';
 
 export interface RecordedResponse {
   status: number;
@@ -219,12 +219,6 @@ export class IdempotencyStore {
  */
 function currentRequestSha256(stored: string, trailer: Record<string, unknown>): string {
   if (typeof trailer.receipt !== 'string') return stored;
-  let envelope: unknown;
-  try {
-    envelope = JSON.parse(trailer.receipt);
-  } catch {
-    return stored;
-  }
-  const p = envelope !== null && typeof envelope === 'object' ? peekPayload(envelope as { payload: string }) : undefined;
+  const p = peekLine(trailer.receipt);
   return p && p.request_sha256 === stored && typeof p.endpoint === 'string' ? sha256Hex(`${p.endpoint}\n${stored}`) : stored;
 }

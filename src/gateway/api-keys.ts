@@ -3,16 +3,14 @@
 // unknown key is 401. Without keys the gateway serves whoever reaches it, which is why it listens on
 // the loopback by default. Keys are kept as their SHA-256 only, and a presented key is looked up by
 // its hash, so no comparison runs over the secret itself.
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { sha256Hex } from '../../attestation/hash.ts';
 import { fsProblem } from '../fs-problem.ts';
 import { GatewayError } from './errors.ts';
 
 /** What a key must look like: 16 to 256 visible ASCII characters (the spec's are `sk-svc-v1-<secret>`). */
 const KEY_RE = /^[\x21-\x7e]{16,256}$/;
-
-const digest = (key: string): string => crypto.createHash('sha256').update(key, 'utf8').digest('hex');
 
 /** Reads an API keys file: one key a line; blank lines and lines starting with # are skipped. Throws with the line at fault. */
 export function readApiKeysFile(file: string): string[] {
@@ -36,16 +34,16 @@ export function readApiKeysFile(file: string): string[] {
 /** The onRequest check for `keys` (routes under /v1/models are open, as the spec has them). */
 export function apiKeyCheck(keys: readonly string[]): (req: FastifyRequest, reply: FastifyReply) => Promise<void> {
   for (const k of keys) if (!KEY_RE.test(k)) throw new TypeError('gateway: an API key is 16 to 256 visible ASCII characters, without spaces');
-  const known = new Set(keys.map(digest));
+  const known = new Set(keys.map((k) => sha256Hex(k)));
   return async (req, reply) => {
     const path = req.url.split('?')[0]!;
     if ((req.method === 'GET' || req.method === 'HEAD') && (path === '/v1/models' || path.startsWith('/v1/models/'))) return;
     const auth = req.headers.authorization;
-    const bearer = typeof auth === 'string' && /^Bearer[ \t]+/i.test(auth) ? auth.replace(/^Bearer[ \t]+/i, '').trim() : undefined;
+    const bearer = typeof auth === 'string' ? /^Bearer[ \t]+(.*)$/is.exec(auth)?.[1]?.trim() : undefined;
     const alt = req.headers['x-service-api-key'];
     const presented = bearer ?? (typeof alt === 'string' ? alt.trim() : undefined);
     if (presented === undefined || presented === '') throw unauthorized(reply, 'missing_api_key', 'this gateway needs an API key: send Authorization: Bearer <key>');
-    if (!known.has(digest(presented))) throw unauthorized(reply, 'invalid_api_key', 'the API key is not one this gateway accepts');
+    if (!known.has(sha256Hex(presented))) throw unauthorized(reply, 'invalid_api_key', 'the API key is not one this gateway accepts');
   };
 }
 

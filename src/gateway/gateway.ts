@@ -27,7 +27,7 @@ import { fastify, type FastifyError, type FastifyInstance } from 'fastify';
 import { createHost, type Host } from '../p2p/host.ts';
 import { MAX_REQUEST_BODY } from '../serve/contract.ts';
 import { closeHttp } from '../http-close.ts';
-import { answerExpectations, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { answerBareRefusals, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
 import { settledWithin } from '../settled-within.ts';
 import { stopStep } from '../stop-step.ts';
 import { registerCatalogRoutes } from './catalog-routes.ts';
@@ -49,7 +49,7 @@ import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, MAX_CONNECTIONS_DEFAULT, P
 import { httpGuard } from './http-guard.ts';
 import { apiKeyCheck } from './api-keys.ts';
 import { LineBudget } from '../ops/line-budget.ts';
-import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
+import { requestDeadlineOptions } from '../http-deadline.ts';
 
 export { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS };
 
@@ -216,6 +216,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     });
   });
   // (After the request line above is set up, so a refused request is logged like any other.)
+  answerBareRefusals(app, 'invalid_request', requestTimeoutMs);
   app.addHook('onRequest', guard.onRequest);
   if (opts.apiKeys !== undefined) app.addHook('onRequest', apiKeyCheck(opts.apiKeys));
 
@@ -254,8 +255,6 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // More connections than this are closed as they arrive, before the process runs out of file
   // descriptors (which the market, the nodes and the records file need too).
   app.server.maxConnections = opts.maxConnections ?? MAX_CONNECTIONS_DEFAULT;
-  enforceRequestDeadline(app.server, requestTimeoutMs);
-  answerExpectations(app.server);
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {

@@ -12,7 +12,6 @@
 //   - A body whose Transfer-Encoding is anything but chunked is refused: it would be read as plain JSON.
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { isLoopbackHost } from '../host-port.ts';
-import { missingHost } from '../http-errors.ts';
 import { GatewayError } from './errors.ts';
 
 /** How many bytes of request bodies the gateway holds at once while they arrive (default 256 MiB). */
@@ -53,8 +52,6 @@ export function httpGuard(opts: HttpGuardOptions): { onRequest: (req: FastifyReq
     if (origin !== undefined) {
       throw new GatewayError(403, 'origin_not_allowed', `a request from a web page (Origin ${JSON.stringify(origin.slice(0, 100))}) is refused: the gateway spends its buyer's money, and a page the buyer visits could send one; call it from a program`);
     }
-    const noHost = missingHost(req.raw);
-    if (noHost) throw new GatewayError(400, 'invalid_request', noHost);
     const host = req.headers.host ?? '';
     if (loopbackOnly && !isLoopbackHostHeader(host)) {
       throw new GatewayError(403, 'host_not_allowed', `Host ${JSON.stringify(host.slice(0, 100))} is not this machine's loopback, which is all the gateway listens on (a name that resolves here is not enough: DNS rebinding)`);

@@ -418,7 +418,8 @@ export class RequestRecords {
    * settle: its unsettled job goes too.
    */
   fail(id: string, status: Exclude<RecordStatus, 'in_progress' | 'completed' | 'cancelled' | 'failed' | 'interrupted'> | 'failed', error: { code: string; message: string }): RequestRecord | undefined {
-    if (status === 'refused' || status === 'bad_provider_response' || error.code === 'provider_unreachable') this.dropJob(id);
+    // Nothing to settle: refused before work, no provider reached, or an answer withheld (its receipt never to be charged).
+    if (status === 'refused' || status === 'bad_provider_response' || error.code === 'provider_unreachable' || error.code === 'bad_market_response') this.dropJob(id);
     return this.update(id, { status, error, finished_at: Date.now() });
   }
 

@@ -59,7 +59,7 @@ export class Relay {
    * stated and the provider's signed price list has the receipt's rates: then the market misstated
    * them (bad_market_response). Either way the answer is withheld and nothing is settled.
    */
-  private async checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): Promise<CheckedReceipt & { code?: string }> {
+  private async checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): Promise<Extract<CheckedReceipt, { ok: true }> | { ok: false; code: string; message: string }> {
     const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
     if (checked.ok) return checked;
     let failure = { code: 'bad_provider_response', message: checked.message };
@@ -68,7 +68,6 @@ export class Relay {
       failure = { code: 'bad_market_response', message: `the marketplace stated price version ${d.version}'s rates for ${d.model.slice(0, 256)} as ${JSON.stringify(d.market).slice(0, 200)}, but the provider's signed price list has ${JSON.stringify(d.receipt).slice(0, 200)}, as its receipt bills` };
     }
     this.d.records.fail(p.requestId, failure.code === 'bad_market_response' ? 'failed' : 'bad_provider_response', failure);
-    this.d.records.dropJob(p.requestId); // (the answer was withheld: its receipt is never settled, so the buyer is never charged)
     return { ok: false, ...failure };
   }
 
@@ -91,7 +90,7 @@ export class Relay {
       idle.stop();
     }
     const checked = await this.checkTrailer(p, trailer, hash);
-    if (!checked.ok) throw new GatewayError(502, checked.code ?? 'bad_provider_response', checked.message);
+    if (!checked.ok) throw new GatewayError(502, checked.code, checked.message);
     const id = checked.payload.request_id; // an idempotent retry is answered with the first request's receipt
     if (id !== p.requestId) reply.header('x-request-id', id);
     // Settled in the background: the buyer's answer waits for the receipt to verify, never for the
@@ -238,7 +237,7 @@ export class Relay {
     const work = (async () => {
       const checked = await this.checkTrailer(p, trailer, hash);
       if (!checked.ok) {
-        endWithError(checked.code ?? 'bad_provider_response', checked.message);
+        endWithError(checked.code, checked.message);
         return;
       }
       if (checked.payload.status !== 'completed') {

@@ -9,8 +9,8 @@ import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { registerRoutes } from './routes.ts';
 import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
 import { closeHttp } from '../http-close.ts';
-import { answerExpectations, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
-import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
+import { answerBareRefusals, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { requestDeadlineOptions } from '../http-deadline.ts';
 
 export { DEFAULT_MARKET_LIMITS, type MarketLimits } from './store.ts';
 
@@ -75,6 +75,7 @@ export function createMarket(opts: MarketOptions): Market {
     routerOptions: { maxParamLength: 256 },
     clientErrorHandler: clientErrorHandler('invalid_request', () => app.log),
   });
+  answerBareRefusals(app, 'invalid_request', requestTimeoutMs);
   registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now: opts.now ?? Date.now, heartbeatIntervalMs });
 
   return {
@@ -84,8 +85,6 @@ export function createMarket(opts: MarketOptions): Market {
     async listen() {
       // More connections than this are closed as they arrive, before the process runs out of descriptors.
       app.server.maxConnections = 1024;
-      enforceRequestDeadline(app.server, requestTimeoutMs);
-      answerExpectations(app.server);
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;

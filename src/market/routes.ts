@@ -1,7 +1,6 @@
 // The market's HTTP routes (docs/market-api.md), each with a JSON schema for its body. Schema
 // errors and fastify's own client errors become {error: {code, message}} with the route's code
 // for a malformed body and a message naming the field.
-import { missingHost } from '../http-errors.ts';
 import type { FastifyError, FastifyInstance } from 'fastify';
 import { errorBody, MarketError } from './errors.ts';
 import { heartbeat, providerView, register } from './providers.ts';
@@ -96,11 +95,6 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
     const code = status === 400 ? ((req.routeOptions.config as RouteConfig | undefined)?.invalidCode ?? 'invalid_request') : status === 413 ? 'request_too_large' : 'invalid_request';
     const message = notJson ? 'body: expected JSON (Content-Type: application/json)' : err.validation ? validationMessage(err.validation as AjvIssue[]) : err.message;
     return reply.code(status).send(errorBody(code, message));
-  });
-
-  app.addHook('onRequest', async (req) => {
-    const noHost = missingHost(req.raw);
-    if (noHost) throw new MarketError(400, 'invalid_request', noHost);
   });
 
   app.setNotFoundHandler(async (req, reply) => {

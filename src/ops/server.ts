@@ -14,8 +14,8 @@ import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
 import { closeHttp } from '../http-close.ts';
-import { answerExpectations, clientErrorHandler, frameworkErrorReply, missingHost } from '../http-errors.ts';
-import { enforceRequestDeadline, requestDeadlineOptions } from '../http-deadline.ts';
+import { answerBareRefusals, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
+import { requestDeadlineOptions } from '../http-deadline.ts';
 import { errorBody, JSON_TYPE } from '../service-error.ts';
 
 type MaybePromise<T> = T | Promise<T>;
@@ -151,6 +151,7 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'bad_request'),
     clientErrorHandler: clientErrorHandler('bad_request', () => app.log),
   });
+  answerBareRefusals(app, 'bad_request', requestTimeoutMs);
 
   /** Runs a caller's callback; any failure becomes a safe 500 and is logged server-side. */
   async function call<T>(name: string, fn: () => MaybePromise<T>, log: FastifyBaseLogger): Promise<T> {
@@ -223,11 +224,6 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     return reply.code(200).type(metrics.registry.contentType).send(text);
   });
 
-  app.addHook('onRequest', async (req) => {
-    const noHost = missingHost(req.raw);
-    if (noHost) throw new OpsFailure(400, 'bad_request', noHost);
-  });
-
   app.setNotFoundHandler(async (req, reply) => {
     const path = (req.url.split('?')[0] ?? '').slice(0, 200);
     if (OPS_ROUTES.includes(path)) {
@@ -254,8 +250,6 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     async listen(): Promise<OpsServerAddress> {
       if (listening) throw new Error('ops server: already listening');
       listening = true;
-      enforceRequestDeadline(app.server, requestTimeoutMs);
-      answerExpectations(app.server);
       try {
         await app.listen({ host, port });
       } catch (err) {

@@ -7,6 +7,7 @@
 //   { op: "consistency", size1, size2? }     → { size1, size2, proof: [base64 …], checkpoint }
 //   { op: "price_list", version }            → { price_list: the node's signed price list of that version }
 import { toBase64, utf8 } from '../../attestation/bytes.ts';
+import { isPriceVersion } from '../../attestation/price-list.ts';
 import { receiptProofBundle } from '../store/proof-bundle.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import type { Host } from './host.ts';
@@ -32,7 +33,7 @@ function sizeOf(v: unknown): unknown {
 /** The node's signed price list of a version, as it keeps it (envelope JSON text), or undefined. */
 export type PriceListLookup = (version: string) => string | undefined;
 
-function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList?: PriceListLookup): Answer {
+function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList: PriceListLookup): Answer {
   const head: Record<string, unknown> = { ...raw, seq: sizeOf(raw.seq), size: sizeOf(raw.size), size1: sizeOf(raw.size1), size2: sizeOf(raw.size2) };
   const json = (v: unknown): Answer => ({ status: 200, type: 'application/json', body: JSON.stringify(v) });
   const bad = (code: string, message: string, status = 400): Answer => ({ status, ...errorBody(code, message) });
@@ -65,8 +66,8 @@ function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList?: Pr
     }
     case 'price_list': {
       // (Who holds a receipt can check its rates against the list its provider signed.)
-      if (typeof head.version !== 'string' || !/^p-[0-9a-f]{16}$/.test(head.version)) return bad('invalid_request', 'version: expected a price version (p- and 16 hex digits)');
-      const text = priceList?.(head.version);
+      if (!isPriceVersion(head.version)) return bad('invalid_request', 'version: expected a price version (p- and 16 hex digits)');
+      const text = priceList(head.version);
       if (text === undefined) return bad('not_found', `no price list of version ${head.version}`, 404);
       return { status: 200, type: 'application/json', body: `{"price_list":${text.trim()}}` };
     }
@@ -75,7 +76,7 @@ function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList?: Pr
   }
 }
 
-export function serveLog(host: Host, log: ReceiptLog, priceList?: PriceListLookup): Promise<RequestServer> {
+export function serveLog(host: Host, log: ReceiptLog, priceList: PriceListLookup): Promise<RequestServer> {
   return handleRequests(host, LOG_PROTOCOL, async (req, res) => {
     const a = answerLog(log, req.head, priceList);
     if ('error' in a) {

@@ -108,7 +108,7 @@ const MESSAGE_FIELDS = new Set(['role', 'content', 'name', 'tool_calls', 'tool_c
  */
 function message(m: unknown, at: string, fields: ReadonlySet<string> = MESSAGE_FIELDS): ChatMessage {
   const o = object(m, at);
-  for (const k of Object.keys(o)) if (!fields.has(k)) throw new ContractError(`${at}.${k}`, 'not a field of a chat message (it would be ignored)');
+  for (const k of Object.keys(o)) if (!fields.has(k)) throw new ContractError(`${at}.${k.slice(0, 64)}`, 'not a field of a chat message (it would be ignored)');
   if (!ROLES.includes(o.role as ChatMessage['role'])) throw new ContractError(`${at}.role`, `expected one of ${ROLES.join(', ')}`);
   const out: ChatMessage = { role: o.role as ChatMessage['role'], content: content(o.content, `${at}.content`) };
   if (set(o.name)) {
@@ -216,7 +216,7 @@ function unsupported(o: Obj): void {
   if (set(o.best_of) && o.best_of !== 1) throw new ContractError('best_of', 'only best_of = 1 is supported');
   if (set(o.logprobs) && o.logprobs !== false) throw new ContractError('logprobs', 'log probabilities are not supported');
   if (set(o.top_logprobs) && o.top_logprobs !== 0) throw new ContractError('top_logprobs', 'log probabilities are not supported');
-  if (o.echo === true) throw new ContractError('echo', 'echoing the prompt is not supported');
+  if (optBool(o.echo, 'echo') === true) throw new ContractError('echo', 'echoing the prompt is not supported');
   if (set(o.suffix) && o.suffix !== '') throw new ContractError('suffix', 'suffixes (insertion) are not supported');
   for (const k of ['tools', 'functions'] as const) {
     if (set(o[k]) && !(Array.isArray(o[k]) && o[k].length === 0)) throw new ContractError(k, 'tool calling is not supported by this model');
@@ -240,7 +240,6 @@ function unsupported(o: Obj): void {
   }
   if (set(o.verbosity) && o.verbosity !== 'medium') throw new ContractError('verbosity', 'only "medium" (the default) is supported');
   if (set(o.service_tier) && o.service_tier !== 'auto' && o.service_tier !== 'default') throw new ContractError('service_tier', 'only "auto" or "default" is offered');
-  if (o.echo !== undefined) optBool(o.echo, 'echo');
   // Fields that cannot change the answer: only their shape is checked.
   optBool(o.store, 'store');
   optBool(o.parallel_tool_calls, 'parallel_tool_calls');

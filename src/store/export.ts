@@ -10,7 +10,7 @@ import { writeFileAtomic } from '../atomic-file.ts';
 import path from 'node:path';
 import type { StoredPriceList } from '../data-dir.ts';
 import type { ReceiptLog } from './receipt-log.ts';
-import { peekPayload } from '../../attestation/signed-payload.ts';
+import { peekLine } from '../../attestation/signed-payload.ts';
 
 export interface ExportSummary {
   receipts: number;
@@ -77,11 +77,7 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
 
 /** The price version a log line's receipt cites (read only to warn; the audit checks it for real). */
 function priceVersionOf(line: string): string | undefined {
-  try {
-    const price = peekPayload(JSON.parse(line) as { payload: string })?.price;
-    const version = price !== null && typeof price === 'object' ? (price as { version?: unknown }).version : undefined;
-    return typeof version === 'string' ? version : undefined;
-  } catch {
-    return undefined;
-  }
+  const price = peekLine(line)?.price;
+  const version = price !== null && typeof price === 'object' ? (price as { version?: unknown }).version : undefined;
+  return typeof version === 'string' ? version : undefined;
 }
