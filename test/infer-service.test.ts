@@ -6,6 +6,7 @@ import { toHex, utf8 } from '../attestation/bytes.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { FreeWorkPace } from '../src/dispatch/free-work-pace.ts';
 import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
 import { InferService, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
@@ -935,6 +936,79 @@ describe('a chat template that refuses the messages (as Gemma\'s refuses a syste
     await strict.service.handle(request('chat/completions', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }), res);
     expect(out.head?.status).toBe(200);
     expect(strict.log.size).toBe(before + 1);
+  });
+});
+
+describe('free requests take at most a quarter of the node\'s time, so unpaid work cannot starve paid streams', () => {
+  /** A service whose pace runs on a clock the test moves; each tokenization "takes" `cost` ms of it. */
+  function paced() {
+    let t = 0;
+    let cost = 0;
+    const pace = new FreeWorkPace({ now: () => t });
+    const inputTokens = adapter.inputTokens.bind(adapter);
+    adapter.inputTokens = async (...a: Parameters<typeof inputTokens>) => {
+      t += cost;
+      return inputTokens(...a);
+    };
+    const svc = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), models: new Map([[model.id, model]]), priceVersion: 'p1', freePace: pace });
+    const count = async (signal = new AbortController().signal) => {
+      const r = recorder();
+      await svc.handle({ head: { endpoint: 'count_tokens' }, body: utf8(JSON.stringify({ model: 'tiny/llama', prompt: 'hello world' })), signal }, r.res);
+      return r.out;
+    };
+    return { count, advance: (ms: number) => void (t += ms), costs: (ms: number) => void (cost = ms), restore: () => void (adapter.inputTokens = inputTokens) };
+  }
+
+  test('after free work that took d ms the next waits 3d; a wait past the free deadline (2 s) is 503 no_capacity at once, one within it is waited out; nothing logged', async () => {
+    const p = paced();
+    try {
+      const before = log.size;
+      p.costs(1000);
+      expect((await p.count()).head?.status).toBe(200);
+      p.costs(0);
+      const refused = await p.count();
+      expect([refused.head?.status, refused.trailer?.error?.code]).toEqual([503, 'no_capacity']);
+      expect(refused.trailer?.error?.message).toBe("free requests (tokenize, count_tokens) take at most 25 % of this node's time: try again in 3000 ms");
+      p.advance(2950); // 50 ms to go: waited out
+      const waited = await p.count();
+      expect(waited.head?.status).toBe(200);
+      expect(JSON.parse(text(waited)).count).toBe(await adapter.countInputTokens({ kind: 'prompt', prompt: 'hello world' }));
+      expect(log.size).toBe(before);
+    } finally {
+      p.restore();
+    }
+  });
+
+  test('a buyer who leaves while its request waits out the pace: 503 request_abandoned, and the free turn passes on', async () => {
+    const p = paced();
+    try {
+      p.costs(1000);
+      expect((await p.count()).head?.status).toBe(200);
+      p.costs(0);
+      p.advance(1500); // 1.5 s still to wait: within the deadline, so it waits
+      const leaving = new AbortController();
+      const waiting = p.count(leaving.signal);
+      setTimeout(() => leaving.abort(), 20);
+      const gone = await waiting;
+      expect([gone.head?.status, gone.trailer?.error?.code]).toEqual([503, 'request_abandoned']);
+      p.advance(1500);
+      expect((await p.count()).head?.status).toBe(200); // the one free turn was given back
+    } finally {
+      p.restore();
+    }
+  });
+
+  test('a tokenization that fails still paces the next by the time it took', async () => {
+    let t = 0;
+    const pace = new FreeWorkPace({ now: () => t });
+    await expect(pace.run(async () => {
+      t += 100;
+      throw new Error('template refused');
+    })).rejects.toThrow('template refused');
+    expect(pace.wait()).toBe(300);
+    t += 300;
+    expect(pace.wait()).toBe(0);
+    expect(() => new FreeWorkPace({ share: 0 })).toThrow(RangeError);
   });
 });
 

@@ -4,6 +4,7 @@
 // exactly the tokens delivered, whose envelope line is the trailer's `receipt`.
 import { hasLoneSurrogate } from '../../attestation/canonical-json.ts';
 import crypto from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter, type SamplingOptions } from '../../adapters/runtime-adapter.ts';
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
@@ -13,6 +14,7 @@ import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { peekPayload } from '../../attestation/signed-payload.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
+import { FreeWorkPace } from '../dispatch/free-work-pace.ts';
 import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
@@ -82,6 +84,8 @@ export interface InferServiceOptions {
   state?: StoreHealth;
   /** Told of anything else that failed before any work (answered 500 internal_error). Must not throw. */
   onInternalError?: (e: unknown) => void;
+  /** Paces free requests (default: at most a quarter of the time; see FreeWorkPace). */
+  freePace?: FreeWorkPace;
 }
 
 
@@ -121,10 +125,12 @@ export class InferService {
    * a gateway is one peer for all its buyers, and counts an estimate's inputs eight at a time.
    */
   private readonly freeAdmission = new Admission({ slots: 1, queue: FREE_QUEUE });
+  private readonly freePace: FreeWorkPace;
 
   constructor(opts: InferServiceOptions) {
     this.o = opts;
     this.now = opts.now ?? Date.now;
+    this.freePace = opts.freePace ?? new FreeWorkPace();
   }
 
   async handle(req: InferRequest, res: InferResponse): Promise<void> {
@@ -350,6 +356,10 @@ export class InferService {
   private async tokenize(p: TokenizeRequest, model: ServedModel, req: InferRequest, res: InferResponse): Promise<void> {
     // Free work, unpaid and unticketed: one at a time (tokenizing holds the event loop), a bounded
     // number waiting (at most FREE_MAX_WAIT_MS), the rest 503 at once: free requests cannot crowd out paid ones.
+    // Its turn comes within FREE_MAX_WAIT_MS, the pace's wait included (FreeWorkPace: free work
+    // takes at most a share of the node's time, so paid streams are not starved).
+    const pace = this.freePace;
+    const deadline = pace.now() + FREE_MAX_WAIT_MS;
     let release: () => void;
     try {
       release = await this.freeAdmission.acquire({ maxWaitMs: FREE_MAX_WAIT_MS, signal: req.signal });
@@ -359,7 +369,14 @@ export class InferService {
     // Exactly what a generation would be billed for: the chat template and BOS included.
     let tokens: number[];
     try {
-      tokens = await model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! });
+      const wait = pace.wait();
+      if (wait > 0) {
+        if (pace.now() + wait > deadline) throw new Refusal(503, 'no_capacity', `free requests (tokenize, count_tokens) take at most ${Math.round(pace.share * 100)} % of this node's time: try again in ${Math.ceil(wait)} ms`);
+        await sleep(wait, undefined, { signal: req.signal }).catch(() => {
+          throw new Refusal(503, 'request_abandoned', 'the request was abandoned while it waited for its turn');
+        });
+      }
+      tokens = await pace.run(() => model.adapter.inputTokens(p.messages ? { kind: 'chat', messages: p.messages } : { kind: 'prompt', prompt: p.prompt! }));
     } catch (e) {
       return this.refuse(res, e);
     } finally {
