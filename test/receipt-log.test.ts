@@ -12,6 +12,7 @@ import { verifyConsistency, verifyInclusion, leafHash } from '../attestation/mer
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
+import { SEGMENT } from '../src/store/request-key-filter.ts';
 import { exportLog } from '../src/store/export.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { utf8 } from '../attestation/bytes.ts';
@@ -85,6 +86,26 @@ describe('ReceiptLog', () => {
     expect(again.byRequestId('retried')).toEqual(expected);
     expect(again.byRequestId('third')).toEqual([{ seq: 3, line: appended[3]!.line }]);
     expect(again.byRequestId('never')).toEqual([]);
+  });
+
+  test('after a reopen, lookups read only the segments that may hold the id: found in any segment, retries across segments in seq order', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log = openLog(file, s);
+    const n = SEGMENT * 2 + 500; // three segments
+    const idOf = (i: number) => (i === 10 || i === SEGMENT + 10 || i === n - 1 ? 'retried-across' : `req-${i}`);
+    for (let i = 0; i < n; i += 1024) await Promise.all(Array.from({ length: Math.min(1024, n - i) }, (_, j) => log.append({ ...syntheticReceiptBody(i + j), request_id: idOf(i + j) })));
+    const lines = [10, SEGMENT + 10, n - 1].map((seq) => log.lineBySeq(seq));
+    await log.close();
+    open.splice(open.indexOf(log), 1);
+    const again = openLog(file, s);
+    expect(again.byRequestId('retried-across')).toEqual([10, SEGMENT + 10, n - 1].map((seq, i) => ({ seq, line: lines[i] })));
+    for (const seq of [0, SEGMENT - 1, SEGMENT, 2 * SEGMENT + 7]) expect(again.byRequestId(`req-${seq}`).map((r) => r.seq)).toEqual([seq]);
+    expect(again.byRequestId('never-issued')).toEqual([]);
+    // New receipts are found too (from memory), and still after the next reopen (from the filter).
+    const added = await again.append({ ...syntheticReceiptBody(n), request_id: 'retried-across' });
+    expect(again.byRequestId('retried-across').map((r) => r.seq)).toEqual([10, SEGMENT + 10, n - 1, n]);
+    expect(added.seq).toBe(String(n));
   });
 
   test('in-process and worker signing produce identical bytes', async () => {

@@ -22,6 +22,7 @@ import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
 import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
+import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
 
 export class ReceiptLogError extends Error {
@@ -86,7 +87,7 @@ function prepareStatements(db: Database.Database) {
     // (at most the size this connection has read: another may have checkpointed receipts it has not)
     latestCheckpoint: db.prepare<[number], { size: number; note: string; created_at: number }>('SELECT size, note, created_at FROM checkpoints WHERE size <= ? ORDER BY size DESC LIMIT 1'),
     batchAt: db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1'),
-    requestKeysBelow: db.prepare<[number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq < ?'),
+    requestKeysIn: db.prepare<[number, number], { first_seq: number; count: number; request_keys: Uint8Array }>('SELECT first_seq, count, request_keys FROM receipt_batches WHERE first_seq >= ? AND first_seq < ?'),
   };
 }
 
@@ -148,10 +149,11 @@ export class ReceiptLog {
   private commits = 0;
   /**
    * Request key → seqs of recent durable receipts. Every durable seq ≥ recentFloor is in it; older
-   * ones are found by scanning the stored batches' request keys (rare: a marketplace asking late).
+   * ones are found by reading the stored batches' request keys in the segments keyFilter names.
    */
   private readonly recent = new Map<number, number | number[]>(); // one seq, or several (retries, key collisions)
   private recentFloor: number;
+  private readonly keyFilter = new RequestKeyFilter();
   /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
   private readonly stmt: ReturnType<typeof prepareStatements>;
 
@@ -189,6 +191,7 @@ export class ReceiptLog {
           }
           for (let i = 0; i < r.count; i++) tree.append(b.leaves.subarray(i * 32, i * 32 + 32));
           last = batchItem(b, r.count - 1).payload;
+          this.filterKeys(r);
         }
         const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
         return { tree, last, cp };
@@ -344,7 +347,9 @@ export class ReceiptLog {
 
   private settle({ items, requestKeys }: Batch, signed: SignedBatch): void {
     this.commits++;
+    const firstSeq = this.tree.size;
     items.forEach((p, i) => {
+      this.keyFilter.add(firstSeq, requestKeys[i]!);
       // (the payload bytes went to the writer thread; the text is what the caller gets)
       this.remember(requestKeys[i]!, this.tree.size);
       this.tree.append(signed.leaves.subarray(i * 32, i * 32 + 32));
@@ -450,9 +455,11 @@ export class ReceiptLog {
     const key = requestKey(requestId);
     const got = this.recent.get(key);
     const seqs = (got === undefined ? [] : typeof got === 'number' ? [got] : got).filter((s) => s >= this.recentFloor);
-    for (const r of this.stmt.requestKeysBelow.iterate(this.recentFloor)) {
-      const keys = rowRequestKeys(r);
-      for (let i = 0; i < r.count; i++) if (keys[i] === key && r.first_seq + i < this.recentFloor) seqs.push(r.first_seq + i);
+    for (const [from, to] of this.keyFilter.candidates(key, this.recentFloor)) {
+      for (const r of this.stmt.requestKeysIn.all(from, to)) {
+        const keys = rowRequestKeys(r);
+        for (let i = 0; i < r.count; i++) if (keys[i] === key && r.first_seq + i < this.recentFloor) seqs.push(r.first_seq + i);
+      }
     }
     seqs.sort((a, b) => a - b);
     for (const seq of seqs) {
@@ -462,6 +469,18 @@ export class ReceiptLog {
       if ((JSON.parse(Buffer.from(payload).toString('utf8')) as ReceiptPayload).request_id === requestId) out.push({ seq, line: this.lineOf(payload, sig) });
     }
     return out;
+  }
+
+  /** Adds a stored batch row's request keys to the filter (all of its segment, if they cannot be read). */
+  private filterKeys(r: { first_seq: number; count: number; request_keys: Uint8Array }): void {
+    let keys: Float64Array;
+    try {
+      keys = rowRequestKeys(r);
+    } catch {
+      this.keyFilter.addAll(r.first_seq);
+      return;
+    }
+    for (let i = 0; i < r.count; i++) this.keyFilter.add(r.first_seq, keys[i]!);
   }
 
   /** Every durable envelope line in seq order, streamed from disk. */
