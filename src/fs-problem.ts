@@ -21,6 +21,9 @@ export function fsProblem(e: unknown): string {
       return 'the file system is read-only';
     case 'ENOSPC':
       return 'no space left on the device';
+    case 'EFBIG':
+    case 'EDQUOT':
+      return 'the file system refused the write (a size limit or quota)';
     default:
       return (e as Error | null)?.message ?? String(e);
   }

@@ -44,9 +44,13 @@ export function createKeyFile(file: string): NodeIdentity {
   try {
     fs.writeSync(fd, seedToPem(seed));
     fs.fsyncSync(fd);
-  } finally {
+  } catch (e) {
+    // (a full disk): the empty or partial file would block every later try as "already exists"
     fs.closeSync(fd);
+    fs.rmSync(file, { force: true });
+    throw new IdentityError(`key file ${file}: ${fsProblem(e)}; nothing was written`);
   }
+  fs.closeSync(fd);
   fs.chmodSync(file, 0o600); // the umask may have narrowed it further; never wider
   return identityFromSeed(seed);
 }

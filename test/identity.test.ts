@@ -1,4 +1,4 @@
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -6,6 +6,7 @@ import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { toHex } from '../attestation/bytes.ts';
 import { createKeyFile, IdentityError, loadKeyFile } from '../src/identity.ts';
+import { REPO_ROOT } from './helpers/vectors.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ident-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -20,6 +21,18 @@ describe('node key file', () => {
     // It is a standard PKCS#8 key: OpenSSL's view of the public key is the provider id.
     const pub = crypto.createPublicKey(fs.readFileSync(file, 'utf8')).export({ format: 'der', type: 'spki' });
     expect(toHex(pub.subarray(-32))).toBe(id.providerId);
+  });
+  test('a key file that cannot be written (a full disk) is not left behind: the next `init` succeeds', () => {
+    // The file size limit (ulimit -f 0, SIGXFSZ ignored) fails the write as a full disk would, after the file was created.
+    const data = path.join(dir, 'full');
+    const cli = path.join(REPO_ROOT, 'bin', 'seller-node.js');
+    const failed = spawnSync('sh', ['-c', `trap '' XFSZ; ulimit -f 0; exec "${process.execPath}" "${cli}" init --data "${data}"`], { encoding: 'utf8' });
+    expect(failed.status).toBe(1);
+    expect(failed.stderr).toMatch(/^seller-node: key file .*node\.key: .*nothing was written\n$/);
+    expect(fs.existsSync(path.join(data, 'node.key'))).toBe(false);
+    const ok = spawnSync(process.execPath, [cli, 'init', '--data', data], { encoding: 'utf8' });
+    expect(ok.status).toBe(0);
+    expect(loadKeyFile(path.join(data, 'node.key')).providerId).toBe(ok.stdout.split('\n')[0]);
   });
   test('never overwrites an existing key', () => {
     const file = path.join(dir, 'b.key');
