@@ -25,7 +25,8 @@ export function dataDirPaths(dir: string): DataDirPaths {
 export function openReceiptLog(dir: string, opts: Partial<Omit<ReceiptLogOptions, 'path' | 'seed'>> = {}, keyFile?: string): { log: ReceiptLog; identity: NodeIdentity } {
   const p = dataDirPaths(dir);
   const identity = loadKeyFile(keyFile ?? p.key);
-  return { log: ReceiptLog.open({ ...opts, path: p.receipts, seed: identity.seed }), identity };
+  const onNotice = opts.onNotice ?? ((m: string) => void process.stderr.write(`seller-node: warning: ${m}\n`));
+  return { log: ReceiptLog.open({ ...opts, onNotice, path: p.receipts, seed: identity.seed }), identity };
 }
 
 export class PriceListConflictError extends Error {

@@ -162,6 +162,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         threads: config.receipts.signer_threads,
         checkpointEvery: config.receipts.checkpoint_every,
         checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
+        onNotice: (m) => logger.warn(m),
       });
     } catch (e) {
       throw dataDirError(path.join(config.data_dir, 'receipts.db'), e);

@@ -8,6 +8,8 @@
 // in one transaction (one fsync: group commit). A caller is resolved only after its batch's commit
 // returned. Signing runs on the signer threads (a batch of one or two on an idle event loop
 // excepted: see loopBusy) and fsync waits never run on the event loop.
+import fs from 'node:fs';
+import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
@@ -22,6 +24,7 @@ import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
 import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
+import { headMismatch, headPath, readHead, writeHead } from './checkpoint-head.ts';
 import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
 
@@ -48,6 +51,8 @@ export interface ReceiptLogOptions {
   checkpointIntervalMs?: number;
   /** Most receipts committed in one transaction (default 128). */
   maxBatch?: number;
+  /** Told of problems that do not stop the log (its checkpoint file cannot be read or written). Must not throw. */
+  onNotice?: (message: string) => void;
 }
 
 /** A durable receipt. The envelope and its line are built on first use. */
@@ -116,6 +121,16 @@ export interface StoredCheckpoint {
   createdAt: number;
 }
 
+/** A file's device and inode ("dev:ino"), or undefined when it is not there. */
+function fileId(file: string): string | undefined {
+  try {
+    const st = fs.statSync(file);
+    return `${st.dev}:${st.ino}`;
+  } catch {
+    return undefined;
+  }
+}
+
 /** How many request ids the in-memory index keeps (about 100 bytes each). */
 const RECENT_REQUESTS = 200_000;
 
@@ -154,6 +169,12 @@ export class ReceiptLog {
   private readonly recent = new Map<number, number | number[]>(); // one seq, or several (retries, key collisions)
   private recentFloor: number;
   private readonly keyFilter = new RequestKeyFilter();
+  /** The file beside the log that keeps its latest checkpoint (checkpoint-head.ts), and the size it holds. */
+  private readonly headFile: string;
+  private headSize = 0;
+  /** The database and -wal files as opened (device:inode): one deleted or replaced under the log stops it. */
+  private readonly files: { path: string; id: string }[];
+  private readonly notice: (message: string) => void;
   /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
   private readonly stmt: ReturnType<typeof prepareStatements>;
 
@@ -205,11 +226,32 @@ export class ReceiptLog {
       if (cp && (cp.size > this.tree.size || toHex(this.tree.root(cp.size)) !== toHex(cp.root))) {
         throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} no longer matches its checkpoint of size ${cp.size}`);
       }
+      this.headFile = headPath(opts.path);
+      const head = readHead(this.headFile, this.providerId);
+      if (head.kind === 'head') {
+        const why = headMismatch(head, this.tree.size, (n) => this.tree.root(n));
+        if (why) {
+          throw new ReceiptLogError('log_behind', `receipt log ${opts.path} has lost receipts: ${why} (kept in ${this.headFile}). Its database or -wal file was deleted, cut short or replaced by an older copy. Put the missing files back (from a backup, or the -wal file beside its database) and start again. If they are gone for good, start over with a new key (seller-node init): serving on under this key would sign a checkpoint that contradicts one it has signed.`);
+        }
+        this.headSize = head.size;
+      } else if (head.kind === 'unreadable') {
+        (opts.onNotice ?? (() => undefined))(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`);
+      }
     } catch (e) {
       this.db.close();
       throw e;
     }
     this.stmt = prepareStatements(this.db);
+    this.notice = (m) => {
+      try {
+        opts.onNotice?.(m);
+      } catch {
+        // a notice must not break the log
+      }
+    };
+    // A log that signed checkpoints before its checkpoint file existed (an upgrade) gets it now.
+    const latest = this.latestCheckpoint();
+    if (latest && latest.size > this.headSize) this.keepHead(latest.size, latest.note);
     const threads = opts.threads ?? 2;
     this.signer = new SignerPool({ seed: this.seed, threads });
     this.writer = threads > 0 ? new WriterThread(opts.path) : new InProcessWriter(this.db);
@@ -223,9 +265,15 @@ export class ReceiptLog {
       this.db.pragma('synchronous = NORMAL');
       this.db.pragma('wal_autocheckpoint = 0');
     }
+    this.files = [opts.path, `${opts.path}-wal`].flatMap((p) => {
+      const id = fileId(p);
+      return id ? [{ path: p, id }] : [];
+    });
     const interval = opts.checkpointIntervalMs ?? 10_000;
     if (interval > 0) {
       this.timer = setInterval(() => {
+        if (this.broken) return;
+        this.checkFiles();
         if (this.tree.size <= this.lastCheckpointSize || this.broken) return;
         try {
           this.checkpoint();
@@ -394,6 +442,8 @@ export class ReceiptLog {
    */
   checkpoint(size = this.tree.size): string | undefined {
     if (size === 0 || size <= this.lastCheckpointSize || size > this.tree.size) return undefined;
+    this.checkFiles();
+    if (this.broken) throw this.broken;
     const root = this.tree.root(size);
     const note = signNote(formatCheckpoint({ origin: this.origin, size, rootHash: root }), [{ name: this.origin, seed: this.seed, publicKey: this.publicKey }]);
     if (this.stmt.insertCheckpoint.run(size, root, note, Date.now()).changes === 0) {
@@ -404,10 +454,43 @@ export class ReceiptLog {
         throw e;
       }
       this.lastCheckpointSize = size;
+      this.keepHead(size, stored.note);
       return stored.note;
     }
     this.lastCheckpointSize = size;
+    this.keepHead(size, note);
     return note;
+  }
+
+  /** Keeps the latest checkpoint in the file beside the log (a failure is told, and tried again at the next). */
+  private keepHead(size: number, note: string): void {
+    if (size <= this.headSize) return;
+    try {
+      writeHead(this.headFile, note);
+      this.headSize = size;
+    } catch (e) {
+      this.notice(`${this.headFile} (the receipt log's latest checkpoint) could not be written: ${(e as Error).message}; tried again at the next checkpoint`);
+    }
+  }
+
+  /**
+   * Stops the log when its database or -wal file was deleted or replaced while it runs: SQLite
+   * would go on writing into the deleted file, and every receipt acknowledged from then on would
+   * be lost when the node stops. What the open connection still reads is copied beside the log first.
+   */
+  private checkFiles(): void {
+    if (this.broken) return;
+    const gone = this.files.find((f) => fileId(f.path) !== f.id);
+    if (!gone) return;
+    const rescued = path.join(path.dirname(this.path), `${path.basename(this.path).replace(/\.db$/, '')}.rescued-${Date.now()}.db`);
+    let copy: string;
+    try {
+      this.db.prepare('VACUUM INTO ?').run(rescued);
+      copy = `Its ${this.tree.size} durable receipts were copied to ${rescued}: stop the node, move that file to ${this.path} (and remove ${this.path}-wal and -shm if they are there) and start again.`;
+    } catch (e) {
+      copy = `Copying its receipts out failed (${(e as Error).message}): stop the node and restore the log from a backup.`;
+    }
+    this.broken = new ReceiptLogError('log_failed', `receipt log file ${gone.path} was deleted or replaced while the node used it; the log takes no more receipts. ${copy}`);
   }
 
   /** The latest stored checkpoint over receipts this connection has read. */
@@ -517,6 +600,7 @@ export class ReceiptLog {
     await this.writer.close();
     this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
     try {
+      this.checkFiles();
       if (!this.broken) this.checkpoint();
     } finally {
       this.db.close();

@@ -1,0 +1,58 @@
+// The latest checkpoint a receipt log signed, kept in a file beside the log ("receipts.checkpoint"
+// beside "receipts.db"), so that a log that lost receipts it had signed for is noticed when it
+// opens. On its own a log cannot tell: SQLite keeps the newest receipts, and the checkpoints over
+// them, in its -wal file, so a -wal file deleted or cut short (or the whole database replaced by
+// an older copy) leaves a shorter log that is consistent with itself. A node that served on from
+// it would sign a second, different checkpoint for a size it had signed before: a fork that every
+// auditor holding the first one proves.
+//
+// The file holds the signed note itself. It is written (a temporary file renamed over it) after
+// each checkpoint, without an fsync: a checkpoint is only ever signed over durable receipts, so a
+// file that a power cut leaves older, empty or missing only protects less; it never refuses a log
+// that is whole. A file that does not verify under the log's key is reported, not trusted.
+import fs from 'node:fs';
+import path from 'node:path';
+import { toBase64 } from '../../attestation/bytes.ts';
+import { receiptLogKey, verifyCheckpoint } from '../../attestation/checkpoint.ts';
+
+/** receipts.db → receipts.checkpoint (a name no "receipts.db*" pattern takes with the database). */
+export function headPath(dbPath: string): string {
+  const base = path.basename(dbPath).replace(/\.db$/, '');
+  return path.join(path.dirname(dbPath), `${base}.checkpoint`);
+}
+
+export type Head = { kind: 'none' } | { kind: 'unreadable'; why: string } | { kind: 'head'; size: number; rootHash: Uint8Array; note: string };
+
+/** The checkpoint kept at `file`, verified under the provider's log key. */
+export function readHead(file: string, providerId: string): Head {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return { kind: 'none' };
+    return { kind: 'unreadable', why: (e as Error).message };
+  }
+  if (text === '') return { kind: 'unreadable', why: 'it is empty' }; // (a rename persisted before its data)
+  const v = verifyCheckpoint(text, receiptLogKey(providerId)!);
+  if (!v.ok) return { kind: 'unreadable', why: `${v.error.code}: ${v.error.message}` };
+  return { kind: 'head', size: v.value.size, rootHash: v.value.rootHash, note: text };
+}
+
+/** Keeps `note` at `file` (no fsync: see above). Throws on a file system error. */
+export function writeHead(file: string, note: string): void {
+  const tmp = `${file}.${process.pid}.tmp`;
+  try {
+    fs.writeFileSync(tmp, note);
+    fs.renameSync(tmp, file);
+  } catch (e) {
+    fs.rmSync(tmp, { force: true });
+    throw e;
+  }
+}
+
+/** Why a log of `size` receipts whose root at `head.size` is `rootAt` cannot be the log that signed `head`, or undefined when it can. */
+export function headMismatch(head: { size: number; rootHash: Uint8Array }, size: number, rootAt: (size: number) => Uint8Array): string | undefined {
+  if (size < head.size) return `it holds ${size} receipts, but this key signed a checkpoint over ${head.size}`;
+  if (toBase64(rootAt(head.size)) !== toBase64(head.rootHash)) return `its first ${head.size} receipts are not the ones this key signed a checkpoint over`;
+  return undefined;
+}
