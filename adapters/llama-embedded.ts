@@ -4,6 +4,7 @@
 import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
 import { fileSha256 } from './file-sha256.ts';
+import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } from './model-file.ts';
 import { checkGgufHeader } from './gguf/gguf-header.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
@@ -39,6 +40,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private readonly opts: LlamaEmbeddedOptions;
   private model: LlamaModel | undefined;
   private context: LlamaContext | undefined;
+  /** The model file as it was when loaded and hashed. */
+  private loadedFile: FileIdentity | undefined;
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
@@ -67,11 +70,16 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private async load(slots: number): Promise<void> {
     checkGgufHeader(this.opts.modelPath); // (a header node-llama-cpp would read for ever is refused first)
     const llama = await llamaFor(this.opts.gpu ?? false);
+    const before = fileIdentity(this.opts.modelPath);
     const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);
     if (loaded.status === 'rejected') throw loaded.reason;
     this.model = loaded.value;
     try {
       if (hashed.status === 'rejected') throw hashed.reason;
+      // (what was hashed must be what was loaded: a file still being copied in is refused)
+      const after = fileIdentity(this.opts.modelPath);
+      if (!before || !after || modelFileState(before, after) !== 'unchanged') throw new Error(`model file ${this.opts.modelPath} changed while it was loaded and hashed: start again once it is complete`);
+      this.loadedFile = after;
       await this.open(llama, loaded.value, hashed.value, slots);
     } catch (e) {
       await this.stop().catch(() => undefined);
@@ -103,6 +111,11 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       embeddingLength: model.embeddingVectorSize,
       chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
     };
+  }
+
+  /** What became of the model file since it was loaded (see model-file.ts); `unchanged` before a load. */
+  modelFileState(): ModelFileState {
+    return this.loadedFile ? modelFileState(this.loadedFile, fileIdentity(this.opts.modelPath)) : 'unchanged';
   }
 
   async stop(): Promise<void> {

@@ -2,6 +2,7 @@
 // llama-server, vLLM and ComfyUI over HTTP. The node meters with what an adapter reports, so token
 // counts come from the runtime's own tokenizer with its chat template applied, never an estimate.
 // Nothing here imports from src/.
+import type { ModelFileState } from './model-file.ts';
 
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool' | 'developer';
@@ -119,4 +120,9 @@ export interface RuntimeAdapter {
    * them. Once `signal` is aborted no further input is embedded: the result holds those done.
    */
   embed(inputs: string[], inputTokens?: number[][], signal?: AbortSignal): Promise<EmbeddingResult>;
+  /**
+   * For a runtime that serves a local file: whether that file was modified in place since it was
+   * loaded and hashed (`modified`: the running weights may no longer be those of modelSha256).
+   */
+  modelFileState?(): ModelFileState;
 }

@@ -25,7 +25,7 @@ export function dataDirPaths(dir: string): DataDirPaths {
 export function openReceiptLog(dir: string, opts: Partial<Omit<ReceiptLogOptions, 'path' | 'seed'>> = {}, keyFile?: string): { log: ReceiptLog; identity: NodeIdentity } {
   const p = dataDirPaths(dir);
   const identity = loadKeyFile(keyFile ?? p.key);
-  const onNotice = opts.onNotice ?? ((m: string) => void process.stderr.write(`seller-node: warning: ${m}\n`));
+  const onNotice = opts.onNotice ?? ((m: string, level: 'warn' | 'error') => void process.stderr.write(`seller-node: ${level === 'error' ? 'error' : 'warning'}: ${m}\n`));
   return { log: ReceiptLog.open({ ...opts, onNotice, path: p.receipts, seed: identity.seed }), identity };
 }
 

@@ -22,7 +22,7 @@ import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity, signCapacity } from './p2p/capacity-protocol.ts';
 import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
-import { InferService, type ServedModel } from './serve/infer-service.ts';
+import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { openStateDb } from './store/state-db.ts';
 import { StoreHealth } from './store/store-health.ts';
@@ -71,6 +71,18 @@ function dataDirError(file: string, e: unknown): NodeStartError {
   if (isErrnoError(e)) return new NodeStartError(`data_dir: ${abs}: ${fsProblem(e)}`, { cause: e });
   const msg = (e as Error).message ?? String(e);
   return new NodeStartError(`data_dir: ${msg.includes(abs) || msg.includes(file) ? msg : `${abs}: ${msg}`}`, { cause: e });
+}
+
+const reportedFileStates = new WeakMap<object, string>();
+/** Says once when a model's file was modified in place (the model is refused from then on) or replaced (served on: the old file stays mapped). */
+export function watchModelFiles(models: Iterable<Pick<ServedModel, 'id' | 'adapter'>>, logger: Pick<Logger, 'warn' | 'error'>): void {
+  for (const m of models) {
+    const state = m.adapter.modelFileState?.() ?? 'unchanged';
+    if (state === 'unchanged' || reportedFileStates.get(m.adapter) === state) continue;
+    reportedFileStates.set(m.adapter, state);
+    if (state === 'modified') logger.error({ model: m.id, model_sha256: m.adapter.info.modelSha256 }, `${modelFileModified(m).message}: its requests are refused (503 no_capacity) until then`);
+    else logger.warn({ model: m.id, model_sha256: m.adapter.info.modelSha256 }, `model ${m.id}: its file was deleted or replaced; the node serves on with the file it loaded (model_sha256 ${m.adapter.info.modelSha256}) until it restarts`);
+  }
 }
 
 /** libp2p's "some addresses failed" error, cut to the address and the reason, without its stack or its config advice. */
@@ -162,7 +174,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         threads: config.receipts.signer_threads,
         checkpointEvery: config.receipts.checkpoint_every,
         checkpointIntervalMs: config.receipts.checkpoint_interval_ms,
-        onNotice: (m) => logger.warn(m),
+        onNotice: (m, level) => (level === 'error' ? logger.error(m) : logger.warn(m)),
       });
     } catch (e) {
       throw dataDirError(path.join(config.data_dir, 'receipts.db'), e);
@@ -218,6 +230,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
     const pruner = setInterval(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger), 60_000).unref();
     cleanup.push(['state pruner', () => clearInterval(pruner)]);
+    const fileWatch = setInterval(() => watchModelFiles(models.values(), logger), 5000).unref();
+    cleanup.push(['model file watch', () => clearInterval(fileWatch)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     // Refusals need no ticket: at most REFUSAL_LINES_PER_SECOND of them are lines, the rest counted (metrics count all).
     const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND);
@@ -296,7 +310,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
-    const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure] as const;
+    // A model whose file was written over in place is refused (InferService) until a restart.
+    const modelProblems = () => [...models.values()].filter((m) => m.adapter.modelFileState?.() === 'modified').map((m) => modelFileModified(m).message);
+    const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, modelProblems()] as const;
     /** Whether the node takes paid work now (the capacity snapshot and /status say it alike). */
     const accepting = () => workRefused(...standing()).length === 0;
     const capacitySnapshot = () => ({
@@ -308,7 +324,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
     cleanup.push(['capacity protocol', () => capacity.stop()]);
     // The ops server has been answering since before the models loaded: from now on, for the serving node.
-    serving.health = () => (log.failure ? { ok: false, reason: 'the receipt log has stopped (a write failed): paid work is refused until the node is restarted' } : { ok: true });
+    serving.health = () => (log.failure ? { ok: false, reason: `the receipt log has stopped (${log.failure.message.slice(0, 600)}): paid work is refused until the node is restarted` } : { ok: true });
     serving.ready = () => readiness(...standing());
     serving.status = () => ({
       provider_id: identity.providerId,

@@ -342,8 +342,8 @@ export function startRegistration(o: RegistrationOptions): Registration {
  * refused), or, when a marketplace URL is configured, while the market has not accepted the node
  * (it routes no new buyers to it). Tickets already issued are still served in that state.
  */
-export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error): { ready: boolean; reasons: string[] } {
-  const reasons = workRefused(stopping, hasMarketKey, market, receiptLogFailure, stateFailure);
+export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error, modelProblems: readonly string[] = []): { ready: boolean; reasons: string[] } {
+  const reasons = workRefused(stopping, hasMarketKey, market, receiptLogFailure, stateFailure, modelProblems);
   if (stopping) return { ready: false, reasons };
   if (market && !market.registered) {
     const e = market.last_error;
@@ -357,14 +357,15 @@ export function readiness(stopping: boolean, hasMarketKey: boolean, market: Mark
  * Why the node would refuse any new paid request now (empty: it takes work). The capacity
  * snapshot's `accepting` is this list being empty; /readyz adds the node's standing with the market.
  */
-export function workRefused(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error): string[] {
+export function workRefused(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error, modelProblems: readonly string[] = []): string[] {
   if (stopping) return ['stopping'];
   const reasons: string[] = [];
-  if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 200)}): paid requests are refused until a restart`);
+  if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 600)}): paid requests are refused until a restart`);
   if (stateFailure) reasons.push(`state.db refused a write (${stateFailure.message.slice(0, 200)}): paid requests are refused with 503 until a write succeeds (tried again ${STATE_FAILURE_HOLD_MS / 1000} s after the last failure)`);
   if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
   else if (market?.ticket_key && !market.ticket_key.trusted) {
     reasons.push(`the marketplace at ${market.url} signs tickets with key ${market.ticket_key.public_key}, which is not in marketplace.public_keys: every ticket it issues would be refused`);
   }
+  reasons.push(...modelProblems);
   return reasons;
 }

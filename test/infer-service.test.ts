@@ -939,6 +939,32 @@ describe('a chat template that refuses the messages (as Gemma\'s refuses a syste
   });
 });
 
+describe('a model whose file was modified in place while served', () => {
+  test('paid requests for it are refused 503 no_capacity before the ticket is used, nothing charged; free ones still count', async () => {
+    const before = log.size;
+    adapter.modelFileState = () => 'modified';
+    try {
+      const req = request('chat/completions', chatBody);
+      const refused = recorder();
+      await service.handle(req, refused.res);
+      expect([refused.out.head?.status, refused.out.trailer?.error?.code]).toEqual([503, 'no_capacity']);
+      expect(refused.out.trailer?.error?.message).toMatch(/^model tiny\/llama: its file was modified in place while the node served it, so the weights it runs may no longer be those of model_sha256 [0-9a-f]{64}; the node serves it again once restarted$/);
+      expect(log.size).toBe(before);
+      const free = recorder();
+      await service.handle({ head: { endpoint: 'count_tokens' }, body: utf8(JSON.stringify({ model: 'tiny/llama', prompt: 'hi' })), signal: new AbortController().signal }, free.res);
+      expect(free.out.head?.status).toBe(200);
+      delete (adapter as { modelFileState?: unknown }).modelFileState; // back to the class's own
+      // The ticket was not used: the same request runs once the model is served again (here: the check passes).
+      const ran = recorder();
+      await service.handle(req, ran.res);
+      expect(ran.out.head?.status).toBe(200);
+      expect(log.size).toBe(before + 1);
+    } finally {
+      delete (adapter as { modelFileState?: unknown }).modelFileState;
+    }
+  });
+});
+
 describe('free requests take at most a quarter of the node\'s time, so unpaid work cannot starve paid streams', () => {
   /** A service whose pace runs on a clock the test moves; each tokenization "takes" `cost` ms of it. */
   function paced() {

@@ -310,6 +310,8 @@ export class InferService {
   private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, ctx: RequestContext, checked?: TicketPayload, vouched?: TicketPayload): Promise<void> {
     let ticket: TicketPayload;
     try {
+      // (before the ticket is used: another provider can take the request)
+      if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
       const t = req.head.ticket;
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
       const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
@@ -673,6 +675,11 @@ type TokenizeRequest = Extract<ParsedRequest, { endpoint: 'tokenize' | 'count_to
 
 function isTokenize(p: ParsedRequest): p is TokenizeRequest {
   return (FREE_ENDPOINTS as readonly string[]).includes(p.endpoint);
+}
+
+/** A model whose file was written over in place while served: its receipts would name weights it may no longer run. */
+export function modelFileModified(model: Pick<ServedModel, 'id' | 'adapter'>): Refusal {
+  return new Refusal(503, 'no_capacity', `model ${model.id}: its file was modified in place while the node served it, so the weights it runs may no longer be those of model_sha256 ${model.adapter.info.modelSha256}; the node serves it again once restarted`);
 }
 
 function admissionRefusal(e: unknown): Refusal {

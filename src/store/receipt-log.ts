@@ -51,8 +51,12 @@ export interface ReceiptLogOptions {
   checkpointIntervalMs?: number;
   /** Most receipts committed in one transaction (default 128). */
   maxBatch?: number;
-  /** Told of problems that do not stop the log (its checkpoint file cannot be read or written). Must not throw. */
-  onNotice?: (message: string) => void;
+  /**
+   * Told of problems that do not stop the log (its checkpoint file cannot be read or written:
+   * 'warn'), and of one that stops it outside any append (its files deleted under it: 'error').
+   * Must not throw.
+   */
+  onNotice?: (message: string, level: 'warn' | 'error') => void;
 }
 
 /** A durable receipt. The envelope and its line are built on first use. */
@@ -174,7 +178,7 @@ export class ReceiptLog {
   private headSize = 0;
   /** The database and -wal files as opened (device:inode): one deleted or replaced under the log stops it. */
   private readonly files: { path: string; id: string }[];
-  private readonly notice: (message: string) => void;
+  private readonly notice: (message: string, level?: 'warn' | 'error') => void;
   /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
   private readonly stmt: ReturnType<typeof prepareStatements>;
 
@@ -235,16 +239,16 @@ export class ReceiptLog {
         }
         this.headSize = head.size;
       } else if (head.kind === 'unreadable') {
-        (opts.onNotice ?? (() => undefined))(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`);
+        (opts.onNotice ?? (() => undefined))(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`, 'warn');
       }
     } catch (e) {
       this.db.close();
       throw e;
     }
     this.stmt = prepareStatements(this.db);
-    this.notice = (m) => {
+    this.notice = (m, level = 'warn') => {
       try {
-        opts.onNotice?.(m);
+        opts.onNotice?.(m, level);
       } catch {
         // a notice must not break the log
       }
@@ -491,6 +495,7 @@ export class ReceiptLog {
       copy = `Copying its receipts out failed (${(e as Error).message}): stop the node and restore the log from a backup.`;
     }
     this.broken = new ReceiptLogError('log_failed', `receipt log file ${gone.path} was deleted or replaced while the node used it; the log takes no more receipts. ${copy}`);
+    this.notice(this.broken.message, 'error');
   }
 
   /** The latest stored checkpoint over receipts this connection has read. */

@@ -1,0 +1,30 @@
+// What became of a model file since the runtime loaded and hashed it. llama.cpp maps the file
+// (shared), so a file written over in place changes the weights the node runs while receipts still
+// name the hash taken at start: `modified`, and the model must not be served again until the node
+// restarts and hashes it anew. A file deleted, or replaced by renaming another over it, leaves the
+// mapping on the old file, whose hash is still the truth: `replaced`, served on.
+import fs from 'node:fs';
+
+export interface FileIdentity {
+  dev: number;
+  ino: number;
+  size: number;
+  mtimeMs: number;
+}
+
+export type ModelFileState = 'unchanged' | 'replaced' | 'modified';
+
+/** The identity of a file now, or undefined when it is not there. */
+export function fileIdentity(file: string): FileIdentity | undefined {
+  try {
+    const st = fs.statSync(file);
+    return { dev: st.dev, ino: st.ino, size: st.size, mtimeMs: st.mtimeMs };
+  } catch {
+    return undefined;
+  }
+}
+
+export function modelFileState(loaded: FileIdentity, now: FileIdentity | undefined): ModelFileState {
+  if (!now || now.dev !== loaded.dev || now.ino !== loaded.ino) return 'replaced';
+  return now.size === loaded.size && now.mtimeMs === loaded.mtimeMs ? 'unchanged' : 'modified';
+}
