@@ -6,7 +6,7 @@ import Database from 'better-sqlite3';
 import { afterAll, describe, expect, test, vi } from 'vitest';
 import type { ReceiptPayload } from '../attestation/receipt.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
-import { RequestRecords } from '../src/gateway/records.ts';
+import { keyLabel, RequestRecords } from '../src/gateway/records.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-records-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -191,6 +191,17 @@ describe('RequestRecords', () => {
       expect.stringMatching(/^write retry-of-y: /),
       expect.stringMatching(/^read never-seen: /),
     ]);
+  });
+
+  test('a failed read or write about an Idempotency-Key names a short hash of it, never the buyer\'s key', () => {
+    const errors: string[] = [];
+    const r = new RequestRecords(10, path.join(dir, 'keys.db'), (_e, id, op) => errors.push(`${op} ${id}`));
+    r.close(); // every later read and write fails
+    r.rememberIdempotent('chat/completions\nmy-secret-key', 'cc'.repeat(32));
+    expect(r.idempotentProvider('chat/completions\nmy-secret-key')).toBeUndefined();
+    expect(errors).toEqual([`write ${keyLabel('chat/completions\nmy-secret-key')}`, `read ${keyLabel('chat/completions\nmy-secret-key')}`]);
+    expect(errors.join('\n')).not.toContain('my-secret-key');
+    expect(keyLabel('a')).toMatch(/^idempotency-key sha256:[0-9a-f]{16}$/);
   });
 
   /** A records file that refuses the writes `when` selects (an SQLite trigger on NEW), as a failing disk. */

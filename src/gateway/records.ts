@@ -13,6 +13,7 @@ import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { ReceiptExpectation } from './receipt-check.ts';
+import { sha256Hex } from '../../attestation/hash.ts';
 
 export type RecordStatus =
   /** The request is running. */
@@ -241,7 +242,7 @@ export class RequestRecords {
    */
   idempotentProvider(key: string): string | undefined {
     let row: { provider: string } | undefined;
-    if (this.getIdempotent) this.guard(key, 'read', () => (row = this.getIdempotent!.get(key, Date.now() - IDEMPOTENT_KEPT_MS)));
+    if (this.getIdempotent) this.guard(keyLabel(key), 'read', () => (row = this.getIdempotent!.get(key, Date.now() - IDEMPOTENT_KEPT_MS)));
     return row?.provider;
   }
 
@@ -249,8 +250,8 @@ export class RequestRecords {
   rememberIdempotent(key: string, provider: string): void {
     if (!this.putIdempotent) return;
     const now = Date.now();
-    this.guard(key, 'write', () => this.putIdempotent!.run(key, provider, now));
-    if (++this.idempotentWrites % IDEMPOTENT_PRUNE_EVERY === 0) this.guard(key, 'write', () => this.pruneIdempotent!.run(now - IDEMPOTENT_KEPT_MS));
+    this.guard(keyLabel(key), 'write', () => this.putIdempotent!.run(key, provider, now));
+    if (++this.idempotentWrites % IDEMPOTENT_PRUNE_EVERY === 0) this.guard(keyLabel(key), 'write', () => this.pruneIdempotent!.run(now - IDEMPOTENT_KEPT_MS));
   }
 
   /** Whether the record is held in memory (not only in the file). */
@@ -423,4 +424,13 @@ export class RequestRecords {
     return this.update(id, { status, error, finished_at: Date.now() });
   }
 
+}
+
+/**
+ * How a failed read or write about an idempotency key is named in the log: a buyer's
+ * Idempotency-Key is theirs (the seal of the node's recorded answer is derived from it), so the log
+ * gets a short hash of it, never the key.
+ */
+export function keyLabel(key: string): string {
+  return `idempotency-key sha256:${sha256Hex(key).slice(0, 16)}`;
 }
