@@ -5,6 +5,11 @@
 // (`headersTimeout`, 60 s by default) is no later.
 import type { Server } from 'node:http';
 
+/** How long a whole request (headers and body) may take to arrive, for the gateway and the dev market alike. */
+export const REQUEST_TIMEOUT_DEFAULT_MS = 60_000;
+/** Connections an HTTP server of this project keeps at once: more are closed as they arrive, before the process runs out of descriptors. */
+export const MAX_CONNECTIONS_DEFAULT = 1024;
+
 /** Fastify options that set the deadline and have Node check it every quarter of it (at most 30 s). */
 export function requestDeadlineOptions(ms: number): { requestTimeout: number; http: { connectionsCheckingInterval: number; requireHostHeader: false } } {
   // (requireHostHeader off: Node's own answer to a request without Host has no body; the servers refuse it themselves, with their error body: see answerBareRefusals in http-errors.ts.)

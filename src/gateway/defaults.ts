@@ -5,7 +5,4 @@ export const GATEWAY_DEFAULT_PORT = 11435;
 export const PROVIDER_IDLE_DEFAULT_MS = 120_000;
 /** How long a buyer may leave a streamed answer unread before the gateway takes them for gone. */
 export const BUYER_IDLE_DEFAULT_MS = 120_000;
-/** How long a whole request (headers and body) may take to arrive. */
-export const REQUEST_TIMEOUT_DEFAULT_MS = 60_000;
-/** Connections the gateway keeps at once. */
-export const MAX_CONNECTIONS_DEFAULT = 1024;
+export { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS } from '../http-deadline.ts';

@@ -10,7 +10,7 @@ import { registerRoutes } from './routes.ts';
 import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
 import { closeHttp } from '../http-close.ts';
 import { answerBareRefusals, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
-import { requestDeadlineOptions } from '../http-deadline.ts';
+import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
 
 export { DEFAULT_MARKET_LIMITS, type MarketLimits } from './store.ts';
 
@@ -51,7 +51,7 @@ export function createMarket(opts: MarketOptions): Market {
   if (!(opts.seed instanceof Uint8Array) || opts.seed.length !== 32) throw new TypeError('market: seed must be 32 bytes');
   const host = opts.host ?? '127.0.0.1';
   const port = opts.port ?? 0;
-  const requestTimeoutMs = opts.requestTimeoutMs ?? 60_000;
+  const requestTimeoutMs = opts.requestTimeoutMs ?? REQUEST_TIMEOUT_DEFAULT_MS;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new RangeError(`market: port must be an integer 0..65535, got ${String(port)}`);
   const heartbeatIntervalMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
   if (!Number.isSafeInteger(heartbeatIntervalMs) || heartbeatIntervalMs < 1) throw new RangeError('market: heartbeatIntervalMs must be a positive integer');
@@ -83,8 +83,7 @@ export function createMarket(opts: MarketOptions): Market {
     publicKey,
     store,
     async listen() {
-      // More connections than this are closed as they arrive, before the process runs out of descriptors.
-      app.server.maxConnections = 1024;
+      app.server.maxConnections = MAX_CONNECTIONS_DEFAULT;
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
       const shown = a.address.includes(':') ? `[${a.address}]` : a.address;
