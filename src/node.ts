@@ -234,13 +234,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['model file watch', () => clearInterval(fileWatch)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     // Refusals need no ticket: at most REFUSAL_LINES_PER_SECOND of them are lines, the rest counted (metrics count all).
-    const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND);
-    const suppressedRefusals = (n: number) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`);
-    const refusalTicker = setInterval(() => refusalLines.tick(suppressedRefusals), 1000).unref(); // (a burst that ends is still said)
-    cleanup.push(['refusal lines', () => {
-      clearInterval(refusalTicker);
-      refusalLines.flush(suppressedRefusals); // (the count of the last second's unlogged lines is said too)
-    }]);
+    const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND, (n) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`));
+    refusalLines.start();
+    cleanup.push(['refusal lines', () => refusalLines.stop()]); // (the count of the last second's unlogged lines is said too)
     // state.db refusing writes (disk full): paid requests get 503 and the node says it is not
     // accepting work for a while; the operator hears of it at once, then at most every 10 s.
     let stateFailuresUnsaid = 0;
@@ -278,7 +274,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         }
         // ids, counts and codes only: never prompt or output text. A refusal (no receipt) takes a
         // place in the refusal lines' budget; a request with a receipt is always a line.
-        if (!e.receipt && e.status >= 400 && !refusalLines.take(suppressedRefusals)) return;
+        if (!e.receipt && e.status >= 400 && !refusalLines.take()) return;
         logger.info({ endpoint: e.endpoint, model: e.model, request_id: e.requestId, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
       },
     });
@@ -300,7 +296,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       // budget): counted and logged like any request, so an operator sees such traffic.
       onRefused: (r) => {
         metrics.requests.inc({ endpoint: 'invalid', status: String(r.status) });
-        if (refusalLines.take(suppressedRefusals)) logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
+        if (refusalLines.take()) logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
       },
       onError: (err, at) => logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: errSummary(err) }, 'request handler failed'),
     });

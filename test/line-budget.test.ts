@@ -6,8 +6,8 @@ describe('LineBudget', () => {
   test('N lines a second pass, the rest are held back and reported once, when the next second begins', () => {
     let t = 10_000;
     const reports: number[] = [];
-    const budget = new LineBudget(3, () => t);
-    const take = () => budget.take((n) => reports.push(n));
+    const budget = new LineBudget(3, (n) => reports.push(n), () => t);
+    const take = () => budget.take();
     expect(Array.from({ length: 5 }, take)).toEqual([true, true, true, false, false]);
     expect(reports).toEqual([]);
     t += 999;
@@ -27,23 +27,37 @@ describe('LineBudget', () => {
   test('tick() says what a burst held back once its second is over, with no line after it', () => {
     let t = 0;
     const reports: number[] = [];
-    const budget = new LineBudget(1, () => t);
-    for (let i = 0; i < 4; i++) budget.take((n) => reports.push(n));
-    budget.tick((n) => reports.push(n));
+    const budget = new LineBudget(1, (n) => reports.push(n), () => t);
+    for (let i = 0; i < 4; i++) budget.take();
+    budget.tick();
     expect(reports).toEqual([]); // the same second
     t += 1000;
-    budget.tick((n) => reports.push(n));
-    budget.tick((n) => reports.push(n));
+    budget.tick();
+    budget.tick();
     expect(reports).toEqual([3]); // once
   });
 
-  test('flush() says what is held back at once, the second over or not (at stop), and only once', () => {
+  test('the started timer says a burst that ended without another line', async () => {
+    const reports: number[] = [];
+    const budget = new LineBudget(1, (n) => reports.push(n));
+    budget.start();
+    try {
+      for (let i = 0; i < 3; i++) budget.take();
+      await new Promise((r) => setTimeout(r, 1200));
+      expect(reports).toEqual([2]);
+    } finally {
+      budget.stop();
+    }
+  });
+
+  test('stop() says what is held back at once, the second over or not, and only once', () => {
     const t = 0;
     const reports: number[] = [];
-    const budget = new LineBudget(1, () => t);
-    for (let i = 0; i < 4; i++) budget.take((n) => reports.push(n));
-    budget.flush((n) => reports.push(n));
-    budget.flush((n) => reports.push(n));
+    const budget = new LineBudget(1, (n) => reports.push(n), () => t);
+    budget.start();
+    for (let i = 0; i < 4; i++) budget.take();
+    budget.stop();
+    budget.stop();
     expect(reports).toEqual([3]);
   });
 });

@@ -197,9 +197,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     done(null, body);
   });
 
-  const refusedLines = new LineBudget(REFUSED_LINES_PER_SECOND);
-  const suppressedRefusals = (n: number): void => log.warn({ suppressed: n }, `${n} request lines of refused or unanswered requests not logged (more than ${REFUSED_LINES_PER_SECOND} a second)`);
-  const refusedTicker = setInterval(() => refusedLines.tick(suppressedRefusals), 1000).unref(); // (a burst that ends is still said)
+  const refusedLines = new LineBudget(REFUSED_LINES_PER_SECOND, (n) => log.warn({ suppressed: n }, `${n} request lines of refused or unanswered requests not logged (more than ${REFUSED_LINES_PER_SECOND} a second)`));
+  refusedLines.start();
   const guard = httpGuard({ listenHost, maxBodyBytes: MAX_REQUEST_BODY, ...(opts.bodyBudgetBytes !== undefined ? { budgetBytes: opts.bodyBudgetBytes } : {}) });
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
@@ -211,7 +210,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     reply.raw.once('close', () => {
       const status = reply.raw.headersSent ? reply.raw.statusCode : null;
       // Refused requests cost a client nothing to send: at most REFUSED_LINES_PER_SECOND of them are lines, the rest counted.
-      if ((status === null || status >= 400) && !refusedLines.take(suppressedRefusals)) return;
+      if ((status === null || status >= 400) && !refusedLines.take()) return;
       log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - started) }, 'request');
     });
   });
@@ -258,7 +257,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {
-    clearInterval(refusedTicker);
+    refusedLines.stop();
     await host.stop();
     records.close();
     throw e;
@@ -302,8 +301,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       });
       // Whatever still asks the market (the start-up key probe, a look of the reconciler's) ends now.
       market.close();
-      clearInterval(refusedTicker);
-      refusedLines.flush(suppressedRefusals);
+      refusedLines.stop();
       await stopStep(log, 'libp2p', () => host.stop());
       await stopStep(log, 'records', () => records.close());
     },
