@@ -1288,6 +1288,39 @@ describe('reconciliation: a receipt the request itself could not settle is settl
     await waitFor('the job dropped', () => (rg.records.unsettledCount === 0 ? true : undefined));
   });
 
+  test('a node whose `cancelled` receipt is durable only after the gateway stopped asking (the buyer left; a slow disk): the reconciler finds it and settles it', async () => {
+    let id: string | undefined;
+    let logged = '';
+    let logIt: () => void = () => undefined;
+    const late = new Promise<void>((r) => (logIt = r));
+    scripted.behaviour = async (ex) => {
+      id = ex.ticket.request_id;
+      await late;
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 5, output_tokens: 0 } });
+    };
+    const before = await snapshot();
+    const ac = new AbortController();
+    const res = fetch(`${rg.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body: chatBody('a slow receipt'), signal: ac.signal });
+    const gotIt = await waitFor('the scripted node to hold the request', async () => id);
+    ac.abort();
+    await expect(res).rejects.toThrow();
+    // The request's own path asked for the whole window and heard "no receipt".
+    const ended = await waitFor('the abandoned record', async () => {
+      const r = await rrecord(gotIt);
+      return r.status === 'abandoned' ? r : undefined;
+    });
+    expect(ended).toMatchObject({ error: { code: 'request_abandoned' }, receipt: null, settled: false });
+    logIt(); // now the receipt is durable at the node
+    const rec = await waitFor('the reconciled record', async () => {
+      const r = await rrecord(gotIt);
+      return r.settled ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'cancelled', settled: true, provider: scripted.providerId, usage: { prompt_tokens: 5, completion_tokens: 0 } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(gotIt)).toBe(true);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
   test('a receipt the market could not take when the request ended (unreachable) is posted again until it is settled, once', async () => {
     proxy.receipt = () => 'drop';
     const res = await rpost(chatBody('market away'), toNode());

@@ -170,10 +170,11 @@ export class Settlements {
         const c = await this.fetchReceipt(p);
         if (c === 'stopped') return; // the record stays in_progress: see stop()
         if (c === undefined || c === 'unreached') {
+          // The job stays: the reconciler asks again (three looks for a node that answers "no
+          // receipt"). A node writes one as soon as a run stops, but its write may take longer
+          // than the window on a busy node or a slow disk, and a receipt never asked for again
+          // would never be settled.
           records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
-          // A node that answered "no receipt" for the whole window has none (it writes one as
-          // soon as a run stops); one that could not be asked may yet: the reconciler asks again.
-          if (c === undefined) records.dropJob(p.requestId);
         } else if (!c.ok) {
           records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
         } else {
