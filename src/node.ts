@@ -21,6 +21,7 @@ import { createHost } from './p2p/host.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity, signCapacity } from './p2p/capacity-protocol.ts';
+import type { RequestServer } from './p2p/request-stream.ts';
 import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
 import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
@@ -28,6 +29,9 @@ import { openStateDb } from './store/state-db.ts';
 import { StoreHealth } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
+
+/** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
+const STOP_RECEIPTS_MS = 10_000;
 
 /** Log lines of refused requests a second, at most (the rest are counted: LineBudget). */
 const REFUSAL_LINES_PER_SECOND = 50;
@@ -209,6 +213,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       throw new NodeStartError(`ops.http: ${code === 'EADDRINUSE' ? `${config.ops.http} is already in use (pick another host:port in ops.http)` : (e as Error).message}`, { cause: e });
     }
     cleanup.push(['ops HTTP', () => ops.close()]);
+    // Runs after the runtimes stop (steps undo in reverse): a request the stop cancelled ends once
+    // its runtime has, and its `cancelled` receipt must reach the log before the log closes.
+    let inferServer: RequestServer | undefined;
+    cleanup.push(['requests still ending', async () => {
+      if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
+    }]);
     for (const m of config.models) {
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
       try {
@@ -300,6 +310,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       },
       onError: (err, at) => logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: errSummary(err) }, 'request handler failed'),
     });
+    inferServer = infer;
     cleanup.push(['infer protocol', () => infer.stop()]);
     const logServer = await serveLog(host, log, (version) => readPriceList(config.data_dir, version));
     cleanup.push(['log protocol', () => logServer.stop()]);

@@ -126,6 +126,11 @@ export interface RequestServer {
   drain(timeoutMs: number): Promise<boolean>;
   /** Unregisters the protocol, cancels running requests, waits (bounded) for their handlers. */
   stop(): Promise<void>;
+  /**
+   * Resolves true once every handler has returned (after stop(): those that outlived its wait),
+   * false if some still run after timeoutMs. Cancels nothing.
+   */
+  idle(timeoutMs: number): Promise<boolean>;
 }
 
 interface BadRequest {
@@ -360,6 +365,15 @@ export async function handleRequests(
       // Resetting the stream fires each handler's signal through the stream's 'close' event.
       for (const x of running) x.stream.abort(new StreamError('aborted', 'the server is stopping'));
       await settledWithin(Promise.allSettled(running.map((x) => x.done)), stopTimeoutMs);
+    },
+    async idle(timeoutMs: number) {
+      const deadline = Date.now() + timeoutMs;
+      while (exchanges.size > 0) {
+        const left = deadline - Date.now();
+        if (left <= 0) return false;
+        await settledWithin(Promise.allSettled([...exchanges].map((x) => x.done)), left);
+      }
+      return true;
     },
   };
 }

@@ -10,6 +10,7 @@ import type { Rates } from '../../attestation/money.ts';
 import { Admission } from '../../src/dispatch/admission.ts';
 import { IdempotencyStore } from '../../src/dispatch/idempotency.ts';
 import { TicketGate } from '../../src/dispatch/ticket-gate.ts';
+import { FreeWorkPace } from '../../src/dispatch/free-work-pace.ts';
 import { InferService, type ServedModel } from '../../src/serve/infer-service.ts';
 import { ReceiptLog } from '../../src/store/receipt-log.ts';
 import { openStateDb } from '../../src/store/state-db.ts';
@@ -37,7 +38,9 @@ export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string;
   const db = openStateDb(path.join(dir, 'state.db'));
   const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: opts.marketId }], providerId: opts.nodeId });
   const model: ServedModel = { id: 'tiny/llama', adapter, admission: new Admission({ slots, queue: 4 }), quantization: 'f32', tokensPerSecond: 1000, rates: TEST_RATES };
-  const service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: opts.priceVersion ?? 'p1' });
+  // Free work unpaced (share 1): how long a count takes depends on the machine's load, and the
+  // tests of the pace give theirs a clock of their own.
+  const service = new InferService({ log, gate, idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: opts.priceVersion ?? 'p1', freePace: new FreeWorkPace({ share: 1 }) });
   return {
     dir,
     adapter,
