@@ -916,3 +916,17 @@ describe('audit against the checkpoints an auditor kept (a provider that re-sign
     expect((await run(dir)).fault).toMatchObject({ code: 'envelope_not_json', line: 5, message: expect.stringContaining('UTF-8') });
   });
 });
+
+describe('audit reads the last line even without its newline', () => {
+  const roots: string[] = [];
+  afterAll(() => roots.forEach((r) => fs.rmSync(r, { recursive: true, force: true })));
+  it('an export whose receipts.jsonl lacks the final newline audits every receipt', async () => {
+    const b = await buildLog({ count: 5, checkpointEvery: 100 });
+    roots.push(b.root);
+    const file = path.join(b.exportDir, 'receipts.jsonl');
+    fs.writeFileSync(file, fs.readFileSync(file, 'utf8').replace(/\n$/, ''));
+    const r = await audit({ dir: b.exportDir, threads: 0 });
+    expect(r.ok).toBe(true);
+    expect(r.summary?.receipts).toBe(5);
+  });
+});

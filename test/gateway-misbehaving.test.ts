@@ -259,6 +259,9 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     ['no receipt at all', answersWith(() => undefined), /carries no receipt/],
     ['a body whose usage is not the receipt\'s', answersWith((ex) => ex.logReceipt(), completion({ input_tokens: 7, output_tokens: 4 })), /usage\.completion_tokens is 4, the receipt says 3/],
     ['a body that is not JSON', answersWith((ex) => ex.logReceipt(), 'not json at all'), /not a JSON object/],
+    ['a body whose prompt_tokens are not the receipt\'s', answersWith((ex) => ex.logReceipt(), completion({ input_tokens: 8, output_tokens: 3 })), /usage\.prompt_tokens is 8, the receipt says 7/],
+    ['a body whose usage.cost is not the receipt\'s', answersWith((ex) => ex.logReceipt(), JSON.stringify({ ...JSON.parse(completion()), usage: { ...JSON.parse(completion()).usage, cost: '9.999999' } })), /usage\.cost is 9\.999999/],
+    ['a responses-style body whose usage.input_tokens is not the receipt\'s', answersWith((ex) => ex.logReceipt(), JSON.stringify({ object: 'response', usage: { input_tokens: 8, output_tokens: 3, total_tokens: 11 } })), /usage\.input_tokens is 8/],
   ];
   test.each(cases)('%s', refusedAnswerCase);
 

@@ -7,6 +7,8 @@ import { afterAll, describe, expect, test, vi } from 'vitest';
 import type { ReceiptPayload } from '../attestation/receipt.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { keyLabel, RequestRecords } from '../src/gateway/records.ts';
+import { GatewayError } from '../src/gateway/errors.ts';
+import { Ticketing } from '../src/gateway/tickets.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-records-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -293,5 +295,24 @@ describe('Ticketing and the records file', () => {
     t.remember('chat/completions', 'new', 'bb'.repeat(32));
     expect(t.isRetry('chat/completions', 'new')).toBe(true);
     expect(reads).toHaveLength(2);
+  });
+});
+
+describe('Ticketing.ticketFor on an Idempotency-Key retry', () => {
+  test('a 403 for the first provider is the answer: the market is not asked again for anyone else', async () => {
+    const asks: unknown[] = [];
+    const market = {
+      ticket: async (ask: unknown) => {
+        asks.push(ask);
+        throw new GatewayError(403, 'price_ceiling_exceeded', 'above the ceiling');
+      },
+      marketKey: async () => ({ public_key: '00'.repeat(32), key_id: 'k' }),
+    } as never;
+    const t = new Ticketing(market);
+    t.remember('chat/completions', 'idem-1', 'a'.repeat(64));
+    const ask = { endpoint: 'chat/completions', model: 'm', bodySha256: 'b'.repeat(64), controls: { routing: {} }, idem: 'idem-1' } as never;
+    await expect(t.ticketFor(ask, 'req-1')).rejects.toMatchObject({ code: 'price_ceiling_exceeded' });
+    expect(asks).toHaveLength(1);
+    expect(asks[0]).toMatchObject({ providers: ['a'.repeat(64)] });
   });
 });

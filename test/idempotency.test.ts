@@ -170,3 +170,17 @@ test('an account and key that run into each other find no other pair\'s record (
   expect(s.begin('ab', 'c', 'h1')).toEqual({ kind: 'new' });
   db.close();
 });
+
+describe('idempotency records live 24 h', () => {
+  test('a record a minute old survives the pruner (node.ts runs it every 60 s); its retry is a replay', () => {
+    const db = new Database(':memory:');
+    const s = new IdempotencyStore(db);
+    const t0 = 1_700_000_000_000;
+    const response = { status: 200, headers: {}, body: Uint8Array.of(1), trailer: { receipt: 'r', status: 'completed' } };
+    expect(s.begin('acct', 'k', 'h1', 'req-1', t0)).toEqual({ kind: 'new' });
+    s.finish('acct', 'k', response, t0);
+    expect(s.forgetOlderThan(undefined, t0 + 60_000)).toBe(0);
+    expect(s.begin('acct', 'k', 'h1')).toMatchObject({ kind: 'replay' });
+    db.close();
+  });
+});

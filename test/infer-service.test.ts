@@ -1064,3 +1064,24 @@ describe('every request is observed once (metrics and the request line), also on
     expect(events.at(-1)).toMatchObject({ status: 409, code: 'ticket_replayed' });
   });
 });
+
+describe('the clock stepping back (NTP) between the first token and the end', () => {
+  test('the run still gets a valid receipt, finished_at >= first_token_at', async () => {
+    const T = Date.now();
+    let calls = 0;
+    // handle() started, generate() started, first token, then the clock steps back 500 ms.
+    const now = () => (++calls <= 2 ? T : calls === 3 ? T + 1000 : T + 500);
+    const gate = new TicketGate({ db: db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id });
+    const service = new InferService({ log: log, gate, models: new Map([[model.id, model]]), priceVersion: 'p1', now });
+    const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 }));
+    const ticket = signTicket(market, ticketPayload(node.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: 'p1', body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000' }));
+    let trailer: Record<string, unknown> | undefined;
+    let status = 0;
+    const res: InferResponse = { head: async (h) => void (status = h.status), data: async () => undefined, trailer: async (t) => void (trailer = t) };
+    await service.handle({ head: { endpoint: 'chat/completions', ticket }, body: bytes, signal: new AbortController().signal }, res).catch(() => undefined);
+    expect(status).toBe(200);
+    expect(typeof trailer?.receipt).toBe('string');
+    const v = verifyReceipt(trailer!.receipt as string, { provider: node.id });
+    expect(v.ok).toBe(true);
+  });
+});

@@ -461,6 +461,24 @@ describe('receipts from a real serving core', () => {
     expect(totals.receipts).toBe(collected); // neither counted
   });
 
+  test('a receipt for the ticket that names another hold (billing above the ticket\'s), endpoint or model is receipt_ticket_mismatch; nothing counted', async () => {
+    const { expectedCost } = await import('../attestation/receipt.ts');
+    const resign = (p: object) => serializeEnvelope(signEnvelope(RECEIPT_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: node.id, seed: node.seed }));
+    for (const change of [
+      (p: Record<string, any>) => { const q = { ...p, hold_micro_usd: '1000000', usage: { ...p.usage, output_tokens: p.usage.output_tokens + 1000 } }; return { ...q, cost_micro_usd: expectedCost(q as never).toString() }; },
+      (p: Record<string, any>) => ({ ...p, endpoint: 'completions' }),
+      (p: Record<string, any>) => ({ ...p, model: 'tiny/other' }),
+      (p: Record<string, any>) => ({ ...p, price: { ...p.price, version: 'p-another-version' } }),
+    ]) {
+      const { line } = await paidRequest({ max_cost_micro_usd: '500' });
+      const payload = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));
+      const before = (await call(base, 'GET', '/v1/totals')).body;
+      const r = await call(base, 'POST', '/v1/receipts', { receipt: resign(change(payload)) });
+      expect(r, String(change)).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
+      expect((await call(base, 'GET', '/v1/totals')).body).toEqual(before);
+    }
+  });
+
   test('a receipt under the ticket\'s price version but at made-up rates is refused, and nothing is counted', async () => {
     const { line } = await paidRequest({ max_cost_micro_usd: '100000' });
     const payload = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));

@@ -92,3 +92,24 @@ describe('TicketGate', () => {
     db.close();
   });
 });
+
+const pruneMarket = testKey();
+const pruneProvider = testKey();
+
+describe('TicketGate.prune keeps every ticket that could still pass the expiry check', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ticket-gate-prune-'));
+  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
+  test('a used ticket, expired 10 s ago (within the 30 s skew): prune keeps it; its replay is refused', () => {
+    let clock = 1_700_000_000_000;
+    const db = new Database(path.join(dir, 'g.db'));
+    const gate = new TicketGate({ db, marketplaceKeys: [{ publicKey: pruneMarket.id }], providerId: pruneProvider.id, now: () => clock });
+    const body = utf8('{"model":"tiny/llama","messages":[]}');
+    const expectation = { endpoint: 'chat/completions', model: 'tiny/llama', priceVersion: 'p1', body };
+    const t = signTicket(pruneMarket, ticketPayload(pruneProvider.id, { body_sha256: toHex(sha256(body)), issued_at: clock - 1000, expires_at: clock + 20_000 }));
+    expect(gate.admit(t, expectation).ok).toBe(true);
+    clock += 30_000; // expires_at was 10 s ago: still within the skew
+    expect(gate.prune()).toBe(0);
+    expect(gate.admit(t, expectation)).toMatchObject({ ok: false, code: 'ticket_replayed' });
+    db.close();
+  });
+});

@@ -83,3 +83,24 @@ describe('verifyTicket', () => {
     expect(verifyTicket('x', { marketplaceKeys: [{ publicKey: 'nothex' }] })).toMatchObject({ ok: false });
   });
 });
+
+const windowMarket = testKey();
+const windowProvider = testKey();
+const windowCode = (env: unknown, opts: object) => {
+  const r = verifyTicket(env as never, { marketplaceKeys: [{ publicKey: windowMarket.id }], provider: windowProvider.id, ...opts });
+  return r.ok ? 'ok' : r.error.code;
+};
+
+describe('the ticket window: 30 s skew each way (docs/decisions.md)', () => {
+  test('issued 10 s in the node\'s future (its clock lags the market\'s) is still valid; 31 s is not', () => {
+    const now = 1_700_000_000_000;
+    expect(windowCode(signTicket(windowMarket, ticketPayload(windowProvider.id, { issued_at: now + 10_000, expires_at: now + 70_000 })), { now })).toBe('ok');
+    expect(windowCode(signTicket(windowMarket, ticketPayload(windowProvider.id, { issued_at: now + 31_000, expires_at: now + 91_000 })), { now })).toBe('ticket_not_yet_valid');
+  });
+  test('expiry boundary: exactly expires_at + skew is expired, 1 ms before is not', () => {
+    const now = 1_700_000_000_000;
+    const t = (exp: number) => signTicket(windowMarket, ticketPayload(windowProvider.id, { issued_at: exp - 60_000, expires_at: exp }));
+    expect(windowCode(t(now - 30_000), { now })).toBe('ticket_expired');
+    expect(windowCode(t(now - 29_999), { now })).toBe('ok');
+  });
+});
