@@ -5,7 +5,7 @@ import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
 import { fileSha256 } from './file-sha256.ts';
 import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } from './model-file.ts';
-import { checkGgufHeader } from './gguf/gguf-header.ts';
+import { checkGgufFile } from './gguf/gguf-check.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
@@ -68,7 +68,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   private async load(slots: number): Promise<void> {
-    checkGgufHeader(this.opts.modelPath); // (a header node-llama-cpp would read for ever is refused first)
+    checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
     const llama = await llamaFor(this.opts.gpu ?? false);
     const before = fileIdentity(this.opts.modelPath);
     const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);

@@ -91,7 +91,7 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
 
   test('a truncated GGUF (valid header, tensors cut short) fails start(), in the header check or in llama.cpp', async () => {
     for (const [name, bytes, message] of [
-      // cut inside the metadata: fewer bytes than the header's counts need (checkGgufHeader)
+      // cut inside the metadata: fewer bytes than the header's counts need (checkGgufFile)
       ['head.gguf', good.subarray(0, 200), /head\.gguf: its GGUF header claims \d+ tensors and \d+ metadata entries, more than its 200 bytes can hold/],
       ['half.gguf', good.subarray(0, good.length >> 1), /Failed to load model/], // metadata whole, tensor data cut
       ['short.gguf', good.subarray(0, good.length - 100), /Failed to load model/], // only the end of the last tensor missing

@@ -1,0 +1,222 @@
+/**
+ * A structural check of a GGUF model file before any reader of it is given the file:
+ *
+ *   magic "GGUF" | u32 version | u64 tensor count | u64 metadata (kv) count
+ *   kv:     string key | u32 type | value      (string: u64 length + bytes; array: u32 type, u64 count, values)
+ *   tensor: string name | u32 n_dims | u64 dims[n_dims] | u32 ggml type | u64 offset
+ *
+ * node-llama-cpp reads the metadata in JavaScript first and llama.cpp then reads it again, and
+ * neither bounds what a corrupt file claims: a header claiming more entries than the file holds
+ * made node-llama-cpp read past the end for ever; an array whose element type is "array", or a
+ * tensor with 2^32 − 1 dimensions, made it allocate without end (2 GB and growing, the start never
+ * returning); a length of 2^31 aborted the process inside `fs.read`; a block or head count of 0
+ * aborted it inside llama.cpp (GGML_ASSERT). Here every count and length is checked against the
+ * bytes the file has left, every type against the ones GGUF defines, and the hyperparameters that
+ * llama.cpp asserts on against their bounds, so such a file is refused with a message naming it
+ * and what is wrong. Only the metadata and the tensor table are read (a few MB for a real model),
+ * never the weights.
+ */
+import fs from 'node:fs';
+
+export class GgufFileError extends Error {
+  override name = 'GgufFileError';
+}
+
+export interface GgufSummary {
+  version: number;
+  tensors: number;
+  kvs: number;
+  architecture: string | undefined;
+}
+
+const HEADER_BYTES = 24;
+const MIN_TENSOR_INFO = 24n;
+const MIN_KV = 13n;
+/** Bytes of each fixed-size GGUF value type (8 = string and 9 = array have none). */
+const TYPE_SIZE: Record<number, number> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
+const STRING = 8;
+const ARRAY = 9;
+/** ggml's GGML_MAX_DIMS. */
+const MAX_DIMS = 4;
+/** ggml tensor types are numbered below this (GGML_TYPE_COUNT, with room for new ones). */
+const GGML_TYPES = 64;
+/** llama.cpp's LLAMA_MAX_LAYERS. */
+const MAX_LAYERS = 512;
+/** The longest key or tensor name taken (llama.cpp's names are short; a length beyond is corruption). */
+const MAX_NAME = 65_535;
+
+/** A forward reader of the file's first bytes, in chunks, every read bounded by the file's size. */
+class Reader {
+  private buf = Buffer.alloc(0);
+  private bufAt = 0; // file offset of buf[0]
+  pos = HEADER_BYTES;
+  private readonly fd: number;
+  readonly size: number;
+  private readonly where: () => string;
+
+  constructor(fd: number, size: number, where: () => string) {
+    this.fd = fd;
+    this.size = size;
+    this.where = where;
+  }
+
+  get left(): number {
+    return this.size - this.pos;
+  }
+
+  private need(n: number, what: string): void {
+    if (n > this.left) throw new GgufFileError(`${this.where()}: ${what} needs ${n} bytes at offset ${this.pos}, past the end of the file (${this.size} bytes): a truncated or corrupt file`);
+    const end = this.pos + n;
+    if (this.pos >= this.bufAt && end <= this.bufAt + this.buf.length) return;
+    const len = Math.min(Math.max(n, 1 << 20), this.size - this.pos);
+    this.buf = Buffer.alloc(len);
+    fs.readSync(this.fd, this.buf, 0, len, this.pos);
+    this.bufAt = this.pos;
+  }
+
+  private at(n: number, what: string): number {
+    this.need(n, what);
+    const o = this.pos - this.bufAt;
+    this.pos += n;
+    return o;
+  }
+
+  // (the offset first: at() may replace the buffer)
+  u32(what: string): number {
+    const o = this.at(4, what);
+    return this.buf.readUInt32LE(o);
+  }
+
+  /** A u64 as a number; one beyond what the file could hold is refused (it is a count or a length). */
+  u64(what: string, limit = this.size): number {
+    const o = this.at(8, what);
+    const v = this.buf.readBigUInt64LE(o);
+    if (v > BigInt(limit)) throw new GgufFileError(`${this.where()}: ${what} is ${v}, more than the file can hold: a corrupt file`);
+    return Number(v);
+  }
+
+  i64(what: string): bigint {
+    const o = this.at(8, what);
+    return this.buf.readBigInt64LE(o);
+  }
+
+  /** A GGUF string (u64 length, then UTF-8 bytes). */
+  string(what: string, max = this.size): string {
+    const len = this.u64(`the length of ${what}`);
+    if (len > this.left) throw new GgufFileError(`${this.where()}: ${what} claims ${len} bytes at offset ${this.pos}, past the end of the file (${this.size} bytes): a truncated or corrupt file`);
+    if (len > max) throw new GgufFileError(`${this.where()}: ${what} is ${len} bytes long (at most ${max}): a corrupt file`);
+    if (len === 0) return '';
+    const o = this.at(len, what);
+    return this.buf.toString('utf8', o, o + len);
+  }
+
+  /** A GGUF string whose text is not needed. */
+  skipString(what: string): void {
+    const len = this.u64(`the length of ${what}`);
+    this.skip(len, what);
+  }
+
+  skip(n: number, what: string): void {
+    if (n > this.left) throw new GgufFileError(`${this.where()}: ${what} needs ${n} bytes at offset ${this.pos}, past the end of the file (${this.size} bytes): a truncated or corrupt file`);
+    this.pos += n;
+  }
+
+  /** Reads a scalar value of a fixed-size type as a number or bigint (for the hyperparameters). */
+  scalar(type: number, what: string): number | bigint {
+    const o = this.at(TYPE_SIZE[type]!, what);
+    switch (type) {
+      case 0: return this.buf.readUInt8(o);
+      case 1: return this.buf.readInt8(o);
+      case 2: return this.buf.readUInt16LE(o);
+      case 3: return this.buf.readInt16LE(o);
+      case 4: return this.buf.readUInt32LE(o);
+      case 5: return this.buf.readInt32LE(o);
+      case 6: return this.buf.readFloatLE(o);
+      case 7: return this.buf.readUInt8(o);
+      case 10: return this.buf.readBigUInt64LE(o);
+      case 11: return this.buf.readBigInt64LE(o);
+      default: return this.buf.readDoubleLE(o);
+    }
+  }
+}
+
+/** Checks `file`'s structure; throws GgufFileError naming the file and the problem (a file system error as it is). */
+export function checkGgufFile(file: string): GgufSummary {
+  const fd = fs.openSync(file, 'r');
+  try {
+    const size = fs.fstatSync(fd).size;
+    const h = Buffer.alloc(HEADER_BYTES);
+    const got = fs.readSync(fd, h, 0, HEADER_BYTES, 0);
+    if (got < 4 || h.toString('latin1', 0, 4) !== 'GGUF') {
+      const start = JSON.stringify(h.toString('latin1', 0, Math.min(got, 4)));
+      throw new GgufFileError(`${file} is not a GGUF model file (it starts with ${start}, not "GGUF")`);
+    }
+    if (got < HEADER_BYTES) throw new GgufFileError(`${file} is a truncated GGUF file (${size} bytes, shorter than its ${HEADER_BYTES}-byte header)`);
+    const version = h.readUInt32LE(4);
+    if (version !== 2 && version !== 3) throw new GgufFileError(`${file}: GGUF version ${version} is not supported (2 or 3)`);
+    const tensors = h.readBigUInt64LE(8);
+    const kvs = h.readBigUInt64LE(16);
+    if (tensors * MIN_TENSOR_INFO + kvs * MIN_KV > BigInt(size - HEADER_BYTES)) {
+      throw new GgufFileError(`${file}: its GGUF header claims ${tensors} tensors and ${kvs} metadata entries, more than its ${size} bytes can hold (a truncated or corrupt file)`);
+    }
+    let where = file;
+    const r = new Reader(fd, size, () => where);
+    const numbers = new Map<string, number | bigint>();
+    let architecture: string | undefined;
+    for (let i = 0; i < Number(kvs); i++) {
+      where = `${file}: metadata entry ${i}`;
+      const key = r.string('its key', MAX_NAME);
+      where = `${file}: metadata entry ${i} (${JSON.stringify(key.slice(0, 80))})`;
+      const type = r.u32('its type');
+      if (type === STRING) {
+        const v = r.string('its string value');
+        if (key === 'general.architecture') architecture = v;
+      } else if (type === ARRAY) {
+        const elem = r.u32('its array element type');
+        if (elem === ARRAY) throw new GgufFileError(`${where}: an array of arrays, which GGUF does not have: a corrupt file`);
+        if (elem !== STRING && TYPE_SIZE[elem] === undefined) throw new GgufFileError(`${where}: array element type ${elem} is not a GGUF type: a corrupt file`);
+        const count = r.u64('its array length', elem === STRING ? Math.floor(r.left / 8) : Math.floor(r.left / TYPE_SIZE[elem]!));
+        if (elem === STRING) for (let j = 0; j < count; j++) r.skipString(`its element ${j}`);
+        else r.skip(count * TYPE_SIZE[elem]!, 'its array');
+      } else if (TYPE_SIZE[type] !== undefined) {
+        numbers.set(key, r.scalar(type, 'its value'));
+      } else {
+        throw new GgufFileError(`${where}: value type ${type} is not a GGUF type: a corrupt file`);
+      }
+    }
+    for (let i = 0; i < Number(tensors); i++) {
+      where = `${file}: tensor ${i}`;
+      const name = r.string('its name', MAX_NAME);
+      where = `${file}: tensor ${i} (${JSON.stringify(name.slice(0, 80))})`;
+      const dims = r.u32('its number of dimensions');
+      if (dims < 1 || dims > MAX_DIMS) throw new GgufFileError(`${where}: ${dims} dimensions (1 to ${MAX_DIMS}): a corrupt file`);
+      for (let d = 0; d < dims; d++) {
+        const n = r.i64(`its dimension ${d}`);
+        if (n < 1n || n > 2n ** 53n) throw new GgufFileError(`${where}: dimension ${d} is ${n}: a corrupt file`);
+      }
+      const type = r.u32('its type');
+      if (type >= GGML_TYPES) throw new GgufFileError(`${where}: tensor type ${type} is not a ggml type: a corrupt file`);
+      r.i64('its data offset');
+    }
+    where = file;
+    if (architecture !== undefined) checkHyperparameters(file, architecture, numbers);
+    return { version, tensors: Number(tensors), kvs: Number(kvs), architecture };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** The hyperparameters llama.cpp asserts on (an abort of the whole process), where they are plain numbers. */
+function checkHyperparameters(file: string, arch: string, numbers: Map<string, number | bigint>): void {
+  const bounds: [string, number, number][] = [
+    [`${arch}.block_count`, 1, MAX_LAYERS],
+    [`${arch}.attention.head_count`, 1, 2 ** 31 - 1],
+    [`${arch}.embedding_length`, 1, 2 ** 31 - 1],
+  ];
+  for (const [key, min, max] of bounds) {
+    const v = numbers.get(key);
+    if (v === undefined) continue;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min || n > max) throw new GgufFileError(`${file}: ${key} is ${v} (${min} to ${max}): a corrupt file`);
+  }
+}

@@ -1,0 +1,112 @@
+// The GGUF header check the embedded adapter runs before node-llama-cpp reads a model file: a file
+// that is not a model, or claims more entries than it holds, is refused at once with a message
+// naming the file, where node-llama-cpp would hang on some of them.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, test } from 'vitest';
+import { checkGgufFile, GgufFileError } from '../adapters/gguf/gguf-check.ts';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gguf-header-'));
+afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
+const file = (name: string, bytes: Uint8Array | string) => {
+  const f = path.join(dir, name);
+  fs.writeFileSync(f, bytes);
+  return f;
+};
+function header(version: number, tensors: bigint, kvs: bigint, rest = 0): Buffer {
+  const b = Buffer.alloc(24 + rest);
+  b.write('GGUF', 0, 'latin1');
+  b.writeUInt32LE(version, 4);
+  b.writeBigUInt64LE(tensors, 8);
+  b.writeBigUInt64LE(kvs, 16);
+  return b;
+}
+
+describe('checkGgufFile', () => {
+  test('passes a real model and reports its counts', () => {
+    const f = path.join(dir, 'tiny.gguf');
+    writeTinyLlama(f);
+    const h = checkGgufFile(f);
+    expect(h.version).toBe(3);
+    expect(h.tensors).toBeGreaterThan(0n);
+    expect(h.kvs).toBeGreaterThan(0n);
+  });
+
+  test.each([
+    ['text.gguf', 'hello, this is a web page, not a model\n', /text\.gguf is not a GGUF model file \(it starts with "hell", not "GGUF"\)/],
+    ['empty.gguf', '', /empty\.gguf is not a GGUF model file \(it starts with "", not "GGUF"\)/],
+    ['short.gguf', 'GGUF\x03\x00', /short\.gguf is a truncated GGUF file \(6 bytes, shorter than its 24-byte header\)/],
+    ['v9.gguf', header(9, 1n, 1n, 64), /v9\.gguf: GGUF version 9 is not supported \(2 or 3\)/],
+    ['counts.gguf', header(3, 1000n, 2n, 64), /counts\.gguf: its GGUF header claims 1000 tensors and 2 metadata entries, more than its 88 bytes can hold/],
+    ['huge.gguf', header(3, 0n, 2n ** 63n, 0), /claims 0 tensors and 9223372036854775808 metadata entries/],
+  ])('refuses %s', (name, bytes, message) => {
+    const f = file(name, bytes);
+    expect(() => checkGgufFile(f)).toThrow(GgufFileError);
+    expect(() => checkGgufFile(f)).toThrow(message);
+  });
+
+  test('a missing file is the file system error', () => {
+    expect(() => checkGgufFile(path.join(dir, 'nope.gguf'))).toThrow(/ENOENT/);
+  });
+
+  // This file hung node-llama-cpp's metadata reader (the start never returned).
+  test('the embedded adapter refuses a 15-byte file starting "GGUF" at once', async () => {
+    const f = file('not-really.gguf', 'GGUF not really');
+    const a = new LlamaEmbeddedAdapter({ modelPath: f, contextLength: 256 });
+    await expect(a.start()).rejects.toThrow(/not-really\.gguf is a truncated GGUF file \(15 bytes/);
+    // Nothing was loaded: the adapter can start on a good model afterwards.
+    const good = path.join(dir, 'good.gguf');
+    writeTinyLlama(good);
+    const b = new LlamaEmbeddedAdapter({ modelPath: good, contextLength: 256 });
+    await b.start();
+    await b.stop();
+  }, 20_000);
+});
+
+/** The tiny model with one field changed: the field found after `key` (its UTF-8 bytes) at `after` bytes past it. */
+function corrupted(name: string, key: string, after: number, write: (b: Buffer, at: number) => void): string {
+  const f = path.join(dir, 'source.gguf');
+  writeTinyLlama(f);
+  const b = fs.readFileSync(f);
+  const at = b.indexOf(Buffer.from(key, 'utf8'));
+  if (at < 0) throw new Error(`no ${key} in the tiny model`);
+  write(b, at + Buffer.byteLength(key) + after);
+  return file(name, b);
+}
+
+// Each of these hung node-llama-cpp's reader (memory growing without end) or aborted the process
+// (SIGABRT in fs.read, or a GGML_ASSERT in llama.cpp) before the check (session 17's fuzzing).
+describe('checkGgufFile: the metadata and tensor table, bounded before any reader sees them', () => {
+  test.each([
+    // key, then u32 type 9 (array), then the element type
+    ['nested-array.gguf', 'tokenizer.ggml.tokens', 4, (b: Buffer, at: number) => b.writeUInt32LE(9, at), /metadata entry \d+ \("tokenizer\.ggml\.tokens"\): an array of arrays, which GGUF does not have/],
+    ['array-2p40.gguf', 'tokenizer.ggml.tokens', 8, (b: Buffer, at: number) => b.writeBigUInt64LE(2n ** 40n, at), /"tokenizer\.ggml\.tokens"\): its array length is 1099511627776, more than the file can hold/],
+    ['elem-type.gguf', 'tokenizer.ggml.tokens', 4, (b: Buffer, at: number) => b.writeUInt32LE(77, at), /array element type 77 is not a GGUF type/],
+    // key, then its value type
+    ['value-type.gguf', 'general.architecture', 0, (b: Buffer, at: number) => b.writeUInt32LE(7169, at), /"general\.architecture"\): value type 7169 is not a GGUF type/],
+    // key, then u32 type, then the u32 value
+    ['blocks-0.gguf', 'llama.block_count', 4, (b: Buffer, at: number) => b.writeUInt32LE(0, at), /llama\.block_count is 0 \(1 to 512\)/],
+    ['heads-0.gguf', 'llama.attention.head_count', 4, (b: Buffer, at: number) => b.writeUInt32LE(0, at), /llama\.attention\.head_count is 0/],
+    // a tensor's name, then its u32 number of dimensions, then the dimensions
+    ['ndims.gguf', 'blk.1.ffn_gate.weight', 0, (b: Buffer, at: number) => b.writeUInt32LE(0xffffffff, at), /tensor \d+ \("blk\.1\.ffn_gate\.weight"\): 4294967295 dimensions \(1 to 4\)/],
+    ['dim-0.gguf', 'blk.1.ffn_gate.weight', 4, (b: Buffer, at: number) => b.writeBigInt64LE(0n, at), /"blk\.1\.ffn_gate\.weight"\): dimension 0 is 0/],
+    // the u64 length in front of a key or a string value
+    ['keylen.gguf', 'general.architecture', -'general.architecture'.length - 8, (b: Buffer, at: number) => b.writeBigUInt64LE(2n ** 31n, at), /metadata entry \d+: the length of its key is 2147483648, more than the file can hold/],
+    ['strlen.gguf', 'general.architecture', 4, (b: Buffer, at: number) => b.writeBigUInt64LE(10n ** 9n, at), /"general\.architecture"\): the length of its string value is 1000000000, more than the file can hold/],
+  ])('%s is refused naming the field, and the runtime refuses it at once', async (name, key, after, write, message) => {
+    const f = corrupted(name, key, after, write);
+    expect(() => checkGgufFile(f)).toThrow(GgufFileError);
+    expect(() => checkGgufFile(f)).toThrow(message);
+    const a = new LlamaEmbeddedAdapter({ modelPath: f, contextLength: 256 });
+    await expect(a.start()).rejects.toThrow(message);
+  });
+
+  test('the whole tiny model passes, its architecture read', () => {
+    const f = path.join(dir, 'whole.gguf');
+    writeTinyLlama(f);
+    expect(checkGgufFile(f)).toMatchObject({ version: 3, architecture: 'llama' });
+  });
+});
