@@ -110,6 +110,11 @@ function verifyReceiptUnsafe(envelope: DsseEnvelope | string, opts: ReceiptVerif
     if ((typeof envelope === 'string' && envelope !== canonical) || !verified.value.standardBase64) {
       return fail('envelope_not_canonical', 'the line is not the canonical JSON of its envelope (the bytes the Merkle leaf commits to)', { seq });
     }
+    // The keyid is not signed: a copy under another (or none, or with a second signature) verifies
+    // as the receipt does, but it is not the provider's log line, whose leaf names its id.
+    if (env.signatures.length !== 1 || env.signatures[0]!.keyid !== pk.id) {
+      return fail('envelope_not_canonical', 'a log line carries exactly one signature, under keyid = the provider id (the line the provider\'s log holds)', { seq });
+    }
     out.payloadSha256 = sha256Hex(payloadBytes);
     out.leafHash = leafHash(utf8(canonical));
   }

@@ -417,6 +417,24 @@ describe('receipts from a real serving core', () => {
     }
   });
 
+  test('a copy of the line under another keyid, or in URL-safe unpadded base64, is stored as the node\'s line: the node\'s line is then a duplicate, not a conflict', async () => {
+    const variants = [
+      (l: string, id: string) => l.replace(`"keyid":"${id}"`, '"keyid":"not-the-provider"'),
+      (l: string) => {
+        const env = JSON.parse(l) as DsseEnvelope;
+        const url = (b: string) => b.replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+        return JSON.stringify({ ...env, payload: url(env.payload), signatures: env.signatures.map((g) => ({ ...g, sig: url(g.sig) })) });
+      },
+    ];
+    for (const variant of variants) {
+      const { line, requestId } = await paidRequest({ max_cost_micro_usd: '100000' });
+      const first = await call(base, 'POST', '/v1/receipts', { receipt: variant(line, node.id) });
+      expect(first.status, JSON.stringify(first.body)).toBe(200);
+      expect((await call(base, 'GET', `/v1/receipts/${requestId}`)).body).toMatchObject({ receipt: line });
+      expect(await call(base, 'POST', '/v1/receipts', { receipt: line })).toEqual(first);
+    }
+  });
+
   test('the worst-case hold covers a real request', async () => {
     const { line } = await paidRequest();
     const r = JSON.parse(Buffer.from(JSON.parse(line).payload, 'base64').toString('utf8'));

@@ -25,7 +25,8 @@ function reference(text: string, chain: boolean): string {
   const e = r.value.envelope;
   const dsseOnly = { payload: e.payload, payloadType: e.payloadType, signatures: e.signatures.map((g) => (g.keyid === undefined ? { sig: g.sig } : { keyid: g.keyid, sig: g.sig })) };
   try {
-    return serializeEnvelope(dsseOnly) === text ? 'ok' : 'envelope_not_canonical';
+    // (and the provider's own line: one signature, its keyid the provider id)
+    return serializeEnvelope(dsseOnly) === text && e.signatures.length === 1 && e.signatures[0]!.keyid === key.id ? 'ok' : 'envelope_not_canonical';
   } catch {
     return 'envelope_malformed';
   }
@@ -103,5 +104,16 @@ describe('verifyReceipt on log lines: the line shortcut answers as the general p
       }
     }
     expect(compared).toBeGreaterThan(2000);
+  });
+});
+
+describe('a log line is the provider\'s own: the unsigned keyid names the provider', () => {
+  test('a copy of a line under another keyid (or none) verifies as a receipt, but is not a log line (chain)', () => {
+    for (const other of [line.replace(`"keyid":"${key.id}"`, '"keyid":"not-the-provider"'), line.replace(`"keyid":"${key.id}"`, '"keyid":""')]) {
+      expect(verifyReceipt(other, { provider: key.id }).ok).toBe(true);
+      const r = verifyReceipt(other, { provider: key.id, chain: true });
+      expect(r.ok ? 'ok' : r.error.code).toBe('envelope_not_canonical');
+    }
+    expect(verifyReceipt(line, { provider: key.id, chain: true }).ok).toBe(true);
   });
 });
