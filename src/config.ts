@@ -120,7 +120,13 @@ export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): 
 export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv = {}, source?: string): NodeConfig {
   const doc = YAML.parseDocument(text, { uniqueKeys: true });
   if (doc.errors.length) throw yamlProblem(doc.errors[0]!, text, source);
-  const raw = (exactDecimals(doc).toJS() ?? {}) as unknown;
+  let raw: unknown;
+  try {
+    raw = (exactDecimals(doc).toJS() ?? {}) as unknown;
+  } catch (e) {
+    // (an alias whose anchor is missing or comes later: the parse took it, turning it into a value cannot)
+    throw new ConfigError('', `not valid YAML in ${source ?? 'the configuration'}: ${(e as Error).message}`);
+  }
   if (!isObject(raw)) throw new ConfigError('', `${source ?? 'the file'} must hold a YAML mapping`);
   const fromEnv = applyEnv(raw, env);
   try {

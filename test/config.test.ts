@@ -168,6 +168,8 @@ describe('config', () => {
     }
     // duplicate keys; a long line is cut at 80 characters; an error at the end of the text shows no line
     expect(refused('log_level: info\nlog_level: debug\n').message).toBe('config: not valid YAML at line 2, column 1: Map keys must be unique; line 2 reads "log_level: debug"');
+    // An alias whose anchor is never set parses, and fails only as it becomes values.
+    expect(refused('log_level: *a\n').message).toMatch(/^config: not valid YAML in the configuration: .*alias.*: a$/i);
     const long = refused(`${'x'.repeat(100)}: 1\n${'x'.repeat(100)}: 2\n`).message;
     expect(long).toBe(`config: not valid YAML at line 2, column 1: Map keys must be unique; line 2 reads "${'x'.repeat(79)}…"`);
     expect(refused('a: [1\n').message).toMatch(/^config: not valid YAML at line 2, column 1: [^\n]*\]$/);

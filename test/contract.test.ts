@@ -81,6 +81,8 @@ describe('request contracts', () => {
       ['responses', { model: 'm', input: 'x', conversation: 'conv_1' }, 'conversation'],
       ['responses', { model: 'm', input: 'x', reasoning: { effort: 'low' } }, 'reasoning'],
       ['responses', { model: 'm', input: 'x', background: true }, 'background'],
+      ['responses', { model: 'm', input: 'x', background: 'true' }, 'background'],
+      ['responses', { model: 'm', input: 'x', background: 1 }, 'background'],
       ['responses', { model: 'm', input: 'x', include: ['message.output_text.logprobs'] }, 'include'],
       ['responses', { model: 'm', input: 'x', truncation: 'auto' }, 'truncation'],
       ['embeddings', { model: 'm', input: 'x', encoding_format: 'int8' }, 'encoding_format'],

@@ -261,7 +261,7 @@ function unsupportedResponses(o: Obj): void {
   for (const k of ['previous_response_id', 'conversation', 'prompt', 'reasoning'] as const) {
     if (set(o[k])) throw new ContractError(k, 'not supported by this node (it keeps no conversations, prompts or reasoning)');
   }
-  if (o.background === true) throw new ContractError('background', 'background responses are not supported: the answer comes on this request');
+  if (optBool(o.background, 'background') === true) throw new ContractError('background', 'background responses are not supported: the answer comes on this request');
   if (set(o.include) && !(Array.isArray(o.include) && o.include.length === 0)) throw new ContractError('include', 'no extra output items are supported');
   if (set(o.truncation) && o.truncation !== 'disabled') throw new ContractError('truncation', 'only "disabled" is supported: an input the context cannot hold is refused');
 }
