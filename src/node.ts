@@ -25,8 +25,9 @@ import type { RequestServer } from './p2p/request-stream.ts';
 import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
 import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
+import { FileGuard, rescueDatabase } from './store/file-guard.ts';
 import { openStateDb } from './store/state-db.ts';
-import { StoreHealth } from './store/store-health.ts';
+import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
 
@@ -185,10 +186,16 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     }
     cleanup.push(['receipt log', () => log.close()]);
     let db: ReturnType<typeof openStateDb>;
+    const statePath = path.join(config.data_dir, 'state.db');
+    const stateExisted = fs.existsSync(statePath);
     try {
-      db = openStateDb(path.join(config.data_dir, 'state.db'));
+      db = openStateDb(statePath);
     } catch (e) {
-      throw dataDirError(path.join(config.data_dir, 'state.db'), e);
+      throw dataDirError(statePath, e);
+    }
+    const stateFiles = new FileGuard(statePath);
+    if (!stateExisted && log.size > 0) {
+      logger.error({ receipts: log.size }, `${statePath} was not there and has been created anew, though the receipt log holds ${log.size} receipts: the used tickets and Idempotency-Key records it kept are gone (a ticket of the last minutes could be used again, and a retry of the last 24 h runs and is billed again); if it was removed by mistake, stop the node and put it back`);
     }
     cleanup.push(['state database', () => void db.close()]);
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
@@ -240,8 +247,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
     const pruner = setInterval(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger), 60_000).unref();
     cleanup.push(['state pruner', () => clearInterval(pruner)]);
-    const fileWatch = setInterval(() => watchModelFiles(models.values(), logger), 5000).unref();
-    cleanup.push(['model file watch', () => clearInterval(fileWatch)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     // Refusals need no ticket: at most REFUSAL_LINES_PER_SECOND of them are lines, the rest counted (metrics count all).
     const refusalLines = new LineBudget(REFUSAL_LINES_PER_SECOND, (n) => logger.warn({ suppressed: n }, `${n} refused request lines not logged (more than ${REFUSAL_LINES_PER_SECOND} a second); seller_requests_total counts them`));
@@ -263,6 +268,17 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         stateFailuresUnsaid = 0;
       },
     });
+    // Model files and state.db, every 5 s (the receipt log watches its own files).
+    const fileWatch = setInterval(() => {
+      watchModelFiles(models.values(), logger);
+      const gone = state.stopped ? undefined : stateFiles.changed();
+      if (gone) {
+        const e = new StoreStopped(`state file ${gone} was deleted or replaced while the node used it: paid requests are refused until a restart. ${rescueDatabase(db, statePath, 'Its used tickets and Idempotency-Key records')}`);
+        state.stop(e);
+        logger.error({}, e.message);
+      }
+    }, 5000).unref();
+    cleanup.push(['file watch', () => clearInterval(fileWatch)]);
     const service = new InferService({
       log,
       gate,

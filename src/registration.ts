@@ -13,7 +13,7 @@ import type { DsseEnvelope } from '../attestation/dsse.ts';
 import type { AttestationTier } from '../attestation/receipt.ts';
 import { signRegistration, type RegisteredModel, type RegistrationPayload } from './market/registration-payload.ts';
 import type { Logger } from './ops/logger.ts';
-import { STATE_FAILURE_HOLD_MS } from './store/store-health.ts';
+import { STATE_FAILURE_HOLD_MS, StoreStopped } from './store/store-health.ts';
 
 
 export const DEFAULT_HEARTBEAT_INTERVAL_MS = 5_000;
@@ -361,7 +361,8 @@ export function workRefused(stopping: boolean, hasMarketKey: boolean, market: Ma
   if (stopping) return ['stopping'];
   const reasons: string[] = [];
   if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 600)}): paid requests are refused until a restart`);
-  if (stateFailure) reasons.push(`state.db refused a write (${stateFailure.message.slice(0, 200)}): paid requests are refused with 503 until a write succeeds (tried again ${STATE_FAILURE_HOLD_MS / 1000} s after the last failure)`);
+  if (stateFailure instanceof StoreStopped) reasons.push(stateFailure.message.slice(0, 1000));
+  else if (stateFailure) reasons.push(`state.db refused a write (${stateFailure.message.slice(0, 200)}): paid requests are refused with 503 until a write succeeds (tried again ${STATE_FAILURE_HOLD_MS / 1000} s after the last failure)`);
   if (!hasMarketKey) reasons.push('no marketplace public key configured: every ticket would be refused');
   else if (market?.ticket_key && !market.ticket_key.trusted) {
     reasons.push(`the marketplace at ${market.url} signs tickets with key ${market.ticket_key.public_key}, which is not in marketplace.public_keys: every ticket it issues would be refused`);

@@ -312,6 +312,8 @@ export class InferService {
     try {
       // (before the ticket is used: another provider can take the request)
       if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
+      const stopped = this.o.state?.stopped;
+      if (stopped) throw new Refusal(503, 'no_capacity', `the node cannot record this request (${stopped.message.slice(0, 200)}); another provider can take it`);
       const t = req.head.ticket;
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
       const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);

@@ -42,7 +42,7 @@ export function readHead(file: string, providerId: string): Head {
 export function writeHead(file: string, note: string): void {
   const tmp = `${file}.${process.pid}.tmp`;
   try {
-    fs.writeFileSync(tmp, note);
+    fs.writeFileSync(tmp, note, { mode: 0o600 });
     fs.renameSync(tmp, file);
   } catch (e) {
     fs.rmSync(tmp, { force: true });

@@ -8,8 +8,6 @@
 // in one transaction (one fsync: group commit). A caller is resolved only after its batch's commit
 // returned. Signing runs on the signer threads (a batch of one or two on an idle event loop
 // excepted: see loopBusy) and fsync waits never run on the event loop.
-import fs from 'node:fs';
-import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { toBase64, toHex, utf8 } from '../../attestation/bytes.ts';
 import { formatCheckpoint, receiptLogOrigin } from '../../attestation/checkpoint.ts';
@@ -25,6 +23,7 @@ import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
 import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
 import { headMismatch, headPath, readHead, writeHead } from './checkpoint-head.ts';
+import { FileGuard, rescueDatabase } from './file-guard.ts';
 import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
 
@@ -125,16 +124,6 @@ export interface StoredCheckpoint {
   createdAt: number;
 }
 
-/** A file's device and inode ("dev:ino"), or undefined when it is not there. */
-function fileId(file: string): string | undefined {
-  try {
-    const st = fs.statSync(file);
-    return `${st.dev}:${st.ino}`;
-  } catch {
-    return undefined;
-  }
-}
-
 /** How many request ids the in-memory index keeps (about 100 bytes each). */
 const RECENT_REQUESTS = 200_000;
 
@@ -176,8 +165,8 @@ export class ReceiptLog {
   /** The file beside the log that keeps its latest checkpoint (checkpoint-head.ts), and the size it holds. */
   private readonly headFile: string;
   private headSize = 0;
-  /** The database and -wal files as opened (device:inode): one deleted or replaced under the log stops it. */
-  private readonly files: { path: string; id: string }[];
+  /** The database and -wal files as opened: one deleted or replaced under the log stops it. */
+  private readonly files: FileGuard;
   private readonly notice: (message: string, level?: 'warn' | 'error') => void;
   /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
   private readonly stmt: ReturnType<typeof prepareStatements>;
@@ -269,10 +258,7 @@ export class ReceiptLog {
       this.db.pragma('synchronous = NORMAL');
       this.db.pragma('wal_autocheckpoint = 0');
     }
-    this.files = [opts.path, `${opts.path}-wal`].flatMap((p) => {
-      const id = fileId(p);
-      return id ? [{ path: p, id }] : [];
-    });
+    this.files = new FileGuard(opts.path);
     const interval = opts.checkpointIntervalMs ?? 10_000;
     if (interval > 0) {
       this.timer = setInterval(() => {
@@ -484,17 +470,10 @@ export class ReceiptLog {
    */
   private checkFiles(): void {
     if (this.broken) return;
-    const gone = this.files.find((f) => fileId(f.path) !== f.id);
+    const gone = this.files.changed();
     if (!gone) return;
-    const rescued = path.join(path.dirname(this.path), `${path.basename(this.path).replace(/\.db$/, '')}.rescued-${Date.now()}.db`);
-    let copy: string;
-    try {
-      this.db.prepare('VACUUM INTO ?').run(rescued);
-      copy = `Its ${this.tree.size} durable receipts were copied to ${rescued}: stop the node, move that file to ${this.path} (and remove ${this.path}-wal and -shm if they are there) and start again.`;
-    } catch (e) {
-      copy = `Copying its receipts out failed (${(e as Error).message}): stop the node and restore the log from a backup.`;
-    }
-    this.broken = new ReceiptLogError('log_failed', `receipt log file ${gone.path} was deleted or replaced while the node used it; the log takes no more receipts. ${copy}`);
+    const copy = rescueDatabase(this.db, this.path, `Its ${this.tree.size} durable receipts`);
+    this.broken = new ReceiptLogError('log_failed', `receipt log file ${gone} was deleted or replaced while the node used it; the log takes no more receipts. ${copy}`);
     this.notice(this.broken.message, 'error');
   }
 

@@ -14,8 +14,14 @@ export function isStoreError(e: unknown): e is Error & { code: string } {
   return typeof code === 'string' && code.startsWith('SQLITE_');
 }
 
+/** Why a store was stopped for good (StoreHealth.stop): said as it is, in full. */
+export class StoreStopped extends Error {
+  override name = 'StoreStopped';
+}
+
 export class StoreHealth {
   private last: { error: Error; at: number } | undefined;
+  private stoppedBy: Error | undefined;
   private readonly holdMs: number;
   private readonly now: () => number;
   private readonly onFailure: ((e: Error, first: boolean) => void) | undefined;
@@ -37,13 +43,27 @@ export class StoreHealth {
     }
   }
 
-  /** A write succeeded: the store takes writes again. */
+  /**
+   * The store cannot be trusted until a restart (its file was deleted or replaced under it: writes
+   * still succeed, into a file that is gone when the node stops). Paid requests are refused.
+   */
+  stop(e: StoreStopped): void {
+    this.stoppedBy ??= e;
+  }
+
+  /** Why the store was stopped for good (see stop()), if it was. */
+  get stopped(): Error | undefined {
+    return this.stoppedBy;
+  }
+
+  /** A write succeeded: the store takes writes again (unless stopped). */
   ok(): void {
     this.last = undefined;
   }
 
-  /** The last failure while it still counts (STATE_FAILURE_HOLD_MS), else undefined. */
+  /** The failure that stopped the store, or the last failure while it still counts (STATE_FAILURE_HOLD_MS), else undefined. */
   get failure(): Error | undefined {
+    if (this.stoppedBy) return this.stoppedBy;
     if (this.last && this.now() - this.last.at >= this.holdMs) return undefined;
     return this.last?.error;
   }

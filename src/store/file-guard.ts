@@ -1,0 +1,49 @@
+// Whether the files a SQLite database lives in are still the ones it opened. SQLite goes on
+// writing into a database (or its -wal) that was deleted or replaced while open, and everything
+// written from then on is lost when the process ends: the receipt log stops, and the state store
+// refuses paid work, as soon as this says so (checked every few seconds and at checkpoints).
+import fs from 'node:fs';
+import path from 'node:path';
+import type Database from 'better-sqlite3';
+
+/** A file's device and inode ("dev:ino"), or undefined when it is not there. */
+export function fileId(file: string): string | undefined {
+  try {
+    const st = fs.statSync(file);
+    return `${st.dev}:${st.ino}`;
+  } catch {
+    return undefined;
+  }
+}
+
+export class FileGuard {
+  private readonly files: { path: string; id: string }[];
+
+  /** Remembers the database file and its -wal, as they are now. */
+  constructor(dbPath: string) {
+    this.files = [dbPath, `${dbPath}-wal`].flatMap((p) => {
+      const id = fileId(p);
+      return id ? [{ path: p, id }] : [];
+    });
+  }
+
+  /** The first of them deleted or replaced since, if any. */
+  changed(): string | undefined {
+    return this.files.find((f) => fileId(f.path) !== f.id)?.path;
+  }
+}
+
+/**
+ * Copies what `db` (an open connection to a deleted or replaced file) still reads to
+ * `<name>.rescued-<ms>.db` beside it (mode 0600), and says what to do with it; or why it could not.
+ */
+export function rescueDatabase(db: Database.Database, dbPath: string, what: string): string {
+  const rescued = path.join(path.dirname(dbPath), `${path.basename(dbPath).replace(/\.db$/, '')}.rescued-${Date.now()}.db`);
+  try {
+    db.prepare('VACUUM INTO ?').run(rescued);
+    fs.chmodSync(rescued, 0o600);
+    return `${what} were copied to ${rescued}: stop the node, move that file to ${dbPath} (and remove ${dbPath}-wal and -shm if they are there) and start again.`;
+  } catch (e) {
+    return `Copying ${what} out failed (${(e as Error).message}): stop the node and restore ${dbPath} from a backup.`;
+  }
+}

@@ -1,0 +1,88 @@
+// state.db (used tickets, Idempotency-Key records) deleted while the node runs: SQLite goes on
+// writing into the deleted file, and at the next start the records are gone (a retry under an
+// Idempotency-Key was run and billed twice). The node notices within 5 s, copies what it still
+// reads beside it, and refuses paid work until a restart; a state.db missing at start beside a
+// receipt log that has receipts is said at error level.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { afterAll, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { utf8 } from '../attestation/bytes.ts';
+import { parseConfig } from '../src/config.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+import { createHost } from '../src/p2p/host.ts';
+import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
+import { readResponse, request } from '../src/p2p/request-stream.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { waitFor } from './helpers/wait.ts';
+
+const home = fs.mkdtempSync(path.join(os.tmpdir(), 'node-state-file-'));
+const market = testKey();
+let node: RunningNode | undefined;
+afterAll(async () => {
+  await node?.stop(1000);
+  fs.rmSync(home, { recursive: true, force: true });
+});
+
+const lines = (file: string, level: number): { msg: string; [k: string]: unknown }[] =>
+  fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as { level: number; msg: string }).filter((l) => l.level === level);
+
+test('deleted while running: within 5 s paid work is refused (503 no_capacity, before the ticket is used), /readyz says why, its records are copied out; a restart without it says so', async () => {
+  createKeyFile(path.join(home, 'node.key'));
+  writeTinyLlama(path.join(home, 'tiny.gguf'));
+  const logFile = path.join(home, 'node.log');
+  const fd = fs.openSync(logFile, 'w');
+  const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
+  try {
+    node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id }), home), { logDestination: fd });
+    const ask = async (key?: string) => {
+      const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }));
+      const ticket = signTicket(market, ticketPayload(node!.providerId, { model: 'tiny/llama', price_version: node!.priceVersion, body_sha256: crypto.createHash('sha256').update(body).digest('hex'), max_cost_micro_usd: '100000' }));
+      return readResponse(await request(buyer, node!.addresses[0]!, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket, ...(key ? { idempotency_key: key } : {}) }, body));
+    };
+    expect((await ask('retry-me')).head.status).toBe(200);
+    const state = path.join(home, 'data', 'state.db');
+    for (const x of ['', '-wal', '-shm']) fs.rmSync(state + x, { force: true });
+    const ready = await waitFor('the node to say it takes no work', async () => {
+      const r = await fetch(`${node!.opsUrl}/readyz`);
+      return r.status === 503 ? ((await r.json()) as { reasons: string[] }) : undefined;
+    }, 15_000, 200);
+    expect(ready.reasons.join(' ')).toMatch(/state file .*state\.db was deleted or replaced while the node used it: paid requests are refused until a restart\. Its used tickets and Idempotency-Key records were copied to .*state\.rescued-\d+\.db/);
+    const refused = await ask();
+    expect([refused.head.status, (refused.trailer as { error?: { code?: string } }).error?.code]).toEqual([503, 'no_capacity']);
+    const rescued = fs.readdirSync(path.join(home, 'data')).filter((f) => /^state\.rescued-\d+\.db$/.test(f));
+    expect(rescued).toHaveLength(1);
+    expect(fs.statSync(path.join(home, 'data', rescued[0]!)).mode & 0o777).toBe(0o600);
+    // The copy holds the Idempotency-Key record of the request before the deletion.
+    const copy = new Database(path.join(home, 'data', rescued[0]!), { readonly: true });
+    try {
+      const tables = copy.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
+      const counts = tables.map((t) => (copy.prepare(`SELECT count(*) AS n FROM "${t.name}"`).get() as { n: number }).n);
+      expect(counts.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
+    } finally {
+      copy.close();
+    }
+    expect(lines(logFile, 50).map((l) => l.msg)).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it/));
+    await node.stop(1000);
+    node = undefined;
+    // Started again without it (the copy not put back): one error line says what was lost.
+    const logFile2 = path.join(home, 'node2.log');
+    const fd2 = fs.openSync(logFile2, 'w');
+    try {
+      node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id }), home), { logDestination: fd2 });
+      expect(lines(logFile2, 50).map((l) => l.msg)).toContainEqual(expect.stringMatching(/state\.db was not there and has been created anew, though the receipt log holds 1 receipts: the used tickets and Idempotency-Key records it kept are gone/));
+    } finally {
+      await node?.stop(1000);
+      node = undefined;
+      fs.closeSync(fd2);
+    }
+  } finally {
+    await buyer.stop();
+    fs.closeSync(fd);
+  }
+}, 60_000);
