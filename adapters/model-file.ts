@@ -2,7 +2,9 @@
 // (shared), so a file written over in place changes the weights the node runs while receipts still
 // name the hash taken at start: `modified`, and the model must not be served again until the node
 // restarts and hashes it anew. A file deleted, or replaced by renaming another over it, leaves the
-// mapping on the old file, whose hash is still the truth: `replaced`, served on.
+// mapping on the old file, whose hash is still the truth: `replaced`, served on. The change time
+// is compared too: a write with the old modification time put back (`touch -r`) still moves it;
+// so does a chmod or a new hard link, which then costs a restart, never a wrong hash.
 import fs from 'node:fs';
 
 export interface FileIdentity {
@@ -10,6 +12,8 @@ export interface FileIdentity {
   ino: number;
   size: number;
   mtimeMs: number;
+  /** Changed by any write (and by chmod, chown, a new link): unlike mtime, it cannot be set back. */
+  ctimeMs: number;
 }
 
 export type ModelFileState = 'unchanged' | 'replaced' | 'modified';
@@ -18,7 +22,7 @@ export type ModelFileState = 'unchanged' | 'replaced' | 'modified';
 export function fileIdentity(file: string): FileIdentity | undefined {
   try {
     const st = fs.statSync(file);
-    return { dev: st.dev, ino: st.ino, size: st.size, mtimeMs: st.mtimeMs };
+    return { dev: st.dev, ino: st.ino, size: st.size, mtimeMs: st.mtimeMs, ctimeMs: st.ctimeMs };
   } catch {
     return undefined;
   }
@@ -26,5 +30,5 @@ export function fileIdentity(file: string): FileIdentity | undefined {
 
 export function modelFileState(loaded: FileIdentity, now: FileIdentity | undefined): ModelFileState {
   if (!now || now.dev !== loaded.dev || now.ino !== loaded.ino) return 'replaced';
-  return now.size === loaded.size && now.mtimeMs === loaded.mtimeMs ? 'unchanged' : 'modified';
+  return now.size === loaded.size && now.mtimeMs === loaded.mtimeMs && now.ctimeMs === loaded.ctimeMs ? 'unchanged' : 'modified';
 }

@@ -18,7 +18,7 @@ beforeAll(() => {
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
 
 describe('modelFileState', () => {
-  test('unchanged; written in place (size or mtime) is modified; deleted or renamed over is replaced', () => {
+  test('unchanged; written in place (size or mtime) is modified; deleted or renamed over is replaced', async () => {
     const f = path.join(dir, 'a.bin');
     fs.writeFileSync(f, 'weights');
     const loaded = fileIdentity(f)!;
@@ -27,7 +27,17 @@ describe('modelFileState', () => {
     expect(modelFileState(loaded, fileIdentity(f))).toBe('modified');
     fs.appendFileSync(f, '!');
     const grown = fileIdentity(f)!;
-    expect(modelFileState({ ...grown, mtimeMs: loaded.mtimeMs }, grown)).toBe('modified'); // the size alone tells
+    expect(modelFileState({ ...grown, mtimeMs: loaded.mtimeMs, ctimeMs: grown.ctimeMs }, grown)).toBe('modified'); // the size alone tells
+    // Written in place with its size and modification time put back (touch -r): the change time tells.
+    const stamp = new Date(1_700_000_000_000); // (a whole second: utimes keeps it exactly)
+    fs.utimesSync(f, stamp, stamp);
+    const before = fileIdentity(f)!;
+    await new Promise((r) => setTimeout(r, 30)); // (inode times move by the kernel's clock tick, a few ms)
+    fs.writeFileSync(f, Buffer.alloc(before.size, 1), { flag: 'r+' });
+    fs.utimesSync(f, stamp, stamp);
+    const after = fileIdentity(f)!;
+    expect([after.size, after.mtimeMs]).toEqual([before.size, before.mtimeMs]);
+    expect(modelFileState(before, after)).toBe('modified');
     const other = path.join(dir, 'b.bin');
     fs.writeFileSync(other, 'new weights');
     fs.renameSync(other, f);

@@ -268,8 +268,10 @@ export class ReceiptLog {
         try {
           this.checkpoint();
         } catch (e) {
-          // (never thrown out of a timer: the log stops, and every later append says why)
+          // (never thrown out of a timer: the log stops, every later append says why, and so does a line now)
+          const had = this.broken;
           this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log checkpoint failed: ${(e as Error).message}`);
+          if (!had) this.notice(`the receipt log has stopped: ${this.broken.message}; paid work is refused until the node is restarted`, 'error');
         }
       }, interval);
       this.timer.unref();
