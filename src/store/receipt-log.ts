@@ -192,6 +192,10 @@ export class ReceiptLog {
       // One read transaction for the receipts and the latest checkpoint: a node appending beside
       // this connection (`log export` while it serves) may commit receipts and a checkpoint
       // between two separate reads, and that checkpoint would look like one over another log.
+      // The checkpoint kept beside the log is read first: a writer beside this connection keeps it
+      // only once its receipts are committed, so the snapshot read next holds at least as many.
+      this.headFile = headPath(opts.path);
+      const head = readHead(this.headFile, this.providerId);
       const read = this.db.transaction(() => {
         const tree = new MerkleTree();
         let last: Uint8Array | undefined;
@@ -219,8 +223,6 @@ export class ReceiptLog {
       if (cp && (cp.size > this.tree.size || toHex(this.tree.root(cp.size)) !== toHex(cp.root))) {
         throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} no longer matches its checkpoint of size ${cp.size}`);
       }
-      this.headFile = headPath(opts.path);
-      const head = readHead(this.headFile, this.providerId);
       if (head.kind === 'head') {
         const why = headMismatch(head, this.tree.size, (n) => this.tree.root(n));
         if (why) {
