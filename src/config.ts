@@ -64,7 +64,7 @@ export interface NodeConfig {
   marketplace: { url: string | null; public_keys: string[] };
   models: ModelConfig[];
   ops: { http: string };
-  receipts: { checkpoint_every: number; checkpoint_interval_ms: number; signer_threads: number };
+  receipts: { checkpoint_every: number; checkpoint_interval_ms: number; signer_threads: number; min_free_mb: number };
   log_level: (typeof LOG_LEVELS)[number];
 }
 
@@ -75,7 +75,7 @@ const DEFAULTS = {
   marketplace: { url: null, public_keys: [] },
   models: [],
   ops: { http: '127.0.0.1:9464' },
-  receipts: { checkpoint_every: 1000, checkpoint_interval_ms: 10_000, signer_threads: 2 },
+  receipts: { checkpoint_every: 1000, checkpoint_interval_ms: 10_000, signer_threads: 2, min_free_mb: 256 },
   log_level: 'info',
 };
 
@@ -362,6 +362,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       checkpoint_every: int(r.checkpoint_every, 'receipts.checkpoint_every', 1, 10_000_000),
       checkpoint_interval_ms: int(r.checkpoint_interval_ms, 'receipts.checkpoint_interval_ms', 0, 86_400_000),
       signer_threads: int(r.signer_threads, 'receipts.signer_threads', 0, 64),
+      min_free_mb: int(r.min_free_mb, 'receipts.min_free_mb', 0, 1 << 30),
     },
     log_level: level as NodeConfig['log_level'],
   };

@@ -78,6 +78,20 @@ function dataDirError(file: string, e: unknown): NodeStartError {
   return new NodeStartError(`data_dir: ${msg.includes(abs) || msg.includes(file) ? msg : `${abs}: ${msg}`}`, { cause: e });
 }
 
+/** Why the file system of `dir` is too full for paid work (less than `minFreeMb` MiB free), or undefined. */
+export function lowDisk(dir: string, minFreeMb: number): string | undefined {
+  if (minFreeMb <= 0) return undefined;
+  let free: number;
+  try {
+    const st = fs.statfsSync(dir);
+    free = st.bavail * st.bsize;
+  } catch {
+    return undefined; // (a data dir that cannot be asked is found out by its writes)
+  }
+  const mb = Math.floor(free / 2 ** 20);
+  return mb < minFreeMb ? `the data dir's file system has ${mb} MiB free, less than receipts.min_free_mb (${minFreeMb} MiB)` : undefined;
+}
+
 const reportedFileStates = new WeakMap<object, string>();
 /** Says once when a model's file was modified in place (the model is refused from then on) or replaced (served on: the old file stays mapped). */
 export function watchModelFiles(models: Iterable<Pick<ServedModel, 'id' | 'adapter'>>, logger: Pick<Logger, 'warn' | 'error'>): void {
@@ -268,8 +282,18 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         stateFailuresUnsaid = 0;
       },
     });
-    // Model files and state.db, every 5 s (the receipt log watches its own files).
+    // The data dir's free space: below receipts.min_free_mb, paid work is refused (before tickets are used).
+    let diskLow: string | undefined;
+    const watchDisk = () => {
+      const low = lowDisk(config.data_dir, config.receipts.min_free_mb);
+      if (low && !diskLow) logger.error({ data_dir: config.data_dir }, `${low}: paid work is refused until space is freed`);
+      else if (!low && diskLow) logger.info({ data_dir: config.data_dir }, 'the data dir has room again: paid work is taken');
+      diskLow = low;
+    };
+    watchDisk();
+    // Model files, state.db and free space, every 5 s (the receipt log watches its own files).
     const fileWatch = setInterval(() => {
+      watchDisk();
       watchModelFiles(models.values(), logger);
       const gone = state.stopped ? undefined : stateFiles.changed();
       if (gone) {
@@ -286,6 +310,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models,
       priceVersion: prices.payload.version,
       state,
+      paidWorkRefused: () => diskLow,
       onInternalError: (err) => logger.error({ err: errSummary(err) }, 'request failed before any work (500 internal_error)'),
       observe: (e) => {
         metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
@@ -334,7 +359,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
     // A model whose file was written over in place is refused (InferService) until a restart.
-    const modelProblems = () => [...models.values()].filter((m) => m.adapter.modelFileState?.() === 'modified').map((m) => modelFileModified(m).message);
+    const modelProblems = () => [...(diskLow ? [diskLow] : []), ...[...models.values()].filter((m) => m.adapter.modelFileState?.() === 'modified').map((m) => modelFileModified(m).message)];
     const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, modelProblems()] as const;
     /** Whether the node takes paid work now (the capacity snapshot and /status say it alike). */
     const accepting = () => workRefused(...standing()).length === 0;
