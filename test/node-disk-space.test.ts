@@ -1,21 +1,18 @@
 // A data dir nearly full: a receipt that cannot be written after the work ran left the buyer with a
 // 502 and the node stopped (h3 of session 17). Below receipts.min_free_mb the node takes no paid
 // work: refused 503 no_capacity before the ticket is used, /readyz says why, one error line.
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
-import { utf8 } from '../attestation/bytes.ts';
 import { parseConfig } from '../src/config.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { lowDisk, startNode, type RunningNode } from '../src/node.ts';
 import { createHost } from '../src/p2p/host.ts';
-import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
-import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
-import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { askNode, logLines } from './helpers/paid-ask.ts';
+import { testKey } from './helpers/receipts.ts';
 
 const home = fs.mkdtempSync(path.join(os.tmpdir(), 'node-disk-space-'));
 const market = testKey();
@@ -39,19 +36,16 @@ test('a node whose data dir has less free space than receipts.min_free_mb refuse
   writeTinyLlama(path.join(home, 'tiny.gguf'));
   const logFile = path.join(home, 'node.log');
   const fd = fs.openSync(logFile, 'w');
-  const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
+  const buyer = await createHost({ seed: new Uint8Array(32).fill(3), listen: [] });
   try {
     node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id, receipts: '{ signer_threads: 1, min_free_mb: 1073741824 }' }), home), { logDestination: fd });
     const ready = await fetch(`${node.opsUrl}/readyz`);
     expect(ready.status).toBe(503);
     expect(((await ready.json()) as { reasons: string[] }).reasons).toContainEqual(expect.stringMatching(/^the data dir's file system has \d+ MiB free, less than receipts\.min_free_mb/));
-    const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }));
-    const ticket = signTicket(market, ticketPayload(node.providerId, { model: 'tiny/llama', price_version: node.priceVersion, body_sha256: crypto.createHash('sha256').update(body).digest('hex'), max_cost_micro_usd: '100000' }));
-    const r = await readResponse(await request(buyer, node.addresses[0]!, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body));
+    const r = await askNode(buyer, node, market);
     expect(r.head.status).toBe(503);
     expect((r.trailer as { error: { code: string; message: string } }).error).toMatchObject({ code: 'no_capacity', message: expect.stringMatching(/MiB free, less than receipts\.min_free_mb .*; another provider can take it$/) });
-    const errors = fs.readFileSync(logFile, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as { level: number; msg: string }).filter((l) => l.level === 50);
-    expect(errors.map((e) => e.msg)).toContainEqual(expect.stringMatching(/MiB free, less than receipts\.min_free_mb \(1073741824 MiB\): paid work is refused until space is freed$/));
+    expect(logLines(logFile, 50).map((e) => e.msg)).toContainEqual(expect.stringMatching(/MiB free, less than receipts\.min_free_mb \(1073741824 MiB\): paid work is refused until space is freed$/));
   } finally {
     await buyer.stop();
     await node?.stop(1000);

@@ -10,15 +10,13 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
-import { utf8 } from '../attestation/bytes.ts';
 import { parseConfig } from '../src/config.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
 import { createHost } from '../src/p2p/host.ts';
-import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
-import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
-import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { askNode, logLines } from './helpers/paid-ask.ts';
+import { testKey } from './helpers/receipts.ts';
 import { waitFor } from './helpers/wait.ts';
 
 const home = fs.mkdtempSync(path.join(os.tmpdir(), 'node-state-file-'));
@@ -29,9 +27,6 @@ afterAll(async () => {
   fs.rmSync(home, { recursive: true, force: true });
 });
 
-const lines = (file: string, level: number): { msg: string; [k: string]: unknown }[] =>
-  fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as { level: number; msg: string }).filter((l) => l.level === level);
-
 test('deleted while running: within 5 s paid work is refused (503 no_capacity, before the ticket is used), /readyz says why, its records are copied out; a restart without it says so', async () => {
   createKeyFile(path.join(home, 'node.key'));
   writeTinyLlama(path.join(home, 'tiny.gguf'));
@@ -40,11 +35,7 @@ test('deleted while running: within 5 s paid work is refused (503 no_capacity, b
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
   try {
     node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id }), home), { logDestination: fd });
-    const ask = async (key?: string) => {
-      const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }));
-      const ticket = signTicket(market, ticketPayload(node!.providerId, { model: 'tiny/llama', price_version: node!.priceVersion, body_sha256: crypto.createHash('sha256').update(body).digest('hex'), max_cost_micro_usd: '100000' }));
-      return readResponse(await request(buyer, node!.addresses[0]!, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket, ...(key ? { idempotency_key: key } : {}) }, body));
-    };
+    const ask = (key?: string) => askNode(buyer, node!, market, key ? { idempotencyKey: key } : {});
     expect((await ask('retry-me')).head.status).toBe(200);
     const state = path.join(home, 'data', 'state.db');
     for (const x of ['', '-wal', '-shm']) fs.rmSync(state + x, { force: true });
@@ -67,7 +58,7 @@ test('deleted while running: within 5 s paid work is refused (503 no_capacity, b
     } finally {
       copy.close();
     }
-    expect(lines(logFile, 50).map((l) => l.msg)).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it/));
+    expect(logLines(logFile, 50).map((l) => l.msg)).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it/));
     await node.stop(1000);
     node = undefined;
     // Started again without it (the copy not put back): one error line says what was lost.
@@ -75,7 +66,7 @@ test('deleted while running: within 5 s paid work is refused (503 no_capacity, b
     const fd2 = fs.openSync(logFile2, 'w');
     try {
       node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id }), home), { logDestination: fd2 });
-      expect(lines(logFile2, 50).map((l) => l.msg)).toContainEqual(expect.stringMatching(/state\.db was not there and has been created anew, though the receipt log holds 1 receipts: the used tickets and Idempotency-Key records it kept are gone/));
+      expect(logLines(logFile2, 50).map((l) => l.msg)).toContainEqual(expect.stringMatching(/state\.db was not there and has been created anew, though the receipt log holds 1 receipts: the used tickets and Idempotency-Key records it kept are gone/));
     } finally {
       await node?.stop(1000);
       node = undefined;

@@ -4,15 +4,13 @@
 import crypto from 'node:crypto';
 import path from 'node:path';
 import { afterAll, expect, test } from 'vitest';
-import { utf8 } from '../attestation/bytes.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { loadKeyFile } from '../src/identity.ts';
 import { createHost } from '../src/p2p/host.ts';
-import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
-import { request } from '../src/p2p/request-stream.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { startTinyNode } from './helpers/node-config.ts';
-import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { openPaid } from './helpers/paid-ask.ts';
+import { testKey } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
 
 const home = tempDir('node-stop-receipts-');
@@ -39,9 +37,7 @@ test('a request cancelled by the stop whose runtime takes 3 s to end still leave
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
   try {
     const node = await startTinyNode(home, { publicKey: market.id });
-    const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 300, seed: 1, temperature: 1, stream: true }));
-    const payload = ticketPayload(node.providerId, { model: 'tiny/llama', price_version: node.priceVersion, body_sha256: crypto.createHash('sha256').update(body).digest('hex'), max_cost_micro_usd: '100000' });
-    const res = await request(buyer, node.addresses[0]!, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket: signTicket(market, payload) }, body);
+    const { payload, res } = await openPaid(buyer, node, market, { body: { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 300, seed: 1, temperature: 1, stream: true } });
     const frames = res.frames[Symbol.asyncIterator]();
     expect((await frames.next()).done).toBe(false); // streaming has begun
     await node.stop(200); // a grace far shorter than the answer
