@@ -94,6 +94,36 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
     expect(back.size).toBe(6);
   });
 
+  test('receipts acknowledged after the last checkpoint count too: a log that lost them (its -wal after a crash) is refused, though its checkpoint still holds', async () => {
+    const s = seed();
+    const dir = tmp();
+    const file = path.join(dir, 'receipts.db');
+    const log = open(file, s);
+    await fill(log, 0, 6);
+    log.checkpoint(); // 6
+    // The files as they were then: what a -wal that lost its last frames leaves behind.
+    const older = path.join(dir, 'older');
+    fs.mkdirSync(older);
+    for (const f of ['receipts.db', 'receipts.db-wal']) fs.copyFileSync(path.join(dir, f), path.join(older, f));
+    await fill(log, 6, 2); // acknowledged to buyers, no checkpoint over them yet
+    await new Promise((r) => setTimeout(r, 150)); // (the count is kept at most every 100 ms)
+    expect(fs.readFileSync(path.join(dir, 'receipts.head'), 'utf8')).toMatch(/^8 [0-9a-f]{64}\n$/);
+    for (const f of ['receipts.checkpoint', 'receipts.head']) fs.copyFileSync(path.join(dir, f), path.join(older, f));
+    expect(() => open(path.join(older, 'receipts.db'), s)).toThrow(expect.objectContaining({ code: 'log_behind', message: expect.stringMatching(/has lost receipts: it holds 6 receipts, but had acknowledged 8 .*receipts\.head.*buyers may hold the receipts it lost/) }));
+    // Another log of 8 under the same key (other receipts): its receipt 7 is not the one acknowledged.
+    const other = path.join(tmp(), 'receipts.db');
+    const o = open(other, s);
+    await fill(o, 100, 8);
+    await closeLog(o);
+    fs.copyFileSync(path.join(dir, 'receipts.head'), path.join(path.dirname(other), 'receipts.head'));
+    fs.rmSync(path.join(path.dirname(other), 'receipts.checkpoint'));
+    expect(() => open(other, s)).toThrow(expect.objectContaining({ code: 'log_behind', message: expect.stringContaining('its receipt seq 7 is not the one it acknowledged') }));
+    // The whole log opens, and a clean close leaves the count.
+    await closeLog(log);
+    expect(fs.readFileSync(path.join(dir, 'receipts.head'), 'utf8')).toMatch(/^8 /);
+    expect(open(file, s).size).toBe(8);
+  });
+
   test('no checkpoint file yet (a log from before it existed): written at open; an unreadable one is reported and written again', async () => {
     const s = seed();
     const file = path.join(tmp(), 'receipts.db');

@@ -56,3 +56,37 @@ export function headMismatch(head: { size: number; rootHash: Uint8Array }, size:
   if (toBase64(rootAt(head.size)) !== toBase64(head.rootHash)) return `its first ${head.size} receipts are not the ones this key signed a checkpoint over`;
   return undefined;
 }
+
+// The receipts the log has acknowledged, which the signed checkpoint may not cover yet (it is
+// signed every 10 s or 1,000 receipts): "receipts.head" holds their count and the last one's
+// payload hash, rewritten at most every 100 ms as receipts become durable (never ahead of them).
+// Buyers hold receipts past the last checkpoint, so a log that lost them (its -wal deleted after a
+// crash) must not sign others under the same seqs.
+
+/** receipts.db → receipts.head. */
+export function chainHeadPath(dbPath: string): string {
+  return headPath(dbPath).replace(/\.checkpoint$/, '.head');
+}
+
+/** The count and last payload hash kept at `file`; undefined when there is none or it cannot be read (it only ever protects). */
+export function readChainHead(file: string): { size: number; lastPayloadSha256: string } | undefined {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch {
+    return undefined;
+  }
+  const m = /^(0|[1-9][0-9]{0,15}) ([0-9a-f]{64})\n$/.exec(text);
+  return m ? { size: Number(m[1]), lastPayloadSha256: m[2]! } : undefined;
+}
+
+export function writeChainHead(file: string, size: number, lastPayloadSha256: string): void {
+  const tmp = `${file}.${process.pid}.tmp`;
+  try {
+    fs.writeFileSync(tmp, `${size} ${lastPayloadSha256}\n`, { mode: 0o600 });
+    fs.renameSync(tmp, file);
+  } catch (e) {
+    fs.rmSync(tmp, { force: true });
+    throw e;
+  }
+}

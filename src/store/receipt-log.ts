@@ -22,7 +22,7 @@ import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
 import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
-import { headMismatch, headPath, readHead, writeHead } from './checkpoint-head.ts';
+import { chainHeadPath, headMismatch, headPath, readChainHead, readHead, writeChainHead, writeHead } from './checkpoint-head.ts';
 import { FileGuard, rescueDatabase } from './file-guard.ts';
 import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
@@ -165,6 +165,11 @@ export class ReceiptLog {
   /** The file beside the log that keeps its latest checkpoint (checkpoint-head.ts), and the size it holds. */
   private readonly headFile: string;
   private headSize = 0;
+  /** The file that keeps how many receipts were acknowledged (checkpoint-head.ts), when it was last written, its pending write. */
+  private readonly chainFile: string;
+  private chainAt = Number.NEGATIVE_INFINITY;
+  private chainTimer: NodeJS.Timeout | undefined;
+  private durableHash: string;
   /** The database and -wal files as opened: one deleted or replaced under the log stops it. */
   private readonly files: FileGuard;
   private readonly notice: (message: string, level?: 'warn' | 'error') => void;
@@ -196,6 +201,8 @@ export class ReceiptLog {
       // only once its receipts are committed, so the snapshot read next holds at least as many.
       this.headFile = headPath(opts.path);
       const head = readHead(this.headFile, this.providerId);
+      this.chainFile = chainHeadPath(opts.path);
+      const acknowledged = readChainHead(this.chainFile);
       const read = this.db.transaction(() => {
         const tree = new MerkleTree();
         let last: Uint8Array | undefined;
@@ -219,6 +226,7 @@ export class ReceiptLog {
       this.nextSeq = this.tree.size;
       this.recentFloor = this.tree.size;
       this.lastPayloadHash = last ? sha256Hex(last) : GENESIS_PREV;
+      this.durableHash = this.lastPayloadHash;
       this.lastCheckpointSize = cp?.size ?? 0;
       if (cp && (cp.size > this.tree.size || toHex(this.tree.root(cp.size)) !== toHex(cp.root))) {
         throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} no longer matches its checkpoint of size ${cp.size}`);
@@ -229,7 +237,16 @@ export class ReceiptLog {
           throw new ReceiptLogError('log_behind', `receipt log ${opts.path} has lost receipts: ${why} (kept in ${this.headFile}). Its database or -wal file was deleted, cut short or replaced by an older copy. Put the missing files back (from a backup, or the -wal file beside its database) and start again. If they are gone for good, start over with a new key (seller-node init): serving on under this key would sign a checkpoint that contradicts one it has signed.`);
         }
         this.headSize = head.size;
-      } else if (head.kind === 'unreadable') {
+      }
+      if (acknowledged && acknowledged.size > 0) {
+        const lost = acknowledged.size > this.tree.size ? `it holds ${this.tree.size} receipts, but had acknowledged ${acknowledged.size}` : undefined;
+        const at = lost ? undefined : payloadAt(this.db, acknowledged.size - 1);
+        const other = at && sha256Hex(at) !== acknowledged.lastPayloadSha256 ? `its receipt seq ${acknowledged.size - 1} is not the one it acknowledged` : undefined;
+        if (lost || other) {
+          throw new ReceiptLogError('log_behind', `receipt log ${opts.path} has lost receipts: ${lost ?? other} (kept in ${this.chainFile}). Its database or -wal file was deleted, cut short or replaced by an older copy, and buyers may hold the receipts it lost. Put the missing files back (from a backup, or the -wal file beside its database) and start again. If they are gone for good, start over with a new key (seller-node init): serving on under this key would sign other receipts under the same seqs.`);
+        }
+      }
+      if (head.kind === 'unreadable') {
         (opts.onNotice ?? (() => undefined))(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`, 'warn');
       }
     } catch (e) {
@@ -390,6 +407,7 @@ export class ReceiptLog {
   private settle({ items, requestKeys }: Batch, signed: SignedBatch): void {
     this.commits++;
     const firstSeq = this.tree.size;
+    this.durableHash = sha256Hex(items[items.length - 1]!.text);
     items.forEach((p, i) => {
       this.keyFilter.add(firstSeq, requestKeys[i]!);
       // (the payload bytes went to the writer thread; the text is what the caller gets)
@@ -397,9 +415,30 @@ export class ReceiptLog {
       this.tree.append(signed.leaves.subarray(i * 32, i * 32 + 32));
       p.resolve(new AppendedReceipt(p.payload, p.text, signed.sigs.subarray(i * 64, i * 64 + 64), this.providerId));
     });
+    this.keepChainHead();
     // A checkpoint at every multiple of checkpointEvery, whatever the batch boundaries.
     for (let at = (Math.floor(this.lastCheckpointSize / this.checkpointEvery) + 1) * this.checkpointEvery; at <= this.tree.size; at += this.checkpointEvery) {
       this.checkpoint(at);
+    }
+  }
+
+  /** Keeps the acknowledged count beside the log: at once, or (written less than 100 ms ago) 100 ms later. */
+  private keepChainHead(): void {
+    if (performance.now() - this.chainAt >= 100) return this.writeChainHead();
+    this.chainTimer ??= setTimeout(() => {
+      this.chainTimer = undefined;
+      this.writeChainHead();
+    }, 100).unref();
+  }
+
+  private writeChainHead(): void {
+    if (this.chainTimer) clearTimeout(this.chainTimer);
+    this.chainTimer = undefined;
+    this.chainAt = performance.now();
+    try {
+      writeChainHead(this.chainFile, this.tree.size, this.durableHash);
+    } catch (e) {
+      this.notice(`${this.chainFile} (how many receipts the log acknowledged) could not be written: ${(e as Error).message}; tried again with the next receipts`);
     }
   }
 
@@ -584,6 +623,7 @@ export class ReceiptLog {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     await this.flush();
+    if (this.chainTimer || this.tree.size > 0) this.writeChainHead();
     await this.signer.close();
     await this.writer.close();
     this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
@@ -594,4 +634,11 @@ export class ReceiptLog {
       this.db.close();
     }
   }
+}
+
+/** The payload bytes of the receipt at `seq`, read straight from its batch row (at open, before the statements exist). */
+function payloadAt(db: Database.Database, seq: number): Uint8Array | undefined {
+  const r = db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1').get(seq);
+  if (!r || seq >= r.first_seq + r.count) return undefined;
+  return batchItem(rowToBatch(r), seq - r.first_seq).payload;
 }
