@@ -110,3 +110,16 @@ describe('checkGgufFile: the metadata and tensor table, bounded before any reade
     expect(checkGgufFile(f)).toMatchObject({ version: 3, architecture: 'llama' });
   });
 });
+
+describe('the GGUF writer', () => {
+  test('arrays larger than its first buffer (64 KiB) are written whole, and the file checks', async () => {
+    const { writeGguf } = await import('../adapters/gguf/gguf-writer.ts');
+    const ints = Array.from({ length: 40_000 }, (_, i) => i); // 160 KB of int32
+    const bytes = writeGguf({ metadata: [{ key: 'test.ints', value: { type: 'int32[]', value: ints } }, { key: 'test.after', value: { type: 'uint32', value: 7 } }], tensors: [{ name: 't', dims: [4], data: new Float32Array(4) }] });
+    const f = file('big-array.gguf', bytes);
+    expect(checkGgufFile(f)).toMatchObject({ version: 3, tensors: 1 });
+    const b = Buffer.from(bytes);
+    const at = b.indexOf(Buffer.from('test.ints')) + 'test.ints'.length + 4 + 4 + 8; // type, element type, count
+    expect(b.readInt32LE(at + 4 * 39_999)).toBe(39_999);
+  });
+});

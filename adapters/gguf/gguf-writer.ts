@@ -124,26 +124,31 @@ class ByteWriter {
 
   u32(v: number): void {
     if (!Number.isInteger(v) || v < 0 || v > 0xffff_ffff) throw new RangeError(`not a uint32: ${v}`);
-    this.#view.setUint32(this.#reserve(4), v, true);
+    const at = this.#reserve(4); // (first: it may replace the view)
+    this.#view.setUint32(at, v, true);
   }
 
   i32(v: number): void {
     if (!Number.isInteger(v) || v < -0x8000_0000 || v > 0x7fff_ffff) throw new RangeError(`not an int32: ${v}`);
-    this.#view.setInt32(this.#reserve(4), v, true);
+    const at = this.#reserve(4); // (first: it may replace the view)
+    this.#view.setInt32(at, v, true);
   }
 
   u64(v: bigint | number): void {
     const b = typeof v === 'bigint' ? v : BigInt(checkSafeUint(v));
     if (b < 0n || b > 0xffff_ffff_ffff_ffffn) throw new RangeError(`not a uint64: ${v}`);
-    this.#view.setBigUint64(this.#reserve(8), b, true);
+    const at = this.#reserve(8); // (first: it may replace the view)
+    this.#view.setBigUint64(at, b, true);
   }
 
   f32(v: number): void {
-    this.#view.setFloat32(this.#reserve(4), v, true);
+    const at = this.#reserve(4); // (first: it may replace the view)
+    this.#view.setFloat32(at, v, true);
   }
 
   u8(v: number): void {
-    this.#view.setUint8(this.#reserve(1), v);
+    const at = this.#reserve(1); // (first: it may replace the view)
+    this.#view.setUint8(at, v);
   }
 
   bytes(b: Uint8Array): void {
