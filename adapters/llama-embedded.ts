@@ -3,6 +3,7 @@
 // template; a fixed seed makes generation replayable for audits.
 import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
+import { probeChatTemplate } from './chat-template-probe.ts';
 import { fileSha256 } from './file-sha256.ts';
 import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } from './model-file.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
@@ -20,6 +21,8 @@ export interface LlamaEmbeddedOptions {
   gpu?: 'auto' | false;
   /** The model file's SHA-256 (hex), when the caller has already hashed it: start() then does not read the file twice. */
   modelSha256?: string;
+  /** Bounds of the chat template's probe at start (chat-template-probe.ts; default 5 s, 256 MB). */
+  templateProbe?: { timeoutMs?: number; heapMb?: number };
 }
 
 /** One llama.cpp binding per GPU setting; a failed load is not remembered (the next start retries). */
@@ -102,6 +105,13 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     for (let i = 0; i < slots; i++) this.idle.push(this.context.getSequence());
     const chatTemplate = model.fileInfo.metadata?.tokenizer?.chat_template;
     this.template = typeof chatTemplate === 'string' ? new Template(chatTemplate) : undefined;
+    if (typeof chatTemplate === 'string') {
+      try {
+        await probeChatTemplate(chatTemplate, { bos: model.tokens.bosString ?? '', eos: model.tokens.eosString ?? '' }, this.opts.templateProbe ?? {});
+      } catch (e) {
+        throw new Error(`${this.opts.modelPath}: ${(e as Error).message}`);
+      }
+    }
     this.maxTokenBytes = longestToken(model);
     this.info = {
       adapter: 'llama-embedded',
