@@ -245,7 +245,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {
-        throw new NodeStartError(`models: ${m.id}: the runtime could not start on model file ${m.path}: ${(e as Error).message}`, { cause: e });
+        // (the file is named once: the model checks name it themselves)
+        const msg = (e as Error).message;
+        throw new NodeStartError(msg.startsWith(m.path!) ? `models: ${m.id}: the runtime could not start: model file ${msg}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       const tps = await measureTokensPerSecond(adapter);

@@ -90,6 +90,12 @@ describe('checkGgufFile: the metadata and tensor table, bounded before any reade
     // key, then u32 type, then the u32 value
     ['blocks-0.gguf', 'llama.block_count', 4, (b: Buffer, at: number) => b.writeUInt32LE(0, at), /llama\.block_count is 0 \(1 to 512\)/],
     ['heads-0.gguf', 'llama.attention.head_count', 4, (b: Buffer, at: number) => b.writeUInt32LE(0, at), /llama\.attention\.head_count is 0/],
+    ['kv-heads-0.gguf', 'llama.attention.head_count_kv', 4, (b: Buffer, at: number) => b.writeUInt32LE(0, at), /llama\.attention\.head_count_kv is 0/],
+    ['ffn-0.gguf', 'llama.feed_forward_length', 4, (b: Buffer, at: number) => b.writeUInt32LE(0, at), /llama\.feed_forward_length is 0/],
+    ['ctx-2.gguf', 'llama.context_length', 4, (b: Buffer, at: number) => b.writeUInt32LE(2, at), /llama\.context_length is 2 \(16 to/],
+    // float32 values: 0 and NaN (rope.freq_base 0 made a model that answered nothing, billed)
+    ['rope-0.gguf', 'llama.rope.freq_base', 4, (b: Buffer, at: number) => b.writeFloatLE(0, at), /llama\.rope\.freq_base is 0 \(a positive number\)/],
+    ['eps-nan.gguf', 'llama.attention.layer_norm_rms_epsilon', 4, (b: Buffer, at: number) => b.writeFloatLE(Number.NaN, at), /llama\.attention\.layer_norm_rms_epsilon is NaN/],
     // a tensor's name, then its u32 number of dimensions, then the dimensions
     ['ndims.gguf', 'blk.1.ffn_gate.weight', 0, (b: Buffer, at: number) => b.writeUInt32LE(0xffffffff, at), /tensor \d+ \("blk\.1\.ffn_gate\.weight"\): 4294967295 dimensions \(1 to 4\)/],
     ['dim-0.gguf', 'blk.1.ffn_gate.weight', 4, (b: Buffer, at: number) => b.writeBigInt64LE(0n, at), /"blk\.1\.ffn_gate\.weight"\): dimension 0 is 0/],
@@ -123,3 +129,15 @@ describe('the GGUF writer', () => {
     expect(b.readInt32LE(at + 4 * 39_999)).toBe(39_999);
   });
 });
+
+test('a node on a corrupt model names the model and the file once, with the entry at fault', async () => {
+  const { parseConfig } = await import('../src/config.ts');
+  const { startNode } = await import('../src/node.ts');
+  const { createKeyFile } = await import('../src/identity.ts');
+  const { tinyNodeConfigYaml } = await import('./helpers/node-config.ts');
+  const home = fs.mkdtempSync(path.join(dir, 'node-'));
+  createKeyFile(path.join(home, 'node.key'));
+  fs.copyFileSync(corrupted('for-node.gguf', 'llama.block_count', 4, (b, at) => b.writeUInt32LE(0, at)), path.join(home, 'tiny.gguf'));
+  const e = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: '11'.repeat(32) }), home)).then(() => undefined, (err: unknown) => err as Error);
+  expect(e?.message).toMatch(/^models: tiny\/llama: the runtime could not start: model file \/\S+\/tiny\.gguf: llama\.block_count is 0 \(1 to 512\): a corrupt file$/);
+}, 30_000);

@@ -208,15 +208,25 @@ export function checkGgufFile(file: string): GgufSummary {
 
 /** The hyperparameters llama.cpp asserts on (an abort of the whole process), where they are plain numbers. */
 function checkHyperparameters(file: string, arch: string, numbers: Map<string, number | bigint>): void {
-  const bounds: [string, number, number][] = [
+  const counts: [string, number, number][] = [
     [`${arch}.block_count`, 1, MAX_LAYERS],
     [`${arch}.attention.head_count`, 1, 2 ** 31 - 1],
+    [`${arch}.attention.head_count_kv`, 1, 2 ** 31 - 1],
     [`${arch}.embedding_length`, 1, 2 ** 31 - 1],
+    [`${arch}.feed_forward_length`, 1, 2 ** 31 - 1],
+    [`${arch}.context_length`, 16, 2 ** 31 - 1],
   ];
-  for (const [key, min, max] of bounds) {
+  for (const [key, min, max] of counts) {
     const v = numbers.get(key);
     if (v === undefined) continue;
     const n = Number(v);
     if (!Number.isInteger(n) || n < min || n > max) throw new GgufFileError(`${file}: ${key} is ${v} (${min} to ${max}): a corrupt file`);
+  }
+  // Positive, finite reals (0 or NaN made a model that loads and answers nothing, billed as tokens).
+  for (const key of [`${arch}.rope.freq_base`, `${arch}.attention.layer_norm_rms_epsilon`, `${arch}.attention.layer_norm_epsilon`]) {
+    const v = numbers.get(key);
+    if (v === undefined) continue;
+    const n = Number(v);
+    if (!(Number.isFinite(n) && n > 0)) throw new GgufFileError(`${file}: ${key} is ${v} (a positive number): a corrupt file`);
   }
 }
