@@ -146,6 +146,22 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
 });
 
 describe.each([0, 2])('the database deleted while the log runs (%i signer threads)', (threads) => {
+  test('receipts on their way when the log stops are refused, never acknowledged after the copy was taken, and none hangs', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'receipts.db');
+    const log = open(file, s, { threads });
+    await fill(log, 0, 3);
+    log.checkpoint();
+    await fill(log, 3, 1);
+    removeDb(file);
+    const onTheirWay = [4, 5, 6].map((i) => log.append(syntheticReceiptBody(i)));
+    expect(() => log.checkpoint()).toThrow(expect.objectContaining({ code: 'log_failed' })); // noticed now, before they were handed over
+    const settled = await Promise.allSettled(onTheirWay);
+    expect(settled.map((r) => r.status)).toEqual(['rejected', 'rejected', 'rejected']);
+    expect(log.size).toBe(4);
+  });
+
+
   test('the log stops at its next checkpoint; the receipts acknowledged meanwhile are copied out, and the copy opens as the whole log', async () => {
     const s = seed();
     const dir = tmp();

@@ -357,10 +357,18 @@ export class ReceiptLog {
     const limit = Math.max(2, this.signer.threads * 4);
     while (this.pending.length || inFlight.length) {
       while (this.pending.length && inFlight.length < limit && !this.broken) inFlight.push(this.dispatch(this.pending.splice(0, this.maxBatch)));
-      const batch = inFlight.shift()!;
-      if (!batch) break;
+      const batch = inFlight.shift();
+      if (!batch) {
+        // (the log stopped outside any batch, its files deleted, before these were handed over)
+        if (this.broken) this.fail(this.pending.splice(0), this.broken);
+        break;
+      }
       try {
-        this.settle(batch, await batch.result);
+        const signed = await batch.result;
+        // A log stopped while this batch was committing (its files deleted: the rescued copy was
+        // taken before it) acknowledges nothing more.
+        if (this.broken) throw this.broken;
+        this.settle(batch, signed);
       } catch (e) {
         this.fail(batch.items, e as Error);
       }
