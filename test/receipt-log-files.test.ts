@@ -145,6 +145,48 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
   });
 });
 
+describe('the files beside the log only move forward, and are watched however the log is set up', () => {
+  test('a reader beside the appending log (log export) never moves receipts.checkpoint or receipts.head back', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'receipts.db');
+    const node = open(file, s, { checkpointEvery: 1_000_000 });
+    await fill(node, 0, 10);
+    const reader = open(file, s); // its snapshot: 10 receipts
+    await fill(node, 10, 5);
+    node.checkpoint(); // 15, kept by the node
+    await new Promise((r) => setTimeout(r, 150));
+    reader.checkpoint(); // 10, from its older snapshot
+    await closeLog(reader);
+    expect(fs.readFileSync(headPath(file), 'utf8')).toContain('\n15\n');
+    expect(fs.readFileSync(path.join(path.dirname(file), 'receipts.head'), 'utf8')).toMatch(/^15 /);
+  });
+
+  test('with checkpoints by count only (interval 0), a database deleted under the log is still noticed by its own timer', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'receipts.db');
+    const log = open(file, s, { checkpointIntervalMs: 0, fileCheckMs: 50 });
+    await fill(log, 0, 2);
+    removeDb(file);
+    const failure = await new Promise<Error | undefined>((resolve) => {
+      const t = setInterval(() => log.failure && (clearInterval(t), resolve(log.failure)), 20);
+    });
+    expect(failure?.message).toMatch(/receipt log file .*receipts\.db was deleted or replaced while the node used it/);
+  });
+
+  test('a -wal that appears after the guard was made (a database\'s first write) is watched from then on', async () => {
+    const { FileGuard } = await import('../src/store/file-guard.ts');
+    const dir = tmp();
+    const db = path.join(dir, 'state.db');
+    fs.writeFileSync(db, '');
+    const guard = new FileGuard(db);
+    expect(guard.changed()).toBeUndefined();
+    fs.writeFileSync(`${db}-wal`, 'x');
+    expect(guard.changed()).toBeUndefined(); // now seen
+    fs.rmSync(`${db}-wal`);
+    expect(guard.changed()).toBe(`${db}-wal`);
+  });
+});
+
 describe.each([0, 2])('the database deleted while the log runs (%i signer threads)', (threads) => {
   test('receipts on their way when the log stops are refused, never acknowledged after the copy was taken, and none hangs', async () => {
     const s = seed();

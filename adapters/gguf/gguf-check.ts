@@ -169,8 +169,9 @@ export function checkGgufFile(file: string): GgufSummary {
       where = `${file}: metadata entry ${i} (${JSON.stringify(key.slice(0, 80))})`;
       const type = r.u32('its type');
       if (type === STRING) {
-        const v = r.string('its string value');
-        if (key === 'general.architecture') architecture = v;
+        // (only the architecture is read; other strings, a chat template of megabytes, are skipped)
+        if (key === 'general.architecture') architecture = r.string('its string value', 256);
+        else r.skipString('its string value');
       } else if (type === ARRAY) {
         const elem = r.u32('its array element type');
         if (elem === ARRAY) throw new GgufFileError(`${where}: an array of arrays, which GGUF does not have: a corrupt file`);

@@ -17,19 +17,22 @@ export function fileId(file: string): string | undefined {
 }
 
 export class FileGuard {
-  private readonly files: { path: string; id: string }[];
+  /** Each file, and its identity once it has been seen (a -wal appears at a database's first write). */
+  private readonly files: { path: string; id: string | undefined }[];
 
-  /** Remembers the database file and its -wal, as they are now. */
+  /** Watches the database file and its -wal, as they are now (or as they first appear). */
   constructor(dbPath: string) {
-    this.files = [dbPath, `${dbPath}-wal`].flatMap((p) => {
-      const id = fileId(p);
-      return id ? [{ path: p, id }] : [];
-    });
+    this.files = [dbPath, `${dbPath}-wal`].map((p) => ({ path: p, id: fileId(p) }));
   }
 
-  /** The first of them deleted or replaced since, if any. */
+  /** The first of them deleted or replaced since it was seen, if any. */
   changed(): string | undefined {
-    return this.files.find((f) => fileId(f.path) !== f.id)?.path;
+    for (const f of this.files) {
+      const now = fileId(f.path);
+      if (f.id === undefined) f.id = now; // (not there yet: watched from when it is)
+      else if (now !== f.id) return f.path;
+    }
+    return undefined;
   }
 }
 

@@ -50,6 +50,8 @@ export interface ReceiptLogOptions {
   checkpointIntervalMs?: number;
   /** Most receipts committed in one transaction (default 128). */
   maxBatch?: number;
+  /** How often it looks whether its files were deleted or replaced under it (default 10 s). */
+  fileCheckMs?: number;
   /**
    * Told of problems that do not stop the log (its checkpoint file cannot be read or written:
    * 'warn'), and of one that stops it outside any append (its files deleted under it: 'error').
@@ -124,6 +126,9 @@ export interface StoredCheckpoint {
   createdAt: number;
 }
 
+/** How often the log looks whether its files were deleted or replaced under it. */
+const FILE_CHECK_MS = 10_000;
+
 /** How many request ids the in-memory index keeps (about 100 bytes each). */
 const RECENT_REQUESTS = 200_000;
 
@@ -154,6 +159,7 @@ export class ReceiptLog {
   private broken: Error | undefined;
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
+  private fileTimer: NodeJS.Timeout | undefined;
   private commits = 0;
   /**
    * Request key → seqs of recent durable receipts. Every durable seq ≥ recentFloor is in it; older
@@ -170,6 +176,8 @@ export class ReceiptLog {
   private chainAt = Number.NEGATIVE_INFINITY;
   private chainTimer: NodeJS.Timeout | undefined;
   private durableHash: string;
+  /** Whether this process appended receipts (a reader, `log export`, never writes receipts.head). */
+  private appendedHere = false;
   /** The database and -wal files as opened: one deleted or replaced under the log stops it. */
   private readonly files: FileGuard;
   private readonly notice: (message: string, level?: 'warn' | 'error') => void;
@@ -279,10 +287,12 @@ export class ReceiptLog {
     }
     this.files = new FileGuard(opts.path);
     const interval = opts.checkpointIntervalMs ?? 10_000;
+    // Its files are looked at every 10 s whatever the checkpoint interval (0 turns only checkpoints by time off).
+    this.fileTimer = setInterval(() => this.checkFiles(), opts.fileCheckMs ?? FILE_CHECK_MS);
+    this.fileTimer.unref();
     if (interval > 0) {
       this.timer = setInterval(() => {
         if (this.broken) return;
-        this.checkFiles();
         if (this.tree.size <= this.lastCheckpointSize || this.broken) return;
         try {
           this.checkpoint();
@@ -416,6 +426,7 @@ export class ReceiptLog {
     this.commits++;
     const firstSeq = this.tree.size;
     this.durableHash = sha256Hex(items[items.length - 1]!.text);
+    this.appendedHere = true;
     items.forEach((p, i) => {
       this.keyFilter.add(firstSeq, requestKeys[i]!);
       // (the payload bytes went to the writer thread; the text is what the caller gets)
@@ -444,6 +455,8 @@ export class ReceiptLog {
     this.chainTimer = undefined;
     this.chainAt = performance.now();
     try {
+      // (only the appending process moves it, and only forward: a reader beside it never writes it)
+      if (!this.appendedHere || (readChainHead(this.chainFile)?.size ?? -1) > this.tree.size) return;
       writeChainHead(this.chainFile, this.tree.size, this.durableHash);
     } catch (e) {
       this.notice(`${this.chainFile} (how many receipts the log acknowledged) could not be written: ${(e as Error).message}; tried again with the next receipts`);
@@ -506,6 +519,13 @@ export class ReceiptLog {
   /** Keeps the latest checkpoint in the file beside the log (a failure is told, and tried again at the next). */
   private keepHead(size: number, note: string): void {
     if (size <= this.headSize) return;
+    // (another process on this log, `log export` beside a running node, may have kept a later one:
+    // the file only ever moves forward)
+    const kept = readHead(this.headFile, this.providerId);
+    if (kept.kind === 'head' && kept.size >= size) {
+      this.headSize = kept.size;
+      return;
+    }
     try {
       writeHead(this.headFile, note);
       this.headSize = size;
@@ -630,8 +650,9 @@ export class ReceiptLog {
     if (this.closed) return;
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
+    if (this.fileTimer) clearInterval(this.fileTimer);
     await this.flush();
-    if (this.chainTimer || this.tree.size > 0) this.writeChainHead();
+    if (this.appendedHere) this.writeChainHead();
     await this.signer.close();
     await this.writer.close();
     this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
