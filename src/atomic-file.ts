@@ -6,11 +6,13 @@ import path from 'node:path';
 /**
  * Writes `file` atomically: `write(fd)` fills a temporary file beside it (removed if anything
  * fails), which is fsynced and renamed into place. With `mode`, the file gets exactly that mode
- * whatever the umask. The caller fsyncs the folder when the rename itself must be durable. A file
+ * whatever the umask. The caller fsyncs the folder when the rename itself must be durable; with
+ * `fsync: false` the file is not fsynced either (a file that may be older after a power cut, never
+ * a part of one; see checkpoint-head.ts). A file
  * system error names `file` as its `path` (not the temporary file, nor nothing, as a write on a
  * descriptor would).
  */
-export function writeFileAtomic(file: string, write: (fd: number) => void, mode?: number): void {
+export function writeFileAtomic(file: string, write: (fd: number) => void, mode?: number, opts: { fsync?: boolean } = {}): void {
   const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.tmp`);
   let fd: number;
   try {
@@ -21,7 +23,7 @@ export function writeFileAtomic(file: string, write: (fd: number) => void, mode?
   try {
     write(fd);
     if (mode !== undefined) fs.fchmodSync(fd, mode);
-    fs.fsyncSync(fd);
+    if (opts.fsync !== false) fs.fsyncSync(fd);
   } catch (e) {
     fs.closeSync(fd);
     fs.rmSync(tmp, { force: true });

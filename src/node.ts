@@ -312,7 +312,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       models,
       priceVersion: prices.payload.version,
       state,
-      paidWorkRefused: () => diskLow,
+      paidWorkRefused: () => diskLow ?? state.stopped?.message.slice(0, 300),
       onInternalError: (err) => logger.error({ err: errSummary(err) }, 'request failed before any work (500 internal_error)'),
       observe: (e) => {
         metrics.requests.inc({ endpoint: e.endpoint, status: String(e.status) });
@@ -360,9 +360,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
-    // A model whose file was written over in place is refused (InferService) until a restart.
-    const modelProblems = () => [...(diskLow ? [diskLow] : []), ...[...models.values()].filter((m) => m.adapter.modelFileState?.() === 'modified').map((m) => modelFileModified(m).message)];
-    const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, modelProblems()] as const;
+    // Free space below receipts.min_free_mb, and a model whose file was written over in place (refused until a restart).
+    const workProblems = () => [...(diskLow ? [diskLow] : []), ...[...models.values()].filter((m) => m.adapter.modelFileState?.() === 'modified').map((m) => modelFileModified(m).message)];
+    const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, workProblems()] as const;
     /** Whether the node takes paid work now (the capacity snapshot and /status say it alike). */
     const accepting = () => workRefused(...standing()).length === 0;
     const capacitySnapshot = () => ({

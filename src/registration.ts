@@ -342,8 +342,8 @@ export function startRegistration(o: RegistrationOptions): Registration {
  * refused), or, when a marketplace URL is configured, while the market has not accepted the node
  * (it routes no new buyers to it). Tickets already issued are still served in that state.
  */
-export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error, modelProblems: readonly string[] = []): { ready: boolean; reasons: string[] } {
-  const reasons = workRefused(stopping, hasMarketKey, market, receiptLogFailure, stateFailure, modelProblems);
+export function readiness(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error, problems: readonly string[] = []): { ready: boolean; reasons: string[] } {
+  const reasons = workRefused(stopping, hasMarketKey, market, receiptLogFailure, stateFailure, problems);
   if (stopping) return { ready: false, reasons };
   if (market && !market.registered) {
     const e = market.last_error;
@@ -357,7 +357,7 @@ export function readiness(stopping: boolean, hasMarketKey: boolean, market: Mark
  * Why the node would refuse any new paid request now (empty: it takes work). The capacity
  * snapshot's `accepting` is this list being empty; /readyz adds the node's standing with the market.
  */
-export function workRefused(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error, modelProblems: readonly string[] = []): string[] {
+export function workRefused(stopping: boolean, hasMarketKey: boolean, market: MarketplaceStatus | undefined, receiptLogFailure?: Error, stateFailure?: Error, problems: readonly string[] = []): string[] {
   if (stopping) return ['stopping'];
   const reasons: string[] = [];
   if (receiptLogFailure) reasons.push(`the receipt log has stopped (${receiptLogFailure.message.slice(0, 600)}): paid requests are refused until a restart`);
@@ -367,6 +367,6 @@ export function workRefused(stopping: boolean, hasMarketKey: boolean, market: Ma
   else if (market?.ticket_key && !market.ticket_key.trusted) {
     reasons.push(`the marketplace at ${market.url} signs tickets with key ${market.ticket_key.public_key}, which is not in marketplace.public_keys: every ticket it issues would be refused`);
   }
-  reasons.push(...modelProblems);
+  reasons.push(...problems); // (the data dir's free space, a model file changed under it)
   return reasons;
 }

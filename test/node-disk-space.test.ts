@@ -5,12 +5,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
-import { parseConfig } from '../src/config.ts';
-import { createKeyFile } from '../src/identity.ts';
-import { lowDisk, startNode, type RunningNode } from '../src/node.ts';
+import { lowDisk, type RunningNode } from '../src/node.ts';
 import { createHost } from '../src/p2p/host.ts';
-import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { startTinyNode } from './helpers/node-config.ts';
 import { askNode, logLines } from './helpers/paid-ask.ts';
 import { testKey } from './helpers/receipts.ts';
 
@@ -32,13 +29,11 @@ describe('lowDisk', () => {
 });
 
 test('a node whose data dir has less free space than receipts.min_free_mb refuses paid work before the ticket is used, and says why', async () => {
-  createKeyFile(path.join(home, 'node.key'));
-  writeTinyLlama(path.join(home, 'tiny.gguf'));
   const logFile = path.join(home, 'node.log');
   const fd = fs.openSync(logFile, 'w');
   const buyer = await createHost({ seed: new Uint8Array(32).fill(3), listen: [] });
   try {
-    node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id, receipts: '{ signer_threads: 1, min_free_mb: 1073741824 }' }), home), { logDestination: fd });
+    node = await startTinyNode(home, { publicKey: market.id, receipts: '{ signer_threads: 1, min_free_mb: 1073741824 }' }, { logDestination: fd });
     const ready = await fetch(`${node.opsUrl}/readyz`);
     expect(ready.status).toBe(503);
     expect(((await ready.json()) as { reasons: string[] }).reasons).toContainEqual(expect.stringMatching(/^the data dir's file system has \d+ MiB free, less than receipts\.min_free_mb/));

@@ -9,12 +9,10 @@ import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, expect, test } from 'vitest';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { parseConfig } from '../src/config.ts';
-import { createKeyFile } from '../src/identity.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
 import { createHost } from '../src/p2p/host.ts';
-import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { startTinyNode, tinyNodeConfigYaml } from './helpers/node-config.ts';
 import { askNode, logLines } from './helpers/paid-ask.ts';
 import { testKey } from './helpers/receipts.ts';
 import { waitFor } from './helpers/wait.ts';
@@ -28,13 +26,11 @@ afterAll(async () => {
 });
 
 test('deleted while running: within 5 s paid work is refused (503 no_capacity, before the ticket is used), /readyz says why, its records are copied out; a restart without it says so', async () => {
-  createKeyFile(path.join(home, 'node.key'));
-  writeTinyLlama(path.join(home, 'tiny.gguf'));
   const logFile = path.join(home, 'node.log');
   const fd = fs.openSync(logFile, 'w');
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
   try {
-    node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.id }), home), { logDestination: fd });
+    node = await startTinyNode(home, { publicKey: market.id }, { logDestination: fd });
     const ask = (key?: string) => askNode(buyer, node!, market, key ? { idempotencyKey: key } : {});
     expect((await ask('retry-me')).head.status).toBe(200);
     const state = path.join(home, 'data', 'state.db');

@@ -37,13 +37,17 @@ async function fill(l: ReceiptLog, from: number, n: number): Promise<void> {
   for (let i = from; i < from + n; i++) await l.append(syntheticReceiptBody(i));
 }
 const removeDb = (file: string) => ['', '-wal', '-shm'].forEach((x) => fs.rmSync(file + x, { force: true }));
+/** A new log in a new folder: its seed, folder, database path and the open log. */
+function freshLog(extra: Partial<Parameters<typeof ReceiptLog.open>[0]> = {}): { s: Uint8Array; dir: string; file: string; log: ReceiptLog } {
+  const s = seed();
+  const dir = tmp();
+  const file = path.join(dir, 'receipts.db');
+  return { s, dir, file, log: open(file, s, extra) };
+}
 
 describe('a log that lost receipts it signed a checkpoint over is refused at open', () => {
   test('the database replaced by an older copy (the newer receipts were in the lost -wal file): log_behind, naming both sizes and what to do', async () => {
-    const s = seed();
-    const dir = tmp();
-    const file = path.join(dir, 'receipts.db');
-    const log = open(file, s);
+    const { s, dir, file, log } = freshLog();
     await fill(log, 0, 5);
     await closeLog(log); // checkpoint 5
     fs.copyFileSync(file, path.join(dir, 'older.db'));
@@ -75,10 +79,7 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
   });
 
   test('a log whose -wal file is cut short after a crash is refused, and opens again once the file is back', async () => {
-    const s = seed();
-    const dir = tmp();
-    const file = path.join(dir, 'receipts.db');
-    const log = open(file, s);
+    const { s, dir, log } = freshLog();
     await fill(log, 0, 6);
     log.checkpoint(); // 6, kept beside the log; the receipts are still in the -wal file
     // The state a crash leaves (the connection never closed), copied aside.
@@ -95,10 +96,7 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
   });
 
   test('receipts acknowledged after the last checkpoint count too: a log that lost them (its -wal after a crash) is refused, though its checkpoint still holds', async () => {
-    const s = seed();
-    const dir = tmp();
-    const file = path.join(dir, 'receipts.db');
-    const log = open(file, s);
+    const { s, dir, file, log } = freshLog();
     await fill(log, 0, 6);
     log.checkpoint(); // 6
     // The files as they were then: what a -wal that lost its last frames leaves behind.
@@ -125,9 +123,7 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
   });
 
   test('no checkpoint file yet (a log from before it existed): written at open; an unreadable one is reported and written again', async () => {
-    const s = seed();
-    const file = path.join(tmp(), 'receipts.db');
-    const log = open(file, s);
+    const { s, file, log } = freshLog();
     await fill(log, 0, 4);
     await closeLog(log);
     fs.rmSync(headPath(file));
@@ -147,9 +143,7 @@ describe('a log that lost receipts it signed a checkpoint over is refused at ope
 
 describe('the files beside the log only move forward, and are watched however the log is set up', () => {
   test('a reader beside the appending log (log export) never moves receipts.checkpoint or receipts.head back', async () => {
-    const s = seed();
-    const file = path.join(tmp(), 'receipts.db');
-    const node = open(file, s, { checkpointEvery: 1_000_000 });
+    const { s, file, log: node } = freshLog({ checkpointEvery: 1_000_000 });
     await fill(node, 0, 10);
     const reader = open(file, s); // its snapshot: 10 receipts
     await fill(node, 10, 5);
@@ -162,9 +156,7 @@ describe('the files beside the log only move forward, and are watched however th
   });
 
   test('with checkpoints by count only (interval 0), a database deleted under the log is still noticed by its own timer', async () => {
-    const s = seed();
-    const file = path.join(tmp(), 'receipts.db');
-    const log = open(file, s, { checkpointIntervalMs: 0, fileCheckMs: 50 });
+    const { file, log } = freshLog({ checkpointIntervalMs: 0, fileCheckMs: 50 });
     await fill(log, 0, 2);
     removeDb(file);
     const failure = await new Promise<Error | undefined>((resolve) => {
@@ -189,9 +181,7 @@ describe('the files beside the log only move forward, and are watched however th
 
 describe.each([0, 2])('the database deleted while the log runs (%i signer threads)', (threads) => {
   test('receipts on their way when the log stops are refused, never acknowledged after the copy was taken, and none hangs', async () => {
-    const s = seed();
-    const file = path.join(tmp(), 'receipts.db');
-    const log = open(file, s, { threads });
+    const { file, log } = freshLog({ threads });
     await fill(log, 0, 3);
     log.checkpoint();
     await fill(log, 3, 1);
@@ -205,10 +195,7 @@ describe.each([0, 2])('the database deleted while the log runs (%i signer thread
 
 
   test('the log stops at its next checkpoint; the receipts acknowledged meanwhile are copied out, and the copy opens as the whole log', async () => {
-    const s = seed();
-    const dir = tmp();
-    const file = path.join(dir, 'receipts.db');
-    const log = open(file, s, { threads });
+    const { s, dir, file, log } = freshLog({ threads });
     await fill(log, 0, 3);
     log.checkpoint();
     removeDb(file);

@@ -86,7 +86,7 @@ export interface InferServiceOptions {
   onInternalError?: (e: unknown) => void;
   /** Paces free requests (default: at most a quarter of the time; see FreeWorkPace). */
   freePace?: FreeWorkPace;
-  /** Why the node takes no paid work now (its disk nearly full), if so: refused 503 no_capacity before the ticket is used. */
+  /** Why the node takes no paid work now (its disk nearly full, its state store gone), if so: refused 503 no_capacity before the ticket is used. */
   paidWorkRefused?: () => string | undefined;
 }
 
@@ -314,8 +314,6 @@ export class InferService {
     try {
       // (before the ticket is used: another provider can take the request)
       if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
-      const stopped = this.o.state?.stopped;
-      if (stopped) throw new Refusal(503, 'no_capacity', `the node cannot record this request (${stopped.message.slice(0, 200)}); another provider can take it`);
       const refused = this.o.paidWorkRefused?.();
       if (refused) throw new Refusal(503, 'no_capacity', `${refused}; another provider can take it`);
       const t = req.head.ticket;

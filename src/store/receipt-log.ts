@@ -175,7 +175,8 @@ export class ReceiptLog {
   private readonly chainFile: string;
   private chainAt = Number.NEGATIVE_INFINITY;
   private chainTimer: NodeJS.Timeout | undefined;
-  private durableHash: string;
+  /** The latest durable payload (its hash goes into receipts.head when that is written). */
+  private durablePayload: string | Uint8Array | undefined;
   /** Whether this process appended receipts (a reader, `log export`, never writes receipts.head). */
   private appendedHere = false;
   /** The database and -wal files as opened: one deleted or replaced under the log stops it. */
@@ -229,12 +230,13 @@ export class ReceiptLog {
         const cp = this.db.prepare<[], { size: number; root: Uint8Array }>('SELECT size, root FROM checkpoints ORDER BY size DESC LIMIT 1').get();
         return { tree, last, cp };
       });
+      this.stmt = prepareStatements(this.db);
       const { tree, last, cp } = read();
       this.tree = tree;
       this.nextSeq = this.tree.size;
       this.recentFloor = this.tree.size;
       this.lastPayloadHash = last ? sha256Hex(last) : GENESIS_PREV;
-      this.durableHash = this.lastPayloadHash;
+      this.durablePayload = last;
       this.lastCheckpointSize = cp?.size ?? 0;
       if (cp && (cp.size > this.tree.size || toHex(this.tree.root(cp.size)) !== toHex(cp.root))) {
         throw new ReceiptLogError('log_corrupt', `receipt log ${opts.path} no longer matches its checkpoint of size ${cp.size}`);
@@ -248,8 +250,8 @@ export class ReceiptLog {
       }
       if (acknowledged && acknowledged.size > 0) {
         const lost = acknowledged.size > this.tree.size ? `it holds ${this.tree.size} receipts, but had acknowledged ${acknowledged.size}` : undefined;
-        const at = lost ? undefined : payloadAt(this.db, acknowledged.size - 1);
-        const other = at && sha256Hex(at) !== acknowledged.lastPayloadSha256 ? `its receipt seq ${acknowledged.size - 1} is not the one it acknowledged` : undefined;
+        const at = lost ? undefined : this.batchAt(acknowledged.size - 1);
+        const other = at && sha256Hex(batchItem(at.batch, at.index).payload) !== acknowledged.lastPayloadSha256 ? `its receipt seq ${acknowledged.size - 1} is not the one it acknowledged` : undefined;
         if (lost || other) {
           throw new ReceiptLogError('log_behind', `receipt log ${opts.path} has lost receipts: ${lost ?? other} (kept in ${this.chainFile}). Its database or -wal file was deleted, cut short or replaced by an older copy, and buyers may hold the receipts it lost. Put the missing files back (from a backup, or the -wal file beside its database) and start again. If they are gone for good, start over with a new key (seller-node init): serving on under this key would sign other receipts under the same seqs.`);
         }
@@ -261,7 +263,6 @@ export class ReceiptLog {
       this.db.close();
       throw e;
     }
-    this.stmt = prepareStatements(this.db);
     this.notice = (m, level = 'warn') => {
       try {
         opts.onNotice?.(m, level);
@@ -425,7 +426,7 @@ export class ReceiptLog {
   private settle({ items, requestKeys }: Batch, signed: SignedBatch): void {
     this.commits++;
     const firstSeq = this.tree.size;
-    this.durableHash = sha256Hex(items[items.length - 1]!.text);
+    this.durablePayload = items[items.length - 1]!.text;
     this.appendedHere = true;
     items.forEach((p, i) => {
       this.keyFilter.add(firstSeq, requestKeys[i]!);
@@ -456,8 +457,9 @@ export class ReceiptLog {
     this.chainAt = performance.now();
     try {
       // (only the appending process moves it, and only forward: a reader beside it never writes it)
-      if (!this.appendedHere || (readChainHead(this.chainFile)?.size ?? -1) > this.tree.size) return;
-      writeChainHead(this.chainFile, this.tree.size, this.durableHash);
+      // (only the process that appends moves it: a reader beside it, `log export`, never writes it)
+      if (!this.appendedHere || this.durablePayload === undefined) return;
+      writeChainHead(this.chainFile, this.tree.size, sha256Hex(this.durablePayload));
     } catch (e) {
       this.notice(`${this.chainFile} (how many receipts the log acknowledged) could not be written: ${(e as Error).message}; tried again with the next receipts`);
     }
@@ -663,11 +665,4 @@ export class ReceiptLog {
       this.db.close();
     }
   }
-}
-
-/** The payload bytes of the receipt at `seq`, read straight from its batch row (at open, before the statements exist). */
-function payloadAt(db: Database.Database, seq: number): Uint8Array | undefined {
-  const r = db.prepare<[number], BatchRow>('SELECT * FROM receipt_batches WHERE first_seq <= ? ORDER BY first_seq DESC LIMIT 1').get(seq);
-  if (!r || seq >= r.first_seq + r.count) return undefined;
-  return batchItem(rowToBatch(r), seq - r.first_seq).payload;
 }

@@ -44,9 +44,9 @@ export function tinyNodeConfigYaml(c: TinyNodeConfig): string {
 }
 
 /** A node in a new folder `home` (its key, the tiny model, `tinyNodeConfigYaml(c)`), started in-process. */
-export async function startTinyNode(home: string, c: TinyNodeConfig): Promise<RunningNode> {
+export async function startTinyNode(home: string, c: TinyNodeConfig, opts: { logDestination?: number } = {}): Promise<RunningNode> {
   fs.mkdirSync(home, { recursive: true });
   createKeyFile(path.join(home, 'node.key'));
   writeTinyLlama(path.join(home, 'tiny.gguf'));
-  return startNode(parseConfig(tinyNodeConfigYaml(c), home));
+  return startNode(parseConfig(tinyNodeConfigYaml(c), home), opts);
 }
