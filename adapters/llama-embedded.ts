@@ -45,6 +45,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private context: LlamaContext | undefined;
   /** The model file as it was when loaded and hashed. */
   private loadedFile: FileIdentity | undefined;
+  private fileState: ModelFileState = 'unchanged';
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
@@ -83,6 +84,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       const after = fileIdentity(this.opts.modelPath);
       if (!before || !after || modelFileState(before, after) !== 'unchanged') throw new Error(`model file ${this.opts.modelPath} changed while it was loaded and hashed: start again once it is complete`);
       this.loadedFile = after;
+      this.fileState = 'unchanged';
       await this.open(llama, loaded.value, hashed.value, slots);
     } catch (e) {
       await this.stop().catch(() => undefined);
@@ -125,7 +127,9 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   /** What became of the model file since it was loaded (see model-file.ts); `unchanged` before a load. */
   modelFileState(): ModelFileState {
-    return this.loadedFile ? modelFileState(this.loadedFile, fileIdentity(this.opts.modelPath)) : 'unchanged';
+    // Modified stays modified: the weights in memory were touched, whatever becomes of the file after.
+    if (this.fileState !== 'modified' && this.loadedFile) this.fileState = modelFileState(this.loadedFile, fileIdentity(this.opts.modelPath));
+    return this.fileState;
   }
 
   async stop(): Promise<void> {

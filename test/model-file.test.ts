@@ -57,6 +57,11 @@ describe('the embedded runtime watches the file it loaded', () => {
       expect(adapter.modelFileState()).toBe('unchanged');
       fs.appendFileSync(model, Buffer.alloc(32)); // in place: same inode, the mapped pages untouched
       expect(adapter.modelFileState()).toBe('modified');
+      // Deleted or renamed over afterwards, it stays modified: the weights in memory were touched.
+      const moved = path.join(dir, 'moved.gguf');
+      fs.renameSync(model, moved);
+      expect(adapter.modelFileState()).toBe('modified');
+      fs.renameSync(moved, model);
     } finally {
       await adapter.stop();
     }

@@ -283,8 +283,7 @@ function generation(o: Obj, maxNames: readonly string[]): GenerationParams {
   if (set(o.stream_options) && !stream) throw new ContractError('stream_options', 'only allowed with stream: true');
   const so = set(o.stream_options) ? object(o.stream_options, 'stream_options') : {};
   for (const k of Object.keys(so)) if (k !== 'include_usage' && k !== 'include_obfuscation') throw new ContractError(`stream_options.${k.slice(0, 64)}`, 'not a stream option (it would be ignored)');
-  if (so.include_obfuscation === true) throw new ContractError('stream_options.include_obfuscation', 'obfuscation padding is not supported (only false)');
-  optBool(so.include_obfuscation, 'stream_options.include_obfuscation');
+  if (optBool(so.include_obfuscation, 'stream_options.include_obfuscation') === true) throw new ContractError('stream_options.include_obfuscation', 'obfuscation padding is not supported (only false)');
   const includeUsage = optBool(so.include_usage, 'stream_options.include_usage') ?? false;
   let stop: string[] = [];
   if (typeof o.stop === 'string') {

@@ -12,14 +12,18 @@
 // that is whole. A file that does not verify under the log's key is reported, not trusted.
 import fs from 'node:fs';
 import path from 'node:path';
-import { toBase64 } from '../../attestation/bytes.ts';
+import { bytesEqual } from '../../attestation/bytes.ts';
 import { receiptLogKey, verifyCheckpoint } from '../../attestation/checkpoint.ts';
 import { writeFileAtomic } from '../atomic-file.ts';
 
 /** receipts.db → receipts.checkpoint (a name no "receipts.db*" pattern takes with the database). */
 export function headPath(dbPath: string): string {
-  const base = path.basename(dbPath).replace(/\.db$/, '');
-  return path.join(path.dirname(dbPath), `${base}.checkpoint`);
+  return siblingPath(dbPath, 'checkpoint');
+}
+
+/** receipts.db → receipts.<ext>, beside it. */
+function siblingPath(dbPath: string, ext: string): string {
+  return path.join(path.dirname(dbPath), `${path.basename(dbPath).replace(/\.db$/, '')}.${ext}`);
 }
 
 export type Head = { kind: 'none' } | { kind: 'unreadable'; why: string } | { kind: 'head'; size: number; rootHash: Uint8Array; note: string };
@@ -47,7 +51,7 @@ export function writeHead(file: string, note: string): void {
 /** Why a log of `size` receipts whose root at `head.size` is `rootAt` cannot be the log that signed `head`, or undefined when it can. */
 export function headMismatch(head: { size: number; rootHash: Uint8Array }, size: number, rootAt: (size: number) => Uint8Array): string | undefined {
   if (size < head.size) return `it holds ${size} receipts, but this key signed a checkpoint over ${head.size}`;
-  if (toBase64(rootAt(head.size)) !== toBase64(head.rootHash)) return `its first ${head.size} receipts are not the ones this key signed a checkpoint over`;
+  if (!bytesEqual(rootAt(head.size), head.rootHash)) return `its first ${head.size} receipts are not the ones this key signed a checkpoint over`;
   return undefined;
 }
 
@@ -59,7 +63,7 @@ export function headMismatch(head: { size: number; rootHash: Uint8Array }, size:
 
 /** receipts.db → receipts.head. */
 export function chainHeadPath(dbPath: string): string {
-  return headPath(dbPath).replace(/\.checkpoint$/, '.head');
+  return siblingPath(dbPath, 'head');
 }
 
 /** The count and last payload hash kept at `file`; undefined when there is none or it cannot be read (it only ever protects). */

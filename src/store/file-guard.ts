@@ -5,15 +5,12 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type Database from 'better-sqlite3';
+import { fileIdentity } from '../../adapters/model-file.ts';
 
 /** A file's device and inode ("dev:ino"), or undefined when it is not there. */
 export function fileId(file: string): string | undefined {
-  try {
-    const st = fs.statSync(file);
-    return `${st.dev}:${st.ino}`;
-  } catch {
-    return undefined;
-  }
+  const id = fileIdentity(file);
+  return id && `${id.dev}:${id.ino}`;
 }
 
 export class FileGuard {

@@ -194,6 +194,13 @@ export class ReceiptLog {
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
     this.path = opts.path;
     this.maxBatch = opts.maxBatch ?? 128;
+    this.notice = (m, level = 'warn') => {
+      try {
+        opts.onNotice?.(m, level);
+      } catch {
+        // a notice must not break the log
+      }
+    };
     this.db = openDb(opts.path);
     try {
       this.db.exec(SCHEMA);
@@ -257,19 +264,12 @@ export class ReceiptLog {
         }
       }
       if (head.kind === 'unreadable') {
-        (opts.onNotice ?? (() => undefined))(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`, 'warn');
+        this.notice(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`, 'warn');
       }
     } catch (e) {
       this.db.close();
       throw e;
     }
-    this.notice = (m, level = 'warn') => {
-      try {
-        opts.onNotice?.(m, level);
-      } catch {
-        // a notice must not break the log
-      }
-    };
     // A log that signed checkpoints before its checkpoint file existed (an upgrade) gets it now.
     const latest = this.latestCheckpoint();
     if (latest && latest.size > this.headSize) this.keepHead(latest.size, latest.note);
@@ -293,7 +293,6 @@ export class ReceiptLog {
     this.fileTimer.unref();
     if (interval > 0) {
       this.timer = setInterval(() => {
-        if (this.broken) return;
         if (this.tree.size <= this.lastCheckpointSize || this.broken) return;
         try {
           this.checkpoint();
