@@ -274,6 +274,24 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     await expectNothingSettled(before);
   });
 
+  test('the same misstated rates on a receipt found in the node\'s log (the stream broke off before its TRAILER): recorded bad_market_response too, never settled', async () => {
+    proxy.ticket = (g) => ({ ...g, rates: { ...(g as { rates: object }).rates, output_per_mtok: '1' } });
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data('{"id":"chatcmpl-scripted","object":"chat.comp');
+      await ex.logReceipt({ status: 'failed', usage: { input_tokens: 7, output_tokens: 1 } });
+      ex.reset();
+    };
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('misstated, broke off'), toScripted()), 502, 'bad_provider_response', /broke off/);
+    const rec = await waitFor('the record of the receipt from the log', async () => {
+      const r = await record(e.id);
+      return r.error?.code === 'bad_market_response' ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'failed', settled: false, receipt: null, error: { message: expect.stringMatching(/the marketplace stated price version p-[0-9a-f]{16}'s rates/) } });
+    await expectNothingSettled(before);
+  });
+
   test('streamed: [DONE] is held until the receipt verifies; a bad one ends the stream with a bad_provider_response event instead; recorded, never settled', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(SSE_HEAD);

@@ -234,7 +234,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${path.slice(0, 200)}`));
   });
 
-  const relay = new Relay({ settlements, records, host, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
+  const relay = new Relay({ settlements, records, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
   registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates });

@@ -120,7 +120,7 @@ export class Reconciler {
         return job.tries >= 2 ? records.dropJob(job.request_id) : this.later(job);
       }
       if (!found.ok) {
-        records.fail(job.request_id, 'bad_provider_response', { code: 'bad_provider_response', message: found.message }); // (ends its job)
+        await settlements.failBadReceipt(job.request_id, { provider: job.provider, target: job.target.map((a) => multiaddr(a)) }, found); // (ends its job)
         return;
       }
       log.info({ request_id: job.request_id, status: found.payload.status, cost_micro_usd: found.payload.cost_micro_usd }, "a receipt found in the provider's log after the request ended; settling it");

@@ -19,15 +19,11 @@ import { isObj } from './request-body.ts';
 import type { Settlements, VerifiedReceipt } from './settlement.ts';
 import { endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT } from './sse-events.ts';
 import type { Paid } from './tickets.ts';
-import type { Host } from '../p2p/host.ts';
-import { providerListBacksReceipt } from './price-dispute.ts';
 
 
 export interface RelayDeps {
   settlements: Settlements;
   records: RequestRecords;
-  /** The gateway's libp2p host: a receipt whose rates are disputed is checked against its provider's signed price list. */
-  host: Host;
   /** How long a buyer may leave a stream unread before it counts as gone (default: never). */
   buyerIdleMs?: number;
 }
@@ -62,13 +58,7 @@ export class Relay {
   private async checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): Promise<Extract<CheckedReceipt, { ok: true }> | { ok: false; code: string; message: string }> {
     const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
     if (checked.ok) return checked;
-    let failure = { code: 'bad_provider_response', message: checked.message };
-    const d = checked.disputedRates;
-    if (d && (await providerListBacksReceipt(this.d.host, p, d))) {
-      failure = { code: 'bad_market_response', message: `the marketplace stated price version ${d.version}'s rates for ${d.model.slice(0, 256)} as ${JSON.stringify(d.market).slice(0, 200)}, but the provider's signed price list has ${JSON.stringify(d.receipt).slice(0, 200)}, as its receipt bills` };
-    }
-    this.d.records.fail(p.requestId, failure.code === 'bad_market_response' ? 'failed' : 'bad_provider_response', failure);
-    return { ok: false, ...failure };
+    return { ok: false, ...(await this.d.settlements.failBadReceipt(p.requestId, p, checked)) };
   }
 
   async relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch): Promise<unknown> {

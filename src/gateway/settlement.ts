@@ -11,6 +11,7 @@ import { GatewayError } from './errors.ts';
 import type { GatewayLogger } from './gateway-logger.ts';
 import type { MarketClient } from './market-client.ts';
 import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
+import { providerListBacksReceipt, type DisputedRates } from './price-dispute.ts';
 import type { RequestRecords } from './records.ts';
 import type { Paid } from './tickets.ts';
 
@@ -161,6 +162,22 @@ export class Settlements {
     void this.track(id, this.settle(id, r, askedAs));
   }
 
+  /**
+   * Records a receipt that did not check out, wherever it was found (a TRAILER, the node's log):
+   * the provider's fault (bad_provider_response), unless only its rates differ from what the market
+   * stated and the provider's signed price list has the receipt's rates: then the market misstated
+   * them (bad_market_response, the record `failed`). Nothing is settled either way.
+   */
+  async failBadReceipt(requestId: string, at: Pick<Paid, 'provider' | 'target'>, checked: { message: string; disputedRates?: DisputedRates }): Promise<{ code: string; message: string }> {
+    let failure = { code: 'bad_provider_response', message: checked.message };
+    const d = checked.disputedRates;
+    if (d && (await providerListBacksReceipt(this.d.host, at, d))) {
+      failure = { code: 'bad_market_response', message: `the marketplace stated price version ${d.version}'s rates for ${d.model.slice(0, 256)} as ${JSON.stringify(d.market).slice(0, 200)}, but the provider's signed price list has ${JSON.stringify(d.receipt).slice(0, 200)}, as its receipt bills` };
+    }
+    this.d.records.fail(requestId, failure.code === 'bad_market_response' ? 'failed' : 'bad_provider_response', failure);
+    return failure;
+  }
+
   /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
   settleFromNode(p: Paid, why: EarlyEnd): Promise<void> {
     const { records, log } = this.d;
@@ -176,7 +193,7 @@ export class Settlements {
           // would never be settled.
           records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
         } else if (!c.ok) {
-          records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: c.message });
+          await this.failBadReceipt(p.requestId, p, c);
         } else {
           await this.settle(p.requestId, c);
         }
