@@ -5,4 +5,3 @@ export const GATEWAY_DEFAULT_PORT = 11435;
 export const PROVIDER_IDLE_DEFAULT_MS = 120_000;
 /** How long a buyer may leave a streamed answer unread before the gateway takes them for gone. */
 export const BUYER_IDLE_DEFAULT_MS = 120_000;
-export { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS } from '../http-deadline.ts';

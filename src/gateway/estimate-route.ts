@@ -13,7 +13,7 @@ import { GatewayError, invalid } from './errors.ts';
 import { canonicalBodySha256, ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
 import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
-import { bodyBytes, isObj } from './request-body.ts';
+import { bodyBytes, decodeJson, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
 import { askTokens, ProviderUnreached } from './token-routes.ts';
 
@@ -23,13 +23,9 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
   app.post('/v1/estimates', async (req, reply) => {
     for (const [h, name] of Object.entries(REFUSED_HEADERS)) if (req.headers[h] !== undefined) throw invalid(name, 'not accepted on /estimates');
     const controls = parseRoutingHeaders(req.headers);
-    let ask: { endpoint?: unknown; body?: unknown };
-    try {
-      // (Read as the node reads a body: UTF-8, a leading BOM dropped.)
-      ask = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bodyBytes(req))) as typeof ask;
-    } catch {
-      throw invalid('body', 'expected a JSON object {endpoint, body}');
-    }
+    const decoded = decodeJson(bodyBytes(req));
+    if (!decoded) throw invalid('body', 'expected a JSON object {endpoint, body}');
+    const ask = decoded.value as { endpoint?: unknown; body?: unknown }; // (null: no endpoint, refused next)
     const endpoint = typeof ask?.endpoint === 'string' && Object.hasOwn(ESTIMATE_ENDPOINTS, ask.endpoint) ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
     if (!endpoint) throw invalid('endpoint', `expected one of ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')}`);
     if (!isObj(ask.body)) throw invalid('body', 'expected the request body of that endpoint');

@@ -45,11 +45,11 @@ import { Settlements } from './settlement.ts';
 import { Reconciler } from './reconcile.ts';
 import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
-import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, MAX_CONNECTIONS_DEFAULT, PROVIDER_IDLE_DEFAULT_MS, REQUEST_TIMEOUT_DEFAULT_MS } from './defaults.ts';
+import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
 import { apiKeyCheck } from './api-keys.ts';
 import { LineBudget } from '../ops/line-budget.ts';
-import { requestDeadlineOptions } from '../http-deadline.ts';
+import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
 
 export { GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS };
 
@@ -104,8 +104,6 @@ export interface GatewayOptions {
   buyerIdleMs?: number;
   /** The whole request (headers and body) must arrive within this (default 60 s). */
   requestTimeoutMs?: number;
-  /** Connections beyond this are closed as they arrive (default 1024). */
-  maxConnections?: number;
   /** Bytes of request bodies held at once while they arrive (default 256 MiB); more is 503 gateway_busy. */
   bodyBudgetBytes?: number;
   /**
@@ -253,7 +251,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
 
   // More connections than this are closed as they arrive, before the process runs out of file
   // descriptors (which the market, the nodes and the records file need too).
-  app.server.maxConnections = opts.maxConnections ?? MAX_CONNECTIONS_DEFAULT;
+  app.server.maxConnections = MAX_CONNECTIONS_DEFAULT;
   try {
     await app.listen({ host: listenHost, port: opts.port ?? GATEWAY_DEFAULT_PORT });
   } catch (e) {

@@ -42,8 +42,8 @@ export function isLoopbackHostHeader(host: string): boolean {
   return name === 'localhost' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(name) || name === '[::1]' || /^\[::ffff:7f[0-9a-f]{2}:[0-9a-f]{1,4}\]$/.test(name);
 }
 
-/** The onRequest hook that applies the rules above; `reserved()` is what the budget holds now. */
-export function httpGuard(opts: HttpGuardOptions): { onRequest: (req: FastifyRequest, reply: FastifyReply) => Promise<void>; reserved: () => number } {
+/** The onRequest hook that applies the rules above. */
+export function httpGuard(opts: HttpGuardOptions): { onRequest: (req: FastifyRequest, reply: FastifyReply) => Promise<void> } {
   const budget = opts.budgetBytes ?? BODY_BUDGET_DEFAULT_BYTES;
   const loopbackOnly = isLoopbackHost(opts.listenHost);
   let reserved = 0;
@@ -79,5 +79,5 @@ export function httpGuard(opts: HttpGuardOptions): { onRequest: (req: FastifyReq
     req.raw.once('end', release);
     reply.raw.once('close', release);
   };
-  return { onRequest, reserved: () => reserved };
+  return { onRequest };
 }

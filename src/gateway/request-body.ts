@@ -10,14 +10,20 @@ export function bodyBytes(req: FastifyRequest): Buffer {
   return Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
 }
 
+/** A body's JSON value, read as the node reads one (UTF-8, a leading BOM dropped); undefined when it is not UTF-8 JSON. */
+export function decodeJson(body: Uint8Array): { value: unknown } | undefined {
+  try {
+    return { value: JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body)) };
+  } catch {
+    return undefined;
+  }
+}
+
 /** The model a body names: enough to ask for a ticket. */
 export function peekModel(body: Uint8Array): string {
-  let value: unknown;
-  try {
-    value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
-  } catch {
-    throw invalid('body', 'expected UTF-8 JSON');
-  }
+  const decoded = decodeJson(body);
+  if (!decoded) throw invalid('body', 'expected UTF-8 JSON');
+  const value = decoded.value;
   if (!isObj(value)) throw invalid('body', 'expected a JSON object');
   if (typeof value.model !== 'string' || value.model.length === 0 || value.model.length > 256) throw invalid('model', 'expected a model id');
   return value.model;
