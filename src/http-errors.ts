@@ -4,7 +4,6 @@
 import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyServerOptions } from 'fastify';
-import { enforceRequestDeadline } from './http-deadline.ts';
 import { errorBody, JSON_TYPE } from './service-error.ts';
 
 /**
@@ -76,13 +75,11 @@ export function clientErrorHandler(badRequestCode: string, log?: () => FastifyBa
 }
 
 /**
- * What every HTTP server of the project adds before it listens: the request deadline Node is to
- * enforce (http-deadline.ts), and its error body for the two requests Node would answer bare, with
- * no body: an `Expect` other than 100-continue (417) and an HTTP/1.1 request without `Host` (400;
+ * What every HTTP server of the project adds before it listens (its deadline is in its options:
+ * requestDeadlineOptions): its error body for the two requests Node would answer bare, with no body: an `Expect` other than 100-continue (417) and an HTTP/1.1 request without `Host` (400;
  * requestDeadlineOptions turns Node's own check off so that this one answers).
  */
-export function answerBareRefusals(app: FastifyInstance, badRequestCode: string, requestTimeoutMs: number): void {
-  enforceRequestDeadline(app.server, requestTimeoutMs);
+export function answerBareRefusals(app: FastifyInstance, badRequestCode: string): void {
   app.server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
     const text = JSON.stringify(errorBody('expectation_failed', `Expect: ${JSON.stringify(String(req.headers.expect).slice(0, 40))} is not supported (only 100-continue)`));
     res.writeHead(417, { 'content-type': JSON_TYPE, 'content-length': Buffer.byteLength(text), connection: 'close' }).end(text);

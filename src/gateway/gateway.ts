@@ -213,7 +213,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     });
   });
   // (After the request line above is set up, so a refused request is logged like any other.)
-  answerBareRefusals(app, 'invalid_request', requestTimeoutMs);
+  answerBareRefusals(app, 'invalid_request');
   app.addHook('onRequest', guard.onRequest);
   if (opts.apiKeys !== undefined) app.addHook('onRequest', apiKeyCheck(opts.apiKeys));
 

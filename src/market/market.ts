@@ -75,7 +75,7 @@ export function createMarket(opts: MarketOptions): Market {
     routerOptions: { maxParamLength: 256 },
     clientErrorHandler: clientErrorHandler('invalid_request', () => app.log),
   });
-  answerBareRefusals(app, 'invalid_request', requestTimeoutMs);
+  answerBareRefusals(app, 'invalid_request');
   registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now: opts.now ?? Date.now, heartbeatIntervalMs });
 
   return {

@@ -151,7 +151,7 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
     frameworkErrors: (err, _req, reply) => frameworkErrorReply(err, reply, 'bad_request'),
     clientErrorHandler: clientErrorHandler('bad_request', () => app.log),
   });
-  answerBareRefusals(app, 'bad_request', requestTimeoutMs);
+  answerBareRefusals(app, 'bad_request');
 
   /** Runs a caller's callback; any failure becomes a safe 500 and is logged server-side. */
   async function call<T>(name: string, fn: () => MaybePromise<T>, log: FastifyBaseLogger): Promise<T> {
