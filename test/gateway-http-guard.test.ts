@@ -170,7 +170,7 @@ describe('API keys (--api-keys-file)', () => {
     try {
       const f = path.join(dir, 'keys');
       fs.writeFileSync(f, `# buyers\n${KEY}\n\n  sk-svc-v1-fedcba9876543210  \n`);
-      expect(readApiKeysFile(f)).toEqual([KEY, 'sk-svc-v1-fedcba9876543210']);
+      expect(readApiKeysFile(f)).toEqual([{ key: KEY }, { key: 'sk-svc-v1-fedcba9876543210' }]);
       fs.writeFileSync(f, `${KEY}\nshort\n`);
       expect(() => readApiKeysFile(f)).toThrow(`${f}:2: an API key is 16 to 256 visible ASCII characters, without spaces`);
       fs.writeFileSync(f, '# nothing\n');

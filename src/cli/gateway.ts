@@ -6,7 +6,7 @@ import { isLoopbackHost, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { CliError, intOption } from './cli-error.ts';
-import { readApiKeysFile } from '../gateway/api-keys.ts';
+import { readApiKeysFile, type ApiKeySpec } from '../gateway/api-keys.ts';
 import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -31,7 +31,7 @@ export function gatewayCommand(): Command {
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--buyer-idle-ms <ms>', 'take a buyer whose connection takes nothing of a streamed answer this long for gone (the provider is stopped and bills what it sent)', intOption('--buyer-idle-ms', 1000, 999_999_999), BUYER_IDLE_DEFAULT_MS)
-    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments)')
+    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments), each optionally followed by its limits: name=, rate_limit= (a minute, default 300), scopes=, models=, max_cost_usd=, expires=')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
     .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; buyerIdleMs: number; apiKeysFile?: string; logLevel: string }, cmd: Command) => {
       // Records kept in memory last until the gateway stops, whatever --records-days says: refused, not ignored.
@@ -44,7 +44,7 @@ export function gatewayCommand(): Command {
       }
       if (!(LOGGER_LEVELS as readonly string[]).includes(opts.logLevel)) throw new CliError(`--log-level must be one of ${LOGGER_LEVELS.join(', ')}`, 2);
       const logger = createLogger({ level: opts.logLevel as (typeof LOGGER_LEVELS)[number], destination: 2 });
-      let apiKeys: string[] | undefined;
+      let apiKeys: ApiKeySpec[] | undefined;
       if (opts.apiKeysFile !== undefined) {
         try {
           apiKeys = readApiKeysFile(opts.apiKeysFile);

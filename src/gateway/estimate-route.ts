@@ -15,6 +15,7 @@ import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, decodeJson, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
+import { assertModelAllowed } from './api-keys.ts';
 import { askTokens, ProviderUnreached } from './token-routes.ts';
 
 const REFUSED_HEADERS = { 'x-service-max-cost-usd': 'X-Service-Max-Cost-Usd', 'x-service-estimate': 'X-Service-Estimate' } as const;
@@ -42,6 +43,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       if (e instanceof ContractError) throw invalid(e.field ? `body.${e.field}` : 'body', e.message.replace(/^[^:]*: /, ''));
       throw e;
     }
+    assertModelAllowed(req, parsed.model);
     // The first candidate that publishes a price and answers; one that cannot be reached is skipped.
     const priced = candidates(await d.market.providers(), parsed.model, controls).filter((x) => x.provider.rates?.[parsed.model] !== undefined);
     if (priced.length === 0) throw new GatewayError(503, 'no_provider', 'no provider that meets the routing controls publishes a price for this model');

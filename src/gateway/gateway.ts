@@ -47,7 +47,7 @@ import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
-import { apiKeyCheck } from './api-keys.ts';
+import { apiKeyCheck, keyOf, type ApiKeyClock, type ApiKeySpec } from './api-keys.ts';
 import { LineBudget } from '../ops/line-budget.ts';
 import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
 
@@ -109,8 +109,11 @@ export interface GatewayOptions {
   /**
    * API keys a request must carry (`Authorization: Bearer <key>` or `X-Service-API-Key`), the
    * /models routes excepted, as the spec has it; without them the gateway serves whoever reaches it.
+   * A plain string is a key with the spec's defaults (300 requests a minute, every scope and model).
    */
-  apiKeys?: readonly string[];
+  apiKeys?: readonly (string | ApiKeySpec)[];
+  /** The clocks the API keys' expiry and rate windows read (tests). */
+  apiKeyClock?: ApiKeyClock;
 }
 
 export interface Gateway {
@@ -209,13 +212,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       const status = reply.raw.headersSent ? reply.raw.statusCode : null;
       // Refused requests cost a client nothing to send: at most REFUSED_LINES_PER_SECOND of them are lines, the rest counted.
       if ((status === null || status >= 400) && !refusedLines.take()) return;
-      log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, status, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - started) }, 'request');
+      log.info({ request_id: req.id, method: req.method, route: req.routeOptions.url ?? null, ...(keyOf(req) ? { api_key: keyOf(req)!.label } : {}), status, completed: reply.raw.writableFinished, ms: Math.round(performance.now() - started) }, 'request');
     });
   });
   // (After the request line above is set up, so a refused request is logged like any other.)
   answerBareRefusals(app, 'invalid_request');
   app.addHook('onRequest', guard.onRequest);
-  if (opts.apiKeys !== undefined) app.addHook('onRequest', apiKeyCheck(opts.apiKeys));
+  if (opts.apiKeys !== undefined) app.addHook('onRequest', apiKeyCheck(opts.apiKeys, opts.apiKeyClock));
 
   app.setErrorHandler((err: FastifyError | GatewayError, _req, reply) => {
     if (err instanceof GatewayError) return reply.code(err.status).type(JSON_TYPE).send(err.body());

@@ -17,6 +17,7 @@ import type { RequestRecords } from './records.ts';
 import type { Relay } from './relay.ts';
 import { bodyBytes, idempotencyKey, isObj } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
+import { assertModelAllowed, effectiveCostCap } from './api-keys.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
 import { ContractError, PAID_ENDPOINTS, parseRequest, type PaidEndpoint } from '../serve/contract.ts';
@@ -120,6 +121,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (e instanceof ContractError) throw new GatewayError(400, 'invalid_request', e.message); // (as the node words it)
       throw e;
     }
+    assertModelAllowed(req, model);
+    // The API key's cost cap, if it has one, where it is stricter than X-Service-Max-Cost-Usd.
+    const costCap = effectiveCostCap(req, controls.routing.max_cost_micro_usd);
+    if (costCap !== undefined) controls.routing.max_cost_micro_usd = costCap;
     // What every attempt sends: worked out once, however many attempts there are.
     let listing: Promise<ProviderEntry[]> | undefined;
     const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, answered, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };

@@ -14,6 +14,7 @@ import { FREE_ENDPOINTS } from '../serve/contract.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, isObj, peekModel } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
+import { assertModelAllowed } from './api-keys.ts';
 
 
 /** Not reaching a provider at all: tokenize fails over to the next provider on these. */
@@ -55,6 +56,7 @@ export function registerTokenRoutes(app: FastifyInstance, d: { host: Host; marke
     const controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
     const model = peekModel(body);
+    assertModelAllowed(req, model);
     const list = candidates(await d.market.providers(), model, controls);
     let lastError: GatewayError | undefined;
     for (const c of list) {

@@ -1,0 +1,256 @@
+// The spec's per-key limits at the gateway (--api-keys-file): a rate limit over an exact sliding
+// minute with X-RateLimit-* on every authenticated response (streams too) and 429 + Retry-After
+// beyond it; scopes (403 insufficient_scope); a model allowlist (403 model_not_allowed); a cost cap
+// that is the stricter of the key's and X-Service-Max-Cost-Usd; expiry (401 api_key_expired).
+// Against a real market and a real node on the tiny model: a refused request takes no ticket and
+// costs nothing.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { parseUsd } from '../attestation/money.ts';
+import { parseConfig } from '../src/config.ts';
+import { readApiKeysFile, type ApiKeySpec } from '../src/gateway/api-keys.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import { SlidingWindow } from '../src/gateway/rate-window.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+import { errorOf, marketTotals } from './helpers/gateway-reads.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { waitForListed } from './helpers/wait.ts';
+
+const MODEL = 'tiny/llama';
+const ALL = 'sk-svc-v1-all-0123456789';
+const SLOW = 'sk-svc-v1-slow-0123456789';
+const EMBED_ONLY = 'sk-svc-v1-embed-0123456789';
+const OTHER_MODEL = 'sk-svc-v1-other-0123456789';
+const CAPPED = 'sk-svc-v1-capped-0123456789';
+const EXPIRING = 'sk-svc-v1-expiring-0123456789';
+const EXPIRES_AT = Date.parse('2030-01-01T00:00:00Z');
+
+let dir: string;
+let market: Market;
+let marketUrl: string;
+let node: RunningNode;
+let gw: Gateway;
+/** The clocks the gateway's key checks read. */
+const clock = { wall: Date.parse('2029-06-01T00:00:00Z'), mono: 1_000_000 };
+
+const KEYS: ApiKeySpec[] = [
+  { key: ALL, name: 'all' },
+  { key: SLOW, rateLimit: 3 },
+  { key: EMBED_ONLY, scopes: ['EMBEDDINGS'] },
+  { key: OTHER_MODEL, models: ['acme/other'] },
+  { key: CAPPED, maxCostMicroUsd: 1n },
+  { key: EXPIRING, expiresAt: EXPIRES_AT },
+];
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-keys-'));
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 1000 });
+  marketUrl = (await market.listen()).url;
+  writeTinyLlama(path.join(dir, 'tiny.gguf'));
+  createKeyFile(path.join(dir, 'node.key'));
+  node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl, context: 512, slots: 1, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'error' }), dir));
+  await waitForListed(marketUrl, [node.providerId]);
+  gw = await createGateway({ market: marketUrl, port: 0, apiKeys: KEYS, apiKeyClock: { wallMs: () => clock.wall, monotonicMs: () => clock.mono } });
+});
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await node?.stop(1000);
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+const chatBody = (content = 'hello', extra: object = {}): string => JSON.stringify({ model: MODEL, messages: [{ role: 'user', content }], max_tokens: 4, seed: 1, ...extra });
+
+function post(route: string, key: string | undefined, body: string, headers: Record<string, string> = {}): Promise<Response> {
+  return fetch(`${gw.url}/${route}`, { method: 'POST', headers: { 'content-type': 'application/json', ...(key ? { authorization: `Bearer ${key}` } : {}), ...headers }, body });
+}
+
+describe('per-key limits at the gateway', () => {
+  test('every authenticated response says the limit and what is left, a streamed one too; the 401s and the open catalog do not', async () => {
+    clock.mono += 120_000; // (a fresh minute)
+    const r1 = await post('chat/completions', ALL, chatBody());
+    expect(r1.status).toBe(200);
+    expect(r1.headers.get('x-ratelimit-limit')).toBe('300');
+    expect(r1.headers.get('x-ratelimit-remaining')).toBe('299');
+    await r1.json();
+    const s = await post('chat/completions', ALL, chatBody('hi', { stream: true }));
+    expect(s.status).toBe(200);
+    expect(s.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    expect(s.headers.get('x-ratelimit-remaining')).toBe('298');
+    expect(await s.text()).toContain('data: [DONE]');
+    // Refusals by the request's own fault count as calls and say so too.
+    const bad = await post('chat/completions', ALL, '{}');
+    expect((await errorOf(bad))[0]).toBe(400);
+    expect(bad.headers.get('x-ratelimit-remaining')).toBe('297');
+    const r = await fetch(`${gw.url}/requests/req-unknown`, { headers: { 'x-service-api-key': ALL } });
+    expect(r.status).toBe(404);
+    expect(r.headers.get('x-ratelimit-remaining')).toBe('296');
+    const unknown = await post('chat/completions', 'sk-svc-v1-unknown-000000', chatBody());
+    expect((await errorOf(unknown))[1].code).toBe('invalid_api_key');
+    expect(unknown.headers.get('x-ratelimit-limit')).toBeNull();
+    const models = await fetch(`${gw.url}/models`);
+    expect(models.status).toBe(200);
+    expect(models.headers.get('x-ratelimit-limit')).toBeNull();
+  });
+
+  test('beyond the rate limit: 429 with Retry-After until the oldest call leaves the sliding minute; nothing reaches the market', async () => {
+    clock.mono += 120_000;
+    const t0 = clock.mono;
+    const totals = await marketTotals(marketUrl);
+    for (let i = 0; i < 3; i++) {
+      clock.mono = t0 + i * 10_000; // calls at 0, 10 and 20 s
+      const r = await post('tokenize', SLOW, JSON.stringify({ model: MODEL, prompt: 'hi' }));
+      expect(r.status).toBe(200);
+      expect(r.headers.get('x-ratelimit-remaining')).toBe(String(2 - i));
+    }
+    clock.mono = t0 + 30_000;
+    const refused = await post('chat/completions', SLOW, chatBody());
+    expect(await errorOf(refused)).toEqual([429, { code: 'rate_limit_exceeded', message: 'this API key may make 3 requests a minute: try again in 30 s' }]);
+    expect(refused.headers.get('retry-after')).toBe('30');
+    expect(refused.headers.get('x-ratelimit-limit')).toBe('3');
+    expect(refused.headers.get('x-ratelimit-remaining')).toBe('0');
+    // A refused call is not counted: one ms before the first call leaves, still refused, then taken.
+    clock.mono = t0 + 59_999;
+    const still = await post('tokenize', SLOW, JSON.stringify({ model: MODEL, prompt: 'hi' }));
+    expect(still.status).toBe(429);
+    expect(still.headers.get('retry-after')).toBe('1');
+    clock.mono = t0 + 60_000;
+    const again = await post('tokenize', SLOW, JSON.stringify({ model: MODEL, prompt: 'hi' }));
+    expect(again.status).toBe(200);
+    expect(again.headers.get('x-ratelimit-remaining')).toBe('0');
+    // Another key has a window of its own.
+    expect((await post('tokenize', ALL, JSON.stringify({ model: MODEL, prompt: 'hi' }))).status).toBe(200);
+    expect(await marketTotals(marketUrl)).toEqual(totals);
+  });
+
+  test('a route outside the key\'s scopes is 403 insufficient_scope before any ticket; its own scope and the unscoped routes are served', async () => {
+    const totals = await marketTotals(marketUrl);
+    expect(await errorOf(await post('chat/completions', EMBED_ONLY, chatBody()))).toEqual([403, { code: 'insufficient_scope', message: 'this API key lacks the CHAT scope this route needs' }]);
+    expect((await errorOf(await post('completions', EMBED_ONLY, JSON.stringify({ model: MODEL, prompt: 'hi' }))))[1].code).toBe('insufficient_scope');
+    expect((await errorOf(await fetch(`${gw.url}/requests/req-x`, { headers: { authorization: `Bearer ${EMBED_ONLY}` } })))[1].code).toBe('insufficient_scope');
+    expect(await marketTotals(marketUrl)).toEqual(totals);
+    const e = await post('embeddings', EMBED_ONLY, JSON.stringify({ model: MODEL, input: 'hi' }));
+    expect(e.status).toBe(200);
+    expect((await post('count_tokens', EMBED_ONLY, JSON.stringify({ model: MODEL, prompt: 'hi' }))).status).toBe(200);
+  });
+
+  test('a model outside the key\'s allowlist is 403 model_not_allowed on every route that names one, before any ticket', async () => {
+    const totals = await marketTotals(marketUrl);
+    const refusal = [403, { code: 'model_not_allowed', message: `this API key may not use "${MODEL}" (its model allowlist)` }];
+    expect(await errorOf(await post('chat/completions', OTHER_MODEL, chatBody()))).toEqual(refusal);
+    expect(await errorOf(await post('chat/completions', OTHER_MODEL, chatBody('hi', { stream: true })))).toEqual(refusal);
+    expect(await errorOf(await post('tokenize', OTHER_MODEL, JSON.stringify({ model: MODEL, prompt: 'hi' })))).toEqual(refusal);
+    expect(await errorOf(await post('estimates', OTHER_MODEL, JSON.stringify({ endpoint: 'CHAT', body: JSON.parse(chatBody()) })))).toEqual(refusal);
+    expect(await marketTotals(marketUrl)).toEqual(totals);
+  });
+
+  test('the key\'s cost cap is the hold when it is the stricter: the node refuses what it cannot pay for (403, nothing charged); a lower header cap still applies', async () => {
+    const client = new OpenAI({ baseURL: gw.url, apiKey: CAPPED, maxRetries: 0 });
+    const totals = await marketTotals(marketUrl);
+    const err = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hello there' }], max_tokens: 8 }).then(() => undefined, (e: unknown) => e as { status: number; code: string });
+    expect(err).toMatchObject({ status: 403, code: 'request_cost_limit_exceeded' });
+    // The same request under a key without a cap is served: the refusal was the key's cap.
+    const ok = await post('chat/completions', ALL, JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello there' }], max_tokens: 8 }));
+    expect(ok.status).toBe(200);
+    const body = (await ok.json()) as { usage: { cost: string } };
+    expect(Number(body.usage.cost)).toBeGreaterThan(0.000001);
+    // A header cap below what the request needs, under the uncapped key: refused alike.
+    expect((await errorOf(await post('chat/completions', ALL, chatBody('hello there'), { 'x-service-max-cost-usd': '0.000001' })))[1].code).toBe('request_cost_limit_exceeded');
+    const after = await marketTotals(marketUrl);
+    // Only the served request was charged.
+    expect(after.receipts - totals.receipts).toBe(1);
+    expect(BigInt(after.cost_micro_usd) - BigInt(totals.cost_micro_usd)).toBe(parseUsd(body.usage.cost));
+  });
+
+  test('an expired key no longer authenticates (401 api_key_expired); before its time it does', async () => {
+    clock.wall = EXPIRES_AT - 1;
+    expect((await post('tokenize', EXPIRING, JSON.stringify({ model: MODEL, prompt: 'hi' }))).status).toBe(200);
+    clock.wall = EXPIRES_AT;
+    const r = await post('tokenize', EXPIRING, JSON.stringify({ model: MODEL, prompt: 'hi' }));
+    expect(await errorOf(r)).toEqual([401, { code: 'api_key_expired', message: 'the API key expired at 2030-01-01T00:00:00.000Z' }]);
+    expect(r.headers.get('www-authenticate')).toBe('Bearer');
+  });
+
+  test('the request log line names the key by its label, never the key itself', async () => {
+    const lines: Record<string, unknown>[] = [];
+    const logger = { info: (o: Record<string, unknown>) => lines.push(o), warn: () => {}, error: () => {} };
+    const g = await createGateway({ market: marketUrl, port: 0, apiKeys: KEYS, logger });
+    try {
+      await (await post2(g, ALL)).arrayBuffer();
+      await (await post2(g, SLOW)).arrayBuffer();
+      await waitLines(lines, 2);
+      expect(lines.map((l) => l.api_key)).toEqual(['all', crypto.createHash('sha256').update(SLOW).digest('hex').slice(0, 12)]);
+      expect(JSON.stringify(lines)).not.toContain('sk-svc-v1');
+    } finally {
+      await g.close(1000);
+    }
+  });
+});
+
+function post2(g: Gateway, key: string): Promise<Response> {
+  return fetch(`${g.url}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, body: JSON.stringify({ model: MODEL, prompt: 'hi' }) });
+}
+
+async function waitLines(lines: unknown[], n: number): Promise<void> {
+  for (let i = 0; i < 100 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 10));
+}
+
+describe('the keys file and the sliding window', () => {
+  test('each key optionally followed by its limits; a bad option, scope, amount, time or a key given twice is refused naming the line', () => {
+    const d = fs.mkdtempSync(path.join(os.tmpdir(), 'api-keys-'));
+    try {
+      const f = path.join(d, 'keys');
+      fs.writeFileSync(f, `# buyers\n${ALL}\n${SLOW}  name=ci rate_limit=60 scopes=CHAT,EMBEDDINGS models=acme/a,acme/b max_cost_usd=0.25 expires=2027-01-31T00:00:00Z\n`);
+      expect(readApiKeysFile(f)).toEqual([{ key: ALL }, { key: SLOW, name: 'ci', rateLimit: 60, scopes: ['CHAT', 'EMBEDDINGS'], models: ['acme/a', 'acme/b'], maxCostMicroUsd: 250_000n, expiresAt: Date.parse('2027-01-31T00:00:00Z') }]);
+      const refused = (line: string): string => {
+        fs.writeFileSync(f, `${ALL}\n${line}\n`);
+        try {
+          readApiKeysFile(f);
+        } catch (e) {
+          return (e as Error).message;
+        }
+        return 'accepted';
+      };
+      expect(refused(`${SLOW} rate_limit=0`)).toBe(`${f}:2: rate_limit: expected requests a minute, 1 to 1000000, got "0"`);
+      expect(refused(`${SLOW} rate_limit=1.5`)).toMatch(/:2: rate_limit: /);
+      expect(refused(`${SLOW} scopes=CHAT,ADMIN`)).toBe(`${f}:2: scopes: unknown scope "ADMIN" (expected * or CHAT, COMPLETIONS, RESPONSES, EMBEDDINGS, DECISIONS, IMAGES, VIDEOS, AUDIO_SPEECH, AUDIO_TRANSCRIPTIONS, AUDIO_GENERATIONS, MUSIC, WORKFLOWS, BILLING_READ, PROFILE)`);
+      expect(refused(`${SLOW} scopes=CHAT,,EMBEDDINGS`)).toBe(`${f}:2: scopes: expected a comma-separated list without empty items`);
+      expect(refused(`${SLOW} max_cost_usd=0.0000001`)).toMatch(/:2: max_cost_usd: expected a USD amount with at most 6 decimal places/);
+      expect(refused(`${SLOW} max_cost_usd=-1`)).toMatch(/:2: max_cost_usd: /);
+      expect(refused(`${SLOW} expires=2027-01-31`)).toMatch(/:2: expires: expected an ISO 8601 time with its zone/);
+      expect(refused(`${SLOW} expires=2027-02-31T00:00:00Z`)).toMatch(/:2: expires: /);
+      expect(refused(`${SLOW} name=a name=b`)).toBe(`${f}:2: name given twice`);
+      expect(refused(`${SLOW} name=two words`)).toBe(`${f}:2: expected name=value after the key, got "words"`);
+      expect(refused(`${SLOW} name=${'x'.repeat(65)}`)).toMatch(/:2: name: expected 1 to 64 letters/);
+      expect(refused(`${SLOW} limit=5`)).toMatch(/:2: unknown option "limit"/);
+      expect(refused(ALL)).toBe(`${f}:2: the API key is listed twice`);
+    } finally {
+      fs.rmSync(d, { recursive: true, force: true });
+    }
+  });
+
+  test('the window is exact: a call leaves it windowMs after it was taken, refused calls are not counted, memory follows the traffic', () => {
+    const w = new SlidingWindow(2, 1000);
+    expect(w.take(0)).toEqual({ ok: true, remaining: 1 });
+    expect(w.take(500)).toEqual({ ok: true, remaining: 0 });
+    expect(w.take(999)).toEqual({ ok: false, retryAfterMs: 1 });
+    expect(w.take(1000)).toEqual({ ok: true, remaining: 0 });
+    expect(w.take(1499)).toEqual({ ok: false, retryAfterMs: 1 });
+    expect(w.count(1500)).toBe(1);
+    expect(w.count(5000)).toBe(0);
+    // Many calls over a long time: the window holds only what is in it.
+    const big = new SlidingWindow(1_000_000, 1000);
+    for (let t = 0; t < 100_000; t++) big.take(t);
+    expect(big.count(99_999)).toBe(1000); // (98,999, 99,999]
+    expect((big as unknown as { times: number[] }).times.length).toBeLessThanOrEqual(2000);
+    expect(() => new SlidingWindow(0, 1000)).toThrow(RangeError);
+  });
+});
