@@ -152,6 +152,11 @@ describe.concurrent('usage errors', () => {
     for (const bad of ['soon', '-5', '1e5']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be a whole number, got "?${bad}`), 2);
     for (const bad of ['999', '1000000000']) expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--provider-idle-ms', bad]), new RegExp(`--provider-idle-ms must be between 1000 and 999999999, got "?${bad}`), 2);
     expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--api-keys-file', path.join(tmp, 'no-such-keys')]), /^seller-node: --api-keys-file: cannot read the API keys file .*no-such-keys: not found\n$/, 2);
+    const keys = path.join(tmp, 'keys-bad-option');
+    fs.writeFileSync(keys, 'sk-svc-v1-0123456789abcdef spend_interval=yearly\n');
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--api-keys-file', keys]), `seller-node: --api-keys-file: ${keys}:1: spend_interval: expected daily, weekly, monthly (omitted: a lifetime budget), got "yearly"\n`, 2);
+    fs.writeFileSync(keys, 'sk-svc-v1-0123456789abcdef spend_interval=daily\n');
+    expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--api-keys-file', keys]), `seller-node: --api-keys-file: ${keys}:1: spend_interval: given without spend_limit_usd\n`, 2);
     expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--records-days', '30']), '--records-days needs --records FILE (records kept in memory go with the process)', 2);
   });
 

@@ -11,7 +11,7 @@ import path from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
-import { parseUsd } from '../attestation/money.ts';
+import { formatUsd, parseUsd } from '../attestation/money.ts';
 import { parseConfig } from '../src/config.ts';
 import { readApiKeysFile, type ApiKeySpec } from '../src/gateway/api-keys.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
@@ -30,6 +30,7 @@ const EMBED_ONLY = 'sk-svc-v1-embed-0123456789';
 const OTHER_MODEL = 'sk-svc-v1-other-0123456789';
 const CAPPED = 'sk-svc-v1-capped-0123456789';
 const EXPIRING = 'sk-svc-v1-expiring-0123456789';
+const SPENDER = 'sk-svc-v1-spender-0123456789';
 const EXPIRES_AT = Date.parse('2030-01-01T00:00:00Z');
 
 let dir: string;
@@ -47,6 +48,7 @@ const KEYS: ApiKeySpec[] = [
   { key: OTHER_MODEL, models: ['acme/other'] },
   { key: CAPPED, maxCostMicroUsd: 1n },
   { key: EXPIRING, expiresAt: EXPIRES_AT },
+  { key: SPENDER, spendLimitMicroUsd: 22n, spendInterval: 'daily' },
 ];
 
 beforeAll(async () => {
@@ -179,6 +181,60 @@ describe('per-key limits at the gateway', () => {
     expect(r.headers.get('www-authenticate')).toBe('Bearer');
   });
 
+  test('a spend limit: requests are served while the day\'s charges leave room for their worst case, then 403 key_spend_limit_exceeded with nothing charged; the next day it resets', async () => {
+    clock.wall = Date.parse('2029-06-02T10:00:00Z');
+    const before = await marketTotals(marketUrl);
+    const ask = () => post('chat/completions', SPENDER, chatBody('hello'));
+    const costs: bigint[] = [];
+    let refusal: readonly [number, { code: string; message: string }] | undefined;
+    for (let i = 0; i < 10 && !refusal; i++) {
+      const r = await ask();
+      if (r.status === 200) costs.push(parseUsd(((await r.json()) as { usage: { cost: string } }).usage.cost)!);
+      else refusal = await errorOf(r);
+    }
+    const spent = costs.reduce((a, b) => a + b, 0n);
+    // The same request costs the same each time; served while its worst case fits what is left.
+    expect(costs.length).toBeGreaterThanOrEqual(2);
+    expect(new Set(costs).size).toBe(1);
+    expect(spent).toBeLessThanOrEqual(22n);
+    expect(22n - spent).toBeLessThan(costs[0]!);
+    // The budget left was the request's cap: the node refused what it could not pay for, said as the key's limit.
+    expect(refusal).toEqual([403, { code: 'key_spend_limit_exceeded', message: `this API key's spend limit leaves ${formatUsd(22n - spent)} USD, less than this request's worst case` }]);
+    // Only the served requests were charged, each once.
+    const after = await marketTotals(marketUrl);
+    expect(after.receipts - before.receipts).toBe(costs.length);
+    expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(spent);
+    // Other keys are not limited by it; the next day the key spends again.
+    expect((await ask()).status).toBe(403);
+    expect((await post('chat/completions', ALL, chatBody('hello'))).status).toBe(200);
+    clock.wall = Date.parse('2029-06-03T00:00:00Z');
+    expect((await ask()).status).toBe(200);
+  });
+
+  test('with a records file a lifetime budget outlives the gateway: what was charged before a restart still counts', async () => {
+    const records = path.join(dir, 'records.db');
+    const keys: ApiKeySpec[] = [{ key: SPENDER, spendLimitMicroUsd: 10n }];
+    const open = () => createGateway({ market: marketUrl, port: 0, apiKeys: keys, recordsPath: records });
+    const ask = (g: Gateway) => fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${SPENDER}` }, body: chatBody('hello') });
+    let g = await open();
+    try {
+      const r = await ask(g);
+      expect(r.status).toBe(200);
+      expect(((await r.json()) as { usage: { cost: string } }).usage.cost).toBe('0.000005');
+      await g.idle();
+    } finally {
+      await g.close(1000);
+    }
+    g = await open();
+    try {
+      expect((await ask(g)).status).toBe(200);
+      await g.idle();
+      expect(await errorOf(await ask(g))).toEqual([403, { code: 'key_spend_limit_exceeded', message: 'this API key has used 0.000010 of its lifetime spend limit of 0.000010 USD (settled charges and open holds); it does not reset' }]);
+    } finally {
+      await g.close(1000);
+    }
+  });
+
   test('the request log line names the key by its label, never the key itself', async () => {
     const lines: Record<string, unknown>[] = [];
     const logger = { info: (o: Record<string, unknown>) => lines.push(o), warn: () => {}, error: () => {} };
@@ -204,7 +260,7 @@ async function waitLines(lines: unknown[], n: number): Promise<void> {
 }
 
 describe('the keys file and the sliding window', () => {
-  test('each key optionally followed by its limits; a bad option, scope, amount, time or a key given twice is refused naming the line', () => {
+  test('each key optionally followed by its limits; a bad option, scope, amount, interval, time or a key given twice is refused naming the line', () => {
     const d = fs.mkdtempSync(path.join(os.tmpdir(), 'api-keys-'));
     try {
       const f = path.join(d, 'keys');
@@ -232,6 +288,11 @@ describe('the keys file and the sliding window', () => {
       expect(refused(`${SLOW} name=${'x'.repeat(65)}`)).toMatch(/:2: name: expected 1 to 64 letters/);
       expect(refused(`${SLOW} limit=5`)).toMatch(/:2: unknown option "limit"/);
       expect(refused(ALL)).toBe(`${f}:2: the API key is listed twice`);
+      fs.writeFileSync(f, `${SLOW} spend_limit_usd=5 spend_interval=weekly\n${ALL} spend_limit_usd=0.5\n`);
+      expect(readApiKeysFile(f)).toEqual([{ key: SLOW, spendLimitMicroUsd: 5_000_000n, spendInterval: 'weekly' }, { key: ALL, spendLimitMicroUsd: 500_000n }]);
+      expect(refused(`${SLOW} spend_limit_usd=5 spend_interval=hourly`)).toBe(`${f}:2: spend_interval: expected daily, weekly, monthly (omitted: a lifetime budget), got "hourly"`);
+      expect(refused(`${SLOW} spend_limit_usd=1e3`)).toMatch(/:2: spend_limit_usd: expected a USD amount/);
+      expect(refused(`${SLOW} spend_interval=daily`)).toBe(`${f}:2: spend_interval: given without spend_limit_usd`);
     } finally {
       fs.rmSync(d, { recursive: true, force: true });
     }

@@ -31,7 +31,7 @@ export function gatewayCommand(): Command {
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--buyer-idle-ms <ms>', 'take a buyer whose connection takes nothing of a streamed answer this long for gone (the provider is stopped and bills what it sent)', intOption('--buyer-idle-ms', 1000, 999_999_999), BUYER_IDLE_DEFAULT_MS)
-    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments), each optionally followed by its limits: name=, rate_limit= (a minute, default 300), scopes=, models=, max_cost_usd=, expires=')
+    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments), each optionally followed by its limits: name=, rate_limit= (a minute, default 300), scopes=, models=, max_cost_usd=, spend_limit_usd= with spend_interval= (daily, weekly, monthly; default lifetime), expires=')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
     .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; buyerIdleMs: number; apiKeysFile?: string; logLevel: string }, cmd: Command) => {
       // Records kept in memory last until the gateway stops, whatever --records-days says: refused, not ignored.
@@ -52,6 +52,7 @@ export function gatewayCommand(): Command {
           throw new CliError(`--api-keys-file: ${(e as Error).message}`, 2);
         }
       }
+      if (apiKeys?.some((k) => k.spendLimitMicroUsd !== undefined) && !opts.records) process.stderr.write('seller-node: warning: API key spend limits are kept in memory without --records FILE: a restart forgets what was spent\n');
       if (!isLoopbackHost(host) && !apiKeys) process.stderr.write(`seller-node: warning: the gateway listens on ${host}, beyond this machine, and has no authentication (--api-keys-file adds it)\n`);
       let gw;
       try {

@@ -11,6 +11,8 @@
 //   models        a model allowlist (default every model): 403 model_not_allowed
 //   max_cost_usd  a cost cap per request: the stricter of it and X-Service-Max-Cost-Usd applies
 //   expires       an ISO 8601 time from which the key no longer authenticates (401 api_key_expired)
+//   spend_limit_usd, spend_interval (daily, weekly, monthly; default lifetime)
+//                 a budget: settled charges plus open holds (key-spend.ts); 403 key_spend_limit_exceeded
 import fs from 'node:fs';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { sha256Hex } from '../../attestation/hash.ts';
@@ -18,6 +20,7 @@ import { parseUsd } from '../../attestation/money.ts';
 import { fsProblem } from '../fs-problem.ts';
 import { GatewayError } from './errors.ts';
 import { SlidingWindow } from './rate-window.ts';
+import { SPEND_INTERVALS, type SpendInterval, type SpendLimit } from './key-spend.ts';
 
 /** What a key must look like: 16 to 256 visible ASCII characters (the spec's are `sk-svc-v1-<secret>`). */
 const KEY_RE = /^[\x21-\x7e]{16,256}$/;
@@ -61,6 +64,9 @@ export interface ApiKeySpec {
   maxCostMicroUsd?: bigint;
   /** The key stops authenticating at this time (ms since the epoch). */
   expiresAt?: number;
+  /** A spend limit, micro-USD, over `spendInterval` (default lifetime). */
+  spendLimitMicroUsd?: bigint;
+  spendInterval?: SpendInterval;
 }
 
 /** A key's limits as the gateway holds them. */
@@ -71,6 +77,7 @@ export interface KeyPolicy {
   readonly maxCostMicroUsd: bigint | undefined;
   readonly expiresAt: number | undefined;
   readonly window: SlidingWindow;
+  readonly spend: SpendLimit | undefined;
 }
 
 /** Clocks the check reads: wall time for expiry, a monotonic one for the rate window. */
@@ -152,8 +159,18 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
         spec.expiresAt = t;
         break;
       }
+      case 'spend_limit_usd': {
+        const micro = parseUsd(value);
+        if (micro === undefined) throw problem(where, `spend_limit_usd: expected a USD amount with at most 6 decimal places (like "25"), got "${value.slice(0, 64)}"`);
+        spec.spendLimitMicroUsd = micro;
+        break;
+      }
+      case 'spend_interval':
+        if (!(SPEND_INTERVALS as readonly string[]).includes(value)) throw problem(where, `spend_interval: expected ${SPEND_INTERVALS.join(', ')} (omitted: a lifetime budget), got "${value.slice(0, 64)}"`);
+        spec.spendInterval = value as SpendInterval;
+        break;
       default:
-        throw problem(where, `unknown option "${name.slice(0, 64)}" (expected name, rate_limit, scopes, models, max_cost_usd or expires)`);
+        throw problem(where, `unknown option "${name.slice(0, 64)}" (expected name, rate_limit, scopes, models, max_cost_usd, expires, spend_limit_usd or spend_interval)`);
     }
   }
   return spec;
@@ -205,13 +222,19 @@ function policyOf(spec: ApiKeySpec): KeyPolicy {
   if (spec.models) for (const m of spec.models) if (!MODEL_RE.test(m)) throw new TypeError(`gateway: models: "${m.slice(0, 64)}" is not a model id`);
   if (spec.maxCostMicroUsd !== undefined && spec.maxCostMicroUsd < 0n) throw new TypeError('gateway: max_cost_usd: expected an amount of at least 0');
   if (spec.expiresAt !== undefined && !Number.isFinite(spec.expiresAt)) throw new TypeError('gateway: expires: expected a time');
+  if (spec.spendLimitMicroUsd !== undefined && spec.spendLimitMicroUsd < 0n) throw new TypeError('gateway: spend_limit_usd: expected an amount of at least 0');
+  if (spec.spendInterval !== undefined && spec.spendLimitMicroUsd === undefined) throw new TypeError('gateway: spend_interval: given without spend_limit_usd');
+  const hash = sha256Hex(spec.key);
+  const label = spec.name ?? hash.slice(0, 12);
   return {
-    label: spec.name ?? sha256Hex(spec.key).slice(0, 12),
+    label,
     scopes: new Set(scopes),
     models: spec.models ? new Set(spec.models) : undefined,
     maxCostMicroUsd: spec.maxCostMicroUsd,
     expiresAt: spec.expiresAt,
     window: new SlidingWindow(rate, MINUTE_MS),
+    // (The spend is kept under a hash of the key: stable across restarts, and not the key.)
+    spend: spec.spendLimitMicroUsd === undefined ? undefined : { id: hash.slice(0, 32), label, limitMicroUsd: spec.spendLimitMicroUsd, interval: spec.spendInterval ?? 'lifetime' },
   };
 }
 

@@ -48,6 +48,7 @@ import { registerTokenRoutes } from './token-routes.ts';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
 import { apiKeyCheck, keyOf, type ApiKeyClock, type ApiKeySpec } from './api-keys.ts';
+import { KeySpend } from './key-spend.ts';
 import { LineBudget } from '../ops/line-budget.ts';
 import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
 
@@ -235,8 +236,21 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.code(404).type(JSON_TYPE).send(errorBody('not_found', `no route ${req.method} ${path.slice(0, 200)}`));
   });
 
+  // The API keys' spend limits, kept beside the records (in their file when there is one).
+  let spend: KeySpend | undefined;
+  if (opts.apiKeys?.some((k) => typeof k !== 'string' && k.spendLimitMicroUsd !== undefined)) {
+    const wall = opts.apiKeyClock;
+    try {
+      spend = new KeySpend({ ...(records.database ? { db: records.database } : {}), ...(wall ? { now: () => wall.wallMs() } : {}), onError: (e) => log.error({ err: e.message }, 'API key spend not written to the records file (kept in memory for this run)') });
+    } catch (e) {
+      await host.stop();
+      records.close();
+      throw new Error(`request records: the API keys' spend could not be read: ${(e as Error).message}`);
+    }
+    records.onMoney = spend;
+  }
   const relay = new Relay({ settlements, records, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
-  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs });
+  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs, ...(spend ? { spend } : {}) });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates });
   registerCatalogRoutes(app, { market });

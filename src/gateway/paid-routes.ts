@@ -17,7 +17,8 @@ import type { RequestRecords } from './records.ts';
 import type { Relay } from './relay.ts';
 import { bodyBytes, idempotencyKey, isObj } from './request-body.ts';
 import { parseRoutingHeaders, type RoutingControls } from './routing-headers.ts';
-import { assertModelAllowed, effectiveCostCap } from './api-keys.ts';
+import { assertModelAllowed, effectiveCostCap, keyOf } from './api-keys.ts';
+import { budgetTooSmall, type KeySpend, type SpendReservation } from './key-spend.ts';
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
 import { ContractError, PAID_ENDPOINTS, parseRequest, type PaidEndpoint } from '../serve/contract.ts';
@@ -34,6 +35,8 @@ export interface PaidRouteDeps {
   providerIdleMs: number;
   /** When the reconciler first looks at a request after it starts (reconcile.ts). */
   firstLookMs: number;
+  /** The API keys' spend limits (when a key has one). */
+  spend?: KeySpend;
 }
 
 /** How many times a paid request moves on to another provider that could not start it. */
@@ -68,6 +71,8 @@ interface PaidAsk {
   providers: () => Promise<ProviderEntry[]>;
   /** Providers that could not start it (failover): not asked again, not even as a hedge's second half. */
   tried: string[];
+  /** Its share of its API key's spend limit, when the key has one: each attempt's hold is held under it. */
+  spend: SpendReservation | undefined;
 }
 
 export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void {
@@ -102,15 +107,9 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     }
   }
 
-  /**
-   * A paid request, run. When its provider cannot start it (unreachable, or no capacity: nothing done,
-   * nothing charged) it fails over to the next provider: the next of X-Service-Prefer-Providers in
-   * order (never one outside the set), else any other live provider of the model; a few times at
-   * most, each attempt under its own request id and ticket. Hedged requests already run twice and
-   * do not fail over.
-   */
+  /** A paid request: its body judged, its API key's allowlist, cost cap and spend limit applied, then run. */
   async function paidOnce(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined, answered: () => void): Promise<unknown> {
-    let controls = parseRoutingHeaders(req.headers);
+    const controls = parseRoutingHeaders(req.headers);
     const body = bodyBytes(req);
     // The node's own request contract, judged here first: a body any node would refuse (400 naming
     // the field) takes no ticket, no hold and no round trip to a provider.
@@ -125,9 +124,33 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     // The API key's cost cap, if it has one, where it is stricter than X-Service-Max-Cost-Usd.
     const costCap = effectiveCostCap(req, controls.routing.max_cost_micro_usd);
     if (costCap !== undefined) controls.routing.max_cost_micro_usd = costCap;
+    // A key with a spend limit: what is left of it (if less) is the cap too, reserved until the end.
+    const limit = keyOf(req)?.spend;
+    const spend = limit && d.spend ? d.spend.reserve(limit, costCap === undefined ? undefined : BigInt(costCap)) : undefined;
+    if (spend) controls.routing.max_cost_micro_usd = spend.amount.toString();
+    try {
+      return await paidCapped(endpoint, req, reply, idem, answered, controls, model, body, spend);
+    } catch (e) {
+      // The node's refusal of a request whose worst case the budget left cannot pay for.
+      if (spend?.budgetBound && e instanceof GatewayError && e.code === 'request_cost_limit_exceeded') throw budgetTooSmall(limit!, spend.amount);
+      throw e;
+    } finally {
+      spend?.end();
+    }
+  }
+
+  /**
+   * A paid request, run. When its provider cannot start it (unreachable, or no capacity: nothing done,
+   * nothing charged) it fails over to the next provider: the next of X-Service-Prefer-Providers in
+   * order (never one outside the set), else any other live provider of the model; a few times at
+   * most, each attempt under its own request id and ticket. Hedged requests already run twice and
+   * do not fail over.
+   */
+  async function paidCapped(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined, answered: () => void, controlsIn: RoutingControls, model: string, body: Buffer, spend: SpendReservation | undefined): Promise<unknown> {
+    let controls = controlsIn;
     // What every attempt sends: worked out once, however many attempts there are.
     let listing: Promise<ProviderEntry[]> | undefined;
-    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, answered, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [] };
+    const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, answered, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [], spend };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
       // at the estimate's maximum, so a higher live maximum is refused (403) before any hold.
@@ -215,6 +238,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     });
     for (const a of attempts) {
       records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
+      ask.spend?.hold(a.p.requestId, BigInt(a.p.exp.holdMicroUsd));
       d.settlements.watch(a.p, d.firstLookMs);
     }
 

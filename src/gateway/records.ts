@@ -127,6 +127,12 @@ export class RequestRecords {
   private readonly unsaved = new Map<string, () => unknown>();
 
   /**
+   * Told of money as it moves: a verified receipt recorded (taken by the market or not), and a
+   * request given up with nothing more to settle (the API keys' spend limits: key-spend.ts).
+   */
+  onMoney: { settled(id: string, costMicroUsd: bigint, ok: boolean): void; dropped(id: string): void } | undefined;
+
+  /**
    * `file`: an SQLite file that keeps every record across restarts (created if missing).
    * `onFileError`: told of every read or write of the file that fails (disk full, I/O error). The
    * record still changes in memory, and one whose latest change could not be written stays there
@@ -220,6 +226,11 @@ export class RequestRecords {
     return this.jobs.has(id);
   }
 
+  /** The records file's database (undefined without one), for bookkeeping kept beside the records. */
+  get database(): Database.Database | undefined {
+    return this.db;
+  }
+
   /** Whether records (and unsettled jobs) are kept in a file, across restarts. */
   get persistent(): boolean {
     return this.db !== undefined;
@@ -233,6 +244,7 @@ export class RequestRecords {
   dropJob(id: string): void {
     if (!this.jobs.delete(id)) return;
     if (this.delJob) this.guard(id, 'write', () => this.delJob!.run(id));
+    this.onMoney?.dropped(id);
   }
 
   /**
@@ -380,6 +392,7 @@ export class RequestRecords {
   /** The request ended with a verified receipt (also one found later, after an error was recorded: that error goes). */
   settle(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, settlement: { ok: true } | { ok: false; code: string; message: string }): RequestRecord | undefined {
     const p = receipt.payload;
+    this.onMoney?.settled(id, BigInt(p.cost_micro_usd), settlement.ok);
     return this.update(id, {
       error: undefined,
       settlement_error: undefined,
