@@ -12,13 +12,13 @@ import { accessProblem } from './fs-problem.ts';
  * Opens `file` (created if missing, readable by this user only: SQLite gives its -wal and -shm
  * files the database's mode) for writing; an Error naming the file and why, when this user cannot.
  */
-export function openWritableSqlite(file: string): Database.Database {
+export function openWritableSqlite(file: string, options?: Database.Options): Database.Database {
   const abs = path.resolve(file);
   const problem = writeProblem(abs);
   if (problem) throw new Error(`${abs}: ${problem}`);
   try {
     createPrivate(abs);
-    return new Database(file);
+    return new Database(file, options);
   } catch (e) {
     throw new Error(`${abs}: ${(e as Error).message}`, { cause: e });
   }

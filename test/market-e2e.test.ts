@@ -54,6 +54,8 @@ describe('seller-node market + seller-node start', () => {
     const marketDir = path.join(dir, 'market');
     const market = await startMarketProcess(marketDir);
     expect(fs.statSync(path.join(marketDir, 'market.key')).mode & 0o777).toBe(0o600);
+    // Its tickets, receipts and totals are kept beside the key, this user's only.
+    expect(fs.statSync(path.join(marketDir, 'market.db')).mode & 0o777).toBe(0o600);
     expect(await (await fetch(`${market.url}/v1/market`)).json()).toEqual({ public_key: market.key, key_id: market.key });
 
     const nodeDir = path.join(dir, 'node');

@@ -13,7 +13,7 @@ const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 export function marketCommand(): Command {
   return new Command('market')
     .description('run the development marketplace: verifies node registrations, issues tickets, collects and checks receipts')
-    .requiredOption('--data <dir>', 'directory for the market key (market.key, created on first run)')
+    .requiredOption('--data <dir>', 'directory for the market key (market.key, created on first run) and its file of tickets, receipts and totals (market.db), kept across restarts')
     .option('--listen <host:port>', 'HTTP address to serve on', DEFAULT_MARKET_LISTEN)
     .action(async (opts: { data: string; listen: string }) => {
       const { host, port } = parseHttpListen(opts.listen, DEFAULT_MARKET_LISTEN);
@@ -28,11 +28,17 @@ export function marketCommand(): Command {
         throw new CliError(`cannot use --data ${dir}: ${folderProblem(e)}`);
       }
       const { createMarket } = await import('../market/market.ts'); // (loaded when it runs: --help stays fast)
-      const market = createMarket({ seed: key.seed, host, port, logger: createLogger({ level: 'info', destination: 2, name: 'market' }) });
+      let market;
+      try {
+        market = createMarket({ seed: key.seed, host, port, file: path.join(dir, 'market.db'), logger: createLogger({ level: 'info', destination: 2, name: 'market' }) });
+      } catch (e) {
+        throw new CliError(`cannot open the market's file: ${(e as Error).message}`);
+      }
       let url: string;
       try {
         ({ url } = await market.listen());
       } catch (e) {
+        await market.close().catch(() => {});
         const code = (e as NodeJS.ErrnoException).code;
         throw new CliError(code === 'EADDRINUSE' ? `${opts.listen} is already in use (pick another with --listen)` : `cannot listen on ${opts.listen}: ${code ?? (e as Error).message}`);
       }

@@ -1,13 +1,15 @@
 // The development marketplace (`seller-node market`, docs/market-api.md): a fastify app with its
 // own Ed25519 key that verifies registrations, issues tickets and collects receipts. State lives
 // in memory, within bounds (MarketLimits: providers, outstanding and remembered tickets, receipt
-// records); it is a tool for development and tests, not a production marketplace.
+// records), and with a file (`file`) its tickets, receipts and totals outlive a restart
+// (market-db.ts); it is a tool for development and tests, not a production marketplace.
 import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import { toHex } from '../../attestation/bytes.ts';
 import { ed25519PublicKey } from '../../attestation/ed25519.ts';
 import { registerRoutes } from './routes.ts';
 import { MarketStore, marketLimits, type MarketLimits } from './store.ts';
+import { MarketDb } from './market-db.ts';
 import { closeHttp } from '../http-close.ts';
 import { answerBareRefusals, clientErrorHandler, frameworkErrorReply } from '../http-errors.ts';
 import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
@@ -33,6 +35,11 @@ export interface MarketOptions {
   limits?: Partial<MarketLimits>;
   /** A whole request (headers and body) must arrive within this (default 60 s). */
   requestTimeoutMs?: number;
+  /**
+   * An SQLite file that keeps the tickets issued, the receipts collected and the totals across
+   * restarts (created if missing; one market a file). Default: memory only.
+   */
+  file?: string;
 }
 
 export interface Market {
@@ -56,7 +63,16 @@ export function createMarket(opts: MarketOptions): Market {
   const heartbeatIntervalMs = opts.heartbeatIntervalMs ?? DEFAULT_HEARTBEAT_INTERVAL_MS;
   if (!Number.isSafeInteger(heartbeatIntervalMs) || heartbeatIntervalMs < 1) throw new RangeError('market: heartbeatIntervalMs must be a positive integer');
   const publicKey = toHex(ed25519PublicKey(opts.seed));
-  const store = new MarketStore(marketLimits(opts.limits));
+  const limits = marketLimits(opts.limits);
+  const now = opts.now ?? Date.now;
+  const db = opts.file === undefined ? undefined : new MarketDb(opts.file);
+  let store: MarketStore;
+  try {
+    store = new MarketStore(limits, db, now());
+  } catch (e) {
+    db?.close();
+    throw new Error(`${opts.file}: ${(e as Error).message}`);
+  }
   const app: FastifyInstance = fastify({
     ...(opts.logger ? { loggerInstance: opts.logger } : { logger: false }),
     logController: new LogController({ disableRequestLogging: true }),
@@ -76,7 +92,7 @@ export function createMarket(opts: MarketOptions): Market {
     clientErrorHandler: clientErrorHandler('invalid_request', () => app.log),
   });
   answerBareRefusals(app, 'invalid_request');
-  registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now: opts.now ?? Date.now, heartbeatIntervalMs });
+  registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now, heartbeatIntervalMs });
 
   return {
     app,
@@ -90,7 +106,11 @@ export function createMarket(opts: MarketOptions): Market {
       return { url: `http://${shown}:${a.port}`, host: a.address, port: a.port };
     },
     async close() {
-      await closeHttp(app, MARKET_CLOSE_GRACE_MS);
+      try {
+        await closeHttp(app, MARKET_CLOSE_GRACE_MS);
+      } finally {
+        store.close();
+      }
     },
   };
 }

@@ -31,7 +31,7 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
   const r = v.value.payload;
   // (a payload the unverified peek could not read, in a base64 form DSSE allows, names its ticket now)
   const ticket = found ?? store.ticket(r.ticket_id);
-  if (!ticket) throw new MarketError(400, 'unknown_ticket', `ticket ${r.ticket_id} was not issued by this market (or was issued before it restarted)`);
+  if (!ticket) throw new MarketError(400, 'unknown_ticket', `ticket ${r.ticket_id} was not issued by this market (or was forgotten: see its limits, or issued before a market without a file restarted)`);
   if (ticket.provider !== provider) throw new MarketError(400, 'receipt_ticket_mismatch', `the receipt is signed by ${provider}, ticket ${ticket.ticket_id} was issued to ${ticket.provider}`);
   const mismatch =
     r.request_id !== ticket.request_id ? `request_id is ${r.request_id}, the ticket's is ${ticket.request_id}`

@@ -1,9 +1,12 @@
-// The development market's state: in memory only, within bounds (MarketLimits). A restarted market
-// knows no provider, ticket or receipt; nodes find out from a 404 on their next heartbeat and
-// register again.
+// The development market's state, in memory within bounds (MarketLimits). With a file (MarketDb:
+// `seller-node market --data DIR`) the tickets, receipts and totals are also written through to
+// it, durably before the market answers, and read back at start; without one a restarted market
+// knows no ticket or receipt. Providers are never kept: nodes find out from a 404 on their next
+// heartbeat and register again.
 import type { Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
 import { MarketError } from './errors.ts';
+import type { MarketDb, Tally, TallyRow } from './market-db.ts';
 import type { RegisteredModel } from './registration-payload.ts';
 
 export interface ProviderRecord {
@@ -65,10 +68,6 @@ export interface ReceiptRecord {
   received_at: number;
 }
 
-interface Tally {
-  receipts: number;
-  cost: bigint;
-}
 
 export interface Totals {
   receipts: number;
@@ -142,9 +141,32 @@ export class MarketStore {
   private readonly byProvider = new Map<string, Tally>();
   private readonly byModel = new Map<string, Tally>();
   private lastPrune = 0;
+  private readonly db: MarketDb | undefined;
 
-  constructor(limits: MarketLimits = marketLimits()) {
+  /** `db`: the market's file, read now (tickets still remembered, the newest receipts, the totals) and written through. */
+  constructor(limits: MarketLimits = marketLimits(), db?: MarketDb, now = Date.now()) {
     this.limits = limits;
+    this.db = db;
+    if (!db) return;
+    const state = db.load(now - TICKET_RETENTION_MS, limits.maxReceipts);
+    for (const t of state.tickets) {
+      this.tickets.set(t.ticket_id, t);
+      if (t.settled === undefined && t.expires_at >= now) this.unsettled.add(t.ticket_id);
+    }
+    for (const r of state.receipts) this.remember(r);
+    Object.assign(this.total, state.total);
+    for (const [k, t] of state.byProvider) this.byProvider.set(k, t);
+    for (const [k, t] of state.byModel) this.byModel.set(k, t);
+  }
+
+  /** A write to the market's file; one that fails is 503 (the ticket not issued, the receipt not taken: a retry may succeed). */
+  private write(what: string, run: (db: MarketDb) => void): void {
+    if (!this.db) return;
+    try {
+      run(this.db);
+    } catch (e) {
+      throw new MarketError(503, 'market_storage_failed', `the market could not write ${what} to its file: ${(e as Error).message}`);
+    }
   }
 
   /**
@@ -192,6 +214,7 @@ export class MarketStore {
 
   /** Remembers an issued ticket (the caller checked outstandingTickets against the limit first). */
   addTicket(t: IssuedTicket, now: number): void {
+    this.write('the ticket', (db) => db.putTicket(t));
     this.tickets.set(t.ticket_id, t);
     this.unsettled.add(t.ticket_id);
     if (now - this.lastPrune > 60_000) {
@@ -201,6 +224,10 @@ export class MarketStore {
         if (old.expires_at + TICKET_RETENTION_MS >= now) break;
         this.tickets.delete(id);
       }
+      // (Best effort: rows left behind are pruned at the next start.)
+      try {
+        this.db?.prune(now - TICKET_RETENTION_MS, this.limits.maxReceipts);
+      } catch {}
     }
     if (this.tickets.size > this.limits.maxTickets) {
       // Forget the oldest ticket that is settled or expired: a receipt for it is then
@@ -209,6 +236,9 @@ export class MarketStore {
       for (const [id, old] of this.tickets) {
         if (old.settled !== undefined || old.expires_at < now) {
           this.tickets.delete(id);
+          try {
+            this.db?.forgetTicket(id);
+          } catch {}
           break;
         }
       }
@@ -226,24 +256,37 @@ export class MarketStore {
    */
   addReceipt(r: ReceiptRecord, receiptSha256: string): void {
     const ticket = this.tickets.get(r.ticket_id);
-    if (ticket) ticket.settled = { receipt_sha256: receiptSha256, seq: r.seq };
+    const settled = { receipt_sha256: receiptSha256, seq: r.seq };
+    const cost = BigInt(r.cost_micro_usd);
+    const after = (t: Tally | undefined): Tally => ({ receipts: (t?.receipts ?? 0) + 1, cost: (t?.cost ?? 0n) + cost });
+    const tallies: TallyRow[] = [
+      { scope: 'total', key: '', ...after(this.total) },
+      { scope: 'provider', key: r.provider, ...after(this.byProvider.get(r.provider)) },
+      { scope: 'model', key: r.model, ...after(this.byModel.get(r.model)) },
+    ];
+    // The file first: a receipt it did not take is not acknowledged (and nothing here changes).
+    this.write('the receipt', (db) => db.addReceipt(r, ticket ? { ...ticket, settled } : undefined, tallies));
+    if (ticket) ticket.settled = settled;
     this.unsettled.delete(r.ticket_id);
+    Object.assign(this.total, { receipts: tallies[0]!.receipts, cost: tallies[0]!.cost });
+    this.byProvider.set(r.provider, { receipts: tallies[1]!.receipts, cost: tallies[1]!.cost });
+    this.byModel.set(r.model, { receipts: tallies[2]!.receipts, cost: tallies[2]!.cost });
+    this.remember(r);
+  }
+
+  /** Keeps a receipt record for the lists; beyond the bounds the oldest go (the newest always stays, so a receipt just settled can be read back). */
+  private remember(r: ReceiptRecord): void {
     this.receipts.set(r.ticket_id, r);
     this.receiptBytes += r.receipt.length; // canonical JSON with base64 inside: ASCII, a character a byte
     const ids = this.byRequest.get(r.request_id);
     if (ids) ids.push(r.ticket_id);
     else this.byRequest.set(r.request_id, [r.ticket_id]);
-    const cost = BigInt(r.cost_micro_usd);
-    const bump = (m: Map<string, Tally> | undefined, key: string) => {
-      const t = m ? (m.get(key) ?? m.set(key, { receipts: 0, cost: 0n }).get(key)!) : this.total;
-      t.receipts++;
-      t.cost += cost;
-    };
-    bump(undefined, '');
-    bump(this.byProvider, r.provider);
-    bump(this.byModel, r.model);
-    // The newest record always stays, so a receipt just settled can be read back.
     while (this.receipts.size > 1 && (this.receipts.size > this.limits.maxReceipts || this.receiptBytes > this.limits.maxReceiptBytes)) this.evictOldestReceipt();
+  }
+
+  /** Closes the market's file. */
+  close(): void {
+    this.db?.close();
   }
 
   private evictOldestReceipt(): void {
