@@ -39,6 +39,19 @@ export function writeFileAtomic(file: string, write: (fd: number) => void, mode?
   }
 }
 
+/**
+ * Writes all of `data` at the descriptor's position: fs.writeSync may write only part of it (a
+ * file size limit or a quota reached mid-write), and the rest is then written, or its error thrown.
+ */
+export function writeAllSync(fd: number, data: string | Uint8Array): void {
+  let bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
+  while (bytes.length > 0) {
+    const n = fs.writeSync(fd, bytes);
+    if (n <= 0) throw Object.assign(new Error(`short write: ${bytes.length} bytes not written`), { code: 'EIO' });
+    bytes = bytes.subarray(n);
+  }
+}
+
 /** `e` with `path` = `file` when it is a file system error about the temporary file or no file. */
 function naming(e: unknown, file: string): unknown {
   if (e !== null && typeof e === 'object' && typeof (e as { code?: unknown }).code === 'string') {

@@ -2,7 +2,7 @@
 //   node.key, config.yaml, receipts.db, state.db
 //   prices/<version>.json   every signed price list the node has used (a DSSE envelope, as signed)
 import fs from 'node:fs';
-import { writeFileAtomic } from './atomic-file.ts';
+import { writeAllSync, writeFileAtomic } from './atomic-file.ts';
 import path from 'node:path';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { isPriceVersion, verifyPriceList, type PriceListPayload } from '../attestation/price-list.ts';
@@ -62,7 +62,7 @@ export function savePriceList(dir: string, list: { payload: PriceListPayload; en
   }
   fs.mkdirSync(folder, { recursive: true });
   // 0644: readable by whoever exports or audits, whatever the umask.
-  writeFileAtomic(file, (fd) => fs.writeSync(fd, serializeEnvelope(list.envelope) + '\n'), 0o644);
+  writeFileAtomic(file, (fd) => writeAllSync(fd, serializeEnvelope(list.envelope) + '\n'), 0o644);
   syncDir(folder); // the rename itself durable before a receipt cites the version
   return 'saved';
 }

@@ -7,6 +7,7 @@ import path from 'node:path';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { toHex } from '../attestation/bytes.ts';
 import { fsProblem } from './fs-problem.ts';
+import { writeAllSync } from './atomic-file.ts';
 
 export interface NodeIdentity {
   seed: Uint8Array;
@@ -42,7 +43,7 @@ export function createKeyFile(file: string): NodeIdentity {
     throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
   }
   try {
-    fs.writeSync(fd, seedToPem(seed));
+    writeAllSync(fd, seedToPem(seed));
     fs.fsyncSync(fd);
   } catch (e) {
     // (a full disk): the empty or partial file would block every later try as "already exists"

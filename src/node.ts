@@ -247,7 +247,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       } catch (e) {
         // (the file is named once: the model checks name it themselves)
         const msg = (e as Error).message;
-        throw new NodeStartError(msg.startsWith(m.path!) ? `models: ${m.id}: the runtime could not start: model file ${msg}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
+        const named = msg.startsWith(m.path!) ? `model file ${msg}` : msg.startsWith(`model file ${m.path!}`) ? msg : undefined;
+        throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       const tps = await measureTokensPerSecond(adapter);
@@ -299,7 +300,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       watchModelFiles(models.values(), logger);
       const gone = state.stopped ? undefined : stateFiles.changed();
       if (gone) {
-        const e = new StoreStopped(`state file ${gone} was deleted or replaced while the node used it: paid requests are refused until a restart. ${rescueDatabase(db, statePath, 'Its used tickets and Idempotency-Key records')}`);
+        const e = new StoreStopped(`state file ${gone} was deleted or replaced while the node used it: paid requests are refused until a restart. ${rescueDatabase(db, statePath, 'its used tickets and Idempotency-Key records', `Restore ${statePath} from a backup, or start without one after a minute (the tickets used since have expired by then); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again.`)}`);
         state.stop(e);
         logger.error({}, e.message);
       }

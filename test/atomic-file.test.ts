@@ -3,8 +3,8 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { afterAll, describe, expect, test } from 'vitest';
-import { writeFileAtomic } from '../src/atomic-file.ts';
+import { afterAll, describe, expect, test, vi } from 'vitest';
+import { writeAllSync, writeFileAtomic } from '../src/atomic-file.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'atomic-file-'));
 afterAll(() => fs.rmSync(root, { recursive: true, force: true }));
@@ -113,5 +113,50 @@ describe('writeFileAtomic', () => {
     expect(mode('private')).toBe(0o600);
     expect(mode('was-open')).toBe(0o640);
     expect(fs.readFileSync(path.join(d, 'was-open'), 'utf8')).toBe('y');
+  });
+});
+
+describe('writeAllSync', () => {
+  test('a write that takes only part of the bytes (a size limit reached mid-write) is carried on until all are written', () => {
+    const file = path.join(folder(), 'short');
+    const real = fs.writeSync;
+    const calls: number[] = [];
+    // write(2) as it is under a limit: at most 7 bytes a call.
+    const spy = vi.spyOn(fs, 'writeSync').mockImplementation(((fd: number, data: Uint8Array) => {
+      calls.push(data.length);
+      return real(fd, data.subarray(0, 7));
+    }) as unknown as typeof fs.writeSync);
+    try {
+      writeFileAtomic(file, (fd) => writeAllSync(fd, 'ünïcödé text of thirty bytes or so'));
+    } finally {
+      spy.mockRestore();
+    }
+    expect(fs.readFileSync(file, 'utf8')).toBe('ünïcödé text of thirty bytes or so');
+    expect(calls.length).toBeGreaterThan(1);
+  });
+
+  test('a write that makes no progress is an error (EIO), never taken as done; a later error is thrown as it is', () => {
+    const d = folder();
+    const file = path.join(d, 'stuck');
+    const spy = vi.spyOn(fs, 'writeSync').mockReturnValue(0);
+    try {
+      expect(() => writeFileAtomic(file, (fd) => writeAllSync(fd, 'abc'))).toThrow(/short write: 3 bytes not written/);
+    } finally {
+      spy.mockRestore();
+    }
+    expect(fs.readdirSync(d)).toEqual([]);
+    const real = fs.writeSync;
+    let first = true;
+    const limit = vi.spyOn(fs, 'writeSync').mockImplementation(((fd: number, data: Uint8Array) => {
+      if (!first) throw Object.assign(new Error('EFBIG: file too large, write'), { code: 'EFBIG' });
+      first = false;
+      return real(fd, data.subarray(0, 2));
+    }) as unknown as typeof fs.writeSync);
+    try {
+      expect(() => writeFileAtomic(file, (fd) => writeAllSync(fd, 'abcdef'))).toThrow(expect.objectContaining({ code: 'EFBIG', path: file }));
+    } finally {
+      limit.mockRestore();
+    }
+    expect(fs.readdirSync(d)).toEqual([]);
   });
 });

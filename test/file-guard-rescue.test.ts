@@ -42,18 +42,18 @@ function openWithRow(dir: string): { db: Database.Database; file: string } {
   return { db, file };
 }
 
-const FAILED = /^Copying [Ii]ts records out failed \((.+)\): stop the node and restore (.+) from a backup\.$/;
+const ADVICE = 'Restore it from a backup.';
+const FAILED = /^Copying its records out failed \((.+)\): stop the node\. Restore it from a backup\.$/;
 
 describe('rescueDatabase cannot make its copy', () => {
-  test('the whole folder deleted: says the copy failed and why, names the file to restore from a backup, and claims no copy', () => {
+  test('the whole folder deleted: says the copy failed and why, then what the caller advises, and claims no copy', () => {
     const dir = tmp();
     const { db, file } = openWithRow(dir);
     fs.rmSync(dir, { recursive: true, force: true });
-    const said = rescueDatabase(db, file, 'Its records');
+    const said = rescueDatabase(db, file, 'its records', ADVICE);
     const m = FAILED.exec(said);
     expect(m, said).not.toBeNull();
     expect(m![1]).toMatch(/unable to open/i); // SQLite's own reason, kept
-    expect(m![2]).toBe(file);
     expect(said).not.toContain('were copied to');
     expect(fs.existsSync(dir)).toBe(false); // (nothing made in its place)
   });
@@ -63,7 +63,7 @@ describe('rescueDatabase cannot make its copy', () => {
     const { db, file } = openWithRow(dir);
     fs.rmSync(dir, { recursive: true, force: true });
     fs.writeFileSync(dir, 'not a folder');
-    expect(rescueDatabase(db, file, 'Its records')).toMatch(FAILED);
+    expect(rescueDatabase(db, file, 'its records', ADVICE)).toMatch(FAILED);
     expect(fs.readFileSync(dir, 'utf8')).toBe('not a folder');
   });
 
@@ -74,15 +74,15 @@ describe('rescueDatabase cannot make its copy', () => {
     vi.spyOn(Date, 'now').mockReturnValue(at);
     const target = path.join(dir, `state.rescued-${at}.db`);
     fs.writeFileSync(target, 'an earlier rescue the operator has not moved yet');
-    expect(rescueDatabase(db, file, 'Its records')).toMatch(FAILED);
+    expect(rescueDatabase(db, file, 'its records', ADVICE)).toMatch(FAILED);
     expect(fs.readFileSync(target, 'utf8')).toBe('an earlier rescue the operator has not moved yet');
     fs.rmSync(target);
     fs.mkdirSync(target);
-    expect(rescueDatabase(db, file, 'Its records')).toMatch(FAILED);
+    expect(rescueDatabase(db, file, 'its records', ADVICE)).toMatch(FAILED);
     expect(fs.statSync(target).isDirectory()).toBe(true);
     // Once the name is free the copy is taken, and it holds the row (the control: the same call succeeds).
     fs.rmSync(target, { recursive: true });
-    expect(rescueDatabase(db, file, 'Its records')).toBe(`Its records were copied to ${target}: stop the node, move that file to ${file} (and remove ${file}-wal and -shm if they are there) and start again.`);
+    expect(rescueDatabase(db, file, 'its records', ADVICE)).toBe(`Its records were copied to ${target}: stop the node, move that file to ${file} (and remove ${file}-wal and -shm if they are there) and start again.`);
     const copy = new Database(target, { readonly: true });
     try {
       expect(copy.prepare('SELECT v FROM t').all()).toEqual([{ v: 'kept' }]);
@@ -93,7 +93,7 @@ describe('rescueDatabase cannot make its copy', () => {
 });
 
 describe('the receipt log whose folder was deleted under it', () => {
-  test.each([0, 1])('it stops (%i signer threads), says at error level that the copy failed and to restore from a backup, refuses appends, and closes', async (threads) => {
+  test.each([0, 1])('it stops (%i signer threads), says at error level that the copy failed and that only a backup holding every receipt may be put back, refuses appends, and closes', async (threads) => {
     const dir = tmp();
     const file = path.join(dir, 'receipts.db');
     const notices: { m: string; level: string }[] = [];
@@ -106,7 +106,7 @@ describe('the receipt log whose folder was deleted under it', () => {
       return log.failure;
     }, { timeout: 5000, interval: 10 });
     expect(failure).toMatchObject({ code: 'log_failed' });
-    expect(failure.message).toMatch(new RegExp(`^receipt log file ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} was deleted or replaced while the node used it; the log takes no more receipts\\. Copying [Ii]ts 3 durable receipts out failed \\(.+\\): stop the node and restore .*receipts\\.db from a backup\\.$`));
+    expect(failure.message).toMatch(new RegExp(`^receipt log file ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} was deleted or replaced while the node used it; the log takes no more receipts\\. Copying its 3 durable receipts out failed \\(.+\\): stop the node\\. Put .*receipts\\.db back only from a copy that holds all 3 receipts \\(seq 0 to 2\\): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs\\. Without such a copy, start over with a new key \\(seller-node init\\)\\.$`));
     expect(failure.message).not.toContain('were copied to');
     expect(notices.filter((n) => n.level === 'error').map((n) => n.m)).toEqual([failure.message]);
     await expect(log.append(syntheticReceiptBody(3))).rejects.toMatchObject({ code: 'log_failed', message: failure.message });
@@ -148,22 +148,22 @@ describe('the node whose data dir was deleted while it serves', () => {
     expect(health.status).toBe(503);
     const reason = ((await health.json()) as { reason: string }).reason;
     // (the reason carries the first 600 characters of the log's failure: the whole of it is in the error line below)
-    expect(reason).toMatch(/^the receipt log has stopped \(receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying [Ii]ts 2 durable receipts out failed \(/);
+    expect(reason).toMatch(/^the receipt log has stopped \(receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying its 2 durable receipts out failed \(/);
     expect(reason).toMatch(/: paid work is refused until the node is restarted$/);
     expect(reason).not.toContain('were copied to');
     watches[0]!(); // the state store's file check
     const ready = await fetch(`${node.opsUrl}/readyz`);
     expect(ready.status).toBe(503);
     const reasons = ((await ready.json()) as { reasons: string[] }).reasons;
-    expect(reasons).toContainEqual(expect.stringMatching(/^the receipt log has stopped \(.*Copying [Ii]ts 2 durable receipts out failed/));
-    expect(reasons).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: paid requests are refused until a restart\. Copying [Ii]ts used tickets and Idempotency-Key records out failed \(.+\): stop the node and restore .*state\.db from a backup\.$/));
+    expect(reasons).toContainEqual(expect.stringMatching(/^the receipt log has stopped \(.*Copying its 2 durable receipts out failed/));
+    expect(reasons).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: paid requests are refused until a restart\. Copying its used tickets and Idempotency-Key records out failed \(.+\): stop the node\. Restore .*state\.db from a backup, or start without one after a minute \(the tickets used since have expired by then\); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again\.$/));
     const refused = await askNode(buyer, node, market);
     expect([refused.head.status, (refused.trailer as { error?: { code?: string } }).error?.code]).toEqual([503, 'no_capacity']);
     // (the node's log is written asynchronously: its error lines are waited for)
     await until('the two error lines', () => logLines(logFile, 50).length >= 2);
     const errors = logLines(logFile, 50).map((l) => l.msg);
-    expect(errors).toContainEqual(expect.stringMatching(/^receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying [Ii]ts 2 durable receipts out failed .*from a backup\.$/));
-    expect(errors).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: .*Copying [Ii]ts used tickets and Idempotency-Key records out failed .*from a backup\.$/));
+    expect(errors).toContainEqual(expect.stringMatching(/^receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying its 2 durable receipts out failed .*start over with a new key \(seller-node init\)\.$/));
+    expect(errors).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: .*Copying its used tickets and Idempotency-Key records out failed .*billed, again\.$/));
     expect(errors.join('\n')).not.toContain('were copied to');
     expect(fs.existsSync(data)).toBe(false); // no copy, nor a folder, made in its place
     cleanups.pop();

@@ -85,4 +85,17 @@ try { createKeyFile(${JSON.stringify(file)}); console.log('created'); } catch (e
     const id = createKeyFile(file); // (here, without the limit)
     expect(loadKeyFile(file).providerId).toBe(id.providerId);
   });
+
+  test.each([60, 200])('a real file size limit that cuts a write short (%i bytes: 60 cuts the key, 200 the config): init fails in words, leaves no key or config, and runs again once there is room', (bytes) => {
+    const data = path.join(dir, `init-limit-${bytes}`);
+    const cli = path.join(REPO_ROOT, 'bin', 'seller-node.js');
+    // (What prlimit sets is the file size limit of the process: the first write passes `bytes` bytes, the next fails EFBIG.)
+    const r = spawnSync('sh', ['-c', `trap '' XFSZ; exec prlimit --fsize=${bytes} "${process.execPath}" "$0" init --data "$1"`, cli, data], { encoding: 'utf8' });
+    expect(r.status, r.stderr).toBe(1);
+    expect(r.stderr).toMatch(bytes === 60 ? `key file ${path.join(data, 'node.key')}: ${LIMIT}; nothing was written` : `${path.join(data, 'config.yaml')}: ${LIMIT}; the key was not kept either: run init again once there is room`);
+    expect(fs.readdirSync(data)).toEqual([]);
+    const again = spawnSync(process.execPath, [cli, 'init', '--data', data], { encoding: 'utf8' });
+    expect(again.status, again.stderr).toBe(0);
+    expect(loadKeyFile(path.join(data, 'node.key')).providerId).toBe(again.stdout.trim());
+  });
 });

@@ -5,6 +5,7 @@ import { dataDirPaths } from '../data-dir.ts';
 import { defaultConfigYaml } from '../config.ts';
 import { fsProblem } from '../fs-problem.ts';
 import { CliError } from './cli-error.ts';
+import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
 
 export function initCommand(): Command {
   return new Command('init')
@@ -19,9 +20,12 @@ export function initCommand(): Command {
       }
       const id = createKeyFile(p.key);
       try {
-        if (!fs.existsSync(p.config)) fs.writeFileSync(p.config, defaultConfigYaml(), { mode: 0o600 });
+        // (Whole or not at all: a config cut short by a full disk would fail every start.)
+        if (!fs.existsSync(p.config)) writeFileAtomic(p.config, (fd) => writeAllSync(fd, defaultConfigYaml()), 0o600);
       } catch (e) {
-        throw new CliError(`${p.config}: ${fsProblem(e)}`);
+        // The key was made by this run and nothing used it yet: it goes too, so init can run again.
+        fs.rmSync(p.key, { force: true });
+        throw new CliError(`${p.config}: ${fsProblem(e)}; the key was not kept either: run init again once there is room`);
       }
       process.stdout.write(`${id.providerId}\n`);
       process.stderr.write(`key: ${p.key}\nconfig: ${p.config}\n`);

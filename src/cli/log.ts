@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
 import { lockDataDir } from '../data-dir-lock.ts';
-import { writeFileAtomic } from '../atomic-file.ts';
+import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
 import { dataDirPaths, openReceiptLog, readPriceLists, savePriceList } from '../data-dir.ts';
 import { accessProblem, fsProblem, isErrnoError } from '../fs-problem.ts';
 import { isStoreError } from '../store/store-health.ts';
@@ -109,7 +109,7 @@ export function logCommand(): Command {
         return;
       }
       try {
-        writeFileAtomic(opts.out, (fd) => fs.writeSync(fd, bundle));
+        writeFileAtomic(opts.out, (fd) => writeAllSync(fd, bundle));
       } catch (e) {
         throw new CliError(`cannot write ${opts.out}: ${fsProblem(e)}`);
       }

@@ -82,7 +82,7 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
   app.setErrorHandler(async (err: FastifyError | MarketError, req, reply) => {
     if (err instanceof MarketError) {
       // A receipt refused is money disputed (forged, for another ticket, a second one for a ticket): the operator hears of it.
-      if (req.routeOptions.url === '/v1/receipts' && req.method === 'POST') req.log.warn({ code: err.code, reason: err.message.slice(0, 200) }, 'receipt refused');
+      if (req.routeOptions.url === '/v1/receipts' && req.method === 'POST') req.log.warn({ code: err.code, reason: err.message.slice(0, 600) }, 'receipt refused');
       return reply.code(err.status).send(errorBody(err.code, err.message));
     }
     // A body that is not JSON, by its Content-Type too, is a malformed body like any other (400, the route's code).

@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { bytesEqual } from '../../attestation/bytes.ts';
 import { receiptLogKey, verifyCheckpoint } from '../../attestation/checkpoint.ts';
-import { writeFileAtomic } from '../atomic-file.ts';
+import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
 
 /** receipts.db → receipts.checkpoint (a name no "receipts.db*" pattern takes with the database). */
 export function headPath(dbPath: string): string {
@@ -45,7 +45,7 @@ export function readHead(file: string, providerId: string): Head {
 
 /** Keeps `note` at `file` (no fsync: see above). Throws on a file system error. */
 export function writeHead(file: string, note: string): void {
-  writeFileAtomic(file, (fd) => fs.writeSync(fd, note), 0o600, { fsync: false });
+  writeFileAtomic(file, (fd) => writeAllSync(fd, note), 0o600, { fsync: false });
 }
 
 /** Why a log of `size` receipts whose root at `head.size` is `rootAt` cannot be the log that signed `head`, or undefined when it can. */
@@ -79,5 +79,5 @@ export function readChainHead(file: string): { size: number; lastPayloadSha256: 
 }
 
 export function writeChainHead(file: string, size: number, lastPayloadSha256: string): void {
-  writeFileAtomic(file, (fd) => fs.writeSync(fd, `${size} ${lastPayloadSha256}\n`), 0o600, { fsync: false });
+  writeFileAtomic(file, (fd) => writeAllSync(fd, `${size} ${lastPayloadSha256}\n`), 0o600, { fsync: false });
 }

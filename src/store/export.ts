@@ -6,7 +6,7 @@
 //   prices/<version>.json  the provider's signed price lists (from the data dir), which the audit
 //                      checks every receipt's price against
 import fs from 'node:fs';
-import { writeFileAtomic } from '../atomic-file.ts';
+import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
 import path from 'node:path';
 import type { StoredPriceList } from '../data-dir.ts';
 import type { ReceiptLog } from './receipt-log.ts';
@@ -53,11 +53,11 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
       const version = priceVersionOf(line);
       if (version !== undefined) cited.add(version);
       if (buf.length === 1024) {
-        fs.writeSync(fd, buf.join('\n') + '\n');
+        writeAllSync(fd, buf.join('\n') + '\n');
         buf = [];
       }
     }
-    if (buf.length) fs.writeSync(fd, buf.join('\n') + '\n');
+    if (buf.length) writeAllSync(fd, buf.join('\n') + '\n');
   });
   const cps = log.checkpoints(); // (each over receipts this connection read: all of them are in the file)
   const write = (file: string, text: string) => writing(file, () => fs.writeFileSync(file, text));

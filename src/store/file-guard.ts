@@ -35,15 +35,17 @@ export class FileGuard {
 
 /**
  * Copies what `db` (an open connection to a deleted or replaced file) still reads to
- * `<name>.rescued-<ms>.db` beside it (mode 0600), and says what to do with it; or why it could not.
+ * `<name>.rescued-<ms>.db` beside it (mode 0600), and says what to do with it; or why it could not,
+ * and then `ifFailed` (what the operator can still do: what a backup lacks depends on the file).
+ * `what` is in lower case, as in "its 12 durable receipts".
  */
-export function rescueDatabase(db: Database.Database, dbPath: string, what: string): string {
+export function rescueDatabase(db: Database.Database, dbPath: string, what: string, ifFailed: string): string {
   const rescued = path.join(path.dirname(dbPath), `${path.basename(dbPath).replace(/\.db$/, '')}.rescued-${Date.now()}.db`);
   try {
     db.prepare('VACUUM INTO ?').run(rescued);
     fs.chmodSync(rescued, 0o600);
-    return `${what} were copied to ${rescued}: stop the node, move that file to ${dbPath} (and remove ${dbPath}-wal and -shm if they are there) and start again.`;
+    return `${what.charAt(0).toUpperCase()}${what.slice(1)} were copied to ${rescued}: stop the node, move that file to ${dbPath} (and remove ${dbPath}-wal and -shm if they are there) and start again.`;
   } catch (e) {
-    return `Copying ${what} out failed (${(e as Error).message}): stop the node and restore ${dbPath} from a backup.`;
+    return `Copying ${what} out failed (${(e as Error).message}): stop the node. ${ifFailed}`;
   }
 }

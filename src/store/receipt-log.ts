@@ -175,6 +175,8 @@ export class ReceiptLog {
   private readonly chainFile: string;
   private chainAt = Number.NEGATIVE_INFINITY;
   private chainTimer: NodeJS.Timeout | undefined;
+  /** Per side file: when its failure was last told, and the failures not told since (told at once, then at most every 10 s). */
+  private readonly sideFailures = new Map<string, { toldAt: number; untold: number }>();
   /** The latest durable payload (its hash goes into receipts.head when that is written). */
   private durablePayload: string | Uint8Array | undefined;
   /** Whether this process appended receipts (a reader, `log export`, never writes receipts.head). */
@@ -455,13 +457,35 @@ export class ReceiptLog {
     this.chainTimer = undefined;
     this.chainAt = performance.now();
     try {
-      // (only the appending process moves it, and only forward: a reader beside it never writes it)
-      // (only the process that appends moves it: a reader beside it, `log export`, never writes it)
+      // (only the appending process moves it, and only forward: a reader beside it, `log export`, never writes it)
       if (!this.appendedHere || this.durablePayload === undefined) return;
       writeChainHead(this.chainFile, this.tree.size, sha256Hex(this.durablePayload));
+      this.sideFileWritten(this.chainFile);
     } catch (e) {
-      this.notice(`${this.chainFile} (how many receipts the log acknowledged) could not be written: ${(e as Error).message}; tried again with the next receipts`);
+      this.sideFileFailed(this.chainFile, `${this.chainFile} (how many receipts the log acknowledged) could not be written: ${(e as Error).message}; tried again with the next receipts. Until it is written, receipts lost from the log's files since its last checkpoint would go unnoticed at the next start`);
     }
+  }
+
+  /**
+   * A side file's write failed: told at once, then at most every 10 s with how many failures were
+   * not told (a write is tried with every batch of receipts: a cause that lasts would otherwise
+   * give a line a batch, on a disk that may be the full one).
+   */
+  private sideFileFailed(file: string, message: string): void {
+    const now = performance.now();
+    const f = this.sideFailures.get(file);
+    if (f && now - f.toldAt < 10_000) {
+      f.untold++;
+      return;
+    }
+    this.notice(f && f.untold > 0 ? `${message} (${f.untold} more failures of it since the last time this was said)` : message);
+    this.sideFailures.set(file, { toldAt: now, untold: 0 });
+  }
+
+  /** A side file written after failures: said once. */
+  private sideFileWritten(file: string): void {
+    if (this.sideFailures.size === 0 || !this.sideFailures.delete(file)) return;
+    this.notice(`${file} is written again`);
   }
 
   private remember(key: number, seq: number): void {
@@ -530,8 +554,9 @@ export class ReceiptLog {
     try {
       writeHead(this.headFile, note);
       this.headSize = size;
+      this.sideFileWritten(this.headFile);
     } catch (e) {
-      this.notice(`${this.headFile} (the receipt log's latest checkpoint) could not be written: ${(e as Error).message}; tried again at the next checkpoint`);
+      this.sideFileFailed(this.headFile, `${this.headFile} (the receipt log's latest checkpoint) could not be written: ${(e as Error).message}; tried again at the next checkpoint. Until it is written, a log that loses files would not be refused at the next start`);
     }
   }
 
@@ -544,7 +569,12 @@ export class ReceiptLog {
     if (this.broken) return;
     const gone = this.files.changed();
     if (!gone) return;
-    const copy = rescueDatabase(this.db, this.path, `Its ${this.tree.size} durable receipts`);
+    const copy = rescueDatabase(
+      this.db,
+      this.path,
+      `its ${this.tree.size} durable receipts`,
+      `Put ${this.path} back only from a copy that holds all ${this.tree.size} receipts (seq 0 to ${this.tree.size - 1}): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs. Without such a copy, start over with a new key (seller-node init).`,
+    );
     this.broken = new ReceiptLogError('log_failed', `receipt log file ${gone} was deleted or replaced while the node used it; the log takes no more receipts. ${copy}`);
     this.notice(this.broken.message, 'error');
   }
