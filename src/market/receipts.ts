@@ -27,7 +27,15 @@ export function collectReceipt(store: MarketStore, line: string, now: number): {
   const provider = found?.provider ?? [claimed.provider, keyid].find((p): p is string => isHex(p, 32) && store.providers.has(p));
   if (provider === undefined) throw new MarketError(400, 'unknown_ticket', 'the receipt names no ticket this market issued, nor a registered provider');
   const v = verifyReceipt(env.value, { provider });
-  if (!v.ok) throw new MarketError(400, v.error.code, v.error.message);
+  if (!v.ok) {
+    // Not signed by the ticket's provider: if another registered provider did sign it, say so (the
+    // same refusal as a receipt whose ticket is found only once its payload is read, below).
+    if (found) {
+      const signer = [claimed.provider, ...env.value.signatures.map((sig) => sig.keyid)].find((p): p is string => isHex(p, 32) && p !== found.provider && store.providers.has(p) && verifyReceipt(env.value, { provider: p }).ok);
+      if (signer) throw new MarketError(400, 'receipt_ticket_mismatch', `the receipt is signed by ${signer}, ticket ${found.ticket_id} was issued to ${found.provider}`);
+    }
+    throw new MarketError(400, v.error.code, v.error.message);
+  }
   const r = v.value.payload;
   // (a payload the unverified peek could not read, in a base64 form DSSE allows, names its ticket now)
   const ticket = found ?? store.ticket(r.ticket_id);
