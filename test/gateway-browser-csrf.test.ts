@@ -14,11 +14,12 @@ import { launchChromium } from './helpers/chromium.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { until } from './helpers/wait.ts';
+import { MarketProxy } from './helpers/misbehaving-node.ts';
 
 
 let tmp: string;
 let market: Market;
-let marketUrl: string;
+let proxy: MarketProxy;
 let gw: Gateway;
 let page: http.Server;
 let context: BrowserContext;
@@ -27,11 +28,12 @@ const requests: { method: string; route: string | null; status: number | null }[
 beforeAll(async () => {
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-browser-csrf-'));
   market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)) });
-  marketUrl = (await market.listen()).url;
+  // The market behind a proxy that counts every call the gateway makes to it.
+  proxy = await MarketProxy.start((await market.listen()).url);
   const collect = (o: object, msg?: string): void => {
     if (msg === 'request') requests.push(o as (typeof requests)[number]);
   };
-  gw = await createGateway({ market: marketUrl, port: 0, logger: { info: collect, warn: collect, error: collect } });
+  gw = await createGateway({ market: proxy.url, port: 0, logger: { info: collect, warn: collect, error: collect } });
   // The attacker's page, on another origin (another port of the loopback).
   const body = JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'spend' }], max_tokens: 200, user: '=' });
   const html = `<!doctype html><html><body>
@@ -52,6 +54,7 @@ afterAll(async () => {
   await context?.close();
   await new Promise((r) => page?.close(r));
   await gw?.close(1000);
+  await proxy?.close();
   await market?.close();
   if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
 });
@@ -67,8 +70,8 @@ describe('a web page of another origin', () => {
       expect.objectContaining({ route: '/v1/chat/completions', status: 403 }),
       expect.objectContaining({ route: '/v1/chat/completions', status: 403 }),
     ]);
-    // Nothing reached the market (no provider is registered: a request let through would have asked it).
-    expect((await (await fetch(`${marketUrl}/v1/totals`)).json()) as { receipts: number }).toMatchObject({ receipts: 0 });
+    // Nothing was asked of the market (a request let through would have asked it for a ticket, or at least its providers).
+    expect(proxy.calls).toBe(0);
     await tab.close();
   });
 });

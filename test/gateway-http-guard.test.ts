@@ -5,7 +5,6 @@
 // reaches it.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -14,34 +13,22 @@ import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import { isLoopbackHostHeader } from '../src/gateway/http-guard.ts';
 import { readApiKeysFile } from '../src/gateway/api-keys.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
+import { MarketProxy } from './helpers/misbehaving-node.ts';
 
 let market: Market;
-let proxy: http.Server;
-let marketCalls = 0;
+let proxy: MarketProxy;
 let gw: Gateway;
 
 beforeAll(async () => {
   market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)) });
-  const marketUrl = (await market.listen()).url;
   // The market behind a proxy that counts the gateway's calls to it.
-  proxy = http.createServer((req, res) => {
-    marketCalls++;
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      void fetch(`${marketUrl}${req.url}`, { method: req.method, headers: { 'content-type': 'application/json' }, ...(chunks.length ? { body: Buffer.concat(chunks) } : {}) }).then(async (r) => {
-        res.writeHead(r.status, { 'content-type': 'application/json' });
-        res.end(Buffer.from(await r.arrayBuffer()));
-      });
-    });
-  });
-  await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
-  gw = await createGateway({ market: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, port: 0, requestTimeoutMs: 1500, bodyBudgetBytes: 1 << 20 });
+  proxy = await MarketProxy.start((await market.listen()).url);
+  gw = await createGateway({ market: proxy.url, port: 0, requestTimeoutMs: 1500, bodyBudgetBytes: 1 << 20 });
 });
 
 afterAll(async () => {
   await gw?.close(1000);
-  await new Promise((r) => proxy?.close(r));
+  await proxy?.close();
   await market?.close();
 });
 
@@ -67,7 +54,7 @@ function rawExchange(text: string | Buffer, ms = 5000, keepOpen = false): { answ
 
 describe('requests the gateway refuses before any route', () => {
   test('a request from a web page (any Origin) is 403 origin_not_allowed, paid routes and reads alike; no ticket asked', async () => {
-    const before = marketCalls;
+    const before = proxy.calls;
     for (const [method, route, body] of [['POST', '/chat/completions', chat], ['POST', '/embeddings', '{"model":"m","input":"x"}'], ['GET', '/models', undefined]] as const) {
       for (const origin of ['https://evil.example', 'null', 'http://127.0.0.1:8080']) {
         const r = await fetch(`${gw.url}${route}`, { method, headers: { origin, 'content-type': 'text/plain' }, ...(body ? { body } : {}) });
@@ -75,7 +62,7 @@ describe('requests the gateway refuses before any route', () => {
         expect(((await r.json()) as { error: { code: string } }).error.code).toBe('origin_not_allowed');
       }
     }
-    expect(marketCalls).toBe(before); // (the gateway never asked the market anything for them)
+    expect(proxy.calls).toBe(before); // (the gateway never asked the market anything for them)
   });
 
   test('a Host that is not the loopback (a name rebound to 127.0.0.1) is 403 host_not_allowed; localhost, 127.x and [::1] are fine', async () => {
@@ -124,7 +111,7 @@ test('isLoopbackHostHeader', () => {
 test('refused requests are at most 50 log lines a second, the rest counted in one warning; answered ones are all lines', async () => {
   const lines: { msg: string; o: Record<string, unknown> }[] = [];
   const collect = (o: object, msg?: string): void => void lines.push({ msg: msg ?? '', o: o as Record<string, unknown> });
-  const g = await createGateway({ market: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, port: 0, logger: { info: collect, warn: collect, error: collect } });
+  const g = await createGateway({ market: proxy.url, port: 0, logger: { info: collect, warn: collect, error: collect } });
   try {
     await Promise.all(Array.from({ length: 120 }, () => fetch(`${g.url}/no-such-route`).then((r) => r.arrayBuffer())));
     const logged = lines.filter((l) => l.msg === 'request' && l.o.status === 404).length;
@@ -141,9 +128,9 @@ test('refused requests are at most 50 log lines a second, the rest counted in on
 describe('API keys (--api-keys-file)', () => {
   const KEY = 'sk-svc-v1-0123456789abcdef';
   test('every route but /v1/models needs a known key, as Bearer or X-Service-API-Key; a missing or unknown one is 401 before the market is asked', async () => {
-    const g = await createGateway({ market: `http://127.0.0.1:${(proxy.address() as net.AddressInfo).port}`, port: 0, apiKeys: [KEY] });
+    const g = await createGateway({ market: proxy.url, port: 0, apiKeys: [KEY] });
     try {
-      const before = marketCalls;
+      const before = proxy.calls;
       const post = (headers: Record<string, string>) => fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: '{}' });
       const codeOf = async (r: Response) => [r.status, ((await r.json()) as { error: { code: string } }).error.code];
       const missing = await post({});
@@ -152,7 +139,7 @@ describe('API keys (--api-keys-file)', () => {
       expect(await codeOf(await post({ authorization: 'Bearer sk-svc-v1-not-the-right-one' }))).toEqual([401, 'invalid_api_key']);
       expect(await codeOf(await post({ authorization: `Basic ${KEY}` }))).toEqual([401, 'missing_api_key']);
       expect(await codeOf(await fetch(`${g.url}/requests/req-x`))).toEqual([401, 'missing_api_key']);
-      expect(marketCalls).toBe(before);
+      expect(proxy.calls).toBe(before);
       // With the key (either header), the request goes on: here the contract refuses the empty body.
       expect(await codeOf(await post({ authorization: `Bearer ${KEY}` }))).toEqual([400, 'invalid_request']);
       expect(await codeOf(await post({ 'x-service-api-key': KEY }))).toEqual([400, 'invalid_request']);

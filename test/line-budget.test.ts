@@ -1,5 +1,5 @@
 // LineBudget: at most N lines a second of one kind; the rest counted and said once the next second begins.
-import { describe, expect, test } from 'vitest';
+import { describe, expect, test, vi } from 'vitest';
 import { LineBudget } from '../src/ops/line-budget.ts';
 
 describe('LineBudget', () => {
@@ -37,16 +37,23 @@ describe('LineBudget', () => {
     expect(reports).toEqual([3]); // once
   });
 
-  test('the started timer says a burst that ended without another line', async () => {
-    const reports: number[] = [];
-    const budget = new LineBudget(1, (n) => reports.push(n));
-    for (let i = 0; i < 3; i++) budget.take();
-    budget.start(); // (after the burst began: its first tick comes a whole second after it)
+  test('the started timer says a burst that ended without another line', () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval', 'Date'] });
     try {
-      await new Promise((r) => setTimeout(r, 1200));
+      const reports: number[] = [];
+      const budget = new LineBudget(1, (n) => reports.push(n));
+      for (let i = 0; i < 3; i++) budget.take();
+      budget.start(); // (after the burst began: its first tick comes a whole second after it)
+      vi.advanceTimersByTime(999);
+      expect(reports).toEqual([]);
+      vi.advanceTimersByTime(1);
       expect(reports).toEqual([2]);
-    } finally {
+      vi.advanceTimersByTime(5000);
+      expect(reports).toEqual([2]); // (said once)
       budget.stop();
+      expect(vi.getTimerCount()).toBe(0); // (stop() clears its timer)
+    } finally {
+      vi.useRealTimers();
     }
   });
 

@@ -288,6 +288,8 @@ export class MarketProxy {
   receipt: ((attempt: number) => ReceiptAnswer) | undefined;
   /** POST /v1/receipts calls since reset(). */
   receiptPosts = 0;
+  /** Every call relayed or answered, of any route, since reset(). */
+  calls = 0;
   private readonly server: http.Server;
 
   private constructor(server: http.Server, url: string) {
@@ -298,6 +300,7 @@ export class MarketProxy {
   static async start(target: string): Promise<MarketProxy> {
     let proxy!: MarketProxy;
     const server = http.createServer((req, res) => {
+      proxy.calls++;
       const chunks: Buffer[] = [];
       req.on('data', (c: Buffer) => chunks.push(c));
       req.on('end', () => {
@@ -316,6 +319,7 @@ export class MarketProxy {
     this.ticket = undefined;
     this.receipt = undefined;
     this.receiptPosts = 0;
+    this.calls = 0;
   }
 
   private async answer(target: string, req: http.IncomingMessage, res: http.ServerResponse, body: Buffer): Promise<void> {
