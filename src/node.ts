@@ -26,6 +26,7 @@ import { readiness, startRegistration, workRefused, type Registration } from './
 import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { FileGuard, rescueDatabase } from './store/file-guard.ts';
+import { DescriptorWatch } from './ops/descriptor-watch.ts';
 import { openStateDb } from './store/state-db.ts';
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
@@ -294,9 +295,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       diskLow = low;
     };
     watchDisk();
-    // Model files, state.db and free space, every 5 s (the receipt log watches its own files).
+    const descriptors = new DescriptorWatch({
+      error: (u) => logger.error({ open: u.open, limit: u.limit }, `${u.open} of the ${u.limit} file descriptors this process may open are in use: beyond the limit the system refuses buyers' connections, the market's and the node's own files; raise it (LimitNOFILE= in a systemd unit, ulimit -n in a shell) or take fewer connections`),
+      info: (u) => logger.info({ open: u.open, limit: u.limit }, 'file descriptors: clear of the limit again'),
+    });
+    // Model files, state.db, free space and file descriptors, every 5 s (the receipt log watches its own files).
     const fileWatch = setInterval(() => {
       watchDisk();
+      descriptors.check();
       watchModelFiles(models.values(), logger);
       const gone = state.stopped ? undefined : stateFiles.changed();
       if (gone) {
