@@ -28,6 +28,7 @@ import { ReceiptLog } from './store/receipt-log.ts';
 import { FileGuard, rescueDatabase } from './store/file-guard.ts';
 import { DescriptorWatch } from './ops/descriptor-watch.ts';
 import { openStateDb } from './store/state-db.ts';
+import { WalCheckpointer } from './store/wal-checkpointer.ts';
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
@@ -213,6 +214,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       logger.error({ receipts: log.size }, `${statePath} was not there and has been created anew, though the receipt log holds ${log.size} receipts: the used tickets and Idempotency-Key records it kept are gone (a ticket of the last minutes could be used again, and a retry of the last 24 h runs and is billed again); if it was removed by mistake, stop the node and put it back`);
     }
     cleanup.push(['state database', () => void db.close()]);
+    // Its checkpoints (an fsync each) on a thread of their own, off the event loop.
+    const stateCheckpoints = new WalCheckpointer(statePath, { onError: (m) => logger.warn({ err: m }, 'state.db could not be checkpointed (its WAL grows until it can; the node checkpoints it itself past ~40 MiB)') });
+    cleanup.push(['state checkpoints', () => stateCheckpoints.close()]);
     const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
     // The ops server answers from the start: while the models load (minutes for a real one) /healthz
     // is ok and /readyz says what is loading, so a liveness probe does not kill a node still loading.

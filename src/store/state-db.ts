@@ -3,6 +3,7 @@
 // deleted).
 import type Database from 'better-sqlite3';
 import { openWritableSqlite } from '../sqlite-file.ts';
+import { FALLBACK_CHECKPOINT_PAGES } from './wal-checkpointer.ts';
 
 /**
  * WAL with synchronous = NORMAL: a write survives any crash of the node process (the WAL is in
@@ -15,5 +16,7 @@ export function openStateDb(file: string): Database.Database {
   db.pragma('synchronous = NORMAL');
   // Deleted rows (recorded answers past their 24 h) are overwritten with zeros, not left in free pages.
   db.pragma('secure_delete = ON');
+  // Checkpoints are a WalCheckpointer's (a thread of its own): this connection's only as a fallback.
+  db.pragma(`wal_autocheckpoint = ${FALLBACK_CHECKPOINT_PAGES}`);
   return db;
 }

@@ -1,0 +1,39 @@
+// Checkpoints a WAL-mode SQLite file from a worker thread, so the connection that writes it (on the
+// event loop) never runs one: its automatic checkpoint is set so far off that it only comes should
+// the worker fail (STATE_FALLBACK_CHECKPOINT_PAGES), bounding the WAL all the same.
+import { Worker } from 'node:worker_threads';
+import type { CheckpointerReply, CheckpointerRequest } from './wal-checkpointer-worker.ts';
+
+const WORKER_URL = new URL(import.meta.url.endsWith('.ts') ? './wal-checkpointer-worker.ts' : './wal-checkpointer-worker.js', import.meta.url);
+
+/** The writer's own automatic checkpoint, a fallback: 10,000 pages (~40 MiB of WAL). */
+export const FALLBACK_CHECKPOINT_PAGES = 10_000;
+
+export class WalCheckpointer {
+  private readonly worker: Worker;
+  private closed: Promise<void> | undefined;
+
+  /** Checkpoints `file` every `intervalMs`; `onError` is told a failure once a run of them (and the thread's end, should it die). */
+  constructor(file: string, opts: { intervalMs?: number; onError?: (message: string) => void } = {}) {
+    const onError = opts.onError ?? (() => {});
+    this.worker = new Worker(WORKER_URL, { workerData: { file, intervalMs: opts.intervalMs ?? 1000 } });
+    this.worker.unref(); // (it never holds the process open)
+    this.worker.on('message', (m: CheckpointerReply) => {
+      if (m.type === 'error') onError(m.message);
+    });
+    this.worker.on('error', (e: Error) => onError(`the checkpoint thread failed: ${e.message}`));
+  }
+
+  /** Stops the thread (after a checkpoint under way, if any). */
+  close(): Promise<void> {
+    this.closed ??= new Promise<void>((resolve) => {
+      const done = (): void => resolve();
+      this.worker.once('exit', done);
+      this.worker.once('message', (m: CheckpointerReply) => {
+        if (m.type === 'closed') void this.worker.terminate().then(done, done);
+      });
+      this.worker.postMessage({ type: 'close' } satisfies CheckpointerRequest);
+    });
+    return this.closed;
+  }
+}
