@@ -3,7 +3,7 @@
 import { describe, expect, test } from 'vitest';
 import { EstimateStore } from '../src/gateway/estimates.ts';
 
-const fields = { endpoint: 'chat/completions', model: 'm', bodySha256: '00'.repeat(32), routing: '{}', provider: 'ab'.repeat(32), priceVersion: 'p', inputTokens: 1, maxOutputTokens: 1, expectedMicroUsd: 1n, maxHoldMicroUsd: 2n };
+const fields = { endpoint: 'chat/completions', model: 'm', bodySha256: '00'.repeat(32), routing: '{}', keyId: null, provider: 'ab'.repeat(32), priceVersion: 'p', inputTokens: 1, maxOutputTokens: 1, expectedMicroUsd: 1n, maxHoldMicroUsd: 2n };
 
 describe('EstimateStore', () => {
   test('an estimate lives ten minutes', () => {

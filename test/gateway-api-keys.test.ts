@@ -31,6 +31,9 @@ const OTHER_MODEL = 'sk-svc-v1-other-0123456789';
 const CAPPED = 'sk-svc-v1-capped-0123456789';
 const EXPIRING = 'sk-svc-v1-expiring-0123456789';
 const SPENDER = 'sk-svc-v1-spender-0123456789';
+const RETRIER = 'sk-svc-v1-retrier-0123456789';
+const ALL2 = 'sk-svc-v1-all2-0123456789';
+const SHORT_BUDGET = 'sk-svc-v1-short-0123456789';
 const EXPIRES_AT = Date.parse('2030-01-01T00:00:00Z');
 
 let dir: string;
@@ -49,6 +52,9 @@ const KEYS: ApiKeySpec[] = [
   { key: CAPPED, maxCostMicroUsd: 1n },
   { key: EXPIRING, expiresAt: EXPIRES_AT },
   { key: SPENDER, spendLimitMicroUsd: 22n, spendInterval: 'daily' },
+  { key: RETRIER, spendLimitMicroUsd: 15n },
+  { key: ALL2 },
+  { key: SHORT_BUDGET, spendLimitMicroUsd: 3n },
 ];
 
 beforeAll(async () => {
@@ -172,6 +178,23 @@ describe('per-key limits at the gateway', () => {
     expect(BigInt(after.cost_micro_usd) - BigInt(totals.cost_micro_usd)).toBe(parseUsd(body.usage.cost));
   });
 
+  test('an estimate applies the key\'s limits as execution would (its cost cap, its spend limit), and is bound to the key it was made under', async () => {
+    const estimate = (key: string) => post('estimates', key, JSON.stringify({ endpoint: 'CHAT', body: JSON.parse(chatBody('hello there')) }));
+    const capped = await errorOf(await estimate(CAPPED));
+    expect(capped[0]).toBe(403);
+    expect(capped[1].code).toBe('request_cost_limit_exceeded');
+    expect(capped[1].message).toMatch(/^the request's worst case \d+ micro-USD is above this API key's cost cap 1$/);
+    expect(await errorOf(await estimate(SHORT_BUDGET))).toEqual([403, { code: 'key_spend_limit_exceeded', message: "this API key's spend limit leaves 0.000003 USD, less than this request's worst case" }]);
+    // Made under one key, an estimate is not another key's to use.
+    const made = await estimate(ALL);
+    expect(made.status).toBe(200);
+    const id = ((await made.json()) as { estimate_id: string }).estimate_id;
+    const totals = await marketTotals(marketUrl);
+    expect(await errorOf(await post('chat/completions', ALL2, chatBody('hello there'), { 'x-service-estimate': id }))).toEqual([400, { code: 'invalid_request', message: 'X-Service-Estimate: the estimate was made under another API key' }]);
+    expect(await marketTotals(marketUrl)).toEqual(totals);
+    expect((await post('chat/completions', ALL, chatBody('hello there'), { 'x-service-estimate': id })).status).toBe(200);
+  });
+
   test('an expired key no longer authenticates (401 api_key_expired); before its time it does', async () => {
     clock.wall = EXPIRES_AT - 1;
     expect((await post('tokenize', EXPIRING, JSON.stringify({ model: MODEL, prompt: 'hi' }))).status).toBe(200);
@@ -211,6 +234,27 @@ describe('per-key limits at the gateway', () => {
     expect((await ask()).status).toBe(200);
   });
 
+  test('a retry under an Idempotency-Key is answered from the record and charged nothing, and what it held is free again at once', async () => {
+    const before = await marketTotals(marketUrl);
+    const ask = (idem?: string) => post('chat/completions', RETRIER, chatBody('hello'), idem ? { 'idempotency-key': idem } : {});
+    const first = await ask('retrier-1');
+    expect(first.status).toBe(200);
+    const a = (await first.json()) as { usage: { cost: string }; service: { request_id: string } };
+    expect(a.usage.cost).toBe('0.000005');
+    await gw.idle(); // (settled)
+    const retry = await ask('retrier-1');
+    expect(retry.status).toBe(200);
+    expect(((await retry.json()) as { service: { request_id: string } }).service.request_id).toBe(a.service.request_id);
+    // The retry held all that was left (10) while it ran; answered from the record, it holds nothing now:
+    // two more requests of 5 fit in the 15.
+    expect((await ask()).status).toBe(200);
+    expect((await ask()).status).toBe(200);
+    expect((await errorOf(await ask()))[1].code).toBe('key_spend_limit_exceeded');
+    const after = await marketTotals(marketUrl);
+    expect(after.receipts - before.receipts).toBe(3);
+    expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(15n);
+  });
+
   test('with a records file a lifetime budget outlives the gateway: what was charged before a restart still counts', async () => {
     const records = path.join(dir, 'records.db');
     const keys: ApiKeySpec[] = [{ key: SPENDER, spendLimitMicroUsd: 10n }];
@@ -229,7 +273,7 @@ describe('per-key limits at the gateway', () => {
     try {
       expect((await ask(g)).status).toBe(200);
       await g.idle();
-      expect(await errorOf(await ask(g))).toEqual([403, { code: 'key_spend_limit_exceeded', message: 'this API key has used 0.000010 of its lifetime spend limit of 0.000010 USD (settled charges and open holds); it does not reset' }]);
+      expect(await errorOf(await ask(g))).toEqual([403, { code: 'key_spend_limit_exceeded', message: 'this API key has used 0.000010 of its lifetime spend limit of 0.000010 USD (0.000010 charged); it does not reset' }]);
     } finally {
       await g.close(1000);
     }
@@ -284,7 +328,12 @@ describe('the keys file and the sliding window', () => {
       expect(refused(`${SLOW} expires=2027-01-31`)).toMatch(/:2: expires: expected an ISO 8601 time with its zone/);
       expect(refused(`${SLOW} expires=2027-02-31T00:00:00Z`)).toMatch(/:2: expires: /);
       expect(refused(`${SLOW} name=a name=b`)).toBe(`${f}:2: name given twice`);
-      expect(refused(`${SLOW} name=two words`)).toBe(`${f}:2: expected name=value after the key, got "words"`);
+      expect(refused(`${SLOW} name=two words`)).toBe(`${f}:2: expected name=value after the key, got a word without "=" (one key a line)`);
+      // Neither a second key on the line nor one ending in "=" is quoted (the message goes to logs).
+      expect(refused(`${SLOW} ${ALL}`)).toBe(`${f}:2: expected name=value after the key, got a word without "=" (one key a line)`);
+      expect(refused(`${SLOW} ${ALL}=`)).toBe(`${f}:2: unknown option (expected name, rate_limit, scopes, models, max_cost_usd, expires, spend_limit_usd or spend_interval)`);
+      // A line of options alone (a long line wrapped) is not taken for a key.
+      expect(refused('    name=ci-runner-0001 rate_limit=60 spend_limit_usd=5')).toBe(`${f}:2: starts with name=value, not a key: a key's options follow it on its own line`);
       expect(refused(`${SLOW} name=${'x'.repeat(65)}`)).toMatch(/:2: name: expected 1 to 64 letters/);
       expect(refused(`${SLOW} limit=5`)).toMatch(/:2: unknown option "limit"/);
       expect(refused(ALL)).toBe(`${f}:2: the API key is listed twice`);

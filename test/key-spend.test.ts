@@ -7,7 +7,7 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { describe, expect, test } from 'vitest';
 import { GatewayError } from '../src/gateway/errors.ts';
-import { KeySpend, spendWindow, type SpendLimit } from '../src/gateway/key-spend.ts';
+import { KeySpend, LINGER_MS, spendWindow, type SpendLimit } from '../src/gateway/key-spend.ts';
 
 const at = (iso: string): number => Date.parse(iso);
 
@@ -45,7 +45,7 @@ describe('KeySpend', () => {
     const a = s.reserve(daily, undefined);
     expect([a.amount, a.budgetBound]).toEqual([100n, true]);
     expect(s.used(daily)).toBe(100n);
-    expect(refusal(() => s.reserve(daily, 1n))).toEqual({ status: 403, code: 'key_spend_limit_exceeded', message: 'this API key has used 0.000100 of its daily spend limit of 0.000100 USD (settled charges and open holds); it resets at 2026-11-28T00:00:00.000Z' });
+    expect(refusal(() => s.reserve(daily, 1n))).toEqual({ status: 403, code: 'key_spend_limit_exceeded', message: 'this API key has used 0.000100 of its daily spend limit of 0.000100 USD (0.000000 charged, 0.000100 held by requests still open (for at most 10 min after each ends without a receipt)); the charges reset at 2026-11-28T00:00:00.000Z' });
     a.end();
     expect(s.used(daily)).toBe(0n);
     const capped = s.reserve(daily, 30n);
@@ -100,6 +100,7 @@ describe('KeySpend', () => {
   });
 
   test('charges fall in the window of their settlement: the next day starts at 0, open holds carry over', () => {
+    clock.t = at('2026-11-27T23:58:00Z');
     const s = fresh();
     const r = s.reserve(daily, undefined);
     r.hold('e', 50n);
@@ -107,7 +108,7 @@ describe('KeySpend', () => {
     s.settled('e', 50n, true);
     r.end();
     expect(s.used(daily)).toBe(70n);
-    clock.t = at('2026-11-28T00:00:00Z');
+    clock.t = at('2026-11-28T00:01:00Z');
     expect(s.used(daily)).toBe(20n);
     s.settled('f', 20n, true);
     expect(s.used(daily)).toBe(20n);
@@ -116,10 +117,60 @@ describe('KeySpend', () => {
     l.hold('g', 5n);
     s.settled('g', 5n, true);
     l.end();
-    expect(refusal(() => s.reserve(lifetime, undefined)).message).toBe('this API key has used 0.000005 of its lifetime spend limit of 0.000005 USD (settled charges and open holds); it does not reset');
+    expect(refusal(() => s.reserve(lifetime, undefined)).message).toBe('this API key has used 0.000005 of its lifetime spend limit of 0.000005 USD (0.000005 charged); it does not reset');
     clock.t = at('2027-06-01T00:00:00Z');
     expect(s.used(lifetime)).toBe(5n);
     expect(s.used(daily)).toBe(0n);
+  });
+
+  test('a hold without a receipt counts for 10 min after its request ended, then no more (a receipt found later is still charged); one under a receipt counts until settled or given up', () => {
+    clock.t = at('2026-11-27T12:00:00Z');
+    const s = fresh();
+    const r = s.reserve(daily, undefined); // no cap: the whole budget is its cap, and its ticket's hold
+    r.hold('k', 100n);
+    clock.t += 60_000; // (a minute later, a provider breaks off: the handler ends, no receipt yet)
+    r.end();
+    expect(s.used(daily)).toBe(100n);
+    expect(refusal(() => s.reserve(daily, undefined)).message).toBe('this API key has used 0.000100 of its daily spend limit of 0.000100 USD (0.000000 charged, 0.000100 held by requests still open (for at most 10 min after each ends without a receipt)); the charges reset at 2026-11-28T00:00:00.000Z');
+    clock.t += LINGER_MS - 1;
+    expect(s.used(daily)).toBe(100n);
+    clock.t += 1;
+    expect(s.used(daily)).toBe(0n);
+    s.settled('k', 3n, true); // its receipt, found by a later look: charged all the same
+    expect(s.used(daily)).toBe(3n);
+    // A receipt the market has not taken yet holds its cost, with no time limit.
+    const r2 = s.reserve(daily, undefined);
+    r2.hold('l', 97n);
+    r2.end();
+    s.settled('l', 4n, false);
+    clock.t += 2 * LINGER_MS;
+    expect(s.used(daily)).toBe(7n);
+    s.dropped('l'); // (given up: the market refused it for good)
+    expect(s.used(daily)).toBe(3n);
+  });
+
+  test('a hold kept in the records file by a run that stopped lingers from the next start, then goes: no key is held for ever', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'key-spend-'));
+    try {
+      clock.t = at('2026-11-27T12:00:00Z');
+      const file = path.join(dir, 'records.db');
+      let db = new Database(file);
+      const r = fresh(db).reserve(daily, undefined);
+      r.hold('m', 100n); // (the gateway is killed while it runs: the reservation never ends)
+      db.close();
+      clock.t += 3 * 24 * 60 * 60_000; // (started again days later)
+      db = new Database(file);
+      const s = fresh(db);
+      expect(s.used(daily)).toBe(100n);
+      clock.t += LINGER_MS;
+      expect(s.used(daily)).toBe(0n);
+      db.close();
+      db = new Database(file);
+      expect(fresh(db).used(daily)).toBe(0n); // (the release was written)
+      db.close();
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test('with a records file: the window\'s charges and the open holds survive a restart, and a late receipt is charged once', () => {

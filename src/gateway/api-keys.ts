@@ -71,6 +71,8 @@ export interface ApiKeySpec {
 
 /** A key's limits as the gateway holds them. */
 export interface KeyPolicy {
+  /** A stable id of the key (a prefix of its SHA-256), never the key. */
+  readonly id: string;
   readonly label: string;
   readonly scopes: ReadonlySet<string>;
   readonly models: ReadonlySet<string> | undefined;
@@ -102,6 +104,12 @@ export function assertModelAllowed(req: FastifyRequest, model: string): void {
   if (k?.models && !k.models.has(model)) throw new GatewayError(403, 'model_not_allowed', `this API key may not use ${JSON.stringify(model.slice(0, 256))} (its model allowlist)`);
 }
 
+/** 403 request_cost_limit_exceeded when a worst case of `worst` micro-USD is above the request's key's cost cap. */
+export function assertWithinKeyCap(req: FastifyRequest, worst: bigint): void {
+  const cap = keyOf(req)?.maxCostMicroUsd;
+  if (cap !== undefined && worst > cap) throw new GatewayError(403, 'request_cost_limit_exceeded', `the request's worst case ${worst} micro-USD is above this API key's cost cap ${cap}`);
+}
+
 /** The stricter of the request's X-Service-Max-Cost-Usd (micro-USD string) and its key's cost cap. */
 export function effectiveCostCap(req: FastifyRequest, header: string | undefined): string | undefined {
   const keyCap = keyOf(req)?.maxCostMicroUsd;
@@ -119,7 +127,8 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
   const seen = new Set<string>();
   for (const w of words) {
     const eq = w.indexOf('=');
-    if (eq <= 0) throw problem(where, `expected name=value after the key, got "${w.slice(0, 64)}"`);
+    // (The word is not quoted: it may be a second key pasted on the line, and this goes to logs.)
+    if (eq <= 0) throw problem(where, 'expected name=value after the key, got a word without "=" (one key a line)');
     const name = w.slice(0, eq);
     const value = w.slice(eq + 1);
     if (seen.has(name)) throw problem(where, `${name} given twice`);
@@ -170,7 +179,7 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
         spec.spendInterval = value as SpendInterval;
         break;
       default:
-        throw problem(where, `unknown option "${name.slice(0, 64)}" (expected name, rate_limit, scopes, models, max_cost_usd, expires, spend_limit_usd or spend_interval)`);
+        throw problem(where, `unknown option${/^[a-z_]{1,32}$/.test(name) ? ` "${name}"` : ''} (expected name, rate_limit, scopes, models, max_cost_usd, expires, spend_limit_usd or spend_interval)`);
     }
   }
   return spec;
@@ -197,6 +206,8 @@ export function readApiKeysFile(file: string): ApiKeySpec[] {
     const where = `${file}:${i + 1}`;
     const [key, ...words] = line.split(/[ \t]+/);
     if (!KEY_RE.test(key!)) throw problem(where, 'an API key is 16 to 256 visible ASCII characters, without spaces');
+    // A line of options alone (a long line wrapped) would otherwise be a key anyone could guess.
+    if (/^[a-z_]{1,32}=/.test(key!)) throw problem(where, 'starts with name=value, not a key: a key\'s options follow it on its own line');
     if (seen.has(key!)) throw problem(where, 'the API key is listed twice');
     seen.add(key!);
     const spec = parseOptions(where, key!, words);
@@ -227,6 +238,7 @@ function policyOf(spec: ApiKeySpec): KeyPolicy {
   const hash = sha256Hex(spec.key);
   const label = spec.name ?? hash.slice(0, 12);
   return {
+    id: hash.slice(0, 32),
     label,
     scopes: new Set(scopes),
     models: spec.models ? new Set(spec.models) : undefined,

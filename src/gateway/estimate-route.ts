@@ -15,12 +15,13 @@ import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, decodeJson, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
-import { assertModelAllowed } from './api-keys.ts';
+import { assertModelAllowed, assertWithinKeyCap, keyOf } from './api-keys.ts';
+import type { KeySpend } from './key-spend.ts';
 import { askTokens, ProviderUnreached } from './token-routes.ts';
 
 const REFUSED_HEADERS = { 'x-service-max-cost-usd': 'X-Service-Max-Cost-Usd', 'x-service-estimate': 'X-Service-Estimate' } as const;
 
-export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; market: MarketClient; estimates: EstimateStore }): void {
+export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; market: MarketClient; estimates: EstimateStore; spend?: KeySpend }): void {
   app.post('/v1/estimates', async (req, reply) => {
     for (const [h, name] of Object.entries(REFUSED_HEADERS)) if (req.headers[h] !== undefined) throw invalid(name, 'not accepted on /estimates');
     const controls = parseRoutingHeaders(req.headers);
@@ -66,11 +67,16 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     const refusal = contextUnfit(c.context ?? 0, need);
     if (refusal) throw new GatewayError(refusal.status, refusal.code, refusal.message);
     const maxHold = worstCaseCost(need, rates);
+    // The key's limits, as execution would apply them (the spec: estimates validate "key limits").
+    assertWithinKeyCap(req, maxHold);
+    const spendLimit = keyOf(req)?.spend;
+    if (spendLimit && d.spend) d.spend.assertRoomFor(spendLimit, maxHold);
     const est = d.estimates.add({
       endpoint,
       model: parsed.model,
       bodySha256: canonicalBodySha256(bytes),
       routing: routingKey(controls),
+      keyId: keyOf(req)?.id ?? null,
       provider: c.provider.provider,
       priceVersion: c.provider.price_version ?? '',
       inputTokens: need.inputTokens,

@@ -29,6 +29,8 @@ export interface Estimate {
   bodySha256: string;
   /** The routing controls the estimate was made under, canonical JSON: execution must ask the same. */
   routing: string;
+  /** The API key it was made under (KeyPolicy.id; null without keys): execution must use the same (the spec: "this key"). */
+  keyId: string | null;
   provider: string;
   priceVersion: string;
   inputTokens: number;

@@ -252,7 +252,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const relay = new Relay({ settlements, records, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
   registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, firstLookMs: reconciler.firstLookMs, ...(spend ? { spend } : {}) });
   registerTokenRoutes(app, { host, market });
-  registerEstimateRoute(app, { host, market, estimates });
+  registerEstimateRoute(app, { host, market, estimates, ...(spend ? { spend } : {}) });
   registerCatalogRoutes(app, { market });
 
   app.get('/v1/requests/:id', async (req, reply) => {

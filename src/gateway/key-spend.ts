@@ -6,8 +6,12 @@
 //     idempotent retry answered with the first request's receipt is not charged again);
 //   - plus the holds of its requests still open: a request that runs holds what its buyer allowed
 //     (its reservation, below), and once its handler ends, each attempt's ticket hold until its
-//     receipt settles or the gateway gives it up (a receipt the market has not yet taken holds its
-//     own cost instead).
+//     receipt settles or the gateway gives it up, but no longer than LINGER_MS (10 min) after: a
+//     provider that broke off and cannot be reached would otherwise keep the whole budget held for
+//     the ~28 h the gateway goes on looking for its receipt, across window resets (its ticket
+//     expired within a minute; a receipt found later is still charged, in the window it settles
+//     in). A verified receipt the market has not yet taken holds its own cost until it is settled
+//     or given up.
 // A paid request reserves, before any ticket, at most what is left of the budget: that is its cost
 // cap (with the key's cap and X-Service-Max-Cost-Usd), so a request whose worst case the budget
 // cannot pay for is refused by the node before anything is spent, and two requests at once never
@@ -26,6 +30,8 @@ export type SpendInterval = (typeof SPEND_INTERVALS)[number] | 'lifetime';
 const DAY_MS = 86_400_000;
 /** How long a settled or released request's row is kept (to charge a late receipt once): past the reconciler's ~28 h. */
 const ROW_KEPT_MS = 8 * DAY_MS;
+/** How long an attempt's ticket hold counts after its request's handler ended, without a receipt. */
+export const LINGER_MS = 10 * 60_000;
 
 /** The window `at` (ms) falls in: its id, and when the next one starts (undefined: lifetime). */
 export function spendWindow(interval: SpendInterval, at: number): { id: string; endsAt: number | undefined } {
@@ -74,6 +80,10 @@ interface Row {
   hold: bigint;
   state: 'held' | 'charged' | 'released';
   at: number;
+  /** Held without a receipt, outside a reservation: counted until then (wall ms). */
+  until: number | undefined;
+  /** Its hold is a verified receipt's cost (the market has not taken it yet): no `until`. */
+  receipt: boolean;
   /** The reservation it runs under, while that counts for it. */
   res: Reservation | undefined;
 }
@@ -90,7 +100,7 @@ export interface SpendReservation {
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS key_spend (key_id TEXT NOT NULL, win TEXT NOT NULL, micro_usd TEXT NOT NULL, PRIMARY KEY (key_id, win)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS key_requests (request_id TEXT PRIMARY KEY, key_id TEXT NOT NULL, interval TEXT NOT NULL, hold TEXT NOT NULL, state TEXT NOT NULL, at INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS key_requests (request_id TEXT PRIMARY KEY, key_id TEXT NOT NULL, interval TEXT NOT NULL, hold TEXT NOT NULL, state TEXT NOT NULL, at INTEGER NOT NULL, until INTEGER, receipt INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 `;
 
 export class KeySpend {
@@ -103,7 +113,9 @@ export class KeySpend {
   private readonly held = new Map<string, bigint>();
   /** Per key: what its live reservations count (amount − charged under them, at least 0). */
   private readonly reserved = new Map<string, bigint>();
-  private readonly put: { spend: Database.Statement<[string, string, string]>; row: Database.Statement<[string, string, string, string, string, number]>; prune: Database.Statement<[number]> } | undefined;
+  /** Held rows with an `until`, in its order: released as their time comes. */
+  private lingering: Row[] = [];
+  private readonly put: { spend: Database.Statement<[string, string, string]>; row: Database.Statement<[string, string, string, string, string, number, number | null, number]>; prune: Database.Statement<[number]> } | undefined;
   private writes = 0;
 
   constructor(opts: { db?: Database.Database; now?: () => number; onError?: (e: Error) => void } = {}) {
@@ -114,20 +126,67 @@ export class KeySpend {
     db.exec(SCHEMA);
     for (const r of db.prepare<[], { key_id: string; win: string; micro_usd: string }>('SELECT key_id, win, micro_usd FROM key_spend').all()) this.spent.set(`${r.key_id} ${r.win}`, BigInt(r.micro_usd));
     db.prepare('DELETE FROM key_requests WHERE state != ? AND at < ?').run('held', this.now() - ROW_KEPT_MS);
-    for (const r of db.prepare<[], { request_id: string; key_id: string; interval: SpendInterval; hold: string; state: Row['state']; at: number }>('SELECT request_id, key_id, interval, hold, state, at FROM key_requests').all()) {
-      this.rows.set(r.request_id, { requestId: r.request_id, keyId: r.key_id, interval: r.interval, hold: BigInt(r.hold), state: r.state, at: r.at, res: undefined });
-      if (r.state === 'held') this.add(this.held, r.key_id, BigInt(r.hold));
+    for (const r of db.prepare<[], { request_id: string; key_id: string; interval: SpendInterval; hold: string; state: Row['state']; at: number; until: number | null; receipt: number }>('SELECT request_id, key_id, interval, hold, state, at, until, receipt FROM key_requests ORDER BY until').all()) {
+      const row: Row = { requestId: r.request_id, keyId: r.key_id, interval: r.interval, hold: BigInt(r.hold), state: r.state, at: r.at, until: r.until ?? undefined, receipt: r.receipt === 1, res: undefined };
+      this.rows.set(r.request_id, row);
+      if (row.state !== 'held') continue;
+      this.add(this.held, r.key_id, row.hold);
+      // (A hold from a run that stopped while its request ran lingers from now.)
+      if (!row.receipt) {
+        row.until ??= this.now() + LINGER_MS;
+        this.lingering.push(row);
+      }
     }
+    this.lingering.sort((a, b) => a.until! - b.until!);
     this.put = {
       spend: db.prepare('INSERT OR REPLACE INTO key_spend (key_id, win, micro_usd) VALUES (?, ?, ?)'),
-      row: db.prepare('INSERT OR REPLACE INTO key_requests (request_id, key_id, interval, hold, state, at) VALUES (?, ?, ?, ?, ?, ?)'),
+      row: db.prepare('INSERT OR REPLACE INTO key_requests (request_id, key_id, interval, hold, state, at, until, receipt) VALUES (?, ?, ?, ?, ?, ?, ?, ?)'),
       prune: db.prepare(`DELETE FROM key_requests WHERE state != 'held' AND at < ?`),
     };
   }
 
   /** Settled charges in the current window plus open holds and reservations. */
   used(key: SpendLimit): bigint {
-    return (this.spent.get(`${key.id} ${spendWindow(key.interval, this.now()).id}`) ?? 0n) + (this.held.get(key.id) ?? 0n) + (this.reserved.get(key.id) ?? 0n);
+    const u = this.usage(key);
+    return u.spent + u.open;
+  }
+
+  /** What `key` has spent in the current window, and what its open holds and reservations hold. */
+  private usage(key: SpendLimit): { spent: bigint; open: bigint } {
+    this.releaseLingering();
+    return { spent: this.spent.get(`${key.id} ${spendWindow(key.interval, this.now()).id}`) ?? 0n, open: (this.held.get(key.id) ?? 0n) + (this.reserved.get(key.id) ?? 0n) };
+  }
+
+  /** Holds whose LINGER_MS are over, without a receipt: released (a receipt found later is still charged). */
+  private releaseLingering(): void {
+    const now = this.now();
+    let n = 0;
+    for (const row of this.lingering) {
+      if (row.until! > now) break;
+      n++;
+      // (one charged, given up or under a receipt meanwhile has left `held` already)
+      if (row.state === 'held' && !row.receipt && !row.res && row.until !== undefined && row.until <= now) {
+        this.add(this.held, row.keyId, -row.hold);
+        row.state = 'released';
+        row.at = now;
+        this.save(row);
+      }
+    }
+    if (n > 0) this.lingering = this.lingering.slice(n);
+  }
+
+  /** A held row now outside any reservation, without a receipt: it counts for LINGER_MS more. */
+  private linger(row: Row): void {
+    row.until = this.now() + LINGER_MS;
+    this.lingering.push(row);
+  }
+
+  /** 403 key_spend_limit_exceeded when what is left of `key`'s budget cannot pay a worst case of `worst` (an estimate's judgement: nothing reserved). */
+  assertRoomFor(key: SpendLimit, worst: bigint): void {
+    const u = this.usage(key);
+    const left = key.limitMicroUsd - u.spent - u.open;
+    if (left <= 0n) throw spendRefusal(key, u, this.now());
+    if (worst > left) throw budgetTooSmall(key, left);
   }
 
   /**
@@ -135,9 +194,9 @@ export class KeySpend {
    * key_spend_limit_exceeded when nothing is left.
    */
   reserve(key: SpendLimit, cap: bigint | undefined): SpendReservation {
-    const used = this.used(key);
-    const left = key.limitMicroUsd - used;
-    if (left <= 0n) throw spendRefusal(key, used, this.now());
+    const u = this.usage(key);
+    const left = key.limitMicroUsd - u.spent - u.open;
+    if (left <= 0n) throw spendRefusal(key, u, this.now());
     const amount = cap !== undefined && cap < left ? cap : left;
     const res: Reservation = { keyId: key.id, amount, charged: 0n, live: true, rows: [] };
     this.add(this.reserved, key.id, amount);
@@ -145,10 +204,13 @@ export class KeySpend {
       amount,
       budgetBound: amount === left && (cap === undefined || cap > left),
       hold: (requestId, hold) => {
-        const row: Row = { requestId, keyId: key.id, interval: key.interval, hold, state: 'held', at: this.now(), res: res.live ? res : undefined };
+        const row: Row = { requestId, keyId: key.id, interval: key.interval, hold, state: 'held', at: this.now(), until: undefined, receipt: false, res: res.live ? res : undefined };
         this.rows.set(requestId, row);
         if (row.res) res.rows.push(row);
-        else this.add(this.held, key.id, hold);
+        else {
+          this.add(this.held, key.id, hold);
+          this.linger(row);
+        }
         this.save(row);
       },
       end: () => {
@@ -157,7 +219,10 @@ export class KeySpend {
         this.add(this.reserved, key.id, -this.counted(res));
         for (const row of res.rows) {
           row.res = undefined;
-          if (row.state === 'held') this.add(this.held, key.id, row.hold);
+          if (row.state !== 'held') continue;
+          this.add(this.held, key.id, row.hold);
+          if (!row.receipt) this.linger(row);
+          this.save(row);
         }
       },
     };
@@ -172,6 +237,8 @@ export class KeySpend {
       if (!row.res) this.add(this.held, row.keyId, cost - (row.state === 'held' ? row.hold : 0n));
       row.hold = cost;
       row.state = 'held';
+      row.receipt = true;
+      row.until = undefined;
       this.save(row);
       return;
     }
@@ -211,7 +278,7 @@ export class KeySpend {
   }
 
   private save(row: Row): void {
-    this.guard(() => this.put?.row.run(row.requestId, row.keyId, row.interval, row.hold.toString(), row.state, row.at));
+    this.guard(() => this.put?.row.run(row.requestId, row.keyId, row.interval, row.hold.toString(), row.state, row.at, row.until ?? null, row.receipt ? 1 : 0));
     if (++this.writes % 1000 === 0) {
       const edge = this.now() - ROW_KEPT_MS;
       for (const [id, r] of this.rows) if (r.state !== 'held' && r.at < edge) this.rows.delete(id);
@@ -228,11 +295,12 @@ export class KeySpend {
   }
 }
 
-function spendRefusal(key: SpendLimit, used: bigint, now: number): GatewayError {
+function spendRefusal(key: SpendLimit, u: { spent: bigint; open: bigint }, now: number): GatewayError {
   const w = spendWindow(key.interval, now);
   const what = key.interval === 'lifetime' ? 'lifetime' : key.interval;
-  const resets = w.endsAt === undefined ? 'it does not reset' : `it resets at ${new Date(w.endsAt).toISOString()}`;
-  return new GatewayError(403, 'key_spend_limit_exceeded', `this API key has used ${formatUsd(used)} of its ${what} spend limit of ${formatUsd(key.limitMicroUsd)} USD (settled charges and open holds); ${resets}`);
+  const resets = w.endsAt === undefined ? 'it does not reset' : `the charges reset at ${new Date(w.endsAt).toISOString()}`;
+  const open = u.open > 0n ? `, ${formatUsd(u.open)} held by requests still open (for at most ${LINGER_MS / 60_000} min after each ends without a receipt)` : '';
+  return new GatewayError(403, 'key_spend_limit_exceeded', `this API key has used ${formatUsd(u.spent + u.open)} of its ${what} spend limit of ${formatUsd(key.limitMicroUsd)} USD (${formatUsd(u.spent)} charged${open}); ${resets}`);
 }
 
 /** The refusal for a request the budget left could not pay for (the node's request_cost_limit_exceeded, when the budget was the cap). */

@@ -158,6 +158,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (!est) throw invalid('X-Service-Estimate', 'unknown or expired estimate');
       if (est.endpoint !== endpoint || est.model !== model || est.bodySha256 !== canonicalBodySha256(body)) throw invalid('X-Service-Estimate', 'the estimate is for another request');
       if (est.routing !== routingKey(controls)) throw invalid('X-Service-Estimate', 'the estimate was made under other routing controls');
+      if (est.keyId !== (keyOf(req)?.id ?? null)) throw invalid('X-Service-Estimate', 'the estimate was made under another API key');
       const asked = controls.routing.max_cost_micro_usd;
       const cap = asked === undefined || BigInt(asked) > est.maxHoldMicroUsd ? est.maxHoldMicroUsd : BigInt(asked);
       controls.routing.max_cost_micro_usd = cap.toString();

@@ -112,6 +112,7 @@ export class Settlements {
       if (first) await first;
       if (records.get(id)?.settled) {
         records.alias(askedAs, id);
+        records.dropJob(askedAs); // (nothing of its own to settle: its hold goes now, as on the path below)
         return;
       }
     }
