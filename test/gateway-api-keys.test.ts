@@ -34,6 +34,7 @@ const SPENDER = 'sk-svc-v1-spender-0123456789';
 const RETRIER = 'sk-svc-v1-retrier-0123456789';
 const ALL2 = 'sk-svc-v1-all2-0123456789';
 const SHORT_BUDGET = 'sk-svc-v1-short-0123456789';
+const EXACT = 'sk-svc-v1-exact-0123456789';
 const EXPIRES_AT = Date.parse('2030-01-01T00:00:00Z');
 
 let dir: string;
@@ -55,6 +56,7 @@ const KEYS: ApiKeySpec[] = [
   { key: RETRIER, spendLimitMicroUsd: 15n },
   { key: ALL2 },
   { key: SHORT_BUDGET, spendLimitMicroUsd: 3n },
+  { key: EXACT, spendLimitMicroUsd: 5n },
 ];
 
 beforeAll(async () => {
@@ -253,6 +255,22 @@ describe('per-key limits at the gateway', () => {
     const after = await marketTotals(marketUrl);
     expect(after.receipts - before.receipts).toBe(3);
     expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(15n);
+  });
+
+  test('a budget used up to the last micro-USD still answers a retry of its last request (from the node\'s record, free); anything new is refused', async () => {
+    const ask = (idem?: string) => post('chat/completions', EXACT, chatBody('hello'), idem ? { 'idempotency-key': idem } : {});
+    const first = await ask('exact-1');
+    expect(first.status).toBe(200);
+    const a = (await first.json()) as { usage: { cost: string }; service: { request_id: string } };
+    expect(a.usage.cost).toBe('0.000005'); // (the whole budget)
+    await gw.idle();
+    const totals = await marketTotals(marketUrl);
+    const retry = await ask('exact-1');
+    expect(retry.status).toBe(200);
+    expect(((await retry.json()) as { service: { request_id: string } }).service.request_id).toBe(a.service.request_id);
+    expect(await marketTotals(marketUrl)).toEqual(totals);
+    expect((await errorOf(await ask()))[1].code).toBe('key_spend_limit_exceeded');
+    expect((await errorOf(await ask('exact-2')))[1].code).toBe('key_spend_limit_exceeded');
   });
 
   test('with a records file a lifetime budget outlives the gateway: what was charged before a restart still counts', async () => {

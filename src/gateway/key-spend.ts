@@ -191,12 +191,14 @@ export class KeySpend {
 
   /**
    * Reserves what is left of `key`'s budget, or less when `cap` (micro-USD) is lower. 403
-   * key_spend_limit_exceeded when nothing is left.
+   * key_spend_limit_exceeded when nothing is left, except for a `retry` (an Idempotency-Key
+   * already answered: the node answers it from its record, free), which then reserves 0.
    */
-  reserve(key: SpendLimit, cap: bigint | undefined): SpendReservation {
+  reserve(key: SpendLimit, cap: bigint | undefined, opts: { retry?: boolean } = {}): SpendReservation {
     const u = this.usage(key);
-    const left = key.limitMicroUsd - u.spent - u.open;
-    if (left <= 0n) throw spendRefusal(key, u, this.now());
+    const room = key.limitMicroUsd - u.spent - u.open;
+    if (room <= 0n && !opts.retry) throw spendRefusal(key, u, this.now());
+    const left = room > 0n ? room : 0n;
     const amount = cap !== undefined && cap < left ? cap : left;
     const res: Reservation = { keyId: key.id, amount, charged: 0n, live: true, rows: [] };
     this.add(this.reserved, key.id, amount);

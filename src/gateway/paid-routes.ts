@@ -126,7 +126,8 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (costCap !== undefined) controls.routing.max_cost_micro_usd = costCap;
     // A key with a spend limit: what is left of it (if less) is the cap too, reserved until the end.
     const limit = keyOf(req)?.spend;
-    const spend = limit && d.spend ? d.spend.reserve(limit, costCap === undefined ? undefined : BigInt(costCap)) : undefined;
+    // (A retry of a request already answered reserves 0 when nothing is left: its node answers it from its record, free.)
+    const spend = limit && d.spend ? d.spend.reserve(limit, costCap === undefined ? undefined : BigInt(costCap), { retry: ticketing.isRetry(endpoint, idem) }) : undefined;
     if (spend) controls.routing.max_cost_micro_usd = spend.amount.toString();
     try {
       return await paidCapped(endpoint, req, reply, idem, answered, controls, model, body, spend);
