@@ -206,7 +206,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
           const context = listedContext(await ask.providers(), e.provider, model);
           if (context === undefined) throw e.error;
           controls = { ...controls, routing: { ...controls.routing, min_context: Math.max(controls.routing.min_context ?? 0, context + 1) } };
-        } else waited = true;
+        } else if (e.error.code !== 'request_cost_limit_exceeded') waited = true; // (a cost refusal came at once, before any wait)
       }
     }
   }
@@ -327,7 +327,13 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         mayFailOver &&
         attempts.length === 1 &&
         !gone.signal.aborted &&
-        ((e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) || (e.status === 400 && e.code === 'context_length_exceeded') || (status === 'refused' && e.status === 500));
+        ((e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) ||
+          (e.status === 400 && e.code === 'context_length_exceeded') ||
+          // Its worst case (its context, its rates) is above the cap; another's may not be: the
+          // market picks without counting tokens (the spec: "a request that no provider can serve
+          // within the caller's limits stops": one that some provider can, runs).
+          (e.status === 403 && e.code === 'request_cost_limit_exceeded') ||
+          (status === 'refused' && e.status === 500));
       // A hedged pair under half the cap each, neither started, one refused for its cost: half the
       // cap is what stopped it, so the request runs once, with the whole cap.
       const unhedge = attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] });
