@@ -752,7 +752,7 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     expect(seen).toContain('refused'); // the premise: at least once the refusal came before the winner's answer
   });
 
-  test('an Idempotency-Key retry whose first provider has stopped taking requests runs at the next provider, and is billed there', async () => {
+  test('an Idempotency-Key retry whose first provider has stopped taking requests is 503 idempotency_provider_unavailable: run nowhere else, billed nowhere; once it takes requests again, the retry goes there', async () => {
     const headers = { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}`, 'idempotency-key': `idem-moved-${crypto.randomUUID()}` };
     const body = chatBody('moved on');
     const first = await post(body, headers);
@@ -763,19 +763,18 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     const before = await snapshot();
     await scripted.heartbeat(marketUrl, false);
     try {
-      const retry = await post(body, headers);
-      expect(retry.status).toBe(200);
-      const retryId = retry.headers.get('x-request-id')!;
-      expect(retryId).not.toBe(firstId);
-      const answer = (await retry.json()) as { service: { receipt: DsseEnvelope } };
-      expect(verifyReceipt(answer.service.receipt, { provider: node.providerId }).ok).toBe(true);
-      expect(await record(retryId)).toMatchObject({ provider: node.providerId, status: 'completed', settled: true });
+      await expectError(await post(body, headers), 503, 'idempotency_provider_unavailable', new RegExp(`answered by provider ${scripted.providerId}, which cannot take the retry now .*retry later, or send the request under a new Idempotency-Key to run it again \\(and be billed again\\)$`));
       expect(scripted.requests).toBe(before.requests); // not dialled
-      expect(await marketReceipts()).toBe(before.receipts + 1);
-      expect(await record(firstId)).toMatchObject({ provider: scripted.providerId, settled: true });
+      expect(await marketReceipts()).toBe(before.receipts); // run nowhere else
     } finally {
       await scripted.heartbeat(marketUrl, true);
     }
+    // Back: the retry goes there (a real node answers it from its record; this scripted one just answers).
+    const again = await post(body, headers);
+    expect(again.status).toBe(200);
+    const answer = (await again.json()) as { service: { receipt: DsseEnvelope } };
+    expect(verifyReceipt(answer.service.receipt, { provider: scripted.providerId }).ok).toBe(true);
+    expect(scripted.requests).toBe(before.requests + 1);
   });
 
   test('a second request under an Idempotency-Key whose first is still waiting for its provider is 409 idempotency_in_progress: it runs nowhere, nothing is billed twice', async () => {

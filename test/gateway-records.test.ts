@@ -283,7 +283,7 @@ describe('RequestRecords', () => {
 });
 
 describe('Ticketing and the records file', () => {
-  test('a request under an Idempotency-Key reads the file once, hit or miss; a provider remembered later is answered from memory', async () => {
+  test('a request under an Idempotency-Key reads the file once per endpoint, hit or miss; a provider remembered later is answered from memory', async () => {
     const { Ticketing } = await import('../src/gateway/tickets.ts');
     const reads: string[] = [];
     const file = new Map([['chat/completions\nold', 'aa'.repeat(32)]]);
@@ -291,10 +291,12 @@ describe('Ticketing and the records file', () => {
     const t = new Ticketing({} as never, store);
     expect([t.isRetry('chat/completions', 'new'), t.isRetry('chat/completions', 'new')]).toEqual([false, false]);
     expect([t.isRetry('chat/completions', 'old'), t.isRetry('chat/completions', 'old')]).toEqual([true, true]);
-    expect(reads).toEqual(['chat/completions\nnew', 'chat/completions\nold']);
+    // (a miss looks under every paid endpoint: a key reused on another goes back to its provider too)
+    expect(reads).toEqual(['chat/completions\nnew', ...['completions', 'responses', 'embeddings'].map((e) => `${e}\nnew`), 'chat/completions\nold']);
     t.remember('chat/completions', 'new', 'bb'.repeat(32));
     expect(t.isRetry('chat/completions', 'new')).toBe(true);
-    expect(reads).toHaveLength(2);
+    expect(t.isRetry('embeddings', 'old')).toBe(true); // (answered under chat/completions: its provider refuses it for the other endpoint)
+    expect(reads).toHaveLength(6); // (+ 'embeddings\nold', a miss; chat/completions' hit was remembered)
   });
 });
 

@@ -22,7 +22,7 @@ import { budgetTooSmall, type KeySpend, type SpendReservation } from './key-spen
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
 import { ContractError, PAID_ENDPOINTS, parseRequest, type PaidEndpoint } from '../serve/contract.ts';
-import { embeddingsHold, idempotentKey, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
+import { embeddingsHold, idempotencyProviderUnavailable, idempotentKey, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -197,6 +197,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
           controls = { ...controls, routing: { ...controls.routing, hedge: false } };
           continue;
         }
+        // A retry that went back to the provider holding its answer goes nowhere else: it would run
+        // and be billed again there.
+        const answeredBy = ticketing.answeredBy(endpoint, ask.idem);
+        if (answeredBy !== undefined && e.provider === answeredBy) throw idempotencyProviderUnavailable(answeredBy, e.error.message);
         // (Only an attempt with failovers left throws a plain Failover: see paidAttempt's mayFailOver.)
         tried.push(e.provider);
         if (e.error.code === 'context_length_exceeded') {

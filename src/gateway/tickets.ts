@@ -6,7 +6,7 @@ import type { WireRates } from '../../attestation/receipt.ts';
 import type { TicketPayload, TicketRouting } from '../../attestation/ticket.ts';
 import { verifyTicket } from '../../attestation/ticket-verify.ts';
 import { quantizationBucket, worstCaseCost } from '../dispatch/routing.ts';
-import type { PaidEndpoint } from '../serve/contract.ts';
+import { PAID_ENDPOINTS, type PaidEndpoint } from '../serve/contract.ts';
 import { dialTarget } from './dial-target.ts';
 import { GatewayError } from './errors.ts';
 import type { MarketClient, ProviderEntry, TicketRequest } from './market-client.ts';
@@ -87,10 +87,16 @@ export class Ticketing {
    */
   private answeredAt(endpoint: PaidEndpoint, idem: string | undefined): string | undefined {
     if (idem === undefined) return undefined;
-    const key = idempotentKey(endpoint, idem);
-    let here = this.idempotentAt.get(key);
-    if (here === undefined) this.keep(key, (here = this.store?.idempotentProvider(key) ?? ''));
-    return here || undefined;
+    // Under this endpoint, else under another: a key reused on another endpoint goes back to the
+    // provider that holds its record too, which refuses it (409 idempotency_key_reused) wherever
+    // the market would have sent it, rather than run and bill it as a new request elsewhere.
+    for (const e of [endpoint, ...PAID_ENDPOINTS.filter((x) => x !== endpoint)]) {
+      const key = idempotentKey(e, idem);
+      let here = this.idempotentAt.get(key);
+      if (here === undefined) this.keep(key, (here = this.store?.idempotentProvider(key) ?? ''));
+      if (here) return here;
+    }
+    return undefined;
   }
 
   private keep(key: string, provider: string): void {
@@ -132,7 +138,12 @@ export class Ticketing {
     return { ticket: t, provider: grant.provider, target: dialTarget(grant.provider, grant.peer_id, grant.addresses), envelope: grant.ticket, ...(grant.rates ? { rates: grant.rates } : {}) };
   }
 
-  /** The ticket for a request; a retry under an Idempotency-Key goes back to the provider of the first attempt while it can. */
+  /**
+   * The ticket for a request; a retry under an Idempotency-Key goes back to the provider whose
+   * answer the buyer got (unless X-Service-Prefer-Providers leaves it out): that provider answers it
+   * from its record. Anywhere else it would run and be billed again, so when that provider cannot
+   * take it now the retry is 503 idempotency_provider_unavailable, not run elsewhere.
+   */
   async ticketFor(ask: TicketAsk, requestId: string, hold?: string): Promise<Granted> {
     const { controls, idem } = ask;
     const first = this.answeredAt(ask.endpoint, idem);
@@ -140,8 +151,8 @@ export class Ticketing {
       try {
         return await this.take(ask, { ...controls, preferredProviders: [first] }, requestId, hold);
       } catch (e) {
-        // That provider is gone or cannot take it now: the retry runs elsewhere (and is billed there).
         if (!(e instanceof GatewayError) || (e.code !== 'no_provider' && e.status !== 503)) throw e;
+        throw idempotencyProviderUnavailable(first, e.message);
       }
     }
     return this.take(ask, controls, requestId, hold);
@@ -160,6 +171,11 @@ export class Ticketing {
     } catch {
       return undefined; // no second route: run once
     }
+  }
+
+  /** The provider that answered a request under this Idempotency-Key (a retry goes back there, and only there), if any. */
+  answeredBy(endpoint: PaidEndpoint, idem: string | undefined): string | undefined {
+    return this.answeredAt(endpoint, idem);
   }
 
   /** Whether a request under this Idempotency-Key was answered before (a retry goes back there). */
@@ -192,6 +208,15 @@ export function embeddingsHold(listing: readonly ProviderEntry[], model: string,
     if (r && BigInt(r.input_per_mtok) > rate) rate = BigInt(r.input_per_mtok);
   }
   return rate === 0n ? undefined : worstCaseCost({ inputTokens: body.length, maxOutputTokens: 0 }, { input_per_mtok: rate, output_per_mtok: 0n }).toString();
+}
+
+/** A retry whose answering provider cannot take it now: never run elsewhere, where it would be billed again. */
+export function idempotencyProviderUnavailable(provider: string, why: string): GatewayError {
+  return new GatewayError(
+    503,
+    'idempotency_provider_unavailable',
+    `the first request under this Idempotency-Key was answered by provider ${provider}, which cannot take the retry now (${why.slice(0, 300)}); its answer is in that provider's record: retry later, or send the request under a new Idempotency-Key to run it again (and be billed again)`,
+  );
 }
 
 export const idempotentKey = (endpoint: PaidEndpoint, idem: string): string => `${endpoint}\n${idem}`;

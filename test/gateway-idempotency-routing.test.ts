@@ -1,0 +1,77 @@
+// Where a retry under an Idempotency-Key goes, with two real providers: back to the provider that
+// answered it, which holds its record. A key reused on another endpoint is refused there (409
+// idempotency_key_reused) whichever provider the market would pick; a retry whose provider has
+// gone is 503 idempotency_provider_unavailable, run and billed nowhere else.
+import crypto from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import type { RequestRecord } from '../src/gateway/records.ts';
+import type { RunningNode } from '../src/node.ts';
+import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
+import { errorOf, marketTotals } from './helpers/gateway-reads.ts';
+import { waitForListed } from './helpers/wait.ts';
+
+const MODEL = 'tiny/llama';
+let fx: MarketFixture;
+let a: RunningNode & { crash(): Promise<void> };
+let b: RunningNode;
+let gw: Gateway;
+
+beforeAll(async () => {
+  // A long heartbeat interval: a crashed node stays listed as live, as one that has just gone does.
+  fx = await startMarketFixture('gateway-idem-routing-', { heartbeatIntervalMs: 60_000 });
+  a = await fx.crashableNode('a');
+  b = await fx.tinyNode('b');
+  await waitForListed(fx.url, [a.providerId, b.providerId]);
+  gw = await createGateway({ market: fx.url, port: 0 });
+});
+afterAll(async () => {
+  await gw?.close(1000);
+  await fx?.close();
+});
+
+const post = (route: string, body: object, headers: Record<string, string>): Promise<Response> =>
+  fetch(`${gw.url}/${route}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ model: MODEL, max_tokens: 4, seed: 1, ...body }) });
+
+async function providerOf(res: Response): Promise<string> {
+  const id = res.headers.get('x-request-id')!;
+  await res.arrayBuffer();
+  return ((await (await fetch(`${gw.url}/requests/${id}`)).json()) as RequestRecord).provider!;
+}
+
+describe('retries under an Idempotency-Key with two providers', () => {
+  test('a key reused on another endpoint is 409 idempotency_key_reused every time, never run where the market would send it', async () => {
+    const before = await marketTotals(fx.url);
+    for (let i = 0; i < 4; i++) {
+      const key = `reused-${i}-${crypto.randomUUID()}`;
+      const first = await post('chat/completions', { messages: [{ role: 'user', content: 'hello' }] }, { 'idempotency-key': key });
+      expect(first.status).toBe(200);
+      await providerOf(first);
+      const [status, e] = await errorOf(await post('completions', { prompt: 'hello' }, { 'idempotency-key': key }));
+      expect([status, e.code]).toEqual([409, 'idempotency_key_reused']);
+    }
+    const after = await marketTotals(fx.url);
+    expect(after.receipts - before.receipts).toBe(4); // the four first requests only
+  });
+
+  test('the provider that answered has gone: the retry is 503 idempotency_provider_unavailable, and runs and is billed nowhere else', async () => {
+    // A request answered by `a` (preferred), then `a` crashes (still listed live: the market has not noticed).
+    const key = `gone-${crypto.randomUUID()}`;
+    const body = { messages: [{ role: 'user', content: 'hello there' }] };
+    const first = await post('chat/completions', body, { 'idempotency-key': key, 'x-service-prefer-providers': `${a.providerId},${b.providerId}` });
+    expect(first.status).toBe(200);
+    expect(await providerOf(first)).toBe(a.providerId);
+    await gw.idle();
+    await a.crash();
+    const before = await marketTotals(fx.url);
+    const [status, e] = await errorOf(await post('chat/completions', body, { 'idempotency-key': key }));
+    expect(status).toBe(503);
+    expect(e.code).toBe('idempotency_provider_unavailable');
+    expect(e.message).toContain(`answered by provider ${a.providerId}, which cannot take the retry now`);
+    expect(await marketTotals(fx.url)).toEqual(before);
+    // A new key runs it again, on the provider that is there (and bills it).
+    const fresh = await post('chat/completions', body, { 'idempotency-key': `${key}-new` });
+    expect(fresh.status).toBe(200);
+    expect(await providerOf(fresh)).toBe(b.providerId);
+  });
+});
