@@ -81,6 +81,13 @@ describe('GET /v1/models query', () => {
     expect(ids({ tools: 'false', prompt_confidential: 'false' })).toEqual(['big/model', 'tiny/llama']);
   });
 
+  test('`created` is when the model was first listed (its routes\' registered_at), not their latest heartbeat; a market without it falls back to last_seen', () => {
+    const at = (registered: number, seen: number) => [provider(A, { registered_at: registered, last_seen: seen }, [{ id: 'x/m', context: 512 }], {}), provider(B, { registered_at: registered + 5000, last_seen: seen + 9000 }, [{ id: 'x/m', context: 512 }], {})];
+    expect(catalogEntry(at(1_700_000_000_000, 1_700_000_300_000), 'x/m')?.created).toBe(1_700_000_000);
+    expect(catalogEntry(at(1_700_000_000_000, 1_700_000_900_000), 'x/m')?.created).toBe(1_700_000_000); // (heartbeats later: the same)
+    expect(catalogEntry([provider(A, { last_seen: 1_700_000_300_000 }, [{ id: 'x/m', context: 512 }], {})], 'x/m')?.created).toBe(1_700_000_300);
+  });
+
   test('sort and order; ties by id', () => {
     expect(ids({ sort: 'input_price' })).toEqual(['tiny/llama', 'big/model']);
     expect(ids({ sort: 'context', order: 'desc' })).toEqual(['big/model', 'tiny/llama']);

@@ -81,7 +81,7 @@ describe('providers', () => {
     const p = provider();
     expect((await s.post('/v1/providers/register', registration(p))).status).toBe(200);
     const [entry] = (await s.get('/v1/providers')).body as Record<string, unknown>[];
-    expect(Object.keys(entry!).sort()).toEqual(['accepting', 'addresses', 'attestation_tier', 'last_seen', 'live', 'models', 'peer_id', 'price_version', 'provider', 'rates']);
+    expect(Object.keys(entry!).sort()).toEqual(['accepting', 'addresses', 'attestation_tier', 'last_seen', 'live', 'models', 'peer_id', 'price_version', 'provider', 'rates', 'registered_at']);
     expect(await new MarketClient(s.url).providers()).toEqual([
       {
         provider: p.key.id,
@@ -91,6 +91,7 @@ describe('providers', () => {
         price_version: p.prices.payload.version,
         rates: { 'tiny/llama': { input_per_mtok: '150000', output_per_mtok: '600000' } },
         last_seen: expect.any(Number),
+        registered_at: expect.any(Number),
         attestation_tier: 'T1',
         live: true,
         accepting: true,

@@ -226,6 +226,8 @@ describe('heartbeat', () => {
       clock = t0 + 16_000;
       expect(await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { at: t0 + 11_000 }))).toEqual({ status: 200, body: { ok: true } });
       expect(await listed()).toMatchObject({ live: true, last_seen: t0 + 16_000 });
+      // Listed since its first registration: the second does not move it (the catalog's `created`, `sort=listed`).
+      expect((await listed()).registered_at).toBe(t0);
     } finally {
       await m.close();
     }

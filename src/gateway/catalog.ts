@@ -78,7 +78,8 @@ function models(listing: readonly ProviderEntry[]): Model[] {
         quantization: m.quantization === undefined ? undefined : quantizationBucket(m.quantization),
         tier: ATTESTATION_TIERS.find((t) => t === p.attestation_tier),
         rates,
-        seen: typeof p.last_seen === 'number' ? p.last_seen : undefined,
+        // When the route was first listed (a market without registered_at: its last heartbeat).
+        seen: typeof p.registered_at === 'number' ? p.registered_at : typeof p.last_seen === 'number' ? p.last_seen : undefined,
       };
       const e = byId.get(m.id) ?? { id: m.id, routes: [] };
       e.routes.push(route);

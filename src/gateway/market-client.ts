@@ -30,6 +30,8 @@ export interface ProviderEntry {
   /** Model id → rates (micro-USD per million tokens, decimal strings). */
   rates?: Record<string, { input_per_mtok: string; output_per_mtok: string }>;
   last_seen?: number;
+  /** Since when the market lists it (its clock, ms). */
+  registered_at?: number;
   attestation_tier?: string;
   /** Seen recently (the market's view); absent means unknown. */
   live?: boolean;
@@ -112,6 +114,7 @@ function readProvider(v: unknown): ProviderEntry | undefined {
     ...(typeof v.price_version === 'string' ? { price_version: v.price_version } : {}),
     ...(isObj(v.rates) ? { rates: readRates(v.rates) } : {}),
     ...(typeof v.last_seen === 'number' ? { last_seen: v.last_seen } : {}),
+    ...(typeof v.registered_at === 'number' ? { registered_at: v.registered_at } : {}),
     ...(typeof v.attestation_tier === 'string' ? { attestation_tier: v.attestation_tier } : {}),
     ...(typeof v.live === 'boolean' ? { live: v.live } : {}),
     ...(typeof v.accepting === 'boolean' ? { accepting: v.accepting } : {}),

@@ -115,7 +115,8 @@ export function register(store: MarketStore, body: unknown, now: number): Provid
     attestation_tier: p.attestation_tier,
     rates,
     issued_at: p.issued_at,
-    registered_at: now,
+    // (Since when the market lists it: kept across its re-registrations.)
+    registered_at: old?.registered_at ?? now,
     last_seen: now,
     last_ticket_at: old?.last_ticket_at ?? 0,
   };
@@ -188,6 +189,7 @@ export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs
     // From the provider's verified price list: micro-USD per million tokens, decimal strings.
     rates: Object.fromEntries([...p.rates].map(([id, r]) => [id, ratesToWire(r)])),
     attestation_tier: p.attestation_tier,
+    registered_at: p.registered_at,
     last_seen: p.last_seen,
     live: isLive(p, now, heartbeatIntervalMs),
     accepting: p.capacity?.accepting ?? true,
