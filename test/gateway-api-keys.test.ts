@@ -149,6 +149,9 @@ describe('per-key limits at the gateway', () => {
     expect(await marketTotals(marketUrl)).toEqual(totals);
     const e = await post('embeddings', EMBED_ONLY, JSON.stringify({ model: MODEL, input: 'hi' }));
     expect(e.status).toBe(200);
+    // An estimate is judged by the scope of the endpoint it estimates.
+    expect(await errorOf(await post('estimates', EMBED_ONLY, JSON.stringify({ endpoint: 'CHAT', body: JSON.parse(chatBody()) })))).toEqual([403, { code: 'insufficient_scope', message: 'this API key lacks the CHAT scope this request needs' }]);
+    expect((await post('estimates', EMBED_ONLY, JSON.stringify({ endpoint: 'EMBEDDINGS', body: { model: MODEL, input: 'hi' } }))).status).toBe(200);
     expect((await post('count_tokens', EMBED_ONLY, JSON.stringify({ model: MODEL, prompt: 'hi' }))).status).toBe(200);
   });
 

@@ -55,6 +55,21 @@ describe('a cost cap only some providers can meet', () => {
     expect(after.by_provider[wide.providerId]?.receipts ?? 0).toBe(before.by_provider[wide.providerId]?.receipts ?? 0);
   });
 
+  test('an estimate finds the provider execution would: past one whose context is too small, or whose worst case is above the cap', async () => {
+    const estimate = (body: object, headers: Record<string, string> = {}) =>
+      fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages: [{ role: 'user', content: 'hello' }], seed: 1, ...body } }) });
+    // 600 tokens out: only the wide node's context holds them, whichever the listing names first.
+    for (let i = 0; i < 2; i++) {
+      const r = await estimate({ max_tokens: 600 });
+      expect(r.status, await r.clone().text()).toBe(200);
+      const est = (await r.json()) as { can_start: { provider: string }; estimate_id: string };
+      expect(est.can_start.provider).toBe(wide.providerId);
+    }
+    // Too many tokens for either: refused as execution would be.
+    const [status, e] = await errorOf(await estimate({ max_tokens: 5000 }));
+    expect([status, e.code]).toEqual([400, 'context_length_exceeded']);
+  });
+
   test('a cap no provider can meet: 403 request_cost_limit_exceeded once both were asked, nothing charged', async () => {
     const before = await marketTotals(fx.url);
     const [status, e] = await errorOf(await ask('0.0001', 9));

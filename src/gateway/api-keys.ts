@@ -98,6 +98,12 @@ export function keyOf(req: FastifyRequest): KeyPolicy | undefined {
   return keyOfRequest.get(req);
 }
 
+/** 403 insufficient_scope when the request's key lacks `scope` (for a route that names the scope it judges: estimates). */
+export function assertScope(req: FastifyRequest, scope: Scope): void {
+  const k = keyOf(req);
+  if (k && !k.scopes.has('*') && !k.scopes.has(scope)) throw new GatewayError(403, 'insufficient_scope', `this API key lacks the ${scope} scope this request needs`);
+}
+
 /** 403 model_not_allowed when the request's key may not use `model`. */
 export function assertModelAllowed(req: FastifyRequest, model: string): void {
   const k = keyOf(req);

@@ -15,7 +15,7 @@ import type { MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, decodeJson, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
-import { assertModelAllowed, assertWithinKeyCap, keyOf } from './api-keys.ts';
+import { assertModelAllowed, assertScope, assertWithinKeyCap, keyOf, type Scope } from './api-keys.ts';
 import type { KeySpend } from './key-spend.ts';
 import { askTokens, ProviderUnreached } from './token-routes.ts';
 
@@ -30,6 +30,8 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     const ask = decoded.value as { endpoint?: unknown; body?: unknown }; // (null: no endpoint, refused next)
     const endpoint = typeof ask?.endpoint === 'string' && Object.hasOwn(ESTIMATE_ENDPOINTS, ask.endpoint) ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
     if (!endpoint) throw invalid('endpoint', `expected one of ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')}`);
+    // (The estimate's endpoint names are the spec's scopes: a key estimates only what it may run.)
+    assertScope(req, ask.endpoint as Scope);
     if (!isObj(ask.body)) throw invalid('body', 'expected the request body of that endpoint');
     let bytes: Buffer;
     try {
@@ -48,29 +50,40 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     // The first candidate that publishes a price and answers; one that cannot be reached is skipped.
     const priced = candidates(await d.market.providers(), parsed.model, controls).filter((x) => x.provider.rates?.[parsed.model] !== undefined);
     if (priced.length === 0) throw new GatewayError(503, 'no_provider', 'no provider that meets the routing controls publishes a price for this model');
-    let counted: { c: Candidate; need: Need } | undefined;
+    // The first candidate that can take it, as execution would find it (it fails over past a
+    // provider whose context is too small, or whose worst case the key's limits cannot pay for).
+    // Each is counted by its own tokenizer; one that cannot be reached is skipped.
+    let counted: { c: Candidate; need: Need; maxHold: bigint } | undefined;
+    let refused: GatewayError | undefined;
     let unreached: ProviderUnreached | undefined;
+    const spendLimit = keyOf(req)?.spend;
     for (const c of priced) {
+      let need: Need;
       try {
-        counted = { c, need: await needAt(d.host, c, parsed) };
-        break;
+        need = await needAt(d.host, c, parsed);
       } catch (e) {
         if (!(e instanceof ProviderUnreached)) throw e;
         unreached = e;
+        continue;
+      }
+      try {
+        // The node's own judgement of context fit. The listing already met every other control
+        // (candidates: checkOffer), and a cost cap is refused on this route.
+        const unfit = contextUnfit(c.context ?? 0, need);
+        if (unfit) throw new GatewayError(unfit.status, unfit.code, unfit.message);
+        const maxHold = worstCaseCost(need, ratesFromWire(c.provider.rates![parsed.model]!));
+        // The key's limits, as execution would apply them (the spec: estimates validate "key limits").
+        assertWithinKeyCap(req, maxHold);
+        if (spendLimit && d.spend) d.spend.assertRoomFor(spendLimit, maxHold);
+        counted = { c, need, maxHold };
+        break;
+      } catch (e) {
+        if (!(e instanceof GatewayError)) throw e;
+        refused ??= e;
       }
     }
-    if (!counted) throw unreached!;
-    const { c, need } = counted;
-    const rates = ratesFromWire(c.provider.rates![parsed.model]!);
-    // The node's own judgement of context fit. The listing already met every other control
-    // (candidates: checkOffer), and a cost cap is refused on this route.
-    const refusal = contextUnfit(c.context ?? 0, need);
-    if (refusal) throw new GatewayError(refusal.status, refusal.code, refusal.message);
-    const maxHold = worstCaseCost(need, rates);
-    // The key's limits, as execution would apply them (the spec: estimates validate "key limits").
-    assertWithinKeyCap(req, maxHold);
-    const spendLimit = keyOf(req)?.spend;
-    if (spendLimit && d.spend) d.spend.assertRoomFor(spendLimit, maxHold);
+    if (!counted) throw refused ?? unreached!;
+    const { c, need, maxHold } = counted;
     const est = d.estimates.add({
       endpoint,
       model: parsed.model,
