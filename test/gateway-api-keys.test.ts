@@ -16,6 +16,7 @@ import { parseConfig } from '../src/config.ts';
 import { readApiKeysFile, type ApiKeySpec } from '../src/gateway/api-keys.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
 import { SlidingWindow } from '../src/gateway/rate-window.ts';
+import { watchApiKeysFile } from '../src/gateway/api-keys-file-watch.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { startNode, type RunningNode } from '../src/node.ts';
@@ -323,6 +324,50 @@ function post2(g: Gateway, key: string): Promise<Response> {
 async function waitLines(lines: unknown[], n: number): Promise<void> {
   for (let i = 0; i < 100 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 10));
 }
+
+describe('a changed keys file', () => {
+  test('is taken at the next look: a key removed is refused from then on, a key kept keeps its rate window; a file that cannot be used changes nothing', async () => {
+    const file = path.join(dir, 'keys-watched');
+    const K1 = 'sk-svc-v1-watched-one-0123';
+    const K2 = 'sk-svc-v1-watched-two-0123';
+    fs.writeFileSync(file, `${K1} rate_limit=10\n${K2}\n`);
+    const g = await createGateway({ market: marketUrl, port: 0, apiKeys: readApiKeysFile(file) });
+    const lines: { level: string; msg: string }[] = [];
+    const watch = watchApiKeysFile(file, (keys) => g.setApiKeys(keys), { info: (_o, msg) => lines.push({ level: 'info', msg }), error: (o, msg) => lines.push({ level: 'error', msg: `${msg} ${JSON.stringify(o)}` }) }, 60_000);
+    const ask = (key: string) => fetch(`${g.url}/requests/req-none`, { headers: { authorization: `Bearer ${key}` } });
+    try {
+      expect((await ask(K1)).headers.get('x-ratelimit-remaining')).toBe('9');
+      expect((await ask(K2)).status).toBe(404);
+      watch.check();
+      expect(lines).toEqual([]); // (unchanged: nothing read, nothing said)
+      fs.writeFileSync(file, `${K1} rate_limit=10\n`); // K2 revoked
+      watch.check();
+      expect(lines).toEqual([{ level: 'info', msg: 'API keys file changed: 1 key accepted from now on' }]);
+      expect((await errorOf(await ask(K2)))[1].code).toBe('invalid_api_key');
+      expect((await ask(K1)).headers.get('x-ratelimit-remaining')).toBe('8'); // (its window kept)
+      // A broken file: said, and the keys in force stay.
+      fs.writeFileSync(file, `    name=wrapped-line-0001 rate_limit=5\n`);
+      watch.check();
+      expect(lines[1]?.level).toBe('error');
+      expect(lines[1]?.msg).toMatch(/^API keys file changed but cannot be used: the keys accepted before stay in force until it is fixed .*starts with name=value, not a key/);
+      expect((await ask(K1)).status).toBe(404);
+      fs.rmSync(file);
+      watch.check();
+      expect(lines[2]?.msg).toMatch(/cannot read the API keys file .*not found/);
+      expect((await ask(K1)).status).toBe(404);
+    } finally {
+      watch.stop();
+      await g.close(1000);
+    }
+    // A gateway started without keys cannot be given some (it would have served without them).
+    const open = await createGateway({ market: marketUrl, port: 0 });
+    try {
+      expect(() => open.setApiKeys([K1])).toThrow('gateway: started without API keys: restart it with them (--api-keys-file)');
+    } finally {
+      await open.close(1000);
+    }
+  });
+});
 
 describe('the keys file and the sliding window', () => {
   test('each key optionally followed by its limits; a bad option, scope, amount, interval, time or a key given twice is refused naming the line', () => {

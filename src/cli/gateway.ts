@@ -7,6 +7,7 @@ import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { CliError, intOption } from './cli-error.ts';
 import { readApiKeysFile, type ApiKeySpec } from '../gateway/api-keys.ts';
+import { watchApiKeysFile } from '../gateway/api-keys-file-watch.ts';
 import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 
@@ -31,7 +32,7 @@ export function gatewayCommand(): Command {
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
     .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--buyer-idle-ms <ms>', 'take a buyer whose connection takes nothing of a streamed answer this long for gone (the provider is stopped and bills what it sent)', intOption('--buyer-idle-ms', 1000, 999_999_999), BUYER_IDLE_DEFAULT_MS)
-    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments), each optionally followed by its limits: name=, rate_limit= (a minute, default 300), scopes=, models=, max_cost_usd=, spend_limit_usd= with spend_interval= (daily, weekly, monthly; default lifetime), expires=')
+    .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments; read again within 2 s of a change), each optionally followed by its limits: name=, rate_limit= (a minute, default 300), scopes=, models=, max_cost_usd=, spend_limit_usd= with spend_interval= (daily, weekly, monthly; default lifetime), expires=')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')
     .action(async (opts: { market: string; listen: string; account?: string; records?: string; recordsDays: number; providerIdleMs: number; buyerIdleMs: number; apiKeysFile?: string; logLevel: string }, cmd: Command) => {
       // Records kept in memory last until the gateway stops, whatever --records-days says: refused, not ignored.
@@ -61,7 +62,12 @@ export function gatewayCommand(): Command {
       } catch (e) {
         throw new CliError(`gateway: ${(e as Error).message}`);
       }
-      const stopped = untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => gw.close()); // (before the line that says it runs)
+      // A changed keys file is taken within 2 s (a key removed is refused from then on); one that cannot be used changes nothing.
+      const keysWatch = opts.apiKeysFile !== undefined ? watchApiKeysFile(opts.apiKeysFile, (keys) => gw.setApiKeys(keys), logger) : undefined;
+      const stopped = untilSignal('seller-node', 'finishing in-flight requests, settling receipts', () => {
+        keysWatch?.stop();
+        return gw.close();
+      }); // (before the line that says it runs)
       process.stdout.write(`seller-node gateway: listening ${gw.url}\n  market ${gw.market.baseUrl}\n  peer ${gw.libp2p.peerId.toString()}\n  account ${opts.account ?? 'dev (the market\'s default)'}\n  records ${opts.records ?? 'in memory'}\n`);
       // Serving starts anyway (the market may come up later); the operator hears of it now, not from a buyer's 502.
       // The check runs beside the signal handling above, so Ctrl-C during it still stops cleanly.

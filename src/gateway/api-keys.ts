@@ -256,16 +256,47 @@ function policyOf(spec: ApiKeySpec): KeyPolicy {
   };
 }
 
-/** The onRequest check for `keys` (routes under /v1/models are open, as the spec has them). */
-export function apiKeyCheck(keys: readonly (string | ApiKeySpec)[], clock: ApiKeyClock = systemClock): (req: FastifyRequest, reply: FastifyReply) => Promise<void> {
+/** Keys by their SHA-256, each checked (TypeError naming the field); a key kept from `before` with the same rate limit keeps its rate window. */
+function policies(keys: readonly (string | ApiKeySpec)[], before?: ReadonlyMap<string, KeyPolicy>): Map<string, KeyPolicy> {
   const known = new Map<string, KeyPolicy>();
   for (const k of keys) {
     const spec = typeof k === 'string' ? { key: k } : k;
     const hash = sha256Hex(spec.key);
     if (known.has(hash)) throw new TypeError('gateway: an API key is listed twice');
-    known.set(hash, policyOf(spec));
+    const p = policyOf(spec);
+    const old = before?.get(hash);
+    known.set(hash, old && old.window.limit === p.window.limit ? { ...p, window: old.window } : p);
   }
-  return async (req, reply) => {
+  return known;
+}
+
+/**
+ * The gateway's API keys: the onRequest check (routes under /v1/models are open, as the spec has
+ * them), and replace() for a changed keys file: a key no longer listed is refused from the next
+ * request on (the spec: "Revocation takes effect immediately").
+ */
+export class ApiKeys {
+  private known: Map<string, KeyPolicy>;
+  private readonly clock: ApiKeyClock;
+
+  constructor(keys: readonly (string | ApiKeySpec)[], clock: ApiKeyClock = systemClock) {
+    this.known = policies(keys);
+    this.clock = clock;
+  }
+
+  /** How many keys are accepted. */
+  get size(): number {
+    return this.known.size;
+  }
+
+  /** Takes `keys` instead (all checked first: a bad list changes nothing). Keys kept keep their rate windows. */
+  replace(keys: readonly (string | ApiKeySpec)[]): void {
+    if (keys.length === 0) throw new TypeError('gateway: no API key: a gateway started with keys keeps at least one');
+    this.known = policies(keys, this.known);
+  }
+
+  readonly onRequest = async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    const { known, clock } = this;
     const path = req.url.split('?')[0]!;
     if ((req.method === 'GET' || req.method === 'HEAD') && (path === '/v1/models' || path.startsWith('/v1/models/'))) return;
     const auth = req.headers.authorization;

@@ -47,7 +47,7 @@ import { Ticketing } from './tickets.ts';
 import { registerTokenRoutes } from './token-routes.ts';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from './defaults.ts';
 import { httpGuard } from './http-guard.ts';
-import { apiKeyCheck, keyOf, type ApiKeyClock, type ApiKeySpec } from './api-keys.ts';
+import { ApiKeys, keyOf, type ApiKeyClock, type ApiKeySpec } from './api-keys.ts';
 import { KeySpend } from './key-spend.ts';
 import { LineBudget } from '../ops/line-budget.ts';
 import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
@@ -126,6 +126,12 @@ export interface Gateway {
   readonly libp2p: Host;
   readonly market: MarketClient;
   readonly records: RequestRecords;
+  /**
+   * Takes this list of API keys instead (a changed keys file): a key no longer listed is refused
+   * from the next request on; one kept keeps its rate window and spend. Throws (changing nothing)
+   * on a bad list, or when the gateway was started without keys.
+   */
+  setApiKeys(keys: readonly (string | ApiKeySpec)[]): void;
   /** Resolves when every settlement under way (receipts being verified, fetched or posted) is done. */
   idle(): Promise<void>;
   /**
@@ -145,6 +151,8 @@ const RECORDS_FILE_ERROR = {
 
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
+  // (Checked first: a bad key list is refused before anything is opened.)
+  const apiKeys = opts.apiKeys !== undefined ? new ApiKeys(opts.apiKeys, opts.apiKeyClock) : undefined;
   const market = new MarketClient(opts.market, opts.marketTimeoutMs !== undefined ? { timeoutMs: opts.marketTimeoutMs } : {});
   const records = new RequestRecords(
     opts.maxRecords,
@@ -219,7 +227,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   // (After the request line above is set up, so a refused request is logged like any other.)
   answerBareRefusals(app, 'invalid_request');
   app.addHook('onRequest', guard.onRequest);
-  if (opts.apiKeys !== undefined) app.addHook('onRequest', apiKeyCheck(opts.apiKeys, opts.apiKeyClock));
+  if (apiKeys) app.addHook('onRequest', apiKeys.onRequest);
 
   app.setErrorHandler((err: FastifyError | GatewayError, _req, reply) => {
     if (err instanceof GatewayError) return reply.code(err.status).type(JSON_TYPE).send(err.body());
@@ -237,8 +245,9 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   });
 
   // The API keys' spend limits, kept beside the records (in their file when there is one).
+  // (With keys at all: a key given a limit later, in a changed keys file, is held to it at once.)
   let spend: KeySpend | undefined;
-  if (opts.apiKeys?.some((k) => typeof k !== 'string' && k.spendLimitMicroUsd !== undefined)) {
+  if (apiKeys) {
     const wall = opts.apiKeyClock;
     try {
       spend = new KeySpend({ ...(records.database ? { db: records.database } : {}), ...(wall ? { now: () => wall.wallMs() } : {}), onError: (e) => log.error({ err: e.message }, 'API key spend not written to the records file (kept in memory for this run)') });
@@ -290,6 +299,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     market,
     records,
     idle,
+    setApiKeys(keys) {
+      if (!apiKeys) throw new TypeError('gateway: started without API keys: restart it with them (--api-keys-file)');
+      apiKeys.replace(keys);
+    },
     async close(graceMs = 10_000) {
       // Named steps (see stopStep): one that fails is logged and the ones after it still run.
       await stopStep(log, 'http', () => closeHttp(app, graceMs));
