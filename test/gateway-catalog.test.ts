@@ -81,6 +81,12 @@ describe('GET /v1/models query', () => {
     expect(ids({ tools: 'false', prompt_confidential: 'false' })).toEqual(['big/model', 'tiny/llama']);
   });
 
+  test('a provider that said it is stopping (accepting: false) is listed but not a live route', () => {
+    const stopping = [provider(A, { accepting: false }, [{ id: 'x/m', context: 512 }], {}), provider(B, {}, [{ id: 'x/m', context: 512 }], {})];
+    expect(catalogEntry(stopping, 'x/m')).toMatchObject({ providers: 2, live_providers: 1 });
+    expect(catalogEntry([stopping[0]!], 'x/m')).toMatchObject({ providers: 1, live_providers: 0 });
+  });
+
   test('`created` is when the model was first listed (its routes\' registered_at), not their latest heartbeat; a market without it falls back to last_seen', () => {
     const at = (registered: number, seen: number) => [provider(A, { registered_at: registered, last_seen: seen }, [{ id: 'x/m', context: 512 }], {}), provider(B, { registered_at: registered + 5000, last_seen: seen + 9000 }, [{ id: 'x/m', context: 512 }], {})];
     expect(catalogEntry(at(1_700_000_000_000, 1_700_000_300_000), 'x/m')?.created).toBe(1_700_000_000);

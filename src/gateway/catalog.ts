@@ -73,7 +73,8 @@ function models(listing: readonly ProviderEntry[]): Model[] {
       }
       const route: Route = {
         provider: p.provider,
-        live: p.live !== false,
+        // (A node that said it is stopping, accepting nothing, is no live route: the market tickets it no more.)
+        live: p.live !== false && p.accepting !== false,
         context: typeof m.context === 'number' ? m.context : 0,
         quantization: m.quantization === undefined ? undefined : quantizationBucket(m.quantization),
         tier: ATTESTATION_TIERS.find((t) => t === p.attestation_tier),
