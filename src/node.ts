@@ -299,6 +299,25 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       diskLow = low;
     };
     watchDisk();
+    // state.db deleted or replaced while in use: paid work stops, and what the connection still
+    // holds is copied out (tried again every 5 s until it is, should the copy fail: a full disk).
+    let stateRescue: 'none' | 'failed' | 'done' = 'none';
+    const watchStateFile = (): void => {
+      if (stateRescue === 'done') return;
+      const gone = stateRescue === 'failed' ? undefined : stateFiles.changed();
+      if (stateRescue !== 'failed' && !gone) return;
+      const copy = rescueDatabase(db, statePath, 'its used tickets and Idempotency-Key records', `restore ${statePath} from a backup, or start without one after a minute (the tickets used since have expired by then); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again.`);
+      if (stateRescue === 'failed') {
+        if (!copy.ok) return;
+        stateRescue = 'done';
+        logger.error({}, `state file: the copy failed before has now been made. ${copy.message}`);
+        return;
+      }
+      stateRescue = copy.ok ? 'done' : 'failed';
+      const e = new StoreStopped(`state file ${gone} was deleted or replaced while the node used it: paid requests are refused until a restart. ${copy.message}`);
+      state.stop(e);
+      logger.error({}, e.message);
+    };
     const descriptors = new DescriptorWatch({
       error: (u) => logger.error({ open: u.open, limit: u.limit }, `${u.open} of the ${u.limit} file descriptors this process may open are in use: beyond the limit the system refuses buyers' connections, the market's and the node's own files; raise it (LimitNOFILE= in a systemd unit, ulimit -n in a shell) or take fewer connections`),
       info: (u) => logger.info({ open: u.open, limit: u.limit }, 'file descriptors: clear of the limit again'),
@@ -308,12 +327,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       watchDisk();
       descriptors.check();
       watchModelFiles(models.values(), logger);
-      const gone = state.stopped ? undefined : stateFiles.changed();
-      if (gone) {
-        const e = new StoreStopped(`state file ${gone} was deleted or replaced while the node used it: paid requests are refused until a restart. ${rescueDatabase(db, statePath, 'its used tickets and Idempotency-Key records', `Restore ${statePath} from a backup, or start without one after a minute (the tickets used since have expired by then); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again.`)}`);
-        state.stop(e);
-        logger.error({}, e.message);
-      }
+      watchStateFile();
     }, 5000).unref();
     cleanup.push(['file watch', () => clearInterval(fileWatch)]);
     const service = new InferService({

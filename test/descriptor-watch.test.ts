@@ -22,6 +22,22 @@ console.log(JSON.stringify({ before, after }));`;
     expect(after.open - before.open).toBe(50);
   });
 
+  test('at the limit itself (reading /proc needs a descriptor too, and fails EMFILE): all of the limit in use, as last read', () => {
+    const script = `import fs from 'node:fs';
+import { descriptorUse } from ${JSON.stringify(path.join(REPO_ROOT, 'src', 'ops', 'descriptor-watch.ts'))};
+const first = descriptorUse();
+const fds = [];
+try { for (;;) fds.push(fs.openSync('/dev/null', 'r')); } catch (e) { if (e.code !== 'EMFILE') throw e; }
+const full = descriptorUse();
+console.log(JSON.stringify({ first, full }));`;
+    const r = spawnSync('prlimit', ['--nofile=100:100', process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8' });
+    expect(r.status, r.stderr).toBe(0);
+    const { first, full } = JSON.parse(r.stdout) as { first: DescriptorUse; full: DescriptorUse };
+    expect(first.limit).toBe(100);
+    expect(first.open).toBeLessThan(100);
+    expect(full).toEqual({ open: 100, limit: 100 });
+  });
+
   test('said once at 90 % of the limit, not again while it stays above 80 %, cleared once below it, and said again when it comes back', () => {
     const said: string[] = [];
     let use: DescriptorUse | undefined = { open: 100, limit: 1000 };

@@ -42,19 +42,20 @@ function openWithRow(dir: string): { db: Database.Database; file: string } {
   return { db, file };
 }
 
-const ADVICE = 'Restore it from a backup.';
-const FAILED = /^Copying its records out failed \((.+)\): stop the node\. Restore it from a backup\.$/;
+const ADVICE = 'restore it from a backup.';
+const FAILED = /^Copying its records out failed \((.+)\)\. The node still holds them and tries again every few seconds while it runs: free space on the data dir's disk if it is full \(a deleted file frees none while the node holds it open\), and do not stop the node before it says the copy is made\. If it stops first: restore it from a backup\.$/;
+const said = (r: { ok: boolean; message: string }): string => (r.ok ? `ok: ${r.message}` : r.message);
 
 describe('rescueDatabase cannot make its copy', () => {
   test('the whole folder deleted: says the copy failed and why, then what the caller advises, and claims no copy', () => {
     const dir = tmp();
     const { db, file } = openWithRow(dir);
     fs.rmSync(dir, { recursive: true, force: true });
-    const said = rescueDatabase(db, file, 'its records', ADVICE);
-    const m = FAILED.exec(said);
-    expect(m, said).not.toBeNull();
+    const answer = said(rescueDatabase(db, file, 'its records', ADVICE));
+    const m = FAILED.exec(answer);
+    expect(m, answer).not.toBeNull();
     expect(m![1]).toMatch(/unable to open/i); // SQLite's own reason, kept
-    expect(said).not.toContain('were copied to');
+    expect(answer).not.toContain('were copied to');
     expect(fs.existsSync(dir)).toBe(false); // (nothing made in its place)
   });
 
@@ -63,7 +64,7 @@ describe('rescueDatabase cannot make its copy', () => {
     const { db, file } = openWithRow(dir);
     fs.rmSync(dir, { recursive: true, force: true });
     fs.writeFileSync(dir, 'not a folder');
-    expect(rescueDatabase(db, file, 'its records', ADVICE)).toMatch(FAILED);
+    expect(said(rescueDatabase(db, file, 'its records', ADVICE))).toMatch(FAILED);
     expect(fs.readFileSync(dir, 'utf8')).toBe('not a folder');
   });
 
@@ -74,15 +75,15 @@ describe('rescueDatabase cannot make its copy', () => {
     vi.spyOn(Date, 'now').mockReturnValue(at);
     const target = path.join(dir, `state.rescued-${at}.db`);
     fs.writeFileSync(target, 'an earlier rescue the operator has not moved yet');
-    expect(rescueDatabase(db, file, 'its records', ADVICE)).toMatch(FAILED);
+    expect(said(rescueDatabase(db, file, 'its records', ADVICE))).toMatch(FAILED);
     expect(fs.readFileSync(target, 'utf8')).toBe('an earlier rescue the operator has not moved yet');
     fs.rmSync(target);
     fs.mkdirSync(target);
-    expect(rescueDatabase(db, file, 'its records', ADVICE)).toMatch(FAILED);
+    expect(said(rescueDatabase(db, file, 'its records', ADVICE))).toMatch(FAILED);
     expect(fs.statSync(target).isDirectory()).toBe(true);
     // Once the name is free the copy is taken, and it holds the row (the control: the same call succeeds).
     fs.rmSync(target, { recursive: true });
-    expect(rescueDatabase(db, file, 'its records', ADVICE)).toBe(`Its records were copied to ${target}: stop the node, move that file to ${file} (and remove ${file}-wal and -shm if they are there) and start again.`);
+    expect(said(rescueDatabase(db, file, 'its records', ADVICE))).toBe(`ok: Its records were copied to ${target}: stop the node, move that file to ${file} (and remove ${file}-wal and -shm if they are there) and start again.`);
     const copy = new Database(target, { readonly: true });
     try {
       expect(copy.prepare('SELECT v FROM t').all()).toEqual([{ v: 'kept' }]);
@@ -106,7 +107,7 @@ describe('the receipt log whose folder was deleted under it', () => {
       return log.failure;
     }, { timeout: 5000, interval: 10 });
     expect(failure).toMatchObject({ code: 'log_failed' });
-    expect(failure.message).toMatch(new RegExp(`^receipt log file ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} was deleted or replaced while the node used it; the log takes no more receipts\\. Copying its 3 durable receipts out failed \\(.+\\): stop the node\\. Put .*receipts\\.db back only from a copy that holds all 3 receipts \\(seq 0 to 2\\): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs\\. Without such a copy, start over with a new key \\(seller-node init\\)\\.$`));
+    expect(failure.message).toMatch(new RegExp(`^receipt log file ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} was deleted or replaced while the node used it; the log takes no more receipts\\. Copying its 3 durable receipts out failed \\(.+\\)\\. The node still holds them and tries again every few seconds while it runs: .* If it stops first: put .*receipts\\.db back only from a copy that holds all 3 receipts \\(seq 0 to 2\\): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs\\. Without such a copy, start over with a new key \\(seller-node init\\)\\.$`));
     expect(failure.message).not.toContain('were copied to');
     expect(notices.filter((n) => n.level === 'error').map((n) => n.m)).toEqual([failure.message]);
     await expect(log.append(syntheticReceiptBody(3))).rejects.toMatchObject({ code: 'log_failed', message: failure.message });
@@ -115,6 +116,39 @@ describe('the receipt log whose folder was deleted under it', () => {
     cleanups.pop();
     await log.close(); // (a close after the failure resolves: nothing more is signed)
     expect(fs.existsSync(dir)).toBe(false);
+  });
+});
+
+describe('a copy that failed is tried again while the node runs', () => {
+  test('the receipt log copies its receipts out at a later check once it can (the disk freed, here: its name free again), says so once, and leaves nothing half-made', async () => {
+    const dir = tmp();
+    const file = path.join(dir, 'receipts.db');
+    const notices: { m: string; level: string }[] = [];
+    const at = 1_700_000_000_456;
+    vi.spyOn(Date, 'now').mockReturnValue(at);
+    const target = path.join(dir, `receipts.rescued-${at}.db`);
+    const log = ReceiptLog.open({ path: file, seed: new Uint8Array(crypto.randomBytes(32)), threads: 0, checkpointIntervalMs: 0, fileCheckMs: 20, onNotice: (m, level) => void notices.push({ m, level }) });
+    cleanups.push(() => log.close());
+    for (let i = 0; i < 3; i++) await log.append(syntheticReceiptBody(i));
+    fs.mkdirSync(target); // (in the copy's way, as a full disk would be)
+    fs.rmSync(file);
+    await vi.waitFor(() => expect(notices).toHaveLength(1), { timeout: 5000, interval: 10 });
+    expect(notices[0]!.m).toMatch(/Copying its 3 durable receipts out failed .* tries again every few seconds/);
+    await new Promise((r) => setTimeout(r, 100)); // (further checks: failed again, nothing more said)
+    expect(notices).toHaveLength(1);
+    fs.rmdirSync(target);
+    await vi.waitFor(() => expect(notices).toHaveLength(2), { timeout: 5000, interval: 10 });
+    expect(notices[1]).toEqual({ level: 'error', m: `receipt log: the copy failed before has now been made. Its 3 durable receipts were copied to ${target}: stop the node, move that file to ${file} (and remove ${file}-wal and -shm if they are there) and start again.` });
+    expect(fs.statSync(target).mode & 0o777).toBe(0o600);
+    const copy = new Database(target, { readonly: true });
+    try {
+      expect(copy.prepare('SELECT count(*) AS n FROM receipt_batches').get()).toMatchObject({ n: expect.any(Number) });
+    } finally {
+      copy.close();
+    }
+    await new Promise((r) => setTimeout(r, 100));
+    expect(notices).toHaveLength(2); // (done: no more copies)
+    expect(log.failure).toMatchObject({ code: 'log_failed' });
   });
 });
 
@@ -156,7 +190,7 @@ describe('the node whose data dir was deleted while it serves', () => {
     expect(ready.status).toBe(503);
     const reasons = ((await ready.json()) as { reasons: string[] }).reasons;
     expect(reasons).toContainEqual(expect.stringMatching(/^the receipt log has stopped \(.*Copying its 2 durable receipts out failed/));
-    expect(reasons).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: paid requests are refused until a restart\. Copying its used tickets and Idempotency-Key records out failed \(.+\): stop the node\. Restore .*state\.db from a backup, or start without one after a minute \(the tickets used since have expired by then\); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again\.$/));
+    expect(reasons).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: paid requests are refused until a restart\. Copying its used tickets and Idempotency-Key records out failed \(.+\)\. The node still holds them and tries again every few seconds while it runs: .* If it stops first: restore .*state\.db from a backup, or start without one after a minute \(the tickets used since have expired by then\); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again\.$/));
     const refused = await askNode(buyer, node, market);
     expect([refused.head.status, (refused.trailer as { error?: { code?: string } }).error?.code]).toEqual([503, 'no_capacity']);
     // (the node's log is written asynchronously: its error lines are waited for)

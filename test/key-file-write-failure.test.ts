@@ -99,3 +99,20 @@ try { createKeyFile(${JSON.stringify(file)}); console.log('created'); } catch (e
     expect(loadKeyFile(path.join(data, 'node.key')).providerId).toBe(again.stdout.trim());
   });
 });
+
+describe('a file size limit reached by a running command', () => {
+  test('the write fails and is said (exit 1); the process is not killed by SIGXFSZ, also with an exit hook like the one node-llama-cpp loads (signal-exit raises the signal again)', () => {
+    const out = path.join(dir, 'big.gguf');
+    // As `seller-node start` runs: signal-exit's hook installed (node-llama-cpp → proper-lockfile), then the CLI.
+    const script = `import { createRequire } from 'node:module';
+const require = createRequire(${JSON.stringify(path.join(REPO_ROOT, 'package.json'))});
+require('signal-exit')(() => {});
+const { main } = await import(${JSON.stringify(path.join(REPO_ROOT, 'src', 'cli', 'main.ts'))});
+process.exitCode = await main(['dev-model', '--out', ${JSON.stringify(out)}]);
+setTimeout(() => {}, 300); // (a signal raised again would land meanwhile)`;
+    const r = spawnSync('prlimit', ['--fsize=200000', process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8' });
+    expect(r.signal, r.stderr).toBeNull();
+    expect(r.status, r.stderr).toBe(1);
+    expect(r.stderr).toMatch(/refused the write \(a size limit or quota\)|EFBIG|file too large/i);
+  });
+});

@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import { pino } from 'pino';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
 import { call, provider, registration, TINY } from './helpers/market-provider.ts';
@@ -39,8 +40,9 @@ afterAll(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
-async function openMarket(): Promise<{ m: Market; base: string }> {
-  const m = createMarket({ seed: marketKey.seed, file });
+async function openMarket(logLines?: { msg: string; failures_since_last_line?: number }[]): Promise<{ m: Market; base: string }> {
+  const logger = logLines ? pino({ level: 'info' }, { write: (line: string) => void logLines.push(JSON.parse(line)) }) : undefined;
+  const m = createMarket({ seed: marketKey.seed, file, ...(logger ? { logger } : {}) });
   const { url: base } = await m.listen();
   expect((await call(base, 'POST', '/v1/providers/register', registration(nodeProvider, { models: [{ ...TINY, context: serving.adapter.info.contextLength }] }))).status).toBe(200);
   return { m, base };
@@ -99,8 +101,9 @@ describe('the market\'s file', () => {
     await again.close();
   });
 
-  test('a write that fails is 503 market_storage_failed: no ticket handed out, no receipt counted, the market still up', async () => {
-    const { m, base } = await openMarket();
+  test('a write that fails is 503 market_storage_failed: no ticket handed out, no receipt counted, the market still up; said at error level once, not once a request', async () => {
+    const lines: { msg: string; failures_since_last_line?: number }[] = [];
+    const { m, base } = await openMarket(lines);
     try {
       const { line } = await ticketAndReceipt(base);
       const totals = (await call(base, 'GET', '/v1/totals')).body;
@@ -113,6 +116,8 @@ describe('the market\'s file', () => {
       const t = await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) });
       expect(t.status).toBe(503);
       expect(t.body.error.code).toBe('market_storage_failed');
+      for (let i = 0; i < 5; i++) expect((await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) })).status).toBe(503);
+      expect(lines.filter((l) => l.msg.startsWith('market: its file refused a write'))).toHaveLength(1);
       expect((await call(base, 'GET', '/v1/market')).status).toBe(200);
     } finally {
       await m.close().catch(() => {});

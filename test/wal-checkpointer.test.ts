@@ -54,4 +54,16 @@ describe('WalCheckpointer', () => {
     await cp.close();
     await cp.close(); // (twice: the same)
   });
+
+  test('close() resolves when the thread has already ended, and when its error reports cross the close', async () => {
+    const dead = new WalCheckpointer(path.join(dir, 'missing', 'state.db'), { intervalMs: 10_000 });
+    await (dead as unknown as { worker: { terminate(): Promise<number> } }).worker.terminate(); // (it died)
+    await dead.close();
+    for (let i = 0; i < 10; i++) {
+      let errors = 0;
+      const cp = new WalCheckpointer(path.join(dir, 'missing', `state-${i}.db`), { intervalMs: 1, onError: () => void errors++ });
+      await until('its first error', () => errors > 0, 5000);
+      await cp.close();
+    }
+  });
 });

@@ -29,6 +29,11 @@ function buildProgram(): Command {
 
 /** Runs the CLI; returns the exit code. Errors go to stderr. */
 export async function main(argv: string[]): Promise<number> {
+  // A file size limit (ulimit -f, LimitFSIZE=) reached: the write fails EFBIG, said in words where
+  // it happens (a receipt log that cannot write stops, a market answers 503), never the process
+  // killed without a word. A listener of our own also keeps a dependency's exit hook (signal-exit,
+  // loaded with node-llama-cpp) from raising the signal again with its deadly default.
+  process.on('SIGXFSZ', () => {});
   const program = buildProgram();
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {

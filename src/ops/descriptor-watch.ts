@@ -10,14 +10,24 @@ export interface DescriptorUse {
   limit: number;
 }
 
-/** Open descriptors and the soft limit, from /proc; undefined where /proc does not have them. */
+/** The limit as last read: at the limit itself /proc cannot be opened (that needs a descriptor too). */
+let knownLimit: number | undefined;
+
+/**
+ * Open descriptors and the soft limit, from /proc; undefined where /proc does not have them. At
+ * the limit (reading /proc fails EMFILE or ENFILE), the limit as last read, all of it in use.
+ */
 export function descriptorUse(): DescriptorUse | undefined {
   try {
-    const open = fs.readdirSync('/proc/self/fd').length;
     const m = /^Max open files\s+(\d+|unlimited)/m.exec(fs.readFileSync('/proc/self/limits', 'utf8'));
     if (!m || m[1] === 'unlimited') return undefined;
-    return { open, limit: Number(m[1]) };
-  } catch {
+    knownLimit = Number(m[1]);
+    // (less the descriptor this read itself holds while it lists them)
+    const open = fs.readdirSync('/proc/self/fd').length - 1;
+    return { open, limit: knownLimit };
+  } catch (e) {
+    const code = (e as { code?: unknown }).code;
+    if ((code === 'EMFILE' || code === 'ENFILE') && knownLimit !== undefined) return { open: knownLimit, limit: knownLimit };
     return undefined;
   }
 }

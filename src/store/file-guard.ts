@@ -35,17 +35,34 @@ export class FileGuard {
 
 /**
  * Copies what `db` (an open connection to a deleted or replaced file) still reads to
- * `<name>.rescued-<ms>.db` beside it (mode 0600), and says what to do with it; or why it could not,
- * and then `ifFailed` (what the operator can still do: what a backup lacks depends on the file).
- * `what` is in lower case, as in "its 12 durable receipts".
+ * `<name>.rescued-<ms>.db` beside it (mode 0600), and says what to do with it; or why it could not
+ * (nothing half-made is left), that the caller tries again (the open connection still holds every
+ * row: the copy must be made before the process ends), and then `ifFailed`: what the operator can
+ * do if it never is (what a backup lacks depends on the file). `what` is in lower case, as in
+ * "its 12 durable receipts".
  */
-export function rescueDatabase(db: Database.Database, dbPath: string, what: string, ifFailed: string): string {
+export function rescueDatabase(db: Database.Database, dbPath: string, what: string, ifFailed: string): { ok: boolean; message: string } {
   const rescued = path.join(path.dirname(dbPath), `${path.basename(dbPath).replace(/\.db$/, '')}.rescued-${Date.now()}.db`);
+  let existed = true;
   try {
+    existed = fs.existsSync(rescued);
     db.prepare('VACUUM INTO ?').run(rescued);
     fs.chmodSync(rescued, 0o600);
-    return `${what.charAt(0).toUpperCase()}${what.slice(1)} were copied to ${rescued}: stop the node, move that file to ${dbPath} (and remove ${dbPath}-wal and -shm if they are there) and start again.`;
+    return { ok: true, message: `${what.charAt(0).toUpperCase()}${what.slice(1)} were copied to ${rescued}: stop the node, move that file to ${dbPath} (and remove ${dbPath}-wal and -shm if they are there) and start again.` };
   } catch (e) {
-    return `Copying ${what} out failed (${(e as Error).message}): stop the node. ${ifFailed}`;
+    // (A copy cut short by a full disk or a size limit is no copy: it goes, unless it was there before.)
+    if (!existed) {
+      for (const f of [rescued, `${rescued}-journal`]) {
+        try {
+          fs.rmSync(f, { force: true });
+        } catch {
+          // (its folder gone or replaced: nothing there to remove)
+        }
+      }
+    }
+    return {
+      ok: false,
+      message: `Copying ${what} out failed (${(e as Error).message}). The node still holds them and tries again every few seconds while it runs: free space on the data dir's disk if it is full (a deleted file frees none while the node holds it open), and do not stop the node before it says the copy is made. If it stops first: ${ifFailed}`,
+    };
   }
 }

@@ -175,6 +175,8 @@ export class ReceiptLog {
   private readonly chainFile: string;
   private chainAt = Number.NEGATIVE_INFINITY;
   private chainTimer: NodeJS.Timeout | undefined;
+  /** Its files deleted or replaced under it: copied out (done), or tried again at each check (failed). */
+  private rescue: 'none' | 'failed' | 'done' = 'none';
   /** Per side file: when its failure was last told, and the failures not told since (told at once, then at most every 10 s). */
   private readonly sideFailures = new Map<string, { toldAt: number; untold: number }>();
   /** The latest durable payload (its hash goes into receipts.head when that is written). */
@@ -566,17 +568,28 @@ export class ReceiptLog {
    * be lost when the node stops. What the open connection still reads is copied beside the log first.
    */
   private checkFiles(): void {
-    if (this.broken) return;
-    const gone = this.files.changed();
-    if (!gone) return;
+    if (this.rescue === 'done') return;
+    // (Checked also once the log has stopped for another reason, a full disk say: its files may
+    // still be deleted under it, and what its connection holds must then be copied out.)
+    const gone = this.rescue === 'failed' ? undefined : this.files.changed();
+    if (this.rescue !== 'failed' && !gone) return;
     const copy = rescueDatabase(
       this.db,
       this.path,
       `its ${this.tree.size} durable receipts`,
-      `Put ${this.path} back only from a copy that holds all ${this.tree.size} receipts (seq 0 to ${this.tree.size - 1}): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs. Without such a copy, start over with a new key (seller-node init).`,
+      `put ${this.path} back only from a copy that holds all ${this.tree.size} receipts (seq 0 to ${this.tree.size - 1}): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs. Without such a copy, start over with a new key (seller-node init).`,
     );
-    this.broken = new ReceiptLogError('log_failed', `receipt log file ${gone} was deleted or replaced while the node used it; the log takes no more receipts. ${copy}`);
-    this.notice(this.broken.message, 'error');
+    if (this.rescue === 'failed') {
+      // A copy that failed, tried again at each check: said once it is made.
+      if (!copy.ok) return;
+      this.rescue = 'done';
+      this.notice(`receipt log: the copy failed before has now been made. ${copy.message}`, 'error');
+      return;
+    }
+    this.rescue = copy.ok ? 'done' : 'failed';
+    const message = `receipt log file ${gone} was deleted or replaced while the node used it; the log takes no more receipts. ${copy.message}`;
+    this.broken ??= new ReceiptLogError('log_failed', message);
+    this.notice(message, 'error');
   }
 
   /** The latest stored checkpoint over receipts this connection has read. */

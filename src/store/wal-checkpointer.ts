@@ -12,28 +12,32 @@ export const FALLBACK_CHECKPOINT_PAGES = 10_000;
 export class WalCheckpointer {
   private readonly worker: Worker;
   private closed: Promise<void> | undefined;
+  /** Resolves when the thread has ended, however it ended (a close, an error that killed it). */
+  private readonly exited: Promise<void>;
 
   /** Checkpoints `file` every `intervalMs`; `onError` is told a failure once a run of them (and the thread's end, should it die). */
   constructor(file: string, opts: { intervalMs?: number; onError?: (message: string) => void } = {}) {
     const onError = opts.onError ?? (() => {});
     this.worker = new Worker(WORKER_URL, { workerData: { file, intervalMs: opts.intervalMs ?? 1000 } });
     this.worker.unref(); // (it never holds the process open)
+    this.exited = new Promise<void>((resolve) => this.worker.once('exit', () => resolve()));
     this.worker.on('message', (m: CheckpointerReply) => {
       if (m.type === 'error') onError(m.message);
+      else if (m.type === 'closed') void this.worker.terminate().catch(() => {});
     });
     this.worker.on('error', (e: Error) => onError(`the checkpoint thread failed: ${e.message}`));
   }
 
-  /** Stops the thread (after a checkpoint under way, if any). */
+  /** Stops the thread (after a checkpoint under way, if any); resolves at once if it has already ended. */
   close(): Promise<void> {
-    this.closed ??= new Promise<void>((resolve) => {
-      const done = (): void => resolve();
-      this.worker.once('exit', done);
-      this.worker.once('message', (m: CheckpointerReply) => {
-        if (m.type === 'closed') void this.worker.terminate().then(done, done);
-      });
-      this.worker.postMessage({ type: 'close' } satisfies CheckpointerRequest);
-    });
+    if (!this.closed) {
+      try {
+        this.worker.postMessage({ type: 'close' } satisfies CheckpointerRequest);
+      } catch {
+        // (the thread has ended: nothing to tell)
+      }
+      this.closed = this.exited;
+    }
     return this.closed;
   }
 }
