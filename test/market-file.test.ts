@@ -124,4 +124,24 @@ describe('the market\'s file', () => {
     }
   });
 
+
+  test('its file deleted while it runs: every write is refused (503 market_storage_failed, saying so) rather than booked into a file the next start will not have', async () => {
+    const lines: { msg: string; reason?: string }[] = [];
+    const { m, base } = await openMarket(lines);
+    try {
+      const { line } = await ticketAndReceipt(base);
+      const totals = (await call(base, 'GET', '/v1/totals')).body;
+      fs.rmSync(file);
+      fs.rmSync(`${file}-wal`, { force: true });
+      const refused = await call(base, 'POST', '/v1/receipts', { receipt: line });
+      expect(refused.status).toBe(503);
+      expect(refused.body.error).toMatchObject({ code: 'market_storage_failed', message: expect.stringContaining(`${file} was deleted or replaced while the market used it`) });
+      expect((await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) })).status).toBe(503);
+      expect((await call(base, 'GET', '/v1/totals')).body).toEqual(totals);
+      expect(lines.filter((l) => l.msg.startsWith('market: its file refused a write'))).toHaveLength(1);
+    } finally {
+      await m.close().catch(() => {});
+      fs.rmSync(file, { force: true });
+    }
+  });
 });

@@ -9,6 +9,7 @@
 import type Database from 'better-sqlite3';
 import { ratesFromWire, ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { openWritableSqlite } from '../sqlite-file.ts';
+import { FileGuard } from '../store/file-guard.ts';
 import type { IssuedTicket, ReceiptRecord } from './store.ts';
 
 const SCHEMA = `
@@ -45,6 +46,9 @@ export interface MarketFileState {
 
 export class MarketDb {
   private readonly db: Database.Database;
+  private readonly guard: FileGuard;
+  /** Set once the file was deleted or replaced under the market: every write is refused from then on. */
+  private lost: string | undefined;
   private readonly putTicketStmt: Database.Statement<[string, number, string]>;
   private readonly putReceiptStmt: Database.Statement<[string, string]>;
   private readonly bumpStmt: Database.Statement<[string, string, number, string]>;
@@ -69,6 +73,7 @@ export class MarketDb {
       throw new Error(`${file}: ${busy ? 'another market uses this file (its --data folder)' : (e as Error).message}`);
     }
     this.db = db;
+    this.guard = new FileGuard(file);
     this.putTicketStmt = db.prepare('INSERT OR REPLACE INTO tickets (ticket_id, expires_at, ticket) VALUES (?, ?, ?)');
     this.putReceiptStmt = db.prepare('INSERT INTO receipts (ticket_id, record) VALUES (?, ?)');
     // (Sums are BigInt, worked out by the caller: SQLite's integers stop at 2^63.)
@@ -110,13 +115,28 @@ export class MarketDb {
     return { tickets, receipts, total, byProvider, byModel };
   }
 
+  /**
+   * Throws once the file (or its -wal) was deleted or replaced while the market used it: SQLite
+   * would go on writing into the deleted file, and all of it would be gone at the next start.
+   * Checked before every write (a stat of two files).
+   */
+  private intact(): void {
+    if (this.lost === undefined) {
+      const gone = this.guard.changed();
+      if (gone) this.lost = `${gone} was deleted or replaced while the market used it: it takes no more tickets or receipts (what it booked since it opened is in the file it still holds open; restart it on a file put back in place)`;
+    }
+    if (this.lost !== undefined) throw new Error(this.lost);
+  }
+
   /** A ticket issued: durable before it is handed out. */
   putTicket(t: IssuedTicket): void {
+    this.intact();
     this.putTicketStmt.run(t.ticket_id, t.expires_at, JSON.stringify(storedTicket(t)));
   }
 
   /** A receipt collected, its ticket (settled) and the totals with it counted: one transaction, durable before the market acknowledges it. */
   addReceipt(r: ReceiptRecord, ticket: IssuedTicket | undefined, tallies: TallyRow[]): void {
+    this.intact();
     this.addReceiptTx(r, ticket, tallies);
   }
 
