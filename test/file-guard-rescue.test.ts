@@ -16,6 +16,7 @@ import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { startTinyNode } from './helpers/node-config.ts';
 import { askNode, logLines } from './helpers/paid-ask.ts';
+import { captureNodeWatches } from './helpers/node-watch.ts';
 import { testKey } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
 
@@ -155,12 +156,7 @@ describe('a copy that failed is tried again while the node runs', () => {
 describe('the node whose data dir was deleted while it serves', () => {
   test('the receipt log stops at its next checkpoint, the state store at its next file check: both copies fail, each is an error line naming the backup to restore, /healthz and /readyz say why, paid work is refused', async () => {
     // The node's own 5 s file watch is taken from setInterval and run when the test wants it (no 5 s wait).
-    const realSetInterval = globalThis.setInterval;
-    const watches: (() => void)[] = [];
-    vi.spyOn(globalThis, 'setInterval').mockImplementation(((fn: () => void, ms?: number, ...args: unknown[]) => {
-      if (ms === 5000 && String(fn).includes('watchDisk')) watches.push(fn);
-      return realSetInterval(fn, ms, ...args);
-    }) as typeof setInterval);
+    const watches = captureNodeWatches();
     const home = tmp();
     const logFile = path.join(home, 'node.log');
     const fd = fs.openSync(logFile, 'w');

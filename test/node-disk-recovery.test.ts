@@ -16,6 +16,7 @@ import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { startTinyNode } from './helpers/node-config.ts';
 import { logLines } from './helpers/paid-ask.ts';
+import { captureNodeWatches } from './helpers/node-watch.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
 
@@ -37,12 +38,7 @@ test('low disk refuses paid work with one error line; room again is said once at
     const st = realStatfs(p, o);
     return path.resolve(String(p)) === data ? { ...st, bsize: 4096, bavail: freeMb * 256 } : st;
   }) as typeof fs.statfsSync);
-  const realSetInterval = globalThis.setInterval;
-  const watches: (() => void)[] = [];
-  vi.spyOn(globalThis, 'setInterval').mockImplementation(((fn: () => void, ms?: number, ...args: unknown[]) => {
-    if (ms === 5000 && String(fn).includes('watchDisk')) watches.push(fn);
-    return realSetInterval(fn, ms, ...args);
-  }) as typeof setInterval);
+  const watches = captureNodeWatches();
 
   const logFile = path.join(home, 'node.log');
   const fd = fs.openSync(logFile, 'w');

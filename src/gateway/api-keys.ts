@@ -139,6 +139,11 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
     const value = w.slice(eq + 1);
     if (seen.has(name)) throw problem(where, `${name} given twice`);
     seen.add(name);
+    const usd = (example: string): bigint => {
+      const micro = parseUsd(value);
+      if (micro === undefined) throw problem(where, `${name}: expected a USD amount with at most 6 decimal places (like "${example}"), got "${value.slice(0, 64)}"`);
+      return micro;
+    };
     const list = (): string[] => {
       const items = value.split(',');
       if (items.some((s) => s === '')) throw problem(where, `${name}: expected a comma-separated list without empty items`);
@@ -160,12 +165,9 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
       case 'models':
         spec.models = list();
         break;
-      case 'max_cost_usd': {
-        const micro = parseUsd(value);
-        if (micro === undefined) throw problem(where, `max_cost_usd: expected a USD amount with at most 6 decimal places (like "0.25"), got "${value.slice(0, 64)}"`);
-        spec.maxCostMicroUsd = micro;
+      case 'max_cost_usd':
+        spec.maxCostMicroUsd = usd('0.25');
         break;
-      }
       case 'expires': {
         const m = /^(\d{4})-(\d{2})-(\d{2})T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})$/.exec(value);
         // (Date.parse rolls 31 February over into March: the day must exist in its month.)
@@ -174,12 +176,9 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
         spec.expiresAt = t;
         break;
       }
-      case 'spend_limit_usd': {
-        const micro = parseUsd(value);
-        if (micro === undefined) throw problem(where, `spend_limit_usd: expected a USD amount with at most 6 decimal places (like "25"), got "${value.slice(0, 64)}"`);
-        spec.spendLimitMicroUsd = micro;
+      case 'spend_limit_usd':
+        spec.spendLimitMicroUsd = usd('25');
         break;
-      }
       case 'spend_interval':
         if (!(SPEND_INTERVALS as readonly string[]).includes(value)) throw problem(where, `spend_interval: expected ${SPEND_INTERVALS.join(', ')} (omitted: a lifetime budget), got "${value.slice(0, 64)}"`);
         spec.spendInterval = value as SpendInterval;
