@@ -45,6 +45,16 @@ function freshLog(extra: Partial<Parameters<typeof ReceiptLog.open>[0]> = {}): {
   return { s, dir, file, log: open(file, s, extra) };
 }
 
+describe('the WAL stays small', () => {
+  test.each([0, 1])('lone receipts (%i signer threads, each commit a whole 64 KiB page) are checkpointed every 128 pages: 300 of them leave a WAL of a few MiB, not 19', async (threads) => {
+    const { file, log } = freshLog({ threads });
+    await fill(log, 0, 300);
+    const wal = fs.statSync(`${file}-wal`).size;
+    expect(wal).toBeLessThan(12 * 1024 * 1024);
+    expect(fs.statSync(file).size).toBeGreaterThan(64 * 1024); // (checkpointed into the database)
+  });
+});
+
 describe('a log that lost receipts it signed a checkpoint over is refused at open', () => {
   test('the database replaced by an older copy (the newer receipts were in the lost -wal file): log_behind, naming both sizes and what to do', async () => {
     const { s, dir, file, log } = freshLog();

@@ -29,6 +29,12 @@ export function openDb(file: string): Database.Database {
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = FULL');
   db.pragma('busy_timeout = 10000');
+  // With 64 KiB pages, SQLite's default of a checkpoint every 1,000 pages lets the WAL reach 64 MiB
+  // (a lone receipt's commit is a whole page), and the file stays that large. A checkpoint every 128
+  // pages costs little (a run of lone receipts rewrites the same few pages: only the last copy of
+  // each goes to the database), and the file is cut back to 16 MiB after one.
+  db.pragma('wal_autocheckpoint = 128');
+  db.pragma(`journal_size_limit = ${16 * 1024 * 1024}`);
   return db;
 }
 
