@@ -399,7 +399,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
     cleanup.push(['capacity protocol', () => capacity.stop()]);
     // The ops server has been answering since before the models loaded: from now on, for the serving node.
-    serving.health = () => (log.failure ? { ok: false, reason: `the receipt log has stopped (${log.failure.message.slice(0, 600)}): paid work is refused until the node is restarted` } : { ok: true });
+    serving.health = () => (log.failure ? { ok: false, reason: `the receipt log has stopped (${log.failure.message.slice(0, 2000)}): paid work is refused until the node is restarted` } : { ok: true });
     serving.ready = () => readiness(...standing());
     serving.status = () => ({
       provider_id: identity.providerId,

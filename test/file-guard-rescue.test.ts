@@ -177,8 +177,8 @@ describe('the node whose data dir was deleted while it serves', () => {
     const health = await fetch(`${node.opsUrl}/healthz`);
     expect(health.status).toBe(503);
     const reason = ((await health.json()) as { reason: string }).reason;
-    // (the reason carries the first 600 characters of the log's failure: the whole of it is in the error line below)
-    expect(reason).toMatch(/^the receipt log has stopped \(receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying its 2 durable receipts out failed \(/);
+    // (the whole of the log's failure, its advice included, up to 2,000 characters)
+    expect(reason).toMatch(/^the receipt log has stopped \(receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying its 2 durable receipts out failed \(.*start over with a new key \(seller-node init\)\.\): paid work is refused until the node is restarted$/);
     expect(reason).toMatch(/: paid work is refused until the node is restarted$/);
     expect(reason).not.toContain('were copied to');
     watches[0]!(); // the state store's file check
