@@ -25,8 +25,9 @@ import type { RequestServer } from './p2p/request-stream.ts';
 import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
 import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
-import { FileGuard, rescueDatabase } from './store/file-guard.ts';
+import { DatabaseRescue } from './store/file-guard.ts';
 import { DescriptorWatch } from './ops/descriptor-watch.ts';
+import { RepeatLimit } from './ops/repeat-limit.ts';
 import { openStateDb } from './store/state-db.ts';
 import { WalCheckpointer } from './store/wal-checkpointer.ts';
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
@@ -209,7 +210,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     } catch (e) {
       throw dataDirError(statePath, e);
     }
-    const stateFiles = new FileGuard(statePath);
+    const stateFiles = new DatabaseRescue(
+      db,
+      statePath,
+      () => 'its used tickets and Idempotency-Key records',
+      () => `restore ${statePath} from a backup, or start without one after a minute (the tickets used since have expired by then); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again.`,
+    );
     if (!stateExisted && log.size > 0) {
       logger.error({ receipts: log.size }, `${statePath} was not there and has been created anew, though the receipt log holds ${log.size} receipts: the used tickets and Idempotency-Key records it kept are gone (a ticket of the last minutes could be used again, and a retry of the last 24 h runs and is billed again); if it was removed by mistake, stop the node and put it back`);
     }
@@ -276,18 +282,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['refusal lines', () => refusalLines.stop()]); // (the count of the last second's unlogged lines is said too)
     // state.db refusing writes (disk full): paid requests get 503 and the node says it is not
     // accepting work for a while; the operator hears of it at once, then at most every 10 s.
-    let stateFailuresUnsaid = 0;
-    let stateSaidAt = 0;
+    const stateFailures = new RepeatLimit(10_000, Date.now);
     const state = new StoreHealth({
       onFailure: (e, first) => {
-        const now = Date.now();
-        if (!first && now - stateSaidAt < 10_000) {
-          stateFailuresUnsaid++;
-          return;
-        }
-        logger.error({ err: errSummary(e), failures_since_last_line: stateFailuresUnsaid }, 'state.db refused a write: paid requests are refused (503) until a write succeeds; the node says it is not accepting work');
-        stateSaidAt = now;
-        stateFailuresUnsaid = 0;
+        const unsaid = stateFailures.take(first);
+        if (unsaid !== undefined) logger.error({ err: errSummary(e), failures_since_last_line: unsaid }, 'state.db refused a write: paid requests are refused (503) until a write succeeds; the node says it is not accepting work');
       },
     });
     // The data dir's free space: below receipts.min_free_mb, paid work is refused (before tickets are used).
@@ -301,20 +300,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     watchDisk();
     // state.db deleted or replaced while in use: paid work stops, and what the connection still
     // holds is copied out (tried again every 5 s until it is, should the copy fail: a full disk).
-    let stateRescue: 'none' | 'failed' | 'done' = 'none';
     const watchStateFile = (): void => {
-      if (stateRescue === 'done') return;
-      const gone = stateRescue === 'failed' ? undefined : stateFiles.changed();
-      if (stateRescue !== 'failed' && !gone) return;
-      const copy = rescueDatabase(db, statePath, 'its used tickets and Idempotency-Key records', `restore ${statePath} from a backup, or start without one after a minute (the tickets used since have expired by then); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again.`);
-      if (stateRescue === 'failed') {
-        if (!copy.ok) return;
-        stateRescue = 'done';
-        logger.error({}, `state file: the copy failed before has now been made. ${copy.message}`);
-        return;
-      }
-      stateRescue = copy.ok ? 'done' : 'failed';
-      const e = new StoreStopped(`state file ${gone} was deleted or replaced while the node used it: paid requests are refused until a restart. ${copy.message}`);
+      const found = stateFiles.check();
+      if (!found) return;
+      if (found.kind === 'made') return void logger.error({}, `state file: the copy failed before has now been made. ${found.message}`);
+      const e = new StoreStopped(`state file ${found.file} was deleted or replaced while the node used it: paid requests are refused until a restart. ${found.copy.message}`);
       state.stop(e);
       logger.error({}, e.message);
     };

@@ -2,7 +2,7 @@
 // (a key removed, a limit changed) is read again within `intervalMs` and its keys replace the
 // gateway's. A file that cannot be read or used changes nothing: the keys before it stay, and the
 // operator is told (once a change).
-import fs from 'node:fs';
+import { fileIdentity } from '../../adapters/model-file.ts';
 import { readApiKeysFile, type ApiKeySpec } from './api-keys.ts';
 
 export interface KeysFileLog {
@@ -11,14 +11,7 @@ export interface KeysFileLog {
 }
 
 /** What identifies a version of the file: a rewrite, a rename over it, or an edit in place changes it. */
-function identity(file: string): string {
-  try {
-    const st = fs.statSync(file);
-    return `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}`;
-  } catch (e) {
-    return `missing:${(e as { code?: string }).code ?? ''}`;
-  }
-}
+const identity = (file: string): string => JSON.stringify(fileIdentity(file) ?? null);
 
 /** Watches `file` (stat every `intervalMs`); `apply` is given its keys each time it changes. */
 export function watchApiKeysFile(file: string, apply: (keys: ApiKeySpec[]) => void, log: KeysFileLog, intervalMs = 2000): { check(): void; stop(): void } {

@@ -183,10 +183,17 @@ export class KeySpend {
 
   /** 403 key_spend_limit_exceeded when what is left of `key`'s budget cannot pay a worst case of `worst` (an estimate's judgement: nothing reserved). */
   assertRoomFor(key: SpendLimit, worst: bigint): void {
+    const left = this.room(key);
+    if (worst > left) throw budgetTooSmall(key, left);
+  }
+
+  /** What is left of `key`'s budget; 403 key_spend_limit_exceeded when nothing is, unless `orNone` (then 0). */
+  private room(key: SpendLimit, orNone = false): bigint {
     const u = this.usage(key);
     const left = key.limitMicroUsd - u.spent - u.open;
-    if (left <= 0n) throw spendRefusal(key, u, this.now());
-    if (worst > left) throw budgetTooSmall(key, left);
+    if (left > 0n) return left;
+    if (orNone) return 0n;
+    throw spendRefusal(key, u, this.now());
   }
 
   /**
@@ -195,10 +202,7 @@ export class KeySpend {
    * already answered: the node answers it from its record, free), which then reserves 0.
    */
   reserve(key: SpendLimit, cap: bigint | undefined, opts: { retry?: boolean } = {}): SpendReservation {
-    const u = this.usage(key);
-    const room = key.limitMicroUsd - u.spent - u.open;
-    if (room <= 0n && !opts.retry) throw spendRefusal(key, u, this.now());
-    const left = room > 0n ? room : 0n;
+    const left = this.room(key, opts.retry);
     const amount = cap !== undefined && cap < left ? cap : left;
     const res: Reservation = { keyId: key.id, amount, charged: 0n, live: true, rows: [] };
     this.add(this.reserved, key.id, amount);

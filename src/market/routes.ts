@@ -7,6 +7,7 @@ import { heartbeat, providerView, register } from './providers.ts';
 import { collectReceipt } from './receipts.ts';
 import type { MarketStore } from './store.ts';
 import { issueTicket, type TicketRequest } from './tickets.ts';
+import { RepeatLimit } from '../ops/repeat-limit.ts';
 
 export interface RouteContext {
   store: MarketStore;
@@ -79,18 +80,13 @@ function validationMessage(issues: readonly AjvIssue[]): string {
 export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
   const { store } = ctx;
   // Writes to the market's file that fail: said at once, then at most every 10 s with how many since.
-  let storageSaidAt = Number.NEGATIVE_INFINITY;
-  let storageUnsaid = 0;
+  const storageFailures = new RepeatLimit();
 
   app.setErrorHandler(async (err: FastifyError | MarketError, req, reply) => {
     if (err instanceof MarketError) {
       if (err.code === 'market_storage_failed') {
-        const now = performance.now();
-        if (now - storageSaidAt >= 10_000) {
-          req.log.error({ reason: err.message.slice(0, 600), failures_since_last_line: storageUnsaid }, 'market: its file refused a write: tickets and receipts are refused (503) until it takes writes again');
-          storageSaidAt = now;
-          storageUnsaid = 0;
-        } else storageUnsaid++;
+        const unsaid = storageFailures.take();
+        if (unsaid !== undefined) req.log.error({ reason: err.message.slice(0, 600), failures_since_last_line: unsaid }, 'market: its file refused a write: tickets and receipts are refused (503) until it takes writes again');
       }
       // A receipt refused is money disputed (forged, for another ticket, a second one for a ticket): the operator hears of it.
       if (req.routeOptions.url === '/v1/receipts' && req.method === 'POST') req.log.warn({ code: err.code, reason: err.message.slice(0, 600) }, 'receipt refused');

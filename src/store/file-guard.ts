@@ -66,3 +66,44 @@ export function rescueDatabase(db: Database.Database, dbPath: string, what: stri
     };
   }
 }
+
+/** What a DatabaseRescue check found: the files just found gone (and the copy's outcome), or a copy that failed before now made. */
+export type RescueEvent = { kind: 'gone'; file: string; copy: { ok: boolean; message: string } } | { kind: 'made'; message: string };
+
+/**
+ * A database's files watched while it is in use; once they are deleted or replaced, what its
+ * connection still holds is copied out (rescueDatabase), and a copy that failed (a full disk: the
+ * deleted file frees no space while it is held open) is tried again at each later check until it
+ * is made. `what` and `ifFailed` are read at each try (a log's receipt count grows until it stops).
+ */
+export class DatabaseRescue {
+  private state: 'watching' | 'failed' | 'done' = 'watching';
+  private readonly files: FileGuard;
+  private readonly db: Database.Database;
+  private readonly dbPath: string;
+  private readonly what: () => string;
+  private readonly ifFailed: () => string;
+
+  constructor(db: Database.Database, dbPath: string, what: () => string, ifFailed: () => string) {
+    this.files = new FileGuard(dbPath);
+    this.db = db;
+    this.dbPath = dbPath;
+    this.what = what;
+    this.ifFailed = ifFailed;
+  }
+
+  /** Looks at the files (or tries a failed copy again); what there is to say, if anything. */
+  check(): RescueEvent | undefined {
+    if (this.state === 'done') return undefined;
+    const gone = this.state === 'failed' ? undefined : this.files.changed();
+    if (this.state === 'watching' && !gone) return undefined;
+    const copy = rescueDatabase(this.db, this.dbPath, this.what(), this.ifFailed());
+    if (this.state === 'failed') {
+      if (!copy.ok) return undefined; // (said when it first failed; said again once made)
+      this.state = 'done';
+      return { kind: 'made', message: copy.message };
+    }
+    this.state = copy.ok ? 'done' : 'failed';
+    return { kind: 'gone', file: gone!, copy };
+  }
+}

@@ -23,7 +23,8 @@ import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
 import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
 import { chainHeadPath, headMismatch, headPath, readChainHead, readHead, writeChainHead, writeHead } from './checkpoint-head.ts';
-import { FileGuard, rescueDatabase } from './file-guard.ts';
+import { DatabaseRescue } from './file-guard.ts';
+import { RepeatLimit } from '../ops/repeat-limit.ts';
 import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
 
@@ -175,16 +176,14 @@ export class ReceiptLog {
   private readonly chainFile: string;
   private chainAt = Number.NEGATIVE_INFINITY;
   private chainTimer: NodeJS.Timeout | undefined;
-  /** Its files deleted or replaced under it: copied out (done), or tried again at each check (failed). */
-  private rescue: 'none' | 'failed' | 'done' = 'none';
-  /** Per side file: when its failure was last told, and the failures not told since (told at once, then at most every 10 s). */
-  private readonly sideFailures = new Map<string, { toldAt: number; untold: number }>();
+  /** Per side file: its failures, told at once, then at most every 10 s. */
+  private readonly sideFailures = new Map<string, RepeatLimit>();
   /** The latest durable payload (its hash goes into receipts.head when that is written). */
   private durablePayload: string | Uint8Array | undefined;
   /** Whether this process appended receipts (a reader, `log export`, never writes receipts.head). */
   private appendedHere = false;
-  /** The database and -wal files as opened: one deleted or replaced under the log stops it. */
-  private readonly files: FileGuard;
+  /** Its database and -wal, watched; what its connection holds copied out should they go. */
+  private readonly files: DatabaseRescue;
   private readonly notice: (message: string, level?: 'warn' | 'error') => void;
   /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
   private readonly stmt: ReturnType<typeof prepareStatements>;
@@ -290,7 +289,12 @@ export class ReceiptLog {
       this.db.pragma('synchronous = NORMAL');
       this.db.pragma('wal_autocheckpoint = 0');
     }
-    this.files = new FileGuard(opts.path);
+    this.files = new DatabaseRescue(
+      this.db,
+      opts.path,
+      () => `its ${this.tree.size} durable receipts`,
+      () => `put ${this.path} back only from a copy that holds all ${this.tree.size} receipts (seq 0 to ${this.tree.size - 1}): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs. Without such a copy, start over with a new key (seller-node init).`,
+    );
     const interval = opts.checkpointIntervalMs ?? 10_000;
     // Its files are looked at every 10 s whatever the checkpoint interval (0 turns only checkpoints by time off).
     this.fileTimer = setInterval(() => this.checkFiles(), opts.fileCheckMs ?? FILE_CHECK_MS);
@@ -474,14 +478,11 @@ export class ReceiptLog {
    * give a line a batch, on a disk that may be the full one).
    */
   private sideFileFailed(file: string, message: string): void {
-    const now = performance.now();
-    const f = this.sideFailures.get(file);
-    if (f && now - f.toldAt < 10_000) {
-      f.untold++;
-      return;
-    }
-    this.notice(f && f.untold > 0 ? `${message} (${f.untold} more failures of it since the last time this was said)` : message);
-    this.sideFailures.set(file, { toldAt: now, untold: 0 });
+    let failures = this.sideFailures.get(file);
+    if (!failures) this.sideFailures.set(file, (failures = new RepeatLimit()));
+    const unsaid = failures.take();
+    if (unsaid === undefined) return;
+    this.notice(unsaid > 0 ? `${message} (${unsaid} more failures of it since the last time this was said)` : message);
   }
 
   /** A side file written after failures: said once. */
@@ -568,26 +569,12 @@ export class ReceiptLog {
    * be lost when the node stops. What the open connection still reads is copied beside the log first.
    */
   private checkFiles(): void {
-    if (this.rescue === 'done') return;
     // (Checked also once the log has stopped for another reason, a full disk say: its files may
     // still be deleted under it, and what its connection holds must then be copied out.)
-    const gone = this.rescue === 'failed' ? undefined : this.files.changed();
-    if (this.rescue !== 'failed' && !gone) return;
-    const copy = rescueDatabase(
-      this.db,
-      this.path,
-      `its ${this.tree.size} durable receipts`,
-      `put ${this.path} back only from a copy that holds all ${this.tree.size} receipts (seq 0 to ${this.tree.size - 1}): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs. Without such a copy, start over with a new key (seller-node init).`,
-    );
-    if (this.rescue === 'failed') {
-      // A copy that failed, tried again at each check: said once it is made.
-      if (!copy.ok) return;
-      this.rescue = 'done';
-      this.notice(`receipt log: the copy failed before has now been made. ${copy.message}`, 'error');
-      return;
-    }
-    this.rescue = copy.ok ? 'done' : 'failed';
-    const message = `receipt log file ${gone} was deleted or replaced while the node used it; the log takes no more receipts. ${copy.message}`;
+    const found = this.files.check();
+    if (!found) return;
+    if (found.kind === 'made') return this.notice(`receipt log: the copy failed before has now been made. ${found.message}`, 'error');
+    const message = `receipt log file ${found.file} was deleted or replaced while the node used it; the log takes no more receipts. ${found.copy.message}`;
     this.broken ??= new ReceiptLogError('log_failed', message);
     this.notice(message, 'error');
   }
