@@ -397,6 +397,37 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     }
   });
 
+  test('a stream carries service {request_id, receipt} in its closing chunk (usage chunk, else finish chunk; responses: the closing event), and without the receipt its bytes are what response_sha256 covers', async () => {
+    for (const [endpoint, body, closing] of [
+      ['chat/completions', { model: MODEL, messages, max_tokens: 8, seed: 5, stream: true }, 'finish'],
+      ['chat/completions', { model: MODEL, messages, max_tokens: 8, seed: 5, stream: true, stream_options: { include_usage: true } }, 'usage'],
+      ['completions', { model: MODEL, prompt: 'once upon', max_tokens: 8, stream: true }, 'finish'],
+      ['completions', { model: MODEL, prompt: 'once upon', max_tokens: 8, stream: true, stream_options: { include_usage: true } }, 'usage'],
+      ['responses', { model: MODEL, input: 'hello', max_output_tokens: 8, stream: true }, 'response'],
+    ] as const) {
+      const what = `${endpoint} ${closing}`;
+      const r = await fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      expect(r.status, what).toBe(200);
+      const text = await r.text();
+      const datas = text.split('\n\n').filter(Boolean).map((ev) => ev.split('\n').find((l) => l.startsWith('data: '))!.slice(6));
+      const json = datas.filter((d) => d !== '[DONE]').map((d) => JSON.parse(d) as Record<string, any>);
+      const withService = json.filter((j) => (j.response ?? j).service?.receipt !== undefined);
+      expect(withService, what).toHaveLength(1);
+      const last = json.at(-1)!;
+      expect(withService[0], what).toBe(last);
+      if (closing === 'usage') expect(last.usage, what).toBeDefined();
+      if (closing === 'finish') expect(last.choices[0].finish_reason, what).toMatch(/^(stop|length)$/);
+      const service = (last.response ?? last).service as { request_id: string; receipt: DsseEnvelope };
+      expect(service.request_id, what).toBe(r.headers.get('x-request-id'));
+      const p = verified(service.receipt);
+      expect(p.request_id, what).toBe(service.request_id);
+      const nodeBytes = text.replace(`,"receipt":${JSON.stringify(service.receipt)}`, '');
+      expect(nodeBytes.length, what).toBeLessThan(text.length);
+      expect(sha256Hex(Buffer.from(nodeBytes)), what).toBe(p.response_sha256);
+      if (endpoint !== 'responses') expect(datas.at(-1), what).toBe('[DONE]');
+    }
+  });
+
   test('embeddings: one vector per input, billed for input tokens only', async () => {
     const input = ['hello world', 'the cat sat'];
     const res = (await client.embeddings.create({ model: MODEL, input })) as OpenAI.CreateEmbeddingResponse & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

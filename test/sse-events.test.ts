@@ -1,7 +1,8 @@
 // The SSE boundary helpers the gateway relays streams with: events are cut at blank lines (LF,
 // CRLF or CR line ends), including a blank line split between two chunks.
 import { describe, expect, test } from 'vitest';
-import { blankLineEnd, endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt } from '../src/gateway/sse-events.ts';
+import { blankLineEnd, closingStart, endsWithBlankLine, eventEnds, eventsEndAcross, isTerminalEvent, lastEventAt, withService } from '../src/gateway/sse-events.ts';
+import { CompletionStream, ResponsesStream, usageOut } from '../src/serve/openai-format.ts';
 
 const b = (s: string): Uint8Array => new TextEncoder().encode(s);
 
@@ -80,5 +81,81 @@ describe('sse events', () => {
     expect(isTerminalEvent(b('data:  [DONE]\n\n'))).toBe(false); // two spaces: the value is " [DONE]"
     expect(isTerminalEvent(b('data: [DONE]\ndata: more\n\n'))).toBe(false);
     expect(isTerminalEvent(b(`data: ${JSON.stringify({ x: 1 })}\nevent:response.completed\n\n`))).toBe(true);
+  });
+
+  test('eventEnds: each event of a batch, whatever the line ends, and an unterminated last one', () => {
+    expect(eventEnds(b('data: a\n\ndata: b\r\n\r\ndata: c\r\rdata: d'))).toEqual([9, 20, 29, 36]);
+    expect(eventEnds(b('event: x\ndata: a\n\n'))).toEqual([18]);
+    expect(eventEnds(b(''))).toEqual([]);
+  });
+
+  describe('the closing events of a stream, and the receipt joined to them', () => {
+    const usage = usageOut(5, 3, '0.000002');
+    const dec = (u: Uint8Array): string => new TextDecoder().decode(u);
+    const chunks = (chat: boolean, withUsage: boolean): { deltas: Uint8Array; close: Uint8Array } => {
+      const s = new CompletionStream(chat, 'req-1', 'm', 1);
+      // Text that looks like the markers: inside a JSON string a quote is escaped.
+      const deltas = b([s.start() ? dec(s.start()!) : '', dec(s.delta('a "finish_reason":"stop" [DONE] "usage"')), dec(s.delta(' b'))].join(''));
+      return { deltas, close: s.close('stop', withUsage ? usage : undefined) };
+    };
+
+    test('closingStart: the finish chunk starts it, with or without the usage chunk; token chunks never do', () => {
+      for (const chat of [true, false])
+        for (const withUsage of [true, false]) {
+          const { deltas, close } = chunks(chat, withUsage);
+          expect(closingStart(deltas)).toBe(deltas.length);
+          const all = b(dec(deltas) + dec(close));
+          expect(closingStart(all)).toBe(deltas.length);
+          expect(closingStart(close)).toBe(0);
+        }
+      expect(closingStart(b('data: [DONE]\n\n'))).toBe(0);
+      const rest = b('data: {"choices":[],"usage":{"prompt_tokens":1}}\n\ndata: [DONE]\n\n');
+      const token = 'data: {"choices":[{"delta":{}}]}\n\n';
+      expect(closingStart(b(token + dec(rest)))).toBe(token.length);
+      const noUsage = 'data: {"choices":[],"usage":null}\n\n';
+      expect(closingStart(b(noUsage))).toBe(noUsage.length);
+    });
+
+    test('closingStart: the responses protocol closes only at its last event', () => {
+      const r = new ResponsesStream('req-1', 'm', 1);
+      const start = r.start();
+      const delta = r.delta('response.completed');
+      const finish = r.finish('stop', usage);
+      const all = b(dec(start) + dec(delta) + dec(finish));
+      const at = closingStart(all);
+      expect(dec(all.subarray(at))).toMatch(/^event: response\.completed\n/);
+      expect(closingStart(b(dec(start) + dec(delta)))).toBe(start.length + delta.length);
+    });
+
+    test('withService: the receipt is the last member of the last chunk\'s service; without it the bytes are the node\'s', () => {
+      for (const chat of [true, false])
+        for (const withUsage of [true, false]) {
+          const { close } = chunks(chat, withUsage);
+          const receipt = { payloadType: 't', payload: 'cA==', signatures: [{ keyid: 'k', sig: 'c2ln' }] };
+          const out = dec(withService(close, { request_id: 'req-1', receipt }));
+          const events = out.split('\n\n').filter(Boolean);
+          expect(events.at(-1)).toBe('data: [DONE]');
+          const last = JSON.parse(events.at(-2)!.slice(6)) as { usage?: unknown; service: unknown };
+          expect(last.service).toEqual({ request_id: 'req-1', receipt });
+          expect(last.usage !== undefined).toBe(withUsage);
+          expect(out.replace(`,"receipt":${JSON.stringify(receipt)}`, '')).toBe(dec(close));
+        }
+    });
+
+    test('withService: a responses stream carries it in the closing event\'s response.service', () => {
+      const r = new ResponsesStream('req-1', 'm', 1);
+      const finish = r.finish('stop', usage);
+      const out = dec(withService(finish, { request_id: 'req-1', receipt: 'R' }));
+      const last = out.split('\n\n').filter(Boolean).at(-1)!;
+      expect(last.split('\n')[0]).toBe('event: response.completed');
+      expect((JSON.parse(last.split('\n')[1]!.slice(6)) as { response: { service: unknown } }).response.service).toEqual({ request_id: 'req-1', receipt: 'R' });
+      expect(out.replace(',"receipt":"R"', '')).toBe(dec(finish));
+    });
+
+    test('withService: a chunk without service gets one; events with no JSON are left as they are', () => {
+      expect(dec(withService(b('data: {"a":1}\r\n\r\ndata: [DONE]\r\n\r\n'), { request_id: 'x', receipt: 1 }))).toBe('data: {"a":1,"service":{"request_id":"x","receipt":1}}\n\ndata: [DONE]\r\n\r\n');
+      expect(dec(withService(b('data: [DONE]\n\n'), { request_id: 'x', receipt: 1 }))).toBe('data: [DONE]\n\n');
+      expect(dec(withService(b('data: {"a":\n\n'), { request_id: 'x', receipt: 1 }))).toBe('data: {"a":\n\n');
+    });
   });
 });

@@ -1,6 +1,7 @@
 // Relaying a provider's answer to the buyer. A JSON body is collected, checked against its
 // receipt and sent with `service.receipt`. A stream is relayed event by event as it arrives, its
-// closing event held until the trailer's receipt verifies. The buyer leaving cancels the request
+// closing events (finish and usage chunks, [DONE]; the responses protocol's last event) held
+// until the trailer's receipt verifies, then sent with the receipt in their `service`. The buyer leaving cancels the request
 // at the node; a provider that breaks off ends the stream with an error event. Every receipt is
 // settled in the background (Settlements).
 import crypto from 'node:crypto';
@@ -17,7 +18,7 @@ import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
 import type { RequestRecords } from './records.ts';
 import { isObj } from './request-body.ts';
 import type { Settlements, VerifiedReceipt } from './settlement.ts';
-import { endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT } from './sse-events.ts';
+import { closingStart, endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT, withService } from './sse-events.ts';
 import type { Paid } from './tickets.ts';
 
 
@@ -152,9 +153,10 @@ export class Relay {
     raw.flushHeaders();
     const hash = crypto.createHash('sha256');
     let trailer: JsonObject | undefined;
-    // The stream's last event ([DONE], or the responses protocol's closing event) is held until the
-    // receipt verifies: a client stops reading there, so an answer whose receipt fails must end
-    // with the error event instead.
+    // The stream's closing events (from the finish chunk to [DONE], or the responses protocol's
+    // closing event) are held until the receipt verifies: a client stops reading there, so an
+    // answer whose receipt fails must end with the error event instead, and one whose receipt
+    // verifies carries it in the closing events' `service`.
     // Events are relayed whole: bytes after a frame's last blank line wait for the frame that ends
     // their event, so a closing event split across frames is still recognised and held. An event
     // larger than MAX_HELD_EVENT is relayed as it comes instead (never held, never buffered whole).
@@ -180,6 +182,22 @@ export class Relay {
         idle.resume();
       }
     };
+    /**
+     * Relays whole events (the stream's unterminated end too); from the first closing event on
+     * (closingStart) they are held until the receipt verifies. What is held is relayed first if
+     * more would take it past MAX_HELD_EVENT.
+     */
+    const take = async (events: Uint8Array): Promise<void> => {
+      if (held && held.length + events.length > MAX_HELD_EVENT) {
+        await write(held);
+        held = undefined;
+      }
+      const from = held ? 0 : closingStart(events);
+      if (from === events.length) return write(events);
+      if (from > 0) await write(events.subarray(0, from));
+      held = held ? concatBytes(held, events.subarray(from)) : events.subarray(from);
+      if (isTerminalEvent(events.subarray(lastEventAt(events)))) finished();
+    };
     try {
       for await (const f of res.frames) {
         idle.kick();
@@ -195,25 +213,16 @@ export class Relay {
           const events = pending.length ? concatBytes(...pending, f.bytes.subarray(0, end)) : f.bytes.subarray(0, end);
           pending = end < f.bytes.length ? [f.bytes.subarray(end)] : [];
           pendingBytes = f.bytes.length - end;
-          if (held) await write(held); // more after the last event: relayed in order, as sent
-          const cut = lastEventAt(events);
-          held = isTerminalEvent(events.subarray(cut)) ? events.subarray(cut) : undefined;
-          if (held) finished();
-          await write(held ? events.subarray(0, cut) : events);
+          await take(events);
         } else trailer = f.value;
       }
       if (pendingBytes) {
         // The stream's end closes whatever is pending (a last lone CR, or no blank line at all): a
         // closing event there is held like any other; anything else is relayed as it is.
         const rest = concatBytes(...pending);
-        const cut = lastEventAt(rest);
-        if (isTerminalEvent(rest.subarray(cut))) {
-          pending = [rest.subarray(0, cut)];
-          pendingBytes = cut;
-          await flushPending();
-          held = rest.subarray(cut);
-          finished();
-        } else await flushPending();
+        pending = [];
+        pendingBytes = 0;
+        await take(rest);
       }
     } catch (e) {
       if (gone.aborted) return this.abandon(p, reply);
@@ -235,7 +244,7 @@ export class Relay {
         const why = isObj(trailer?.error) && typeof trailer.error.message === 'string' ? `: ${trailer.error.message.slice(0, 200)}` : '';
         endWithError('provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
       } else {
-        if (held) await write(held);
+        if (held) await write(withService(held, { request_id: checked.payload.request_id, receipt: checked.envelope }));
         endStream(raw);
       }
       // The stream has ended: the market is told after, never in the buyer's way.

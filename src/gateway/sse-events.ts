@@ -87,3 +87,113 @@ export function isTerminalEvent(event: Uint8Array): boolean {
   }
   return data.join('\n') === '[DONE]';
 }
+
+// Markers a batch of events must contain before it is searched for a closing event: a finish
+// chunk (a finish_reason that is a string: in JSON text a quote inside a string is escaped, so
+// generated text cannot produce this), a usage chunk, [DONE], or the responses protocol's end.
+const CLOSING_MARKERS = ['"finish_reason":"', '"finish_reason": "', '"usage"', '[DONE]', 'response.completed', 'response.incomplete', 'response.failed'];
+const UTF8 = new TextDecoder();
+
+/** Where each event ends (just after its blank line), in order; an unterminated last event ends at the end. */
+export function eventEnds(events: Uint8Array): number[] {
+  const ends: number[] = [];
+  let lineStart = 0;
+  for (let i = 0; i < events.length; ) {
+    const c = events[i];
+    if (c !== 10 && c !== 13) {
+      i++;
+      continue;
+    }
+    const next = c === 13 && events[i + 1] === 10 ? i + 2 : i + 1;
+    if (i === lineStart) ends.push(next); // an empty line ends the event
+    lineStart = next;
+    i = next;
+  }
+  if ((ends.at(-1) ?? 0) < events.length) ends.push(events.length);
+  return ends;
+}
+
+/** The event's data lines joined, as SSE defines it; undefined for an event without data. */
+function eventData(event: Uint8Array): { data: string; other: string[] } | undefined {
+  const data: string[] = [];
+  const other: string[] = [];
+  for (const line of UTF8.decode(event).split(/\r\n|\r|\n/)) {
+    if (line.length === 0) continue;
+    if (line.startsWith('data')) {
+      const colon = line.indexOf(':');
+      if (colon === 4) {
+        data.push(line.slice(line[5] === ' ' ? 6 : 5));
+        continue;
+      }
+      if (colon < 0 && line.length === 4) {
+        data.push('');
+        continue;
+      }
+    }
+    other.push(line);
+  }
+  return data.length ? { data: data.join('\n'), other } : undefined;
+}
+
+function eventJson(event: Uint8Array): { value: Record<string, unknown>; other: string[] } | undefined {
+  const d = eventData(event);
+  if (!d) return undefined;
+  try {
+    const value = JSON.parse(d.data) as unknown;
+    return value !== null && typeof value === 'object' && !Array.isArray(value) ? { value: value as Record<string, unknown>, other: d.other } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A chat or completions chunk that closes its stream: one with a finish_reason, or the usage chunk. */
+function isClosingChunk(event: Uint8Array): boolean {
+  const v = eventJson(event)?.value;
+  const choices = v?.choices;
+  if (!Array.isArray(choices)) return false;
+  if (choices.length === 0) return v!.usage !== null && typeof v!.usage === 'object';
+  return choices.some((c: unknown) => c !== null && typeof c === 'object' && typeof (c as { finish_reason?: unknown }).finish_reason === 'string');
+}
+
+/**
+ * Where the closing part of a batch of whole events starts: its first finish chunk, usage chunk,
+ * [DONE] or closing responses event; `events.length` when it has none. The closing part is held
+ * until the receipt verifies, so that the receipt can join it (withService). Tokens never wait:
+ * nothing but the closing chunks follows a finish chunk.
+ */
+export function closingStart(events: Uint8Array): number {
+  const b = Buffer.from(events.buffer, events.byteOffset, events.byteLength);
+  if (!CLOSING_MARKERS.some((m) => b.includes(m))) return events.length;
+  let start = 0;
+  for (const end of eventEnds(events)) {
+    const ev = events.subarray(start, end);
+    if (isTerminalEvent(ev) || isClosingChunk(ev)) return start;
+    start = end;
+  }
+  return events.length;
+}
+
+/**
+ * The held closing events with `service` joined to their last JSON event: for chat and
+ * completions the last chunk before [DONE], for responses the closing event's `response`. The
+ * fields are added as the last members of the `service` object there (the node's closing chunks
+ * end with `service: {request_id}`), so removing `,"receipt":…` gives back the node's bytes, which
+ * the receipt's response_sha256 covers. Events that cannot take it are returned as they are.
+ */
+export function withService(held: Uint8Array, service: { request_id: string; receipt: unknown }): Uint8Array {
+  let start = 0;
+  let last: { start: number; end: number; json: NonNullable<ReturnType<typeof eventJson>> } | undefined;
+  for (const end of eventEnds(held)) {
+    const json = eventJson(held.subarray(start, end));
+    if (json) last = { start, end, json };
+    start = end;
+  }
+  if (!last) return held;
+  const { value, other } = last.json;
+  const response = value.response;
+  const target = typeof value.type === 'string' && value.type.startsWith('response.') && response !== null && typeof response === 'object' && !Array.isArray(response) ? (response as Record<string, unknown>) : value;
+  const own = target.service;
+  target.service = { ...(own !== null && typeof own === 'object' && !Array.isArray(own) ? own : {}), request_id: service.request_id, receipt: service.receipt };
+  const event = Buffer.from(`${other.map((l) => `${l}\n`).join('')}data: ${JSON.stringify(value)}\n\n`);
+  return concatBytes(held.subarray(0, last.start), event, held.subarray(last.end));
+}

@@ -552,9 +552,7 @@ export class InferService {
         const usage = usageOut(inputTokens, result!.outputTokens, formatUsd(cost));
         const finish = result?.finishReason === 'length' ? 'length' : 'stop';
         if (stream) {
-          await send(stream.finish(finish));
-          if (p.includeUsage) await send(stream.usage(usage));
-          await send(stream.done());
+          await send(stream.close(finish, p.includeUsage ? usage : undefined));
         } else if (rstream) {
           await send(rstream.finish(finish, usage));
         } else {

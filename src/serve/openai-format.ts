@@ -1,6 +1,8 @@
 // Response bodies and stream events in the shapes the marketplace API promises (OpenAI-compatible
 // plus usage.cost and service.request_id). The receipt itself travels in the trailer frame; the
-// gateway adds it to what the buyer sees as service.receipt.
+// gateway adds it to what the buyer sees as service.receipt: the last member of a body's
+// `service`, and in a stream of the closing chunk's (the usage chunk, else the finish chunk) or of
+// the closing event's `response.service`.
 import { concatBytes } from '../../attestation/bytes.ts';
 
 export interface UsageOut {
@@ -44,6 +46,7 @@ export function textCompletion(requestId: string, model: string, created: number
 /** Stream events for chat/completions and completions, as SSE bytes. */
 export class CompletionStream {
   private readonly base: { id: string; object: string; created: number; model: string };
+  private readonly service: { request_id: string };
   private readonly chat: boolean;
   private readonly encoder = new TextEncoder();
   /** A delta event is these two around the JSON string of its text: one stringify a token. */
@@ -53,6 +56,7 @@ export class CompletionStream {
   constructor(chat: boolean, requestId: string, model: string, created: number) {
     this.chat = chat;
     this.base = { id: `${chat ? 'chatcmpl' : 'cmpl'}-${requestId}`, object: chat ? 'chat.completion.chunk' : 'text_completion', created, model };
+    this.service = { request_id: requestId };
     const base = JSON.stringify(this.base).slice(0, -1);
     this.deltaHead = chat ? `data: ${base},"choices":[{"index":0,"delta":{"content":` : `data: ${base},"choices":[{"index":0,"text":`;
     this.deltaTail = chat ? '},"finish_reason":null}]}\n\n' : ',"logprobs":null,"finish_reason":null}]}\n\n';
@@ -72,17 +76,16 @@ export class CompletionStream {
     return this.encoder.encode(this.deltaHead + JSON.stringify(text) + this.deltaTail);
   }
 
-  finish(reason: Finish): Uint8Array {
-    return this.event({ ...this.base, choices: [this.chat ? { index: 0, delta: {}, finish_reason: reason } : { index: 0, text: '', logprobs: null, finish_reason: reason }] });
-  }
-
-  /** Only when stream_options.include_usage is true, just before [DONE]. */
-  usage(usage: UsageOut): Uint8Array {
-    return this.event({ ...this.base, choices: [], usage });
-  }
-
-  done(): Uint8Array {
-    return this.encoder.encode('data: [DONE]\n\n');
+  /**
+   * The stream's closing events, written at once: the finish chunk, the usage chunk when
+   * stream_options.include_usage is true, and [DONE]. The closing chunks carry
+   * `service.request_id` as their last member (the spec: every body carries it).
+   */
+  close(reason: Finish, usage: UsageOut | undefined): Uint8Array {
+    const service = this.service;
+    const finish = this.event({ ...this.base, choices: [this.chat ? { index: 0, delta: {}, finish_reason: reason } : { index: 0, text: '', logprobs: null, finish_reason: reason }], service });
+    const done = this.encoder.encode('data: [DONE]\n\n');
+    return usage ? concatBytes(finish, this.event({ ...this.base, choices: [], usage, service }), done) : concatBytes(finish, done);
   }
 }
 
