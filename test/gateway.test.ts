@@ -163,15 +163,21 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     const id = response.headers.get('x-request-id')!;
     let text = '';
     let chunks = 0;
+    let last: (OpenAI.ChatCompletionChunk & { service?: { request_id: string; receipt: DsseEnvelope } }) | undefined;
     for await (const chunk of stream) {
       chunks++;
       expect(chunk.usage ?? null).toBeNull();
       text += chunk.choices[0]?.delta.content ?? '';
+      last = chunk;
     }
     expect(chunks).toBeGreaterThan(2);
+    // The client hands on the finish chunk's service, the receipt in it.
+    expect(last!.choices[0]!.finish_reason).not.toBeNull();
+    expect(last!.service!.request_id).toBe(id);
     const rec = await record(id);
     expect(rec.status).toBe('completed');
     expect(rec.settled).toBe(true);
+    expect(verified(last!.service!.receipt)).toEqual(verified(rec.receipt));
     const p = verified(rec.receipt);
     expect(p.usage.input_tokens).toBe(await countTokens({ messages }));
     expect(p.usage.output_tokens).toBeGreaterThan(0);
