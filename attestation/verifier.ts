@@ -15,6 +15,7 @@ export { verifyEnvelope, parseEnvelope, pae, serializeEnvelope, type DsseEnvelop
 export { canonicalize, parseCanonical } from './canonical-json.ts';
 export { parseUsd, formatUsd, computeCost } from './money.ts';
 export { verifyPriceList, priceVersion, PriceBook, PRICELIST_PAYLOAD_TYPE, type PriceListPayload, type PriceListEntry, type PricedVersion } from './price-list.ts';
+export { verifyRequestContract, contractVersion, REQUEST_CONTRACT_PAYLOAD_TYPE, CONTRACT_ENDPOINTS, type RequestContractPayload, type EndpointContract, type AttributeSpec } from './request-contract.ts';
 export { RECEIPT_PAYLOAD_TYPE, GENESIS_PREV, type ReceiptPayload, type ReceiptStatus } from './receipt.ts';
 export { TICKET_PAYLOAD_TYPE, type TicketPayload, type TicketRouting } from './ticket.ts';
 export type { VerifyResult, VerifyError, VerifyErrorCode } from './result.ts';

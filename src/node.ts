@@ -33,6 +33,8 @@ import { WalCheckpointer } from './store/wal-checkpointer.ts';
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
+import { signRequestContract } from '../attestation/request-contract.ts';
+import { TEXT_REQUEST_CONTRACT } from './serve/request-contract.ts';
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
@@ -414,6 +416,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         addresses: () => host.getMultiaddrs().map((a) => a.toString()),
         priceList: { envelope: prices.envelope, version: prices.payload.version },
         models: [...models.values()].map(describe),
+        requestContracts: [signRequestContract(identity.seed, identity.providerId, [...models.keys()], TEXT_REQUEST_CONTRACT).envelope],
         tier: 'T1',
         trustedKeys: config.marketplace.public_keys,
         capacity: (at) => signCapacity(identity, capacitySnapshot(), at),

@@ -36,6 +36,8 @@ export interface RegistrationOptions {
   /** The node's signed price list and its version. */
   priceList: { envelope: DsseEnvelope; version: string };
   models: RegisteredModel[];
+  /** The node's signed request contracts (attestation/request-contract.ts), covering its models. */
+  requestContracts?: DsseEnvelope[];
   tier: AttestationTier;
   /** The node's capacity snapshot signed with time `at` (signCapacity), sent as the heartbeat body. */
   capacity: (at: number) => DsseEnvelope;
@@ -224,6 +226,7 @@ export function startRegistration(o: RegistrationOptions): Registration {
       price_version: o.priceList.version,
       price_list: o.priceList.envelope,
       models: o.models,
+      ...(o.requestContracts?.length ? { request_contracts: o.requestContracts } : {}),
       attestation_tier: o.tier,
       issued_at: stamp(),
     };

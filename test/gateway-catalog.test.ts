@@ -1,7 +1,12 @@
 // The model catalog's query (marketplace-api.md, "Catalog (no key)"): filters checked and applied
 // route by route, prices from the cheapest route, sorting and an opaque cursor. Pure functions over
 // a listing; the HTTP route is exercised in gateway.test.ts.
+import crypto from 'node:crypto';
 import { describe, expect, test } from 'vitest';
+import { toHex } from '../attestation/bytes.ts';
+import { ed25519PublicKey } from '../attestation/ed25519.ts';
+import { signRequestContract, verifyRequestContract } from '../attestation/request-contract.ts';
+import { TEXT_REQUEST_CONTRACT } from '../src/serve/request-contract.ts';
 import { catalogEntry, catalogPage, parseCatalogQuery, type CatalogQuery } from '../src/gateway/catalog.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
 import type { ProviderEntry } from '../src/gateway/market-client.ts';
@@ -12,11 +17,11 @@ const provider = (id: string, over: Partial<ProviderEntry>, models: ProviderEntr
   provider: id, peer_id: 'p', addresses: [], models, rates, live: true, attestation_tier: 'T1', last_seen: 1_700_000_000_000, ...over,
 });
 const listing: ProviderEntry[] = [
-  provider(A, {}, [{ id: 'tiny/llama', context: 512, quantization: 'F32' }, { id: 'big/model', context: 8192, quantization: 'Q4_K_M' }], {
+  provider(A, { capacity: new Map([['tiny/llama', { free_slots: 1, queued: 3, queue_limit: 8 }]]) }, [{ id: 'tiny/llama', context: 512, quantization: 'F32', slots: 2, tokens_per_second: 100 }, { id: 'big/model', context: 8192, quantization: 'Q4_K_M', slots: 1 }], {
     'tiny/llama': { input_per_mtok: '150000', output_per_mtok: '600000' },
     'big/model': { input_per_mtok: '2000000', output_per_mtok: '8000000' },
   }),
-  provider(B, { live: false, attestation_tier: 'T2' }, [{ id: 'tiny/llama', context: 2048, quantization: 'f32' }], { 'tiny/llama': { input_per_mtok: '100000', output_per_mtok: '700000' } }),
+  provider(B, { live: false, attestation_tier: 'T2' }, [{ id: 'tiny/llama', context: 2048, quantization: 'f32', slots: 4, tokens_per_second: 900 }], { 'tiny/llama': { input_per_mtok: '100000', output_per_mtok: '700000' } }),
 ];
 const page = (query: Record<string, unknown>) => catalogPage(listing, parseCatalogQuery(query));
 const ids = (query: Record<string, unknown>) => page(query).data.map((m) => m.id);
@@ -39,8 +44,57 @@ describe('catalog entries', () => {
       tools: false, structured_output: false, prompt_confidential: false,
       // input 0.10 (B), output 0.60 (A); the representative request (1,000 + 1,000 tokens) is cheapest at A: 150 + 600 = 750
       pricing: { prompt_per_million_au: '100000', completion_per_million_au: '600000', representative_request_au: '750' },
+      // No route has a signed request contract.
+      supported_parameters: {},
+      request_contracts: [],
+      // Live routes only (B is not live): A's slots, and its latest heartbeat's free slots and queue.
+      capacity: { slots: 2, free_slots: 1, queued: 3, queue_limit: 8, tokens_per_second: 100 },
     });
     expect(catalogEntry(listing, 'nobody/nothing')).toBeUndefined();
+    // A route not heard from since it registered counts all its slots free.
+    expect(catalogEntry(listing, 'big/model')).toMatchObject({ capacity: { slots: 1, free_slots: 1, queued: 0, queue_limit: 0, tokens_per_second: null } });
+  });
+});
+
+describe('signed request contracts in the catalog', () => {
+  const key = () => {
+    const seed = crypto.randomBytes(32);
+    return { seed, id: toHex(ed25519PublicKey(seed)) };
+  };
+  const [p1, p2, p3] = [key(), key(), key()];
+  const narrower: Partial<typeof TEXT_REQUEST_CONTRACT> & Pick<typeof TEXT_REQUEST_CONTRACT, 'chat/completions'> = structuredClone(TEXT_REQUEST_CONTRACT);
+  delete narrower['chat/completions'].attributes.min_p;
+  delete narrower.embeddings;
+  const c1 = signRequestContract(p1.seed, p1.id, ['tiny/llama'], TEXT_REQUEST_CONTRACT);
+  const c2 = signRequestContract(p2.seed, p2.id, ['tiny/llama', 'other/model'], narrower);
+  // p3 lists a contract p1 signed: it does not verify under p3's key and is left out.
+  const forged = signRequestContract(p1.seed, p1.id, ['tiny/llama'], TEXT_REQUEST_CONTRACT);
+  const rates = { 'tiny/llama': { input_per_mtok: '1', output_per_mtok: '1' } };
+  const withContracts = [
+    provider(p1.id, { request_contracts: [c1.envelope] }, [{ id: 'tiny/llama', context: 512 }], rates),
+    provider(p2.id, { request_contracts: [c2.envelope] }, [{ id: 'tiny/llama', context: 512 }, { id: 'other/model', context: 512 }], rates),
+    provider(p3.id, { request_contracts: [forged.envelope, { not: 'an envelope' }] }, [{ id: 'tiny/llama', context: 512 }], rates),
+  ];
+
+  test('by id: each route\'s verified contract, and the applied attributes every route with a contract takes', () => {
+    const e = catalogEntry(withContracts, 'tiny/llama') as { request_contracts: { provider: string; version: string; contract: unknown }[]; supported_parameters: Record<string, string[]> };
+    expect(e.request_contracts.map((c) => c.provider)).toEqual([p1.id, p2.id].sort());
+    for (const c of e.request_contracts) {
+      const v = verifyRequestContract(c.contract as never, { provider: c.provider });
+      expect(v.ok).toBe(true);
+      expect(c.version).toBe(v.ok ? v.value.version : '');
+    }
+    const applied = (endpoint: keyof typeof TEXT_REQUEST_CONTRACT) => Object.entries(TEXT_REQUEST_CONTRACT[endpoint].attributes).filter(([, s]) => s.use === 'applied').map(([k]) => k).sort();
+    expect(e.supported_parameters.CHAT).toEqual(applied('chat/completions').filter((k) => k !== 'min_p'));
+    expect(e.supported_parameters.CHAT).toContain('seed');
+    expect(e.supported_parameters.COMPLETIONS).toEqual(applied('completions'));
+    // Only p1 describes embeddings: its contract alone decides.
+    expect(e.supported_parameters.EMBEDDINGS).toEqual(['encoding_format']);
+    // The list page carries the parameters, not the envelopes.
+    const listed = catalogPage(withContracts, parseCatalogQuery({})).data.find((m) => m.id === 'tiny/llama')!;
+    expect(listed.supported_parameters).toEqual(e.supported_parameters);
+    expect(listed.request_contracts).toBeUndefined();
+    expect(catalogEntry(withContracts, 'other/model')).toMatchObject({ supported_parameters: { CHAT: e.supported_parameters.CHAT }, request_contracts: [{ provider: p2.id }] });
   });
 });
 

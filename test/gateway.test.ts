@@ -13,6 +13,8 @@ import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { computeCost, formatUsd } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { verifyRequestContract } from '../attestation/request-contract.ts';
+import { TEXT_REQUEST_CONTRACT } from '../src/serve/request-contract.ts';
 import { sha256Hex } from '../attestation/hash.ts';
 import { parseConfig } from '../src/config.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
@@ -95,6 +97,15 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(page.data.find((m) => m.id === MODEL)).toMatchObject({ object: 'model', context_length: CONTEXT, providers: 1 });
     const one = await fetch(`${gw.url}/models/by-id?id=${encodeURIComponent(MODEL)}`);
     expect(one.status).toBe(200);
+    // The node's signed request contract, its applied attributes, and its capacity (spec: "Model").
+    const entry = (await one.json()) as { request_contracts: { provider: string; version: string; contract: DsseEnvelope }[]; supported_parameters: Record<string, string[]>; capacity: Record<string, number> };
+    expect(entry.request_contracts.map((c) => c.provider)).toEqual([node.providerId]);
+    const contract = verifyRequestContract(entry.request_contracts[0]!.contract, { provider: node.providerId });
+    expect(contract.ok && contract.value.models).toEqual([MODEL]);
+    expect(contract.ok && contract.value.endpoints).toEqual(TEXT_REQUEST_CONTRACT);
+    expect(entry.supported_parameters.CHAT).toEqual(expect.arrayContaining(['seed', 'temperature', 'top_k', 'min_p', 'repetition_penalty', 'stop']));
+    expect(entry.capacity).toMatchObject({ slots: expect.any(Number), free_slots: expect.any(Number), queued: 0 });
+    expect(entry.capacity.slots).toBeGreaterThan(0);
     for (const p of [MODEL, encodeURIComponent(MODEL)]) expect((await fetch(`${gw.url}/models/${p}`)).status, p).toBe(200);
     // A literal "%" in an id is one character, decoded once: an unknown model, never a server error.
     for (const p of ['a%25', '%25E0%25A4', 'tiny%252Fllama']) {

@@ -99,7 +99,7 @@ describe('providers', () => {
     ]);
   });
 
-  test('a heartbeat is kept as the free slots of the registered models only, whatever else its snapshot carries', async () => {
+  test('a heartbeat is kept as the free slots and queue of the registered models only, whatever else its snapshot carries', async () => {
     const s = await start({});
     const p = provider();
     expect((await s.post('/v1/providers/register', registration(p))).status).toBe(200);
@@ -108,7 +108,7 @@ describe('providers', () => {
     const snapshot = { price_version: p.prices.payload.version, attestation_tier: 'T1', accepting: false, models: [row('tiny/llama', 3), row('tiny/llama', 0), ...Array.from({ length: 50 }, (_, i) => row(`other/${i}`, 1))], extra: 'y'.repeat(10_000) };
     const at = Date.now();
     expect((await s.post('/v1/providers/heartbeat', signCapacity({ seed: p.key.seed, providerId: p.key.id }, snapshot as never, at))).status).toBe(200);
-    expect(s.m.store.providers.get(p.key.id)!.capacity).toEqual({ at, accepting: false, models: [{ id: 'tiny/llama', free_slots: 3 }] });
+    expect(s.m.store.providers.get(p.key.id)!.capacity).toEqual({ at, accepting: false, models: [{ id: 'tiny/llama', free_slots: 3, queued: 0, queue_limit: 4 }] });
   });
 });
 

@@ -9,13 +9,14 @@ import { canonicalize } from '../attestation/canonical-json.ts';
 import { serializeEnvelope, signEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { RECEIPT_PAYLOAD_TYPE } from '../attestation/receipt.ts';
 import { verifyTicket } from '../attestation/ticket-verify.ts';
+import { verifyRequestContract } from '../attestation/request-contract.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { REGISTRATION_PAYLOAD_TYPE } from '../src/market/registration-payload.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
 import { PAID_ENDPOINTS } from '../src/serve/contract.ts';
-import { call, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
+import { call, contractOf, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
 import { stalledRequest } from './helpers/stalled-request.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';
@@ -58,6 +59,23 @@ describe('registration', () => {
     expect(list.find((x) => x.provider === p.key.id)).toMatchObject({ peer_id: p.peerId, addresses: ['/ip4/127.0.0.1/tcp/4101'], models: [TINY], price_version: p.prices.payload.version, last_seen: expect.any(Number), live: true });
   });
 
+  test('a provider\'s request contracts are verified and listed as signed; its latest heartbeat\'s free slots and queue too', async () => {
+    const p = provider();
+    const contract = contractOf(p);
+    expect((await post('/v1/providers/register', registration(p, { request_contracts: [contract] }))).status).toBe(200);
+    const listed = () => ((get('/v1/providers') as Promise<{ body: any[] }>).then((r) => r.body.find((x) => x.provider === p.key.id)));
+    const before = await listed();
+    expect(before.request_contracts).toEqual([contract]);
+    expect(verifyRequestContract(before.request_contracts[0], { provider: p.key.id }).ok).toBe(true);
+    expect(before.capacity).toBeUndefined();
+    expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 0 }))).status).toBe(200);
+    expect((await listed()).capacity).toEqual({ at: expect.any(Number), models: [{ id: 'tiny/llama', free_slots: 0, queued: 0, queue_limit: 4 }] });
+    // A registration without contracts lists none.
+    const q = provider();
+    await post('/v1/providers/register', registration(q));
+    expect(((await get('/v1/providers')).body as any[]).find((x) => x.provider === q.key.id).request_contracts).toBeUndefined();
+  });
+
   test('a signature by another key is 401 signature_invalid', async () => {
     const p = provider();
     const r = await post('/v1/providers/register', registration(p, {}, testKey()));
@@ -84,6 +102,11 @@ describe('registration', () => {
     ['an unknown field', (p) => registration(p, { extra: 1 } as never), /extra: unknown field/],
     ['another payload type', (p) => ({ ...registration(p), payloadType: 'application/vnd.service.pricelist.v1+json' }), /^payloadType: /],
     ['a body that is not an envelope', () => ({ hello: 1 }), /payloadType: missing/],
+    ['a request contract signed by another key', (p) => registration(p, { request_contracts: [contractOf(p, { signer: testKey() })] }), /^request_contracts\[0\]: does not verify for provider [0-9a-f]{64} \(signature_invalid/],
+    ['a request contract for a model it does not register', (p) => registration(p, { request_contracts: [contractOf(p, { models: ['tiny/llama', 'big/model'] })] }), /^request_contracts\[0\]: covers "big\/model", which the registration does not list/],
+    ['two request contracts for one model', (p) => registration(p, { request_contracts: [contractOf(p), contractOf(p)] }), /^request_contracts\[1\]: covers "tiny\/llama", which another contract covers too/],
+    ['request contracts that are not a list of envelopes', (p) => registration(p, { request_contracts: [{ payload: 1 }] }), /request_contracts\[0\]: /],
+    ['too many request contracts', (p) => registration(p, { request_contracts: Array.from({ length: 9 }, () => contractOf(p)) }), /request_contracts: expected at most 8/],
   ];
   test.each(bad)('%s is 400 registration_invalid naming the field', async (_name, make, message) => {
     const r = await post('/v1/providers/register', make(provider()));

@@ -10,7 +10,9 @@ import { parseUsd, type Rates } from '../../attestation/money.ts';
 import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
 import { quantizationBucket, representativePrice } from '../dispatch/routing.ts';
 import { invalid } from './errors.ts';
-import type { ProviderEntry } from './market-client.ts';
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import { verifyRequestContract, type ContractEndpoint, type RequestContractPayload } from '../../attestation/request-contract.ts';
+import type { ModelCapacity, ProviderEntry } from './market-client.ts';
 
 /** What every model sold through these nodes serves: the text endpoints (embedded llama.cpp). */
 const ENDPOINT_FAMILIES = ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS'] as const;
@@ -31,6 +33,35 @@ interface Route {
   tier: string | undefined;
   rates: Rates | undefined;
   seen: number | undefined;
+  slots: number;
+  tokensPerSecond: number | undefined;
+  capacity: ModelCapacity | undefined;
+  /** The provider's signed request contract covering the model, verified. */
+  contract: { envelope: unknown; payload: RequestContractPayload } | undefined;
+}
+
+/** The catalog's endpoint families, by the contract's endpoint names. */
+const FAMILY_OF: Record<ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]> = { 'chat/completions': 'CHAT', completions: 'COMPLETIONS', responses: 'RESPONSES', embeddings: 'EMBEDDINGS' };
+
+/** Verified contracts by provider and envelope: the listing is read again for every catalog call. */
+const verifiedContracts = new Map<string, RequestContractPayload | null>();
+const VERIFIED_CONTRACTS_KEPT = 256;
+
+/** The provider's listed contracts that verify under its key (a forged or broken one is left out). */
+function providerContracts(p: ProviderEntry): { envelope: unknown; payload: RequestContractPayload }[] {
+  const out: { envelope: unknown; payload: RequestContractPayload }[] = [];
+  for (const env of p.request_contracts ?? []) {
+    const key = `${p.provider}\n${JSON.stringify(env)}`;
+    let payload = verifiedContracts.get(key);
+    if (payload === undefined) {
+      const v = verifyRequestContract(env as DsseEnvelope, { provider: p.provider });
+      payload = v.ok ? v.value : null;
+      if (verifiedContracts.size >= VERIFIED_CONTRACTS_KEPT) verifiedContracts.clear();
+      verifiedContracts.set(key, payload);
+    }
+    if (payload) out.push({ envelope: env, payload });
+  }
+  return out;
 }
 
 interface Model {
@@ -63,6 +94,7 @@ export interface CatalogQuery {
 function models(listing: readonly ProviderEntry[]): Model[] {
   const byId = new Map<string, Model>();
   for (const p of listing) {
+    const contracts = providerContracts(p);
     for (const m of p.models) {
       let rates: Rates | undefined;
       const wire = p.rates?.[m.id];
@@ -81,6 +113,10 @@ function models(listing: readonly ProviderEntry[]): Model[] {
         rates,
         // When the route was first listed (a market without registered_at: its last heartbeat).
         seen: typeof p.registered_at === 'number' ? p.registered_at : typeof p.last_seen === 'number' ? p.last_seen : undefined,
+        slots: typeof m.slots === 'number' ? m.slots : 0,
+        tokensPerSecond: m.tokens_per_second,
+        capacity: p.capacity?.get(m.id),
+        contract: contracts.find((c) => c.payload.models.includes(m.id)),
       };
       const e = byId.get(m.id) ?? { id: m.id, routes: [] };
       e.routes.push(route);
@@ -92,6 +128,44 @@ function models(listing: readonly ProviderEntry[]): Model[] {
 
 const min = (xs: bigint[]): bigint | undefined => (xs.length === 0 ? undefined : xs.reduce((a, b) => (b < a ? b : a)));
 const tierNumber = (t: string | undefined): number | undefined => (t === undefined ? undefined : Number(t.slice(1)));
+
+/**
+ * What the model's live routes can take now: slots, free slots and queue as their latest
+ * heartbeats say (a route not heard from yet: all its slots free), and the fastest route's
+ * measured tokens a second.
+ */
+function capacity(routes: readonly Route[]): Record<string, number | null> {
+  const live = routes.filter((r) => r.live);
+  const sum = (f: (r: Route) => number): number => live.reduce((a, r) => a + f(r), 0);
+  const tps = live.flatMap((r) => (r.tokensPerSecond === undefined ? [] : [r.tokensPerSecond]));
+  return {
+    slots: sum((r) => r.slots),
+    free_slots: sum((r) => r.capacity?.free_slots ?? r.slots),
+    queued: sum((r) => r.capacity?.queued ?? 0),
+    queue_limit: sum((r) => r.capacity?.queue_limit ?? 0),
+    tokens_per_second: tps.length ? Math.max(...tps) : null,
+  };
+}
+
+/**
+ * The attributes that change the answer (use "applied" in the signed contracts), by endpoint
+ * family: those every route with a contract for the family accepts, so any route a request is
+ * sent to takes them.
+ */
+function supportedParameters(routes: readonly Route[]): Record<string, string[]> {
+  const out: Record<string, string[]> = {};
+  for (const [endpoint, family] of Object.entries(FAMILY_OF) as [ContractEndpoint, string][]) {
+    let common: Set<string> | undefined;
+    for (const r of routes) {
+      const e = r.contract?.payload.endpoints[endpoint];
+      if (!e) continue;
+      const applied = Object.entries(e.attributes).flatMap(([k, s]) => (s.use === 'applied' ? [k] : []));
+      common = common ? new Set(applied.filter((k) => common!.has(k))) : new Set(applied);
+    }
+    if (common) out[family] = [...common].sort();
+  }
+  return out;
+}
 
 /** A model's catalog entry, from the routes that count (all, or the live ones). */
 function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Record<string, bigint | number | string> } {
@@ -124,6 +198,8 @@ function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Re
       completion_per_million_au: output?.toString() ?? null,
       representative_request_au: request?.toString() ?? null,
     },
+    supported_parameters: supportedParameters(routes),
+    capacity: capacity(routes),
     _sort: { id: m.id, providers, input_price: input ?? -1n, output_price: output ?? -1n, request_price: request ?? -1n, context, listed: created },
   };
 }
@@ -171,12 +247,16 @@ export function catalogPage(listing: readonly ProviderEntry[], q: CatalogQuery):
   return { data: page, next_cursor: more ? encodeCursor(q.offset + q.limit) : null, has_more: more };
 }
 
-/** The catalog entry of one model (every route counts), or undefined. */
+/**
+ * The catalog entry of one model (every route counts), or undefined. It carries the routes' signed
+ * request contracts (a buyer verifies each with verifyRequestContract and the provider's key).
+ */
 export function catalogEntry(listing: readonly ProviderEntry[], id: string): Record<string, unknown> | undefined {
   const m = models(listing).find((e) => e.id === id);
   if (!m) return undefined;
   const { _sort, ...e } = entry(m, m.routes);
-  return e;
+  const contracts = m.routes.flatMap((r) => (r.contract ? [{ provider: r.provider, version: r.contract.payload.version, contract: r.contract.envelope }] : []));
+  return { ...e, request_contracts: contracts.sort((a, b) => (a.provider < b.provider ? -1 : a.provider > b.provider ? 1 : 0)) };
 }
 
 // An opaque cursor: the offset of the next page, base64url, tagged so a made-up one is refused.

@@ -9,6 +9,7 @@ import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { WireRates } from '../../attestation/receipt.ts';
 import { isHex } from '../../attestation/bytes.ts';
 import { isMicroString } from '../../attestation/money.ts';
+import { MAX_REQUEST_CONTRACTS } from '../market/registration-payload.ts';
 import type { IssuedTicketResponse, TicketRequest } from '../market/tickets.ts';
 import { GatewayError, readErrorBody } from './errors.ts';
 import { isObj } from './request-body.ts';
@@ -37,6 +38,27 @@ export interface ProviderEntry {
   live?: boolean;
   /** Not stopping (the latest heartbeat); absent means unknown. */
   accepting?: boolean;
+  /** The latest heartbeat's free slots and queue, by model. */
+  capacity?: Map<string, ModelCapacity>;
+  /** The provider's signed request contracts, as listed (verified where they are read). */
+  request_contracts?: unknown[];
+}
+
+export interface ModelCapacity {
+  free_slots: number;
+  queued: number;
+  queue_limit: number;
+}
+
+const count = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+
+function readCapacity(v: unknown): Map<string, ModelCapacity> | undefined {
+  if (!isObj(v) || !Array.isArray(v.models)) return undefined;
+  const out = new Map<string, ModelCapacity>();
+  for (const m of v.models) {
+    if (isObj(m) && typeof m.id === 'string' && count(m.free_slots) && count(m.queued) && count(m.queue_limit) && !out.has(m.id)) out.set(m.id, { free_slots: m.free_slots, queued: m.queued, queue_limit: m.queue_limit });
+  }
+  return out;
 }
 
 /** What the market answers to POST /v1/tickets: the gateway reads the market's own response type. */
@@ -106,6 +128,7 @@ function readProvider(v: unknown): ProviderEntry | undefined {
       ...(typeof m.tokens_per_second === 'number' ? { tokens_per_second: m.tokens_per_second } : {}),
     });
   }
+  const capacity = readCapacity(v.capacity);
   return {
     provider: v.provider,
     peer_id: v.peer_id,
@@ -118,6 +141,8 @@ function readProvider(v: unknown): ProviderEntry | undefined {
     ...(typeof v.attestation_tier === 'string' ? { attestation_tier: v.attestation_tier } : {}),
     ...(typeof v.live === 'boolean' ? { live: v.live } : {}),
     ...(typeof v.accepting === 'boolean' ? { accepting: v.accepting } : {}),
+    ...(capacity ? { capacity } : {}),
+    ...(Array.isArray(v.request_contracts) ? { request_contracts: v.request_contracts.slice(0, MAX_REQUEST_CONTRACTS) } : {}),
   };
 }
 

@@ -5,6 +5,7 @@ import { fromHex, isHex } from '../../attestation/bytes.ts';
 import { checkEnvelopeShape, verifyEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { verifyPriceList } from '../../attestation/price-list.ts';
+import { verifyRequestContract } from '../../attestation/request-contract.ts';
 import { peekPayload, readPayload } from '../../attestation/signed-payload.ts';
 import type { VerifyError } from '../../attestation/result.ts';
 import { CAPACITY_PAYLOAD_TYPE, type CapacitySnapshot } from '../p2p/capacity-protocol.ts';
@@ -61,6 +62,24 @@ export interface VerifiedRegistration {
   rates: Map<string, Rates>;
 }
 
+/**
+ * Each request contract signed by the provider, valid, and covering only registered models, none
+ * of them twice. Throws MarketError (400 registration_invalid) naming the contract.
+ */
+function checkRequestContracts(p: RegistrationPayload, code: string): void {
+  const registered = new Set(p.models.map((m) => m.id));
+  const covered = new Set<string>();
+  (p.request_contracts ?? []).forEach((env, i) => {
+    const v = verifyRequestContract(env, { provider: p.provider });
+    if (!v.ok) throw new MarketError(400, code, `request_contracts[${i}]: does not verify for provider ${p.provider} (${v.error.code}: ${v.error.message})`);
+    for (const id of v.value.models) {
+      if (!registered.has(id)) throw new MarketError(400, code, `request_contracts[${i}]: covers "${id.slice(0, 100)}", which the registration does not list`);
+      if (covered.has(id)) throw new MarketError(400, code, `request_contracts[${i}]: covers "${id.slice(0, 100)}", which another contract covers too`);
+      covered.add(id);
+    }
+  });
+}
+
 /** Checks a registration envelope; throws MarketError (400 registration_invalid, 401 signature_invalid). */
 function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   const code = 'registration_invalid';
@@ -80,6 +99,7 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   p.models.forEach((m, i) => {
     if (!rates.has(m.id)) throw new MarketError(400, code, `price_list: has no price for models[${i}] "${m.id.slice(0, 100)}"`);
   });
+  checkRequestContracts(p, code);
   if (Math.abs(now - p.issued_at) > MAX_CLOCK_DIFFERENCE_MS) {
     throw new MarketError(400, code, `issued_at: ${p.issued_at} is more than 5 minutes from the market's clock (${now})`);
   }
@@ -103,7 +123,8 @@ export function register(store: MarketStore, body: unknown, now: number): Provid
     throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is older than the registration in force (${old.issued_at})`);
   }
   if (old && p.issued_at === old.issued_at) {
-    if (old.price_version === p.price_version && canonicalize(old.models) === canonicalize(p.models) && canonicalize(old.addresses) === canonicalize(p.addresses)) return old;
+    const same = (a: unknown, b: unknown): boolean => canonicalize(a ?? null) === canonicalize(b ?? null);
+    if (old.price_version === p.price_version && same(old.models, p.models) && same(old.addresses, p.addresses) && same(old.request_contracts, p.request_contracts)) return old;
     throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is that of the registration in force, with other contents: a new registration needs a later issued_at`);
   }
   const record: ProviderRecord = {
@@ -119,6 +140,7 @@ export function register(store: MarketStore, body: unknown, now: number): Provid
     registered_at: old?.registered_at ?? now,
     last_seen: now,
     last_ticket_at: old?.last_ticket_at ?? 0,
+    ...(p.request_contracts?.length ? { request_contracts: p.request_contracts } : {}),
   };
   store.putProvider(record, now); // 503 too_many_providers when the market's bounds leave no room
   return record;
@@ -160,8 +182,8 @@ export function heartbeat(store: MarketStore, body: unknown, now: number): Provi
 }
 
 /**
- * What the market keeps of a snapshot: `at`, `accepting` and the free slots of the models the
- * provider registered. The snapshot may carry fields the market does not know and up to 1000
+ * What the market keeps of a snapshot: `at`, `accepting` and the free slots and queue of the
+ * models the provider registered. The snapshot may carry fields the market does not know and up to 1000
  * models; keeping it whole would let a heartbeat hold megabytes.
  */
 function heldCapacity(record: ProviderRecord, snap: CapacitySnapshot): HeldCapacity {
@@ -169,7 +191,7 @@ function heldCapacity(record: ProviderRecord, snap: CapacitySnapshot): HeldCapac
   const models: HeldCapacity['models'] = [];
   for (const m of snap.models) {
     // Only registered models, and of each the first entry, as freeSlots reads it.
-    if (registered.delete(m.id)) models.push({ id: m.id, free_slots: m.free_slots });
+    if (registered.delete(m.id)) models.push({ id: m.id, free_slots: m.free_slots, queued: m.queued, queue_limit: m.queue_limit });
   }
   return { at: snap.at, accepting: snap.accepting, models };
 }
@@ -193,5 +215,8 @@ export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs
     last_seen: p.last_seen,
     live: isLive(p, now, heartbeatIntervalMs),
     accepting: p.capacity?.accepting ?? true,
+    // The latest heartbeat's figures (none before the first).
+    ...(p.capacity ? { capacity: { at: p.capacity.at, models: p.capacity.models } } : {}),
+    ...(p.request_contracts ? { request_contracts: p.request_contracts } : {}),
   };
 }

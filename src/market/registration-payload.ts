@@ -28,6 +28,8 @@ export interface RegistrationPayload {
   price_version: string;
   price_list: DsseEnvelope;
   models: RegisteredModel[];
+  /** The provider's signed request contracts (each names the models it covers); optional. */
+  request_contracts?: DsseEnvelope[];
   attestation_tier: AttestationTier;
   issued_at: number;
 }
@@ -36,11 +38,13 @@ const ID_RE = /^[A-Za-z0-9._:-]+$/;
 const QUANT_RE = /^[a-z0-9][a-z0-9.-]*$/;
 const FIELDS = ['v', 'provider', 'peer_id', 'addresses', 'price_version', 'price_list', 'models', 'attestation_tier', 'issued_at'] as const;
 const MODEL_FIELDS = ['id', 'quantization', 'context', 'slots', 'tokens_per_second'] as const;
+/** A provider signs one contract for the models that share it (one a runtime adapter, at most). */
+export const MAX_REQUEST_CONTRACTS = 8;
 
 /** Checks every field of a registration payload; throws FieldError naming the first bad one. */
 export function validateRegistrationPayload(value: unknown): RegistrationPayload {
   const p = f.object(value, '');
-  f.keys(p, '', FIELDS);
+  f.keys(p, '', FIELDS, ['request_contracts']);
   if (p.v !== 1) throw new f.FieldError('v', 'expected 1');
   f.hex32(p.provider, 'provider');
   f.string(p.peer_id, 'peer_id', 128, /^[A-Za-z0-9]+$/);
@@ -73,6 +77,13 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
     const tps = o.tokens_per_second;
     if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0) throw new f.FieldError(`${where}.tokens_per_second`, 'expected a non-negative number');
   });
+  if (p.request_contracts !== undefined) {
+    if (!Array.isArray(p.request_contracts) || p.request_contracts.length > MAX_REQUEST_CONTRACTS) throw new f.FieldError('request_contracts', `expected at most ${MAX_REQUEST_CONTRACTS} envelopes`);
+    p.request_contracts.forEach((e, i) => {
+      const shaped = checkEnvelopeShape(e);
+      if (!shaped.ok) throw new f.FieldError(`request_contracts[${i}]`, shaped.error.message);
+    });
+  }
   f.oneOf(p.attestation_tier, 'attestation_tier', ATTESTATION_TIERS);
   f.uint(p.issued_at, 'issued_at');
   return p as unknown as RegistrationPayload;

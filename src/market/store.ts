@@ -3,6 +3,7 @@
 // it, durably before the market answers, and read back at start; without one a restarted market
 // knows no ticket or receipt. Providers are never kept: nodes find out from a 404 on their next
 // heartbeat and register again.
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
 import { MarketError } from './errors.ts';
@@ -27,13 +28,15 @@ export interface ProviderRecord {
   capacity?: HeldCapacity;
   /** Market time of the last ticket issued to this provider (spreads ties). */
   last_ticket_at: number;
+  /** The provider's verified request contracts, as it signed them (listed for buyers to verify). */
+  request_contracts?: DsseEnvelope[];
 }
 
-/** The part of a heartbeat's snapshot the market keeps: free slots of the registered models only. */
+/** The part of a heartbeat's snapshot the market keeps: free slots and queue of the registered models only. */
 export interface HeldCapacity {
   at: number;
   accepting: boolean;
-  models: { id: string; free_slots: number }[];
+  models: { id: string; free_slots: number; queued: number; queue_limit: number }[];
 }
 
 export interface IssuedTicket {

@@ -185,6 +185,14 @@ const RESPONSE_FIELDS = new Set(['model', 'input', 'instructions', 'stream', 'st
 const EMBEDDING_FIELDS = new Set(['model', 'input', 'encoding_format', 'dimensions', 'user']);
 const COUNT_FIELDS = ['return_tokens'];
 
+/** Every field each paid endpoint takes (src/serve/request-contract.ts writes them down for buyers). */
+export const ENDPOINT_FIELDS: Readonly<Record<PaidEndpoint, ReadonlySet<string>>> = {
+  'chat/completions': CHAT_FIELDS,
+  completions: COMPLETION_FIELDS,
+  responses: RESPONSE_FIELDS,
+  embeddings: EMBEDDING_FIELDS,
+};
+
 /** Other runtimes' names for fields this contract has: named in the refusal. */
 const OTHER_NAMES: Record<string, readonly string[]> = {
   repeat_penalty: ['repetition_penalty'],

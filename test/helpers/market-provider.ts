@@ -5,6 +5,8 @@ import { canonicalize } from '../../attestation/canonical-json.ts';
 import { utf8 } from '../../attestation/bytes.ts';
 import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import { signPriceList } from '../../attestation/price-list.ts';
+import { signRequestContract } from '../../attestation/request-contract.ts';
+import { TEXT_REQUEST_CONTRACT } from '../../src/serve/request-contract.ts';
 import { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel, type RegistrationPayload } from '../../src/market/registration-payload.ts';
 import { signCapacity } from '../../src/p2p/capacity-protocol.ts';
 import { peerIdFromSeed } from '../../src/p2p/peer-id.ts';
@@ -42,6 +44,11 @@ export function registration(p: Provider, over: Partial<Record<keyof Registratio
     ...over,
   };
   return signEnvelope(REGISTRATION_PAYLOAD_TYPE, utf8(canonicalize(payload)), { keyid: p.key.id, seed: signer.seed });
+}
+
+/** The provider's signed request contract (the node's own) for its models, or for `models`, signed by `signer`. */
+export function contractOf(p: Provider, over: { models?: string[]; signer?: TestKey } = {}): DsseEnvelope {
+  return signRequestContract((over.signer ?? p.key).seed, p.key.id, over.models ?? p.models.map((m) => m.id), TEXT_REQUEST_CONTRACT).envelope;
 }
 
 /** A signed capacity snapshot (a heartbeat body), taken now unless `at` is given. */

@@ -1,0 +1,116 @@
+// The request contract this node signs for its models (attestation/request-contract.ts): what
+// src/serve/contract.ts takes, written down for buyers. test/request-contract.test.ts holds the two
+// together: every field named here is one contract.ts knows, every field it knows is named here,
+// and each bound, value list and type below is the one parseRequest applies.
+import type { AttributeSpec, ContractEndpoint, EndpointContract } from '../../attestation/request-contract.ts';
+import { MAX_SEED } from './contract.ts';
+
+const MAX_TOKENS = 1 << 24;
+
+/** Only absent or null is taken: a feature this node does not offer. */
+const absent = (type: AttributeSpec['type']): AttributeSpec => ({ type, use: 'default_only', enum: [null] });
+const only = (type: AttributeSpec['type'], values: unknown[]): AttributeSpec => ({ type, use: 'default_only', enum: values });
+const noEffect = (type: AttributeSpec['type'], extra: Partial<AttributeSpec> = {}): AttributeSpec => ({ type, use: 'no_effect', ...extra });
+
+const SAMPLING: Record<string, AttributeSpec> = {
+  temperature: { type: 'number', use: 'applied', minimum: 0, maximum: 2, default: 1 },
+  top_p: { type: 'number', use: 'applied', minimum: 0, maximum: 1, note: "left out: the runtime's default (llama.cpp: 0.95)" },
+  top_k: { type: 'integer', use: 'applied', minimum: -1, maximum: MAX_TOKENS, note: "0 or -1 turns it off; left out: the runtime's default (llama.cpp: 40)" },
+  min_p: { type: 'number', use: 'applied', minimum: 0, maximum: 1 },
+  repetition_penalty: { type: 'number', use: 'applied', exclusive_minimum: 0, maximum: 100, note: 'over the last 64 tokens; 1 turns it off; only when sampling (temperature above 0)' },
+  seed: { type: 'integer', use: 'applied', minimum: 0, maximum: MAX_SEED, default: 0, note: 'the same seed and body give the same answer (an audit replays it)' },
+  stop: { type: ['string', 'array'], use: 'applied', max_items: 4, note: 'a non-empty string, or up to 4 of them' },
+  logit_bias: only('object', [{}]),
+  frequency_penalty: only('number', [0]),
+  presence_penalty: only('number', [0]),
+};
+
+const ACCOUNTING: Record<string, AttributeSpec> = {
+  user: noEffect('string'),
+  metadata: noEffect('object'),
+  store: noEffect('boolean'),
+  service_tier: noEffect('string', { enum: ['auto', 'default'] }),
+  prompt_cache_key: noEffect('string'),
+  safety_identifier: noEffect('string'),
+};
+
+const maxTokens = (note?: string): AttributeSpec => ({ type: 'integer', use: 'applied', minimum: 1, maximum: MAX_TOKENS, ...(note ? { note } : {}) });
+
+const CHAT: EndpointContract = {
+  common: ['model', 'messages', 'max_tokens', 'stream', 'stream_options'],
+  attributes: {
+    max_completion_tokens: maxTokens('max_tokens by its newer name: give one of the two'),
+    n: only('integer', [1]),
+    logprobs: only('boolean', [false]),
+    top_logprobs: only('integer', [0]),
+    tools: only('array', [[]]),
+    functions: only('array', [[]]),
+    tool_choice: only('string', ['none', 'auto']),
+    function_call: only('string', ['none', 'auto']),
+    parallel_tool_calls: noEffect('boolean'),
+    response_format: only('object', [{ type: 'text' }]),
+    modalities: only('array', [['text']]),
+    audio: absent('object'),
+    prediction: absent('object'),
+    reasoning_effort: absent('string'),
+    web_search_options: absent('object'),
+    verbosity: only('string', ['medium']),
+    ...SAMPLING,
+    ...ACCOUNTING,
+  },
+};
+
+const COMPLETIONS: EndpointContract = {
+  common: ['model', 'prompt', 'max_tokens', 'stream', 'stream_options'],
+  attributes: {
+    n: only('integer', [1]),
+    best_of: only('integer', [1]),
+    logprobs: only('boolean', [false]),
+    echo: only('boolean', [false]),
+    suffix: only('string', ['']),
+    ...SAMPLING,
+    ...ACCOUNTING,
+  },
+};
+
+const RESPONSES: EndpointContract = {
+  common: ['model', 'input'],
+  attributes: {
+    instructions: { type: 'string', use: 'applied', note: 'read as a leading system message' },
+    stream: { type: 'boolean', use: 'applied', default: false },
+    stream_options: noEffect('object', { note: 'only with stream: true; include_usage (the closing event always carries usage)' }),
+    max_output_tokens: maxTokens(),
+    top_logprobs: only('integer', [0]),
+    text: { type: 'object', use: 'default_only', note: 'format {"type": "text"} and verbosity "medium" only' },
+    tools: only('array', [[]]),
+    tool_choice: only('string', ['none', 'auto']),
+    parallel_tool_calls: noEffect('boolean'),
+    max_tool_calls: noEffect('integer', { minimum: 0, maximum: 1 << 20 }),
+    previous_response_id: absent('string'),
+    conversation: absent(['string', 'object']),
+    prompt: absent('object'),
+    reasoning: absent('object'),
+    background: only('boolean', [false]),
+    include: only('array', [[]]),
+    truncation: only('string', ['disabled']),
+    ...SAMPLING,
+    ...ACCOUNTING,
+  },
+};
+
+const EMBEDDINGS: EndpointContract = {
+  common: ['model', 'input'],
+  attributes: {
+    encoding_format: { type: 'string', use: 'applied', enum: ['float', 'base64'], default: 'float' },
+    dimensions: absent('integer'),
+    user: noEffect('string'),
+  },
+};
+
+/** The contract of every text endpoint this node serves, for each of its models. */
+export const TEXT_REQUEST_CONTRACT: Record<ContractEndpoint, EndpointContract> = {
+  'chat/completions': CHAT,
+  completions: COMPLETIONS,
+  responses: RESPONSES,
+  embeddings: EMBEDDINGS,
+};
