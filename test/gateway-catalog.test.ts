@@ -96,6 +96,17 @@ describe('signed request contracts in the catalog', () => {
     expect(listed.request_contracts).toBeUndefined();
     expect(catalogEntry(withContracts, 'other/model')).toMatchObject({ supported_parameters: { CHAT: e.supported_parameters.CHAT }, request_contracts: [{ provider: p2.id }] });
   });
+
+  test('a contract verified before and listed again with another payload under the same signature is left out', () => {
+    expect(catalogEntry(withContracts, 'tiny/llama')).toMatchObject({ request_contracts: [{}, {}] });
+    const payload = JSON.parse(Buffer.from(c1.envelope.payload, 'base64').toString('utf8')) as { endpoints: Record<string, unknown> };
+    delete payload.endpoints.embeddings;
+    const tampered = { ...c1.envelope, payload: Buffer.from(JSON.stringify(payload)).toString('base64') };
+    const listing = [provider(p1.id, { request_contracts: [tampered] }, [{ id: 'tiny/llama', context: 512 }], rates)];
+    expect(catalogEntry(listing, 'tiny/llama')).toMatchObject({ request_contracts: [], supported_parameters: {} });
+    // And the genuine one again is still taken.
+    expect(catalogEntry(withContracts.slice(0, 1), 'tiny/llama')).toMatchObject({ request_contracts: [{ provider: p1.id }] });
+  });
 });
 
 describe('a model no route prices', () => {

@@ -43,23 +43,30 @@ interface Route {
 /** The catalog's endpoint families, by the contract's endpoint names. */
 const FAMILY_OF: Record<ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]> = { 'chat/completions': 'CHAT', completions: 'COMPLETIONS', responses: 'RESPONSES', embeddings: 'EMBEDDINGS' };
 
-/** Verified contracts by provider and envelope: the listing is read again for every catalog call. */
-const verifiedContracts = new Map<string, RequestContractPayload | null>();
-const VERIFIED_CONTRACTS_KEPT = 256;
+/**
+ * Contracts verified before, by provider and signature, with the envelope they were verified as:
+ * the listing is read again for every catalog call, and a signature is checked once.
+ */
+const verifiedContracts = new Map<string, { payloadType: unknown; payload: unknown; signatures: string; payloadOk: RequestContractPayload | null }>();
+const VERIFIED_CONTRACTS_KEPT = 1024;
 
 /** The provider's listed contracts that verify under its key (a forged or broken one is left out). */
 function providerContracts(p: ProviderEntry): { envelope: unknown; payload: RequestContractPayload }[] {
   const out: { envelope: unknown; payload: RequestContractPayload }[] = [];
   for (const env of p.request_contracts ?? []) {
-    const key = `${p.provider}\n${JSON.stringify(env)}`;
-    let payload = verifiedContracts.get(key);
-    if (payload === undefined) {
-      const v = verifyRequestContract(env as DsseEnvelope, { provider: p.provider });
-      payload = v.ok ? v.value : null;
+    if (env === null || typeof env !== 'object' || Array.isArray(env)) continue;
+    const e = env as Record<string, unknown>;
+    // (The signatures are small; the payload, kilobytes, is compared, not copied into a key.)
+    const signatures = JSON.stringify(e.signatures) ?? '';
+    const key = `${p.provider} ${signatures.slice(0, 512)}`;
+    let known = verifiedContracts.get(key);
+    if (!known || known.payloadType !== e.payloadType || known.payload !== e.payload || known.signatures !== signatures || Object.keys(e).length !== 3) {
+      const v = verifyRequestContract(env as unknown as DsseEnvelope, { provider: p.provider });
+      known = { payloadType: e.payloadType, payload: e.payload, signatures, payloadOk: v.ok ? v.value : null };
       if (verifiedContracts.size >= VERIFIED_CONTRACTS_KEPT) verifiedContracts.clear();
-      verifiedContracts.set(key, payload);
+      verifiedContracts.set(key, known);
     }
-    if (payload) out.push({ envelope: env, payload });
+    if (known.payloadOk) out.push({ envelope: env, payload: known.payloadOk });
   }
   return out;
 }
