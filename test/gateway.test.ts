@@ -627,6 +627,11 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
 
   test('unknown model is 404; unmet routing is 503; node refusals are relayed with their status and code', async () => {
     await expect(client.chat.completions.create({ model: 'nobody/nothing', messages })).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
+    // A model id that is a property of every JavaScript object names no model either (it was a 500 for embeddings).
+    for (const model of ['constructor', '__proto__', 'toString', 'hasOwnProperty']) {
+      await expect(client.embeddings.create({ model, input: 'hello' }), model).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
+      await expect(client.chat.completions.create({ model, messages }), model).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
+    }
     await expect(client.chat.completions.create({ model: MODEL, messages }, { headers: { 'X-Service-Quant': 'q4_k_m' } })).rejects.toMatchObject({ status: 503, code: 'no_provider' });
     // The market does not check the representative-request ceiling; the node does, before any work.
     await expect(client.chat.completions.create({ model: MODEL, messages, max_tokens: 50 }, { headers: { 'X-Service-Max-Representative-Request-Price-Usd': '0.000001' } })).rejects.toMatchObject({ status: 403, code: 'price_ceiling_exceeded' });

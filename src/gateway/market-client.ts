@@ -106,7 +106,8 @@ function readWireRates(r: Record<string, unknown>): WireRates {
 
 /** Model id → rates, keeping only well-formed micro-USD decimal strings. */
 function readRates(v: Record<string, unknown>): NonNullable<ProviderEntry['rates']> {
-  const out: NonNullable<ProviderEntry['rates']> = {};
+  // (No prototype: a model id from a buyer's body, "constructor" or "__proto__", finds no rates.)
+  const out: NonNullable<ProviderEntry['rates']> = Object.create(null) as NonNullable<ProviderEntry['rates']>;
   for (const [id, r] of Object.entries(v)) {
     if (isObj(r) && isMicroString(r.input_per_mtok) && isMicroString(r.output_per_mtok)) {
       out[id] = { input_per_mtok: r.input_per_mtok, output_per_mtok: r.output_per_mtok };
