@@ -36,6 +36,7 @@ const RETRIER = 'sk-svc-v1-retrier-0123456789';
 const ALL2 = 'sk-svc-v1-all2-0123456789';
 const SHORT_BUDGET = 'sk-svc-v1-short-0123456789';
 const EXACT = 'sk-svc-v1-exact-0123456789';
+const SIDE_BY_SIDE = 'sk-svc-v1-side-0123456789';
 const EXPIRES_AT = Date.parse('2030-01-01T00:00:00Z');
 
 let dir: string;
@@ -58,6 +59,8 @@ const KEYS: ApiKeySpec[] = [
   { key: ALL2 },
   { key: SHORT_BUDGET, spendLimitMicroUsd: 3n },
   { key: EXACT, spendLimitMicroUsd: 5n },
+  // Room for six worst cases of the tiny model at context 512 (512 × 0.60 USD/Mtok: 308 micro-USD each).
+  { key: SIDE_BY_SIDE, spendLimitMicroUsd: 2000n },
 ];
 
 beforeAll(async () => {
@@ -238,6 +241,24 @@ describe('per-key limits at the gateway', () => {
     expect((await post('chat/completions', ALL, chatBody('hello'))).status).toBe(200);
     clock.wall = Date.parse('2029-06-03T00:00:00Z');
     expect((await ask()).status).toBe(200);
+  });
+
+  test('a key with a spend limit and no cost cap runs requests side by side: each reserves its worst case at the listed providers, not all that is left', async () => {
+    const before = await marketTotals(marketUrl);
+    const answers = await Promise.all(Array.from({ length: 4 }, (_, i) => post('chat/completions', SIDE_BY_SIDE, chatBody(`hello ${i}`))));
+    expect(answers.map((r) => r.status)).toEqual([200, 200, 200, 200]);
+    const bodies = (await Promise.all(answers.map((r) => r.json()))) as { usage: { cost: string }; service: { receipt: { payload: string } } }[];
+    // Each ticket held the worst case at the provider's context, never the whole budget.
+    for (const b of bodies) expect(JSON.parse(Buffer.from(b.service.receipt.payload, 'base64').toString('utf8')).hold_micro_usd).toBe('308');
+    await gw.idle();
+    const after = await marketTotals(marketUrl);
+    expect(after.receipts - before.receipts).toBe(4);
+    expect(BigInt(after.cost_micro_usd) - BigInt(before.cost_micro_usd)).toBe(bodies.reduce((a, b) => a + parseUsd(b.usage.cost)!, 0n));
+    // Seven at once: six worst cases fit in the budget (less what the four spent), the rest are refused, nothing charged for them.
+    const more = await Promise.all(Array.from({ length: 7 }, (_, i) => post('chat/completions', SIDE_BY_SIDE, chatBody(`again ${i}`))));
+    const statuses = more.map((r) => r.status);
+    expect(statuses.filter((s) => s === 200).length).toBeGreaterThanOrEqual(6);
+    for (const r of more) if (r.status !== 200) expect((await errorOf(r))[1].code).toBe('key_spend_limit_exceeded');
   });
 
   test('a retry under an Idempotency-Key is answered from the record and charged nothing, and what it held is free again at once', async () => {

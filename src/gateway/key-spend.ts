@@ -13,7 +13,8 @@
 //     in). A verified receipt the market has not yet taken holds its own cost until it is settled
 //     or given up.
 // A paid request reserves, before any ticket, at most what is left of the budget: that is its cost
-// cap (with the key's cap and X-Service-Max-Cost-Usd), so a request whose worst case the budget
+// cap (with the key's cap and X-Service-Max-Cost-Usd, or without either what it can cost at any
+// listed provider: paid-routes.ts uncappedWorstCase), so a request whose worst case the budget
 // cannot pay for is refused by the node before anything is spent, and two requests at once never
 // both spend the same remainder. Money is BigInt micro-USD throughout.
 //

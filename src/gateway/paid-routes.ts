@@ -57,6 +57,45 @@ class Failover extends Error {
 }
 
 /** A paid request as the buyer sent it: the same for every attempt at it. */
+/** A paid request once its caps are set: what paidCapped runs. */
+interface CappedRequest {
+  endpoint: PaidEndpoint;
+  req: FastifyRequest;
+  reply: FastifyReply;
+  idem: string | undefined;
+  answered: () => void;
+  controls: RoutingControls;
+  model: string;
+  body: Buffer;
+  spend: SpendReservation | undefined;
+  /** The market's listing, when it was read already. */
+  listing: Promise<ProviderEntry[]> | undefined;
+}
+
+/**
+ * The most an uncapped request can cost at any listed provider of its model: the worst case at
+ * the provider's context (input and output together never exceed it) at its higher rate, or for
+ * embeddings a token a byte of the body at the highest input rate; twice that for a hedge (two
+ * runs). Undefined when no provider prices the model.
+ */
+export function uncappedWorstCase(listing: readonly ProviderEntry[], endpoint: PaidEndpoint, model: string, body: Uint8Array, hedge: boolean): bigint | undefined {
+  let worst: bigint | undefined;
+  if (endpoint === 'embeddings') {
+    const hold = embeddingsHold(listing, model, body);
+    worst = hold === undefined ? undefined : BigInt(hold);
+  } else {
+    for (const p of listing) {
+      const r = p.rates?.[model];
+      const context = p.models.find((m) => m.id === model)?.context;
+      if (!r || context === undefined || !Number.isSafeInteger(context) || context < 0) continue;
+      const rate = BigInt(r.input_per_mtok) > BigInt(r.output_per_mtok) ? BigInt(r.input_per_mtok) : BigInt(r.output_per_mtok);
+      const w = (BigInt(context) * rate + 999_999n) / 1_000_000n;
+      if (worst === undefined || w > worst) worst = w;
+    }
+  }
+  return worst === undefined ? undefined : hedge && endpoint !== 'embeddings' ? 2n * worst : worst;
+}
+
 interface PaidAsk {
   endpoint: PaidEndpoint;
   body: Buffer;
@@ -126,11 +165,18 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (costCap !== undefined) controls.routing.max_cost_micro_usd = costCap;
     // A key with a spend limit: what is left of it (if less) is the cap too, reserved until the end.
     const limit = keyOf(req)?.spend;
-    // (A retry of a request already answered reserves 0 when nothing is left: its node answers it from its record, free.)
-    const spend = limit && d.spend ? d.spend.reserve(limit, costCap === undefined ? undefined : BigInt(costCap), { retry: ticketing.isRetry(endpoint, idem) }) : undefined;
-    if (spend) controls.routing.max_cost_micro_usd = spend.amount.toString();
+    let listing: Promise<ProviderEntry[]> | undefined;
+    let spend: SpendReservation | undefined;
+    if (limit && d.spend) {
+      // Without a cap, what the request can cost wherever it may run bounds the reservation (not
+      // the whole remainder), so a key's requests run side by side while its budget allows.
+      const cap = costCap !== undefined ? BigInt(costCap) : uncappedWorstCase(await (listing = ticketing.providers()), endpoint, model, body, controls.routing.hedge === true);
+      // (A retry of a request already answered reserves 0 when nothing is left: its node answers it from its record, free.)
+      spend = d.spend.reserve(limit, cap, { retry: ticketing.isRetry(endpoint, idem) });
+      controls.routing.max_cost_micro_usd = spend.amount.toString();
+    }
     try {
-      return await paidCapped(endpoint, req, reply, idem, answered, controls, model, body, spend);
+      return await paidCapped({ endpoint, req, reply, idem, answered, controls, model, body, spend, listing });
     } catch (e) {
       // The node's refusal of a request whose worst case the budget left cannot pay for.
       if (spend?.budgetBound && e instanceof GatewayError && e.code === 'request_cost_limit_exceeded') throw budgetTooSmall(limit!, spend.amount);
@@ -147,10 +193,11 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
    * most, each attempt under its own request id and ticket. Hedged requests already run twice and
    * do not fail over.
    */
-  async function paidCapped(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply, idem: string | undefined, answered: () => void, controlsIn: RoutingControls, model: string, body: Buffer, spend: SpendReservation | undefined): Promise<unknown> {
-    let controls = controlsIn;
+  async function paidCapped(r: CappedRequest): Promise<unknown> {
+    const { endpoint, req, reply, idem, answered, model, body, spend } = r;
+    let controls = r.controls;
     // What every attempt sends: worked out once, however many attempts there are.
-    let listing: Promise<ProviderEntry[]> | undefined;
+    let listing = r.listing;
     const ask: PaidAsk = { endpoint, body, model, bodySha256: sha256Hex(body), idem, answered, uncappedHold: undefined, providers: () => (listing ??= ticketing.providers()), tried: [], spend };
     if (controls.estimateId !== undefined) {
       // The request must be the one estimated, under the same routing controls; its hold is capped
