@@ -8,6 +8,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import Database from 'better-sqlite3';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
@@ -296,6 +297,26 @@ describe('per-key limits at the gateway', () => {
     expect(await marketTotals(marketUrl)).toEqual(totals);
     expect((await errorOf(await ask()))[1].code).toBe('key_spend_limit_exceeded');
     expect((await errorOf(await ask('exact-2')))[1].code).toBe('key_spend_limit_exceeded');
+  });
+
+  test('a records file whose spend cannot be read stops the gateway at start, naming it, with its file closed and nothing left running', async () => {
+    const records = path.join(dir, 'bad-spend-records.db');
+    const keys: ApiKeySpec[] = [{ key: SPENDER, spendLimitMicroUsd: 10n }];
+    await (await createGateway({ market: marketUrl, port: 0, apiKeys: keys, recordsPath: records })).close(1000);
+    const db = new Database(records);
+    db.prepare('INSERT INTO key_spend (key_id, win, micro_usd) VALUES (?, ?, ?)').run('k', 'lifetime', 'not a number');
+    db.close();
+    await expect(createGateway({ market: marketUrl, port: 0, apiKeys: keys, recordsPath: records })).rejects.toThrow(/^request records: the API keys' spend could not be read: /);
+    // The file was closed: it can be mended and the gateway started on it.
+    const mend = new Database(records);
+    mend.prepare('DELETE FROM key_spend WHERE key_id = ?').run('k');
+    mend.close();
+    const g = await createGateway({ market: marketUrl, port: 0, apiKeys: keys, recordsPath: records });
+    try {
+      expect((await fetch(`${g.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${SPENDER}` }, body: chatBody('hello') })).status).toBe(200);
+    } finally {
+      await g.close(1000);
+    }
   });
 
   test('with a records file a lifetime budget outlives the gateway: what was charged before a restart still counts', async () => {
