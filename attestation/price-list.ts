@@ -1,13 +1,13 @@
 // Signed price lists (design.md §Money): what each model costs, under a version that tickets and
 // receipts name. The version is derived from the prices themselves, so the same prices always
 // carry the same version and a changed price always carries a new one.
-import { fromHex, isHex, utf8 } from './bytes.ts';
+import { utf8 } from './bytes.ts';
 import { canonicalize } from './canonical-json.ts';
-import { checkEnvelopeShape, parseEnvelope, signEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
+import { signEnvelope, type DsseEnvelope } from './dsse.ts';
 import * as f from './fields.ts';
 import { sha256Hex } from './hash.ts';
-import { guarded, isOptions, fail, ok, type VerifyError, type VerifyResult } from './result.ts';
-import { readPayload } from './signed-payload.ts';
+import type { VerifyError, VerifyResult } from './result.ts';
+import { verifyProviderSigned } from './signed-payload.ts';
 import type { WireRates } from './receipt.ts';
 
 export const PRICELIST_PAYLOAD_TYPE = 'application/vnd.service.pricelist.v1+json';
@@ -72,20 +72,7 @@ export function signPriceList(seed: Uint8Array, provider: string, models: readon
 
 /** Verifies a provider's signed price list. Never throws. */
 export function verifyPriceList(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
-  return guarded('envelope_malformed', 'price list', () => verifyPriceListUnsafe(envelope, opts));
-}
-
-function verifyPriceListUnsafe(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<PriceListPayload> {
-  if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider }');
-  if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
-  const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
-  if (!shaped.ok) return shaped;
-  const v = verifyEnvelope(shaped.value, { payloadType: PRICELIST_PAYLOAD_TYPE, keys: [{ keyid: opts.provider, publicKey: fromHex(opts.provider) }] });
-  if (!v.ok) return v;
-  const read = readPayload(v.value.payload, validatePriceList, 'price list');
-  if (!read.ok) return read;
-  if (read.value.provider !== opts.provider) return fail('provider_mismatch', `price list names provider ${read.value.provider}`);
-  return ok(read.value);
+  return verifyProviderSigned(envelope, opts, PRICELIST_PAYLOAD_TYPE, validatePriceList, 'price list');
 }
 
 /** What a price list contributes to a PriceBook: plain data, so it crosses to worker threads as is. */

@@ -4,13 +4,13 @@
 // endpoint's common fields and every other attribute it accepts: its type, bounds, the values it
 // takes, and what it does (applied to the answer, taken only at its default, or without effect).
 // Like a price list, its version is derived from its contents.
-import { fromHex, isHex, utf8 } from './bytes.ts';
+import { utf8 } from './bytes.ts';
 import { canonicalize } from './canonical-json.ts';
-import { checkEnvelopeShape, parseEnvelope, signEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
+import { signEnvelope, type DsseEnvelope } from './dsse.ts';
 import * as f from './fields.ts';
 import { sha256Hex } from './hash.ts';
-import { fail, guarded, isOptions, ok, type VerifyResult } from './result.ts';
-import { readPayload } from './signed-payload.ts';
+import type { VerifyResult } from './result.ts';
+import { verifyProviderSigned } from './signed-payload.ts';
 
 export const REQUEST_CONTRACT_PAYLOAD_TYPE = 'application/vnd.service.request-contract.v1+json';
 
@@ -139,16 +139,5 @@ export function signRequestContract(seed: Uint8Array, provider: string, models: 
 
 /** Verifies a provider's signed request contract (an envelope, or its JSON text). Never throws. */
 export function verifyRequestContract(envelope: DsseEnvelope | string, opts: { provider: string }): VerifyResult<RequestContractPayload> {
-  return guarded('envelope_malformed', 'request contract', () => {
-    if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider }');
-    if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
-    const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
-    if (!shaped.ok) return shaped;
-    const v = verifyEnvelope(shaped.value, { payloadType: REQUEST_CONTRACT_PAYLOAD_TYPE, keys: [{ keyid: opts.provider, publicKey: fromHex(opts.provider) }] });
-    if (!v.ok) return v;
-    const read = readPayload(v.value.payload, validateRequestContract, 'request contract');
-    if (!read.ok) return read;
-    if (read.value.provider !== opts.provider) return fail('provider_mismatch', `request contract names provider ${read.value.provider}`);
-    return ok(read.value);
-  });
+  return verifyProviderSigned(envelope, opts, REQUEST_CONTRACT_PAYLOAD_TYPE, validateRequestContract, 'request contract');
 }

@@ -1,10 +1,10 @@
 // The common middle of every signed-object check: the signed bytes must be UTF-8, RFC 8785
 // canonical JSON, and a valid payload of the expected kind (the validator names the bad field).
-import { fromBase64, fromUtf8 } from './bytes.ts';
-import type { DsseEnvelope } from './dsse.ts';
+import { fromBase64, fromHex, fromUtf8, isHex } from './bytes.ts';
+import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import { parseCanonical } from './canonical-json.ts';
 import { FieldError } from './fields.ts';
-import { fail, ok, type VerifyResult } from './result.ts';
+import { fail, guarded, isOptions, ok, type VerifyResult } from './result.ts';
 
 export function readPayload<T>(bytes: Uint8Array, validate: (value: unknown) => T, what: string): VerifyResult<T> {
   const text = fromUtf8(bytes);
@@ -41,4 +41,24 @@ export function peekLine(line: string): Record<string, unknown> | undefined {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Verifies an object a provider signs about itself (a price list, a request contract): the
+ * envelope (or its JSON text), a signature by the provider's key (keyid = provider id), the
+ * payload canonical and valid, and naming that provider. Never throws.
+ */
+export function verifyProviderSigned<T extends { provider: string }>(envelope: DsseEnvelope | string, opts: { provider: string }, payloadType: string, validate: (value: unknown) => T, what: string): VerifyResult<T> {
+  return guarded('envelope_malformed', what, () => {
+    if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider }');
+    if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+    const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
+    if (!shaped.ok) return shaped;
+    const v = verifyEnvelope(shaped.value, { payloadType, keys: [{ keyid: opts.provider, publicKey: fromHex(opts.provider) }] });
+    if (!v.ok) return v;
+    const read = readPayload(v.value.payload, validate, what);
+    if (!read.ok) return read;
+    if (read.value.provider !== opts.provider) return fail('provider_mismatch', `${what} names provider ${read.value.provider}`);
+    return ok(read.value);
+  });
 }
