@@ -56,6 +56,27 @@ describe('/service/infer/1.0.0 over libp2p', () => {
     expect(buyer.getConnections()[0]!.remotePeer.toString()).toBe(node.peerId.toString());
   });
 
+  test('a stream\'s closing chunks (finish, usage) end with service.request_id and leave with [DONE] in one DATA frame', async () => {
+    for (const includeUsage of [true, false]) {
+      const { head, bytes, requestId } = ask({ ...chat, stream: true, ...(includeUsage ? { stream_options: { include_usage: true } } : {}) });
+      const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
+      const frames: string[] = [];
+      for await (const f of res.frames) if (f.kind === 'data') frames.push(Buffer.from(f.bytes).toString('utf8'));
+      const last = frames.at(-1)!.split('\n\n').filter(Boolean);
+      expect(last.at(-1)).toBe('data: [DONE]');
+      const closing = last.slice(0, -1).map((e) => JSON.parse(e.slice(6)) as { choices: { finish_reason: string | null }[]; usage?: unknown; service?: unknown });
+      expect(closing.length, `include_usage ${includeUsage}`).toBe(includeUsage ? 2 : 1);
+      expect(closing[0]!.choices[0]!.finish_reason).toMatch(/^(stop|length)$/);
+      if (includeUsage) expect(closing[1]).toMatchObject({ choices: [], usage: { cost: expect.any(String) } });
+      for (const c of closing) {
+        expect(c.service).toEqual({ request_id: requestId });
+        expect(Object.keys(c).at(-1)).toBe('service');
+      }
+      // No token chunk carries it.
+      expect(frames.slice(0, -1).join('')).not.toContain('"service"');
+    }
+  });
+
   test('closing the stream early cancels the request and still leaves a receipt', async () => {
     const { head, bytes, requestId } = ask({ ...chat, stream: true, max_tokens: 400 });
     const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
