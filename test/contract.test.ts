@@ -113,6 +113,23 @@ describe('request contracts', () => {
     expect(field('responses', { model: 'm', input: 'x', instructions: 3 })).toBe('instructions');
     expect(field('responses', { model: 'm', input: 'x', max_output_tokens: 0 })).toBe('max_output_tokens');
   });
+  test('a key inside an object the node reads, that it would ignore, is refused naming it: structured output, cache hints, extra tool-call keys', () => {
+    const chat = (extra: object, content: unknown = 'hi') => ({ model: 'm', messages: [{ role: 'user', content }], ...extra });
+    expect(field('chat/completions', chat({ response_format: { type: 'text', json_schema: { name: 'x' }, strict: true } }))).toBe('response_format.json_schema');
+    expect(field('responses', { model: 'm', input: 'x', text: { format: { type: 'text', name: 'x', schema: {}, strict: true } } })).toBe('text.format.name');
+    expect(field('chat/completions', chat({}, [{ type: 'text', text: 'hi', cache_control: { type: 'ephemeral' } }]))).toBe('messages[0].content[0].cache_control');
+    const call = { id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } };
+    const withCall = (c: object) => ({ model: 'm', messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: null, tool_calls: [c] }] });
+    expect(field('chat/completions', withCall(call))).toBe('ok');
+    expect(field('chat/completions', withCall({ ...call, extra: 1 }))).toBe('messages[1].tool_calls[0].extra');
+    expect(field('chat/completions', withCall({ ...call, function: { ...call.function, strict: true } }))).toBe('messages[1].tool_calls[0].function.strict');
+    // An earlier answer's output_text part sent back with its empty annotations and log probabilities is taken; filled ones are not.
+    const back = (part: object) => ({ model: 'm', input: [{ role: 'assistant', content: [{ type: 'output_text', text: 'a', ...part }] }] });
+    expect(field('responses', back({ annotations: [], logprobs: [] }))).toBe('ok');
+    expect(field('responses', back({ annotations: [{ type: 'url_citation' }] }))).toBe('input[0].content[0].annotations');
+    expect(field('chat/completions', chat({ response_format: { type: 'text' } }))).toBe('ok');
+  });
+
   test('invalid UTF-8 is refused', () => {
     expect(() => parseRequest('completions', Uint8Array.of(0x7b, 0xff, 0x7d))).toThrow(/UTF-8/);
   });

@@ -35,11 +35,13 @@ const types = (s: AttributeSpec): string[] => (Array.isArray(s.type) ? s.type : 
 const fits = (v: unknown, s: AttributeSpec): boolean => types(s).includes(typeOf(v)) || (typeOf(v) === 'integer' && types(s).includes('number'));
 /** A value of another type than the attribute's. */
 const wrongType = (s: AttributeSpec): unknown => [true, 'x', 12.5, { z: 1 }, [1]].find((v) => !fits(v, s));
-/** A value of the attribute's type that its enum does not hold. */
-function outsideEnum(s: AttributeSpec): unknown {
+/** Values of the attribute's type that its enum does not hold: for an object, one with another key, and each enum object with a key more. */
+function outsideEnum(s: AttributeSpec): unknown[] {
   const inEnum = (v: unknown): boolean => s.enum!.some((e) => canonicalize(e) === canonicalize(v));
-  const candidates: Record<string, unknown[]> = { string: ['zz-other'], integer: [7], number: [0.5], boolean: [true, false], object: [{ z: 1 }], array: [['zz']] };
-  return candidates[types(s)[0]!]!.find((v) => !inEnum(v));
+  const objects = s.enum!.flatMap((e) => (e !== null && typeof e === 'object' && !Array.isArray(e) ? [{ ...e, z: 1 }] : []));
+  const candidates: Record<string, unknown[]> = { string: ['zz-other'], integer: [7], number: [0.5], boolean: [true, false], object: [{ z: 1 }, ...objects], array: [['zz']] };
+  const out = candidates[types(s)[0]!]!.filter((v) => !inEnum(v));
+  return types(s)[0] === 'boolean' ? out.slice(0, 1) : out;
 }
 
 describe('the request contract the node signs is the one it applies', () => {
@@ -57,7 +59,7 @@ describe('the request contract the node signs is the one it applies', () => {
         expect(refusedField(endpoint, attr, wrongType(spec)), `${at}: another type`).toMatch(new RegExp(`^${attr}(\\.|$)`));
         if (spec.enum) {
           for (const v of spec.enum) expect(refusedField(endpoint, attr, v), `${at} = ${JSON.stringify(v)}`).toBeUndefined();
-          expect(refusedField(endpoint, attr, outsideEnum(spec)), `${at}: outside its values`).toMatch(new RegExp(`^${attr}(\\.|$)`));
+          for (const v of outsideEnum(spec)) expect(refusedField(endpoint, attr, v), `${at} = ${JSON.stringify(v)}: outside its values`).toMatch(new RegExp(`^${attr}(\\.|$)`));
         }
         const step = types(spec).includes('integer') ? 1 : 0.001;
         if (spec.minimum !== undefined) {

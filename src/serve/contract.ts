@@ -54,6 +54,16 @@ function object(v: unknown, field: string): Obj {
   return v as Obj;
 }
 
+/** Refuses a key of `o` outside `keys` (it would be ignored), and one of `emptyOnly` that is not null or empty. */
+function onlyKeys(o: Obj, field: string, keys: readonly string[], emptyOnly: readonly string[] = []): void {
+  for (const k of Object.keys(o)) {
+    if (keys.includes(k)) continue;
+    const v = o[k];
+    if (emptyOnly.includes(k) && (v === null || (Array.isArray(v) && v.length === 0))) continue;
+    throw new ContractError(`${field}.${k.slice(0, 64)}`, emptyOnly.includes(k) ? 'not supported by this model (only null or empty)' : 'not a field here (it would be ignored)');
+  }
+}
+
 function optInt(v: unknown, field: string, min: number, max: number): number | undefined {
   if (v === undefined || v === null) return undefined;
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw new ContractError(field, `expected an integer from ${min} to ${max}`);
@@ -85,6 +95,8 @@ function content(v: unknown, field: string): string {
         const part = object(p, `${field}[${i}]`);
         const textual = part.type === 'text' || part.type === 'input_text' || part.type === 'output_text';
         if (!textual || typeof part.text !== 'string') throw new ContractError(`${field}[${i}]`, 'only text parts are supported by this model');
+        // (An earlier answer's part sent back carries its annotations and log probabilities: taken empty.)
+        onlyKeys(part, `${field}[${i}]`, ['type', 'text'], ['annotations', 'logprobs']);
         return part.text;
       })
       .join('');
@@ -136,7 +148,9 @@ function toolCalls(v: unknown, field: string): ToolCall[] {
   if (!Array.isArray(v) || v.length > 128) throw new ContractError(field, 'expected an array of up to 128 tool calls');
   return v.map((c, i) => {
     const o = object(c, `${field}[${i}]`);
+    onlyKeys(o, `${field}[${i}]`, ['id', 'type', 'function']);
     const f = object(o.function, `${field}[${i}].function`);
+    onlyKeys(f, `${field}[${i}].function`, ['name', 'arguments']);
     if (typeof o.id !== 'string' || o.id.length === 0 || o.id.length > 256) throw new ContractError(`${field}[${i}].id`, 'expected an id of 1 to 256 characters');
     if (o.type !== 'function') throw new ContractError(`${field}[${i}].type`, 'expected "function"');
     if (typeof f.name !== 'string' || f.name.length === 0 || f.name.length > 256) throw new ContractError(`${field}[${i}].function.name`, 'expected a name of 1 to 256 characters');
@@ -232,6 +246,7 @@ function unsupported(o: Obj): void {
   if (set(o.response_format)) {
     const rf = object(o.response_format, 'response_format');
     if (rf.type !== 'text') throw new ContractError('response_format.type', 'only "text" is supported');
+    onlyKeys(rf, 'response_format', ['type']);
   }
   if (set(o.logit_bias) && !(typeof o.logit_bias === 'object' && !Array.isArray(o.logit_bias) && Object.keys(o.logit_bias as Obj).length === 0)) {
     throw new ContractError('logit_bias', 'token biases are not supported');
@@ -262,7 +277,11 @@ function unsupportedResponses(o: Obj): void {
   if (set(o.text)) {
     const text = object(o.text, 'text');
     for (const k of Object.keys(text)) if (k !== 'format' && k !== 'verbosity') throw new ContractError(`text.${k.slice(0, 64)}`, 'not a field of the text options (it would be ignored)');
-    if (set(text.format) && object(text.format, 'text.format').type !== 'text') throw new ContractError('text.format.type', 'only "text" is supported');
+    if (set(text.format)) {
+      const format = object(text.format, 'text.format');
+      if (format.type !== 'text') throw new ContractError('text.format.type', 'only "text" is supported');
+      onlyKeys(format, 'text.format', ['type']);
+    }
     if (set(text.verbosity) && text.verbosity !== 'medium') throw new ContractError('text.verbosity', 'only "medium" (the default) is supported');
   }
   optInt(o.max_tool_calls, 'max_tool_calls', 0, 1 << 20); // (no tools run here: it limits nothing)
