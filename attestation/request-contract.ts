@@ -74,11 +74,61 @@ function attribute(v: unknown, field: string): AttributeSpec {
   types.forEach((t, i) => f.oneOf(t, Array.isArray(s.type) ? `${field}.type[${i}]` : `${field}.type`, TYPES));
   f.oneOf(s.use, f.join(field, 'use'), USES);
   for (const k of ['minimum', 'maximum', 'exclusive_minimum'] as const) if (s[k] !== undefined) finite(s[k], f.join(field, k));
-  if (s.max_items !== undefined) f.uint(s.max_items, f.join(field, 'max_items'));
-  if (s.enum !== undefined && (!Array.isArray(s.enum) || s.enum.length === 0 || s.enum.length > 16)) throw new f.FieldError(f.join(field, 'enum'), 'expected 1 to 16 values');
+  if (s.minimum !== undefined && s.maximum !== undefined && (s.minimum as number) > (s.maximum as number)) throw new f.FieldError(f.join(field, 'minimum'), 'is above maximum');
+  if (s.exclusive_minimum !== undefined && s.maximum !== undefined && (s.exclusive_minimum as number) >= (s.maximum as number)) throw new f.FieldError(f.join(field, 'exclusive_minimum'), 'is not below maximum');
+  if (s.max_items !== undefined) {
+    f.uint(s.max_items, f.join(field, 'max_items'));
+    if (!types.includes('array')) throw new f.FieldError(f.join(field, 'max_items'), 'only for an array');
+  }
+  if (s.enum !== undefined) {
+    if (!Array.isArray(s.enum) || s.enum.length === 0 || s.enum.length > 16) throw new f.FieldError(f.join(field, 'enum'), 'expected 1 to 16 values');
+    s.enum.forEach((e, i) => {
+      small(e, `${field}.enum[${i}]`);
+      if (e !== null && !types.some((t) => ofType(e, t as AttributeType))) throw new f.FieldError(`${field}.enum[${i}]`, `is not of the attribute's type (${types.join(' or ')})`);
+    });
+  }
+  if (s.default !== undefined) {
+    small(s.default, f.join(field, 'default'));
+    if (Array.isArray(s.enum) && !s.enum.some((e) => canonicalize(e) === canonicalize(s.default))) throw new f.FieldError(f.join(field, 'default'), 'is not one of the values in enum');
+  }
   if (s.use === 'default_only' && s.enum === undefined && s.note === undefined) throw new f.FieldError(f.join(field, 'enum'), 'a default_only attribute names the values it takes (enum, or a note)');
   if (s.note !== undefined) f.string(s.note, f.join(field, 'note'), 300);
   return s as unknown as AttributeSpec;
+}
+
+/** The largest value (canonical JSON characters) an enum entry or default may be. */
+const MAX_VALUE_CHARS = 256;
+
+/** A value of at most MAX_VALUE_CHARS canonical characters (nested at most 8 deep). */
+function small(v: unknown, field: string): void {
+  let text: string;
+  try {
+    text = depthAtMost(v, 8) ? canonicalize(v) : '';
+  } catch {
+    text = '';
+  }
+  if (text === '' || text.length > MAX_VALUE_CHARS) throw new f.FieldError(field, `expected a JSON value of at most ${MAX_VALUE_CHARS} characters, nested at most 8 deep`);
+}
+
+function depthAtMost(v: unknown, depth: number): boolean {
+  if (v === null || typeof v !== 'object') return true;
+  if (depth === 0) return false;
+  return (Array.isArray(v) ? v : Object.values(v)).every((x) => depthAtMost(x, depth - 1));
+}
+
+function ofType(v: unknown, t: AttributeType): boolean {
+  switch (t) {
+    case 'integer':
+      return Number.isSafeInteger(v);
+    case 'number':
+      return typeof v === 'number';
+    case 'array':
+      return Array.isArray(v);
+    case 'object':
+      return typeof v === 'object' && v !== null && !Array.isArray(v);
+    default:
+      return typeof v === t;
+  }
 }
 
 function endpointContract(v: unknown, field: string): EndpointContract {

@@ -76,7 +76,7 @@ describe('signed request contracts in the catalog', () => {
     provider(p3.id, { request_contracts: [forged.envelope, { not: 'an envelope' }] }, [{ id: 'tiny/llama', context: 512 }], rates),
   ];
 
-  test('by id: each route\'s verified contract, and the applied attributes every route with a contract takes', () => {
+  test('by id: each route\'s verified contract; the parameters every route takes, by family, only when every route has a contract for it', () => {
     const e = catalogEntry(withContracts, 'tiny/llama') as { request_contracts: { provider: string; version: string; contract: unknown }[]; supported_parameters: Record<string, string[]> };
     expect(e.request_contracts.map((c) => c.provider)).toEqual([p1.id, p2.id].sort());
     for (const c of e.request_contracts) {
@@ -84,17 +84,28 @@ describe('signed request contracts in the catalog', () => {
       expect(v.ok).toBe(true);
       expect(c.version).toBe(v.ok ? v.value.version : '');
     }
-    const applied = (endpoint: keyof typeof TEXT_REQUEST_CONTRACT) => Object.entries(TEXT_REQUEST_CONTRACT[endpoint].attributes).filter(([, s]) => s.use === 'applied').map(([k]) => k).sort();
-    expect(e.supported_parameters.CHAT).toEqual(applied('chat/completions').filter((k) => k !== 'min_p'));
-    expect(e.supported_parameters.CHAT).toContain('seed');
-    expect(e.supported_parameters.COMPLETIONS).toEqual(applied('completions'));
-    // Only p1 describes embeddings: its contract alone decides.
-    expect(e.supported_parameters.EMBEDDINGS).toEqual(['encoding_format']);
+    // p3's route has no contract that verifies: nothing is promised for any family.
+    expect(e.supported_parameters).toEqual({});
+    const honest = withContracts.slice(0, 2);
+    const s = (catalogEntry(honest, 'tiny/llama') as { supported_parameters: Record<string, string[]> }).supported_parameters;
+    const applied = (endpoint: keyof typeof TEXT_REQUEST_CONTRACT, optional: string[]) => [...optional, ...Object.entries(TEXT_REQUEST_CONTRACT[endpoint].attributes).filter(([, x]) => x.use === 'applied').map(([k]) => k)].sort();
+    expect(s.CHAT).toEqual(applied('chat/completions', ['max_tokens', 'stream', 'stream_options']).filter((k) => k !== 'min_p'));
+    expect(s.CHAT).toEqual(expect.arrayContaining(['seed', 'max_tokens', 'stream']));
+    expect(s.COMPLETIONS).toEqual(applied('completions', ['max_tokens', 'stream', 'stream_options']));
+    expect(s.RESPONSES).toEqual(applied('responses', []));
+    // p2's contract has no embeddings: none promised.
+    expect(s.EMBEDDINGS).toBeUndefined();
+    expect((catalogEntry(honest.slice(0, 1), 'tiny/llama') as { supported_parameters: Record<string, string[]> }).supported_parameters.EMBEDDINGS).toEqual(['encoding_format']);
     // The list page carries the parameters, not the envelopes.
-    const listed = catalogPage(withContracts, parseCatalogQuery({})).data.find((m) => m.id === 'tiny/llama')!;
-    expect(listed.supported_parameters).toEqual(e.supported_parameters);
+    const listed = catalogPage(honest, parseCatalogQuery({})).data.find((m) => m.id === 'tiny/llama')!;
+    expect(listed.supported_parameters).toEqual(s);
     expect(listed.request_contracts).toBeUndefined();
-    expect(catalogEntry(withContracts, 'other/model')).toMatchObject({ supported_parameters: { CHAT: e.supported_parameters.CHAT }, request_contracts: [{ provider: p2.id }] });
+    expect(catalogEntry(honest, 'other/model')).toMatchObject({ supported_parameters: { CHAT: s.CHAT }, request_contracts: [{ provider: p2.id }] });
+  });
+
+  test('an envelope padded with another key or signature is left out, whatever it holds', () => {
+    const padded = [{ ...c1.envelope, endorsed_by: 'x' }, { ...c1.envelope, signatures: [...c1.envelope.signatures, { keyid: 'note', sig: 'AAAA' }] }, { ...c1.envelope, signatures: [{ ...c1.envelope.signatures[0]!, note: 1 }] }];
+    for (const env of padded) expect(catalogEntry([provider(p1.id, { request_contracts: [env] }, [{ id: 'tiny/llama', context: 512 }], rates)], 'tiny/llama'), JSON.stringify(Object.keys(env))).toMatchObject({ request_contracts: [] });
   });
 
   test('a contract verified before and listed again with another payload under the same signature is left out', () => {

@@ -8,7 +8,7 @@ import { MarketClient } from '../src/gateway/market-client.ts';
 import { createMarket, type Market, type MarketOptions } from '../src/market/market.ts';
 import { DEFAULT_MARKET_LIMITS, type MarketLimits } from '../src/market/store.ts';
 import { signCapacity } from '../src/p2p/capacity-protocol.ts';
-import { call, heartbeatOf, provider, registration, TINY, TINY_PRICE, type Provider } from './helpers/market-provider.ts';
+import { call, contractOf, heartbeatOf, provider, registration, TINY, TINY_PRICE, type Provider } from './helpers/market-provider.ts';
 import { receiptPayload, signReceipt, testKey } from './helpers/receipts.ts';
 
 const marketKey = testKey();
@@ -76,6 +76,19 @@ describe('providers', () => {
     expect((await s.post('/v1/providers/register', registration(provider()))).body.error.code).toBe('too_many_providers');
   });
 
+  test('maxContractChars bounds the request contracts held over all providers', async () => {
+    const one = contractOf(provider()).payload.length;
+    const s = await start({ maxContractChars: one * 2 + 10 });
+    for (let i = 0; i < 2; i++) {
+      const p = provider();
+      expect((await s.post('/v1/providers/register', registration(p, { request_contracts: [contractOf(p)] }))).status).toBe(200);
+    }
+    const p = provider();
+    expect(await s.post('/v1/providers/register', registration(p, { request_contracts: [contractOf(p)] }))).toMatchObject({ status: 503, body: { error: { code: 'too_many_providers', message: expect.stringMatching(/would bring the request contracts held to \d+ characters, over the market's limit of \d+/) } } });
+    // Without a contract it fits.
+    expect((await s.post('/v1/providers/register', registration(p))).status).toBe(200);
+  });
+
   test('GET /v1/providers carries no price list, and the gateway\'s market client reads every field it uses from it', async () => {
     const s = await start({});
     const p = provider();
@@ -108,7 +121,7 @@ describe('providers', () => {
     const snapshot = { price_version: p.prices.payload.version, attestation_tier: 'T1', accepting: false, models: [row('tiny/llama', 3), row('tiny/llama', 0), ...Array.from({ length: 50 }, (_, i) => row(`other/${i}`, 1))], extra: 'y'.repeat(10_000) };
     const at = Date.now();
     expect((await s.post('/v1/providers/heartbeat', signCapacity({ seed: p.key.seed, providerId: p.key.id }, snapshot as never, at))).status).toBe(200);
-    expect(s.m.store.providers.get(p.key.id)!.capacity).toEqual({ at, accepting: false, models: [{ id: 'tiny/llama', free_slots: 3, queued: 0, queue_limit: 4 }] });
+    expect(s.m.store.providers.get(p.key.id)!.capacity).toEqual({ at, accepting: false, models: [{ id: 'tiny/llama', free_slots: 1, queued: 0, queue_limit: 4 }] }); // (3 free said, 1 slot registered: at most 1)
   });
 });
 
@@ -225,7 +238,7 @@ describe('receipts', () => {
 
 describe('options', () => {
   test('the defaults, and limits that are not positive integers (or maxTickets below maxOutstandingTickets) are refused naming the limit', () => {
-    expect(DEFAULT_MARKET_LIMITS).toEqual({ maxProviders: 1000, maxProviderModels: 10_000, staleProviderMs: 3_600_000, maxOutstandingTickets: 10_000, maxTickets: 100_000, maxReceipts: 20_000, maxReceiptBytes: 64 * 1024 * 1024 });
+    expect(DEFAULT_MARKET_LIMITS).toEqual({ maxProviders: 1000, maxProviderModels: 10_000, maxContractChars: 16 * 1024 * 1024, staleProviderMs: 3_600_000, maxOutstandingTickets: 10_000, maxTickets: 100_000, maxReceipts: 20_000, maxReceiptBytes: 64 * 1024 * 1024 });
     const make = (limits: Record<string, unknown>) => () => createMarket({ seed: marketKey.seed, limits: limits as Partial<MarketLimits> });
     expect(make({ maxProviders: 0 })).toThrow(/^market: limits\.maxProviders must be a positive integer, got 0$/);
     expect(make({ maxReceipts: 1.5 })).toThrow(/limits\.maxReceipts must be a positive integer/);

@@ -14,6 +14,7 @@ import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
 import { REGISTRATION_PAYLOAD_TYPE } from '../src/market/registration-payload.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
+import { signCapacity } from '../src/p2p/capacity-protocol.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
 import { PAID_ENDPOINTS } from '../src/serve/contract.ts';
 import { call, contractOf, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
@@ -70,6 +71,15 @@ describe('registration', () => {
     expect(before.capacity).toBeUndefined();
     expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 0 }))).status).toBe(200);
     expect((await listed()).capacity).toEqual({ at: expect.any(Number), models: [{ id: 'tiny/llama', free_slots: 0, queued: 0, queue_limit: 4 }] });
+    // What is listed is the signed envelope alone: another key or a second signature sent along is not kept.
+    const r = provider();
+    const sent = { ...contractOf(r), endorsed_by: 'somebody', signatures: [...contractOf(r).signatures, { keyid: 'note', sig: Buffer.from('audited').toString('base64') }] };
+    expect((await post('/v1/providers/register', registration(r, { request_contracts: [sent] }))).status).toBe(200);
+    expect(((await get('/v1/providers')).body as any[]).find((x) => x.provider === r.key.id).request_contracts).toEqual([contractOf(r)]);
+    // A heartbeat's free slots are at most the slots registered; its queue figures at most 2^32 − 1.
+    const big = signCapacity({ seed: r.key.seed, providerId: r.key.id }, { price_version: r.prices.payload.version, attestation_tier: 'T1', accepting: true, models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 1, slots: 1, free_slots: 2 ** 53 - 1, queued: 2 ** 53 - 1, queue_limit: 2 ** 40 }] });
+    expect((await post('/v1/providers/heartbeat', big)).status).toBe(200);
+    expect(((await get('/v1/providers')).body as any[]).find((x) => x.provider === r.key.id).capacity.models).toEqual([{ id: 'tiny/llama', free_slots: TINY.slots, queued: 2 ** 32 - 1, queue_limit: 2 ** 32 - 1 }]);
     // A registration without contracts lists none.
     const q = provider();
     await post('/v1/providers/register', registration(q));
@@ -106,7 +116,10 @@ describe('registration', () => {
     ['a request contract for a model it does not register', (p) => registration(p, { request_contracts: [contractOf(p, { models: ['tiny/llama', 'big/model'] })] }), /^request_contracts\[0\]: covers "big\/model", which the registration does not list/],
     ['two request contracts for one model', (p) => registration(p, { request_contracts: [contractOf(p), contractOf(p)] }), /^request_contracts\[1\]: covers "tiny\/llama", which another contract covers too/],
     ['request contracts that are not a list of envelopes', (p) => registration(p, { request_contracts: [{ payload: 1 }] }), /request_contracts\[0\]: /],
-    ['too many request contracts', (p) => registration(p, { request_contracts: Array.from({ length: 9 }, () => contractOf(p)) }), /request_contracts: expected at most 8/],
+    ['too many request contracts', (p) => registration(p, { request_contracts: Array.from({ length: 5 }, () => contractOf(p)) }), /request_contracts: expected a list of at most 4/],
+    ['request contracts that are not a list', (p) => registration(p, { request_contracts: {} }), /request_contracts: expected a list of at most 4/],
+    ['a request contract payload over 64 KiB', (p) => registration(p, { request_contracts: [{ ...contractOf(p), payload: 'A'.repeat(64 * 1024 + 4) }] }), /request_contracts\[0\]: a payload of more than 65536/],
+    ['a request contract signed under no keyid', (p) => registration(p, { request_contracts: [{ ...contractOf(p), signatures: [{ sig: contractOf(p).signatures[0]!.sig }] }] }), /request_contracts\[0\]: has no signature under keyid = the provider id/],
   ];
   test.each(bad)('%s is 400 registration_invalid naming the field', async (_name, make, message) => {
     const r = await post('/v1/providers/register', make(provider()));

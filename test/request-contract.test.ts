@@ -155,5 +155,14 @@ describe('signed request contracts', () => {
     expect(bad((q) => (q.endpoints.completions.attributes['Bad-Name'] = { type: 'string', use: 'applied' }))).toBe('endpoints.completions.attributes.Bad-Name');
     expect(bad((q) => (q.endpoints.completions.common = ['model', 'model']))).toBe('endpoints.completions.common[1]');
     expect(bad((q) => (q.extra = 1))).toBe('extra');
+    // Specs that contradict themselves, or carry values of any size.
+    const seed = 'endpoints.completions.attributes.seed';
+    expect(bad((q) => (q.endpoints.completions.attributes.seed.minimum = 5e9))).toBe(`${seed}.minimum`);
+    expect(bad((q) => (q.endpoints.completions.attributes.repetition_penalty.exclusive_minimum = 100))).toBe('endpoints.completions.attributes.repetition_penalty.exclusive_minimum');
+    expect(bad((q) => (q.endpoints.completions.attributes.seed.max_items = 2))).toBe(`${seed}.max_items`);
+    expect(bad((q) => (q.endpoints.completions.attributes.n.enum = ['one']))).toBe('endpoints.completions.attributes.n.enum[0]');
+    expect(bad((q) => (q.endpoints.completions.attributes.n.default = 2))).toBe('endpoints.completions.attributes.n.default');
+    expect(bad((q) => (q.endpoints.completions.attributes.suffix.enum = ['x'.repeat(300)]))).toBe('endpoints.completions.attributes.suffix.enum[0]');
+    expect(bad((q) => (q.endpoints.completions.attributes.seed.default = { a: { b: { c: { d: { e: { f: { g: { h: { i: 1 } } } } } } } } }))).toBe(`${seed}.default`);
   });
 });

@@ -37,38 +37,51 @@ interface Route {
   tokensPerSecond: number | undefined;
   capacity: ModelCapacity | undefined;
   /** The provider's signed request contract covering the model, verified. */
-  contract: { envelope: unknown; payload: RequestContractPayload } | undefined;
+  contract: { envelope: DsseEnvelope; payload: RequestContractPayload } | undefined;
 }
 
 /** The catalog's endpoint families, by the contract's endpoint names. */
 const FAMILY_OF: Record<ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]> = { 'chat/completions': 'CHAT', completions: 'COMPLETIONS', responses: 'RESPONSES', embeddings: 'EMBEDDINGS' };
 
 /**
- * Contracts verified before, by provider and signature, with the envelope they were verified as:
- * the listing is read again for every catalog call, and a signature is checked once.
+ * Contracts verified before, by provider and signature, with the payload they were verified with:
+ * the listing is read again for every catalog call, and a signature is checked once. Room for
+ * every contract a full market holds (1,000 providers, 4 each); beyond it the oldest goes.
  */
-const verifiedContracts = new Map<string, { payloadType: unknown; payload: unknown; signatures: string; payloadOk: RequestContractPayload | null }>();
-const VERIFIED_CONTRACTS_KEPT = 1024;
+const verifiedContracts = new Map<string, { payload: string; verified: RequestContractPayload | null }>();
+const VERIFIED_CONTRACTS_KEPT = 4096;
 
-/** The provider's listed contracts that verify under its key (a forged or broken one is left out). */
-function providerContracts(p: ProviderEntry): { envelope: unknown; payload: RequestContractPayload }[] {
-  const out: { envelope: unknown; payload: RequestContractPayload }[] = [];
+/**
+ * The provider's listed contracts that verify under its key, as the market keeps them: DSSE's
+ * three fields and one signature, the provider's. Anything else (a forged, broken or padded
+ * envelope) is left out.
+ */
+function providerContracts(p: ProviderEntry): { envelope: DsseEnvelope; payload: RequestContractPayload }[] {
+  const out: { envelope: DsseEnvelope; payload: RequestContractPayload }[] = [];
   for (const env of p.request_contracts ?? []) {
-    if (env === null || typeof env !== 'object' || Array.isArray(env)) continue;
-    const e = env as Record<string, unknown>;
-    // (The signatures are small; the payload, kilobytes, is compared, not copied into a key.)
-    const signatures = JSON.stringify(e.signatures) ?? '';
-    const key = `${p.provider} ${signatures.slice(0, 512)}`;
+    const e = signedAlone(env, p.provider);
+    if (!e) continue;
+    const key = `${p.provider} ${e.signatures[0]!.sig}`;
     let known = verifiedContracts.get(key);
-    if (!known || known.payloadType !== e.payloadType || known.payload !== e.payload || known.signatures !== signatures || Object.keys(e).length !== 3) {
-      const v = verifyRequestContract(env as unknown as DsseEnvelope, { provider: p.provider });
-      known = { payloadType: e.payloadType, payload: e.payload, signatures, payloadOk: v.ok ? v.value : null };
-      if (verifiedContracts.size >= VERIFIED_CONTRACTS_KEPT) verifiedContracts.clear();
+    if (known?.payload !== e.payload) {
+      const v = verifyRequestContract(e, { provider: p.provider });
+      known = { payload: e.payload, verified: v.ok ? v.value : null };
+      if (verifiedContracts.size >= VERIFIED_CONTRACTS_KEPT) verifiedContracts.delete(verifiedContracts.keys().next().value!);
       verifiedContracts.set(key, known);
     }
-    if (known.payloadOk) out.push({ envelope: env, payload: known.payloadOk });
+    if (known.verified) out.push({ envelope: e, payload: known.verified });
   }
   return out;
+}
+
+/** `v` as an envelope of DSSE's fields alone with one signature, under keyid `provider`; else undefined. */
+function signedAlone(v: unknown, provider: string): DsseEnvelope | undefined {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return undefined;
+  const e = v as Record<string, unknown>;
+  if (Object.keys(e).length !== 3 || typeof e.payload !== 'string' || typeof e.payloadType !== 'string' || !Array.isArray(e.signatures) || e.signatures.length !== 1) return undefined;
+  const s = e.signatures[0] as Record<string, unknown> | null;
+  if (s === null || typeof s !== 'object' || Object.keys(s).length !== 2 || s.keyid !== provider || typeof s.sig !== 'string' || s.sig.length > 200) return undefined;
+  return { payloadType: e.payloadType, payload: e.payload, signatures: [{ keyid: provider, sig: s.sig }] };
 }
 
 interface Model {
@@ -154,22 +167,29 @@ function capacity(routes: readonly Route[]): Record<string, number | null> {
   };
 }
 
+/** An endpoint's common fields a request cannot leave out: not parameters a buyer chooses. */
+const REQUIRED_FIELDS: Record<ContractEndpoint, readonly string[]> = { 'chat/completions': ['model', 'messages'], completions: ['model', 'prompt'], responses: ['model', 'input'], embeddings: ['model', 'input'] };
+
 /**
- * The attributes that change the answer (use "applied" in the signed contracts), by endpoint
- * family: those every route with a contract for the family accepts, so any route a request is
- * sent to takes them.
+ * The optional fields that change the answer, by endpoint family: the endpoint's optional common
+ * fields (max_tokens, stream, …) and the attributes its signed contract marks "applied". A family
+ * is listed only when every route has a verified contract for it, and then with what all of them
+ * take, so any route a request is sent to takes them.
  */
 function supportedParameters(routes: readonly Route[]): Record<string, string[]> {
   const out: Record<string, string[]> = {};
   for (const [endpoint, family] of Object.entries(FAMILY_OF) as [ContractEndpoint, string][]) {
-    let common: Set<string> | undefined;
+    let shared: Set<string> | undefined;
     for (const r of routes) {
       const e = r.contract?.payload.endpoints[endpoint];
-      if (!e) continue;
-      const applied = Object.entries(e.attributes).flatMap(([k, s]) => (s.use === 'applied' ? [k] : []));
-      common = common ? new Set(applied.filter((k) => common!.has(k))) : new Set(applied);
+      if (!e) {
+        shared = undefined;
+        break;
+      }
+      const taken = [...e.common.filter((k) => !REQUIRED_FIELDS[endpoint].includes(k)), ...Object.entries(e.attributes).flatMap(([k, s]) => (s.use === 'applied' ? [k] : []))];
+      shared = shared ? new Set(taken.filter((k) => shared!.has(k))) : new Set(taken);
     }
-    if (common) out[family] = [...common].sort();
+    if (shared) out[family] = [...shared].sort();
   }
   return out;
 }

@@ -19,6 +19,8 @@ import { canonicalize } from '../../attestation/canonical-json.ts';
 
 /** How far a registration's issued_at (or a heartbeat's at) may be from the market's clock. */
 export const MAX_CLOCK_DIFFERENCE_MS = 5 * 60_000;
+/** The largest queue figure of a heartbeat the market keeps (larger ones are kept as this). */
+const MAX_QUEUE_FIGURE = 2 ** 32 - 1;
 /** A provider is live while its last registration or heartbeat is this many intervals old at most. */
 export const LIVE_INTERVALS = 3;
 
@@ -60,23 +62,30 @@ function payloadError(code: string, e: VerifyError): MarketError {
 export interface VerifiedRegistration {
   payload: RegistrationPayload;
   rates: Map<string, Rates>;
+  /** The request contracts as signed (checkRequestContracts). */
+  contracts: DsseEnvelope[];
 }
 
 /**
- * Each request contract signed by the provider, valid, and covering only registered models, none
- * of them twice. Throws MarketError (400 registration_invalid) naming the contract.
+ * Each request contract signed by the provider (under keyid = its id), valid, and covering only
+ * registered models, none of them twice. Throws MarketError (400 registration_invalid) naming the
+ * contract. What is kept of each is the signed envelope only: its DSSE fields and the provider's
+ * signature (no other key or signature rides along with what buyers are shown as signed).
  */
-function checkRequestContracts(p: RegistrationPayload, code: string): void {
+function checkRequestContracts(p: RegistrationPayload, code: string): DsseEnvelope[] {
   const registered = new Set(p.models.map((m) => m.id));
   const covered = new Set<string>();
-  (p.request_contracts ?? []).forEach((env, i) => {
+  return (p.request_contracts ?? []).map((env, i) => {
     const v = verifyRequestContract(env, { provider: p.provider });
     if (!v.ok) throw new MarketError(400, code, `request_contracts[${i}]: does not verify for provider ${p.provider} (${v.error.code}: ${v.error.message})`);
+    const signature = env.signatures.find((s) => s.keyid === p.provider);
+    if (!signature) throw new MarketError(400, code, `request_contracts[${i}]: has no signature under keyid = the provider id`);
     for (const id of v.value.models) {
       if (!registered.has(id)) throw new MarketError(400, code, `request_contracts[${i}]: covers "${id.slice(0, 100)}", which the registration does not list`);
       if (covered.has(id)) throw new MarketError(400, code, `request_contracts[${i}]: covers "${id.slice(0, 100)}", which another contract covers too`);
       covered.add(id);
     }
+    return { payloadType: env.payloadType, payload: env.payload, signatures: [{ keyid: signature.keyid!, sig: signature.sig }] };
   });
 }
 
@@ -99,7 +108,7 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   p.models.forEach((m, i) => {
     if (!rates.has(m.id)) throw new MarketError(400, code, `price_list: has no price for models[${i}] "${m.id.slice(0, 100)}"`);
   });
-  checkRequestContracts(p, code);
+  const contracts = checkRequestContracts(p, code);
   if (Math.abs(now - p.issued_at) > MAX_CLOCK_DIFFERENCE_MS) {
     throw new MarketError(400, code, `issued_at: ${p.issued_at} is more than 5 minutes from the market's clock (${now})`);
   }
@@ -108,7 +117,7 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   if (p.attestation_tier !== 'T1') {
     throw new MarketError(400, code, `attestation_tier: ${p.attestation_tier} needs attestation evidence, which this market does not verify yet; register as T1`);
   }
-  return { payload: p, rates };
+  return { payload: p, rates, contracts };
 }
 
 /**
@@ -117,14 +126,14 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
  * silent or stopping provider back to life).
  */
 export function register(store: MarketStore, body: unknown, now: number): ProviderRecord {
-  const { payload: p, rates } = verifyRegistration(body, now);
+  const { payload: p, rates, contracts } = verifyRegistration(body, now);
   const old = store.providers.get(p.provider);
   if (old && p.issued_at < old.issued_at) {
     throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is older than the registration in force (${old.issued_at})`);
   }
   if (old && p.issued_at === old.issued_at) {
     const same = (a: unknown, b: unknown): boolean => canonicalize(a ?? null) === canonicalize(b ?? null);
-    if (old.price_version === p.price_version && same(old.models, p.models) && same(old.addresses, p.addresses) && same(old.request_contracts, p.request_contracts)) return old;
+    if (old.price_version === p.price_version && same(old.models, p.models) && same(old.addresses, p.addresses) && same(old.request_contracts ?? [], contracts)) return old;
     throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is that of the registration in force, with other contents: a new registration needs a later issued_at`);
   }
   const record: ProviderRecord = {
@@ -140,7 +149,7 @@ export function register(store: MarketStore, body: unknown, now: number): Provid
     registered_at: old?.registered_at ?? now,
     last_seen: now,
     last_ticket_at: old?.last_ticket_at ?? 0,
-    ...(p.request_contracts?.length ? { request_contracts: p.request_contracts } : {}),
+    ...(contracts.length ? { request_contracts: contracts } : {}),
   };
   store.putProvider(record, now); // 503 too_many_providers when the market's bounds leave no room
   return record;
@@ -187,11 +196,17 @@ export function heartbeat(store: MarketStore, body: unknown, now: number): Provi
  * models; keeping it whole would let a heartbeat hold megabytes.
  */
 function heldCapacity(record: ProviderRecord, snap: CapacitySnapshot): HeldCapacity {
-  const registered = new Set(record.models.map((m) => m.id));
+  /** Registered model → its slots; taken out once its first entry is kept. */
+  const registered = new Map(record.models.map((m) => [m.id, m.slots]));
   const models: HeldCapacity['models'] = [];
   for (const m of snap.models) {
-    // Only registered models, and of each the first entry, as freeSlots reads it.
-    if (registered.delete(m.id)) models.push({ id: m.id, free_slots: m.free_slots, queued: m.queued, queue_limit: m.queue_limit });
+    // Only registered models, and of each the first entry, as freeSlots reads it. Free slots are
+    // at most the slots registered, a queue figure at most a 32-bit count: the catalog adds them
+    // up across providers, and one provider's figure must not swamp the sum.
+    const slots = registered.get(m.id);
+    if (slots === undefined) continue;
+    registered.delete(m.id);
+    models.push({ id: m.id, free_slots: Math.min(m.free_slots, slots), queued: Math.min(m.queued, MAX_QUEUE_FIGURE), queue_limit: Math.min(m.queue_limit, MAX_QUEUE_FIGURE) });
   }
   return { at: snap.at, accepting: snap.accepting, models };
 }

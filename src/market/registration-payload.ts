@@ -39,7 +39,9 @@ const QUANT_RE = /^[a-z0-9][a-z0-9.-]*$/;
 const FIELDS = ['v', 'provider', 'peer_id', 'addresses', 'price_version', 'price_list', 'models', 'attestation_tier', 'issued_at'] as const;
 const MODEL_FIELDS = ['id', 'quantization', 'context', 'slots', 'tokens_per_second'] as const;
 /** A provider signs one contract for the models that share it (one a runtime adapter, at most). */
-export const MAX_REQUEST_CONTRACTS = 8;
+export const MAX_REQUEST_CONTRACTS = 4;
+/** The largest request contract payload (base64 characters): a node's own is ~10 KiB. */
+export const MAX_REQUEST_CONTRACT_CHARS = 64 * 1024;
 
 /** Checks every field of a registration payload; throws FieldError naming the first bad one. */
 export function validateRegistrationPayload(value: unknown): RegistrationPayload {
@@ -78,10 +80,11 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
     if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0) throw new f.FieldError(`${where}.tokens_per_second`, 'expected a non-negative number');
   });
   if (p.request_contracts !== undefined) {
-    if (!Array.isArray(p.request_contracts) || p.request_contracts.length > MAX_REQUEST_CONTRACTS) throw new f.FieldError('request_contracts', `expected at most ${MAX_REQUEST_CONTRACTS} envelopes`);
+    if (!Array.isArray(p.request_contracts) || p.request_contracts.length > MAX_REQUEST_CONTRACTS) throw new f.FieldError('request_contracts', `expected a list of at most ${MAX_REQUEST_CONTRACTS} envelopes`);
     p.request_contracts.forEach((e, i) => {
       const shaped = checkEnvelopeShape(e);
       if (!shaped.ok) throw new f.FieldError(`request_contracts[${i}]`, shaped.error.message);
+      if (shaped.value.payload.length > MAX_REQUEST_CONTRACT_CHARS) throw new f.FieldError(`request_contracts[${i}]`, `a payload of more than ${MAX_REQUEST_CONTRACT_CHARS} base64 characters`);
     });
   }
   f.oneOf(p.attestation_tier, 'attestation_tier', ATTESTATION_TIERS);

@@ -82,6 +82,11 @@ export interface Totals {
 /** Issued tickets are forgotten this long after they expire (a receipt can arrive after expiry). */
 export const TICKET_RETENTION_MS = 60 * 60_000;
 
+/** The request contract payload characters a provider's record holds. */
+function contractChars(p: ProviderRecord | undefined): number {
+  return (p?.request_contracts ?? []).reduce((n, e) => n + e.payload.length, 0);
+}
+
 /**
  * What the market keeps in memory at most (MarketOptions.limits; docs/market-api.md §Limits).
  * Registering needs only a key of one's own and tickets no credentials, so without bounds anyone
@@ -92,6 +97,8 @@ export interface MarketLimits {
   maxProviders: number;
   /** Model entries summed over the registered providers (default 10,000): bounds GET /v1/providers. */
   maxProviderModels: number;
+  /** Request contract payloads summed over the registered providers, in base64 characters (default 16 MiB): bounds GET /v1/providers. */
+  maxContractChars: number;
   /** A provider not seen (registration or accepted heartbeat) for this long is dropped to make room for a new one (default 1 h). */
   staleProviderMs: number;
   /** Tickets issued, not settled and not expired (default 10,000). Beyond it: 503 too_many_tickets. */
@@ -107,6 +114,7 @@ export interface MarketLimits {
 export const DEFAULT_MARKET_LIMITS: Readonly<MarketLimits> = Object.freeze({
   maxProviders: 1000,
   maxProviderModels: 10_000,
+  maxContractChars: 16 * 1024 * 1024,
   staleProviderMs: 60 * 60_000,
   maxOutstandingTickets: 10_000,
   maxTickets: 100_000,
@@ -133,6 +141,8 @@ export class MarketStore {
   readonly providers = new Map<string, ProviderRecord>();
   /** Model entries over every registered provider. */
   private providerModels = 0;
+  /** Request contract payload characters over every registered provider. */
+  private contractChars = 0;
   private readonly tickets = new Map<string, IssuedTicket>();
   /** Tickets not known to be settled or expired, in issue order (expired ones leave lazily). */
   private readonly unsettled = new Set<string>();
@@ -178,10 +188,11 @@ export class MarketStore {
    * next heartbeat and registers again); if it still does not fit, 503 too_many_providers.
    */
   putProvider(record: ProviderRecord, now: number): void {
-    const { maxProviders, maxProviderModels, staleProviderMs } = this.limits;
+    const { maxProviders, maxProviderModels, maxContractChars, staleProviderMs } = this.limits;
     const old = this.providers.get(record.provider);
     const models = () => this.providerModels - (old?.models.length ?? 0) + record.models.length;
-    const fits = () => (old !== undefined || this.providers.size < maxProviders) && models() <= maxProviderModels;
+    const contracts = () => this.contractChars - contractChars(old) + contractChars(record);
+    const fits = () => (old !== undefined || this.providers.size < maxProviders) && models() <= maxProviderModels && contracts() <= maxContractChars;
     if (!fits()) {
       for (const p of this.providers.values()) {
         if (p.provider !== record.provider && now - p.last_seen > staleProviderMs) this.dropProvider(p);
@@ -190,16 +201,20 @@ export class MarketStore {
     if (!fits()) {
       const why = old === undefined && this.providers.size >= maxProviders
         ? `the market already lists ${this.providers.size} providers, its limit`
-        : `this registration would bring the registered models to ${models()}, over the market's limit of ${maxProviderModels}`;
+        : models() > maxProviderModels
+          ? `this registration would bring the registered models to ${models()}, over the market's limit of ${maxProviderModels}`
+          : `this registration would bring the request contracts held to ${contracts()} characters, over the market's limit of ${maxContractChars}`;
       throw new MarketError(503, 'too_many_providers', `${why}, and none has been silent for over ${Math.round(staleProviderMs / 60_000)} min to make room: try again later`);
     }
     this.providers.set(record.provider, record);
     this.providerModels = models();
+    this.contractChars = contracts();
   }
 
   private dropProvider(p: ProviderRecord): void {
     this.providers.delete(p.provider);
     this.providerModels -= p.models.length;
+    this.contractChars -= contractChars(p);
   }
 
   /** Tickets issued, not settled, not yet expired. */

@@ -34,7 +34,8 @@ const ACCOUNTING: Record<string, AttributeSpec> = {
   safety_identifier: noEffect('string'),
 };
 
-const maxTokens = (note?: string): AttributeSpec => ({ type: 'integer', use: 'applied', minimum: 1, maximum: MAX_TOKENS, ...(note ? { note } : {}) });
+const CONTEXT_NOTE = "at most the model's context less the input (else 400 context_length_exceeded)";
+const maxTokens = (note?: string): AttributeSpec => ({ type: 'integer', use: 'applied', minimum: 1, maximum: MAX_TOKENS, note: note ? `${note}; ${CONTEXT_NOTE}` : CONTEXT_NOTE });
 
 const CHAT: EndpointContract = {
   common: ['model', 'messages', 'max_tokens', 'stream', 'stream_options'],
@@ -78,7 +79,7 @@ const RESPONSES: EndpointContract = {
   attributes: {
     instructions: { type: 'string', use: 'applied', note: 'read as a leading system message' },
     stream: { type: 'boolean', use: 'applied', default: false },
-    stream_options: noEffect('object', { note: 'only with stream: true; include_usage (the closing event always carries usage)' }),
+    stream_options: noEffect('object', { note: 'only with stream: true; include_usage, and include_obfuscation only false (the closing event always carries usage)' }),
     max_output_tokens: maxTokens(),
     top_logprobs: only('integer', [0]),
     text: { type: 'object', use: 'default_only', note: 'format {"type": "text"} and verbosity "medium" only' },
