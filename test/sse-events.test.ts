@@ -1,7 +1,7 @@
 // The SSE boundary helpers the gateway relays streams with: events are cut at blank lines (LF,
 // CRLF or CR line ends), including a blank line split between two chunks.
 import { describe, expect, test } from 'vitest';
-import { blankLineEnd, closingStart, endsWithBlankLine, eventEnds, eventsEndAcross, isTerminalEvent, lastEventAt, withService } from '../src/gateway/sse-events.ts';
+import { blankLineEnd, closingStart, ClosingScan, endsWithBlankLine, eventEnds, eventsEndAcross, HeldEvents, isTerminalEvent, lastEventAt, withService } from '../src/gateway/sse-events.ts';
 import { CompletionStream, ResponsesStream, usageOut } from '../src/serve/openai-format.ts';
 
 const b = (s: string): Uint8Array => new TextEncoder().encode(s);
@@ -152,10 +152,46 @@ describe('sse events', () => {
       expect(out.replace(',"receipt":"R"', '')).toBe(dec(finish));
     });
 
-    test('withService: a chunk without service gets one; events with no JSON are left as they are', () => {
-      expect(dec(withService(b('data: {"a":1}\r\n\r\ndata: [DONE]\r\n\r\n'), { request_id: 'x', receipt: 1 }))).toBe('data: {"a":1,"service":{"request_id":"x","receipt":1}}\n\ndata: [DONE]\r\n\r\n');
-      expect(dec(withService(b('data: [DONE]\n\n'), { request_id: 'x', receipt: 1 }))).toBe('data: [DONE]\n\n');
-      expect(dec(withService(b('data: {"a":\n\n'), { request_id: 'x', receipt: 1 }))).toBe('data: {"a":\n\n');
+    test('withService: only in the node\'s own form; anything else is relayed as it came (the byte claim never breaks)', () => {
+      const svc = { request_id: 'x', receipt: 1 };
+      const node = 'data: {"a":1,"service":{"request_id":"x"}}\n\ndata: [DONE]\n\n';
+      expect(dec(withService(b(node), svc))).toBe('data: {"a":1,"service":{"request_id":"x","receipt":1}}\n\ndata: [DONE]\n\n');
+      for (const other of [
+        'data: {"a":1}\n\ndata: [DONE]\n\n', // no service (an earlier node's chunk)
+        'data: {"a":1,"service":{"request_id":"x"}}\r\n\r\ndata: [DONE]\r\n\r\n', // CRLF
+        'data:{"a":1,"service":{"request_id":"x"}}\n\ndata: [DONE]\n\n', // no space after the colon
+        'data: {"a": 1, "service": {"request_id": "x"}}\n\ndata: [DONE]\n\n', // spaced JSON
+        'data: {"service":{"request_id":"x"},"a":1}\n\ndata: [DONE]\n\n', // service not last
+        'data: {"a":1,"service":{"request_id":"y"}}\n\ndata: [DONE]\n\n', // another request
+        'data: {"a":1,"service":{"request_id":"x","receipt":0}}\n\ndata: [DONE]\n\n', // a receipt already
+        'data: [DONE]\n\n',
+        'data: {"a":\n\n',
+      ]) expect(dec(withService(b(other), svc)), other).toBe(other);
+    });
+
+    test('closingStart looks at a bounded number of marked events a stream: a provider sending nothing but markers is relayed, not read', () => {
+      const scan = new ClosingScan();
+      const noise = b('data: [DONE]x\n\n'.repeat(5000));
+      expect(closingStart(noise, scan)).toBe(noise.length);
+      expect(scan.left).toBeLessThanOrEqual(0);
+      // Once spent, even a real closing batch is relayed as it comes.
+      expect(closingStart(b('data: [DONE]\n\n'), scan)).toBe(14);
+      // An honest stream's token text naming the markers spends a little of it.
+      const fresh = new ClosingScan();
+      const { deltas } = chunks(true, false);
+      expect(closingStart(deltas, fresh)).toBe(deltas.length);
+      expect(fresh.left).toBe(4095);
+    });
+
+    test('HeldEvents: parts kept as they come, joined once', () => {
+      const h = new HeldEvents();
+      expect([h.empty, h.take()]).toEqual([true, undefined]);
+      h.add(b('ab'));
+      h.add(b(''));
+      h.add(b('c'));
+      expect([h.empty, h.bytes]).toEqual([false, 3]);
+      expect(dec(h.take()!)).toBe('abc');
+      expect([h.empty, h.bytes]).toEqual([true, 0]);
     });
   });
 });

@@ -18,7 +18,7 @@ import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
 import type { RequestRecords } from './records.ts';
 import { isObj } from './request-body.ts';
 import type { Settlements, VerifiedReceipt } from './settlement.ts';
-import { closingStart, endsWithBlankLine, eventsEndAcross, isTerminalEvent, lastEventAt, MAX_HELD_EVENT, withService } from './sse-events.ts';
+import { closingStart, ClosingScan, endsWithBlankLine, eventsEndAcross, HeldEvents, isTerminalEvent, lastEventAt, MAX_HELD_EVENT, withService } from './sse-events.ts';
 import type { Paid } from './tickets.ts';
 
 
@@ -129,8 +129,8 @@ export class Relay {
   private async relayStreamFrames(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch, finished: () => void): Promise<unknown> {
     /** Relays what is pending (after anything held), unheld: an event too large to hold, or the stream's unterminated end. */
     const flushPending = async (): Promise<void> => {
-      if (held) await write(held);
-      held = undefined;
+      const h = held.take();
+      if (h) await write(h);
       const chunks = pending;
       pending = [];
       pendingBytes = 0;
@@ -160,7 +160,8 @@ export class Relay {
     // Events are relayed whole: bytes after a frame's last blank line wait for the frame that ends
     // their event, so a closing event split across frames is still recognised and held. An event
     // larger than MAX_HELD_EVENT is relayed as it comes instead (never held, never buffered whole).
-    let held: Uint8Array | undefined;
+    const held = new HeldEvents();
+    const scan = new ClosingScan();
     let pending: Uint8Array[] = [];
     let pendingBytes = 0;
     /** The last bytes written end inside an event (no blank line after them). */
@@ -188,14 +189,11 @@ export class Relay {
      * more would take it past MAX_HELD_EVENT.
      */
     const take = async (events: Uint8Array): Promise<void> => {
-      if (held && held.length + events.length > MAX_HELD_EVENT) {
-        await write(held);
-        held = undefined;
-      }
-      const from = held ? 0 : closingStart(events);
+      if (!held.empty && held.bytes + events.length > MAX_HELD_EVENT) await write(held.take()!);
+      const from = held.empty ? closingStart(events, scan) : 0;
       if (from === events.length) return write(events);
       if (from > 0) await write(events.subarray(0, from));
-      held = held ? concatBytes(held, events.subarray(from)) : events.subarray(from);
+      held.add(events.subarray(from));
       if (isTerminalEvent(events.subarray(lastEventAt(events)))) finished();
     };
     try {
@@ -244,7 +242,8 @@ export class Relay {
         const why = isObj(trailer?.error) && typeof trailer.error.message === 'string' ? `: ${trailer.error.message.slice(0, 200)}` : '';
         endWithError('provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
       } else {
-        if (held) await write(withService(held, { request_id: checked.payload.request_id, receipt: checked.envelope }));
+        const h = held.take();
+        if (h) await write(withService(h, { request_id: checked.payload.request_id, receipt: checked.envelope }));
         endStream(raw);
       }
       // The stream has ended: the market is told after, never in the buyer's way.

@@ -88,10 +88,10 @@ export function isTerminalEvent(event: Uint8Array): boolean {
   return data.join('\n') === '[DONE]';
 }
 
-// Markers a batch of events must contain before it is searched for a closing event: a finish
-// chunk (a finish_reason that is a string: in JSON text a quote inside a string is escaped, so
-// generated text cannot produce this), a usage chunk, [DONE], or the responses protocol's end.
-const CLOSING_MARKERS = ['"finish_reason":"', '"finish_reason": "', '"usage"', '[DONE]', 'response.completed', 'response.incomplete', 'response.failed'];
+// Markers an event must contain to be looked at as a closing one: a finish chunk (a finish_reason
+// that is a string: in JSON text a quote inside a string is escaped, so generated text cannot
+// produce this), a usage chunk, [DONE], or the responses protocol's end.
+const CLOSING_MARKERS = ['"finish_reason":"', '"choices":[]', '[DONE]', 'response.completed', 'response.incomplete', 'response.failed'];
 const UTF8 = new TextDecoder();
 
 /** Where each event ends (just after its blank line), in order; an unterminated last event ends at the end. */
@@ -113,87 +113,131 @@ export function eventEnds(events: Uint8Array): number[] {
   return ends;
 }
 
-/** The event's data lines joined, as SSE defines it; undefined for an event without data. */
-function eventData(event: Uint8Array): { data: string; other: string[] } | undefined {
-  const data: string[] = [];
-  const other: string[] = [];
-  for (const line of UTF8.decode(event).split(/\r\n|\r|\n/)) {
-    if (line.length === 0) continue;
-    if (line.startsWith('data')) {
-      const colon = line.indexOf(':');
-      if (colon === 4) {
-        data.push(line.slice(line[5] === ' ' ? 6 : 5));
-        continue;
-      }
-      if (colon < 0 && line.length === 4) {
-        data.push('');
-        continue;
-      }
-    }
-    other.push(line);
-  }
-  return data.length ? { data: data.join('\n'), other } : undefined;
+/**
+ * How many events of one stream may still be looked at as closing ones. Each costs a few
+ * microseconds; an honest stream has a handful (its closing ones, and tokens whose text holds
+ * "[DONE]"), and a provider sending nothing but markers must not make the gateway read them all.
+ */
+export class ClosingScan {
+  left = 4096;
 }
 
-function eventJson(event: Uint8Array): { value: Record<string, unknown>; other: string[] } | undefined {
-  const d = eventData(event);
-  if (!d) return undefined;
-  try {
-    const value = JSON.parse(d.data) as unknown;
-    return value !== null && typeof value === 'object' && !Array.isArray(value) ? { value: value as Record<string, unknown>, other: d.other } : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** A chat or completions chunk that closes its stream: one with a finish_reason, or the usage chunk. */
-function isClosingChunk(event: Uint8Array): boolean {
-  const v = eventJson(event)?.value;
-  const choices = v?.choices;
-  if (!Array.isArray(choices)) return false;
-  if (choices.length === 0) return v!.usage !== null && typeof v!.usage === 'object';
-  return choices.some((c: unknown) => c !== null && typeof c === 'object' && typeof (c as { finish_reason?: unknown }).finish_reason === 'string');
+/** The node's closing chunks, by their bytes (no JSON is parsed): a finish chunk, or the usage chunk. */
+function isClosingChunk(event: Buffer): boolean {
+  return event.includes('"finish_reason":"') || (event.includes('"choices":[]') && event.includes('"usage":{'));
 }
 
 /**
  * Where the closing part of a batch of whole events starts: its first finish chunk, usage chunk,
- * [DONE] or closing responses event; `events.length` when it has none. The closing part is held
- * until the receipt verifies, so that the receipt can join it (withService). Tokens never wait:
- * nothing but the closing chunks follows a finish chunk.
+ * [DONE] or closing responses event; `events.length` when it has none, or when `scan` has looked
+ * at all it may. The closing part is held until the receipt verifies, so that the receipt can join
+ * it (withService). Tokens never wait: nothing but the closing chunks follows a finish chunk.
+ * Linear in the batch: each marker is searched for once from where the last was found.
  */
-export function closingStart(events: Uint8Array): number {
+export function closingStart(events: Uint8Array, scan: ClosingScan = new ClosingScan()): number {
+  if (scan.left <= 0) return events.length;
   const b = Buffer.from(events.buffer, events.byteOffset, events.byteLength);
-  if (!CLOSING_MARKERS.some((m) => b.includes(m))) return events.length;
+  const next = CLOSING_MARKERS.map((m) => b.indexOf(m));
+  if (next.every((at) => at < 0)) return events.length;
   let start = 0;
   for (const end of eventEnds(events)) {
-    const ev = events.subarray(start, end);
-    if (isTerminalEvent(ev) || isClosingChunk(ev)) return start;
+    let marked = false;
+    for (let k = 0; k < next.length; k++) {
+      if (next[k]! >= 0 && next[k]! < start) next[k] = b.indexOf(CLOSING_MARKERS[k]!, start);
+      if (next[k]! >= start && next[k]! < end) marked = true;
+    }
+    if (marked) {
+      if (--scan.left < 0) return events.length;
+      const ev = b.subarray(start, end);
+      if (isClosingChunk(ev) || isTerminalEvent(ev)) return start;
+    }
     start = end;
   }
   return events.length;
 }
 
+/** Events held back, kept as the parts they came in: joined once, when they are relayed. */
+export class HeldEvents {
+  private parts: Uint8Array[] = [];
+  bytes = 0;
+
+  get empty(): boolean {
+    return this.parts.length === 0;
+  }
+
+  add(events: Uint8Array): void {
+    if (!events.length) return;
+    this.parts.push(events);
+    this.bytes += events.length;
+  }
+
+  /** Everything held, joined, and the hold emptied; undefined when nothing is held. */
+  take(): Uint8Array | undefined {
+    const parts = this.parts;
+    this.parts = [];
+    this.bytes = 0;
+    return parts.length === 0 ? undefined : parts.length === 1 ? parts[0] : concatBytes(...parts);
+  }
+}
+
+/** The event's data lines joined, as SSE defines it, and its other lines; undefined for an event without data. */
+function eventData(event: Uint8Array): { data: string; other: string[] } | undefined {
+  const data: string[] = [];
+  const other: string[] = [];
+  for (const line of UTF8.decode(event).split(/\r\n|\r|\n/)) {
+    if (line.length === 0) continue;
+    if (line === 'data' || line.startsWith('data:')) data.push(line.slice(line[5] === ' ' ? 6 : 5));
+    else other.push(line);
+  }
+  return data.length ? { data: data.join('\n'), other } : undefined;
+}
+
+const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+
 /**
- * The held closing events with `service` joined to their last JSON event: for chat and
- * completions the last chunk before [DONE], for responses the closing event's `response`. The
- * fields are added as the last members of the `service` object there (the node's closing chunks
- * end with `service: {request_id}`), so removing `,"receipt":…` gives back the node's bytes, which
- * the receipt's response_sha256 covers. Events that cannot take it are returned as they are.
+ * The held closing events with the receipt added to the node's `service` in the last of them: for
+ * chat and completions the last chunk before [DONE], for responses the closing event's
+ * `response.service`. Only in the node's own form: the event exactly `data: <compact JSON>` (after
+ * an `event:` line for responses) and a blank line, its `service` the last member on a path of
+ * last members and naming the request; the receipt is then inserted as its last member, so that
+ * taking `,"receipt":…` out gives back the node's bytes, which the receipt's response_sha256
+ * covers. Anything else (another provider's format, one whose chunks carry no `service`) is
+ * relayed as it came, the receipt left to GET /v1/requests/{id}.
  */
 export function withService(held: Uint8Array, service: { request_id: string; receipt: unknown }): Uint8Array {
-  let start = 0;
-  let last: { start: number; end: number; json: NonNullable<ReturnType<typeof eventJson>> } | undefined;
-  for (const end of eventEnds(held)) {
-    const json = eventJson(held.subarray(start, end));
-    if (json) last = { start, end, json };
-    start = end;
+  const ends = eventEnds(held);
+  for (let e = ends.length - 1; e >= 0; e--) {
+    const start = e > 0 ? ends[e - 1]! : 0;
+    const event = held.subarray(start, ends[e]!);
+    const d = eventData(event);
+    if (!d || d.data === '[DONE]') continue;
+    const inserted = insertReceipt(event, d, service);
+    return inserted ? concatBytes(held.subarray(0, start), inserted, held.subarray(ends[e]!)) : held;
   }
-  if (!last) return held;
-  const { value, other } = last.json;
-  const response = value.response;
-  const target = typeof value.type === 'string' && value.type.startsWith('response.') && response !== null && typeof response === 'object' && !Array.isArray(response) ? (response as Record<string, unknown>) : value;
-  const own = target.service;
-  target.service = { ...(own !== null && typeof own === 'object' && !Array.isArray(own) ? own : {}), request_id: service.request_id, receipt: service.receipt };
-  const event = Buffer.from(`${other.map((l) => `${l}\n`).join('')}data: ${JSON.stringify(value)}\n\n`);
-  return concatBytes(held.subarray(0, last.start), event, held.subarray(last.end));
+  return held;
+}
+
+/** The event with the receipt inserted (withService), or undefined when it is not in the node's form. */
+function insertReceipt(event: Uint8Array, d: { data: string; other: string[] }, service: { request_id: string; receipt: unknown }): Uint8Array | undefined {
+  let value: unknown;
+  try {
+    value = JSON.parse(d.data);
+  } catch {
+    return undefined;
+  }
+  if (!isObject(value)) return undefined;
+  const data = JSON.stringify(value);
+  const head = d.other.map((l) => `${l}\n`).join('');
+  if (!Buffer.from(`${head}data: ${data}\n\n`).equals(event)) return undefined;
+  const path = typeof value.type === 'string' && value.type.startsWith('response.') ? ['response', 'service'] : ['service'];
+  let at: Record<string, unknown> = value;
+  for (const k of path) {
+    const inner = at[k];
+    if (Object.keys(at).at(-1) !== k || !isObject(inner)) return undefined;
+    at = inner;
+  }
+  if (at.request_id !== service.request_id || Object.hasOwn(at, 'receipt')) return undefined;
+  // The data ends with the closing braces of `service` and of each object around it.
+  const cut = data.length - (path.length + 1);
+  return Buffer.from(`${head}data: ${data.slice(0, cut)},"receipt":${JSON.stringify(service.receipt)}${data.slice(cut)}\n\n`);
 }
