@@ -71,7 +71,13 @@ function attribute(v: unknown, field: string): AttributeSpec {
   f.keys(s, field, ['type', 'use'], SPEC_FIELDS);
   const types = Array.isArray(s.type) ? s.type : [s.type];
   if (types.length === 0 || types.length > TYPES.length) throw new f.FieldError(f.join(field, 'type'), `expected one or more of ${TYPES.join(', ')}`);
-  types.forEach((t, i) => f.oneOf(t, Array.isArray(s.type) ? `${field}.type[${i}]` : `${field}.type`, TYPES));
+  types.forEach((t, i) => {
+    const where = Array.isArray(s.type) ? `${field}.type[${i}]` : `${field}.type`;
+    f.oneOf(t, where, TYPES);
+    if (types.indexOf(t) !== i) throw new f.FieldError(where, `"${t}" is listed twice`);
+  });
+  const numeric = types.includes('number') || types.includes('integer');
+  for (const k of ['minimum', 'maximum', 'exclusive_minimum'] as const) if (s[k] !== undefined && !numeric) throw new f.FieldError(f.join(field, k), 'only for a number or an integer');
   f.oneOf(s.use, f.join(field, 'use'), USES);
   for (const k of ['minimum', 'maximum', 'exclusive_minimum'] as const) if (s[k] !== undefined) finite(s[k], f.join(field, k));
   if (s.minimum !== undefined && s.maximum !== undefined && (s.minimum as number) > (s.maximum as number)) throw new f.FieldError(f.join(field, 'minimum'), 'is above maximum');
@@ -80,16 +86,30 @@ function attribute(v: unknown, field: string): AttributeSpec {
     f.uint(s.max_items, f.join(field, 'max_items'));
     if (!types.includes('array')) throw new f.FieldError(f.join(field, 'max_items'), 'only for an array');
   }
+  /** Why a value the attribute names (an enum value, its default) is not one it takes, or undefined. */
+  const unfit = (v: unknown): string | undefined => {
+    if (v === null) return undefined;
+    if (!types.some((t) => ofType(v, t as AttributeType))) return `is not of the attribute's type (${types.join(' or ')})`;
+    if (typeof v === 'number') {
+      if (typeof s.minimum === 'number' && v < s.minimum) return 'is below minimum';
+      if (typeof s.maximum === 'number' && v > s.maximum) return 'is above maximum';
+      if (typeof s.exclusive_minimum === 'number' && v <= s.exclusive_minimum) return 'is not above exclusive_minimum';
+    }
+    if (Array.isArray(v) && typeof s.max_items === 'number' && v.length > s.max_items) return 'has more than max_items items';
+    return undefined;
+  };
   if (s.enum !== undefined) {
     if (!Array.isArray(s.enum) || s.enum.length === 0 || s.enum.length > 16) throw new f.FieldError(f.join(field, 'enum'), 'expected 1 to 16 values');
     s.enum.forEach((e, i) => {
       small(e, `${field}.enum[${i}]`);
-      if (e !== null && !types.some((t) => ofType(e, t as AttributeType))) throw new f.FieldError(`${field}.enum[${i}]`, `is not of the attribute's type (${types.join(' or ')})`);
+      const why = unfit(e);
+      if (why) throw new f.FieldError(`${field}.enum[${i}]`, why);
     });
   }
   if (s.default !== undefined) {
     small(s.default, f.join(field, 'default'));
-    if (Array.isArray(s.enum) && !s.enum.some((e) => canonicalize(e) === canonicalize(s.default))) throw new f.FieldError(f.join(field, 'default'), 'is not one of the values in enum');
+    const why = Array.isArray(s.enum) && !s.enum.some((e) => canonicalize(e) === canonicalize(s.default)) ? 'is not one of the values in enum' : unfit(s.default);
+    if (why) throw new f.FieldError(f.join(field, 'default'), why);
   }
   if (s.use === 'default_only' && s.enum === undefined && s.note === undefined) throw new f.FieldError(f.join(field, 'enum'), 'a default_only attribute names the values it takes (enum, or a note)');
   if (s.note !== undefined) f.string(s.note, f.join(field, 'note'), 300);

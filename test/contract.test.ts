@@ -125,7 +125,8 @@ describe('request contracts', () => {
     expect(field('chat/completions', withCall({ ...call, function: { ...call.function, strict: true } }))).toBe('messages[1].tool_calls[0].function.strict');
     // An earlier answer's output_text part sent back with its empty annotations and log probabilities is taken; filled ones are not.
     const back = (part: object) => ({ model: 'm', input: [{ role: 'assistant', content: [{ type: 'output_text', text: 'a', ...part }] }] });
-    expect(field('responses', back({ annotations: [], logprobs: [] }))).toBe('ok');
+    expect(field('responses', back({ annotations: [], logprobs: [], parsed: null }))).toBe('ok');
+    expect(field('responses', back({ parsed: { a: 1 } }))).toBe('input[0].content[0].parsed');
     expect(field('responses', back({ annotations: [{ type: 'url_citation' }] }))).toBe('input[0].content[0].annotations');
     expect(field('chat/completions', chat({ response_format: { type: 'text' } }))).toBe('ok');
   });

@@ -220,6 +220,15 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(next.usage!.prompt_tokens).toBeGreaterThan(0);
   });
 
+  test('a responses conversation through the official client\'s stream helper: finalResponse()\'s output, sent back as input, is taken', async () => {
+    const first = client.responses.stream({ model: MODEL, input: 'hello world', max_output_tokens: 8 });
+    const answer = await first.finalResponse(); // (the client adds parsed: null to each output_text part)
+    expect(answer.output[0]).toMatchObject({ type: 'message', content: [{ type: 'output_text', parsed: null }] });
+    const next = await client.responses.create({ model: MODEL, input: [{ role: 'user', content: 'hello world' }, ...(answer.output as never[]), { role: 'user', content: 'and then?' }], max_output_tokens: 8 });
+    expect(next.status).toMatch(/^(completed|incomplete)$/);
+    expect(next.usage!.input_tokens).toBeGreaterThan(0);
+  });
+
   test('legacy completion: body, usage.cost as the arithmetic, a verified receipt', async () => {
     const prompt = 'the quick brown fox';
     const res = (await client.completions.create({ model: MODEL, prompt, max_tokens: 10, seed: 6 })) as OpenAI.Completion & { usage: { cost: string }; service: { request_id: string; receipt: unknown } };

@@ -164,5 +164,12 @@ describe('signed request contracts', () => {
     expect(bad((q) => (q.endpoints.completions.attributes.n.default = 2))).toBe('endpoints.completions.attributes.n.default');
     expect(bad((q) => (q.endpoints.completions.attributes.suffix.enum = ['x'.repeat(300)]))).toBe('endpoints.completions.attributes.suffix.enum[0]');
     expect(bad((q) => (q.endpoints.completions.attributes.seed.default = { a: { b: { c: { d: { e: { f: { g: { h: { i: 1 } } } } } } } } }))).toBe(`${seed}.default`);
+    expect(bad((q) => (q.endpoints.completions.attributes.user.type = ['string', 'string']))).toBe('endpoints.completions.attributes.user.type[1]');
+    expect(bad((q) => (q.endpoints.completions.attributes.seed.default = 'zero'))).toBe(`${seed}.default`);
+    expect(bad((q) => (q.endpoints.completions.attributes.seed.default = -1))).toBe(`${seed}.default`);
+    expect(bad((q) => (q.endpoints.completions.attributes.temperature.default = 3))).toBe('endpoints.completions.attributes.temperature.default');
+    expect(bad((q) => (q.endpoints.completions.attributes.n.minimum = 2))).toBe('endpoints.completions.attributes.n.enum[0]');
+    expect(bad((q) => (q.endpoints.completions.attributes.user.minimum = 1))).toBe('endpoints.completions.attributes.user.minimum');
+    expect(bad((q) => (q.endpoints.completions.attributes.stop.default = ['a', 'b', 'c', 'd', 'e']))).toBe('endpoints.completions.attributes.stop.default');
   });
 });

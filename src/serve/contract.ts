@@ -95,8 +95,9 @@ function content(v: unknown, field: string): string {
         const part = object(p, `${field}[${i}]`);
         const textual = part.type === 'text' || part.type === 'input_text' || part.type === 'output_text';
         if (!textual || typeof part.text !== 'string') throw new ContractError(`${field}[${i}]`, 'only text parts are supported by this model');
-        // (An earlier answer's part sent back carries its annotations and log probabilities: taken empty.)
-        onlyKeys(part, `${field}[${i}]`, ['type', 'text'], ['annotations', 'logprobs']);
+        // (An earlier answer's part sent back carries its annotations and log probabilities, and the
+        // openai client's helpers add `parsed`: taken empty.)
+        onlyKeys(part, `${field}[${i}]`, ['type', 'text'], ['annotations', 'logprobs', 'parsed']);
         return part.text;
       })
       .join('');
