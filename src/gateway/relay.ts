@@ -1,9 +1,9 @@
 // Relaying a provider's answer to the buyer. A JSON body is collected, checked against its
 // receipt and sent with `service.receipt`. A stream is relayed event by event as it arrives, its
 // closing events (finish and usage chunks, [DONE]; the responses protocol's last event) held
-// until the trailer's receipt verifies, then sent with the receipt in their `service`. The buyer leaving cancels the request
-// at the node; a provider that breaks off ends the stream with an error event. Every receipt is
-// settled in the background (Settlements).
+// until the trailer's receipt verifies, then sent with the receipt in their `service`. The buyer
+// leaving cancels the request at the node; a provider that breaks off ends the stream with an
+// error event. Every receipt is settled in the background (Settlements).
 import crypto from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import type { FastifyReply } from 'fastify';
