@@ -125,6 +125,21 @@ describe('the market\'s file', () => {
   });
 
 
+  test('pruning its file failing is logged; the ticket is issued all the same', async () => {
+    const lines: { msg: string; err?: string }[] = [];
+    const { m, base } = await openMarket(lines);
+    try {
+      (m.store as unknown as { db: { prune(): void } }).db.prune = () => {
+        throw new Error('disk I/O error');
+      };
+      const t = await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) });
+      expect(t.status).toBe(200);
+      expect(lines.filter((l) => l.msg.startsWith('market: pruning old tickets and receipts from its file failed'))).toEqual([expect.objectContaining({ err: 'disk I/O error' })]);
+    } finally {
+      await m.close().catch(() => {});
+    }
+  });
+
   test('its file deleted while it runs: every write is refused (503 market_storage_failed, saying so) rather than booked into a file the next start will not have', async () => {
     const lines: { msg: string; reason?: string }[] = [];
     const { m, base } = await openMarket(lines);

@@ -92,6 +92,7 @@ export function createMarket(opts: MarketOptions): Market {
     clientErrorHandler: clientErrorHandler('invalid_request', () => app.log),
   });
   answerBareRefusals(app, 'invalid_request');
+  store.onPruneError = (e) => app.log.warn({ err: e.message.slice(0, 300) }, 'market: pruning old tickets and receipts from its file failed; they stay until a later prune');
   registerRoutes(app, { store, signer: { seed: opts.seed, keyid: publicKey }, publicKey, now, heartbeatIntervalMs });
 
   return {

@@ -143,6 +143,8 @@ export class MarketStore {
   private providerModels = 0;
   /** Request contract payload characters over every registered provider. */
   private contractChars = 0;
+  /** Told when pruning the market's file fails (the ticket was issued; old rows stay until a later prune). */
+  onPruneError: ((e: Error) => void) | undefined;
   private readonly tickets = new Map<string, IssuedTicket>();
   /** Tickets not known to be settled or expired, in issue order (expired ones leave lazily). */
   private readonly unsettled = new Set<string>();
@@ -242,10 +244,12 @@ export class MarketStore {
         if (old.expires_at + TICKET_RETENTION_MS >= now) break;
         this.tickets.delete(id);
       }
-      // (Best effort: rows left behind are pruned at the next start.)
+      // (Best effort: rows left behind are pruned at the next start. A failure is told, at most once a minute.)
       try {
         this.db?.prune(now - TICKET_RETENTION_MS, this.limits.maxReceipts);
-      } catch {}
+      } catch (e) {
+        this.onPruneError?.(e as Error);
+      }
     }
     if (this.tickets.size > this.limits.maxTickets) {
       // Forget the oldest ticket that is settled or expired: a receipt for it is then
