@@ -64,9 +64,13 @@ describe('registration', () => {
     const p = provider();
     const contract = contractOf(p);
     expect((await post('/v1/providers/register', registration(p, { request_contracts: [contract] }))).status).toBe(200);
-    const listed = () => ((get('/v1/providers') as Promise<{ body: any[] }>).then((r) => r.body.find((x) => x.provider === p.key.id)));
+    const listed = () => ((get('/v1/providers?request_contracts=true') as Promise<{ body: any[] }>).then((r) => r.body.find((x) => x.provider === p.key.id)));
     const before = await listed();
     expect(before.request_contracts).toEqual([contract]);
+    // Only when asked for: the listing routing reads for every request stays small.
+    expect(((await get('/v1/providers')).body as any[]).find((x) => x.provider === p.key.id).request_contracts).toBeUndefined();
+    expect(((await get('/v1/providers?request_contracts=false')).body as any[]).find((x) => x.provider === p.key.id).request_contracts).toBeUndefined();
+    expect(await get('/v1/providers?request_contracts=yes')).toMatchObject({ status: 400, body: { error: { code: 'invalid_request', message: 'request_contracts: expected true or false' } } });
     expect(verifyRequestContract(before.request_contracts[0], { provider: p.key.id }).ok).toBe(true);
     expect(before.capacity).toBeUndefined();
     expect((await post('/v1/providers/heartbeat', heartbeatOf(p, { free_slots: 0 }))).status).toBe(200);
@@ -75,7 +79,7 @@ describe('registration', () => {
     const r = provider();
     const sent = { ...contractOf(r), endorsed_by: 'somebody', signatures: [...contractOf(r).signatures, { keyid: 'note', sig: Buffer.from('audited').toString('base64') }] };
     expect((await post('/v1/providers/register', registration(r, { request_contracts: [sent] }))).status).toBe(200);
-    expect(((await get('/v1/providers')).body as any[]).find((x) => x.provider === r.key.id).request_contracts).toEqual([contractOf(r)]);
+    expect(((await get('/v1/providers?request_contracts=true')).body as any[]).find((x) => x.provider === r.key.id).request_contracts).toEqual([contractOf(r)]);
     // A heartbeat's free slots are at most the slots registered; its queue figures at most 2^32 − 1.
     const big = signCapacity({ seed: r.key.seed, providerId: r.key.id }, { price_version: r.prices.payload.version, attestation_tier: 'T1', accepting: true, models: [{ id: 'tiny/llama', context: 512, quantization: 'f32', tokens_per_second: 1, slots: 1, free_slots: 2 ** 53 - 1, queued: 2 ** 53 - 1, queue_limit: 2 ** 40 }] });
     expect((await post('/v1/providers/heartbeat', big)).status).toBe(200);
@@ -83,7 +87,7 @@ describe('registration', () => {
     // A registration without contracts lists none.
     const q = provider();
     await post('/v1/providers/register', registration(q));
-    expect(((await get('/v1/providers')).body as any[]).find((x) => x.provider === q.key.id).request_contracts).toBeUndefined();
+    expect(((await get('/v1/providers?request_contracts=true')).body as any[]).find((x) => x.provider === q.key.id).request_contracts).toBeUndefined();
   });
 
   test('a signature by another key is 401 signature_invalid', async () => {

@@ -12,14 +12,14 @@ const NOT_KEPT = ['stats', 'activity', 'availability', 'pricing-history'] as con
 export function registerCatalogRoutes(app: FastifyInstance, d: { market: MarketClient }): void {
   async function oneModel(id: unknown, reply: FastifyReply): Promise<unknown> {
     if (typeof id !== 'string' || id.length === 0) throw invalid('id', 'expected a model id');
-    const m = catalogEntry(await d.market.providers(), id);
+    const m = catalogEntry(await d.market.providers({ requestContracts: true }), id);
     if (!m) throw new GatewayError(404, 'model_not_found', `unknown model "${id.slice(0, 256)}"`);
     return reply.type(JSON_TYPE).send(m);
   }
 
   app.get('/v1/models', async (req, reply) => {
     const q = parseCatalogQuery(req.query as Record<string, unknown>); // (400 before the market is asked)
-    return reply.type(JSON_TYPE).send({ object: 'list', ...catalogPage(await d.market.providers(), q) });
+    return reply.type(JSON_TYPE).send({ object: 'list', ...catalogPage(await d.market.providers({ requestContracts: true }), q) });
   });
   app.get('/v1/models/by-id', async (req, reply) => oneModel((req.query as Record<string, unknown>).id, reply));
   for (const what of NOT_KEPT) {

@@ -222,9 +222,9 @@ export class MarketClient {
     return this.key;
   }
 
-  /** GET /v1/providers. */
-  async providers(): Promise<ProviderEntry[]> {
-    const v = await this.call('GET', '/v1/providers');
+  /** GET /v1/providers; with `requestContracts`, the providers' signed request contracts too (the catalog's). */
+  async providers(opts: { requestContracts?: boolean } = {}): Promise<ProviderEntry[]> {
+    const v = await this.call('GET', opts.requestContracts ? '/v1/providers?request_contracts=true' : '/v1/providers');
     const list = Array.isArray(v) ? v : isObj(v) && Array.isArray(v.providers) ? v.providers : isObj(v) && Array.isArray(v.data) ? v.data : undefined;
     if (!list) throw bad('provider list');
     return list.map(readProvider).filter((p): p is ProviderEntry => p !== undefined);

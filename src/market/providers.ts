@@ -215,8 +215,8 @@ export function isLive(p: ProviderRecord, now: number, heartbeatIntervalMs: numb
   return now - p.last_seen <= LIVE_INTERVALS * heartbeatIntervalMs;
 }
 
-/** The public view of a provider (GET /v1/providers). */
-export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs: number) {
+/** The public view of a provider (GET /v1/providers); its request contracts only with `contracts`. */
+export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs: number, contracts = false) {
   return {
     provider: p.provider,
     peer_id: p.peer_id,
@@ -232,6 +232,6 @@ export function providerView(p: ProviderRecord, now: number, heartbeatIntervalMs
     accepting: p.capacity?.accepting ?? true,
     // The latest heartbeat's figures (none before the first).
     ...(p.capacity ? { capacity: { at: p.capacity.at, models: p.capacity.models } } : {}),
-    ...(p.request_contracts ? { request_contracts: p.request_contracts } : {}),
+    ...(contracts && p.request_contracts ? { request_contracts: p.request_contracts } : {}),
   };
 }

@@ -123,9 +123,14 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
     return { ok: true };
   });
 
-  app.get('/v1/providers', async () => {
+  // The request contracts (~10 KiB a provider) only when asked for: routing reads the listing for
+  // every request, the catalog alone reads contracts.
+  app.get('/v1/providers', async (req) => {
     const now = ctx.now();
-    return [...store.providers.values()].map((p) => providerView(p, now, ctx.heartbeatIntervalMs));
+    const q = req.query as Record<string, unknown>;
+    if (q.request_contracts !== undefined && q.request_contracts !== 'true' && q.request_contracts !== 'false') throw new MarketError(400, 'invalid_request', 'request_contracts: expected true or false');
+    const contracts = q.request_contracts === 'true';
+    return [...store.providers.values()].map((p) => providerView(p, now, ctx.heartbeatIntervalMs, contracts));
   });
 
   app.post('/v1/tickets', { schema: { body: ticketRequestSchema }, config: { invalidCode: 'invalid_request' } }, async (req) => {
