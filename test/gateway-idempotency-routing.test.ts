@@ -54,6 +54,25 @@ describe('retries under an Idempotency-Key with two providers', () => {
     expect(after.receipts - before.receipts).toBe(4); // the four first requests only
   });
 
+  test('a stream\'s retry names the first request in its header as in its body, and is billed nothing more', async () => {
+    const key = `stream-${crypto.randomUUID()}`;
+    const body = { messages: [{ role: 'user', content: 'hello' }], stream: true, stream_options: { include_usage: true } };
+    const closing = (text: string) => JSON.parse(text.split('\n\n').filter((e) => e.startsWith('data: {')).at(-1)!.slice(6)) as { service: { request_id: string; receipt: unknown } };
+    const first = await post('chat/completions', body, { 'idempotency-key': key });
+    const id = first.headers.get('x-request-id')!;
+    const firstText = await first.text();
+    await gw.idle();
+    const before = await marketTotals(fx.url);
+    const retry = await post('chat/completions', body, { 'idempotency-key': key });
+    expect(retry.status).toBe(200);
+    const text = await retry.text();
+    expect(retry.headers.get('x-request-id')).toBe(id);
+    expect(closing(text).service).toEqual(closing(firstText).service);
+    expect(closing(text).service.request_id).toBe(id);
+    await gw.idle();
+    expect(await marketTotals(fx.url)).toEqual(before);
+  });
+
   test('the provider that answered has gone: the retry is 503 idempotency_provider_unavailable, and runs and is billed nowhere else', async () => {
     // A request answered by `a` (preferred), then `a` crashes (still listed live: the market has not noticed).
     const key = `gone-${crypto.randomUUID()}`;

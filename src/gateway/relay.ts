@@ -62,6 +62,20 @@ export class Relay {
     return { ok: false, ...(await this.d.settlements.failBadReceipt(p.requestId, p, checked)) };
   }
 
+  /**
+   * The request a stream's header names: this request, or on an Idempotency-Key retry answered
+   * from the node's record, the first request, which the node's HEAD names (the body's chunks,
+   * `service` and receipt name it too). Its headers leave before the receipt: the node's word is
+   * taken only for a request this gateway sent that same provider.
+   */
+  private async streamRequestId(p: Paid, res: P2pResponse): Promise<string> {
+    if (!p.idempotent) return p.requestId;
+    const head = await res.head;
+    const said = isObj(head.headers) ? head.headers['x-request-id'] : undefined;
+    if (typeof said !== 'string' || said === p.requestId || said.length > 256) return p.requestId;
+    return this.d.records.get(said)?.provider === p.provider ? said : p.requestId;
+  }
+
   async relayBody(p: Paid, res: P2pResponse, reply: FastifyReply, gone: AbortSignal, idle: IdleWatch): Promise<unknown> {
     const hash = crypto.createHash('sha256');
     const parts: Uint8Array[] = [];
@@ -147,7 +161,7 @@ export class Relay {
       'content-type': 'text/event-stream',
       'cache-control': 'no-cache',
       'x-accel-buffering': 'no',
-      'x-request-id': p.requestId,
+      'x-request-id': await this.streamRequestId(p, res),
       'x-service-stream-mode': 'live',
     });
     raw.flushHeaders();
