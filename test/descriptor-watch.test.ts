@@ -6,33 +6,39 @@ import { describe, expect, test } from 'vitest';
 import { DescriptorWatch, type DescriptorUse } from '../src/ops/descriptor-watch.ts';
 import { REPO_ROOT } from './helpers/vectors.ts';
 
+/** Runs `body` (which prints its JSON result) in a Node child with descriptorUse imported, under `prlimit --nofile=limit`. */
+function underLimit<T>(limit: number, body: string): T {
+  const script = `import fs from 'node:fs';
+import { descriptorUse } from ${JSON.stringify(path.join(REPO_ROOT, 'src', 'ops', 'descriptor-watch.ts'))};
+${body}`;
+  const r = spawnSync('prlimit', [`--nofile=${limit}:${limit}`, process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8' });
+  expect(r.status, r.stderr).toBe(0);
+  return JSON.parse(r.stdout) as T;
+}
+
 describe('descriptor use', () => {
   test('read from /proc in a process under a real limit (prlimit --nofile=200): the limit, and every descriptor it opens counted', () => {
-    const script = `import fs from 'node:fs';
-import { descriptorUse } from ${JSON.stringify(path.join(REPO_ROOT, 'src', 'ops', 'descriptor-watch.ts'))};
-const before = descriptorUse();
+    const { before, after } = underLimit<{ before: DescriptorUse; after: DescriptorUse }>(
+      200,
+      `const before = descriptorUse();
 const fds = Array.from({ length: 50 }, () => fs.openSync('/dev/null', 'r'));
 const after = descriptorUse();
-console.log(JSON.stringify({ before, after }));`;
-    const r = spawnSync('prlimit', ['--nofile=200:200', process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8' });
-    expect(r.status, r.stderr).toBe(0);
-    const { before, after } = JSON.parse(r.stdout) as { before: DescriptorUse; after: DescriptorUse };
+console.log(JSON.stringify({ before, after }));`,
+    );
     expect(before.limit).toBe(200);
     expect(after.limit).toBe(200);
     expect(after.open - before.open).toBe(50);
   });
 
   test('at the limit itself (reading /proc needs a descriptor too, and fails EMFILE): all of the limit in use, as last read', () => {
-    const script = `import fs from 'node:fs';
-import { descriptorUse } from ${JSON.stringify(path.join(REPO_ROOT, 'src', 'ops', 'descriptor-watch.ts'))};
-const first = descriptorUse();
+    const { first, full } = underLimit<{ first: DescriptorUse; full: DescriptorUse }>(
+      100,
+      `const first = descriptorUse();
 const fds = [];
 try { for (;;) fds.push(fs.openSync('/dev/null', 'r')); } catch (e) { if (e.code !== 'EMFILE') throw e; }
 const full = descriptorUse();
-console.log(JSON.stringify({ first, full }));`;
-    const r = spawnSync('prlimit', ['--nofile=100:100', process.execPath, '--input-type=module', '-e', script], { encoding: 'utf8' });
-    expect(r.status, r.stderr).toBe(0);
-    const { first, full } = JSON.parse(r.stdout) as { first: DescriptorUse; full: DescriptorUse };
+console.log(JSON.stringify({ first, full }));`,
+    );
     expect(first.limit).toBe(100);
     expect(first.open).toBeLessThan(100);
     expect(full).toEqual({ open: 100, limit: 100 });

@@ -38,6 +38,17 @@ describe('spend windows (UTC calendar)', () => {
 describe('KeySpend', () => {
   const daily: SpendLimit = { id: 'k1', label: 'k1', limitMicroUsd: 100n, interval: 'daily' };
   const clock = { t: at('2026-11-27T12:00:00Z') };
+
+  /** Runs `run` with a records file in a new folder (removed after), the clock at 2026-11-27 12:00 UTC. */
+  function withRecordsFile(run: (file: string) => void): void {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'key-spend-'));
+    try {
+      clock.t = at('2026-11-27T12:00:00Z');
+      run(path.join(dir, 'records.db'));
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }
   const fresh = (db?: Database.Database): KeySpend => new KeySpend({ now: () => clock.t, ...(db ? { db } : {}) });
 
   test('a reservation is the budget left (or a lower cap) and counts at once: a second request at the same time gets only the rest', () => {
@@ -149,11 +160,8 @@ describe('KeySpend', () => {
     expect(s.used(daily)).toBe(3n);
   });
 
-  test('a hold kept in the records file by a run that stopped lingers from the next start, then goes: no key is held for ever', () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'key-spend-'));
-    try {
-      clock.t = at('2026-11-27T12:00:00Z');
-      const file = path.join(dir, 'records.db');
+  test('a hold kept in the records file by a run that stopped lingers from the next start, then goes: no key is held for ever', () =>
+    withRecordsFile((file) => {
       let db = new Database(file);
       const r = fresh(db).reserve(daily, undefined);
       r.hold('m', 100n); // (the gateway is killed while it runs: the reservation never ends)
@@ -168,16 +176,10 @@ describe('KeySpend', () => {
       db = new Database(file);
       expect(fresh(db).used(daily)).toBe(0n); // (the release was written)
       db.close();
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 
-  test('with a records file: the window\'s charges and the open holds survive a restart, and a late receipt is charged once', () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'key-spend-'));
-    try {
-      clock.t = at('2026-11-27T12:00:00Z');
-      const file = path.join(dir, 'records.db');
+  test('with a records file: the window\'s charges and the open holds survive a restart, and a late receipt is charged once', () =>
+    withRecordsFile((file) => {
       let db = new Database(file);
       let s = fresh(db);
       const r = s.reserve(daily, undefined);
@@ -198,10 +200,7 @@ describe('KeySpend', () => {
       db = new Database(file);
       expect(fresh(db).used(daily)).toBe(55n);
       db.close();
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 
   test('a write that fails is reported and the spend stays right in memory', () => {
     const db = new Database(':memory:');

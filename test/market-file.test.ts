@@ -48,6 +48,9 @@ async function openMarket(logLines?: { msg: string; failures_since_last_line?: n
   return { m, base };
 }
 
+/** A ticket for a body no node will run: what a write to the market's file is tried with. */
+const askTicket = (base: string) => call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) });
+
 /** A ticket from the market, and the receipt line the node signs for it. */
 async function ticketAndReceipt(base: string): Promise<{ line: string; requestId: string }> {
   const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello' }], max_tokens: 4, seed: 3 }));
@@ -113,17 +116,16 @@ describe('the market\'s file', () => {
       expect(refused.status).toBe(503);
       expect(refused.body.error.code).toBe('market_storage_failed');
       expect((await call(base, 'GET', '/v1/totals')).body).toEqual(totals);
-      const t = await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) });
+      const t = await askTicket(base);
       expect(t.status).toBe(503);
       expect(t.body.error.code).toBe('market_storage_failed');
-      for (let i = 0; i < 5; i++) expect((await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) })).status).toBe(503);
+      for (let i = 0; i < 5; i++) expect((await askTicket(base)).status).toBe(503);
       expect(lines.filter((l) => l.msg.startsWith('market: its file refused a write'))).toHaveLength(1);
       expect((await call(base, 'GET', '/v1/market')).status).toBe(200);
     } finally {
       await m.close().catch(() => {});
     }
   });
-
 
   test('pruning its file failing is logged; the ticket is issued all the same', async () => {
     const lines: { msg: string; err?: string }[] = [];
@@ -132,7 +134,7 @@ describe('the market\'s file', () => {
       (m.store as unknown as { db: { prune(): void } }).db.prune = () => {
         throw new Error('disk I/O error');
       };
-      const t = await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) });
+      const t = await askTicket(base);
       expect(t.status).toBe(200);
       expect(lines.filter((l) => l.msg.startsWith('market: pruning old tickets and receipts from its file failed'))).toEqual([expect.objectContaining({ err: 'disk I/O error' })]);
     } finally {
@@ -151,7 +153,7 @@ describe('the market\'s file', () => {
       const refused = await call(base, 'POST', '/v1/receipts', { receipt: line });
       expect(refused.status).toBe(503);
       expect(refused.body.error).toMatchObject({ code: 'market_storage_failed', message: expect.stringContaining(`${file} was deleted or replaced while the market used it`) });
-      expect((await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: '00'.repeat(32) })).status).toBe(503);
+      expect((await askTicket(base)).status).toBe(503);
       expect((await call(base, 'GET', '/v1/totals')).body).toEqual(totals);
       expect(lines.filter((l) => l.msg.startsWith('market: its file refused a write'))).toHaveLength(1);
     } finally {

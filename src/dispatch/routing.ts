@@ -56,6 +56,16 @@ export function worstCaseCost(need: Need, rates: Rates): bigint {
 }
 
 /**
+ * The most a text request can cost at a context, whatever its split of input and output (the two
+ * together never exceed the context): ceil(context × max(in, out rate) / 10^6). The market's
+ * hold without a cap; the gateway's bound for a spend-limited key's request without one.
+ */
+export function contextWorstCase(context: number, rates: Rates): bigint {
+  const rate = rates.input_per_mtok > rates.output_per_mtok ? rates.input_per_mtok : rates.output_per_mtok;
+  return (BigInt(context) * rate + 999_999n) / 1_000_000n;
+}
+
+/**
  * What a text request needs, as the node judges it: all its input, and max_tokens as asked or,
  * without it, whatever room the context leaves (at least one token, so that an input that fills the
  * context is refused as too long rather than served with no room to answer).

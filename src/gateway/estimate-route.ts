@@ -47,7 +47,6 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       throw e;
     }
     assertModelAllowed(req, parsed.model);
-    // The first candidate that publishes a price and answers; one that cannot be reached is skipped.
     const priced = candidates(await d.market.providers(), parsed.model, controls).filter((x) => x.provider.rates?.[parsed.model] !== undefined);
     if (priced.length === 0) throw new GatewayError(503, 'no_provider', 'no provider that meets the routing controls publishes a price for this model');
     // The first candidate that can take it, as execution would find it (it fails over past a

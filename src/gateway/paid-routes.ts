@@ -9,6 +9,8 @@ import type { JsonObject } from '../p2p/frames.ts';
 import type { Host } from '../p2p/host.ts';
 import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
 import { isUnsupportedProtocol, readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
+import { ratesFromWire } from '../../attestation/receipt.ts';
+import { contextWorstCase } from '../dispatch/routing.ts';
 import { fitProvidersOf } from './candidates.ts';
 import { GatewayError, headStatus, invalid, providerRefusal } from './errors.ts';
 import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates.ts';
@@ -88,8 +90,7 @@ export function uncappedWorstCase(listing: readonly ProviderEntry[], endpoint: P
       const r = p.rates?.[model];
       const context = p.models.find((m) => m.id === model)?.context;
       if (!r || context === undefined || !Number.isSafeInteger(context) || context < 0) continue;
-      const rate = BigInt(r.input_per_mtok) > BigInt(r.output_per_mtok) ? BigInt(r.input_per_mtok) : BigInt(r.output_per_mtok);
-      const w = (BigInt(context) * rate + 999_999n) / 1_000_000n;
+      const w = contextWorstCase(context, ratesFromWire(r));
       if (worst === undefined || w > worst) worst = w;
     }
   }

@@ -6,7 +6,7 @@ import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
-import { checkOffer, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
+import { checkOffer, contextWorstCase, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { PAID_ENDPOINTS } from '../serve/contract.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
@@ -61,12 +61,6 @@ function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: R
 function freeSlots(p: ProviderRecord, model: RegisteredModel): number {
   const c = p.capacity?.models.find((m) => m.id === model.id);
   return c ? c.free_slots : model.slots;
-}
-
-/** The worst case at the model's context: ceil(context × max(in, out rate) / 10^6). */
-function worstCaseHold(context: number, rates: Rates): bigint {
-  const rate = rates.input_per_mtok > rates.output_per_mtok ? rates.input_per_mtok : rates.output_per_mtok;
-  return (BigInt(context) * rate + 999_999n) / 1_000_000n;
 }
 
 function validated(payload: TicketPayload): TicketPayload {
@@ -137,7 +131,7 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
     throw new MarketError(503, 'no_provider', `no live provider of "${req.model.slice(0, 200)}" meets the routing: ${reasons[0]?.message}`);
   }
 
-  const hold = req.max_cost_micro_usd ?? worstCaseHold(best.m.context, best.rates).toString();
+  const hold = req.max_cost_micro_usd ?? contextWorstCase(best.m.context, best.rates).toString();
   const payload = validated({ ...draft, provider: best.p.provider, price_version: best.p.price_version, max_cost_micro_usd: hold });
   const ticket = signTicket(payload, ctx.signer);
   best.p.last_ticket_at = now;
