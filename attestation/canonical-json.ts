@@ -172,7 +172,7 @@ export function canonicalBytes(value: unknown): Uint8Array {
  * bytes it was given and never re-serialises for the signature; this check only tells a payload
  * that was produced by something other than JCS (duplicate keys, unsorted keys, whitespace, ...).
  */
-export function parseCanonical(text: string): { value: unknown; canonical: boolean } | undefined {
+export function parseCanonical(text: string): { value: unknown; canonical: boolean; why?: string } | undefined {
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -185,8 +185,9 @@ export function parseCanonical(text: string): { value: unknown; canonical: boole
     // escape in the text (valid UTF-8 holds none), so without such an escape the only question is
     // key order: when every object's keys enumerate sorted, JSON.stringify writes the JCS form.
     canonical = !(text.includes('\\u') && SURROGATE_ESCAPE.test(text)) && keysSorted(value, 0) ? JSON.stringify(value) === text : serialise(value, 0) === text;
-  } catch {
-    canonical = false;
+  } catch (e) {
+    // (JSON nested deeper than JCS here walks: not checked, so not taken; the reason says so)
+    return { value, canonical: false, ...(e instanceof CanonicalJsonError ? { why: e.message } : {}) };
   }
   return { value, canonical };
 }

@@ -42,6 +42,12 @@ export interface EndpointContract {
   common: string[];
   /** Every other field the endpoint takes; any field in neither list is refused (400). */
   attributes: Record<string, AttributeSpec>;
+  /**
+   * Where the provider takes less of a common field than the marketplace API allows (roles, content
+   * parts, list lengths, options): one note each, naming what it takes. A common field without a
+   * note is taken as the API describes it.
+   */
+  common_notes?: Record<string, string>;
 }
 
 export interface RequestContractPayload {
@@ -153,7 +159,7 @@ function ofType(v: unknown, t: AttributeType): boolean {
 
 function endpointContract(v: unknown, field: string): EndpointContract {
   const e = f.object(v, field);
-  f.keys(e, field, ['common', 'attributes']);
+  f.keys(e, field, ['common', 'attributes'], ['common_notes']);
   if (!Array.isArray(e.common) || e.common.length === 0 || e.common.length > 32) throw new f.FieldError(f.join(field, 'common'), 'expected 1 to 32 field names');
   const common = new Set<string>();
   e.common.forEach((c, i) => {
@@ -169,6 +175,14 @@ function endpointContract(v: unknown, field: string): EndpointContract {
     f.string(k, where, 64, NAME_RE);
     if (common.has(k)) throw new f.FieldError(where, 'is a common field');
     attribute(attrs[k], where);
+  }
+  if (e.common_notes !== undefined) {
+    const notes = f.object(e.common_notes, f.join(field, 'common_notes'));
+    for (const k of Object.keys(notes)) {
+      const where = f.join(f.join(field, 'common_notes'), k.slice(0, 64));
+      if (!common.has(k)) throw new f.FieldError(where, 'is not one of the common fields listed');
+      f.string(notes[k], where, 300);
+    }
   }
   return e as unknown as EndpointContract;
 }

@@ -49,6 +49,10 @@ describe('canonicalize', () => {
     expect(parseCanonical('{"a":1.0}')?.canonical).toBe(false);
     expect(parseCanonical('{"a":"\\u0041"}')?.canonical).toBe(false);
     expect(parseCanonical('{"a":1')).toBeUndefined();
+    // Nested deeper than the check walks: not canonical, with the reason.
+    const deep = '['.repeat(200) + ']'.repeat(200);
+    expect(parseCanonical(deep)).toMatchObject({ canonical: false, why: 'nesting deeper than 128 levels' });
+    expect(parseCanonical('{"b":2,"a":1}')?.why).toBeUndefined();
   });
 });
 

@@ -120,8 +120,8 @@ describe('registration', () => {
     ['a request contract for a model it does not register', (p) => registration(p, { request_contracts: [contractOf(p, { models: ['tiny/llama', 'big/model'] })] }), /^request_contracts\[0\]: covers "big\/model", which the registration does not list/],
     ['two request contracts for one model', (p) => registration(p, { request_contracts: [contractOf(p), contractOf(p)] }), /^request_contracts\[1\]: covers "tiny\/llama", which another contract covers too/],
     ['request contracts that are not a list of envelopes', (p) => registration(p, { request_contracts: [{ payload: 1 }] }), /request_contracts\[0\]: /],
-    ['too many request contracts', (p) => registration(p, { request_contracts: Array.from({ length: 5 }, () => contractOf(p)) }), /request_contracts: expected a list of at most 4/],
-    ['request contracts that are not a list', (p) => registration(p, { request_contracts: {} }), /request_contracts: expected a list of at most 4/],
+    ['too many request contracts', (p) => registration(p, { request_contracts: Array.from({ length: 5 }, () => contractOf(p)) }), /request_contracts: expected at most 4 envelopes .*got 5/],
+    ['request contracts that are not a list', (p) => registration(p, { request_contracts: {} }), /request_contracts: expected a list of signed request contract envelopes/],
     ['a request contract payload over 64 KiB', (p) => registration(p, { request_contracts: [{ ...contractOf(p), payload: 'A'.repeat(64 * 1024 + 4) }] }), /request_contracts\[0\]: a payload of more than 65536/],
     ['a request contract signed under no keyid', (p) => registration(p, { request_contracts: [{ ...contractOf(p), signatures: [{ sig: contractOf(p).signatures[0]!.sig }] }] }), /request_contracts\[0\]: has no signature under keyid = the provider id/],
   ];

@@ -89,6 +89,98 @@ describe('the request contract the node signs is the one it applies', () => {
   }
 });
 
+/** Refused field of a whole body (the endpoint's minimal body with `over` laid on it), or undefined when taken. */
+function refusedBody(endpoint: ContractEndpoint, over: Record<string, unknown>): string | undefined {
+  try {
+    parseRequest(endpoint, utf8(JSON.stringify({ ...BASE[endpoint], ...over })));
+    return undefined;
+  } catch (e) {
+    if (!(e instanceof ContractError)) throw e;
+    return e.field;
+  }
+}
+
+const user = (content: unknown, more: Record<string, unknown> = {}) => ({ role: 'user', content, ...more });
+const call = { id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } };
+/**
+ * For each common field whose note narrows it: bodies the note rules out (each refused, naming the
+ * field or one inside it) and bodies it says are taken. The context bound of max_tokens needs a
+ * model: test/infer-service.test.ts refuses it (context_length_exceeded).
+ */
+const NARROWED: Record<ContractEndpoint, Record<string, { refused: Record<string, unknown>[]; taken: Record<string, unknown>[]; field?: RegExp }>> = {
+  'chat/completions': {
+    messages: {
+      refused: [
+        { messages: [{ role: 'critic', content: 'hi' }] },
+        { messages: [user([{ type: 'image_url', image_url: { url: 'https://x/y.png' } }])] },
+        { messages: [user([{ type: 'input_audio', input_audio: { data: '', format: 'wav' } }])] },
+        { messages: [user({ text: 'hi' })] },
+        { messages: [user(7)] },
+        { messages: [user('hi', { tool_calls: [call] })] },
+        { messages: [{ role: 'assistant', content: 'hi', refusal: 'no' }] },
+        { messages: [{ role: 'assistant', content: 'hi', annotations: [{ type: 'url_citation' }] }] },
+      ],
+      taken: [
+        { messages: [{ role: 'developer', content: 'be brief' }, { role: 'system', content: 's' }, user('hi')] },
+        { messages: [user([{ type: 'text', text: 'a' }, { type: 'input_text', text: 'b' }, { type: 'output_text', text: 'c' }])] },
+        { messages: [user('hi'), { role: 'assistant', content: null, tool_calls: [call] }, { role: 'tool', content: '{}', tool_call_id: 'c1' }, user('and?', { name: 'ann' })] },
+        { messages: [user('hi'), { role: 'assistant', content: 'hello', refusal: null, annotations: [] }, user('more')] },
+      ],
+    },
+    max_tokens: { refused: [{ max_tokens: 5, max_completion_tokens: 5 }], taken: [{ max_tokens: 5 }, { max_completion_tokens: 5 }], field: /^max_(completion_)?tokens$/ },
+    stream_options: {
+      refused: [{ stream_options: { include_usage: true } }, { stream: true, stream_options: { include_obfuscation: true } }, { stream: true, stream_options: { continuous_usage_stats: true } }],
+      taken: [{ stream: true, stream_options: { include_usage: true, include_obfuscation: false } }],
+    },
+  },
+  completions: {
+    prompt: { refused: [{ prompt: ['a', 'b'] }, { prompt: [1, 2, 3] }, { prompt: [[1, 2]] }, { prompt: null }], taken: [{ prompt: '' }, { prompt: 'a b' }] },
+    max_tokens: { refused: [{ max_tokens: 0 }], taken: [{ max_tokens: 1 }] },
+    stream_options: {
+      refused: [{ stream_options: { include_usage: true } }, { stream: true, stream_options: { include_obfuscation: true } }, { stream: true, stream_options: { x: 1 } }],
+      taken: [{ stream: true, stream_options: { include_usage: false } }],
+    },
+  },
+  responses: {
+    input: {
+      refused: [
+        { input: [{ type: 'function_call', call_id: 'c', name: 'f', arguments: '{}' }] },
+        { input: [{ type: 'message', role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] },
+        { input: [user('hi', { name: 'ann' })] },
+        { input: [{ role: 'critic', content: 'hi' }] },
+        { input: [] },
+      ],
+      taken: [{ input: [{ type: 'message', role: 'developer', content: [{ type: 'input_text', text: 'hi' }] }, { role: 'user', content: 'hi' }, { type: 'message', id: 'msg_1', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 'x', annotations: [] }] }] }],
+    },
+  },
+  embeddings: {
+    input: {
+      refused: [{ input: Array.from({ length: 2049 }, () => 'a') }, { input: [1, 2, 3] }, { input: [[1, 2]] }, { input: [] }],
+      taken: [{ input: Array.from({ length: 2048 }, () => 'a') }, { input: '' }],
+    },
+  },
+};
+
+describe("each common field's note says where the node takes less than the API allows, and the node holds to it", () => {
+  for (const endpoint of CONTRACT_ENDPOINTS) {
+    test(`${endpoint}: every note has its cases, every narrowed field a note`, () => {
+      const notes = TEXT_REQUEST_CONTRACT[endpoint].common_notes ?? {};
+      expect(Object.keys(notes).sort()).toEqual(Object.keys(NARROWED[endpoint]).sort());
+      for (const [field, { refused, taken, field: named }] of Object.entries(NARROWED[endpoint])) {
+        for (const body of refused) expect(refusedBody(endpoint, body), `${endpoint} ${JSON.stringify(body).slice(0, 120)}`).toMatch(named ?? new RegExp(`^${field}(\\.|\\[|$)`));
+        for (const body of taken) expect(refusedBody(endpoint, body), `${endpoint} ${JSON.stringify(body).slice(0, 120)}`).toBeUndefined();
+      }
+    });
+  }
+
+  test('a note is only for a common field the endpoint lists, and is bounded', () => {
+    const endpoints = { completions: { ...TEXT_REQUEST_CONTRACT.completions, common_notes: { suffix: 'x' } } };
+    expect(() => signRequestContract(crypto.randomBytes(32), '00'.repeat(32), ['m'], endpoints)).toThrow(/endpoints\.completions\.common_notes\.suffix: is not one of the common fields listed/);
+    const long = { completions: { ...TEXT_REQUEST_CONTRACT.completions, common_notes: { prompt: 'x'.repeat(301) } } };
+    expect(() => signRequestContract(crypto.randomBytes(32), '00'.repeat(32), ['m'], long)).toThrow(/common_notes\.prompt: expected 1 to 300 characters/);
+  });
+});
+
 describe('signed request contracts', () => {
   const seed = crypto.randomBytes(32);
   const provider = toHex(publicKeyFromSeed(seed));
@@ -126,6 +218,11 @@ describe('signed request contracts', () => {
     const sign = (p: unknown) => signEnvelope(REQUEST_CONTRACT_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: provider, seed });
     expect(verifyRequestContract(sign({ ...signed.payload, provider: other }), { provider })).toMatchObject({ ok: false, error: { code: 'provider_mismatch' } });
     expect(verifyRequestContract(sign({ ...signed.payload, version: 'c-0000000000000000' }), { provider })).toMatchObject({ ok: false, error: { code: 'payload_invalid', message: expect.stringMatching(/^request contract version/) } });
+    // Nested past what the canonical check walks: refused, and the message says why.
+    const deep = '[1,'.repeat(200) + '1' + ']'.repeat(200);
+    const text = canonicalize(signed.payload).replace(/\}$/, `,"z":${deep}}`);
+    const nested = signEnvelope(REQUEST_CONTRACT_PAYLOAD_TYPE, utf8(text), { keyid: provider, seed });
+    expect(verifyRequestContract(nested, { provider })).toMatchObject({ ok: false, error: { code: 'payload_not_canonical', message: expect.stringMatching(/cannot be checked as RFC 8785 canonical JSON: nesting deeper than 128 levels/) } });
   });
 
   test('validateRequestContract names the bad field', () => {

@@ -80,7 +80,8 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
     if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0) throw new f.FieldError(`${where}.tokens_per_second`, 'expected a non-negative number');
   });
   if (p.request_contracts !== undefined) {
-    if (!Array.isArray(p.request_contracts) || p.request_contracts.length > MAX_REQUEST_CONTRACTS) throw new f.FieldError('request_contracts', `expected a list of at most ${MAX_REQUEST_CONTRACTS} envelopes`);
+    if (!Array.isArray(p.request_contracts)) throw new f.FieldError('request_contracts', 'expected a list of signed request contract envelopes');
+    if (p.request_contracts.length > MAX_REQUEST_CONTRACTS) throw new f.FieldError('request_contracts', `expected at most ${MAX_REQUEST_CONTRACTS} envelopes (one for each set of models that share a contract), got ${p.request_contracts.length}`);
     p.request_contracts.forEach((e, i) => {
       const shaped = checkEnvelopeShape(e);
       if (!shaped.ok) throw new f.FieldError(`request_contracts[${i}]`, shaped.error.message);

@@ -37,8 +37,18 @@ const ACCOUNTING: Record<string, AttributeSpec> = {
 const CONTEXT_NOTE = "at most the model's context less the input (else 400 context_length_exceeded)";
 const maxTokens = (note?: string): AttributeSpec => ({ type: 'integer', use: 'applied', minimum: 1, maximum: MAX_TOKENS, note: note ? `${note}; ${CONTEXT_NOTE}` : CONTEXT_NOTE });
 
+// Where the node takes less of a common field than the marketplace API allows (held to
+// parseRequest by test/request-contract.test.ts, one refused body for each claim).
+const MESSAGE_NOTE = 'roles system, developer, user, assistant and tool; content a string, null, or text parts (type text, input_text or output_text) only';
+const STREAM_OPTIONS_NOTE = 'only with stream: true; include_usage, and include_obfuscation only false';
+
 const CHAT: EndpointContract = {
   common: ['model', 'messages', 'max_tokens', 'stream', 'stream_options'],
+  common_notes: {
+    messages: `${MESSAGE_NOTE}; name, tool_call_id and an assistant turn's tool_calls reach the chat template; an answer's own fields (refusal, annotations, ...) only empty`,
+    max_tokens: `${CONTEXT_NOTE}; give max_tokens or max_completion_tokens, not both`,
+    stream_options: STREAM_OPTIONS_NOTE,
+  },
   attributes: {
     max_completion_tokens: maxTokens('max_tokens by its newer name: give one of the two'),
     n: only('integer', [1]),
@@ -63,6 +73,11 @@ const CHAT: EndpointContract = {
 
 const COMPLETIONS: EndpointContract = {
   common: ['model', 'prompt', 'max_tokens', 'stream', 'stream_options'],
+  common_notes: {
+    prompt: 'a string only (no list of prompts, no token ids)',
+    max_tokens: CONTEXT_NOTE,
+    stream_options: STREAM_OPTIONS_NOTE,
+  },
   attributes: {
     n: only('integer', [1]),
     best_of: only('integer', [1]),
@@ -76,6 +91,7 @@ const COMPLETIONS: EndpointContract = {
 
 const RESPONSES: EndpointContract = {
   common: ['model', 'input'],
+  common_notes: { input: `a string, or message items only (type "message" or left out), with role and content alone; ${MESSAGE_NOTE}` },
   attributes: {
     instructions: { type: 'string', use: 'applied', note: 'read as a leading system message' },
     stream: { type: 'boolean', use: 'applied', default: false },
@@ -101,6 +117,7 @@ const RESPONSES: EndpointContract = {
 
 const EMBEDDINGS: EndpointContract = {
   common: ['model', 'input'],
+  common_notes: { input: 'a string, or 1 to 2048 strings (no token ids)' },
   attributes: {
     encoding_format: { type: 'string', use: 'applied', enum: ['float', 'base64'], default: 'float' },
     dimensions: absent('integer'),
