@@ -41,6 +41,21 @@ function clientErrorAnswer(err: NodeJS.ErrnoException & { reason?: unknown }, ba
   }
 }
 
+/**
+ * The X-RateLimit-* headers a route's hooks already set on the response this answer replaces (a
+ * request whose body did not arrive in time was authenticated first: spec, "every authenticated
+ * response carries" them), as header lines.
+ */
+function rateLimitLines(res: ServerResponse | null | undefined): string {
+  if (!res) return '';
+  let out = '';
+  for (const [name, value] of Object.entries(res.getHeaders())) {
+    const v = String(value);
+    if (name.startsWith('x-ratelimit-') && !/[\r\n]/.test(v)) out += `${name}: ${v}\r\n`;
+  }
+  return out;
+}
+
 /** How long an answered bad connection may take to read its answer before it is cut. */
 const CLIENT_ERROR_LINGER_MS = 5_000;
 
@@ -68,7 +83,7 @@ export function clientErrorHandler(badRequestCode: string, log?: () => FastifyBa
     // The code only: the error object carries the raw request bytes (rawPacket).
     log?.().debug({ code: err.code, status: a.status }, 'http: request refused before routing');
     const text = JSON.stringify(errorBody(a.code, a.message));
-    const head = `HTTP/1.1 ${a.status} ${STATUS_CODES[a.status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n`;
+    const head = `HTTP/1.1 ${a.status} ${STATUS_CODES[a.status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(text)}\r\n${rateLimitLines(inFlight)}Connection: close\r\n\r\n`;
     socket.setTimeout(CLIENT_ERROR_LINGER_MS, () => socket.destroy());
     socket.end(head + text, () => socket.destroy());
   };

@@ -101,6 +101,28 @@ describe('requests the gateway refuses before any route', () => {
     const again = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pad: 'x'.repeat(200_000) }) });
     expect(again.status).toBe(400);
   });
+
+  test('a request with an API key whose body does not arrive in time: its 408 carries the X-RateLimit headers too', async () => {
+    const key = 'sk-svc-v1-guard-0123456789';
+    const keyed = await createGateway({ market: proxy.url, port: 0, requestTimeoutMs: 1000, apiKeys: [{ key, rateLimit: 7 }] });
+    try {
+      const socket = net.connect(keyed.port, keyed.host);
+      socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mo`);
+      const text = await new Promise<string>((resolve) => {
+        let got = '';
+        socket.on('data', (c) => (got += c.toString('latin1')));
+        socket.on('close', () => resolve(got));
+        setTimeout(() => resolve(got), 8000);
+      });
+      const [head = ''] = text.split('\r\n\r\n');
+      expect(head).toMatch(/^HTTP\/1\.1 408 /);
+      expect(head.toLowerCase()).toContain('\r\nx-ratelimit-limit: 7\r\n');
+      expect(head.toLowerCase()).toContain('\r\nx-ratelimit-remaining: 6\r\n');
+      expect(text).toContain('"code":"request_timeout"');
+    } finally {
+      await keyed.close(1000);
+    }
+  });
 });
 
 test('isLoopbackHostHeader', () => {
