@@ -6,7 +6,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { checkGgufFile, GgufFileError } from '../adapters/gguf/gguf-check.ts';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { i32Arr, kv, str, strArr, u32, type GgufKv } from '../adapters/gguf/gguf-writer.ts';
+import { tinyLlamaVocab, writeTinyLlama, type TinyLlamaOptions } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gguf-header-'));
@@ -141,3 +142,77 @@ test('a node on a corrupt model names the model and the file once, with the entr
   const e = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: '11'.repeat(32) }), home)).then(() => undefined, (err: unknown) => err as Error);
   expect(e?.message).toMatch(/^models: tiny\/llama: the runtime could not start: model file \/\S+\/tiny\.gguf: llama\.block_count is 0 \(1 to 512\): a corrupt file$/);
 }, 30_000);
+
+/** The tiny model with a change made before it is written (buildTinyLlama's edit). */
+function edited(name: string, edit: NonNullable<TinyLlamaOptions['edit']>): string {
+  const f = path.join(dir, name);
+  writeTinyLlama(f, { edit });
+  return f;
+}
+const setKv = (m: { metadata: GgufKv[] }, key: string, value: GgufKv['value']) => {
+  const i = m.metadata.findIndex((e) => e.key === key);
+  if (i >= 0) m.metadata[i] = kv(key, value);
+  else m.metadata.push(kv(key, value));
+};
+const dropKv = (m: { metadata: GgufKv[] }, key: string) => m.metadata.splice(m.metadata.findIndex((e) => e.key === key), 1);
+/** Sets token `i`'s text (and, when given, its type) in the tiny vocabulary. */
+const retoken = (i: number, text: string, type?: number) => (m: { metadata: GgufKv[] }) => {
+  const v = tinyLlamaVocab();
+  const tokens = [...v.tokens];
+  tokens[i] = text;
+  setKv(m, 'tokenizer.ggml.tokens', strArr(tokens));
+  if (type !== undefined) setKv(m, 'tokenizer.ggml.token_type', i32Arr(v.types.map((t, j) => (j === i ? type : t))));
+};
+
+// Each of these aborted the whole process inside llama.cpp (GGML_ASSERT, an uncaught C++
+// exception, a bad pointer) at load or at the first request whose text reached the flaw, in
+// session 17's fuzzing; the rules are read from the llama.cpp source node-llama-cpp bundles.
+describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
+  test.each<[string, NonNullable<TinyLlamaOptions['edit']>, RegExp]>([
+    ['align-16.gguf', (m) => (m.alignment = 16), /general\.alignment is 16: llama\.cpp needs tensor data aligned to 32 bytes/],
+    ['experts-unused.gguf', (m) => setKv(m, 'llama.expert_count', u32(2)), /llama\.expert_count is 2 but llama\.expert_used_count is 0 \(at least 1 with experts\)/],
+    ['used-no-experts.gguf', (m) => setKv(m, 'llama.expert_used_count', u32(1)), /llama\.expert_used_count is 1, more than llama\.expert_count \(0\)/],
+    ['experts-2000.gguf', (m) => (setKv(m, 'llama.expert_count', u32(2000)), setKv(m, 'llama.expert_used_count', u32(2))), /llama\.expert_count is 2000 \(at most 1024\)/],
+    ['value-length-0.gguf', (m) => setKv(m, 'llama.attention.value_length', u32(0)), /llama\.attention\.value_length is 0 \(at least 1\)/],
+    ['heads-array-0.gguf', (m) => setKv(m, 'llama.attention.head_count', i32Arr([4, 0])), /layer 1 has attention weights but llama\.attention\.head_count is 0 there \(at least 1\)/],
+    ['kv-heads-array-0.gguf', (m) => setKv(m, 'llama.attention.head_count_kv', i32Arr([0, 4])), /layer 0 has attention weights but llama\.attention\.head_count_kv is 0 there/],
+    ['heads-missing.gguf', (m) => (dropKv(m, 'llama.attention.head_count'), dropKv(m, 'llama.attention.head_count_kv')), /layer 0 has attention weights but llama\.attention\.head_count is missing/],
+    ['ffn-missing.gguf', (m) => dropKv(m, 'llama.feed_forward_length'), /layer 0 has feed-forward weights but llama\.feed_forward_length is missing/],
+    ['ffn-3-layers.gguf', (m) => setKv(m, 'llama.feed_forward_length', i32Arr([128, 128, 128])), /llama\.feed_forward_length lists 3 layers, not the 2 of llama\.block_count/],
+    ['heads-600.gguf', (m) => setKv(m, 'llama.attention.head_count', i32Arr(new Array(600).fill(4))), /"llama\.attention\.head_count"\): 600 entries \(at most 512\)/],
+    ['rope-bogus.gguf', (m) => setKv(m, 'llama.rope.scaling.type', str('bogus')), /llama\.rope\.scaling\.type is "bogus" \(one of none, linear, yarn, longrope\)/],
+    ['no-vocab.gguf', (m) => setKv(m, 'tokenizer.ggml.model', str('no_vocab')), /tokenizer\.ggml\.model is "no_vocab": a model without a vocabulary cannot serve text/],
+    ['tokens-empty.gguf', (m) => setKv(m, 'tokenizer.ggml.tokens', strArr([])), /tokenizer\.ggml\.tokens is empty/],
+    ['tokens-dup.gguf', retoken(301, tinyLlamaVocab().tokens[300]!), /tokens 300 and 301 have the same text .* \(as llama\.cpp reads it\): a corrupt vocabulary/],
+    ['tokens-nul.gguf', retoken(400, 'a\0b'), /tokens \d+ and 400 have the same text "a"/],
+    ['byte-token-text.gguf', retoken(10, '<0xZZ>'), /token 10 is a byte token, but its text is not <0xHH>/],
+    ['byte-missing.gguf', retoken(3 + 0x80, 'zz-not-a-byte', 1), /tokenizer\.ggml\.tokens has no token for byte 0x80 \(<0x80>\): a text holding it would end the process/],
+    ['bert-bytes.gguf', (m) => setKv(m, 'tokenizer.ggml.model', str('bert')), /token 3 is a byte token, which a WordPiece \("bert"\) vocabulary cannot decode/],
+  ])('%s is refused naming the fault, and the runtime refuses it at once', async (name, edit, message) => {
+    const f = edited(name, edit);
+    expect(() => checkGgufFile(f)).toThrow(GgufFileError);
+    expect(() => checkGgufFile(f)).toThrow(message);
+    const a = new LlamaEmbeddedAdapter({ modelPath: f, contextLength: 256 });
+    await expect(a.start()).rejects.toThrow(message);
+  });
+
+  test('a weight of an integer type (I32: a segmentation fault at the first request) is refused', () => {
+    // (the tensor's name, then u32 dimensions = 2, two u64 dimensions, then its u32 type)
+    const f = corrupted('weight-i32.gguf', 'blk.0.attn_q.weight', 4 + 16, (b, at) => b.writeUInt32LE(26, at));
+    expect(() => checkGgufFile(f)).toThrow(/tensor "blk\.0\.attn_q\.weight" is of type I32: llama\.cpp computes with no integer weights/);
+  });
+
+  test('what llama.cpp takes passes: per-layer counts, a consistent expert count, a byte fallback by the character itself', async () => {
+    const layered = edited('per-layer.gguf', (m) => (setKv(m, 'llama.attention.head_count', i32Arr([4, 4])), setKv(m, 'llama.feed_forward_length', i32Arr([128, 128]))));
+    expect(checkGgufFile(layered)).toMatchObject({ architecture: 'llama' });
+    // (llama.cpp loads it and answers: the per-layer form is its own)
+    const a = new LlamaEmbeddedAdapter({ modelPath: layered, contextLength: 256 });
+    await a.start();
+    expect((await a.tokenize('hello')).length).toBeGreaterThan(0);
+    await a.stop();
+    expect(checkGgufFile(edited('experts-ok.gguf', (m) => (setKv(m, 'llama.expert_count', u32(8)), setKv(m, 'llama.expert_used_count', u32(2)))))).toMatchObject({ architecture: 'llama' });
+    // Byte 0x41 without <0x41>: llama.cpp falls back to the token "A", which the vocabulary has.
+    expect(checkGgufFile(edited('byte-by-char.gguf', retoken(3 + 0x41, 'zz-not-a-byte', 1)))).toMatchObject({ architecture: 'llama' });
+    expect(checkGgufFile(edited('rope-yarn.gguf', (m) => setKv(m, 'llama.rope.scaling.type', str('yarn'))))).toMatchObject({ architecture: 'llama' });
+  }, 20_000);
+});

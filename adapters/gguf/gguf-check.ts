@@ -14,13 +14,14 @@
  * bytes the file has left, every type against the ones GGUF defines, and the hyperparameters that
  * llama.cpp asserts on against their bounds, so such a file is refused with a message naming it
  * and what is wrong. Only the metadata and the tensor table are read (a few MB for a real model),
- * never the weights.
+ * never the weights. What llama.cpp itself would abort on (a vocabulary, per-layer counts, experts,
+ * alignment, tensor types) is judged in llama-cpp-bounds.ts from the facts gathered here.
  */
 import fs from 'node:fs';
+import { GgufFileError } from './gguf-errors.ts';
+import { checkLlamaCppBounds, MAX_VOCABULARY, type GgufFacts } from './llama-cpp-bounds.ts';
 
-export class GgufFileError extends Error {
-  override name = 'GgufFileError';
-}
+export { GgufFileError };
 
 export interface GgufSummary {
   version: number;
@@ -36,6 +37,12 @@ const MIN_KV = 13n;
 const TYPE_SIZE: Record<number, number> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
 const STRING = 8;
 const ARRAY = 9;
+/** The string values the bounds need (the rest, a chat template of megabytes, are skipped unread). */
+const STRINGS_READ = /^(tokenizer\.ggml\.model|[^.]+\.rope\.scaling\.type)$/;
+/** The number arrays the bounds need: per-layer counts, and the token types (at most a vocabulary's length). */
+const NUMBER_ARRAYS_READ = /^(tokenizer\.ggml\.token_type|[^.]+\.(attention\.head_count|attention\.head_count_kv|feed_forward_length|expert_used_count))$/;
+/** GGUF's integer value types. */
+const INTEGER_TYPES = new Set([0, 1, 2, 3, 4, 5, 10, 11]);
 /** ggml's GGML_MAX_DIMS. */
 const MAX_DIMS = 4;
 /** ggml tensor types are numbered below this (GGML_TYPE_COUNT, with room for new ones). */
@@ -110,6 +117,15 @@ class Reader {
     return this.buf.toString('utf8', o, o + len);
   }
 
+  /** A GGUF string's bytes as they are (one character a byte): a token's text, compared as llama.cpp compares it. */
+  rawString(what: string): string {
+    const len = this.u64(`the length of ${what}`);
+    if (len > this.left) throw new GgufFileError(`${this.where()}: ${what} claims ${len} bytes at offset ${this.pos}, past the end of the file (${this.size} bytes): a truncated or corrupt file`);
+    if (len === 0) return '';
+    const o = this.at(len, what);
+    return this.buf.toString('latin1', o, o + len);
+  }
+
   /** A GGUF string whose text is not needed. */
   skipString(what: string): void {
     const len = this.u64(`the length of ${what}`);
@@ -162,6 +178,7 @@ export function checkGgufFile(file: string): GgufSummary {
     let where = file;
     const r = new Reader(fd, size, () => where);
     const numbers = new Map<string, number | bigint>();
+    const facts: GgufFacts = { file, architecture: undefined, numbers, strings: new Map(), numberArrays: new Map(), tokens: undefined, tensors: [] };
     let architecture: string | undefined;
     for (let i = 0; i < Number(kvs); i++) {
       where = `${file}: metadata entry ${i}`;
@@ -171,13 +188,19 @@ export function checkGgufFile(file: string): GgufSummary {
       if (type === STRING) {
         // (only the architecture is read; other strings, a chat template of megabytes, are skipped)
         if (key === 'general.architecture') architecture = r.string('its string value', 256);
+        else if (STRINGS_READ.test(key)) facts.strings.set(key, r.string('its string value', 256));
         else r.skipString('its string value');
       } else if (type === ARRAY) {
         const elem = r.u32('its array element type');
         if (elem === ARRAY) throw new GgufFileError(`${where}: an array of arrays, which GGUF does not have: a corrupt file`);
         if (elem !== STRING && TYPE_SIZE[elem] === undefined) throw new GgufFileError(`${where}: array element type ${elem} is not a GGUF type: a corrupt file`);
         const count = r.u64('its array length', elem === STRING ? Math.floor(r.left / 8) : Math.floor(r.left / TYPE_SIZE[elem]!));
-        if (elem === STRING) for (let j = 0; j < count; j++) r.skipString(`its element ${j}`);
+        // (the arrays read whole are bounded first: a vocabulary's tokens and types, or one count a layer)
+        const most = key.startsWith('tokenizer.ggml.') ? MAX_VOCABULARY : MAX_LAYERS;
+        if (count > most && (key === 'tokenizer.ggml.tokens' || NUMBER_ARRAYS_READ.test(key))) throw new GgufFileError(`${where}: ${count} entries (at most ${most})`);
+        if (elem === STRING && key === 'tokenizer.ggml.tokens') facts.tokens = Array.from({ length: count }, (_, j) => r.rawString(`its element ${j}`));
+        else if (elem === STRING) for (let j = 0; j < count; j++) r.skipString(`its element ${j}`);
+        else if (NUMBER_ARRAYS_READ.test(key) && INTEGER_TYPES.has(elem)) facts.numberArrays.set(key, Array.from({ length: count }, () => Number(r.scalar(elem, 'its array'))));
         else r.skip(count * TYPE_SIZE[elem]!, 'its array');
       } else if (TYPE_SIZE[type] !== undefined) {
         numbers.set(key, r.scalar(type, 'its value'));
@@ -198,9 +221,12 @@ export function checkGgufFile(file: string): GgufSummary {
       const type = r.u32('its type');
       if (type >= GGML_TYPES) throw new GgufFileError(`${where}: tensor type ${type} is not a ggml type: a corrupt file`);
       r.i64('its data offset');
+      facts.tensors.push({ name, type });
     }
     where = file;
     if (architecture !== undefined) checkHyperparameters(file, architecture, numbers);
+    facts.architecture = architecture;
+    checkLlamaCppBounds(facts);
     return { version, tensors: Number(tensors), kvs: Number(kvs), architecture };
   } finally {
     fs.closeSync(fd);

@@ -35,6 +35,8 @@ export interface TinyLlamaOptions {
   readonly contextLength?: number;
   /** `tokenizer.chat_template`. Default: ChatML (TINY_LLAMA_CHAT_TEMPLATE). */
   readonly chatTemplate?: string;
+  /** Changes the model before it is written (tests: a file with one flaw). */
+  readonly edit?: (model: { metadata: GgufKv[]; tensors: GgufF32Tensor[]; alignment: number }) => void;
 }
 
 export const TINY_LLAMA_NAME = 'seller-node tiny llama';
@@ -252,7 +254,9 @@ export function buildTinyLlama(opts: TinyLlamaOptions = {}): Uint8Array {
     kv('tokenizer.chat_template', str(opts.chatTemplate ?? TINY_LLAMA_CHAT_TEMPLATE)),
   ];
 
-  return writeGguf({ metadata, tensors, alignment: 32 });
+  const model = { metadata, tensors, alignment: 32 };
+  opts.edit?.(model);
+  return writeGguf(model);
 }
 
 /** Build the model and write it to `file`. Returns the byte count. */
