@@ -777,6 +777,27 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     expect(scripted.requests).toBe(before.requests + 1);
   });
 
+  test('a stream under an Idempotency-Key whose HEAD names another provider\'s request, or one this gateway never sent: the header names this request, as its receipt does', async () => {
+    // A request the real node answered: its id is one this gateway sent another provider.
+    const theirs = await post(chatBody('theirs'), toNode());
+    expect(theirs.status).toBe(200);
+    const theirId = theirs.headers.get('x-request-id')!;
+    await theirs.json();
+    for (const named of [theirId, `r-${crypto.randomUUID()}`]) {
+      scripted.behaviour = async (ex) => {
+        await ex.head({ ...SSE_HEAD, headers: { ...SSE_HEAD.headers, 'x-request-id': named } });
+        await ex.data(chunk('mine') + 'data: [DONE]\n\n');
+        await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+      };
+      const res = await post(chatBody('mine', { stream: true }), { ...toScripted(), 'idempotency-key': `idem-named-${crypto.randomUUID()}` });
+      const { id, events } = await streamed(res);
+      expect(id).not.toBe(named);
+      expect(events.at(-1)).toBe('[DONE]');
+      // The header's id is the request the gateway sent, settled with the scripted node's receipt for it.
+      expect(await record(id)).toMatchObject({ request_id: id, provider: scripted.providerId, status: 'completed', settled: true });
+    }
+  });
+
   test('a second request under an Idempotency-Key whose first is still waiting for its provider is 409 idempotency_in_progress: it runs nowhere, nothing is billed twice', async () => {
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));

@@ -406,6 +406,22 @@ describe('SSE events split across DATA frames: relayed intact, in order, each on
     await expectSettledFor(gw, r.id, r.sent);
   });
 
+  test('closing events held past 4 MiB (a provider sending more after its finish chunk) are relayed unheld: the buyer has them before the stream ends; byte for byte, settled', async () => {
+    const finish = `data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [{ index: 0, delta: {}, finish_reason: 'stop' }], service: { request_id: 'scripted' } })}\n\n`;
+    // 80 events of 64 KiB after the finish chunk: 5 MiB, past what the gateway holds (MAX_HELD_EVENT).
+    const pad = (i: number) => {
+      const head = `data: {"id":"chatcmpl-scripted","object":"chat.completion.chunk","created":1,"model":"${MODEL}","choices":[{"index":0,"delta":{"content":"${i}:`;
+      const tail = '"},"finish_reason":null}]}\n\n';
+      return head + 'y'.repeat(64 * 1024 - head.length - tail.length) + tail;
+    };
+    const r = await run([chunk('one'), finish, ...Array.from({ length: 80 }, (_, i) => pad(i)), { seen: 2 }, 'data: [DONE]\n\n']);
+    expect(r.seen).toEqual([true]); // the finish chunk reached the buyer before the provider sent [DONE]
+    expect(r.text).toBe(r.sent); // (the closing part was no longer whole: nothing inserted, nothing lost)
+    expect(sseData(r.text)).toHaveLength(83);
+    expect(sseData(r.text).at(-1)).toBe('[DONE]');
+    await expectSettledFor(gw, r.id, r.sent);
+  });
+
   test('an event sent one byte per DATA frame: relayed whole, once its last byte is in', async () => {
     const one = chunk('one');
     const r = await run([...one, { seen: 1 }, chunk('two'), 'data: [DONE]\n\n']);
