@@ -186,7 +186,7 @@ export function parseCanonical(text: string): { value: unknown; canonical: boole
     // key order: when every object's keys enumerate sorted, JSON.stringify writes the JCS form.
     canonical = !(text.includes('\\u') && SURROGATE_ESCAPE.test(text)) && keysSorted(value, 0) ? JSON.stringify(value) === text : serialise(value, 0) === text;
   } catch (e) {
-    // (JSON nested deeper than JCS here walks: not checked, so not taken; the reason says so)
+    // (JSON nested deeper than JCS here walks, or a lone surrogate: not taken; the reason says which)
     return { value, canonical: false, ...(e instanceof CanonicalJsonError ? { why: e.message } : {}) };
   }
   return { value, canonical };

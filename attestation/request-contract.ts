@@ -181,7 +181,7 @@ function endpointContract(v: unknown, field: string): EndpointContract {
     for (const k of Object.keys(notes)) {
       const where = f.join(f.join(field, 'common_notes'), k.slice(0, 64));
       if (!common.has(k)) throw new f.FieldError(where, 'is not one of the common fields listed');
-      f.string(notes[k], where, 300);
+      f.string(notes[k], where, 600);
     }
   }
   return e as unknown as EndpointContract;

@@ -10,7 +10,7 @@ export function readPayload<T>(bytes: Uint8Array, validate: (value: unknown) => 
   const text = fromUtf8(bytes);
   const parsed = text === undefined ? undefined : parseCanonical(text);
   if (!parsed) return fail('payload_not_json', `${what} payload is not UTF-8 JSON`);
-  if (!parsed.canonical) return fail('payload_not_canonical', parsed.why ? `${what} payload cannot be checked as RFC 8785 canonical JSON: ${parsed.why}` : `${what} payload is not RFC 8785 canonical JSON`);
+  if (!parsed.canonical) return fail('payload_not_canonical', `${what} payload is not RFC 8785 canonical JSON${parsed.why ? ` (${parsed.why})` : ''}`);
   try {
     return ok(validate(parsed.value));
   } catch (e) {

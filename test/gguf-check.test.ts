@@ -196,6 +196,29 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
     await expect(a.start()).rejects.toThrow(message);
   });
 
+  test('a per-layer count read as llama.cpp reads it (uint32: -1 is 2^32 − 1), of a 32-bit integer type only; long tensor names; a vocabulary of more than 64 MiB of text', () => {
+    const negative = edited('used-negative.gguf', (m) => (setKv(m, 'llama.expert_count', u32(2)), setKv(m, 'llama.expert_used_count', i32Arr([-1, -1]))));
+    expect(() => checkGgufFile(negative)).toThrow(/llama\.expert_used_count is 4294967295, more than llama\.expert_count \(2\)/);
+    const wide = edited('heads-u64.gguf', (m) => setKv(m, 'llama.attention.head_count', { type: 'uint64', value: 4 }));
+    expect(checkGgufFile(wide)).toMatchObject({ architecture: 'llama' }); // (a scalar of another integer type: llama.cpp converts it)
+    const named = edited('long-name.gguf', (m) => m.tensors.push({ name: `x.${'n'.repeat(62)}`, dims: [4], data: new Float32Array(4) }));
+    expect(() => checkGgufFile(named)).toThrow(/: a name of 64 bytes \(llama\.cpp takes at most 63\): a corrupt file/);
+    const big = edited('vocab-65mib.gguf', retoken(500, 'a'.repeat(65 << 20)));
+    expect(() => checkGgufFile(big)).toThrow(/vocab-65mib\.gguf: metadata entry \d+ \("tokenizer\.ggml\.tokens"\): its element 500 is 68157440 bytes long, more token text than a vocabulary may have/);
+  });
+
+  test('a recurrent or hybrid architecture marks its recurrent layers with 0 kv heads: not refused for that (Kimi-Linear, Jamba, …)', () => {
+    // The tiny model as a hybrid architecture: its keys under that name, layer 0 "recurrent".
+    const hybrid = edited('hybrid.gguf', (m) => {
+      m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'kimi-linear.'), e.key === 'general.architecture' ? str('kimi-linear') : e.value)));
+      setKv(m, 'kimi-linear.attention.head_count_kv', i32Arr([0, 4]));
+    });
+    expect(checkGgufFile(hybrid)).toMatchObject({ architecture: 'kimi-linear' });
+    // The same layout as a plain llama model aborts llama.cpp: refused.
+    const plain = edited('plain-kv0.gguf', (m) => setKv(m, 'llama.attention.head_count_kv', i32Arr([0, 4])));
+    expect(() => checkGgufFile(plain)).toThrow(/layer 0 has attention weights but llama\.attention\.head_count_kv is 0 there/);
+  });
+
   test('a weight of an integer type (I32: a segmentation fault at the first request) is refused', () => {
     // (the tensor's name, then u32 dimensions = 2, two u64 dimensions, then its u32 type)
     const f = corrupted('weight-i32.gguf', 'blk.0.attn_q.weight', 4 + 16, (b, at) => b.writeUInt32LE(26, at));

@@ -119,15 +119,22 @@ const NARROWED: Record<ContractEndpoint, Record<string, { refused: Record<string
         { messages: [user('hi', { tool_calls: [call] })] },
         { messages: [{ role: 'assistant', content: 'hi', refusal: 'no' }] },
         { messages: [{ role: 'assistant', content: 'hi', annotations: [{ type: 'url_citation' }] }] },
+        { messages: [user([{ type: 'text', text: 'hi', cache_control: { type: 'ephemeral' } }])] },
+        { messages: [user([{ type: 'output_text', text: 'hi', annotations: [{ type: 'url_citation' }] }])] },
+        { messages: [user('hi', { name: 'n'.repeat(257) })] },
+        { messages: [{ role: 'tool', content: '{}', tool_call_id: '' }] },
+        { messages: [{ role: 'assistant', content: null, tool_calls: Array.from({ length: 129 }, () => call) }] },
       ],
       taken: [
         { messages: [{ role: 'developer', content: 'be brief' }, { role: 'system', content: 's' }, user('hi')] },
         { messages: [user([{ type: 'text', text: 'a' }, { type: 'input_text', text: 'b' }, { type: 'output_text', text: 'c' }])] },
         { messages: [user('hi'), { role: 'assistant', content: null, tool_calls: [call] }, { role: 'tool', content: '{}', tool_call_id: 'c1' }, user('and?', { name: 'ann' })] },
         { messages: [user('hi'), { role: 'assistant', content: 'hello', refusal: null, annotations: [] }, user('more')] },
+        { messages: [user([{ type: 'output_text', text: 'hi', annotations: [], logprobs: [], parsed: null }], { name: 'n'.repeat(256) })] },
+        { messages: [{ role: 'assistant', content: null, tool_calls: Array.from({ length: 128 }, () => call) }, { role: 'tool', content: '{}', tool_call_id: 'c1' }] },
       ],
     },
-    max_tokens: { refused: [{ max_tokens: 5, max_completion_tokens: 5 }], taken: [{ max_tokens: 5 }, { max_completion_tokens: 5 }], field: /^max_(completion_)?tokens$/ },
+    max_tokens: { refused: [{ max_tokens: 5, max_completion_tokens: 5 }, { max_tokens: 0 }, { max_tokens: (1 << 24) + 1 }], taken: [{ max_tokens: 5 }, { max_completion_tokens: 5 }, { max_tokens: 1 }], field: /^max_(completion_)?tokens$/ },
     stream_options: {
       refused: [{ stream_options: { include_usage: true } }, { stream: true, stream_options: { include_obfuscation: true } }, { stream: true, stream_options: { continuous_usage_stats: true } }],
       taken: [{ stream: true, stream_options: { include_usage: true, include_obfuscation: false } }],
@@ -135,7 +142,7 @@ const NARROWED: Record<ContractEndpoint, Record<string, { refused: Record<string
   },
   completions: {
     prompt: { refused: [{ prompt: ['a', 'b'] }, { prompt: [1, 2, 3] }, { prompt: [[1, 2]] }, { prompt: null }], taken: [{ prompt: '' }, { prompt: 'a b' }] },
-    max_tokens: { refused: [{ max_tokens: 0 }], taken: [{ max_tokens: 1 }] },
+    max_tokens: { refused: [{ max_tokens: 0 }, { max_tokens: -1 }, { max_tokens: (1 << 24) + 1 }, { max_tokens: 2.5 }], taken: [{ max_tokens: 1 }, { max_tokens: 1 << 24 }] },
     stream_options: {
       refused: [{ stream_options: { include_usage: true } }, { stream: true, stream_options: { include_obfuscation: true } }, { stream: true, stream_options: { x: 1 } }],
       taken: [{ stream: true, stream_options: { include_usage: false } }],
@@ -149,6 +156,7 @@ const NARROWED: Record<ContractEndpoint, Record<string, { refused: Record<string
         { input: [user('hi', { name: 'ann' })] },
         { input: [{ role: 'critic', content: 'hi' }] },
         { input: [] },
+        { input: [{ type: 'message', role: 'user', content: 'hi', id: 'm1', status: 'completed', refusal: null }] },
       ],
       taken: [{ input: [{ type: 'message', role: 'developer', content: [{ type: 'input_text', text: 'hi' }] }, { role: 'user', content: 'hi' }, { type: 'message', id: 'msg_1', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 'x', annotations: [] }] }] }],
     },
@@ -176,8 +184,8 @@ describe("each common field's note says where the node takes less than the API a
   test('a note is only for a common field the endpoint lists, and is bounded', () => {
     const endpoints = { completions: { ...TEXT_REQUEST_CONTRACT.completions, common_notes: { suffix: 'x' } } };
     expect(() => signRequestContract(crypto.randomBytes(32), '00'.repeat(32), ['m'], endpoints)).toThrow(/endpoints\.completions\.common_notes\.suffix: is not one of the common fields listed/);
-    const long = { completions: { ...TEXT_REQUEST_CONTRACT.completions, common_notes: { prompt: 'x'.repeat(301) } } };
-    expect(() => signRequestContract(crypto.randomBytes(32), '00'.repeat(32), ['m'], long)).toThrow(/common_notes\.prompt: expected 1 to 300 characters/);
+    const long = { completions: { ...TEXT_REQUEST_CONTRACT.completions, common_notes: { prompt: 'x'.repeat(601) } } };
+    expect(() => signRequestContract(crypto.randomBytes(32), '00'.repeat(32), ['m'], long)).toThrow(/common_notes\.prompt: expected 1 to 600 characters/);
   });
 });
 
@@ -222,7 +230,7 @@ describe('signed request contracts', () => {
     const deep = '[1,'.repeat(200) + '1' + ']'.repeat(200);
     const text = canonicalize(signed.payload).replace(/\}$/, `,"z":${deep}}`);
     const nested = signEnvelope(REQUEST_CONTRACT_PAYLOAD_TYPE, utf8(text), { keyid: provider, seed });
-    expect(verifyRequestContract(nested, { provider })).toMatchObject({ ok: false, error: { code: 'payload_not_canonical', message: expect.stringMatching(/cannot be checked as RFC 8785 canonical JSON: nesting deeper than 128 levels/) } });
+    expect(verifyRequestContract(nested, { provider })).toMatchObject({ ok: false, error: { code: 'payload_not_canonical', message: expect.stringMatching(/is not RFC 8785 canonical JSON \(nesting deeper than 128 levels\)/) } });
   });
 
   test('validateRequestContract names the bad field', () => {

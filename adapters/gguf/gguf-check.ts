@@ -19,7 +19,7 @@
  */
 import fs from 'node:fs';
 import { GgufFileError } from './gguf-errors.ts';
-import { checkLlamaCppBounds, MAX_VOCABULARY, type GgufFacts } from './llama-cpp-bounds.ts';
+import { checkLlamaCppBounds, MAX_VOCABULARY, type GgufFacts, type GgufVocabulary } from './llama-cpp-bounds.ts';
 
 export { GgufFileError };
 
@@ -43,6 +43,10 @@ const STRINGS_READ = /^(tokenizer\.ggml\.model|[^.]+\.rope\.scaling\.type)$/;
 const NUMBER_ARRAYS_READ = /^(tokenizer\.ggml\.token_type|[^.]+\.(attention\.head_count|attention\.head_count_kv|feed_forward_length|expert_used_count))$/;
 /** GGUF's integer value types. */
 const INTEGER_TYPES = new Set([0, 1, 2, 3, 4, 5, 10, 11]);
+/** ggml's GGML_MAX_NAME: a tensor name is shorter. */
+const GGML_MAX_NAME = 64;
+/** The most bytes of token text a vocabulary may have (real ones: a few MB). */
+const MAX_VOCABULARY_BYTES = 64 << 20;
 /** ggml's GGML_MAX_DIMS. */
 const MAX_DIMS = 4;
 /** ggml tensor types are numbered below this (GGML_TYPE_COUNT, with room for new ones). */
@@ -118,9 +122,10 @@ class Reader {
   }
 
   /** A GGUF string's bytes as they are (one character a byte): a token's text, compared as llama.cpp compares it. */
-  rawString(what: string): string {
+  rawString(what: string, max: number): string {
     const len = this.u64(`the length of ${what}`);
     if (len > this.left) throw new GgufFileError(`${this.where()}: ${what} claims ${len} bytes at offset ${this.pos}, past the end of the file (${this.size} bytes): a truncated or corrupt file`);
+    if (len > max) throw new GgufFileError(`${this.where()}: ${what} is ${len} bytes long, more token text than a vocabulary may have (${MAX_VOCABULARY_BYTES} bytes in all): a corrupt file`);
     if (len === 0) return '';
     const o = this.at(len, what);
     return this.buf.toString('latin1', o, o + len);
@@ -156,6 +161,31 @@ class Reader {
   }
 }
 
+const BYTE_TOKEN_TEXT = /^<0x[0-9A-Fa-f]{2}>$/;
+
+/**
+ * The token list as llama.cpp builds its map of it (llama-vocab.cpp): each text a C string (up to
+ * a NUL), an empty one renamed "[EMPTY_<id>]". Kept: the map (for duplicates and the bytes a
+ * SentencePiece vocabulary covers) and, for each token, whether it is spelled <0xHH>.
+ */
+function readVocabulary(r: Reader, count: number): GgufVocabulary {
+  const ids = new Map<string, number>();
+  const byteText = new Uint8Array(count);
+  let duplicate: GgufVocabulary['duplicate'];
+  let bytes = 0;
+  for (let i = 0; i < count; i++) {
+    const raw = r.rawString(`its element ${i}`, MAX_VOCABULARY_BYTES - bytes);
+    bytes += raw.length;
+    const nul = raw.indexOf('\0');
+    const text = (nul >= 0 ? raw.slice(0, nul) : raw) || `[EMPTY_${i}]`;
+    if (BYTE_TOKEN_TEXT.test(raw)) byteText[i] = 1;
+    const first = ids.get(text);
+    if (first === undefined) ids.set(text, i);
+    else duplicate ??= { first, second: i, text };
+  }
+  return { count, ids, byteText, duplicate };
+}
+
 /** Checks `file`'s structure; throws GgufFileError naming the file and the problem (a file system error as it is). */
 export function checkGgufFile(file: string): GgufSummary {
   const fd = fs.openSync(file, 'r');
@@ -178,7 +208,7 @@ export function checkGgufFile(file: string): GgufSummary {
     let where = file;
     const r = new Reader(fd, size, () => where);
     const numbers = new Map<string, number | bigint>();
-    const facts: GgufFacts = { file, architecture: undefined, numbers, strings: new Map(), numberArrays: new Map(), tokens: undefined, tensors: [] };
+    const facts: GgufFacts = { file, architecture: undefined, numbers, strings: new Map(), numberArrays: new Map(), vocabulary: undefined, tensors: [] };
     let architecture: string | undefined;
     for (let i = 0; i < Number(kvs); i++) {
       where = `${file}: metadata entry ${i}`;
@@ -198,10 +228,14 @@ export function checkGgufFile(file: string): GgufSummary {
         // (the arrays read whole are bounded first: a vocabulary's tokens and types, or one count a layer)
         const most = key.startsWith('tokenizer.ggml.') ? MAX_VOCABULARY : MAX_LAYERS;
         if (count > most && (key === 'tokenizer.ggml.tokens' || NUMBER_ARRAYS_READ.test(key))) throw new GgufFileError(`${where}: ${count} entries (at most ${most})`);
-        if (elem === STRING && key === 'tokenizer.ggml.tokens') facts.tokens = Array.from({ length: count }, (_, j) => r.rawString(`its element ${j}`));
+        if (elem === STRING && key === 'tokenizer.ggml.tokens') facts.vocabulary = readVocabulary(r, count);
         else if (elem === STRING) for (let j = 0; j < count; j++) r.skipString(`its element ${j}`);
-        else if (NUMBER_ARRAYS_READ.test(key) && INTEGER_TYPES.has(elem)) facts.numberArrays.set(key, Array.from({ length: count }, () => Number(r.scalar(elem, 'its array'))));
-        else r.skip(count * TYPE_SIZE[elem]!, 'its array');
+        else if (key === 'tokenizer.ggml.token_type' && INTEGER_TYPES.has(elem)) facts.numberArrays.set(key, Array.from({ length: count }, () => Number(r.scalar(elem, 'its array'))));
+        else if (NUMBER_ARRAYS_READ.test(key)) {
+          // llama.cpp reads a per-layer count into uint32: from a UINT32 or INT32 array only (-1 is 2^32 − 1 there).
+          if (elem !== 4 && elem !== 5) throw new GgufFileError(`${where}: an array of GGUF type ${elem}, where llama.cpp reads 32-bit integers`);
+          facts.numberArrays.set(key, Array.from({ length: count }, () => Number(r.scalar(elem, 'its array')) >>> 0));
+        } else r.skip(count * TYPE_SIZE[elem]!, 'its array');
       } else if (TYPE_SIZE[type] !== undefined) {
         numbers.set(key, r.scalar(type, 'its value'));
       } else {
@@ -212,6 +246,7 @@ export function checkGgufFile(file: string): GgufSummary {
       where = `${file}: tensor ${i}`;
       const name = r.string('its name', MAX_NAME);
       where = `${file}: tensor ${i} (${JSON.stringify(name.slice(0, 80))})`;
+      if (Buffer.byteLength(name) >= GGML_MAX_NAME) throw new GgufFileError(`${where}: a name of ${Buffer.byteLength(name)} bytes (llama.cpp takes at most ${GGML_MAX_NAME - 1}): a corrupt file`);
       const dims = r.u32('its number of dimensions');
       if (dims < 1 || dims > MAX_DIMS) throw new GgufFileError(`${where}: ${dims} dimensions (1 to ${MAX_DIMS}): a corrupt file`);
       for (let d = 0; d < dims; d++) {

@@ -19,9 +19,19 @@ export interface GgufFacts {
   strings: Map<string, string>;
   /** Integer arrays read: per-layer counts and tokenizer.ggml.token_type. */
   numberArrays: Map<string, number[]>;
-  /** tokenizer.ggml.tokens as raw bytes (one character a byte). */
-  tokens: string[] | undefined;
+  /** tokenizer.ggml.tokens as llama.cpp reads them. */
+  vocabulary: GgufVocabulary | undefined;
   tensors: { name: string; type: number }[];
+}
+
+export interface GgufVocabulary {
+  count: number;
+  /** Each token's text as llama.cpp keys it (raw bytes, one character a byte; up to a NUL; an empty one renamed), to its first id. */
+  ids: Map<string, number>;
+  /** 1 where the token's text is spelled <0xHH>. */
+  byteText: Uint8Array;
+  /** The first two tokens with the same text, if any. */
+  duplicate?: { first: number; second: number; text: string };
 }
 
 /** ggml's TENSOR_ALIGNMENT: tensor data in a mapped file is used in place only at this alignment. */
@@ -32,9 +42,14 @@ const MAX_EXPERTS = 1024;
 const ROPE_SCALING = ['none', 'linear', 'yarn', 'longrope'];
 /** ggml's integer tensor types (I8, I16, I32, I64): no weight is multiplied in them. */
 const INTEGER_TENSOR_TYPES = new Map([[24, 'I8'], [25, 'I16'], [26, 'I32'], [27, 'I64']]);
+/**
+ * Architectures llama.cpp runs as recurrent or hybrid (llama-arch.cpp llm_arch_is_recurrent and
+ * llm_arch_is_hybrid): a layer's kv head count of 0 marks a recurrent layer there, whose q/k/v
+ * weights are shaped by other keys (Kimi-Linear, Jamba, …). The per-layer head rules skip them.
+ */
+const RECURRENT_OR_HYBRID = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7', 'jamba', 'falcon-h1', 'plamo2', 'granitehybrid', 'lfm2', 'lfm2moe', 'nemotron_h', 'nemotron_h_moe', 'qwen3next', 'kimi-linear', 'bailingmoe3', 'kimi-k3', 'qwen35', 'qwen35moe', 'qwen4exp', 'deepseek4', 'minimax-01']);
 /** llama_token_type BYTE. */
 const BYTE_TOKEN = 6;
-const BYTE_TOKEN_TEXT = /^<0x[0-9A-Fa-f]{2}>$/;
 
 export function checkLlamaCppBounds(f: GgufFacts): void {
   const refuse = (what: string): never => {
@@ -72,7 +87,7 @@ function layers(f: GgufFacts, arch: string, refuse: (what: string) => never): vo
   const kvHeads = perLayer(`${arch}.attention.head_count_kv`) ?? heads; // (llama.cpp: head_count_kv defaults to head_count)
   const ffn = perLayer(`${arch}.feed_forward_length`);
   for (let i = 0; i < blocks; i++) {
-    if (uses(i, ['attn_q', 'attn_k', 'attn_v'])) {
+    if (!RECURRENT_OR_HYBRID.has(arch) && uses(i, ['attn_q', 'attn_k', 'attn_v'])) {
       const h = heads?.(i);
       if (h === undefined || h < 1) refuse(`layer ${i} has attention weights but ${arch}.attention.head_count ${h === undefined ? 'is missing' : `is ${h} there`} (at least 1)`);
       const kv = kvHeads?.(i);
@@ -101,7 +116,7 @@ function experts(f: GgufFacts, arch: string, refuse: (what: string) => never): v
   const count = Number(f.numbers.get(`${arch}.expert_count`) ?? 0);
   const usedArr = f.numberArrays.get(`${arch}.expert_used_count`);
   const usedScalar = f.numbers.get(`${arch}.expert_used_count`);
-  const used = usedArr ? Math.max(0, ...usedArr) : Number(usedScalar ?? 0);
+  const used = usedArr ? usedArr.reduce((a, b) => Math.max(a, b), 0) : Number(usedScalar ?? 0);
   const groups = Number(f.numbers.get(`${arch}.expert_group_count`) ?? 0);
   const groupsUsed = Number(f.numbers.get(`${arch}.expert_group_used_count`) ?? 0);
   if (count > MAX_EXPERTS) refuse(`${arch}.expert_count is ${count} (at most ${MAX_EXPERTS})`);
@@ -127,29 +142,25 @@ export const MAX_VOCABULARY = 1 << 22;
 function vocabulary(f: GgufFacts, refuse: (what: string) => never): void {
   const model = f.strings.get('tokenizer.ggml.model');
   if (model === 'none' || model === 'no_vocab') refuse(`tokenizer.ggml.model is "${model}": a model without a vocabulary cannot serve text`);
-  const tokens = f.tokens;
-  if (!tokens) return;
-  if (tokens.length === 0) refuse('tokenizer.ggml.tokens is empty');
-  const ids = new Map<string, number>();
-  tokens.forEach((raw, i) => {
-    const nul = raw.indexOf('\0');
-    const text = (nul >= 0 ? raw.slice(0, nul) : raw) || `[EMPTY_${i}]`;
-    const first = ids.get(text);
-    if (first !== undefined) refuse(`tokenizer.ggml.tokens: tokens ${first} and ${i} have the same text ${JSON.stringify(Buffer.from(text, 'latin1').toString('utf8').slice(0, 40))} (as llama.cpp reads it): a corrupt vocabulary`);
-    ids.set(text, i);
-  });
+  const v = f.vocabulary;
+  if (!v) return;
+  if (v.count === 0) refuse('tokenizer.ggml.tokens is empty');
+  if (v.duplicate) {
+    const { first, second, text } = v.duplicate;
+    refuse(`tokenizer.ggml.tokens: tokens ${first} and ${second} have the same text ${JSON.stringify(Buffer.from(text, 'latin1').toString('utf8').slice(0, 40))} (as llama.cpp reads it): a corrupt vocabulary`);
+  }
   const types = f.numberArrays.get('tokenizer.ggml.token_type');
   if (types) {
     types.forEach((type, i) => {
-      if (type !== BYTE_TOKEN || i >= tokens.length) return;
+      if (type !== BYTE_TOKEN || i >= v.count) return;
       if (model === 'bert') refuse(`tokenizer.ggml.token_type: token ${i} is a byte token, which a WordPiece ("bert") vocabulary cannot decode`);
-      if (!BYTE_TOKEN_TEXT.test(tokens[i]!)) refuse(`tokenizer.ggml.token_type: token ${i} is a byte token, but its text is not <0xHH>: a corrupt vocabulary`);
+      if (!v.byteText[i]) refuse(`tokenizer.ggml.token_type: token ${i} is a byte token, but its text is not <0xHH>: a corrupt vocabulary`);
     });
   }
   if (model === 'llama') {
     for (let b = 0; b < 256; b++) {
       const hex = `<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`;
-      if (!ids.has(hex) && !(b > 0 && ids.has(String.fromCharCode(b)))) refuse(`tokenizer.ggml.tokens has no token for byte 0x${hex.slice(3, 5)} (${hex}): a text holding it would end the process inside llama.cpp's tokenizer`);
+      if (!v.ids.has(hex) && !(b > 0 && v.ids.has(String.fromCharCode(b)))) refuse(`tokenizer.ggml.tokens has no token for byte 0x${hex.slice(3, 5)} (${hex}): a text holding it would end the process inside llama.cpp's tokenizer`);
     }
   }
 }

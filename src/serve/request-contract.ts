@@ -39,14 +39,15 @@ const maxTokens = (note?: string): AttributeSpec => ({ type: 'integer', use: 'ap
 
 // Where the node takes less of a common field than the marketplace API allows (held to
 // parseRequest by test/request-contract.test.ts, one refused body for each claim).
-const MESSAGE_NOTE = 'roles system, developer, user, assistant and tool; content a string, null, or text parts (type text, input_text or output_text) only';
+const MESSAGE_NOTE = "roles system, developer, user, assistant and tool; content a string, null, or text parts only (type text, input_text or output_text, and its text; an earlier answer's part may carry annotations, logprobs and parsed, empty)";
+const MAX_TOKENS_NOTE = `1 to ${MAX_TOKENS}, and ${CONTEXT_NOTE}`;
 const STREAM_OPTIONS_NOTE = 'only with stream: true; include_usage, and include_obfuscation only false';
 
 const CHAT: EndpointContract = {
   common: ['model', 'messages', 'max_tokens', 'stream', 'stream_options'],
   common_notes: {
-    messages: `${MESSAGE_NOTE}; name, tool_call_id and an assistant turn's tool_calls reach the chat template; an answer's own fields (refusal, annotations, ...) only empty`,
-    max_tokens: `${CONTEXT_NOTE}; give max_tokens or max_completion_tokens, not both`,
+    messages: `${MESSAGE_NOTE}; name and tool_call_id (1 to 256 characters) and an assistant turn's tool_calls (at most 128) reach the chat template; an answer's own fields (refusal, annotations, ...) only empty`,
+    max_tokens: `${MAX_TOKENS_NOTE}; give max_tokens or max_completion_tokens, not both`,
     stream_options: STREAM_OPTIONS_NOTE,
   },
   attributes: {
@@ -75,7 +76,7 @@ const COMPLETIONS: EndpointContract = {
   common: ['model', 'prompt', 'max_tokens', 'stream', 'stream_options'],
   common_notes: {
     prompt: 'a string only (no list of prompts, no token ids)',
-    max_tokens: CONTEXT_NOTE,
+    max_tokens: MAX_TOKENS_NOTE,
     stream_options: STREAM_OPTIONS_NOTE,
   },
   attributes: {
@@ -91,7 +92,7 @@ const COMPLETIONS: EndpointContract = {
 
 const RESPONSES: EndpointContract = {
   common: ['model', 'input'],
-  common_notes: { input: `a string, or message items only (type "message" or left out), with role and content alone; ${MESSAGE_NOTE}` },
+  common_notes: { input: `a string, or message items only (type "message" or left out; id and status as an earlier output item carries them), each with a role and content and nothing else; ${MESSAGE_NOTE}` },
   attributes: {
     instructions: { type: 'string', use: 'applied', note: 'read as a leading system message' },
     stream: { type: 'boolean', use: 'applied', default: false },
