@@ -237,5 +237,11 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
     // Byte 0x41 without <0x41>: llama.cpp falls back to the token "A", which the vocabulary has.
     expect(checkGgufFile(edited('byte-by-char.gguf', retoken(3 + 0x41, 'zz-not-a-byte', 1)))).toMatchObject({ architecture: 'llama' });
     expect(checkGgufFile(edited('rope-yarn.gguf', (m) => setKv(m, 'llama.rope.scaling.type', str('yarn'))))).toMatchObject({ architecture: 'llama' });
+    // HunYuan's dense models say one expert (llama.cpp reads that as none).
+    const hunyuan = edited('hunyuan-1-expert.gguf', (m) => {
+      m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'hunyuan-dense.'), e.key === 'general.architecture' ? str('hunyuan-dense') : e.value)));
+      setKv(m, 'hunyuan-dense.expert_count', u32(1));
+    });
+    expect(checkGgufFile(hunyuan)).toMatchObject({ architecture: 'hunyuan-dense' });
   }, 20_000);
 });

@@ -113,10 +113,12 @@ function tensorNames(f: GgufFacts): Set<string> {
 
 /** llama.cpp's expert counts (load_hparams): consistent with each other, or it aborts. */
 function experts(f: GgufFacts, arch: string, refuse: (what: string) => never): void {
-  const count = Number(f.numbers.get(`${arch}.expert_count`) ?? 0);
+  let count = Number(f.numbers.get(`${arch}.expert_count`) ?? 0);
   const usedArr = f.numberArrays.get(`${arch}.expert_used_count`);
   const usedScalar = f.numbers.get(`${arch}.expert_used_count`);
-  const used = usedArr ? usedArr.reduce((a, b) => Math.max(a, b), 0) : Number(usedScalar ?? 0);
+  let used = usedArr ? usedArr.reduce((a, b) => Math.max(a, b), 0) : Number(usedScalar ?? 0);
+  // (llama.cpp reads one expert or none as a dense model for these two)
+  if ((arch === 'hunyuan-dense' || arch === 'hunyuan_vl') && count <= 1) count = used = 0;
   const groups = Number(f.numbers.get(`${arch}.expert_group_count`) ?? 0);
   const groupsUsed = Number(f.numbers.get(`${arch}.expert_group_used_count`) ?? 0);
   if (count > MAX_EXPERTS) refuse(`${arch}.expert_count is ${count} (at most ${MAX_EXPERTS})`);
