@@ -8,7 +8,7 @@
 // No `node:` imports: the verifier runs in browsers.
 import { fromBase64, fromHex, isHex, toBase64 } from './bytes.ts';
 import { openNote, signNote, type NoteSigner } from './note.ts';
-import { fail, ok, type VerifyResult, guarded } from './result.ts';
+import { fail, guarded, isOptions, ok, unknownOption, type VerifyResult } from './result.ts';
 
 export interface Checkpoint {
   origin: string;
@@ -101,13 +101,22 @@ export function signCheckpoint(cp: Checkpoint, signer: NoteSigner): string {
  * Never throws.
  */
 export function verifyCheckpoint(note: string, key: CheckpointKey): VerifyResult<VerifiedCheckpoint> {
-  return guarded('checkpoint_malformed', 'the checkpoint or its key', () => checkCheckpoint(note, key));
+  // The key is read once, first, under its own name: a key that cannot be used checked nothing.
+  const read = guarded('options_invalid', 'the checkpoint key', () => readCheckpointKey(key));
+  if (!read.ok) return read;
+  return guarded('checkpoint_malformed', 'the checkpoint', () => checkCheckpoint(note, read.value));
+}
+
+function readCheckpointKey(key: unknown): VerifyResult<CheckpointKey> {
+  if (!isOptions(key) || unknownOption(key, ['name', 'publicKey', 'origin']) !== undefined) return fail('options_invalid', 'the checkpoint key must be an object { name, publicKey, origin? }');
+  const { name, publicKey, origin } = key;
+  if (typeof name !== 'string' || !(publicKey instanceof Uint8Array) || (origin !== undefined && typeof origin !== 'string')) {
+    return fail('options_invalid', 'the checkpoint key needs name (a string), publicKey (32 bytes) and, optionally, origin (a string)');
+  }
+  return ok({ name, publicKey, ...(origin !== undefined ? { origin } : {}) });
 }
 
 function checkCheckpoint(note: string, key: CheckpointKey): VerifyResult<VerifiedCheckpoint> {
-  if (!key || typeof key.name !== 'string' || !(key.publicKey instanceof Uint8Array)) {
-    return fail('note_no_known_signature', 'no usable checkpoint key given');
-  }
   const opened = openNote(note, [{ name: key.name, publicKey: key.publicKey }]);
   if (!opened.ok) return opened;
   const text = opened.value.text;

@@ -285,6 +285,7 @@ export function verifyCheckpointConsistency(older: string, newer: string, proof:
 }
 
 function checkConsistency(older: string, newer: string, proof: Uint8Array[], provider: string): VerifyResult<{ older: VerifiedCheckpoint; newer: VerifiedCheckpoint }> {
+  if (typeof provider !== 'string') return fail('options_invalid', 'provider (the fourth argument) must be the provider id: 64 lowercase hex characters');
   const key = receiptLogKey(provider);
   if (!key) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
   const a = verifyCheckpoint(older, key);

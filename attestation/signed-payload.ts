@@ -4,7 +4,7 @@ import { fromBase64, fromHex, fromUtf8, isHex } from './bytes.ts';
 import { checkEnvelopeShape, parseEnvelope, verifyEnvelope, type DsseEnvelope } from './dsse.ts';
 import { parseCanonical } from './canonical-json.ts';
 import { FieldError } from './fields.ts';
-import { fail, guarded, isOptions, ok, type VerifyResult } from './result.ts';
+import { fail, guarded, isOptions, ok, unknownOption, type VerifyResult } from './result.ts';
 
 export function readPayload<T>(bytes: Uint8Array, validate: (value: unknown) => T, what: string): VerifyResult<T> {
   const text = fromUtf8(bytes);
@@ -50,7 +50,7 @@ export function peekLine(line: string): Record<string, unknown> | undefined {
  */
 export function verifyProviderSigned<T extends { provider: string }>(envelope: DsseEnvelope | string, opts: { provider: string }, payloadType: string, validate: (value: unknown) => T, what: string): VerifyResult<T> {
   return guarded('envelope_malformed', what, () => {
-    if (!isOptions(opts)) return fail('options_invalid', 'options must be an object { provider }');
+    if (!isOptions(opts) || unknownOption(opts, ['provider']) !== undefined || typeof opts.provider !== 'string') return fail('options_invalid', 'options must be an object { provider } (the provider id)');
     if (!isHex(opts.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
     const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
     if (!shaped.ok) return shaped;

@@ -237,4 +237,22 @@ describe('the verifier functions answer hostile values, never throw', () => {
     expect(verifyReceipt('{}', { provider: undefined } as never)).toMatchObject({ ok: false, error: { code: 'options_invalid', message: expect.stringMatching(/provider is required/) } });
     expect(verifyReceipt('{}', { provider: 'ab'.repeat(32), chain: 'yes' } as never)).toMatchObject({ ok: false, error: { code: 'options_invalid' } });
   });
+
+  test('every verifier taking a provider or a key: one given as undefined, misspelt or of the wrong type is options_invalid (nothing was checked); a malformed id is unknown_key', async () => {
+    const { verifyCheckpoint, verifyRequestContract } = await import('../attestation/verifier.ts');
+    const id = 'ab'.repeat(32);
+    const code = (r: { ok: boolean; error?: { code: string } }) => (r.ok ? 'ok' : r.error!.code);
+    for (const opts of [undefined, {}, { provider: undefined }, { provder: id }, { provider: id, extra: 1 }, { provider: 7 }]) {
+      expect(code(verifyPriceList('{}', opts as never)), `verifyPriceList ${JSON.stringify(opts)}`).toBe('options_invalid');
+      expect(code(verifyRequestContract('{}', opts as never)), `verifyRequestContract ${JSON.stringify(opts)}`).toBe('options_invalid');
+    }
+    expect(code(verifyPriceList('{}', { provider: 'AB'.repeat(32) }))).toBe('unknown_key');
+    for (const p of [undefined, 7, null]) expect(code(verifyCheckpointConsistency('x', 'y', [], p as never)), String(p)).toBe('options_invalid');
+    expect(code(verifyCheckpointConsistency('x', 'y', [], 'nothex'))).toBe('unknown_key');
+    const key = { name: `${id}/receipts`, publicKey: new Uint8Array(32) };
+    for (const k of [undefined, null, {}, { ...key, publicKey: 'ab' }, { ...key, name: 1 }, { ...key, orgin: 'x' }, { ...key, origin: 5 }]) {
+      expect(code(verifyCheckpoint('note', k as never)), JSON.stringify(k) ?? String(k)).toBe('options_invalid');
+    }
+    expect(code(verifyCheckpoint('note', key))).not.toBe('options_invalid'); // (a usable key: the note itself is judged)
+  });
 });

@@ -16,7 +16,7 @@ export function demoCommand(): Command {
   return new Command('demo')
     .description('run a marketplace, a node (tiny model, embedded runtime) and the gateway together (what npm start runs)')
     .option('--port <n>', 'gateway port', intOption('--port', 0, 65535), 11435)
-    .option('--smoke', 'send one paid request through the gateway, print the answer and its receipt check, and stop')
+    .option('--smoke', 'send one paid request through the gateway (which answers only once its receipt verifies), print its tokens, its cost and what the market collected, and stop')
     .action(async (opts: { port: number; smoke?: boolean }) => {
       const portProblem = fetchPortProblem(opts.port);
       if (portProblem) throw new CliError(`--port: ${portProblem}`, 2);

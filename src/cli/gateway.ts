@@ -26,7 +26,7 @@ export function gatewayCommand(): Command {
   return new Command('gateway')
     .description("serve the marketplace's OpenAI-compatible API locally (/v1), sending requests straight to providers over libp2p")
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
-    .option('--listen <host:port>', 'where to serve HTTP (loopback by default: the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
+    .option('--listen <host:port>', 'where to serve HTTP (loopback by default: without --api-keys-file the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)
     .option('--account <name>', "the buyer account to ask tickets for (the market's default: dev); nodes keep Idempotency-Keys per account, so gateways of different buyers on one market each need their own", accountOption)
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
