@@ -377,8 +377,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
-    // Free space below receipts.min_free_mb, and a model whose file was written over in place (refused until a restart).
-    const workProblems = () => [...(diskLow ? [diskLow] : []), ...[...models.values()].filter((m) => m.adapter.modelFileState?.() === 'modified').map((m) => modelFileModified(m).message)];
+    // Free space below receipts.min_free_mb refuses all paid work; a model whose file was written
+    // over in place refuses that model's (until a restart): the node goes on selling the others,
+    // and /readyz says it is degraded.
+    const modifiedModel = (m: ServedModel) => m.adapter.modelFileState?.() === 'modified';
+    const workProblems = () => (diskLow ? [diskLow] : []);
+    const modelProblems = () => [...models.values()].filter(modifiedModel).map((m) => modelFileModified(m).message);
     const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, workProblems()] as const;
     /** Whether the node takes paid work now (the capacity snapshot and /status say it alike). */
     const accepting = () => workRefused(...standing()).length === 0;
@@ -386,20 +390,23 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       price_version: prices.payload.version,
       attestation_tier: 'T1',
       accepting: accepting(),
-      models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit })),
+      models: [...models.values()].map((m) => ({ ...describe(m), free_slots: Math.max(0, m.admission.free), queued: m.admission.queued, queue_limit: m.admission.queueLimit, ...(modifiedModel(m) ? { accepting: false as const } : {}) })),
     });
     const capacity = await serveCapacity(host, identity, capacitySnapshot);
     cleanup.push(['capacity protocol', () => capacity.stop()]);
     // The ops server has been answering since before the models loaded: from now on, for the serving node.
     serving.health = () => (log.failure ? { ok: false, reason: `the receipt log has stopped (${log.failure.message.slice(0, 2000)}): paid work is refused until the node is restarted` } : { ok: true });
-    serving.ready = () => readiness(...standing());
+    serving.ready = () => {
+      const [stop, keys, market, logFailure, stateFailure, problems] = standing();
+      return readiness(stop, keys, market, logFailure, stateFailure, [...problems, ...modelProblems()]);
+    };
     serving.status = () => ({
       provider_id: identity.providerId,
       peer_id: host.peerId.toString(),
       addresses: host.getMultiaddrs().map((a) => a.toString()),
       price_version: prices.payload.version,
       accepting: accepting(),
-      models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued })),
+      models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued, accepting: !modifiedModel(m) })),
       // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
       receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },
       in_flight: infer.inFlight,

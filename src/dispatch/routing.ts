@@ -88,6 +88,8 @@ export function contextUnfit(contextLength: number, need: Need): Refusal | undef
 
 /** A provider that is stopping takes no new work (the marketplace's and the gateway's reason). */
 export const NOT_ACCEPTING: Refusal = { status: 503, code: 'routing_unsatisfied', message: 'not accepting work (the node is stopping, or cannot take paid work now)' };
+/** A node that takes no paid work for one of its models now (its model file changed under it); its other models go on. */
+export const MODEL_NOT_ACCEPTING: Refusal = { status: 503, code: 'routing_unsatisfied', message: 'not accepting work for this model now (the node must restart to serve it again)' };
 
 /** Undefined when the node can serve the request as asked; otherwise the first reason it cannot. */
 export function checkRouting(offer: Offer, routing: TicketRouting, need: Need): Refusal | undefined {

@@ -7,7 +7,7 @@ import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
 import type { TicketRouting } from '../../attestation/ticket.ts';
 import { checkOffer, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { GatewayError } from './errors.ts';
-import type { ProviderEntry, ProviderModel } from './market-client.ts';
+import { acceptsModel, type ProviderEntry, type ProviderModel } from './market-client.ts';
 import type { RoutingControls } from './routing-headers.ts';
 
 export interface Candidate {
@@ -46,7 +46,7 @@ function judged(listing: readonly ProviderEntry[], model: string, routing: Ticke
   return listing.flatMap((p) => {
     const m = p.live === false ? undefined : p.models.find((x) => x.id === model);
     // As the marketplace: a provider that is stopping is a reason of its own, not a price.
-    return m ? [{ provider: p, model: m, why: p.accepting === false ? NOT_ACCEPTING : listingUnmet(p, m, routing) }] : [];
+    return m ? [{ provider: p, model: m, why: !acceptsModel(p, model) ? NOT_ACCEPTING : listingUnmet(p, m, routing) }] : [];
   });
 }
 

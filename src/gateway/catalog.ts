@@ -12,7 +12,7 @@ import { quantizationBucket, representativePrice } from '../dispatch/routing.ts'
 import { invalid } from './errors.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { verifyRequestContract, type ContractEndpoint, type RequestContractPayload } from '../../attestation/request-contract.ts';
-import type { ModelCapacity, ProviderEntry } from './market-client.ts';
+import { acceptsModel, type ModelCapacity, type ProviderEntry } from './market-client.ts';
 
 /** What every model sold through these nodes serves: the text endpoints (embedded llama.cpp). */
 const ENDPOINT_FAMILIES = ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS'] as const;
@@ -125,8 +125,9 @@ function models(listing: readonly ProviderEntry[]): Model[] {
       }
       const route: Route = {
         provider: p.provider,
-        // (A node that said it is stopping, accepting nothing, is no live route: the market tickets it no more.)
-        live: p.live !== false && p.accepting !== false,
+        // (A node that said it is stopping, accepting nothing, or nothing for this model, is no live
+        // route: the market tickets it no more.)
+        live: p.live !== false && acceptsModel(p, m.id),
         context: typeof m.context === 'number' ? m.context : 0,
         quantization: m.quantization === undefined ? undefined : quantizationBucket(m.quantization),
         tier: ATTESTATION_TIERS.find((t) => t === p.attestation_tier),

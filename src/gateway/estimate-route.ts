@@ -11,7 +11,7 @@ import { ContractError, parseRequest, type ParsedRequest } from '../serve/contra
 import { candidates, type Candidate } from './candidates.ts';
 import { GatewayError, invalid } from './errors.ts';
 import { canonicalBodySha256, ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
-import type { MarketClient } from './market-client.ts';
+import { acceptsModel, type MarketClient } from './market-client.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { bodyBytes, decodeJson, isObj } from './request-body.ts';
 import { parseRoutingHeaders } from './routing-headers.ts';
@@ -107,7 +107,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       expected_cost: formatUsd(est.expectedMicroUsd),
       max_hold: formatUsd(est.maxHoldMicroUsd),
       expires_at: Math.floor(est.expiresAt / 1000),
-      can_start: { provider: est.provider, live: c.provider.live !== false, accepting: c.provider.accepting !== false },
+      can_start: { provider: est.provider, live: c.provider.live !== false, accepting: acceptsModel(c.provider, est.model) },
     });
   });
 }

@@ -48,6 +48,13 @@ export interface ModelCapacity {
   free_slots: number;
   queued: number;
   queue_limit: number;
+  /** False: the node takes no paid work for this model now (its other models go on). */
+  accepting?: false;
+}
+
+/** Whether a listed provider takes paid work for `model` (unknown counts as yes, as the market counts it). */
+export function acceptsModel(p: ProviderEntry, model: string): boolean {
+  return p.accepting !== false && p.capacity?.get(model)?.accepting !== false;
 }
 
 const count = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
@@ -56,7 +63,9 @@ function readCapacity(v: unknown): Map<string, ModelCapacity> | undefined {
   if (!isObj(v) || !Array.isArray(v.models)) return undefined;
   const out = new Map<string, ModelCapacity>();
   for (const m of v.models) {
-    if (isObj(m) && typeof m.id === 'string' && count(m.free_slots) && count(m.queued) && count(m.queue_limit) && !out.has(m.id)) out.set(m.id, { free_slots: m.free_slots, queued: m.queued, queue_limit: m.queue_limit });
+    if (isObj(m) && typeof m.id === 'string' && count(m.free_slots) && count(m.queued) && count(m.queue_limit) && !out.has(m.id)) {
+      out.set(m.id, { free_slots: m.free_slots, queued: m.queued, queue_limit: m.queue_limit, ...(m.accepting === false ? { accepting: false as const } : {}) });
+    }
   }
   return out;
 }

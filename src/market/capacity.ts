@@ -20,6 +20,7 @@ export function validateCapacitySnapshot(value: unknown): CapacitySnapshot {
     const o = f.object(m, where);
     f.string(o.id, `${where}.id`, 256);
     for (const k of ['slots', 'free_slots', 'queued', 'queue_limit', 'context'] as const) f.uint(o[k], `${where}.${k}`);
+    if (o.accepting !== undefined && typeof o.accepting !== 'boolean') throw new f.FieldError(`${where}.accepting`, 'expected a boolean');
   });
   return p as unknown as CapacitySnapshot;
 }

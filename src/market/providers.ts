@@ -206,7 +206,7 @@ function heldCapacity(record: ProviderRecord, snap: CapacitySnapshot): HeldCapac
     const slots = registered.get(m.id);
     if (slots === undefined) continue;
     registered.delete(m.id);
-    models.push({ id: m.id, free_slots: Math.min(m.free_slots, slots), queued: Math.min(m.queued, MAX_QUEUE_FIGURE), queue_limit: Math.min(m.queue_limit, MAX_QUEUE_FIGURE) });
+    models.push({ id: m.id, free_slots: Math.min(m.free_slots, slots), queued: Math.min(m.queued, MAX_QUEUE_FIGURE), queue_limit: Math.min(m.queue_limit, MAX_QUEUE_FIGURE), ...(m.accepting === false ? { accepting: false as const } : {}) });
   }
   return { at: snap.at, accepting: snap.accepting, models };
 }

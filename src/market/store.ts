@@ -36,7 +36,8 @@ export interface ProviderRecord {
 export interface HeldCapacity {
   at: number;
   accepting: boolean;
-  models: { id: string; free_slots: number; queued: number; queue_limit: number }[];
+  /** `accepting: false`: the node takes no paid work for that model now (its other models go on). */
+  models: { id: string; free_slots: number; queued: number; queue_limit: number; accepting?: false }[];
 }
 
 export interface IssuedTicket {

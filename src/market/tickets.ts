@@ -6,7 +6,7 @@ import { FieldError } from '../../attestation/fields.ts';
 import type { Rates } from '../../attestation/money.ts';
 import { ratesToWire, type WireRates } from '../../attestation/receipt.ts';
 import { signTicket, TICKET_VERSION, validateTicketPayload, type TicketPayload, type TicketRouting } from '../../attestation/ticket.ts';
-import { checkOffer, contextWorstCase, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
+import { checkOffer, contextWorstCase, MODEL_NOT_ACCEPTING, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
 import { PAID_ENDPOINTS } from '../serve/contract.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
@@ -53,6 +53,7 @@ export interface TicketContext {
  */
 function unmet(r: TicketRouting, p: ProviderRecord, m: RegisteredModel, rates: Rates): Refusal | undefined {
   if (p.capacity && !p.capacity.accepting) return NOT_ACCEPTING;
+  if (p.capacity?.models.find((c) => c.id === m.id)?.accepting === false) return MODEL_NOT_ACCEPTING;
   const offer = { contextLength: m.context, quantization: m.quantization, tokensPerSecond: m.tokens_per_second, tier: p.attestation_tier, rates };
   return checkOffer(offer, r);
 }

@@ -20,6 +20,8 @@ export interface CapacityModel {
   free_slots: number;
   queued: number;
   queue_limit: number;
+  /** False while the node takes no paid work for this model (its file changed under it); left out when it does. */
+  accepting?: false;
 }
 
 export interface CapacitySnapshot {

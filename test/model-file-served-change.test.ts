@@ -1,0 +1,97 @@
+// A model file written over in place while the node serves it: that model is refused until a
+// restart, and only it. The node's capacity snapshot says `accepting: false` for that model alone,
+// the market tickets it no more, the gateway's catalog has no live route for it, and the node's
+// other model is sold as before. /readyz says the node is degraded, naming the model.
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { parseConfig } from '../src/config.ts';
+import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
+import { createKeyFile } from '../src/identity.ts';
+import { createMarket, type Market } from '../src/market/market.ts';
+import { startNode, type RunningNode } from '../src/node.ts';
+import { errorOf, marketTotals } from './helpers/gateway-reads.ts';
+import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { until, waitForListed } from './helpers/wait.ts';
+
+let dir: string;
+let market: Market;
+let url: string;
+let node: RunningNode;
+let gw: Gateway;
+
+beforeAll(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'model-served-change-'));
+  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 300 });
+  url = (await market.listen()).url;
+  createKeyFile(path.join(dir, 'node.key'));
+  writeTinyLlama(path.join(dir, 'tiny.gguf'));
+  writeTinyLlama(path.join(dir, 'other.gguf'), { seed: 2 });
+  // The tiny node's config with a second model beside tiny/llama.
+  const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl: url, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'fatal' }).replace(
+    'ops: {',
+    ['  - id: tiny/other', '    adapter: llama-embedded', '    path: ./other.gguf', '    context: 512', '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }', 'ops: {'].join('\n'),
+  );
+  node = await startNode(parseConfig(yaml, dir));
+  await waitForListed(url, [node.providerId]);
+  gw = await createGateway({ market: url, port: 0 });
+}, 60_000);
+
+afterAll(async () => {
+  await gw?.close(1000);
+  await node?.stop(1000);
+  await market?.close();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+const chat = (model: string): Promise<Response> =>
+  fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_tokens: 4, seed: 1 }) });
+
+type Listed = { provider: string; accepting: boolean; capacity?: { models: { id: string; accepting?: boolean }[] } };
+
+test('one model\'s file written over in place: that model is taken off the market, the other is still sold', async () => {
+  for (const model of ['tiny/llama', 'tiny/other']) {
+    const r = await chat(model);
+    expect(r.status, model).toBe(200);
+    await r.json();
+  }
+  fs.appendFileSync(path.join(dir, 'other.gguf'), Buffer.from([0])); // (in place: its size and times change)
+
+  // The next heartbeat carries it: the market lists the provider as accepting, that model as not.
+  const listed = async (): Promise<Listed | undefined> => ((await (await fetch(`${url}/v1/providers`)).json()) as Listed[]).find((p) => p.provider === node.providerId);
+  await until('the market to hear that tiny/other is not taken', async () => (await listed())?.capacity?.models.find((m) => m.id === 'tiny/other')?.accepting === false, 15_000);
+  const p = (await listed())!;
+  expect(p.accepting).toBe(true);
+  expect(p.capacity!.models.find((m) => m.id === 'tiny/llama')!.accepting).toBeUndefined();
+
+  const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { accepting: boolean; models: { id: string; accepting: boolean }[] };
+  expect(status.accepting).toBe(true);
+  expect(Object.fromEntries(status.models.map((m) => [m.id, m.accepting]))).toEqual({ 'tiny/llama': true, 'tiny/other': false });
+  const ready = await fetch(`${node.opsUrl}/readyz`);
+  expect(ready.status).toBe(503);
+  expect(JSON.stringify(await ready.json())).toContain('model tiny/other: its file was modified in place');
+
+  // Through the gateway: the changed model has no provider (no ticket used, nothing charged); the other is served.
+  const before = await marketTotals(url);
+  const [status503, e] = await errorOf(await chat('tiny/other'));
+  expect([status503, e.code]).toEqual([503, 'no_provider']);
+  expect(e.message).toMatch(/not accepting work for this model now/);
+  expect(await marketTotals(url)).toEqual(before);
+  const ok = await chat('tiny/llama');
+  expect(ok.status).toBe(200);
+  await ok.json();
+
+  // The catalog counts no live route of the changed model.
+  const models = (await (await fetch(`${gw.url}/models`)).json()) as { data: { id: string; capacity: { slots: number } }[] };
+  expect(Object.fromEntries(models.data.map((m) => [m.id, m.capacity.slots]))).toEqual({ 'tiny/llama': 1, 'tiny/other': 0 });
+}, 60_000);
+
+test("the market reads a model's `accepting` only as a boolean, and keeps it only when false", async () => {
+  const { validateCapacitySnapshot } = await import('../src/market/capacity.ts');
+  const snap = (accepting: unknown) => ({ v: 1, provider: 'ab'.repeat(32), at: 1, price_version: 'p1', attestation_tier: 'T1', accepting: true, models: [{ id: 'm', slots: 1, free_slots: 1, queued: 0, queue_limit: 4, context: 512, ...(accepting === undefined ? {} : { accepting }) }] });
+  for (const a of [undefined, true, false]) expect(() => validateCapacitySnapshot(snap(a)), String(a)).not.toThrow();
+  for (const a of ['no', 0, null]) expect(() => validateCapacitySnapshot(snap(a)), String(a)).toThrow(/models\[0\]\.accepting: expected a boolean/);
+});
