@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { checkGgufFile, GgufFileError } from '../adapters/gguf/gguf-check.ts';
-import { i32Arr, kv, str, strArr, u32, type GgufKv } from '../adapters/gguf/gguf-writer.ts';
+import { f32, i32Arr, kv, str, strArr, u32, type GgufKv } from '../adapters/gguf/gguf-writer.ts';
 import { tinyLlamaVocab, writeTinyLlama, type TinyLlamaOptions } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 
@@ -173,7 +173,7 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
     ['experts-unused.gguf', (m) => setKv(m, 'llama.expert_count', u32(2)), /llama\.expert_count is 2 but llama\.expert_used_count is 0 \(at least 1 with experts\)/],
     ['used-no-experts.gguf', (m) => setKv(m, 'llama.expert_used_count', u32(1)), /llama\.expert_used_count is 1, more than llama\.expert_count \(0\)/],
     ['experts-2000.gguf', (m) => (setKv(m, 'llama.expert_count', u32(2000)), setKv(m, 'llama.expert_used_count', u32(2))), /llama\.expert_count is 2000 \(at most 1024\)/],
-    ['value-length-0.gguf', (m) => setKv(m, 'llama.attention.value_length', u32(0)), /llama\.attention\.value_length is 0 \(at least 1\)/],
+    ['value-length-0.gguf', (m) => setKv(m, 'llama.attention.value_length', u32(0)), /llama\.attention\.value_length is 0 \(1 to 65536\)/],
     ['heads-array-0.gguf', (m) => setKv(m, 'llama.attention.head_count', i32Arr([4, 0])), /layer 1 has attention weights but llama\.attention\.head_count is 0 there \(at least 1\)/],
     ['kv-heads-array-0.gguf', (m) => setKv(m, 'llama.attention.head_count_kv', i32Arr([0, 4])), /layer 0 has attention weights but llama\.attention\.head_count_kv is 0 there/],
     ['heads-missing.gguf', (m) => (dropKv(m, 'llama.attention.head_count'), dropKv(m, 'llama.attention.head_count_kv')), /layer 0 has attention weights but llama\.attention\.head_count is missing/],
@@ -219,10 +219,60 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
     expect(() => checkGgufFile(plain)).toThrow(/layer 0 has attention weights but llama\.attention\.head_count_kv is 0 there/);
   });
 
+  test('tensor types no model is stored in, and one-dimensional tensors (norms, biases) not F32, are refused (s20 h1: aborts and segmentation faults)', () => {
+    // (the tensor's name, then u32 dimensions = 1, one u64 dimension, then its u32 type)
+    for (const [type, name] of [[1, 'F16'], [8, 'Q8_0']] as const) {
+      const f = corrupted(`norm-${name}.gguf`, 'output_norm.weight', 4 + 8, (b, at) => b.writeUInt32LE(type, at));
+      expect(() => checkGgufFile(f), name).toThrow(/tensor "output_norm\.weight" has one dimension and ggml type \d+, not F32 \(0\)/);
+    }
+    for (const [type, name] of [[9, 'Q8_1'], [15, 'Q8_K'], [28, 'F64'], [24, 'I8']] as const) {
+      const f = corrupted(`weight-${name}.gguf`, 'blk.1.ffn_up.weight', 4 + 16, (b, at) => b.writeUInt32LE(type, at));
+      expect(() => checkGgufFile(f), name).toThrow(new RegExp(`tensor "blk\\.1\\.ffn_up\\.weight" is of type ${name}, which no model is stored in`));
+    }
+  });
+
+  test('rope dimensions within the head and even, rope scaling factors positive: refused otherwise (s20 h1: a start spinning for ever, aborts, empty answers billed)', () => {
+    for (const rot of [0, 15, 18]) {
+      const f = edited(`rope-dim-${rot}.gguf`, (m) => setKv(m, 'llama.rope.dimension_count', u32(rot)));
+      expect(() => checkGgufFile(f), String(rot)).toThrow(new RegExp(`llama\\.rope\\.dimension_count is ${rot} \\(an even number from 2 to the head's 16 dimensions\\)`));
+    }
+    for (const key of ['llama.rope.scaling.factor', 'llama.rope.scaling.attn_factor']) {
+      for (const v of [Number.NaN, -1, Number.POSITIVE_INFINITY]) {
+        const f = edited('rope-factor.gguf', (m) => setKv(m, key, f32(v)));
+        expect(() => checkGgufFile(f), `${key} ${v}`).toThrow(new RegExp(`${key.replace(/\./g, '\\.')} is ${v} \\(`));
+      }
+    }
+    expect(() => checkGgufFile(edited('yarn-ctx.gguf', (m) => setKv(m, 'llama.rope.scaling.original_context_length', u32(2 ** 32 - 1))))).toThrow(/original_context_length is 4294967295/);
+    // What llama.cpp reads as "none" passes: a scaling factor of 0, an original context of 0 (s20 h1: both served).
+    expect(checkGgufFile(edited('rope-none.gguf', (m) => (setKv(m, 'llama.rope.scaling.type', str('yarn')), setKv(m, 'llama.rope.scaling.factor', f32(0)), setKv(m, 'llama.rope.scaling.original_context_length', u32(0)))))).toMatchObject({ architecture: 'llama' });
+    expect(() => checkGgufFile(edited('used-0.gguf', (m) => (setKv(m, 'llama.expert_count', u32(2)), setKv(m, 'llama.expert_used_count', i32Arr([1, 0])))))).toThrow(/llama\.expert_used_count gives a layer 0 experts, on a model with 2/);
+  });
+
+  test('a non-transformer model (Mamba, RWKV) has no attention heads: 0 is taken (llama.cpp\'s converter writes it)', () => {
+    const mamba = edited('mamba.gguf', (m) => {
+      m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'mamba.'), e.key === 'general.architecture' ? str('mamba') : e.value)));
+      for (const k of ['mamba.attention.head_count', 'mamba.attention.head_count_kv', 'mamba.feed_forward_length']) setKv(m, k, u32(0));
+      dropKv(m, 'mamba.rope.dimension_count');
+      m.tensors = m.tensors.filter((t) => !/\.(attn_[qkv]|ffn_\w+)\.weight$/.test(t.name)); // (its layers are state-space blocks)
+    });
+    expect(checkGgufFile(mamba)).toMatchObject({ architecture: 'mamba' });
+    const empty = edited('mamba-state-0.gguf', (m) => (m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'mamba.'), e.key === 'general.architecture' ? str('mamba') : e.value))), setKv(m, 'mamba.ssm.state_size', u32(0))));
+    expect(() => checkGgufFile(empty)).toThrow(/mamba\.ssm\.state_size is 0 \(1 to/);
+  });
+
+  test('an RWKV vocabulary needs every byte that begins a token as a token of its own (else its tokenizer loops for ever); a SentencePiece one need not cover bytes UTF-8 never holds', () => {
+    const rwkv = edited('rwkv-gap.gguf', (m) => setKv(m, 'tokenizer.ggml.model', str('rwkv')));
+    expect(() => checkGgufFile(rwkv)).toThrow(/tokens begin with byte 0xe2, but none is that byte alone: llama\.cpp's RWKV tokenizer would loop for ever/);
+    // "\xe2" is how an RWKV vocabulary spells the lone byte 0xE2.
+    const covered = edited('rwkv-covered.gguf', (m) => (retoken(400, '\\xe2')(m), setKv(m, 'tokenizer.ggml.model', str('rwkv'))));
+    expect(checkGgufFile(covered)).toMatchObject({ architecture: 'llama' });
+    expect(checkGgufFile(edited('spm-no-f5.gguf', retoken(3 + 0xf5, 'zz-not-a-byte', 1)))).toMatchObject({ architecture: 'llama' });
+  });
+
   test('a weight of an integer type (I32: a segmentation fault at the first request) is refused', () => {
     // (the tensor's name, then u32 dimensions = 2, two u64 dimensions, then its u32 type)
     const f = corrupted('weight-i32.gguf', 'blk.0.attn_q.weight', 4 + 16, (b, at) => b.writeUInt32LE(26, at));
-    expect(() => checkGgufFile(f)).toThrow(/tensor "blk\.0\.attn_q\.weight" is of type I32: llama\.cpp computes with no integer weights/);
+    expect(() => checkGgufFile(f)).toThrow(/tensor "blk\.0\.attn_q\.weight" is of type I32, which no model is stored in: a corrupt file/);
   });
 
   test('what llama.cpp takes passes: per-layer counts, a consistent expert count, a byte fallback by the character itself', async () => {

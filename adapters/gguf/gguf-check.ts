@@ -19,7 +19,7 @@
  */
 import fs from 'node:fs';
 import { GgufFileError } from './gguf-errors.ts';
-import { checkLlamaCppBounds, MAX_VOCABULARY, type GgufFacts, type GgufVocabulary } from './llama-cpp-bounds.ts';
+import { checkLlamaCppBounds, MAX_VOCABULARY, RECURRENT, type GgufFacts, type GgufVocabulary } from './llama-cpp-bounds.ts';
 
 export { GgufFileError };
 
@@ -256,10 +256,10 @@ export function checkGgufFile(file: string): GgufSummary {
       const type = r.u32('its type');
       if (type >= GGML_TYPES) throw new GgufFileError(`${where}: tensor type ${type} is not a ggml type: a corrupt file`);
       r.i64('its data offset');
-      facts.tensors.push({ name, type });
+      facts.tensors.push({ name, type, dims });
     }
     where = file;
-    if (architecture !== undefined) checkHyperparameters(file, architecture, numbers);
+    if (architecture !== undefined) checkHyperparameters(file, architecture, numbers, facts.numberArrays);
     facts.architecture = architecture;
     checkLlamaCppBounds(facts);
     return { version, tensors: Number(tensors), kvs: Number(kvs), architecture };
@@ -269,14 +269,25 @@ export function checkGgufFile(file: string): GgufSummary {
 }
 
 /** The hyperparameters llama.cpp asserts on (an abort of the whole process), where they are plain numbers. */
-function checkHyperparameters(file: string, arch: string, numbers: Map<string, number | bigint>): void {
+function checkHyperparameters(file: string, arch: string, numbers: Map<string, number | bigint>, arrays: ReadonlyMap<string, number[]>): void {
+  // (non-transformer models, Mamba and RWKV, have no attention heads: llama.cpp's converter writes 0)
+  const heads = RECURRENT.has(arch) ? 0 : 1;
   const counts: [string, number, number][] = [
     [`${arch}.block_count`, 1, MAX_LAYERS],
-    [`${arch}.attention.head_count`, 1, 2 ** 31 - 1],
-    [`${arch}.attention.head_count_kv`, 1, 2 ** 31 - 1],
+    [`${arch}.attention.head_count`, heads, 2 ** 31 - 1],
+    [`${arch}.attention.head_count_kv`, heads, 2 ** 31 - 1],
     [`${arch}.embedding_length`, 1, 2 ** 31 - 1],
-    [`${arch}.feed_forward_length`, 1, 2 ** 31 - 1],
+    [`${arch}.feed_forward_length`, heads, 2 ** 31 - 1],
     [`${arch}.context_length`, 16, 2 ** 31 - 1],
+    // (a head of more than 2^16 dimensions is no model's: 2^31 aborted llama.cpp)
+    [`${arch}.attention.key_length`, 1, 1 << 16],
+    [`${arch}.attention.value_length`, 1, 1 << 16],
+    [`${arch}.rope.scaling.original_context_length`, 0, 2 ** 31 - 1],
+    // (a state-space block of size 0 aborted llama.cpp)
+    [`${arch}.ssm.conv_kernel`, 1, 2 ** 31 - 1],
+    [`${arch}.ssm.state_size`, 1, 2 ** 31 - 1],
+    [`${arch}.ssm.time_step_rank`, 1, 2 ** 31 - 1],
+    [`${arch}.ssm.inner_size`, 1, 2 ** 31 - 1],
   ];
   for (const [key, min, max] of counts) {
     const v = numbers.get(key);
@@ -285,10 +296,17 @@ function checkHyperparameters(file: string, arch: string, numbers: Map<string, n
     if (!Number.isInteger(n) || n < min || n > max) throw new GgufFileError(`${file}: ${key} is ${v} (${min} to ${max}): a corrupt file`);
   }
   // Positive, finite reals (0 or NaN made a model that loads and answers nothing, billed as tokens).
-  for (const key of [`${arch}.rope.freq_base`, `${arch}.attention.layer_norm_rms_epsilon`, `${arch}.attention.layer_norm_epsilon`]) {
+  for (const key of [`${arch}.rope.freq_base`, `${arch}.attention.layer_norm_rms_epsilon`, `${arch}.attention.layer_norm_epsilon`, `${arch}.rope.scaling.attn_factor`]) {
     const v = numbers.get(key);
     if (v === undefined) continue;
     const n = Number(v);
     if (!(Number.isFinite(n) && n > 0)) throw new GgufFileError(`${file}: ${key} is ${v} (a positive number): a corrupt file`);
+  }
+  // A rope scaling factor of 0 is llama.cpp's "none"; below 0 or not finite, the answers came out empty.
+  for (const key of [`${arch}.rope.scaling.factor`, `${arch}.rope.scale_linear`]) {
+    const v = numbers.get(key);
+    if (v === undefined) continue;
+    const n = Number(v);
+    if (!(Number.isFinite(n) && n >= 0)) throw new GgufFileError(`${file}: ${key} is ${v} (0, none, or a positive number): a corrupt file`);
   }
 }

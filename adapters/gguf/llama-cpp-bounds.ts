@@ -21,7 +21,7 @@ export interface GgufFacts {
   numberArrays: Map<string, number[]>;
   /** tokenizer.ggml.tokens as llama.cpp reads them. */
   vocabulary: GgufVocabulary | undefined;
-  tensors: { name: string; type: number }[];
+  tensors: { name: string; type: number; dims: number }[];
 }
 
 export interface GgufVocabulary {
@@ -40,14 +40,21 @@ const TENSOR_ALIGNMENT = 32;
 const MAX_EXPERTS = 1024;
 /** llama.cpp's rope scaling names (llama-model.cpp LLAMA_ROPE_SCALING_TYPES). */
 const ROPE_SCALING = ['none', 'linear', 'yarn', 'longrope'];
-/** ggml's integer tensor types (I8, I16, I32, I64): no weight is multiplied in them. */
-const INTEGER_TENSOR_TYPES = new Map([[24, 'I8'], [25, 'I16'], [26, 'I32'], [27, 'I64']]);
+/**
+ * ggml types no model tensor is stored in, on which llama.cpp aborts or faults: the integer types
+ * (I8, I16, I32, I64), the activation-only Q8_1 and Q8_K, and F64.
+ */
+const UNUSABLE_TENSOR_TYPES = new Map([[9, 'Q8_1'], [15, 'Q8_K'], [24, 'I8'], [25, 'I16'], [26, 'I32'], [27, 'I64'], [28, 'F64']]);
+/** ggml's F32. A one-dimensional tensor (a norm, a bias) is always F32 in a model (converters and llama-quantize keep it so); another type aborted llama.cpp. */
+const F32 = 0;
 /**
  * Architectures llama.cpp runs as recurrent or hybrid (llama-arch.cpp llm_arch_is_recurrent and
  * llm_arch_is_hybrid): a layer's kv head count of 0 marks a recurrent layer there, whose q/k/v
  * weights are shaped by other keys (Kimi-Linear, Jamba, …). The per-layer head rules skip them.
  */
 const RECURRENT_OR_HYBRID = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7', 'jamba', 'falcon-h1', 'plamo2', 'granitehybrid', 'lfm2', 'lfm2moe', 'nemotron_h', 'nemotron_h_moe', 'qwen3next', 'kimi-linear', 'bailingmoe3', 'kimi-k3', 'qwen35', 'qwen35moe', 'qwen4exp', 'deepseek4', 'minimax-01']);
+/** Architectures without attention (llm_arch_is_recurrent): no head count. */
+export const RECURRENT = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7']);
 /** llama_token_type BYTE. */
 const BYTE_TOKEN = 6;
 
@@ -58,8 +65,9 @@ export function checkLlamaCppBounds(f: GgufFacts): void {
   const alignment = f.numbers.get('general.alignment');
   if (alignment !== undefined && Number(alignment) % TENSOR_ALIGNMENT !== 0) refuse(`general.alignment is ${alignment}: llama.cpp needs tensor data aligned to ${TENSOR_ALIGNMENT} bytes (a multiple of ${TENSOR_ALIGNMENT})`);
   for (const t of f.tensors) {
-    const integer = INTEGER_TENSOR_TYPES.get(t.type);
-    if (integer && t.name.endsWith('.weight')) refuse(`tensor ${JSON.stringify(t.name.slice(0, 80))} is of type ${integer}: llama.cpp computes with no integer weights (a corrupt file)`);
+    const unusable = UNUSABLE_TENSOR_TYPES.get(t.type);
+    if (unusable) refuse(`tensor ${JSON.stringify(t.name.slice(0, 80))} is of type ${unusable}, which no model is stored in: a corrupt file`);
+    if (t.dims === 1 && t.type !== F32) refuse(`tensor ${JSON.stringify(t.name.slice(0, 80))} has one dimension and ggml type ${t.type}, not F32 (0): a corrupt file`);
   }
   if (f.architecture !== undefined) {
     layers(f, f.architecture, refuse);
@@ -87,7 +95,7 @@ function layers(f: GgufFacts, arch: string, refuse: (what: string) => never): vo
   const kvHeads = perLayer(`${arch}.attention.head_count_kv`) ?? heads; // (llama.cpp: head_count_kv defaults to head_count)
   const ffn = perLayer(`${arch}.feed_forward_length`);
   for (let i = 0; i < blocks; i++) {
-    if (!RECURRENT_OR_HYBRID.has(arch) && uses(i, ['attn_q', 'attn_k', 'attn_v'])) {
+    if (!RECURRENT_OR_HYBRID.has(arch) && uses(i, ['attn_q', 'attn_k', 'attn_v', 'attn_qkv'])) {
       const h = heads?.(i);
       if (h === undefined || h < 1) refuse(`layer ${i} has attention weights but ${arch}.attention.head_count ${h === undefined ? 'is missing' : `is ${h} there`} (at least 1)`);
       const kv = kvHeads?.(i);
@@ -98,9 +106,14 @@ function layers(f: GgufFacts, arch: string, refuse: (what: string) => never): vo
       if (n === undefined || n < 1) refuse(`layer ${i} has feed-forward weights but ${arch}.feed_forward_length ${n === undefined ? 'is missing' : `is ${n} there`} (at least 1)`);
     }
   }
-  for (const key of [`${arch}.attention.key_length`, `${arch}.attention.value_length`]) {
-    const v = f.numbers.get(key);
-    if (v !== undefined && !(Number(v) >= 1)) refuse(`${key} is ${v} (at least 1)`);
+  // The rotary dimensions: within the head (its key length, else embedding / heads) and even; 0
+  // made llama.cpp spin for ever at start, odd or more than the head aborted it.
+  const rot = f.numbers.get(`${arch}.rope.dimension_count`);
+  const h0 = heads?.(0);
+  if (rot !== undefined && h0 !== undefined && h0 >= 1) {
+    const head = Number(f.numbers.get(`${arch}.attention.key_length`) ?? Math.floor(Number(f.numbers.get(`${arch}.embedding_length`) ?? 0) / h0));
+    const n = Number(rot);
+    if (!(Number.isInteger(n) && n >= 2 && n % 2 === 0 && (head === 0 || n <= head))) refuse(`${arch}.rope.dimension_count is ${rot} (an even number from 2 to the head's ${head} dimensions)`);
   }
 }
 
@@ -123,6 +136,7 @@ function experts(f: GgufFacts, arch: string, refuse: (what: string) => never): v
   const groupsUsed = Number(f.numbers.get(`${arch}.expert_group_used_count`) ?? 0);
   if (count > MAX_EXPERTS) refuse(`${arch}.expert_count is ${count} (at most ${MAX_EXPERTS})`);
   if (used > count) refuse(`${arch}.expert_used_count is ${used}, more than ${arch}.expert_count (${count})`);
+  if (count > 0 && usedArr?.some((u) => u === 0)) refuse(`${arch}.expert_used_count gives a layer 0 experts, on a model with ${count}`);
   if (count > 0) {
     if (used < 1) refuse(`${arch}.expert_count is ${count} but ${arch}.expert_used_count is ${used} (at least 1 with experts)`);
     if (groups >= count) refuse(`${arch}.expert_group_count is ${groups} (fewer than the ${count} experts)`);
@@ -130,6 +144,33 @@ function experts(f: GgufFacts, arch: string, refuse: (what: string) => never): v
   } else if (groups !== 0) {
     refuse(`${arch}.expert_group_count is ${groups} on a model without experts`);
   }
+}
+
+/** Bytes valid UTF-8 never holds: a vocabulary need not cover them. */
+const NEVER_IN_UTF8 = (b: number): boolean => b === 0xc0 || b === 0xc1 || b >= 0xf5;
+
+/** An RWKV token's bytes, as llama.cpp's llama_unescape_rwkv_token reads its text (\t \n \r \xHH, a backslash before anything else dropped). */
+function unescapeRwkv(text: string): number[] {
+  const out: number[] = [];
+  let escaping = false;
+  let hexLeft = 0;
+  let acc = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (hexLeft) {
+      acc = ((acc << 4) + (c >= 0x61 ? c - 0x61 + 10 : c - 0x30)) & 0xff;
+      if (--hexLeft === 0) {
+        out.push(acc);
+        acc = 0;
+      }
+    } else if (escaping) {
+      escaping = false;
+      if (c === 0x78) hexLeft = 2;
+      else out.push(c === 0x74 ? 9 : c === 0x6e ? 10 : c === 0x72 ? 13 : c);
+    } else if (c === 0x5c) escaping = true;
+    else out.push(c);
+  }
+  return out;
 }
 
 /** Most tokens a vocabulary may have here (real ones have up to ~10^6). */
@@ -161,8 +202,24 @@ function vocabulary(f: GgufFacts, refuse: (what: string) => never): void {
   }
   if (model === 'llama') {
     for (let b = 0; b < 256; b++) {
+      if (NEVER_IN_UTF8(b)) continue; // (the node tokenizes UTF-8 text only)
       const hex = `<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`;
       if (!v.ids.has(hex) && !(b > 0 && v.ids.has(String.fromCharCode(b)))) refuse(`tokenizer.ggml.tokens has no token for byte 0x${hex.slice(3, 5)} (${hex}): a text holding it would end the process inside llama.cpp's tokenizer`);
+    }
+  }
+  if (model === 'rwkv') {
+    // RWKV's tokenizer walks a trie of the unescaped token texts from each position; a byte that
+    // begins a token but is no token itself sends it back to the start for ever (a text as short
+    // as "hi" held the node's event loop and grew it without bound).
+    const singles = new Set<number>();
+    const firsts = new Set<number>();
+    for (const text of v.ids.keys()) {
+      const bytes = unescapeRwkv(text);
+      if (bytes.length === 1) singles.add(bytes[0]!);
+      if (bytes.length > 0) firsts.add(bytes[0]!);
+    }
+    for (const b of [...firsts].sort((x, y) => x - y)) {
+      if (!singles.has(b)) refuse(`tokenizer.ggml.tokens: tokens begin with byte 0x${b.toString(16).padStart(2, '0')}, but none is that byte alone: llama.cpp's RWKV tokenizer would loop for ever on a text holding it`);
     }
   }
 }
