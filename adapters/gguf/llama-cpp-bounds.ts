@@ -3,9 +3,9 @@
  * whose GGUF structure is sound: the whole node process would die at load, or later on the first
  * request whose text reaches the flaw. Each rule below is read from the llama.cpp source that
  * node-llama-cpp bundles (llama-model.cpp load_hparams, llama-vocab.cpp load and byte_to_token,
- * ggml-backend.cpp), and each was seen to abort the process in session 17's fuzzing of the tiny
- * model (a corrupt download flipping a few bytes of the token list among them). A file that breaks
- * one is refused with a message naming the file, the key or tensor, and what is wrong.
+ * ggml-backend.cpp), and each was seen to abort, fault or hang the process in sessions 17's and
+ * 20's fuzzing (a corrupt download flipping a few bytes of the token list among them). A file that
+ * breaks one is refused with a message naming the file, the key or tensor, and what is wrong.
  */
 import { GgufFileError } from './gguf-errors.ts';
 
@@ -47,14 +47,14 @@ const ROPE_SCALING = ['none', 'linear', 'yarn', 'longrope'];
 const UNUSABLE_TENSOR_TYPES = new Map([[9, 'Q8_1'], [15, 'Q8_K'], [24, 'I8'], [25, 'I16'], [26, 'I32'], [27, 'I64'], [28, 'F64']]);
 /** ggml's F32. A one-dimensional tensor (a norm, a bias) is always F32 in a model (converters and llama-quantize keep it so); another type aborted llama.cpp. */
 const F32 = 0;
-/**
- * Architectures llama.cpp runs as recurrent or hybrid (llama-arch.cpp llm_arch_is_recurrent and
- * llm_arch_is_hybrid): a layer's kv head count of 0 marks a recurrent layer there, whose q/k/v
- * weights are shaped by other keys (Kimi-Linear, Jamba, …). The per-layer head rules skip them.
- */
-const RECURRENT_OR_HYBRID = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7', 'jamba', 'falcon-h1', 'plamo2', 'granitehybrid', 'lfm2', 'lfm2moe', 'nemotron_h', 'nemotron_h_moe', 'qwen3next', 'kimi-linear', 'bailingmoe3', 'kimi-k3', 'qwen35', 'qwen35moe', 'qwen4exp', 'deepseek4', 'minimax-01']);
-/** Architectures without attention (llm_arch_is_recurrent): no head count. */
+/** Architectures without attention (llama-arch.cpp llm_arch_is_recurrent): no head count. */
 export const RECURRENT = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7']);
+/**
+ * Those and the hybrid ones (llm_arch_is_hybrid): a layer's kv head count of 0 marks a recurrent
+ * layer there, whose q/k/v weights are shaped by other keys (Kimi-Linear, Jamba, …). The per-layer
+ * head rules skip them.
+ */
+const RECURRENT_OR_HYBRID = new Set([...RECURRENT, 'jamba', 'falcon-h1', 'plamo2', 'granitehybrid', 'lfm2', 'lfm2moe', 'nemotron_h', 'nemotron_h_moe', 'qwen3next', 'kimi-linear', 'bailingmoe3', 'kimi-k3', 'qwen35', 'qwen35moe', 'qwen4exp', 'deepseek4', 'minimax-01']);
 /** llama_token_type BYTE. */
 const BYTE_TOKEN = 6;
 
@@ -178,9 +178,10 @@ export const MAX_VOCABULARY = 1 << 22;
 
 /**
  * The vocabulary llama.cpp builds (llama-vocab.cpp): every token's text distinct as it reads it (up
- * to a NUL; an empty one renamed), byte tokens spelled <0xHH>, and, for a SentencePiece vocabulary,
- * a token for every byte (its tokenizer falls back to bytes for text it has no token for, and a
- * byte without a token throws through C: the process ends). A node serving text needs a vocabulary.
+ * to a NUL; an empty one renamed), byte tokens spelled <0xHH>; for a SentencePiece vocabulary a
+ * token for every byte UTF-8 can hold (its tokenizer falls back to bytes for text it has no token
+ * for, and a byte without a token throws through C: the process ends); for an RWKV one, each byte
+ * that begins a token a token of its own. A node serving text needs a vocabulary.
  */
 function vocabulary(f: GgufFacts, refuse: (what: string) => never): void {
   const model = f.strings.get('tokenizer.ggml.model');
