@@ -155,6 +155,8 @@ const setKv = (m: { metadata: GgufKv[] }, key: string, value: GgufKv['value']) =
   else m.metadata.push(kv(key, value));
 };
 const dropKv = (m: { metadata: GgufKv[] }, key: string) => m.metadata.splice(m.metadata.findIndex((e) => e.key === key), 1);
+/** The tiny model's keys under another architecture's name. */
+const asArch = (m: { metadata: GgufKv[] }, arch: string) => m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, `${arch}.`), e.key === 'general.architecture' ? str(arch) : e.value)));
 /** Sets token `i`'s text (and, when given, its type) in the tiny vocabulary. */
 const retoken = (i: number, text: string, type?: number) => (m: { metadata: GgufKv[] }) => {
   const v = tinyLlamaVocab();
@@ -210,7 +212,7 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
   test('a recurrent or hybrid architecture marks its recurrent layers with 0 kv heads: not refused for that (Kimi-Linear, Jamba, …)', () => {
     // The tiny model as a hybrid architecture: its keys under that name, layer 0 "recurrent".
     const hybrid = edited('hybrid.gguf', (m) => {
-      m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'kimi-linear.'), e.key === 'general.architecture' ? str('kimi-linear') : e.value)));
+      asArch(m, 'kimi-linear');
       setKv(m, 'kimi-linear.attention.head_count_kv', i32Arr([0, 4]));
     });
     expect(checkGgufFile(hybrid)).toMatchObject({ architecture: 'kimi-linear' });
@@ -250,13 +252,13 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
 
   test('a non-transformer model (Mamba, RWKV) has no attention heads: 0 is taken (llama.cpp\'s converter writes it)', () => {
     const mamba = edited('mamba.gguf', (m) => {
-      m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'mamba.'), e.key === 'general.architecture' ? str('mamba') : e.value)));
+      asArch(m, 'mamba');
       for (const k of ['mamba.attention.head_count', 'mamba.attention.head_count_kv', 'mamba.feed_forward_length']) setKv(m, k, u32(0));
       dropKv(m, 'mamba.rope.dimension_count');
       m.tensors = m.tensors.filter((t) => !/\.(attn_[qkv]|ffn_\w+)\.weight$/.test(t.name)); // (its layers are state-space blocks)
     });
     expect(checkGgufFile(mamba)).toMatchObject({ architecture: 'mamba' });
-    const empty = edited('mamba-state-0.gguf', (m) => (m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'mamba.'), e.key === 'general.architecture' ? str('mamba') : e.value))), setKv(m, 'mamba.ssm.state_size', u32(0))));
+    const empty = edited('mamba-state-0.gguf', (m) => (asArch(m, 'mamba'), setKv(m, 'mamba.ssm.state_size', u32(0))));
     expect(() => checkGgufFile(empty)).toThrow(/mamba\.ssm\.state_size is 0 \(1 to/);
   });
 
@@ -289,7 +291,7 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
     expect(checkGgufFile(edited('rope-yarn.gguf', (m) => setKv(m, 'llama.rope.scaling.type', str('yarn'))))).toMatchObject({ architecture: 'llama' });
     // HunYuan's dense models say one expert (llama.cpp reads that as none).
     const hunyuan = edited('hunyuan-1-expert.gguf', (m) => {
-      m.metadata.forEach((e, i) => (m.metadata[i] = kv(e.key.replace(/^llama\./, 'hunyuan-dense.'), e.key === 'general.architecture' ? str('hunyuan-dense') : e.value)));
+      asArch(m, 'hunyuan-dense');
       setKv(m, 'hunyuan-dense.expert_count', u32(1));
     });
     expect(checkGgufFile(hunyuan)).toMatchObject({ architecture: 'hunyuan-dense' });
