@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { checkGgufFile, GgufFileError } from '../adapters/gguf/gguf-check.ts';
-import { f32, i32Arr, kv, str, strArr, u32, type GgufKv } from '../adapters/gguf/gguf-writer.ts';
+import { f32, f32Arr, i32Arr, kv, str, strArr, u32, type GgufKv } from '../adapters/gguf/gguf-writer.ts';
 import { tinyLlamaVocab, writeTinyLlama, type TinyLlamaOptions } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 
@@ -201,6 +201,8 @@ describe('checkGgufFile: what llama.cpp would abort on, refused first', () => {
   test('a per-layer count read as llama.cpp reads it (uint32: -1 is 2^32 − 1), of a 32-bit integer type only; long tensor names; a vocabulary of more than 64 MiB of text', () => {
     const negative = edited('used-negative.gguf', (m) => (setKv(m, 'llama.expert_count', u32(2)), setKv(m, 'llama.expert_used_count', i32Arr([-1, -1]))));
     expect(() => checkGgufFile(negative)).toThrow(/llama\.expert_used_count is 4294967295, more than llama\.expert_count \(2\)/);
+    const floats = edited('heads-f32-array.gguf', (m) => setKv(m, 'llama.attention.head_count', f32Arr([4, 4])));
+    expect(() => checkGgufFile(floats)).toThrow(/"llama\.attention\.head_count"\): an array of GGUF type 6, where llama\.cpp reads 32-bit integers/);
     const wide = edited('heads-u64.gguf', (m) => setKv(m, 'llama.attention.head_count', { type: 'uint64', value: 4 }));
     expect(checkGgufFile(wide)).toMatchObject({ architecture: 'llama' }); // (a scalar of another integer type: llama.cpp converts it)
     const named = edited('long-name.gguf', (m) => m.tensors.push({ name: `x.${'n'.repeat(62)}`, dims: [4], data: new Float32Array(4) }));

@@ -11,15 +11,15 @@
  * tensor with 2^32 − 1 dimensions, made it allocate without end (2 GB and growing, the start never
  * returning); a length of 2^31 aborted the process inside `fs.read`; a block or head count of 0
  * aborted it inside llama.cpp (GGML_ASSERT). Here every count and length is checked against the
- * bytes the file has left, every type against the ones GGUF defines, and the hyperparameters that
- * llama.cpp asserts on against their bounds, so such a file is refused with a message naming it
- * and what is wrong. Only the metadata and the tensor table are read (a few MB for a real model),
- * never the weights. What llama.cpp itself would abort on (a vocabulary, per-layer counts, experts,
- * alignment, tensor types) is judged in llama-cpp-bounds.ts from the facts gathered here.
+ * bytes the file has left and every type against the ones GGUF defines, so such a file is refused
+ * with a message naming it and what is wrong. Only the metadata and the tensor table are read (a
+ * few MB for a real model), never the weights. What llama.cpp itself would abort on (hyperparameters,
+ * a vocabulary, per-layer counts, experts, alignment, tensor types) is judged in
+ * llama-cpp-bounds.ts from the facts gathered here.
  */
 import fs from 'node:fs';
 import { GgufFileError } from './gguf-errors.ts';
-import { checkLlamaCppBounds, MAX_VOCABULARY, RECURRENT, type GgufFacts, type GgufVocabulary } from './llama-cpp-bounds.ts';
+import { checkLlamaCppBounds, MAX_LAYERS, type GgufFacts, type GgufVocabulary } from './llama-cpp-bounds.ts';
 
 export { GgufFileError };
 
@@ -51,8 +51,8 @@ const MAX_VOCABULARY_BYTES = 64 << 20;
 const MAX_DIMS = 4;
 /** ggml tensor types are numbered below this (GGML_TYPE_COUNT, with room for new ones). */
 const GGML_TYPES = 64;
-/** llama.cpp's LLAMA_MAX_LAYERS. */
-const MAX_LAYERS = 512;
+/** Most tokens a vocabulary may have here (real ones have up to ~10^6). */
+const MAX_VOCABULARY = 1 << 22;
 /** The longest key or tensor name taken (llama.cpp's names are short; a length beyond is corruption). */
 const MAX_NAME = 65_535;
 
@@ -183,7 +183,7 @@ function readVocabulary(r: Reader, count: number): GgufVocabulary {
     if (first === undefined) ids.set(text, i);
     else duplicate ??= { first, second: i, text };
   }
-  return { count, ids, byteText, duplicate };
+  return { ids, byteText, duplicate };
 }
 
 /** Checks `file`'s structure; throws GgufFileError naming the file and the problem (a file system error as it is). */
@@ -207,9 +207,7 @@ export function checkGgufFile(file: string): GgufSummary {
     }
     let where = file;
     const r = new Reader(fd, size, () => where);
-    const numbers = new Map<string, number | bigint>();
-    const facts: GgufFacts = { file, architecture: undefined, numbers, strings: new Map(), numberArrays: new Map(), vocabulary: undefined, tensors: [] };
-    let architecture: string | undefined;
+    const facts: GgufFacts = { file, architecture: undefined, numbers: new Map(), strings: new Map(), numberArrays: new Map(), vocabulary: undefined, tensors: [] };
     for (let i = 0; i < Number(kvs); i++) {
       where = `${file}: metadata entry ${i}`;
       const key = r.string('its key', MAX_NAME);
@@ -217,7 +215,7 @@ export function checkGgufFile(file: string): GgufSummary {
       const type = r.u32('its type');
       if (type === STRING) {
         // (only the architecture is read; other strings, a chat template of megabytes, are skipped)
-        if (key === 'general.architecture') architecture = r.string('its string value', 256);
+        if (key === 'general.architecture') facts.architecture = r.string('its string value', 256);
         else if (STRINGS_READ.test(key)) facts.strings.set(key, r.string('its string value', 256));
         else r.skipString('its string value');
       } else if (type === ARRAY) {
@@ -237,7 +235,7 @@ export function checkGgufFile(file: string): GgufSummary {
           facts.numberArrays.set(key, Array.from({ length: count }, () => Number(r.scalar(elem, 'its array')) >>> 0));
         } else r.skip(count * TYPE_SIZE[elem]!, 'its array');
       } else if (TYPE_SIZE[type] !== undefined) {
-        numbers.set(key, r.scalar(type, 'its value'));
+        facts.numbers.set(key, r.scalar(type, 'its value'));
       } else {
         throw new GgufFileError(`${where}: value type ${type} is not a GGUF type: a corrupt file`);
       }
@@ -259,54 +257,9 @@ export function checkGgufFile(file: string): GgufSummary {
       facts.tensors.push({ name, type, dims });
     }
     where = file;
-    if (architecture !== undefined) checkHyperparameters(file, architecture, numbers, facts.numberArrays);
-    facts.architecture = architecture;
     checkLlamaCppBounds(facts);
-    return { version, tensors: Number(tensors), kvs: Number(kvs), architecture };
+    return { version, tensors: Number(tensors), kvs: Number(kvs), architecture: facts.architecture };
   } finally {
     fs.closeSync(fd);
-  }
-}
-
-/** The hyperparameters llama.cpp asserts on (an abort of the whole process), where they are plain numbers. */
-function checkHyperparameters(file: string, arch: string, numbers: Map<string, number | bigint>, arrays: ReadonlyMap<string, number[]>): void {
-  // (non-transformer models, Mamba and RWKV, have no attention heads: llama.cpp's converter writes 0)
-  const heads = RECURRENT.has(arch) ? 0 : 1;
-  const counts: [string, number, number][] = [
-    [`${arch}.block_count`, 1, MAX_LAYERS],
-    [`${arch}.attention.head_count`, heads, 2 ** 31 - 1],
-    [`${arch}.attention.head_count_kv`, heads, 2 ** 31 - 1],
-    [`${arch}.embedding_length`, 1, 2 ** 31 - 1],
-    [`${arch}.feed_forward_length`, heads, 2 ** 31 - 1],
-    [`${arch}.context_length`, 16, 2 ** 31 - 1],
-    // (a head of more than 2^16 dimensions is no model's: 2^31 aborted llama.cpp)
-    [`${arch}.attention.key_length`, 1, 1 << 16],
-    [`${arch}.attention.value_length`, 1, 1 << 16],
-    [`${arch}.rope.scaling.original_context_length`, 0, 2 ** 31 - 1],
-    // (a state-space block of size 0 aborted llama.cpp)
-    [`${arch}.ssm.conv_kernel`, 1, 2 ** 31 - 1],
-    [`${arch}.ssm.state_size`, 1, 2 ** 31 - 1],
-    [`${arch}.ssm.time_step_rank`, 1, 2 ** 31 - 1],
-    [`${arch}.ssm.inner_size`, 1, 2 ** 31 - 1],
-  ];
-  for (const [key, min, max] of counts) {
-    const v = numbers.get(key);
-    if (v === undefined) continue;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min || n > max) throw new GgufFileError(`${file}: ${key} is ${v} (${min} to ${max}): a corrupt file`);
-  }
-  // Positive, finite reals (0 or NaN made a model that loads and answers nothing, billed as tokens).
-  for (const key of [`${arch}.rope.freq_base`, `${arch}.attention.layer_norm_rms_epsilon`, `${arch}.attention.layer_norm_epsilon`, `${arch}.rope.scaling.attn_factor`]) {
-    const v = numbers.get(key);
-    if (v === undefined) continue;
-    const n = Number(v);
-    if (!(Number.isFinite(n) && n > 0)) throw new GgufFileError(`${file}: ${key} is ${v} (a positive number): a corrupt file`);
-  }
-  // A rope scaling factor of 0 is llama.cpp's "none"; below 0 or not finite, the answers came out empty.
-  for (const key of [`${arch}.rope.scaling.factor`, `${arch}.rope.scale_linear`]) {
-    const v = numbers.get(key);
-    if (v === undefined) continue;
-    const n = Number(v);
-    if (!(Number.isFinite(n) && n >= 0)) throw new GgufFileError(`${file}: ${key} is ${v} (0, none, or a positive number): a corrupt file`);
   }
 }

@@ -14,7 +14,7 @@ export interface GgufFacts {
   file: string;
   architecture: string | undefined;
   /** Scalar numeric values by key. */
-  numbers: ReadonlyMap<string, number | bigint>;
+  numbers: Map<string, number | bigint>;
   /** The string values read: tokenizer.ggml.model, {arch}.rope.scaling.type. */
   strings: Map<string, string>;
   /** Integer arrays read: per-layer counts and tokenizer.ggml.token_type. */
@@ -25,15 +25,16 @@ export interface GgufFacts {
 }
 
 export interface GgufVocabulary {
-  count: number;
   /** Each token's text as llama.cpp keys it (raw bytes, one character a byte; up to a NUL; an empty one renamed), to its first id. */
   ids: Map<string, number>;
-  /** 1 where the token's text is spelled <0xHH>. */
+  /** 1 where the token's text is spelled <0xHH>; one entry a token. */
   byteText: Uint8Array;
   /** The first two tokens with the same text, if any. */
   duplicate?: { first: number; second: number; text: string };
 }
 
+/** llama.cpp's LLAMA_MAX_LAYERS. */
+export const MAX_LAYERS = 512;
 /** ggml's TENSOR_ALIGNMENT: tensor data in a mapped file is used in place only at this alignment. */
 const TENSOR_ALIGNMENT = 32;
 /** llama.cpp's LLAMA_MAX_EXPERTS. */
@@ -48,7 +49,7 @@ const UNUSABLE_TENSOR_TYPES = new Map([[9, 'Q8_1'], [15, 'Q8_K'], [24, 'I8'], [2
 /** ggml's F32. A one-dimensional tensor (a norm, a bias) is always F32 in a model (converters and llama-quantize keep it so); another type aborted llama.cpp. */
 const F32 = 0;
 /** Architectures without attention (llama-arch.cpp llm_arch_is_recurrent): no head count. */
-export const RECURRENT = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7']);
+const RECURRENT = new Set(['mamba', 'mamba2', 'rwkv6', 'rwkv6qwen2', 'rwkv7', 'arwkv7']);
 /**
  * Those and the hybrid ones (llm_arch_is_hybrid): a layer's kv head count of 0 marks a recurrent
  * layer there, whose q/k/v weights are shaped by other keys (Kimi-Linear, Jamba, …). The per-layer
@@ -62,6 +63,7 @@ export function checkLlamaCppBounds(f: GgufFacts): void {
   const refuse = (what: string): never => {
     throw new GgufFileError(`${f.file}: ${what}`);
   };
+  if (f.architecture !== undefined) hyperparameters(f, f.architecture, refuse);
   const alignment = f.numbers.get('general.alignment');
   if (alignment !== undefined && Number(alignment) % TENSOR_ALIGNMENT !== 0) refuse(`general.alignment is ${alignment}: llama.cpp needs tensor data aligned to ${TENSOR_ALIGNMENT} bytes (a multiple of ${TENSOR_ALIGNMENT})`);
   for (const t of f.tensors) {
@@ -78,10 +80,56 @@ export function checkLlamaCppBounds(f: GgufFacts): void {
   vocabulary(f, refuse);
 }
 
+/** The hyperparameters llama.cpp asserts on (an abort of the whole process), where they are plain numbers. */
+function hyperparameters(f: GgufFacts, arch: string, refuse: (what: string) => never): void {
+  // (non-transformer models, Mamba and RWKV, have no attention heads: llama.cpp's converter writes 0)
+  const heads = RECURRENT.has(arch) ? 0 : 1;
+  const counts: [string, number, number][] = [
+    [`${arch}.block_count`, 1, MAX_LAYERS],
+    [`${arch}.attention.head_count`, heads, 2 ** 31 - 1],
+    [`${arch}.attention.head_count_kv`, heads, 2 ** 31 - 1],
+    [`${arch}.embedding_length`, 1, 2 ** 31 - 1],
+    [`${arch}.feed_forward_length`, heads, 2 ** 31 - 1],
+    [`${arch}.context_length`, 16, 2 ** 31 - 1],
+    // (a head of more than 2^16 dimensions is no model's: 2^31 aborted llama.cpp)
+    [`${arch}.attention.key_length`, 1, 1 << 16],
+    [`${arch}.attention.value_length`, 1, 1 << 16],
+    [`${arch}.rope.scaling.original_context_length`, 0, 2 ** 31 - 1],
+    // (a state-space block of size 0 aborted llama.cpp)
+    [`${arch}.ssm.conv_kernel`, 1, 2 ** 31 - 1],
+    [`${arch}.ssm.state_size`, 1, 2 ** 31 - 1],
+    [`${arch}.ssm.time_step_rank`, 1, 2 ** 31 - 1],
+    [`${arch}.ssm.inner_size`, 1, 2 ** 31 - 1],
+  ];
+  for (const [key, min, max] of counts) {
+    const v = f.numbers.get(key);
+    if (v === undefined) continue;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min || n > max) refuse(`${key} is ${v} (${min} to ${max}): a corrupt file`);
+  }
+  // Finite reals, positive (0 or NaN made a model that loads and answers nothing, billed as
+  // tokens), or for a rope scaling factor 0 too (llama.cpp's "none").
+  const reals: [string, boolean][] = [
+    [`${arch}.rope.freq_base`, false],
+    [`${arch}.attention.layer_norm_rms_epsilon`, false],
+    [`${arch}.attention.layer_norm_epsilon`, false],
+    [`${arch}.rope.scaling.attn_factor`, false],
+    [`${arch}.rope.scaling.factor`, true],
+    [`${arch}.rope.scale_linear`, true],
+  ];
+  for (const [key, zero] of reals) {
+    const v = f.numbers.get(key);
+    if (v === undefined) continue;
+    const n = Number(v);
+    if (!(Number.isFinite(n) && (n > 0 || (zero && n === 0)))) refuse(`${key} is ${v} (${zero ? '0, none, or a positive number' : 'a positive number'}): a corrupt file`);
+  }
+}
+
 /** The per-layer counts a layer's attention and feed-forward tensors are built from: each at least 1. */
 function layers(f: GgufFacts, arch: string, refuse: (what: string) => never): void {
   const blocks = Number(f.numbers.get(`${arch}.block_count`) ?? 0);
-  const uses = (i: number, parts: string[]) => parts.some((p) => tensorNames(f).has(`blk.${i}.${p}.weight`));
+  const names = new Set(f.tensors.map((t) => t.name));
+  const uses = (i: number, parts: string[]) => parts.some((p) => names.has(`blk.${i}.${p}.weight`));
   const perLayer = (key: string): ((i: number) => number | undefined) | undefined => {
     const arr = f.numberArrays.get(key);
     if (arr) {
@@ -115,13 +163,6 @@ function layers(f: GgufFacts, arch: string, refuse: (what: string) => never): vo
     const n = Number(rot);
     if (!(Number.isInteger(n) && n >= 2 && n % 2 === 0 && (head === 0 || n <= head))) refuse(`${arch}.rope.dimension_count is ${rot} (an even number from 2 to the head's ${head} dimensions)`);
   }
-}
-
-const names = new WeakMap<GgufFacts, Set<string>>();
-function tensorNames(f: GgufFacts): Set<string> {
-  let s = names.get(f);
-  if (!s) names.set(f, (s = new Set(f.tensors.map((t) => t.name))));
-  return s;
 }
 
 /** llama.cpp's expert counts (load_hparams): consistent with each other, or it aborts. */
@@ -173,9 +214,6 @@ function unescapeRwkv(text: string): number[] {
   return out;
 }
 
-/** Most tokens a vocabulary may have here (real ones have up to ~10^6). */
-export const MAX_VOCABULARY = 1 << 22;
-
 /**
  * The vocabulary llama.cpp builds (llama-vocab.cpp): every token's text distinct as it reads it (up
  * to a NUL; an empty one renamed), byte tokens spelled <0xHH>; for a SentencePiece vocabulary a
@@ -188,7 +226,8 @@ function vocabulary(f: GgufFacts, refuse: (what: string) => never): void {
   if (model === 'none' || model === 'no_vocab') refuse(`tokenizer.ggml.model is "${model}": a model without a vocabulary cannot serve text`);
   const v = f.vocabulary;
   if (!v) return;
-  if (v.count === 0) refuse('tokenizer.ggml.tokens is empty');
+  const count = v.byteText.length;
+  if (count === 0) refuse('tokenizer.ggml.tokens is empty');
   if (v.duplicate) {
     const { first, second, text } = v.duplicate;
     refuse(`tokenizer.ggml.tokens: tokens ${first} and ${second} have the same text ${JSON.stringify(Buffer.from(text, 'latin1').toString('utf8').slice(0, 40))} (as llama.cpp reads it): a corrupt vocabulary`);
@@ -196,7 +235,7 @@ function vocabulary(f: GgufFacts, refuse: (what: string) => never): void {
   const types = f.numberArrays.get('tokenizer.ggml.token_type');
   if (types) {
     types.forEach((type, i) => {
-      if (type !== BYTE_TOKEN || i >= v.count) return;
+      if (type !== BYTE_TOKEN || i >= count) return;
       if (model === 'bert') refuse(`tokenizer.ggml.token_type: token ${i} is a byte token, which a WordPiece ("bert") vocabulary cannot decode`);
       if (!v.byteText[i]) refuse(`tokenizer.ggml.token_type: token ${i} is a byte token, but its text is not <0xHH>: a corrupt vocabulary`);
     });
