@@ -19,6 +19,12 @@ export interface LlamaEmbeddedOptions {
   threads?: number;
   /** 'auto' uses a GPU when the host has one. Default false (CPU). */
   gpu?: 'auto' | false;
+  /**
+   * Map the GGUF file (shared, llama.cpp's default) instead of reading the weights into this
+   * process's memory. Default false: a mapped file written over in place changes the weights being
+   * served under the hash taken at start, and one cut short kills the process (SIGBUS).
+   */
+  mmap?: boolean;
   /** The model file's SHA-256 (hex), when the caller has already hashed it: start() then does not read the file twice. */
   modelSha256?: string;
   /** Bounds of the chat template's probe at start (chat-template-probe.ts; default 5 s, 256 MB). */
@@ -46,6 +52,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   /** The model file as it was when loaded and hashed. */
   private loadedFile: FileIdentity | undefined;
   private fileState: ModelFileState = 'unchanged';
+  /** Whether llama.cpp mapped the file (the weights served are then the file's bytes as they are now). */
+  private mapped = false;
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
@@ -75,9 +83,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
     const llama = await llamaFor(this.opts.gpu ?? false);
     const before = fileIdentity(this.opts.modelPath);
-    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);
+    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);
     if (loaded.status === 'rejected') throw loaded.reason;
     this.model = loaded.value;
+    this.mapped = loaded.value.useMmap;
     try {
       if (hashed.status === 'rejected') throw hashed.reason;
       // (what was hashed must be what was loaded: a file still being copied in is refused)
@@ -129,6 +138,9 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   modelFileState(): ModelFileState {
     // Modified stays modified: the weights in memory were touched, whatever becomes of the file after.
     if (this.fileState !== 'modified' && this.loadedFile) this.fileState = modelFileState(this.loadedFile, fileIdentity(this.opts.modelPath));
+    // Weights read into memory (no mmap) are the bytes hashed at start whatever the file becomes:
+    // a file changed in place is, for what is served, one replaced.
+    if (this.fileState === 'modified' && !this.mapped) return 'replaced';
     return this.fileState;
   }
 

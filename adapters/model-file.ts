@@ -1,10 +1,13 @@
-// What became of a model file since the runtime loaded and hashed it. llama.cpp maps the file
-// (shared), so a file written over in place changes the weights the node runs while receipts still
-// name the hash taken at start: `modified`, and the model must not be served again until the node
-// restarts and hashes it anew. A file deleted, or replaced by renaming another over it, leaves the
-// mapping on the old file, whose hash is still the truth: `replaced`, served on. The change time
-// is compared too: a write with the old modification time put back (`touch -r`) still moves it;
-// so does a chmod or a new hard link, which then costs a restart, never a wrong hash.
+// What became of a model file since the runtime loaded and hashed it. The node reads the weights
+// into its own memory by default (models[].mmap: false), and then nothing done to the file changes
+// what it serves: the adapter reports any change as `replaced`. With mmap: true llama.cpp maps the
+// file (shared), so a file written over in place changes the weights the node runs while receipts
+// still name the hash taken at start: `modified`, and the model must not be served again until the
+// node restarts and hashes it anew (a file cut short in place kills the process: SIGBUS). A file
+// deleted, or replaced by renaming another over it, leaves the mapping on the old file, whose hash
+// is still the truth: `replaced`, served on. The change time is compared too: a write with the old
+// modification time put back (`touch -r`) still moves it; so does a chmod or a new hard link,
+// which then costs a restart, never a wrong hash.
 import fs from 'node:fs';
 
 export interface FileIdentity {

@@ -53,6 +53,8 @@ export interface ModelConfig {
   queue: number;
   /** How long a request may wait for a slot when the buyer set no X-Service-Max-Wait-Ms. */
   max_wait_ms: number;
+  /** Whether llama.cpp maps the GGUF file (shared) instead of reading the weights into the node's own memory. */
+  mmap: boolean;
 }
 
 export interface NodeConfig {
@@ -101,7 +103,7 @@ export function defaultConfigYaml(): string {
 
 const OPS_HTTP_EXPECTED = 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464';
 
-const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000 };
+const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false };
 
 type Raw = Record<string, unknown>;
 
@@ -207,6 +209,11 @@ function str(v: unknown, key: string): string {
   return v;
 }
 
+function bool(v: unknown, key: string): boolean {
+  if (typeof v !== 'boolean') throw new ConfigError(key, 'expected true or false');
+  return v;
+}
+
 function int(v: unknown, key: string, min: number, max: number): number {
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw new ConfigError(key, `expected a whole number from ${min} to ${max}`);
   return v;
@@ -299,7 +306,7 @@ function validate(raw: Raw, base: string): NodeConfig {
   const parsedModels = models.map((m, i) => {
     const where = `models[${i}]`;
     if (!isObject(m)) throw new ConfigError(where, 'expected a mapping');
-    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms']);
+    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms', 'mmap']);
     const full: Raw = { ...MODEL_DEFAULTS, ...m };
     const id = str(full.id, `${where}.id`);
     if (ids.has(id)) throw new ConfigError(`${where}.id`, `"${id}" is listed twice`);
@@ -329,6 +336,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       slots: int(full.slots, `${where}.slots`, 1, 1024),
       queue: int(full.queue, `${where}.queue`, 0, 100_000),
       max_wait_ms: int(full.max_wait_ms, `${where}.max_wait_ms`, 0, MAX_WAIT_MS),
+      mmap: bool(full.mmap, `${where}.mmap`),
     };
   });
 

@@ -98,14 +98,14 @@ export function lowDisk(dir: string, minFreeMb: number): string | undefined {
 }
 
 const reportedFileStates = new WeakMap<object, string>();
-/** Says once when a model's file was modified in place (the model is refused from then on) or replaced (served on: the old file stays mapped). */
+/** Says once when a model's file was modified in place under a mapping (the model is refused from then on) or otherwise changed (served on: the weights loaded are intact). */
 export function watchModelFiles(models: Iterable<Pick<ServedModel, 'id' | 'adapter'>>, logger: Pick<Logger, 'warn' | 'error'>): void {
   for (const m of models) {
     const state = m.adapter.modelFileState?.() ?? 'unchanged';
     if (state === 'unchanged' || reportedFileStates.get(m.adapter) === state) continue;
     reportedFileStates.set(m.adapter, state);
     if (state === 'modified') logger.error({ model: m.id, model_sha256: m.adapter.info.modelSha256 }, `${modelFileModified(m).message}: its requests are refused (503 no_capacity) until then`);
-    else logger.warn({ model: m.id, model_sha256: m.adapter.info.modelSha256 }, `model ${m.id}: its file was deleted or replaced; the node serves on with the file it loaded (model_sha256 ${m.adapter.info.modelSha256}) until it restarts`);
+    else logger.warn({ model: m.id, model_sha256: m.adapter.info.modelSha256 }, `model ${m.id}: its file was changed, deleted or replaced; the node serves on with the weights it loaded (model_sha256 ${m.adapter.info.modelSha256}) until it restarts`);
   }
 }
 
@@ -254,7 +254,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
     }]);
     for (const m of config.models) {
-      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots });
+      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap });
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {

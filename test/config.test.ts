@@ -37,8 +37,10 @@ describe('config', () => {
   test('models: defaults, exact prices, resolved paths, normalised quantization', () => {
     const c = parseConfig(model.replace('    prices', '    quantization: Q4_K_M\n    prices'), base);
     expect(c.models).toEqual([
-      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, context_set: false, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16, max_wait_ms: 30_000 },
+      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, context_set: false, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false },
     ]);
+    // mmap: the weights read into memory unless the operator asks llama.cpp to map the file.
+    expect(parseConfig(model.replace('    prices', '    mmap: true\n    prices'), base).models[0]!.mmap).toBe(true);
   });
 
   test('environment variables override keys, nested with __', () => {
@@ -79,6 +81,8 @@ describe('config', () => {
     ['models: [{ id: a, adapter: vllm, url: "http://x", slots: 0, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].slots'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", max_wait_ms: -1, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].max_wait_ms'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", max_wait_ms: 60001, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].max_wait_ms'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", mmap: "yes", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].mmap'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", mmap: 1, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].mmap'],
     [model + '  - id: tiny/llama\n    adapter: vllm\n    url: "http://x"\n    prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" }\n', 'models[1].id'],
   ])('%s is refused naming %s', (text, key) => {
     expect(refused(text).key).toBe(key);

@@ -1,7 +1,10 @@
-// A model file written over in place while the node serves it: that model is refused until a
-// restart, and only it. The node's capacity snapshot says `accepting: false` for that model alone,
-// the market tickets it no more, the gateway's catalog has no live route for it, and the node's
-// other model is sold as before. /readyz says the node is degraded, naming the model.
+// A model file written over in place while the node serves it. Mapped (mmap: true): that model is
+// refused until a restart, and only it. The node's capacity snapshot says `accepting: false` for
+// that model alone, the market tickets it no more, the gateway's catalog has no live route for it,
+// and the node's other models are sold as before. /readyz says the node is degraded, naming the
+// model. Read into memory (the default): the file is cut short and filled with other bytes, and the
+// node serves on, the same answers under the same hash, without a crash (a mapped file cut short
+// kills the process: SIGBUS).
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -30,10 +33,15 @@ beforeAll(async () => {
   createKeyFile(path.join(dir, 'node.key'));
   writeTinyLlama(path.join(dir, 'tiny.gguf'));
   writeTinyLlama(path.join(dir, 'other.gguf'), { seed: 2 });
-  // The tiny node's config with a second model beside tiny/llama.
+  writeTinyLlama(path.join(dir, 'copy.gguf'), { seed: 3 });
+  // The tiny node's config with two more models beside tiny/llama: tiny/other mapped, tiny/copy read into memory.
   const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl: url, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'fatal' }).replace(
     'ops: {',
-    ['  - id: tiny/other', '    adapter: llama-embedded', '    path: ./other.gguf', '    context: 512', '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }', 'ops: {'].join('\n'),
+    [
+      ...['  - id: tiny/other', '    adapter: llama-embedded', '    path: ./other.gguf', '    context: 512', '    mmap: true', '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }'],
+      ...['  - id: tiny/copy', '    adapter: llama-embedded', '    path: ./copy.gguf', '    context: 512', '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }'],
+      'ops: {',
+    ].join('\n'),
   );
   node = await startNode(parseConfig(yaml, dir));
   await waitForListed(url, [node.providerId]);
@@ -50,9 +58,32 @@ afterAll(async () => {
 const chat = (model: string): Promise<Response> =>
   fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_tokens: 4, seed: 1 }) });
 
+type Answer = { choices: { message: { content: string } }[]; service: { receipt: { payload: string } } };
+const receiptOf = (a: Answer) => JSON.parse(Buffer.from(a.service.receipt.payload, 'base64').toString()) as Record<string, unknown>;
+
+test('a model read into memory (the default): its file cut short and written over in place, the node serves on, the same answers under the same hash', async () => {
+  const first = (await (await chat('tiny/copy')).json()) as Answer;
+  const file = path.join(dir, 'copy.gguf');
+  const size = fs.statSync(file).size;
+  fs.truncateSync(file, 0); // what `cp other.gguf copy.gguf` does first: a mapped model dies of SIGBUS on its next token
+  const cut = await chat('tiny/copy');
+  expect(cut.status).toBe(200);
+  const during = (await cut.json()) as Answer;
+  fs.writeFileSync(file, crypto.randomBytes(size)); // (other bytes, the same size)
+  const after = (await (await chat('tiny/copy')).json()) as Answer;
+  for (const a of [during, after]) {
+    expect(a.choices[0]!.message.content).toBe(first.choices[0]!.message.content);
+    const [r, r0] = [receiptOf(a), receiptOf(first)];
+    expect([r.model_sha256, r.usage]).toEqual([r0.model_sha256, r0.usage]); // (response_sha256 covers the request id too)
+  }
+  const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { models: { id: string; accepting: boolean }[] };
+  expect(status.models.find((m) => m.id === 'tiny/copy')!.accepting).toBe(true);
+  expect(JSON.stringify(await (await fetch(`${node.opsUrl}/readyz`)).json())).not.toContain('tiny/copy');
+}, 60_000);
+
 type Listed = { provider: string; accepting: boolean; capacity?: { models: { id: string; accepting?: boolean }[] } };
 
-test('one model\'s file written over in place: that model is taken off the market, the other is still sold', async () => {
+test('one mapped model\'s file written over in place: that model is taken off the market, the others are still sold', async () => {
   for (const model of ['tiny/llama', 'tiny/other']) {
     const r = await chat(model);
     expect(r.status, model).toBe(200);
@@ -69,7 +100,7 @@ test('one model\'s file written over in place: that model is taken off the marke
 
   const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { accepting: boolean; models: { id: string; accepting: boolean }[] };
   expect(status.accepting).toBe(true);
-  expect(Object.fromEntries(status.models.map((m) => [m.id, m.accepting]))).toEqual({ 'tiny/llama': true, 'tiny/other': false });
+  expect(Object.fromEntries(status.models.map((m) => [m.id, m.accepting]))).toEqual({ 'tiny/llama': true, 'tiny/other': false, 'tiny/copy': true });
   const ready = await fetch(`${node.opsUrl}/readyz`);
   expect(ready.status).toBe(503);
   expect(JSON.stringify(await ready.json())).toContain('model tiny/other: its file was modified in place');
@@ -86,7 +117,7 @@ test('one model\'s file written over in place: that model is taken off the marke
 
   // The catalog counts no live route of the changed model.
   const models = (await (await fetch(`${gw.url}/models`)).json()) as { data: { id: string; capacity: { slots: number } }[] };
-  expect(Object.fromEntries(models.data.map((m) => [m.id, m.capacity.slots]))).toEqual({ 'tiny/llama': 1, 'tiny/other': 0 });
+  expect(Object.fromEntries(models.data.map((m) => [m.id, m.capacity.slots]))).toEqual({ 'tiny/llama': 1, 'tiny/other': 0, 'tiny/copy': 1 });
 }, 60_000);
 
 test("the market reads a model's `accepting` only as a boolean, and keeps it only when false", async () => {

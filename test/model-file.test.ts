@@ -48,10 +48,10 @@ describe('modelFileState', () => {
 });
 
 describe('the embedded runtime watches the file it loaded', () => {
-  test('a running adapter reports its model file modified after an in-place write, and replaced after a rename over it', async () => {
+  test('a running adapter that mapped its file reports it modified after an in-place write, and replaced after a rename over it', async () => {
     const model = path.join(dir, 'tiny.gguf');
     writeTinyLlama(model);
-    const adapter = new LlamaEmbeddedAdapter({ modelPath: model, contextLength: 256 });
+    const adapter = new LlamaEmbeddedAdapter({ modelPath: model, contextLength: 256, mmap: true });
     await adapter.start();
     try {
       expect(adapter.modelFileState()).toBe('unchanged');
@@ -65,7 +65,7 @@ describe('the embedded runtime watches the file it loaded', () => {
     } finally {
       await adapter.stop();
     }
-    const again = new LlamaEmbeddedAdapter({ modelPath: model, contextLength: 256 });
+    const again = new LlamaEmbeddedAdapter({ modelPath: model, contextLength: 256, mmap: true });
     await again.start();
     try {
       expect(again.modelFileState()).toBe('unchanged'); // a restart hashes and watches the file as it is now
@@ -75,6 +75,20 @@ describe('the embedded runtime watches the file it loaded', () => {
       expect(again.modelFileState()).toBe('replaced');
     } finally {
       await again.stop();
+    }
+  });
+
+  test('a running adapter that read its weights into memory (the default) reports an in-place write as replaced: what it serves is what it hashed', async () => {
+    const model = path.join(dir, 'tiny.gguf');
+    writeTinyLlama(model);
+    const adapter = new LlamaEmbeddedAdapter({ modelPath: model, contextLength: 256 });
+    await adapter.start();
+    try {
+      expect(adapter.modelFileState()).toBe('unchanged');
+      fs.appendFileSync(model, Buffer.alloc(32));
+      expect(adapter.modelFileState()).toBe('replaced');
+    } finally {
+      await adapter.stop();
     }
   });
 });
@@ -93,7 +107,7 @@ describe('the node tells the operator once, and stops saying it takes work', () 
     watchModelFiles(models, logger as never);
     expect(lines.map((l) => [l.level, l.obj.model])).toEqual([['error', 'a'], ['warn', 'b']]);
     expect(lines[0]!.msg).toMatch(/^model a: its file was modified in place while the node served it, .* the node serves it again once restarted: its requests are refused \(503 no_capacity\) until then$/);
-    expect(lines[1]!.msg).toMatch(/^model b: its file was deleted or replaced; the node serves on with the file it loaded/);
+    expect(lines[1]!.msg).toMatch(/^model b: its file was changed, deleted or replaced; the node serves on with the weights it loaded/);
     expect(workRefused(false, true, undefined, undefined, undefined, ['model a: its file was modified'])).toEqual(['model a: its file was modified']);
   });
 });
