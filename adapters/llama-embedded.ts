@@ -36,11 +36,46 @@ const llamas = new Map<'auto' | false, Promise<Llama>>();
 function llamaFor(gpu: 'auto' | false): Promise<Llama> {
   let p = llamas.get(gpu);
   if (!p) {
-    p = getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false });
+    p = getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false }).then((llama) => {
+      // Printed as before, and kept: node-llama-cpp's error for a failed load says only "Failed to load model".
+      // (llama.cpp's lines go to the binding loaded last; a node loads one, CPU or GPU. Without them
+      // a failed load keeps node-llama-cpp's own message.)
+      const print = llama.logger;
+      llama.logger = (level, message) => {
+        llamaErrors.lines.push(message);
+        if (llamaErrors.lines.length > 64) llamaErrors.lines.shift();
+        llamaErrors.count++;
+        print(level, message);
+      };
+      return llama;
+    });
     p.catch(() => llamas.delete(gpu));
     llamas.set(gpu, p);
   }
   return p;
+}
+
+/** llama.cpp's latest error lines (at most 64), and how many it has written in all. */
+const llamaErrors = { lines: [] as string[], count: 0 };
+
+/** llama.cpp's error lines after the `from`th. */
+function llamaErrorsSince(from: number): string[] {
+  const n = Math.min(llamaErrors.lines.length, llamaErrors.count - from);
+  return n > 0 ? llamaErrors.lines.slice(-n) : [];
+}
+
+/**
+ * Why llama.cpp refused to load a model, from its error lines after the `from`th, when they say.
+ * They reach JavaScript from llama.cpp's thread on their own way, maybe after the failed load
+ * does: up to ~0.2 s is given for its closing line ("failed to load model").
+ */
+async function loadFailure(from: number, path: string, e: unknown): Promise<Error> {
+  for (let i = 0; i < 10 && !llamaErrorsSince(from).some((l) => /failed to load model/.test(l)); i++) await new Promise((r) => setTimeout(r, 20));
+  const lines = llamaErrorsSince(from);
+  const invalid = lines.map((l) => /tensor '([^']{1,80})' has invalid data/.exec(l)?.[1]).filter((t) => t !== undefined);
+  if (invalid.length) return new Error(`${path}: tensor ${invalid.map((t) => `'${t}'`).join(', ')} holds NaN or infinite values (a corrupt file): llama.cpp refuses to load it`, { cause: e });
+  const why = lines.map((l) => /error loading model: (.{1,300})/.exec(l)?.[1]?.trim()).find((w) => w !== undefined);
+  return why ? new Error(`${path}: llama.cpp could not load it: ${why}`, { cause: e }) : (e as Error);
 }
 
 export { fileSha256 };
@@ -83,8 +118,14 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
     const llama = await llamaFor(this.opts.gpu ?? false);
     const before = fileIdentity(this.opts.modelPath);
-    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false }), this.opts.modelSha256 ?? fileSha256(this.opts.modelPath)]);
-    if (loaded.status === 'rejected') throw loaded.reason;
+    const errorsBefore = llamaErrors.count;
+    // checkTensors: llama.cpp reads every weight for NaN and infinity as it loads them (the file is
+    // read whole anyway, to hash it); a model holding such values answers every request with noise.
+    const [loaded, hashed] = await Promise.allSettled([
+      llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false, checkTensors: true }),
+      this.opts.modelSha256 ?? fileSha256(this.opts.modelPath),
+    ]);
+    if (loaded.status === 'rejected') throw await loadFailure(errorsBefore, this.opts.modelPath, loaded.reason);
     this.model = loaded.value;
     this.mapped = loaded.value.useMmap;
     try {
@@ -114,6 +155,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       batching: { dispatchSchedule: (dispatch: () => void) => (slots - this.idle.length <= 1 ? dispatch() : setImmediate(dispatch)) },
     });
     for (let i = 0; i < slots; i++) this.idle.push(this.context.getSequence());
+    await this.checkComputes();
     const chatTemplate = model.fileInfo.metadata?.tokenizer?.chat_template;
     this.template = typeof chatTemplate === 'string' ? new Template(chatTemplate) : undefined;
     if (typeof chatTemplate === 'string') {
@@ -132,6 +174,25 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       embeddingLength: model.embeddingVectorSize,
       chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
     };
+  }
+
+  /**
+   * A model whose weights pass llama.cpp's checks and still compute NaN (a rope_freqs tensor of
+   * zeros does) answers every request with one meaningless token, billed: refused at start. Two
+   * greedy tokens of an ordinary prompt; the probability of each must be a number.
+   */
+  private async checkComputes(): Promise<void> {
+    const sequence = this.idle[0]!;
+    const input = await this.inputTokens({ kind: 'prompt', prompt: 'The quick brown fox' });
+    let seen = 0;
+    try {
+      for await (const { confidence } of sequence.evaluateWithMetadata(input, { confidence: true }, { temperature: 0 })) {
+        if (!Number.isFinite(confidence)) throw new Error(`${this.opts.modelPath}: the model computes NaN (not a number) for an ordinary prompt, so its every answer would be noise: a tensor holds zeros or other values that cannot be right`);
+        if (++seen >= 2) break;
+      }
+    } finally {
+      await sequence.clearHistory();
+    }
   }
 
   /** What became of the model file since it was loaded (see model-file.ts); `unchanged` before a load. */

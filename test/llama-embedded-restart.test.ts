@@ -59,6 +59,13 @@ async function expectNotStarted(rt: LlamaEmbeddedAdapter): Promise<void> {
   expect(rt.info).toEqual(NOT_STARTED);
 }
 
+function nodeHome(model: Uint8Array): ReturnType<typeof parseConfig> {
+  const home = fs.mkdtempSync(path.join(dir, 'node-'));
+  createKeyFile(path.join(home, 'node.key'));
+  fs.writeFileSync(path.join(home, 'tiny.gguf'), model);
+  return parseConfig(tinyNodeConfigYaml({ publicKey: '00'.repeat(32), context: 256, logLevel: 'fatal' }), home);
+}
+
 describe('LlamaEmbeddedAdapter: failed starts', () => {
   test('stop() on an adapter never started resolves (twice) and leaves it not started', async () => {
     const rt = new LlamaEmbeddedAdapter({ modelPath: path.join(dir, 'never.gguf') });
@@ -93,8 +100,9 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     for (const [name, bytes, message] of [
       // cut inside the metadata: fewer bytes than the header's counts need (checkGgufFile)
       ['head.gguf', good.subarray(0, 200), /head\.gguf: its GGUF header claims \d+ tensors and \d+ metadata entries, more than its 200 bytes can hold/],
-      ['half.gguf', good.subarray(0, good.length >> 1), /Failed to load model/], // metadata whole, tensor data cut
-      ['short.gguf', good.subarray(0, good.length - 100), /Failed to load model/], // only the end of the last tensor missing
+      // metadata whole, tensor data cut: llama.cpp's reason (node-llama-cpp says only "Failed to load model")
+      ['half.gguf', good.subarray(0, good.length >> 1), /half\.gguf: llama\.cpp could not load it: tensor 'output\.weight' data is not within the file bounds, model is corrupted or incomplete$/],
+      ['short.gguf', good.subarray(0, good.length - 100), /short\.gguf: llama\.cpp could not load it: tensor 'blk\.1\.ffn_up\.weight' data is not within the file bounds/], // only the end of the last tensor missing
     ] as const) {
       const file = path.join(dir, name);
       fs.writeFileSync(file, bytes);
@@ -128,8 +136,8 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     const file = path.join(dir, 'fixed-later.gguf');
     fs.writeFileSync(file, good.subarray(0, good.length >> 1));
     const rt = new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 256 });
-    await expect(rt.start()).rejects.toThrow(/Failed to load model/);
-    await expect(rt.start()).rejects.toThrow(/Failed to load model/); // still broken: fails again, the same way
+    await expect(rt.start()).rejects.toThrow(/fixed-later\.gguf: llama\.cpp could not load it: tensor '.*' data is not within the file bounds/);
+    await expect(rt.start()).rejects.toThrow(/fixed-later\.gguf: llama\.cpp could not load it: tensor '.*' data is not within the file bounds/); // still broken: fails again, the same way
     expect(rt.info).toEqual(NOT_STARTED);
     fs.writeFileSync(file, good);
     await rt.start();
@@ -149,6 +157,19 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     // Stopped for good: refused again, and a second stop is harmless.
     await expect(rt.tokenize('hello')).rejects.toThrow('the embedded runtime is not started');
     await rt.stop();
+  });
+
+  // A model file that exists but is corrupt (a truncated download): the error names the model and
+  // the file, as a missing file's does.
+  test('startNode fails on a model file that exists but is corrupt, naming the model and the file', async () => {
+    const e = await startNode(nodeHome(good.subarray(0, good.length >> 1))).then(
+      () => undefined,
+      (err: unknown) => err as Error,
+    );
+    expect(e).toBeInstanceOf(Error);
+    expect(e!.message).toMatch(/^models: tiny\/llama: the runtime could not start: model file .*tiny\.gguf: llama\.cpp could not load it: tensor '.*' data is not within the file bounds/);
+    expect(e!.message).toContain('tiny/llama');
+    expect(e!.message).toContain('tiny.gguf');
   });
 
   test('start() on a started (or starting) adapter is refused (its model stays as it was); slots must be a positive integer', async () => {
@@ -357,12 +378,6 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
   afterAll(async () => {
     for (const m of leftLoaded) if (!m.disposed) await m.dispose(); // (only if the release failed)
   });
-  function nodeHome(model: Uint8Array): ReturnType<typeof parseConfig> {
-    const home = fs.mkdtempSync(path.join(dir, 'node-'));
-    createKeyFile(path.join(home, 'node.key'));
-    fs.writeFileSync(path.join(home, 'tiny.gguf'), model);
-    return parseConfig(tinyNodeConfigYaml({ publicKey: '00'.repeat(32), context: 256, logLevel: 'fatal' }), home);
-  }
 
   // A context that does not fit (context x slots too large for the RAM/VRAM): the model the start
   // loaded (gigabytes, for a real model) is released, not left loaded in the process.
@@ -380,16 +395,4 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
     expect(fail.models[0]!.disposed).toBe(true);
   });
 
-  // A model file that exists but is corrupt (a truncated download): the error names the model and
-  // the file, as a missing file's does.
-  test('startNode fails on a model file that exists but is corrupt, naming the model and the file', async () => {
-    const e = await startNode(nodeHome(good.subarray(0, good.length >> 1))).then(
-      () => undefined,
-      (err: unknown) => err as Error,
-    );
-    expect(e).toBeInstanceOf(Error);
-    expect(e!.message).toMatch(/Failed to load model/);
-    expect(e!.message).toContain('tiny/llama');
-    expect(e!.message).toContain('tiny.gguf');
-  });
 });
