@@ -1,11 +1,13 @@
 // The embedded runtime: llama.cpp in-process through node-llama-cpp (CPU here, GPU where the host
 // has one). Tokens are the model's own; chat prompts are rendered with the model's own Jinja chat
 // template; a fixed seed makes generation replayable for audits.
+import fs from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
 import { probeChatTemplate } from './chat-template-probe.ts';
 import { fileSha256 } from './file-sha256.ts';
 import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } from './model-file.ts';
+import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
@@ -25,6 +27,12 @@ export interface LlamaEmbeddedOptions {
    * served under the hash taken at start, and one cut short kills the process (SIGBUS).
    */
   mmap?: boolean;
+  /**
+   * Load and run the model in a child process first (model-probe.ts), so that what llama.cpp
+   * aborts on refuses the model instead of killing this process; `memo` keeps the verdicts of
+   * files that passed. Off when absent.
+   */
+  probe?: { memo?: ProbeMemo; timeoutMs?: number };
   /** The model file's SHA-256 (hex), when the caller has already hashed it: start() then does not read the file twice. */
   modelSha256?: string;
   /** Bounds of the chat template's probe at start (chat-template-probe.ts; default 5 s, 256 MB). */
@@ -54,6 +62,20 @@ function llamaFor(gpu: 'auto' | false): Promise<Llama> {
   }
   return p;
 }
+
+/** node-llama-cpp's version and the llama.cpp build it runs: what a probe's verdict holds for. */
+function runtimeVersion(llama: Llama): string {
+  return `node-llama-cpp ${NODE_LLAMA_CPP_VERSION} llama.cpp ${llama.llamaCppRelease.release} ${llama.buildType}`;
+}
+
+const NODE_LLAMA_CPP_VERSION = ((): string => {
+  try {
+    const pkg = new URL('../package.json', import.meta.resolve('node-llama-cpp'));
+    return String((JSON.parse(fs.readFileSync(pkg, 'utf8')) as { version?: unknown }).version);
+  } catch {
+    return 'unknown';
+  }
+})();
 
 /** llama.cpp's latest error lines (at most 64), and how many it has written in all. */
 const llamaErrors = { lines: [] as string[], count: 0 };
@@ -118,13 +140,13 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
     const llama = await llamaFor(this.opts.gpu ?? false);
     const before = fileIdentity(this.opts.modelPath);
+    let hashing: string | Promise<string> = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
+    // A probe's verdict is kept by the file's hash: it runs after the hash, before the node loads the model.
+    if (this.opts.probe) await this.probe((hashing = await hashing), llama);
     const errorsBefore = llamaErrors.count;
     // checkTensors: llama.cpp reads every weight for NaN and infinity as it loads them (the file is
     // read whole anyway, to hash it); a model holding such values answers every request with noise.
-    const [loaded, hashed] = await Promise.allSettled([
-      llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false, checkTensors: true }),
-      this.opts.modelSha256 ?? fileSha256(this.opts.modelPath),
-    ]);
+    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false, checkTensors: true }), hashing]);
     if (loaded.status === 'rejected') throw await loadFailure(errorsBefore, this.opts.modelPath, loaded.reason);
     this.model = loaded.value;
     this.mapped = loaded.value.useMmap;
@@ -140,6 +162,21 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       await this.stop().catch(() => undefined);
       throw e;
     }
+  }
+
+  /** The child-process probe, unless the memo knows a file of this hash passed it under this runtime. */
+  private async probe(sha256: string, llama: Llama): Promise<void> {
+    const opts = { modelPath: this.opts.modelPath, gpu: this.opts.gpu ?? false, mmap: this.opts.mmap ?? false, ...(this.opts.probe?.timeoutMs !== undefined ? { timeoutMs: this.opts.probe.timeoutMs } : {}) };
+    const key = probeKey(sha256, runtimeVersion(llama), opts);
+    const memo = this.opts.probe?.memo;
+    if (!memo?.known(key)) {
+      try {
+        await probeModel(opts);
+      } catch (e) {
+        throw new Error(`${this.opts.modelPath}: ${(e as Error).message}`, { cause: e });
+      }
+    }
+    memo?.remember(key); // (also when known: a memo may know more places than one)
   }
 
   private async open(llama: Llama, model: LlamaModel, sha: string, slots: number): Promise<void> {
