@@ -19,7 +19,11 @@ export interface LlamaEmbeddedOptions {
   slots?: number;
   /** CPU threads per evaluation. Default 1: more is much slower on small machines. */
   threads?: number;
-  /** 'auto' uses a GPU when the host has one. Default false (CPU). */
+  /**
+   * 'auto' (the default) uses a GPU when the host has one; false the CPU only. A process should use
+   * one setting: node-llama-cpp then loads one binding, whose llama.cpp log lines this adapter reads
+   * (a second binding takes them over, and a failed load's error names no reason).
+   */
   gpu?: 'auto' | false;
   /**
    * Map the GGUF file (shared, llama.cpp's default) instead of reading the weights into this
@@ -80,6 +84,14 @@ const NODE_LLAMA_CPP_VERSION = ((): string => {
 /** llama.cpp's latest error lines (at most 64), and how many it has written in all. */
 const llamaErrors = { lines: [] as string[], count: 0 };
 
+let loads: Promise<unknown> = Promise.resolve();
+/** Runs `load` once every load begun before it has ended. */
+function oneLoadAtATime<T>(load: () => Promise<T>): Promise<T> {
+  const run = loads.then(load, load);
+  loads = run.catch(() => undefined);
+  return run;
+}
+
 /** llama.cpp's error lines after the `from`th. */
 function llamaErrorsSince(from: number): string[] {
   const n = Math.min(llamaErrors.lines.length, llamaErrors.count - from);
@@ -138,16 +150,20 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   private async load(slots: number): Promise<void> {
     checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
-    const llama = await llamaFor(this.opts.gpu ?? false);
+    const llama = await llamaFor(this.opts.gpu ?? 'auto');
     const before = fileIdentity(this.opts.modelPath);
     let hashing: string | Promise<string> = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
     // A probe's verdict is kept by the file's hash: it runs after the hash, before the node loads the model.
     if (this.opts.probe) await this.probe((hashing = await hashing), llama);
-    const errorsBefore = llamaErrors.count;
     // checkTensors: llama.cpp reads every weight for NaN and infinity as it loads them (the file is
     // read whole anyway, to hash it); a model holding such values answers every request with noise.
-    const [loaded, hashed] = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false, checkTensors: true }), hashing]);
-    if (loaded.status === 'rejected') throw await loadFailure(errorsBefore, this.opts.modelPath, loaded.reason);
+    // One load at a time in the process, so that a failed load's llama.cpp lines are its own.
+    const [loaded, hashed] = await oneLoadAtATime(async () => {
+      const errorsBefore = llamaErrors.count;
+      const both = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false, checkTensors: true }), hashing]);
+      return both[0].status === 'rejected' ? [{ status: 'rejected' as const, reason: await loadFailure(errorsBefore, this.opts.modelPath, both[0].reason) }, both[1]] as const : both;
+    });
+    if (loaded.status === 'rejected') throw loaded.reason;
     this.model = loaded.value;
     this.mapped = loaded.value.useMmap;
     try {
@@ -166,7 +182,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   /** The child-process probe, unless the memo knows a file of this hash passed it under this runtime. */
   private async probe(sha256: string, llama: Llama): Promise<void> {
-    const opts = { modelPath: this.opts.modelPath, gpu: this.opts.gpu ?? false, mmap: this.opts.mmap ?? false, ...(this.opts.probe?.timeoutMs !== undefined ? { timeoutMs: this.opts.probe.timeoutMs } : {}) };
+    const opts = { modelPath: this.opts.modelPath, gpu: this.opts.gpu ?? 'auto', mmap: this.opts.mmap ?? false, ...(this.opts.probe?.timeoutMs !== undefined ? { timeoutMs: this.opts.probe.timeoutMs } : {}) };
     const key = probeKey(sha256, runtimeVersion(llama), opts);
     const memo = this.opts.probe?.memo;
     if (!memo?.known(key)) {
@@ -205,7 +221,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     this.maxTokenBytes = longestToken(model);
     this.info = {
       adapter: 'llama-embedded',
-      version: `node-llama-cpp/${llama.buildType}/${llama.gpu || 'cpu'}`,
+      // (what an auditor replaying a receipt needs to match: the binding's version, its build, the device)
+      version: `node-llama-cpp/${NODE_LLAMA_CPP_VERSION}/${llama.buildType}/${llama.gpu || 'cpu'}`,
       modelSha256: sha,
       contextLength,
       embeddingLength: model.embeddingVectorSize,
@@ -223,7 +240,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const input = await this.inputTokens({ kind: 'prompt', prompt: 'The quick brown fox' });
     let seen = 0;
     try {
-      for await (const { confidence } of sequence.evaluateWithMetadata(input, { confidence: true }, { temperature: 0 })) {
+      // (yieldEogToken: a first token that ends the answer is checked too; NaN logits pick token 0, an end token in some vocabularies)
+      for await (const { confidence } of sequence.evaluateWithMetadata(input, { confidence: true }, { temperature: 0, yieldEogToken: true })) {
         if (!Number.isFinite(confidence)) throw new Error(`${this.opts.modelPath}: the model computes NaN (not a number) for an ordinary prompt, so its every answer would be noise: a tensor holds zeros or other values that cannot be right`);
         if (++seen >= 2) break;
       }

@@ -55,6 +55,8 @@ export interface ModelConfig {
   max_wait_ms: number;
   /** Whether llama.cpp maps the GGUF file (shared) instead of reading the weights into the node's own memory. */
   mmap: boolean;
+  /** CPU threads of each evaluation (what the CPU computes: all of it without a GPU). */
+  threads: number;
 }
 
 export interface NodeConfig {
@@ -67,6 +69,8 @@ export interface NodeConfig {
   models: ModelConfig[];
   ops: { http: string };
   receipts: { checkpoint_every: number; checkpoint_interval_ms: number; signer_threads: number; min_free_mb: number };
+  /** `auto`: llama.cpp on the host's GPU when it has one (CUDA, Vulkan, Metal), else the CPU; false: the CPU only. */
+  gpu: 'auto' | false;
   log_level: (typeof LOG_LEVELS)[number];
 }
 
@@ -78,6 +82,7 @@ const DEFAULTS = {
   models: [],
   ops: { http: '127.0.0.1:9464' },
   receipts: { checkpoint_every: 1000, checkpoint_interval_ms: 10_000, signer_threads: 2, min_free_mb: 256 },
+  gpu: 'auto',
   log_level: 'info',
 };
 
@@ -103,7 +108,7 @@ export function defaultConfigYaml(): string {
 
 const OPS_HTTP_EXPECTED = 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464';
 
-const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false };
+const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1 };
 
 type Raw = Record<string, unknown>;
 
@@ -306,7 +311,7 @@ function validate(raw: Raw, base: string): NodeConfig {
   const parsedModels = models.map((m, i) => {
     const where = `models[${i}]`;
     if (!isObject(m)) throw new ConfigError(where, 'expected a mapping');
-    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms', 'mmap']);
+    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms', 'mmap', 'threads']);
     const full: Raw = { ...MODEL_DEFAULTS, ...m };
     const id = str(full.id, `${where}.id`);
     if (ids.has(id)) throw new ConfigError(`${where}.id`, `"${id}" is listed twice`);
@@ -337,6 +342,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       queue: int(full.queue, `${where}.queue`, 0, 100_000),
       max_wait_ms: int(full.max_wait_ms, `${where}.max_wait_ms`, 0, MAX_WAIT_MS),
       mmap: bool(full.mmap, `${where}.mmap`),
+      threads: int(full.threads, `${where}.threads`, 1, 1024),
     };
   });
 
@@ -355,6 +361,9 @@ function validate(raw: Raw, base: string): NodeConfig {
   only(rc, 'receipts', Object.keys(DEFAULTS.receipts));
   const r = { ...DEFAULTS.receipts, ...rc };
 
+  const gpu = pick<unknown>('gpu');
+  if (gpu !== 'auto' && gpu !== false) throw new ConfigError('gpu', 'expected auto (the GPU when the host has one) or false (the CPU only)');
+
   const level = pick<unknown>('log_level');
   if (!LOG_LEVELS.includes(level as (typeof LOG_LEVELS)[number])) throw new ConfigError('log_level', `expected one of ${LOG_LEVELS.join(', ')}`);
 
@@ -372,6 +381,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       signer_threads: int(r.signer_threads, 'receipts.signer_threads', 0, 64),
       min_free_mb: int(r.min_free_mb, 'receipts.min_free_mb', 0, 1 << 30),
     },
+    gpu,
     log_level: level as NodeConfig['log_level'],
   };
 }

@@ -255,7 +255,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
     }]);
     for (const m of config.models) {
-      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, probe: { memo: dataDirProbeMemo(config.data_dir) } });
+      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: dataDirProbeMemo(config.data_dir) } });
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {

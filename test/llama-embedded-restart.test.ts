@@ -146,7 +146,7 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
     try {
       expect(rt.info.modelSha256).toBe(sha256(good));
       expect(rt.info.embeddingLength).toBe(64);
-      expect(rt.info.version).toMatch(/^node-llama-cpp\//);
+      expect(rt.info.version).toMatch(/^node-llama-cpp\/\d+\.\d+\.\d+\/prebuilt\/cpu$/); // (its version, build, device)
       const mine = await generateIds(rt);
       expect(mine).toMatchObject({ outputTokens: 8, finishReason: 'length' });
       expect(mine.ids).toEqual((await generateIds(reference)).ids);
@@ -254,15 +254,15 @@ describe('LlamaEmbeddedAdapter: the llama.cpp binding cache', () => {
       expect(rt.info.modelSha256).toBe(sha256(good));
       expect(await generateIds(rt)).toMatchObject({ outputTokens: 8 });
 
-      // A loaded binding is cached: two more adapters (CPU, the same setting) share it.
-      const more = [new fresh.LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256 }), new fresh.LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256, gpu: false })];
+      // A loaded binding is cached: two more adapters (the same setting: auto, the default) share it.
+      const more = [new fresh.LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256 }), new fresh.LlamaEmbeddedAdapter({ modelPath: goodPath, contextLength: 256, gpu: 'auto' })];
       adapters.push(...more);
       await Promise.all(more.map((a) => a.start()));
       expect(calls.length).toBe(2);
       const ids = (await generateIds(rt)).ids;
       for (const a of more) expect((await generateIds(a)).ids).toEqual(ids);
-      // Every call asked for the CPU binding, never a build.
-      for (const c of calls) expect(c).toMatchObject({ gpu: false, build: 'never' });
+      // Every call asked for the GPU when there is one (this host has none: the CPU), never a build.
+      for (const c of calls) expect(c).toMatchObject({ gpu: 'auto', build: 'never' });
     } finally {
       for (const a of adapters) await a.stop();
       vi.doUnmock('node-llama-cpp');

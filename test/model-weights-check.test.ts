@@ -7,8 +7,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import type { GgufF32Tensor } from '../adapters/gguf/gguf-writer.ts';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { u32, type GgufF32Tensor } from '../adapters/gguf/gguf-writer.ts';
+import { writeTinyLlama, type TinyLlamaOptions } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { parseConfig } from '../src/config.ts';
 import { createKeyFile } from '../src/identity.ts';
@@ -21,7 +21,7 @@ beforeAll(() => {
 });
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
 
-type Edit = (m: { tensors: GgufF32Tensor[] }) => void;
+type Edit = NonNullable<TinyLlamaOptions['edit']>;
 const tensor = (m: { tensors: GgufF32Tensor[] }, name: string): Float32Array => m.tensors.find((t) => t.name === name)!.data;
 
 /** Starts an adapter on the tiny model changed by `edit`; resolves with the start's error (undefined: it started, and is stopped again). */
@@ -43,6 +43,17 @@ test.each<[string, Edit, RegExp]>([
   ['infinity in the embeddings', (m) => void tensor(m, 'token_embd.weight').fill(Number.POSITIVE_INFINITY, 640, 700), /tensor 'token_embd\.weight' holds NaN or infinite values/],
   ['a rope_freqs tensor of NaN', (m) => void m.tensors.push({ name: 'rope_freqs.weight', dims: [8], data: new Float32Array(8).fill(Number.NaN) }), /tensor 'rope_freqs\.weight' holds NaN or infinite values/],
   ['a rope_freqs tensor of zeros (every value finite)', (m) => void m.tensors.push({ name: 'rope_freqs.weight', dims: [8], data: new Float32Array(8) }), /the model computes NaN \(not a number\) for an ordinary prompt, so its every answer would be noise/],
+  // NaN logits make greedy sampling pick token 0, which ends the answer where it is the end token
+  // (GPT-NeoX, MPT, StarCoder, RWKV vocabularies): the check must see that first token too (s21 h1).
+  [
+    'a rope_freqs tensor of zeros, token 0 the end token',
+    (m) => {
+      m.tensors.push({ name: 'rope_freqs.weight', dims: [8], data: new Float32Array(8) });
+      const i = m.metadata.findIndex((k) => k.key === 'tokenizer.ggml.eos_token_id');
+      m.metadata[i] = { key: 'tokenizer.ggml.eos_token_id', value: u32(0) };
+    },
+    /the model computes NaN \(not a number\) for an ordinary prompt/,
+  ],
 ])('%s: refused at start, naming the file and why', async (name, edit, why) => {
   const e = await startError(name.replaceAll(' ', '-'), edit);
   expect(e?.message).toMatch(why);

@@ -145,7 +145,7 @@ describe('startNode names a data dir it cannot use before it loads a model', () 
       lock.release();
     }
     // Once free, the start gets as far as the model, and its failure releases the folder again.
-    await expect(startNode(config)).rejects.toThrow(/^models: tiny\/llama: the runtime could not start on model file .*tiny\.gguf/);
+    await expect(startNode(config)).rejects.toThrow(/^models: tiny\/llama: the runtime could not start: model file .*tiny\.gguf: llama\.cpp could not load it: tensor .* data is not within the file bounds/);
     lockDataDir(path.join(h, 'data')).release();
   });
 
