@@ -255,7 +255,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
     }]);
     for (const m of config.models) {
-      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: dataDirProbeMemo(config.data_dir) } });
+      const memo = dataDirProbeMemo(config.data_dir);
+      let probe: 'ran' | 'remembered' = 'ran';
+      const probeMemo = { known: (key: string) => memo.known(key) && (probe = 'remembered') === 'remembered', remember: (key: string) => memo.remember(key) };
+      const started = performance.now();
+      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo } });
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {
@@ -271,7 +275,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         // The runtime serves no more than the model was trained for: say so, or the operator believes the config.
         logger.warn({ model: m.id, configured: m.context, context: adapter.info.contextLength }, `model ${m.id}: context ${m.context} is more than the model was trained for; serving ${adapter.info.contextLength}`);
       }
-      logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256 }, 'model ready');
+      // (probe: whether this start loaded the model in a child process first, or knew the file passed: model-probes.json)
+      logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256, runtime: adapter.info.version, probe, start_ms: Math.round(performance.now() - started) }, 'model ready');
     }
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const idempotency = new IdempotencyStore(db);

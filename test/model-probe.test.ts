@@ -6,7 +6,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { u32 } from '../adapters/gguf/gguf-writer.ts';
 import { writeTinyLlama, type TinyLlamaOptions } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
@@ -15,7 +15,9 @@ import { parseConfig } from '../src/config.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { dataDirProbeMemo, PROBE_MEMO_FILE } from '../src/model-probe-memo.ts';
 import { NodeStartError, startNode } from '../src/node.ts';
+import { assertCliBuilt } from './helpers/cli-run.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { killLeftNodes, spawnNode, waitForStart } from './helpers/node-process.ts';
 
 let dir: string;
 beforeAll(() => {
@@ -73,14 +75,16 @@ describe('the embedded runtime with a probe', () => {
   });
 });
 
+/** A node's folder: its key and the tiny model (changed by `edit`). */
+const home = (name: string, edit?: TinyLlamaOptions['edit']): string => {
+  const h = path.join(dir, name);
+  fs.mkdirSync(h);
+  createKeyFile(path.join(h, 'node.key'));
+  writeTinyLlama(path.join(h, 'tiny.gguf'), edit ? { edit } : {});
+  return h;
+};
+
 describe('the node', () => {
-  const home = (name: string, edit?: TinyLlamaOptions['edit']): string => {
-    const h = path.join(dir, name);
-    fs.mkdirSync(h);
-    createKeyFile(path.join(h, 'node.key'));
-    writeTinyLlama(path.join(h, 'tiny.gguf'), edit ? { edit } : {});
-    return h;
-  };
 
   test('refuses to start on a model llama.cpp aborts on, naming the model, the file and the assertion', async () => {
     const h = home('node-abort', threeKvHeads);
@@ -105,6 +109,34 @@ describe('the node', () => {
     expect(kept.passed).toHaveLength(1);
     expect(JSON.parse(kept.passed[0]!)[0]).toBe(sha);
   });
+});
+
+describe('seller-node start, as an operator restarts it', () => {
+  afterEach(killLeftNodes);
+  beforeAll(assertCliBuilt);
+
+  /** Starts the CLI on `h`, stops it (SIGTERM) once it listens; resolves with its "model ready" log line. */
+  async function startStop(h: string): Promise<Record<string, unknown>> {
+    const child = spawnNode(path.join(h, 'config.yaml'));
+    let log = ''; // (the node logs to stderr)
+    child.stderr!.on('data', (d: Buffer) => (log += d.toString()));
+    const exited = new Promise((r) => child.on('exit', r));
+    await waitForStart(child);
+    child.kill('SIGTERM');
+    await exited;
+    const line = log.split('\n').find((l) => l.includes('"model ready"'));
+    return JSON.parse(line!) as Record<string, unknown>;
+  }
+
+  test('the first start probes the model (logged), a restart on the same file does not; a changed file is probed again', async () => {
+    const h = home('cli');
+    fs.writeFileSync(path.join(h, 'config.yaml'), tinyNodeConfigYaml({ publicKey: '11'.repeat(32), logLevel: 'info' }));
+    expect(await startStop(h)).toMatchObject({ model: 'tiny/llama', probe: 'ran', runtime: expect.stringMatching(/^node-llama-cpp\/\d+\.\d+\.\d+\/prebuilt\/cpu$/) });
+    expect(await startStop(h)).toMatchObject({ probe: 'remembered' });
+    writeTinyLlama(path.join(h, 'tiny.gguf'), { seed: 5 }); // other weights: another hash
+    expect(await startStop(h)).toMatchObject({ probe: 'ran' });
+    expect((JSON.parse(fs.readFileSync(path.join(h, 'data', PROBE_MEMO_FILE), 'utf8')) as { passed: string[] }).passed).toHaveLength(2);
+  }, 60_000);
 });
 
 describe('dataDirProbeMemo', () => {
