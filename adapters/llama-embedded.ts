@@ -153,8 +153,9 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const llama = await llamaFor(this.opts.gpu ?? 'auto');
     const before = fileIdentity(this.opts.modelPath);
     let hashing: string | Promise<string> = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
-    // A probe's verdict is kept by the file's hash: it runs after the hash, before the node loads the model.
-    if (this.opts.probe) await this.probe((hashing = await hashing), llama);
+    // A probe's verdict is kept by the file's hash: it runs after the hash, before the node loads the
+    // model, and is remembered only once the node's own load found the file unchanged since the hash.
+    const passed = this.opts.probe ? await this.probe((hashing = await hashing), llama) : undefined;
     // checkTensors: llama.cpp reads every weight for NaN and infinity as it loads them (the file is
     // read whole anyway, to hash it); a model holding such values answers every request with noise.
     // One load at a time in the process, so that a failed load's llama.cpp lines are its own.
@@ -174,25 +175,28 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       this.loadedFile = after;
       this.fileState = 'unchanged';
       await this.open(llama, loaded.value, hashed.value, slots);
+      if (passed !== undefined) this.opts.probe?.memo?.remember(passed);
     } catch (e) {
       await this.stop().catch(() => undefined);
       throw e;
     }
   }
 
-  /** The child-process probe, unless the memo knows a file of this hash passed it under this runtime. */
-  private async probe(sha256: string, llama: Llama): Promise<void> {
+  /**
+   * The child-process probe, unless the memo knows a file of this hash passed it under this runtime
+   * on this device. Resolves with the verdict's key when the model passed (or was known), for the
+   * caller to remember once its own load is done; undefined when the child's JavaScript refused it
+   * (the node's own load then says why).
+   */
+  private async probe(sha256: string, llama: Llama): Promise<string | undefined> {
     const opts = { modelPath: this.opts.modelPath, gpu: this.opts.gpu ?? 'auto', mmap: this.opts.mmap ?? false, ...(this.opts.probe?.timeoutMs !== undefined ? { timeoutMs: this.opts.probe.timeoutMs } : {}) };
-    const key = probeKey(sha256, runtimeVersion(llama), opts);
-    const memo = this.opts.probe?.memo;
-    if (!memo?.known(key)) {
-      try {
-        await probeModel(opts);
-      } catch (e) {
-        throw new Error(`${this.opts.modelPath}: ${(e as Error).message}`, { cause: e });
-      }
+    const key = probeKey(sha256, runtimeVersion(llama), llama.gpu || 'cpu', opts.mmap);
+    if (this.opts.probe?.memo?.known(key)) return key;
+    try {
+      return (await probeModel(opts)) ? key : undefined;
+    } catch (e) {
+      throw new Error(`${this.opts.modelPath}: ${(e as Error).message}`, { cause: e });
     }
-    memo?.remember(key); // (also when known: a memo may know more places than one)
   }
 
   private async open(llama: Llama, model: LlamaModel, sha: string, slots: number): Promise<void> {

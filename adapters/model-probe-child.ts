@@ -1,29 +1,47 @@
 // The model probe's child process (model-probe.ts): loads a model as the embedded runtime would and
-// runs what every kind of request will: the tokenizer over every byte and a few scripts, each token
-// back to text, a few greedy tokens of a short prompt, and an embedding. What llama.cpp aborts on
-// kills this process, not the node. Prints "ok" when all of it ran; a JavaScript error exits 1
-// (the node's own load then says why, with the file named).
+// runs a short sample of what requests do: the tokenizer over every byte and a few scripts, with
+// and without special tokens, each of those tokens back to text, four greedy tokens of a short
+// prompt, and an embedding (a 256-token context, one sequence, one thread). What llama.cpp aborts
+// on kills this process, not the node. Prints "ok" when all of it ran; "js-error" (exit 2) when
+// JavaScript refused the model (the node's own load then says why, with the file named).
+import { Worker } from 'node:worker_threads';
 import { getLlama, LlamaLogLevel, type Token } from 'node-llama-cpp';
 
-const [modelPath, gpuArg, mmapArg] = process.argv.slice(2);
-if (!modelPath) throw new Error('usage: model-probe-child MODEL auto|false true|false');
-const llama = await getLlama({ gpu: gpuArg === 'auto' ? 'auto' : false, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false });
-const model = await llama.loadModel({ modelPath, useMmap: mmapArg === 'true' });
-const context = await model.createContext({ contextSize: Math.min(256, model.trainContextSize), sequences: 1, threads: 1 });
-const bytes = Array.from({ length: 255 }, (_, i) => String.fromCharCode(i + 1)).join('');
-const text = `${bytes} héllo wörld, привет, 日本語のテキスト, مرحبا, 🙂👍🏽 ${model.tokens.bosString ?? ''}${model.tokens.eosString ?? ''}`;
-for (const special of [false, true]) {
-  for (const t of model.tokenize(text, special)) model.detokenize([t], true);
+// The node went (stopped, killed): nothing is waiting for this probe. A thread of its own looks,
+// since the main one may be held in native code (a read that never returns) when it happens.
+// (The node names itself: it may be gone before this line runs, and the parent then is another.)
+const [modelPath, gpuArg, mmapArg, parentArg] = process.argv.slice(2);
+new Worker(
+  `const { workerData } = require('node:worker_threads');
+   const check = () => { if (process.ppid !== workerData) process.kill(process.pid, 'SIGKILL'); };
+   check();
+   setInterval(check, 200);`,
+  { eval: true, workerData: Number(parentArg ?? process.ppid) },
+).unref();
+
+try {
+  if (!modelPath) throw new Error('usage: model-probe-child MODEL auto|false true|false');
+  const llama = await getLlama({ gpu: gpuArg === 'auto' ? 'auto' : false, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false });
+  const model = await llama.loadModel({ modelPath, useMmap: mmapArg === 'true' });
+  const context = await model.createContext({ contextSize: Math.min(256, model.trainContextSize), sequences: 1, threads: 1 });
+  const bytes = Array.from({ length: 255 }, (_, i) => String.fromCharCode(i + 1)).join('');
+  const text = `${bytes} héllo wörld, привет, 日本語のテキスト, مرحبا, 🙂👍🏽 ${model.tokens.bosString ?? ''}${model.tokens.eosString ?? ''}`;
+  for (const special of [false, true]) {
+    for (const t of model.tokenize(text, special)) model.detokenize([t], true);
+  }
+  const prompt = model.tokenize('The quick brown fox', false).slice(0, 32) as Token[];
+  const bos = model.tokens.bos;
+  const input = bos !== null && model.tokens.shouldPrependBosToken ? [bos, ...prompt] : prompt;
+  let n = 0;
+  for await (const token of context.getSequence().evaluate(input, { temperature: 0 })) {
+    model.detokenize([token], false);
+    if (++n >= 4) break;
+  }
+  const embedding = await model.createEmbeddingContext({ contextSize: Math.min(256, model.trainContextSize), threads: 1 });
+  await embedding.getEmbeddingFor('hello world');
+} catch {
+  process.stdout.write('js-error');
+  process.exit(2);
 }
-const prompt = model.tokenize('The quick brown fox', false).slice(0, 32) as Token[];
-const bos = model.tokens.bos;
-const input = bos !== null && model.tokens.shouldPrependBosToken ? [bos, ...prompt] : prompt;
-let n = 0;
-for await (const token of context.getSequence().evaluate(input, { temperature: 0 })) {
-  model.detokenize([token], false);
-  if (++n >= 4) break;
-}
-const embedding = await model.createEmbeddingContext({ contextSize: Math.min(256, model.trainContextSize), threads: 1 });
-await embedding.getEmbeddingFor('hello world');
 process.stdout.write('ok');
 process.exit(0);

@@ -1,11 +1,12 @@
 // What llama.cpp aborts on (a GGML_ASSERT: a head count its kv heads do not divide, and rarer
 // shapes each fuzzing round finds) kills the process it runs in. Before the node loads a model, a
-// child process loads it and runs what requests will (model-probe-child.ts); a model that kills
-// the child is refused, naming llama.cpp's assertion, and the node stays up. The verdict is kept
-// (ProbeMemo, keyed by the file's SHA-256 and the runtime's version): a restart on the same file
-// does not probe again.
+// child process loads it and runs a short sample of what requests do (model-probe-child.ts); a
+// model that kills the child is refused, naming llama.cpp's assertion, and the node stays up. The
+// verdict is kept (ProbeMemo, keyed by the file's SHA-256, the runtime's version and the device):
+// a restart on the same file does not probe again.
 import { spawn } from 'node:child_process';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 export class ModelProbeError extends Error {
   override name = 'ModelProbeError';
@@ -25,43 +26,75 @@ export interface ProbeOptions {
   timeoutMs?: number;
 }
 
-/** What a verdict holds for: the file's bytes (their SHA-256), the runtime that ran them and how. */
-export function probeKey(sha256: string, runtime: string, opts: Pick<ProbeOptions, 'gpu' | 'mmap'>): string {
-  return JSON.stringify([sha256, runtime, opts.gpu, opts.mmap]);
+/** What a verdict holds for: the file's bytes (their SHA-256), the runtime that ran them, the device (cpu, cuda, …) and mmap. */
+export function probeKey(sha256: string, runtime: string, device: string, mmap: boolean): string {
+  return JSON.stringify([sha256, runtime, device, mmap]);
 }
 
-const CHILD = new URL(`./model-probe-child${path.extname(new URL(import.meta.url).pathname)}`, import.meta.url);
+/** The child's file, beside this one (.ts in the source tree, .js once built). */
+export const PROBE_CHILD = fileURLToPath(new URL(`./model-probe-child${path.extname(fileURLToPath(import.meta.url))}`, import.meta.url));
+
+/** What the child prints: `ok` when all of it ran, `js-error` when JavaScript refused the model (the node's own load then says why). */
+export const PROBE_OK = 'ok';
+export const PROBE_JS_ERROR = 'js-error';
+
+/** Children still running: killed if this process exits first (a stop during the probe). */
+const running = new Set<ReturnType<typeof spawn>>();
+process.once('exit', () => {
+  for (const c of running) c.kill('SIGKILL');
+});
 
 /**
- * Resolves when a child process loaded the model and ran it, or failed with a JavaScript error (the
- * node's own load then names the problem); throws ModelProbeError when llama.cpp killed the child
- * or it did not finish in time.
+ * Resolves `true` when a child process loaded the model and ran it, `false` when JavaScript
+ * refused the model there (the node's own load then names the problem, and nothing is
+ * remembered); throws ModelProbeError when llama.cpp killed the child, it did not finish in time,
+ * or it could not run at all.
  */
-export async function probeModel(opts: ProbeOptions): Promise<void> {
+export async function probeModel(opts: ProbeOptions, child = PROBE_CHILD): Promise<boolean> {
   const timeoutMs = opts.timeoutMs ?? 600_000;
-  const child = spawn(process.execPath, [CHILD.pathname, opts.modelPath, String(opts.gpu), String(opts.mmap)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  // (the child ends itself when this process goes, even by SIGKILL: model-probe-child.ts)
+  const proc = spawn(process.execPath, [child, opts.modelPath, String(opts.gpu), String(opts.mmap), String(process.pid)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  running.add(proc);
   let out = '';
   let err = '';
-  child.stdout.setEncoding('utf8').on('data', (d: string) => (out = (out + d).slice(-100)));
-  child.stderr.setEncoding('utf8').on('data', (d: string) => (err = (err + d).slice(-8000)));
+  proc.stdout!.setEncoding('utf8').on('data', (d: string) => (out = (out + d).slice(-100)));
+  proc.stderr!.setEncoding('utf8').on('data', (d: string) => (err = (err + d).slice(-8000)));
   let timedOut = false;
   const timer = setTimeout(() => {
     timedOut = true;
-    child.kill('SIGKILL');
+    proc.kill('SIGKILL');
   }, timeoutMs);
-  const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve, reject) => {
-    child.once('error', reject); // (no process at all: the node's own load goes on to say what it can)
-    child.once('close', (c, s) => resolve([c, s]));
-  }).finally(() => clearTimeout(timer));
-  if (code === 0 && out === 'ok') return;
+  const [code, signal, spawnError] = await new Promise<[number | null, NodeJS.Signals | null, Error | undefined]>((resolve) => {
+    proc.once('error', (e) => resolve([null, null, e]));
+    proc.once('close', (c, s) => resolve([c, s, undefined]));
+  }).finally(() => {
+    clearTimeout(timer);
+    running.delete(proc);
+  });
+  if (code === 0 && out === PROBE_OK) return true;
+  if (code === 2 && out === PROBE_JS_ERROR) return false;
   if (timedOut) throw new ModelProbeError(`llama.cpp did not load and run it within ${timeoutMs / 1000} s in a child process: the node would hang on it`);
   if (signal) throw new ModelProbeError(`llama.cpp crashed loading or running it in a child process (${signal})${crashLine(err)}: the node would have died with it`);
+  // The probe itself could not run (its file missing from an install, no process): the model is
+  // not known to be safe, so it is not loaded.
+  const why = spawnError?.message ?? `exit code ${code}${lastLine(err)}`;
+  throw new ModelProbeError(`the model probe (${child}) could not run: ${why}; the node loads no model it could not probe`);
 }
 
-/** llama.cpp's own last word before it aborted (an assertion), without the build machine's path. */
-function crashLine(stderr: string): string {
-  const line = stderr.split('\n').filter((l) => /GGML_ASSERT|GGML_ABORT|error|fault|abort/i.test(l)).pop()?.trim();
-  if (!line) return '';
-  const assert = /(GGML_ASSERT\(.*\) failed|GGML_ABORT.*)$/.exec(line)?.[1] ?? line.replace(/^.*\/(ggml|src|llama\.cpp)\//, '');
-  return `: ${assert.slice(0, 300)}`;
+/** llama.cpp's own last word before it aborted, without the build machine's path; '' when it said none. */
+export function crashLine(stderr: string): string {
+  const lines = stderr.split('\n').map((l) => l.trim());
+  const assert = lines.map((l) => /(GGML_ASSERT\(.*\) failed)/.exec(l)?.[1]).filter((l) => l !== undefined).pop();
+  // ggml_abort prints "<file>:<line>: <message>" (GGML_ASSERT and GGML_ABORT alike).
+  const abort = lines.map((l) => /\.(?:c|cc|cpp|h|hpp):\d+: (.+)$/.exec(l)?.[1]).filter((l) => l !== undefined).pop();
+  const heap = lines.find((l) => /JavaScript heap out of memory/.test(l)) ? 'JavaScript heap out of memory' : undefined;
+  const said = assert ?? abort ?? heap;
+  return said ? `: ${said.slice(0, 300)}` : '';
+}
+
+/** What a child that failed said: its error line (Node ends with its own version line), else its last line. */
+function lastLine(stderr: string): string {
+  const lines = stderr.split('\n').map((l) => l.trim()).filter((l) => l !== '' && !/^Node\.js v\d/.test(l));
+  const line = lines.filter((l) => /^(?:[A-Z]\w*)?Error\b/.test(l)).pop() ?? lines.pop();
+  return line ? `: ${line.slice(0, 300)}` : '';
 }

@@ -10,6 +10,8 @@ import { writeFileAtomic } from './atomic-file.ts';
 export const PROBE_MEMO_FILE = 'model-probes.json';
 /** Verdicts kept: the latest this many (a node serves a few models; old files drop out). */
 const KEEP = 64;
+/** 64 verdicts take ~10 KB: a larger file is not one this node wrote. */
+const MAX_BYTES = 1 << 20;
 
 /** Verdicts this process reached or read (a second node started in it, as the tests do, shares them). */
 const seen = new Set<string>();
@@ -18,6 +20,9 @@ export function dataDirProbeMemo(dataDir: string): ProbeMemo {
   const file = path.join(dataDir, PROBE_MEMO_FILE);
   const read = (): string[] => {
     try {
+      // (only a regular file of a sane size: not a symlink to /dev/zero, a FIFO that never ends, 200 MB)
+      const st = fs.lstatSync(file);
+      if (!st.isFile() || st.size > MAX_BYTES) return [];
       const v = JSON.parse(fs.readFileSync(file, 'utf8')) as { passed?: unknown };
       return Array.isArray(v.passed) ? v.passed.filter((k): k is string => typeof k === 'string') : [];
     } catch {

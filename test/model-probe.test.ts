@@ -2,6 +2,7 @@
 // model in a child process first (adapters/model-probe.ts): a model that kills the child is
 // refused, naming llama.cpp's assertion, and this process (the node) goes on. Verdicts that passed
 // are kept by the file's hash, in the data dir and for the process: a restart does not probe again.
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -10,13 +11,14 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { u32 } from '../adapters/gguf/gguf-writer.ts';
 import { writeTinyLlama, type TinyLlamaOptions } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
-import type { ProbeMemo } from '../adapters/model-probe.ts';
+import { crashLine, PROBE_CHILD, probeModel, type ProbeMemo } from '../adapters/model-probe.ts';
 import { parseConfig } from '../src/config.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { dataDirProbeMemo, PROBE_MEMO_FILE } from '../src/model-probe-memo.ts';
 import { NodeStartError, startNode } from '../src/node.ts';
 import { assertCliBuilt } from './helpers/cli-run.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { waitFor } from './helpers/wait.ts';
 import { killLeftNodes, spawnNode, waitForStart } from './helpers/node-process.ts';
 
 let dir: string;
@@ -83,6 +85,75 @@ const home = (name: string, edit?: TinyLlamaOptions['edit']): string => {
   writeTinyLlama(path.join(h, 'tiny.gguf'), edit ? { edit } : {});
   return h;
 };
+
+describe('the probe itself', () => {
+  test('its child is where the built and the source tree put it; a child that cannot run refuses the model (nothing is loaded unprobed)', async () => {
+    expect(fs.existsSync(PROBE_CHILD)).toBe(true);
+    const good = path.join(dir, 'probe-good.gguf');
+    writeTinyLlama(good);
+    const missing = path.join(dir, 'no such folder', 'model-probe-child.js');
+    const e = await probeModel({ modelPath: good, gpu: 'auto', mmap: false }, missing).then(() => undefined, (err: unknown) => err as Error);
+    expect(e?.message.startsWith(`the model probe (${missing}) could not run: exit code 1: `)).toBe(true);
+    expect(e?.message).toMatch(/Cannot find module.*; the node loads no model it could not probe$/);
+    // A path with a space in it (an install folder) runs: the crasher is caught there too.
+    const spaced = path.join(dir, 'with space');
+    fs.symlinkSync(path.dirname(PROBE_CHILD), spaced);
+    const crasher = path.join(dir, 'probe-crasher.gguf');
+    writeTinyLlama(crasher, { edit: threeKvHeads });
+    await expect(probeModel({ modelPath: crasher, gpu: 'auto', mmap: false }, path.join(spaced, path.basename(PROBE_CHILD)))).rejects.toThrow(/\(SIGABRT\): GGML_ASSERT\(ggml_can_mul_mat\(k, q\)\) failed/);
+    expect(await probeModel({ modelPath: good, gpu: 'auto', mmap: false }, path.join(spaced, path.basename(PROBE_CHILD)))).toBe(true);
+  });
+
+  test('a model JavaScript refuses in the child (a truncated file) is not remembered; the node\'s own load says why', async () => {
+    const file = path.join(dir, 'half.gguf');
+    const whole = fs.readFileSync(path.join(dir, 'probe-good.gguf'));
+    fs.writeFileSync(file, whole.subarray(0, whole.length >> 1));
+    expect(await probeModel({ modelPath: file, gpu: 'auto', mmap: false })).toBe(false);
+    const memo = memoOf();
+    await expect(new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 256, probe: { memo } }).start()).rejects.toThrow(/half\.gguf: llama\.cpp could not load it: tensor '.*' data is not within the file bounds/);
+    expect(memo.keys.size).toBe(0);
+  });
+
+  test('a file swapped after it was hashed: the probe ran on another file, the start is refused and its verdict not kept', async () => {
+    const file = path.join(dir, 'swapped.gguf');
+    writeTinyLlama(file, { edit: threeKvHeads }); // hashed as the crasher...
+    const good = path.join(dir, 'swap-in.gguf');
+    writeTinyLlama(good);
+    const remembered: string[] = [];
+    const memo: ProbeMemo = {
+      known: () => (fs.renameSync(good, file), false), // ...then a good file renamed over it before the probe runs
+      remember: (k) => void remembered.push(k),
+    };
+    await expect(new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 256, probe: { memo } }).start()).rejects.toThrow(/changed while it was loaded and hashed/);
+    expect(remembered).toEqual([]); // (had the crasher's hash been kept, its next start would abort the node)
+  });
+
+  test('the child ends when the process that probes goes (killed mid-probe)', async () => {
+    const { spawn } = await import('node:child_process');
+    // A model file that never finishes arriving (a FIFO no one writes): the child waits on it for ever.
+    const fifo = path.join(dir, 'never.gguf');
+    execFileSync('mkfifo', [fifo]);
+    const script = path.join(dir, 'prober.ts');
+    fs.writeFileSync(script, `import { probeModel } from ${JSON.stringify(path.resolve('adapters/model-probe.ts'))};\nawait probeModel({ modelPath: ${JSON.stringify(fifo)}, gpu: 'auto', mmap: false });\n`);
+    const parent = spawn(process.execPath, [script], { stdio: 'ignore' });
+    const childPid = await waitFor('the probe child', () => {
+      try {
+        return Number(execFileSync('pgrep', ['-P', String(parent.pid)], { encoding: 'utf8' }).trim().split('\n')[0]) || undefined;
+      } catch {
+        return undefined;
+      }
+    }, 10_000, 10);
+    parent.kill('SIGKILL');
+    await waitFor('the probe child to end', () => (fs.existsSync(`/proc/${childPid}`) && !/^State:\s+Z/m.test(fs.readFileSync(`/proc/${childPid}/status`, 'utf8')) ? undefined : true), 10_000);
+  });
+
+  test('the crash line: llama.cpp\'s assertion or abort message without the build path, a JavaScript heap exhaustion, or nothing', () => {
+    expect(crashLine('/home/runner/work/x/llama.cpp/ggml/src/ggml.c:5455: GGML_ASSERT(ggml_can_mul_mat(k, q)) failed\n[backtrace]\n')).toBe(': GGML_ASSERT(ggml_can_mul_mat(k, q)) failed');
+    expect(crashLine('/b/llama.cpp/src/llama-model.cpp:1234: fatal error: unsupported op\n')).toBe(': fatal error: unsupported op');
+    expect(crashLine('<--- Last few GCs --->\nFATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n 1: 0xb8 node::Abort()')).toBe(': JavaScript heap out of memory');
+    expect(crashLine('some earlier error: nothing to do with it\nSegmentation fault\n')).toBe('');
+  });
+});
 
 describe('the node', () => {
 
@@ -155,6 +226,16 @@ describe('dataDirProbeMemo', () => {
     // Known from the file by a memo of another process (this one's own is fresh in each test file).
     fs.writeFileSync(file, JSON.stringify({ v: 1, passed: ['from-disk'] }));
     expect(dataDirProbeMemo(d).known('from-disk')).toBe(true);
+    // Not a regular file of a sane size: counted as empty at once (s21 h2: /dev/zero ran a start out of memory; a FIFO blocked it).
+    fs.rmSync(file);
+    fs.symlinkSync('/dev/zero', file);
+    expect(dataDirProbeMemo(d).known('from-disk')).toBe(false);
+    fs.rmSync(file);
+    execFileSync('mkfifo', [file]);
+    expect(dataDirProbeMemo(d).known('from-disk')).toBe(false);
+    fs.rmSync(file);
+    fs.writeFileSync(file, JSON.stringify({ v: 1, passed: ['from-disk', 'x'.repeat(1 << 20)] }));
+    expect(dataDirProbeMemo(d).known('from-disk')).toBe(false);
     // A data dir that went away: remember does not throw (the next start probes again).
     expect(() => dataDirProbeMemo(path.join(d, 'gone')).remember('k-x')).not.toThrow();
   });

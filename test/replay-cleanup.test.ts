@@ -105,3 +105,19 @@ describe('replay: a failure after the runtime started', () => {
     expect(w.counts()).toEqual({ starts: 2, stops: 2, logCloses: 2 });
   });
 });
+
+describe('replay: the device', () => {
+  test('receipts computed on the CPU are replayed on the CPU (floating point differs on a GPU); others on the GPU when the host has one', async () => {
+    const devices: unknown[] = [];
+    vi.spyOn(LlamaEmbeddedAdapter.prototype, 'start').mockImplementation(async function (this: LlamaEmbeddedAdapter) {
+      devices.push((this as unknown as { opts: { gpu?: unknown } }).opts.gpu);
+      throw new Error('not started: the test asks only which device');
+    });
+    expect(receipt.runtime.version).toMatch(/\/cpu$/); // (this host has no GPU)
+    const onGpu = { ...receipt, runtime: { ...receipt.runtime, version: receipt.runtime.version.replace(/\/cpu$/, '/cuda') } };
+    for (const receipts of [[receipt], [onGpu], [receipt, onGpu]]) {
+      await expect(replay({ receipts, requests: bodies, modelPath: modelPath(), contextLength: 512 })).rejects.toThrow('not started');
+    }
+    expect(devices).toEqual([false, 'auto', 'auto']);
+  });
+});

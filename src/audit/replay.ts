@@ -108,7 +108,10 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   if (todo.length === 0) return report;
   // (node-llama-cpp loaded only when there is something to replay: `audit` alone starts fast)
   const { LlamaEmbeddedAdapter } = await import('../../adapters/llama-embedded.ts');
-  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
+  // On the device the receipts name: answers computed on a CPU are replayed on the CPU, even on a
+  // host with a GPU (floating point differs between them); others on the GPU when there is one.
+  const onCpu = todo.every((r) => r.runtime.version.endsWith('/cpu'));
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, gpu: onCpu ? false : 'auto', ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
   // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.
   const node = crypto.randomBytes(32);
