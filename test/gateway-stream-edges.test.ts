@@ -85,13 +85,15 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
   const PAUSE_MS = 3 * IDLE_MS;
   const PAUSES = 2;
   /**
-   * 40 MB of events, each in its own DATA frame. Far more than every buffer between the provider and
-   * the buyer holds (the gateway's socket send buffer, up to 4 MiB here; the buyer's receive buffer;
-   * and upstream the gateway's frame reader, 1 MiB, and the yamux window, 4 MiB): the gateway's
-   * writes to the buyer stop draining long before the stream ends, at every pause.
+   * Events of 64 KiB, each in its own DATA frame: twice as many bytes as every buffer between the
+   * provider and the buyer can hold (the buyer's socket receive buffer, which Linux grows up to
+   * tcp_rmem's maximum, 32 MiB on this VM; the gateway's send buffer, tcp_wmem's, 4 MiB; upstream
+   * the gateway's frame reader, 1 MiB, and the yamux window, 4 MiB), and at least 40 MB: the
+   * gateway's writes to the buyer stop draining long before the stream ends, at every pause. (A
+   * fixed 40 MB fitted in those buffers now and then under load, and the tests failed.)
    */
   const EVENT_BYTES = 64 * 1024;
-  const EVENTS = 640;
+  const EVENTS = Math.max(640, Math.ceil((2 * (tcpMax('tcp_rmem') + tcpMax('tcp_wmem') + 5 * 2 ** 20)) / EVENT_BYTES));
   let slow: Gateway;
 
   beforeAll(async () => {
@@ -159,7 +161,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
     });
   }
 
-  test('a 40 MB stream read with two pauses of 3 × providerIdleMs completes with [DONE] and a settled receipt, never provider_timeout', async () => {
+  test('a stream larger than every buffer on the way (at least 40 MB) read with two pauses of 3 × providerIdleMs completes with [DONE] and a settled receipt, never provider_timeout', async () => {
     const events = Array.from({ length: EVENTS }, (_, i) => event(i));
     const done = Buffer.from('data: [DONE]\n\n');
     const expected = Buffer.concat([...events, done]);
@@ -191,7 +193,7 @@ describe('a buyer slow to read a stream: the provider is not cut off for the buy
   });
 
   test('the provider\'s clock runs again once the buyer drains: a provider silent after the slow read is still cut off with provider_timeout', async () => {
-    // 40 MB (more than every buffer on the way holds), then silence: the buyer's first pause holds
+    // More than every buffer on the way holds (EVENTS), then silence: the buyer's first pause holds
     // the gateway up (its clock paused), the
     // buyer then reads everything, and the provider, silent, must be cut off IDLE_MS later. Were
     // the clock not restarted it would never be: the provider gives up its silence after 25 s and
@@ -480,3 +482,12 @@ describe('SSE events split across DATA frames: relayed intact, in order, each on
     await expectSettledFor(gw, r.id, r.sent);
   });
 });
+
+/** The largest buffer Linux grows a TCP socket's receive (tcp_rmem) or send (tcp_wmem) buffer to; 6 MiB where it cannot be read. */
+function tcpMax(which: 'tcp_rmem' | 'tcp_wmem'): number {
+  try {
+    return Number(fs.readFileSync(`/proc/sys/net/ipv4/${which}`, 'utf8').trim().split(/\s+/)[2]) || 6 * 2 ** 20;
+  } catch {
+    return 6 * 2 ** 20;
+  }
+}
