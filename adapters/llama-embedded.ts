@@ -7,6 +7,7 @@ import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaConte
 import { probeChatTemplate } from './chat-template-probe.ts';
 import { fileSha256 } from './file-sha256.ts';
 import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } from './model-file.ts';
+import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
@@ -48,19 +49,7 @@ const llamas = new Map<'auto' | false, Promise<Llama>>();
 function llamaFor(gpu: 'auto' | false): Promise<Llama> {
   let p = llamas.get(gpu);
   if (!p) {
-    p = getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false }).then((llama) => {
-      // Printed as before, and kept: node-llama-cpp's error for a failed load says only "Failed to load model".
-      // (llama.cpp's lines go to the binding loaded last; a node loads one, CPU or GPU. Without them
-      // a failed load keeps node-llama-cpp's own message.)
-      const print = llama.logger;
-      llama.logger = (level, message) => {
-        llamaErrors.lines.push(message);
-        if (llamaErrors.lines.length > 64) llamaErrors.lines.shift();
-        llamaErrors.count++;
-        print(level, message);
-      };
-      return llama;
-    });
+    p = getLlama({ gpu, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false }).then(keepErrorLines);
     p.catch(() => llamas.delete(gpu));
     llamas.set(gpu, p);
   }
@@ -80,37 +69,6 @@ const NODE_LLAMA_CPP_VERSION = ((): string => {
     return 'unknown';
   }
 })();
-
-/** llama.cpp's latest error lines (at most 64), and how many it has written in all. */
-const llamaErrors = { lines: [] as string[], count: 0 };
-
-let loads: Promise<unknown> = Promise.resolve();
-/** Runs `load` once every load begun before it has ended. */
-function oneLoadAtATime<T>(load: () => Promise<T>): Promise<T> {
-  const run = loads.then(load, load);
-  loads = run.catch(() => undefined);
-  return run;
-}
-
-/** llama.cpp's error lines after the `from`th. */
-function llamaErrorsSince(from: number): string[] {
-  const n = Math.min(llamaErrors.lines.length, llamaErrors.count - from);
-  return n > 0 ? llamaErrors.lines.slice(-n) : [];
-}
-
-/**
- * Why llama.cpp refused to load a model, from its error lines after the `from`th, when they say.
- * They reach JavaScript from llama.cpp's thread on their own way, maybe after the failed load
- * does: up to ~0.2 s is given for its closing line ("failed to load model").
- */
-async function loadFailure(from: number, path: string, e: unknown): Promise<Error> {
-  for (let i = 0; i < 10 && !llamaErrorsSince(from).some((l) => /failed to load model/.test(l)); i++) await new Promise((r) => setTimeout(r, 20));
-  const lines = llamaErrorsSince(from);
-  const invalid = lines.map((l) => /tensor '([^']{1,80})' has invalid data/.exec(l)?.[1]).filter((t) => t !== undefined);
-  if (invalid.length) return new Error(`${path}: tensor ${invalid.map((t) => `'${t}'`).join(', ')} holds NaN or infinite values (a corrupt file): llama.cpp refuses to load it`, { cause: e });
-  const why = lines.map((l) => /error loading model: (.{1,300})/.exec(l)?.[1]?.trim()).find((w) => w !== undefined);
-  return why ? new Error(`${path}: llama.cpp could not load it: ${why}`, { cause: e }) : (e as Error);
-}
 
 export { fileSha256 };
 
@@ -152,18 +110,13 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
     const llama = await llamaFor(this.opts.gpu ?? 'auto');
     const before = fileIdentity(this.opts.modelPath);
-    let hashing: string | Promise<string> = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
+    const hashing = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
     // A probe's verdict is kept by the file's hash: it runs after the hash, before the node loads the
     // model, and is remembered only once the node's own load found the file unchanged since the hash.
-    const passed = this.opts.probe ? await this.probe((hashing = await hashing), llama) : undefined;
+    const passed = this.opts.probe ? await this.probe(await hashing, llama) : undefined;
     // checkTensors: llama.cpp reads every weight for NaN and infinity as it loads them (the file is
     // read whole anyway, to hash it); a model holding such values answers every request with noise.
-    // One load at a time in the process, so that a failed load's llama.cpp lines are its own.
-    const [loaded, hashed] = await oneLoadAtATime(async () => {
-      const errorsBefore = llamaErrors.count;
-      const both = await Promise.allSettled([llama.loadModel({ modelPath: this.opts.modelPath, useMmap: this.opts.mmap ?? false, checkTensors: true }), hashing]);
-      return both[0].status === 'rejected' ? [{ status: 'rejected' as const, reason: await loadFailure(errorsBefore, this.opts.modelPath, both[0].reason) }, both[1]] as const : both;
-    });
+    const [loaded, hashed] = await Promise.allSettled([loadNamingWhy(llama, this.opts.modelPath, { useMmap: this.opts.mmap ?? false, checkTensors: true }), hashing]);
     if (loaded.status === 'rejected') throw loaded.reason;
     this.model = loaded.value;
     this.mapped = loaded.value.useMmap;
