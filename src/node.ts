@@ -257,7 +257,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     for (const m of config.models) {
       const memo = dataDirProbeMemo(config.data_dir);
       let probe: 'ran' | 'remembered' = 'ran';
-      const probeMemo = { known: (key: string) => memo.known(key) && (probe = 'remembered') === 'remembered', remember: (key: string) => memo.remember(key) };
+      const probeMemo = {
+        known(key: string): boolean {
+          const known = memo.known(key);
+          if (known) probe = 'remembered';
+          return known;
+        },
+        remember: (key: string) => memo.remember(key),
+      };
       const started = performance.now();
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo } });
       try {
