@@ -1,5 +1,6 @@
-// The model probe's child process (model-probe.ts): loads a model as the embedded runtime would and
-// runs a short sample of what requests do: the tokenizer over every byte and a few scripts, with
+// The model probe's child process (model-probe.ts): loads a model with the embedded runtime's GPU
+// and mmap settings (not its tensor check: what it is after is a crash) and
+// runs a short sample of what requests do: the tokenizer over the characters U+0001–U+00FF and a few scripts, with
 // and without special tokens, each of those tokens back to text, four greedy tokens of a short
 // prompt, and an embedding (a 256-token context, one sequence, one thread). What llama.cpp aborts
 // on kills this process, not the node. Prints "ok" when all of it ran; "js-error" (exit 2) when
@@ -20,7 +21,7 @@ new Worker(
 ).unref();
 
 try {
-  if (!modelPath) throw new Error('usage: model-probe-child MODEL auto|false true|false');
+  if (!modelPath) throw new Error('usage: model-probe-child MODEL auto|false true|false NODE_PID');
   const llama = await getLlama({ gpu: gpuArg === 'auto' ? 'auto' : false, build: 'never', logLevel: LlamaLogLevel.error, progressLogs: false });
   const model = await llama.loadModel({ modelPath, useMmap: mmapArg === 'true' });
   const context = await model.createContext({ contextSize: Math.min(256, model.trainContextSize), sequences: 1, threads: 1 });

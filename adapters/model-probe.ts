@@ -2,7 +2,7 @@
 // shapes each fuzzing round finds) kills the process it runs in. Before the node loads a model, a
 // child process loads it and runs a short sample of what requests do (model-probe-child.ts); a
 // model that kills the child is refused, naming llama.cpp's assertion, and the node stays up. The
-// verdict is kept (ProbeMemo, keyed by the file's SHA-256, the runtime's version and the device):
+// verdict is kept (ProbeMemo, keyed by the file's SHA-256, the runtime's version, the device and mmap):
 // a restart on the same file does not probe again.
 import { spawn } from 'node:child_process';
 import path from 'node:path';

@@ -13,7 +13,7 @@ const KEEP = 64;
 /** 64 verdicts take ~10 KB: a larger file is not one this node wrote. */
 const MAX_BYTES = 1 << 20;
 
-/** Verdicts this process reached or read (a second node started in it, as the tests do, shares them). */
+/** Verdicts of models this process started on (a second node started in it, as the tests do, shares them). */
 const seen = new Set<string>();
 
 export function dataDirProbeMemo(dataDir: string): ProbeMemo {

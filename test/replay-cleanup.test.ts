@@ -107,10 +107,13 @@ describe('replay: a failure after the runtime started', () => {
 });
 
 describe('replay: the device', () => {
-  test('receipts computed on the CPU are replayed on the CPU (floating point differs on a GPU); others on the GPU when the host has one', async () => {
+  test('receipts computed on the CPU are replayed on the CPU (floating point differs on a GPU); others on the GPU when the host has one; the model is probed first', async () => {
     const devices: unknown[] = [];
+    const probed: boolean[] = [];
     vi.spyOn(LlamaEmbeddedAdapter.prototype, 'start').mockImplementation(async function (this: LlamaEmbeddedAdapter) {
-      devices.push((this as unknown as { opts: { gpu?: unknown } }).opts.gpu);
+      const opts = (this as unknown as { opts: { gpu?: unknown; probe?: unknown } }).opts;
+      devices.push(opts.gpu);
+      probed.push(opts.probe !== undefined); // (the child-process probe, as at the node's start: an aborting model does not kill the audit)
       throw new Error('not started: the test asks only which device');
     });
     expect(receipt.runtime.version).toMatch(/\/cpu$/); // (this host has no GPU)
@@ -119,5 +122,6 @@ describe('replay: the device', () => {
       await expect(replay({ receipts, requests: bodies, modelPath: modelPath(), contextLength: 512 })).rejects.toThrow('not started');
     }
     expect(devices).toEqual([false, 'auto', 'auto']);
+    expect(probed).toEqual([true, true, true]);
   });
 });

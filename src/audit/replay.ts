@@ -111,7 +111,8 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   // On the device the receipts name: answers computed on a CPU are replayed on the CPU, even on a
   // host with a GPU (floating point differs between them); others on the GPU when there is one.
   const onCpu = todo.every((r) => r.runtime.version.endsWith('/cpu'));
-  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, gpu: onCpu ? false : 'auto', ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
+  // probe: what llama.cpp aborts on is refused, as at the node's start, instead of killing the audit.
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, gpu: onCpu ? false : 'auto', probe: {}, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
   // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.
   const node = crypto.randomBytes(32);
