@@ -48,7 +48,7 @@ describe.concurrent('help', () => {
     const r = await runCli(['--help']);
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/^Usage: seller-node/m);
-    for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'demo', 'demo-receipts', 'market', 'gateway']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
+    for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'check-model', 'demo', 'demo-receipts', 'market', 'gateway']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
     expect(r.stdout).toMatch(/^\s+log\b[^]*?\bprove\b[^]*?^\s+audit\b/m); // log's entry names what it does, prove among it
   });
 
@@ -58,6 +58,7 @@ describe.concurrent('help', () => {
     [['audit'], ['<dir>', '--provider', '--json', '--threads']],
     [['verify'], ['<file>', '--provider', '--json']],
     [['dev-model'], ['--out', '--seed']],
+    [['check-model'], ['<file>', '--gpu', '--mmap', '--context']],
     [['start'], ['--config']],
     [['demo'], ['--port', '--smoke']],
     [['demo-receipts'], ['--count', '--keep']],

@@ -16,7 +16,7 @@ import { parseConfig } from '../src/config.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { dataDirProbeMemo, PROBE_MEMO_FILE } from '../src/model-probe-memo.ts';
 import { NodeStartError, startNode } from '../src/node.ts';
-import { assertCliBuilt } from './helpers/cli-run.ts';
+import { assertCliBuilt, runCli } from './helpers/cli-run.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 import { waitFor } from './helpers/wait.ts';
 import { killLeftNodes, spawnNode, waitForStart } from './helpers/node-process.ts';
@@ -207,6 +207,32 @@ describe('seller-node start, as an operator restarts it', () => {
     writeTinyLlama(path.join(h, 'tiny.gguf'), { seed: 5 }); // other weights: another hash
     expect(await startStop(h)).toMatchObject({ probe: 'ran' });
     expect((JSON.parse(fs.readFileSync(path.join(h, 'data', PROBE_MEMO_FILE), 'utf8')) as { passed: string[] }).passed).toHaveLength(2);
+  }, 60_000);
+});
+
+describe('seller-node check-model', () => {
+  beforeAll(assertCliBuilt);
+
+  test('a model start would serve: exit 0, its hash, runtime and context; one it would refuse: exit 1, why, no stack; bad usage: exit 2', async () => {
+    const good = path.join(dir, 'check-good.gguf');
+    writeTinyLlama(good);
+    const ok = await runCli(['check-model', good, '--context', '256']);
+    expect([ok.code, ok.stderr]).toEqual([0, '']);
+    const sha = crypto.createHash('sha256').update(fs.readFileSync(good)).digest('hex');
+    expect(ok.stdout).toBe(`${good}: would be served\n  sha256 ${sha}\n  runtime ${ok.stdout.match(/runtime (\S+)/)![1]}\n  context 256, embedding length 64\n  chat template yes\n`);
+    expect(ok.stdout).toMatch(/runtime node-llama-cpp\/\d+\.\d+\.\d+\/prebuilt\/cpu\n/);
+
+    const crasher = path.join(dir, 'check-crasher.gguf');
+    writeTinyLlama(crasher, { edit: threeKvHeads });
+    const refused = await runCli(['check-model', crasher]);
+    expect(refused.code).toBe(1);
+    expect(refused.stdout).toBe('');
+    expect(refused.stderr).toContain(`seller-node: model file ${crasher}: llama.cpp crashed loading or running it in a child process (SIGABRT): GGML_ASSERT(ggml_can_mul_mat(k, q)) failed`);
+    expect(refused.stderr).not.toMatch(/\n\s+at /);
+
+    const missing = await runCli(['check-model', path.join(dir, 'nope.gguf')]);
+    expect([missing.code, missing.stderr]).toEqual([1, `seller-node: model file ${path.join(dir, 'nope.gguf')} not found\n`]);
+    expect((await runCli(['check-model', good, '--gpu', 'cuda'])).code).toBe(2);
   }, 60_000);
 });
 

@@ -8,6 +8,7 @@ import { verifyCommand } from './verify.ts';
 import { demoCommand } from './demo.ts';
 import { demoReceiptsCommand } from './demo-receipts.ts';
 import { devModelCommand } from './dev-model.ts';
+import { checkModelCommand } from './check-model.ts';
 import { startCommand } from './start.ts';
 import { marketCommand } from './market.ts';
 import { gatewayCommand } from './gateway.ts';
@@ -23,7 +24,7 @@ function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride()
     .configureOutput({ writeErr: (s) => process.stderr.write(s), writeOut: (s) => process.stdout.write(s) });
-  for (const make of [initCommand, startCommand, logCommand, auditCommand, verifyCommand, devModelCommand, demoCommand, demoReceiptsCommand, marketCommand, gatewayCommand]) program.addCommand(make());
+  for (const make of [initCommand, startCommand, logCommand, auditCommand, verifyCommand, devModelCommand, checkModelCommand, demoCommand, demoReceiptsCommand, marketCommand, gatewayCommand]) program.addCommand(make());
   return program;
 }
 
