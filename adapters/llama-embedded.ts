@@ -56,9 +56,18 @@ function llamaFor(gpu: 'auto' | false): Promise<Llama> {
   return p;
 }
 
-/** node-llama-cpp's version and the llama.cpp build it runs: what a probe's verdict holds for. */
+/** What receipts name as the runtime: node-llama-cpp's version, its build and the device (what an auditor replaying needs to match). */
 function runtimeVersion(llama: Llama): string {
-  return `node-llama-cpp ${NODE_LLAMA_CPP_VERSION} llama.cpp ${llama.llamaCppRelease.release} ${llama.buildType}`;
+  return `node-llama-cpp/${NODE_LLAMA_CPP_VERSION}/${llama.buildType}/${llama.gpu || 'cpu'}`;
+}
+
+/**
+ * A start failure's message with the model file named once, `model file <path>: …` (the model
+ * checks name the file themselves); undefined when it does not name the file.
+ */
+export function namingModelFile(modelPath: string, message: string): string | undefined {
+  if (message.startsWith(`model file ${modelPath}`)) return message;
+  return message.startsWith(modelPath) ? `model file ${message}` : undefined;
 }
 
 const NODE_LLAMA_CPP_VERSION = ((): string => {
@@ -81,6 +90,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private fileState: ModelFileState = 'unchanged';
   /** Whether llama.cpp mapped the file (the weights served are then the file's bytes as they are now). */
   private mapped = false;
+  /** What the latest start did about the child-process probe: ran it, knew the file passed it (its memo), or none asked. */
+  probed: 'ran' | 'remembered' | 'off' = 'off';
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
@@ -143,8 +154,13 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
    */
   private async probe(sha256: string, llama: Llama): Promise<string | undefined> {
     const opts = { modelPath: this.opts.modelPath, gpu: this.opts.gpu ?? 'auto', mmap: this.opts.mmap ?? false, ...(this.opts.probe?.timeoutMs !== undefined ? { timeoutMs: this.opts.probe.timeoutMs } : {}) };
-    const key = probeKey(sha256, runtimeVersion(llama), llama.gpu || 'cpu', opts.mmap);
-    if (this.opts.probe?.memo?.known(key)) return key;
+    // (the llama.cpp release too: a binding rebuilt at the same version runs other native code)
+    const key = probeKey(sha256, `${runtimeVersion(llama)} llama.cpp ${llama.llamaCppRelease.release}`, opts.mmap);
+    if (this.opts.probe?.memo?.known(key)) {
+      this.probed = 'remembered';
+      return key;
+    }
+    this.probed = 'ran';
     try {
       return (await probeModel(opts)) ? key : undefined;
     } catch (e) {
@@ -178,8 +194,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     this.maxTokenBytes = longestToken(model);
     this.info = {
       adapter: 'llama-embedded',
-      // (what an auditor replaying a receipt needs to match: the binding's version, its build, the device)
-      version: `node-llama-cpp/${NODE_LLAMA_CPP_VERSION}/${llama.buildType}/${llama.gpu || 'cpu'}`,
+      version: runtimeVersion(llama),
       modelSha256: sha,
       contextLength,
       embeddingLength: model.embeddingVectorSize,

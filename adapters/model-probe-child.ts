@@ -7,6 +7,7 @@
 // JavaScript refused the model (the node's own load then says why, with the file named).
 import { Worker } from 'node:worker_threads';
 import { getLlama, LlamaLogLevel, type Token } from 'node-llama-cpp';
+import { PROBE_JS_ERROR, PROBE_OK } from './model-probe.ts';
 
 // The node went (stopped, killed): nothing is waiting for this probe. A thread of its own looks,
 // since the main one may be held in native code (a read that never returns) when it happens.
@@ -41,8 +42,8 @@ try {
   const embedding = await model.createEmbeddingContext({ contextSize: Math.min(256, model.trainContextSize), threads: 1 });
   await embedding.getEmbeddingFor('hello world');
 } catch {
-  process.stdout.write('js-error');
+  process.stdout.write(PROBE_JS_ERROR);
   process.exit(2);
 }
-process.stdout.write('ok');
+process.stdout.write(PROBE_OK);
 process.exit(0);

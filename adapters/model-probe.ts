@@ -26,9 +26,9 @@ export interface ProbeOptions {
   timeoutMs?: number;
 }
 
-/** What a verdict holds for: the file's bytes (their SHA-256), the runtime that ran them, the device (cpu, cuda, …) and mmap. */
-export function probeKey(sha256: string, runtime: string, device: string, mmap: boolean): string {
-  return JSON.stringify([sha256, runtime, device, mmap]);
+/** What a verdict holds for: the file's bytes (their SHA-256), the runtime that ran them (its version and device) and mmap. */
+export function probeKey(sha256: string, runtime: string, mmap: boolean): string {
+  return JSON.stringify([sha256, runtime, mmap]);
 }
 
 /** The child's file, beside this one (.ts in the source tree, .js once built). */
@@ -37,12 +37,6 @@ export const PROBE_CHILD = fileURLToPath(new URL(`./model-probe-child${path.extn
 /** What the child prints: `ok` when all of it ran, `js-error` when JavaScript refused the model (the node's own load then says why). */
 export const PROBE_OK = 'ok';
 export const PROBE_JS_ERROR = 'js-error';
-
-/** Children still running: killed if this process exits first (a stop during the probe). */
-const running = new Set<ReturnType<typeof spawn>>();
-process.once('exit', () => {
-  for (const c of running) c.kill('SIGKILL');
-});
 
 /**
  * Resolves `true` when a child process loaded the model and ran it, `false` when JavaScript
@@ -54,7 +48,6 @@ export async function probeModel(opts: ProbeOptions, child = PROBE_CHILD): Promi
   const timeoutMs = opts.timeoutMs ?? 600_000;
   // (the child ends itself when this process goes, even by SIGKILL: model-probe-child.ts)
   const proc = spawn(process.execPath, [child, opts.modelPath, String(opts.gpu), String(opts.mmap), String(process.pid)], { stdio: ['ignore', 'pipe', 'pipe'] });
-  running.add(proc);
   let out = '';
   let err = '';
   proc.stdout!.setEncoding('utf8').on('data', (d: string) => (out = (out + d).slice(-100)));
@@ -67,10 +60,7 @@ export async function probeModel(opts: ProbeOptions, child = PROBE_CHILD): Promi
   const [code, signal, spawnError] = await new Promise<[number | null, NodeJS.Signals | null, Error | undefined]>((resolve) => {
     proc.once('error', (e) => resolve([null, null, e]));
     proc.once('close', (c, s) => resolve([c, s, undefined]));
-  }).finally(() => {
-    clearTimeout(timer);
-    running.delete(proc);
-  });
+  }).finally(() => clearTimeout(timer));
   if (code === 0 && out === PROBE_OK) return true;
   if (code === 2 && out === PROBE_JS_ERROR) return false;
   if (timedOut) throw new ModelProbeError(`llama.cpp did not load and run it within ${timeoutMs / 1000} s in a child process: the node would hang on it`);

@@ -2,7 +2,7 @@
 // Config → identity → receipt log, state, runtimes → serving core → libp2p → ops HTTP.
 import fs from 'node:fs';
 import path from 'node:path';
-import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { LlamaEmbeddedAdapter, namingModelFile } from '../adapters/llama-embedded.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import { opsHostPort, type NodeConfig } from './config.ts';
@@ -254,25 +254,15 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['requests still ending', async () => {
       if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
     }]);
+    const probeMemo = dataDirProbeMemo(config.data_dir);
     for (const m of config.models) {
-      const memo = dataDirProbeMemo(config.data_dir);
-      let probe: 'ran' | 'remembered' = 'ran';
-      const probeMemo = {
-        known(key: string): boolean {
-          const known = memo.known(key);
-          if (known) probe = 'remembered';
-          return known;
-        },
-        remember: (key: string) => memo.remember(key),
-      };
       const started = performance.now();
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo } });
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {
-        // (the file is named once: the model checks name it themselves)
         const msg = (e as Error).message;
-        const named = msg.startsWith(m.path!) ? `model file ${msg}` : msg.startsWith(`model file ${m.path!}`) ? msg : undefined;
+        const named = namingModelFile(m.path!, msg);
         throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
@@ -283,7 +273,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         logger.warn({ model: m.id, configured: m.context, context: adapter.info.contextLength }, `model ${m.id}: context ${m.context} is more than the model was trained for; serving ${adapter.info.contextLength}`);
       }
       // (probe: whether this start loaded the model in a child process first, or knew the file passed: model-probes.json)
-      logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256, runtime: adapter.info.version, probe, start_ms: Math.round(performance.now() - started) }, 'model ready');
+      logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256, runtime: adapter.info.version, probe: adapter.probed, start_ms: Math.round(performance.now() - started) }, 'model ready');
     }
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const idempotency = new IdempotencyStore(db);

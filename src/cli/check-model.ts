@@ -18,13 +18,13 @@ export function checkModelCommand(): Command {
       const modelPath = path.resolve(file);
       if (!fs.existsSync(modelPath)) throw new CliError(`model file ${modelPath} not found`);
       // (node-llama-cpp loaded only here: the other commands start fast)
-      const { LlamaEmbeddedAdapter } = await import('../../adapters/llama-embedded.ts');
+      const { LlamaEmbeddedAdapter, namingModelFile } = await import('../../adapters/llama-embedded.ts');
       const adapter = new LlamaEmbeddedAdapter({ modelPath, gpu: opts.gpu === 'auto' ? 'auto' : false, mmap: opts.mmap, probe: {}, ...(opts.context ? { contextLength: opts.context } : {}) });
       try {
         await adapter.start();
       } catch (e) {
         const msg = (e as Error).message;
-        throw new CliError(`model file ${msg.startsWith(modelPath) ? msg : `${modelPath}: ${msg}`}`);
+        throw new CliError(namingModelFile(modelPath, msg) ?? `model file ${modelPath}: ${msg}`);
       }
       try {
         const i = adapter.info;
