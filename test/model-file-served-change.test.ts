@@ -7,52 +7,42 @@
 // kills the process: SIGBUS).
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
-import { parseConfig } from '../src/config.ts';
 import { createGateway, type Gateway } from '../src/gateway/gateway.ts';
-import { createKeyFile } from '../src/identity.ts';
-import { createMarket, type Market } from '../src/market/market.ts';
-import { startNode, type RunningNode } from '../src/node.ts';
+import type { RunningNode } from '../src/node.ts';
 import { errorOf, marketTotals } from './helpers/gateway-reads.ts';
-import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { until, waitForListed } from './helpers/wait.ts';
 
+let fx: MarketFixture;
+/** The node's folder: its model files. */
 let dir: string;
-let market: Market;
 let url: string;
 let node: RunningNode;
 let gw: Gateway;
 
 beforeAll(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'model-served-change-'));
-  market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)), heartbeatIntervalMs: 300 });
-  url = (await market.listen()).url;
-  createKeyFile(path.join(dir, 'node.key'));
-  writeTinyLlama(path.join(dir, 'tiny.gguf'));
-  writeTinyLlama(path.join(dir, 'other.gguf'), { seed: 2 });
-  writeTinyLlama(path.join(dir, 'copy.gguf'), { seed: 3 });
-  // The tiny node's config with two more models beside tiny/llama: tiny/other mapped, tiny/copy read into memory.
-  const yaml = tinyNodeConfigYaml({ publicKey: market.publicKey, marketUrl: url, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0 }', logLevel: 'fatal' }).replace(
-    'ops: {',
-    [
-      ...['  - id: tiny/other', '    adapter: llama-embedded', '    path: ./other.gguf', '    context: 512', '    mmap: true', '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }'],
-      ...['  - id: tiny/copy', '    adapter: llama-embedded', '    path: ./copy.gguf', '    context: 512', '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }'],
-      'ops: {',
-    ].join('\n'),
-  );
-  node = await startNode(parseConfig(yaml, dir));
+  fx = await startMarketFixture('model-served-change-', { heartbeatIntervalMs: 300 });
+  url = fx.url;
+  // The tiny node with two more models beside tiny/llama: tiny/other mapped, tiny/copy read into memory.
+  node = await fx.tinyNode('node', {
+    context: 512,
+    slots: 1,
+    logLevel: 'fatal',
+    moreModels: [
+      { id: 'tiny/other', file: 'other.gguf', seed: 2, mmap: true },
+      { id: 'tiny/copy', file: 'copy.gguf', seed: 3 },
+    ],
+  });
+  dir = path.join(fx.dir, 'node');
   await waitForListed(url, [node.providerId]);
   gw = await createGateway({ market: url, port: 0 });
 }, 60_000);
 
 afterAll(async () => {
   await gw?.close(1000);
-  await node?.stop(1000);
-  await market?.close();
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  await fx?.close();
 });
 
 const chat = (model: string): Promise<Response> =>

@@ -19,6 +19,8 @@ export interface TinyNodeConfig {
   logLevel?: string;
   /** More YAML lines at the end. */
   extra?: string;
+  /** More models beside tiny/llama, each the tiny model (weights of `seed`) in its own file; startTinyNode writes them. */
+  moreModels?: readonly { id: string; file: string; seed: number; mmap?: boolean }[];
 }
 
 export function tinyNodeConfigYaml(c: TinyNodeConfig): string {
@@ -36,6 +38,14 @@ export function tinyNodeConfigYaml(c: TinyNodeConfig): string {
     `    context: ${c.context ?? 512}`,
     '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
     ...(c.slots !== undefined ? [`    slots: ${c.slots}`] : []),
+    ...(c.moreModels ?? []).flatMap((m) => [
+      `  - id: ${m.id}`,
+      '    adapter: llama-embedded',
+      `    path: ./${m.file}`,
+      `    context: ${c.context ?? 512}`,
+      ...(m.mmap !== undefined ? [`    mmap: ${m.mmap}`] : []),
+      '    prices: { input_per_mtok_usd: "0.15", output_per_mtok_usd: "0.60" }',
+    ]),
     'ops: { http: "127.0.0.1:0" }',
     `receipts: ${c.receipts ?? '{ signer_threads: 1 }'}`,
     `log_level: ${c.logLevel ?? 'warn'}`,
@@ -48,5 +58,6 @@ export async function startTinyNode(home: string, c: TinyNodeConfig, opts: { log
   fs.mkdirSync(home, { recursive: true });
   createKeyFile(path.join(home, 'node.key'));
   writeTinyLlama(path.join(home, 'tiny.gguf'));
+  for (const m of c.moreModels ?? []) writeTinyLlama(path.join(home, m.file), { seed: m.seed });
   return startNode(parseConfig(tinyNodeConfigYaml(c), home), opts);
 }
