@@ -10,6 +10,12 @@ import { fileURLToPath } from 'node:url';
 
 export class ModelProbeError extends Error {
   override name = 'ModelProbeError';
+  /** The child was still loading or running when its time was up (not a crash): a longer timeout may let it pass. */
+  readonly timedOut: boolean;
+  constructor(message: string, opts: { timedOut?: boolean } = {}) {
+    super(message);
+    this.timedOut = opts.timedOut ?? false;
+  }
 }
 
 /** Where verdicts are kept: `known` a model that passed, `remember` one that did (told again after each start it passed or was known). */
@@ -24,6 +30,12 @@ export interface ProbeOptions {
   mmap: boolean;
   /** How long loading and running may take (default 10 minutes: a large model on a slow disk). */
   timeoutMs?: number;
+}
+
+/** Whether an error (or one it was caused by) is a probe whose time ran out: the caller may say how to allow more. */
+export function probeTimedOut(e: unknown): boolean {
+  for (let x = e; x instanceof Error; x = x.cause) if (x instanceof ModelProbeError) return x.timedOut;
+  return false;
 }
 
 /** What a verdict holds for: the file's bytes (their SHA-256), the runtime that ran them (its version and device) and mmap. */
@@ -63,7 +75,7 @@ export async function probeModel(opts: ProbeOptions, child = PROBE_CHILD): Promi
   }).finally(() => clearTimeout(timer));
   if (code === 0 && out === PROBE_OK) return true;
   if (code === 2 && out === PROBE_JS_ERROR) return false;
-  if (timedOut) throw new ModelProbeError(`llama.cpp did not load and run it within ${timeoutMs / 1000} s in a child process: the node would hang on it`);
+  if (timedOut) throw new ModelProbeError(`llama.cpp did not load and run it within ${timeoutMs / 1000} s in a child process: the node would hang on it`, { timedOut: true });
   if (signal) throw new ModelProbeError(`llama.cpp crashed loading or running it in a child process (${signal})${crashLine(err)}: the node would have died with it`);
   // The probe itself could not run (its file missing from an install, no process): the model is
   // not known to be safe, so it is not loaded.

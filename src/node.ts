@@ -13,6 +13,7 @@ import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
 import { folderProblem, fsProblem, isErrnoError } from './fs-problem.ts';
 import { loadKeyFile } from './identity.ts';
+import { probeTimedOut } from '../adapters/model-probe.ts';
 import { dataDirProbeMemo } from './model-probe-memo.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
 import { LineBudget } from './ops/line-budget.ts';
@@ -255,13 +256,13 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
     }]);
     const probeMemo = dataDirProbeMemo(config.data_dir);
-    for (const m of config.models) {
+    for (const [i, m] of config.models.entries()) {
       const started = performance.now();
-      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo } });
+      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 } });
       try {
         await adapter.start(); // (a start that fails releases what it loaded)
       } catch (e) {
-        const msg = (e as Error).message;
+        const msg = (e as Error).message + (probeTimedOut(e) ? ` (models[${i}].probe_timeout_s, now ${m.probe_timeout_s}, allows a slower load)` : '');
         const named = namingModelFile(m.path!, msg);
         throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }

@@ -18,6 +18,7 @@ import { dataDirProbeMemo, PROBE_MEMO_FILE } from '../src/model-probe-memo.ts';
 import { NodeStartError, startNode } from '../src/node.ts';
 import { assertCliBuilt, runCli } from './helpers/cli-run.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { stopProbeChild } from './helpers/probe-child.ts';
 import { waitFor } from './helpers/wait.ts';
 import { killLeftNodes, spawnNode, waitForStart } from './helpers/node-process.ts';
 
@@ -168,6 +169,23 @@ describe('the node', () => {
     expect(fs.existsSync(path.join(h, 'data', PROBE_MEMO_FILE))).toBe(false);
   });
 
+  test('a probe slower than models[].probe_timeout_s refuses the start, naming the key that allows a slower load; the child is ended', async () => {
+    const h = home('node-slow');
+    const yaml = tinyNodeConfigYaml({ publicKey: '11'.repeat(32), logLevel: 'fatal' }).replace('    prices', '    probe_timeout_s: 1\n    prices');
+    const config = parseConfig(yaml, h);
+    expect(config.models[0]!.probe_timeout_s).toBe(1);
+    const stopped = stopProbeChild(path.join(h, 'tiny.gguf')); // (a load that never finishes)
+    const e = await startNode(config).then(
+      async (n) => void (await n.stop(1000)),
+      (err: unknown) => err as Error,
+    );
+    expect(e).toBeInstanceOf(NodeStartError);
+    expect(e!.message).toBe(`models: tiny/llama: the runtime could not start: model file ${path.join(h, 'tiny.gguf')}: llama.cpp did not load and run it within 1 s in a child process: the node would hang on it (models[0].probe_timeout_s, now 1, allows a slower load)`);
+    const pid = await stopped;
+    await waitFor('the stopped child to be gone', () => (fs.existsSync(`/proc/${pid}`) ? undefined : true), 10_000);
+    expect(fs.existsSync(path.join(h, 'data', PROBE_MEMO_FILE))).toBe(false);
+  });
+
   test('keeps the verdict of a model that passed in its data dir (mode 0600), by the model\'s hash', async () => {
     const h = home('node-ok');
     const node = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: '11'.repeat(32), logLevel: 'fatal' }), h));
@@ -233,6 +251,19 @@ describe('seller-node check-model', () => {
     const missing = await runCli(['check-model', path.join(dir, 'nope.gguf')]);
     expect([missing.code, missing.stderr]).toEqual([1, `seller-node: model file ${path.join(dir, 'nope.gguf')} not found\n`]);
     expect((await runCli(['check-model', good, '--gpu', 'cuda'])).code).toBe(2);
+    for (const bad of ['0', '86401', 'soon']) expect((await runCli(['check-model', good, '--probe-timeout', bad])).code).toBe(2);
+  }, 60_000);
+
+  test('--probe-timeout S bounds the load and run in a child process; a slower one is refused, saying how to allow it', async () => {
+    const slow = path.join(dir, 'check-slow.gguf');
+    writeTinyLlama(slow);
+    const stopped = stopProbeChild(slow);
+    const refused = await runCli(['check-model', slow, '--probe-timeout', '1']);
+    await stopped;
+    expect([refused.code, refused.stdout]).toEqual([1, '']);
+    expect(refused.stderr).toBe(`seller-node: model file ${slow}: llama.cpp did not load and run it within 1 s in a child process: the node would hang on it (--probe-timeout S allows a slower load)\n`);
+    const ok = await runCli(['check-model', slow, '--probe-timeout', '60', '--context', '256']);
+    expect([ok.code, ok.stderr]).toEqual([0, '']);
   }, 60_000);
 });
 

@@ -15,6 +15,7 @@ import { InferService } from '../src/serve/infer-service.ts';
 import { exportLog } from '../src/store/export.ts';
 import { runCli, STACK_TRACE, type CliResult } from './helpers/cli-run.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { stopProbeChild } from './helpers/probe-child.ts';
 import { startServing, TEST_RATES, type Serving } from './helpers/serving.ts';
 
 const market = testKey();
@@ -212,12 +213,23 @@ describe('replay', () => {
     expect(replayFault(forged)).toEqual({ code: 'replay_mismatch', message: '1 of 1 replayed response differs from its receipt' });
   });
 
+  test('a model whose load and run in a child process outlasts --probe-timeout is refused, saying how to allow a slower load', async () => {
+    const out = await exportTo('export-slow');
+    const requests = requestsFile('slow.jsonl', bodies);
+    const stopped = stopProbeChild(modelPath());
+    const r = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048', '--probe-timeout', '1'], { timeoutMs: 60_000 });
+    await stopped;
+    expectUsageError(r, new RegExp(`^seller-node: ${modelPath()}: llama\\.cpp did not load and run it within 1 s in a child process: the node would hang on it \\(--probe-timeout S allows a slower load\\)$`, 'm'), 1);
+  });
+
   test('replay options without --replay, --replay without its files, and unreadable files are clean errors', async () => {
     const out = await exportTo('export-usage');
     const requests = requestsFile('usage.jsonl', bodies);
     expectUsageError(await runCli(['audit', out, '--model', modelPath()]), /^seller-node: --model is only used with --replay$/m, 2);
     expectUsageError(await runCli(['audit', out, '--requests', requests]), /^seller-node: --requests is only used with --replay$/m, 2);
     expectUsageError(await runCli(['audit', out, '--context', '2048']), /^seller-node: --context is only used with --replay$/m, 2);
+    expectUsageError(await runCli(['audit', out, '--probe-timeout', '60']), /^seller-node: --probe-timeout is only used with --replay$/m, 2);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--probe-timeout', '0']), /--probe-timeout/, 2);
     expectUsageError(await runCli(['audit', out, '--replay', '--model', modelPath()]), /--replay needs --model FILE and --requests FILE \(missing --requests\)/, 2);
     expectUsageError(await runCli(['audit', out, '--replay', '--requests', requests]), /--replay needs --model FILE and --requests FILE \(missing --model\)/, 2);
     const nope = path.join(serving.dir, 'no-such.jsonl');

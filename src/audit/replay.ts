@@ -33,6 +33,8 @@ export interface ReplayOptions {
   modelPath: string;
   /** The context length the node served with (default: the model's, capped at 4096). */
   contextLength?: number;
+  /** How long the model's load and run in a child process may take (default 10 minutes, as at the node). */
+  probeTimeoutMs?: number;
 }
 
 export interface ReplayReport {
@@ -112,7 +114,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   // host with a GPU (floating point differs between them); others on the GPU when there is one.
   const onCpu = todo.every((r) => r.runtime.version.endsWith('/cpu'));
   // probe: what llama.cpp aborts on is refused, as at the node's start, instead of killing the audit.
-  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, gpu: onCpu ? false : 'auto', probe: {}, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: opts.modelPath, modelSha256: modelSha, gpu: onCpu ? false : 'auto', probe: opts.probeTimeoutMs !== undefined ? { timeoutMs: opts.probeTimeoutMs } : {}, ...(opts.contextLength ? { contextLength: opts.contextLength } : {}) });
   await adapter.start();
   // Throwaway keys: replay reproduces response bytes; it signs nothing that counts.
   const node = crypto.randomBytes(32);

@@ -6,6 +6,7 @@ import { CliError, intOption } from './cli-error.ts';
 import { fsProblem, isErrnoError } from '../fs-problem.ts';
 import fs from 'node:fs';
 import path from 'node:path';
+import { probeTimedOut } from '../../adapters/model-probe.ts';
 import { readRequestsFile, replay, replayFault, type ReplayReport } from '../audit/replay.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 
@@ -21,11 +22,12 @@ export function auditCommand(): Command {
     .option('--model <file>', 'with --replay: the GGUF the node served (its SHA-256 must match the receipts)')
     .option('--requests <file>', 'with --replay: the request bodies, one {"request_id", "body": base64} a line')
     .option('--context <n>', 'with --replay: the context length the node served with', intOption('--context', 16, 4294967295))
-    .action(async (dir: string, opts: { provider?: string; threads: number; json?: boolean; kept: string[]; replay?: boolean; model?: string; requests?: string; context?: number }) => {
+    .option('--probe-timeout <s>', 'with --replay: seconds the model\'s load and run in a child process may take (default 600)', intOption('--probe-timeout', 1, 86_400))
+    .action(async (dir: string, opts: { provider?: string; threads: number; json?: boolean; kept: string[]; replay?: boolean; model?: string; requests?: string; context?: number; probeTimeout?: number }) => {
       if (opts.provider !== undefined && !isHex(opts.provider, 32)) throw new CliError('--provider must be 64 lowercase hex characters', 2);
       if (!opts.replay) {
-        const stray = (['model', 'requests', 'context'] as const).find((k) => opts[k] !== undefined);
-        if (stray) throw new CliError(`--${stray} is only used with --replay`, 2);
+        const stray = (['model', 'requests', 'context', 'probeTimeout'] as const).find((k) => opts[k] !== undefined);
+        if (stray) throw new CliError(`--${stray === 'probeTimeout' ? 'probe-timeout' : stray} is only used with --replay`, 2);
       }
       if (opts.replay && (!opts.model || !opts.requests)) throw new CliError(`--replay needs --model FILE and --requests FILE (missing ${!opts.model ? '--model' : '--requests'})`, 2);
       // The replay's inputs are checked before the audit, which can take a while on a large log.
@@ -39,7 +41,9 @@ export function auditCommand(): Command {
       let replaySeconds = 0;
       if (report.ok && requests) {
         const t0 = performance.now();
-        replayed = await replay({ receipts: receiptPayloads(dir), requests, modelPath: opts.model!, ...(opts.context ? { contextLength: opts.context } : {}) });
+        replayed = await replay({ receipts: receiptPayloads(dir), requests, modelPath: opts.model!, ...(opts.context ? { contextLength: opts.context } : {}), ...(opts.probeTimeout ? { probeTimeoutMs: opts.probeTimeout * 1000 } : {}) }).catch((e: unknown) => {
+          throw probeTimedOut(e) ? new Error(`${(e as Error).message} (--probe-timeout S allows a slower load)`, { cause: e }) : e;
+        });
         replaySeconds = (performance.now() - t0) / 1000;
         if (replayed.unused_requests) process.stderr.write(unusedWarning(replayed) + '\n');
       }

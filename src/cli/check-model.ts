@@ -14,16 +14,18 @@ export function checkModelCommand(): Command {
     .addOption(new Option('--gpu <setting>', 'auto (the GPU when the host has one) or false (the CPU only), as the config\'s gpu').choices(['auto', 'false']).default('auto'))
     .option('--mmap', 'map the file, as models[].mmap: true', false)
     .option('--context <n>', 'the context length to open (default: the model\'s, at most 4096)', intOption('--context', 16, 2 ** 31 - 1))
-    .action(async (file: string, opts: { gpu: 'auto' | 'false'; mmap: boolean; context?: number }) => {
+    .option('--probe-timeout <s>', 'seconds the load and run in a child process may take, as models[].probe_timeout_s', intOption('--probe-timeout', 1, 86_400), 600)
+    .action(async (file: string, opts: { gpu: 'auto' | 'false'; mmap: boolean; context?: number; probeTimeout: number }) => {
       const modelPath = path.resolve(file);
       if (!fs.existsSync(modelPath)) throw new CliError(`model file ${modelPath} not found`);
       // (node-llama-cpp loaded only here: the other commands start fast)
       const { LlamaEmbeddedAdapter, namingModelFile } = await import('../../adapters/llama-embedded.ts');
-      const adapter = new LlamaEmbeddedAdapter({ modelPath, gpu: opts.gpu === 'auto' ? 'auto' : false, mmap: opts.mmap, probe: {}, ...(opts.context ? { contextLength: opts.context } : {}) });
+      const { probeTimedOut } = await import('../../adapters/model-probe.ts');
+      const adapter = new LlamaEmbeddedAdapter({ modelPath, gpu: opts.gpu === 'auto' ? 'auto' : false, mmap: opts.mmap, probe: { timeoutMs: opts.probeTimeout * 1000 }, ...(opts.context ? { contextLength: opts.context } : {}) });
       try {
         await adapter.start();
       } catch (e) {
-        const msg = (e as Error).message;
+        const msg = (e as Error).message + (probeTimedOut(e) ? ' (--probe-timeout S allows a slower load)' : '');
         throw new CliError(namingModelFile(modelPath, msg) ?? `model file ${modelPath}: ${msg}`);
       }
       try {
