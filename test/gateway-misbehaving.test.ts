@@ -560,6 +560,32 @@ describe('the buyer leaves before the provider answers: what the node did is set
     await expectNothingSettled(before);
   });
 
+  test.each([false, true])('a buyer gone while the market was still granting the ticket (stream: %s): the provider is never asked, nothing charged', async (stream) => {
+    const before = await snapshot();
+    let id: string | undefined;
+    let grant: () => void = () => undefined;
+    const granted = new Promise<void>((r) => (grant = r));
+    release = grant;
+    proxy.ticket = async (g) => {
+      id = g.request_id;
+      await granted; // (the market is slow to answer)
+      return g;
+    };
+    const ac = new AbortController();
+    const res = fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body: chatBody('never mind', { stream }), signal: ac.signal });
+    const asked = await waitFor('the gateway to ask for a ticket', () => id);
+    ac.abort();
+    await expect(res).rejects.toThrow();
+    await new Promise((r) => setTimeout(r, 300)); // (the gateway sees its buyer's socket close)
+    grant();
+    await waitFor('the gateway to record the request', async () => ((await fetch(`${gw.url}/requests/${asked}`)).status === 200 ? true : undefined));
+    const rec = await endedRecord(gw.url, asked);
+    expect(rec).toMatchObject({ request_id: asked, status: 'abandoned', error: { code: 'request_abandoned' }, receipt: null, cost: null, settled: false });
+    expect(scripted.requests).toBe(before.requests);
+    expect(await marketHas(asked)).toBe(false);
+    await expectNothingSettled(before);
+  });
+
   test('work done before the buyer left (a `cancelled` receipt in the node\'s log): that receipt is fetched, verified and settled', async () => {
     let logged = '';
     const id = await leaveAfter(async (ex) => {

@@ -304,9 +304,11 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const onClose = (): void => {
       if (!raw.writableFinished && !finishedStream) gone.abort(new Error('the buyer left'));
     };
+    // (Each attempt listens before a buyer already gone, while the ticket was asked for, aborts
+    // it: an abort reaches no listener added after it, and the request would run and be billed.)
+    for (const a of attempts) gone.signal.addEventListener('abort', () => a.ac.abort(gone.signal.reason), { once: true });
     raw.on('close', onClose);
     if (raw.destroyed) onClose();
-    for (const a of attempts) gone.signal.addEventListener('abort', () => a.ac.abort(gone.signal.reason), { once: true });
 
     // Dispatch every attempt; the first to answer 200 wins, a refusal waits for the other.
     const dispatch = async (a: Attempt): Promise<Outcome> => {

@@ -282,7 +282,7 @@ export type ReceiptAnswer = 'forward' | 'drop' | { status: number; body?: unknow
 
 export class MarketProxy {
   readonly url: string;
-  /** Rewrites the real market's grant for POST /v1/tickets; undefined: relayed as it is. */
+  /** Rewrites the real market's grant for POST /v1/tickets (or delays it, resolving later); undefined: relayed as it is. */
   ticket: ((grant: TicketGrant) => unknown) | undefined;
   /** How to answer POST /v1/receipts attempt n (1-based, counted since reset()); undefined: forward. */
   receipt: ((attempt: number) => ReceiptAnswer) | undefined;
@@ -343,7 +343,7 @@ export class MarketProxy {
       ...(body.length > 0 ? { body: new Uint8Array(body) } : {}),
     });
     const text = await r.text();
-    if (req.method === 'POST' && req.url === '/v1/tickets' && r.ok && this.ticket) return send(200, this.ticket(JSON.parse(text) as TicketGrant));
+    if (req.method === 'POST' && req.url === '/v1/tickets' && r.ok && this.ticket) return send(200, await this.ticket(JSON.parse(text) as TicketGrant));
     send(r.status, text);
   }
 
