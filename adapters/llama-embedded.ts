@@ -350,8 +350,19 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
             break;
           }
         }
-        // Text held for a stop that never came is part of the answer after all.
-        if (held) yield { text: held, tokens: [] };
+        // Text held for a stop that never came is part of the answer after all, and so are the
+        // bytes of a character the run ended in the middle of (its length reached, or the model
+        // ended there): those tokens were generated and are billed, so their bytes are sent, the
+        // partial character as U+FFFD, as llama-server does. (A run ended by a stop sequence has
+        // none: a stop is only found once a token completes its characters.)
+        let rest = held;
+        if (from < output.length) rest += model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
+        const stopAt = req.stop?.length ? firstStop(rest, req.stop) : -1;
+        if (stopAt >= 0) {
+          rest = rest.slice(0, stopAt);
+          finishReason = 'stop';
+        }
+        if (rest) yield { text: rest, tokens: [] };
       }
     } finally {
       try {

@@ -171,6 +171,26 @@ describe('LlamaEmbeddedAdapter', () => {
     expect(unfinished.result).toMatchObject({ finishReason: 'length', outputTokens: 12 });
   });
 
+  test('a run that ends in the middle of a character (its length reached) still sends that token\'s bytes, as U+FFFD: every billed token is in the text', async () => {
+    const base: GenerateRequest = { input: { kind: 'prompt', prompt: 'hello' }, maxTokens: 200, sampling: { temperature: 1, seed: 0 } };
+    const long = await run(base);
+    const tokens = long.chunks.flatMap((c) => c.tokens);
+    // The premise: some length k cuts the answer inside a character (byte tokens of the tiny vocabulary).
+    const cuts: number[] = [];
+    for (let k = 1; k <= tokens.length; k++) if ((await rt.detokenize(tokens.slice(0, k))).endsWith('\uFFFD')) cuts.push(k);
+    expect(cuts.length).toBeGreaterThan(0);
+    for (const k of cuts.slice(0, 3)) {
+      const cut = await run({ ...base, maxTokens: k });
+      expect(cut.result).toMatchObject({ finishReason: 'length', outputTokens: k });
+      const text = cut.chunks.map((c) => c.text).join('');
+      expect(text).toBe(await rt.detokenize(tokens.slice(0, k)));
+      expect(text.endsWith('\uFFFD')).toBe(true);
+      // One token more completes nothing already sent: the shorter answer is the longer one's start, up to the cut character.
+      const next = (await run({ ...base, maxTokens: k + 1 })).chunks.map((c) => c.text).join('');
+      expect(next.startsWith(text.slice(0, -1))).toBe(true);
+    }
+  });
+
   test('maxTokens 0 generates nothing; an aborted signal generates nothing', async () => {
     expect((await run({ input: chat, maxTokens: 0, sampling: { temperature: 0, seed: 1 } })).result).toMatchObject({ outputTokens: 0, finishReason: 'length' });
     const ac = new AbortController();
