@@ -629,6 +629,45 @@ describe('client against a misbehaving server', () => {
 });
 
 describe('cancellation and shutdown', () => {
+  it('a signal aborted while the stream is being opened stops the request before it is sent: the handler never runs', async () => {
+    let ran = 0;
+    const { proto, srv } = await serve(async (req, res) => {
+      ran++;
+      await echoHandler(req, res);
+    });
+    /** Forwards everything to `target`, methods bound to it, except what `over` names. */
+    const forward = <T extends object>(target: T, over: Record<string, unknown>): T =>
+      new Proxy(target, {
+        get(t, p) {
+          if (typeof p === 'string' && p in over) return over[p];
+          const v: unknown = Reflect.get(t, p, t);
+          return typeof v === 'function' ? v.bind(t) : v;
+        },
+      });
+    try {
+      const ac = new AbortController();
+      // The caller gives up just as the muxer hands over the new stream (the last await before the request is written).
+      const host = forward(client, {
+        dial: async (...a: Parameters<Host['dial']>) => {
+          const connection = await client.dial(...a);
+          const muxer = (connection as unknown as { muxer: { createStream(o: object): Promise<unknown> } }).muxer;
+          const createStream = async (o: object) => {
+            const stream = await muxer.createStream(o);
+            ac.abort(new Error('the caller left'));
+            return stream;
+          };
+          return forward(connection, { muxer: forward(muxer, { createStream }) });
+        },
+      });
+      const res = await request(host, addr, proto, { hello: 1 }, new Uint8Array([1, 2, 3]), { signal: ac.signal });
+      await expect(res.head).rejects.toMatchObject({ code: 'aborted' });
+      await sleep(100);
+      expect(ran).toBe(0);
+    } finally {
+      await srv.stop();
+    }
+  });
+
   it("client abort mid-stream fires the handler's signal promptly", async () => {
     let abortedAt = 0;
     const after = deferred<{ data: string; trailer: string }>();

@@ -145,6 +145,8 @@ export async function request(
   };
   const onAbortSignal = (): void => abort(new StreamError('aborted', 'the request was aborted', { cause: signal?.reason }));
   signal?.addEventListener('abort', onAbortSignal, { once: true });
+  // (An abort while the stream was being opened reached no listener: nothing is sent then.)
+  if (signal?.aborted) onAbortSignal();
   const cleanup = (): void => {
     signal?.removeEventListener('abort', onAbortSignal);
     reader.detach();
