@@ -8,6 +8,7 @@ import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { isPriceVersion, verifyPriceList, type PriceListPayload } from '../attestation/price-list.ts';
 import { loadKeyFile, type NodeIdentity } from './identity.ts';
 import { ReceiptLog, type ReceiptLogOptions } from './store/receipt-log.ts';
+import { makeFolder } from './make-folder.ts';
 
 export interface DataDirPaths {
   dir: string;
@@ -60,7 +61,7 @@ export function savePriceList(dir: string, list: { payload: PriceListPayload; en
     if (why === undefined) return 'kept';
     throw new PriceListConflictError(`${file} is not this node's price list of version ${version} (${why}); receipts may already cite that version, so it is never replaced: restore the file this node wrote there`);
   }
-  fs.mkdirSync(folder, { recursive: true });
+  makeFolder(folder);
   // 0644: readable by whoever exports or audits, whatever the umask.
   writeFileAtomic(file, (fd) => writeAllSync(fd, serializeEnvelope(list.envelope) + '\n'), 0o644);
   syncDir(folder); // the rename itself durable before a receipt cites the version

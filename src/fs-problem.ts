@@ -9,7 +9,9 @@ export function fsProblem(e: unknown): string {
   const code = (e as { code?: unknown } | null)?.code;
   switch (code) {
     case 'ENOENT':
-      return 'not found';
+      // (mkdir's ENOENT under a folder that exists: a file system that makes no folders, such as
+      // /proc, or a mount gone stale; make-folder.ts)
+      return (e as { syscall?: unknown }).syscall === 'mkdir' ? 'no folder can be made there (the file system says "no such file or folder": /proc, or a mount gone stale?)' : 'not found';
     case 'EACCES':
     case 'EPERM':
       return `permission denied to this user (uid ${process.getuid?.() ?? '?'}): run seller-node as the user who owns it, or change its permissions`;

@@ -8,6 +8,7 @@ import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { toHex } from '../attestation/bytes.ts';
 import { fsProblem } from './fs-problem.ts';
 import { writeAllSync } from './atomic-file.ts';
+import { makeFolder } from './make-folder.ts';
 
 export interface NodeIdentity {
   seed: Uint8Array;
@@ -36,7 +37,7 @@ export function createKeyFile(file: string): NodeIdentity {
   const seed = new Uint8Array(crypto.randomBytes(32));
   let fd: number;
   try {
-    fs.mkdirSync(path.dirname(file), { recursive: true });
+    makeFolder(path.dirname(file));
     fd = fs.openSync(file, 'wx', 0o600);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'EEXIST') throw new IdentityError(`key file ${file} already exists; refusing to overwrite it`);

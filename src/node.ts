@@ -37,6 +37,7 @@ import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
 import { signRequestContract } from '../attestation/request-contract.ts';
 import { TEXT_REQUEST_CONTRACT } from './serve/request-contract.ts';
+import { makeFolder } from './make-folder.ts';
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
@@ -66,7 +67,7 @@ export function pruneState(steps: readonly (() => unknown)[], logger: Pick<Logge
 function checkDataDir(dir: string): void {
   try {
     // (made for this user only: state.db holds recorded answers; an existing folder keeps its mode)
-    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    makeFolder(dir, 0o700);
   } catch (e) {
     throw new NodeStartError(`data_dir: ${path.resolve(dir)}: ${folderProblem(e)}`, { cause: e });
   }

@@ -6,6 +6,7 @@ import { defaultConfigYaml } from '../config.ts';
 import { fsProblem } from '../fs-problem.ts';
 import { CliError } from './cli-error.ts';
 import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
+import { makeFolder } from '../make-folder.ts';
 
 export function initCommand(): Command {
   return new Command('init')
@@ -14,7 +15,7 @@ export function initCommand(): Command {
     .action((opts: { data: string }) => {
       const p = dataDirPaths(opts.data);
       try {
-        fs.mkdirSync(p.dir, { recursive: true, mode: 0o700 });
+        makeFolder(p.dir, 0o700);
       } catch (e) {
         throw new CliError(`--data ${p.dir}: ${fsProblem(e)}`);
       }

@@ -7,6 +7,7 @@ import { CliError } from './cli-error.ts';
 import { folderProblem } from '../fs-problem.ts';
 import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
+import { makeFolder } from '../make-folder.ts';
 
 const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
@@ -21,7 +22,7 @@ export function marketCommand(): Command {
       const keyFile = path.join(dir, 'market.key');
       let key: NodeIdentity;
       try {
-        fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+        makeFolder(dir, 0o700);
         key = fs.existsSync(keyFile) ? loadKeyFile(keyFile) : createKeyFile(keyFile);
       } catch (e) {
         if (e instanceof IdentityError) throw new CliError(e.message);

@@ -11,6 +11,7 @@ import path from 'node:path';
 import type { StoredPriceList } from '../data-dir.ts';
 import type { ReceiptLog } from './receipt-log.ts';
 import { peekLine } from '../../attestation/signed-payload.ts';
+import { makeFolder } from '../make-folder.ts';
 
 export interface ExportSummary {
   receipts: number;
@@ -39,7 +40,7 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
   await log.flush();
   log.checkpoint(); // the export's latest checkpoint covers every receipt in it
   const cpDir = path.join(outDir, 'checkpoints');
-  fs.mkdirSync(cpDir, { recursive: true });
+  makeFolder(cpDir);
   // An earlier export into the same folder must not leave checkpoints of another log behind.
   for (const name of fs.readdirSync(cpDir)) if (/^(0|[1-9][0-9]*)$/.test(name)) fs.rmSync(path.join(cpDir, name));
   let receipts = 0;
@@ -67,7 +68,7 @@ export async function exportLog(log: ReceiptLog, outDir: string, priceLists: rea
   else fs.rmSync(path.join(outDir, 'checkpoint'), { force: true });
   write(path.join(outDir, 'provider.pub'), log.providerId + '\n');
   const pricesDir = path.join(outDir, 'prices');
-  fs.mkdirSync(pricesDir, { recursive: true });
+  makeFolder(pricesDir);
   // Nor its price lists: the audit checks every list in the folder.
   for (const name of fs.readdirSync(pricesDir)) if (name.endsWith('.json')) fs.rmSync(path.join(pricesDir, name));
   for (const l of priceLists) write(path.join(pricesDir, `${l.version}.json`), l.text);
