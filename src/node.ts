@@ -20,6 +20,7 @@ import { LineBudget } from './ops/line-budget.ts';
 import { createMetrics } from './ops/metrics.ts';
 import { createOpsServer, type HealthResult, type ReadyResult } from './ops/server.ts';
 import { createHost } from './p2p/host.ts';
+import { tryListenAddresses } from './p2p/listen-check.ts';
 import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity, signCapacity } from './p2p/capacity-protocol.ts';
@@ -125,6 +126,43 @@ export class NodeStartError extends Error {
   override name = 'NodeStartError';
 }
 
+/** The start was stopped (its `signal`: the operator's SIGTERM or Ctrl-C) before the node served; what it had opened is closed. */
+export class NodeStartStopped extends NodeStartError {
+  override name = 'NodeStartStopped';
+  constructor() {
+    super('stopped during start-up, before the node served');
+  }
+}
+
+/**
+ * `work`, unless `signal` aborts first: then NodeStartStopped at once, and `work` goes on unwatched
+ * (`abandon` releases what it gives when it ends; a model load cannot be cut short).
+ */
+function unlessStopped<T>(work: Promise<T>, signal: AbortSignal | undefined, abandon: (t: T) => unknown = () => undefined): Promise<T> {
+  if (!signal) return work;
+  if (signal.aborted) {
+    void work.then(abandon, () => undefined);
+    return Promise.reject(new NodeStartStopped());
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => {
+      void work.then(abandon, () => undefined);
+      reject(new NodeStartStopped());
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    work.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e as Error);
+      },
+    );
+  });
+}
+
 export interface RunningNode {
   providerId: string;
   peerId: string;
@@ -156,7 +194,11 @@ function errSummary(err: unknown): { name: unknown; code: unknown; message: stri
   return { name: e?.name, code: e?.code, message: typeof e?.message === 'string' ? e.message.slice(0, 200) : undefined };
 }
 
-export async function startNode(config: NodeConfig, opts: { logDestination?: number } = {}): Promise<RunningNode> {
+/**
+ * Starts the node. `signal` stops the start (the operator's SIGTERM during a model load): what was
+ * opened is closed and NodeStartStopped thrown, at once even while a model loads.
+ */
+export async function startNode(config: NodeConfig, opts: { logDestination?: number; signal?: AbortSignal } = {}): Promise<RunningNode> {
   // Every model is checked before anything starts: a bad second model fails at once, not after the first loaded.
   if (config.models.length === 0) throw new NodeStartError('config: models: a node needs at least one model to sell');
   for (const m of config.models) {
@@ -256,19 +298,29 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['requests still ending', async () => {
       if (inferServer && !(await inferServer.idle(STOP_RECEIPTS_MS))) logger.warn({ in_flight: inferServer.inFlight }, `requests still running ${STOP_RECEIPTS_MS / 1000} s after their runtimes stopped: their receipts may be lost`);
     }]);
+    // The libp2p ports too: the host listens only after the loads.
+    try {
+      await tryListenAddresses(config.listen);
+    } catch (e) {
+      throw new NodeStartError(`listen: ${listenFailure(e as Error)}`, { cause: e });
+    }
     const probeMemo = dataDirProbeMemo(config.data_dir);
     for (const [i, m] of config.models.entries()) {
+      if (opts.signal?.aborted) throw new NodeStartStopped();
       const started = performance.now();
       const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 } });
       try {
-        await adapter.start(); // (a start that fails releases what it loaded)
+        // (a start that fails releases what it loaded; one stopped meanwhile is stopped once it ends)
+        await unlessStopped(adapter.start(), opts.signal, () => adapter.stop());
       } catch (e) {
+        if (e instanceof NodeStartStopped) throw e;
         const msg = (e as Error).message + (probeTimedOut(e) ? ` (models[${i}].probe_timeout_s, now ${m.probe_timeout_s}, allows a slower load)` : '');
         const named = namingModelFile(m.path!, msg);
         throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
       const tps = await measureTokensPerSecond(adapter);
+      if (opts.signal?.aborted) throw new NodeStartStopped();
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
       if (m.context_set === true && adapter.info.contextLength < m.context) {
         // The runtime serves no more than the model was trained for: say so, or the operator believes the config.

@@ -203,16 +203,26 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
     return { port: (s.address() as import('node:net').AddressInfo).port, close: () => new Promise((r) => s.close(() => r())) };
   }
 
-  test('a libp2p port in use: the address and why, no stack, no libp2p advice; the folder is let go', async () => {
+  test('a libp2p port in use: the address and why, no stack, no libp2p advice, before any model loads; the folder is let go', async () => {
     const busy = await busyPort();
     try {
       const { h, config } = goodHome('p2p-busy', { listen: `/ip4/127.0.0.1/tcp/${busy.port}` });
       const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
       expect(e).toBeInstanceOf(NodeStartError);
       expect(e!.message).toBe(`listen: /ip4/127.0.0.1/tcp/${busy.port}: address already in use (pick another port in listen)`);
+      // Named before the model was loaded (minutes for a real one): it was never probed.
+      expect(fs.existsSync(path.join(h, 'data', 'model-probes.json'))).toBe(false);
       lockDataDir(path.join(h, 'data')).release();
     } finally {
       await busy.close();
+    }
+    // The port once free: tried, let go, and taken by libp2p.
+    const { config } = goodHome('p2p-fixed', { listen: `/ip4/127.0.0.1/tcp/${busy.port}` });
+    const node = await startNode(config);
+    try {
+      expect(node.addresses.some((a) => a.includes(`/ip4/127.0.0.1/tcp/${busy.port}/`))).toBe(true);
+    } finally {
+      await node.stop(1000);
     }
   });
 

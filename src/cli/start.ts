@@ -3,6 +3,8 @@ import { loadConfig, opsHostPort } from '../config.ts';
 import { isLoopbackHost } from '../host-port.ts';
 import { untilSignal } from './until-signal.ts';
 
+const STOP_SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
+
 export function startCommand(): Command {
   return new Command('start')
     .description('run the node: serve the configured models over libp2p, sign receipts, expose ops HTTP')
@@ -11,8 +13,36 @@ export function startCommand(): Command {
       const config = loadConfig(opts.config);
       // As the gateway does for its own address: the ops server has no authentication.
       if (!isLoopbackHost(opsHostPort(config).host)) process.stderr.write(`seller-node: warning: the ops HTTP server listens on ${config.ops.http}, beyond this machine; /status and /metrics have no authentication\n`);
-      const { startNode } = await import('../node.ts'); // (loaded when it runs: --help stays fast)
-      const node = await startNode(config, { logDestination: 2 });
+      const { startNode, NodeStartStopped } = await import('../node.ts'); // (loaded when it runs: --help stays fast)
+      // A signal while it starts (a model load takes minutes on a real GPU model) stops the start:
+      // what was opened is closed, and the process ends at once, a model load under way with it.
+      // (Without a handler of ours, node-llama-cpp's exit hook re-raised the signal: killed, without a word.)
+      const starting = new AbortController();
+      const duringStart = (sig: string): void => {
+        if (starting.signal.aborted) {
+          process.stderr.write(`seller-node: ${sig} again: exiting now\n`);
+          process.exit(1);
+        }
+        process.stderr.write(`seller-node: ${sig} during start-up: stopping\n`);
+        starting.abort();
+      };
+      for (const sig of STOP_SIGNALS) process.on(sig, duringStart);
+      let node: Awaited<ReturnType<typeof startNode>>;
+      try {
+        node = await startNode(config, { logDestination: 2, signal: starting.signal });
+      } catch (e) {
+        if (!(e instanceof NodeStartStopped)) throw e;
+        process.stderr.write('seller-node: stopped before it served\n');
+        process.exit(0);
+      } finally {
+        for (const sig of STOP_SIGNALS) process.off(sig, duringStart);
+      }
+      if (starting.signal.aborted) {
+        // (the signal came as the start finished: it served nothing yet)
+        await node.stop();
+        process.stderr.write('seller-node: stopped before it served\n');
+        return;
+      }
       // The signal handlers first, then the line that says it runs: a signal sent on reading that
       // line must find them (without one, a SIGINT or SIGTERM ends the process at once).
       const stopped = untilSignal('seller-node', 'finishing in-flight requests, flushing receipts', () => node.stop());
