@@ -1,6 +1,7 @@
 // The GGUF header check the embedded adapter runs before node-llama-cpp reads a model file: a file
 // that is not a model, or claims more entries than it holds, is refused at once with a message
 // naming the file, where node-llama-cpp would hang on some of them.
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -38,7 +39,7 @@ describe('checkGgufFile', () => {
 
   test.each([
     ['text.gguf', 'hello, this is a web page, not a model\n', /text\.gguf is not a GGUF model file \(it starts with "hell", not "GGUF"\)/],
-    ['empty.gguf', '', /empty\.gguf is not a GGUF model file \(it starts with "", not "GGUF"\)/],
+    ['empty.gguf', '', /empty\.gguf is empty \(0 bytes\), not a GGUF model file/],
     ['short.gguf', 'GGUF\x03\x00', /short\.gguf is a truncated GGUF file \(6 bytes, shorter than its 24-byte header\)/],
     ['v9.gguf', header(9, 1n, 1n, 64), /v9\.gguf: GGUF version 9 is not supported \(2 or 3\)/],
     ['counts.gguf', header(3, 1000n, 2n, 64), /counts\.gguf: its GGUF header claims 1000 tensors and 2 metadata entries, more than its 88 bytes can hold/],
@@ -51,6 +52,16 @@ describe('checkGgufFile', () => {
 
   test('a missing file is the file system error', () => {
     expect(() => checkGgufFile(path.join(dir, 'nope.gguf'))).toThrow(/ENOENT/);
+  });
+
+  test('a folder, a FIFO and a device are refused as not model files, at once (a FIFO is never waited on)', () => {
+    const folder = path.join(dir, 'folder.gguf');
+    fs.mkdirSync(folder);
+    expect(() => checkGgufFile(folder)).toThrow(`${folder} is a folder, not a model file`);
+    const fifo = path.join(dir, 'fifo.gguf');
+    execFileSync('mkfifo', [fifo]);
+    expect(() => checkGgufFile(fifo)).toThrow(`${fifo} is not a regular file (a FIFO), not a model file`);
+    expect(() => checkGgufFile('/dev/zero')).toThrow('/dev/zero is not a regular file (a device), not a model file');
   });
 
   // This file hung node-llama-cpp's metadata reader (the start never returned).

@@ -248,6 +248,10 @@ describe('seller-node check-model', () => {
     expect(refused.stderr).toContain(`seller-node: model file ${crasher}: llama.cpp crashed loading or running it in a child process (SIGABRT): GGML_ASSERT(ggml_can_mul_mat(k, q)) failed`);
     expect(refused.stderr).not.toMatch(/\n\s+at /);
 
+    const fifo = path.join(dir, 'check.fifo');
+    execFileSync('mkfifo', [fifo]);
+    const piped = await runCli(['check-model', fifo], { timeoutMs: 20_000 });
+    expect([piped.code, piped.stderr]).toEqual([1, `seller-node: model file ${fifo} is not a regular file (a FIFO), not a model file\n`]);
     const missing = await runCli(['check-model', path.join(dir, 'nope.gguf')]);
     expect([missing.code, missing.stderr]).toEqual([1, `seller-node: model file ${path.join(dir, 'nope.gguf')} not found\n`]);
     expect((await runCli(['check-model', good, '--gpu', 'cuda'])).code).toBe(2);

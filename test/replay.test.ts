@@ -1,5 +1,6 @@
 // Audit replay: the requests a node served, re-run from their receipts and bodies, give exactly the
 // bytes the receipts hash.
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -237,5 +238,8 @@ describe('replay', () => {
     const noModel = path.join(serving.dir, 'no-such.gguf');
     expectUsageError(await runCli(['audit', out, '--replay', '--model', noModel, '--requests', requests]), new RegExp(`^seller-node: cannot read --model ${noModel}: not found$`, 'm'), 1);
     expectUsageError(await runCli(['audit', out, '--replay', '--model', serving.dir, '--requests', requests]), /^seller-node: cannot read --model .*: it is a folder$/m, 1);
+    const fifo = path.join(serving.dir, 'model.fifo');
+    execFileSync('mkfifo', [fifo]);
+    expectUsageError(await runCli(['audit', out, '--replay', '--model', fifo, '--requests', requests], { timeoutMs: 20_000 }), new RegExp(`^seller-node: cannot read --model ${fifo}: not a regular file \\(a FIFO\\); a model file is read twice, at random$`, 'm'), 1);
   });
 });

@@ -188,9 +188,15 @@ function readVocabulary(r: Reader, count: number): GgufVocabulary {
 
 /** Checks `file`'s structure; throws GgufFileError naming the file and the problem (a file system error as it is). */
 export function checkGgufFile(file: string): GgufSummary {
-  const fd = fs.openSync(file, 'r');
+  // Opened without blocking: a FIFO would otherwise hold the open (and the start, deaf to signals)
+  // until something writes to it. Only a regular file is read further.
+  const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
   try {
-    const size = fs.fstatSync(fd).size;
+    const st = fs.fstatSync(fd);
+    if (st.isDirectory()) throw new GgufFileError(`${file} is a folder, not a model file`);
+    if (!st.isFile()) throw new GgufFileError(`${file} is not a regular file (${st.isFIFO() ? 'a FIFO' : st.isSocket() ? 'a socket' : 'a device'}), not a model file`);
+    const size = st.size;
+    if (size === 0) throw new GgufFileError(`${file} is empty (0 bytes), not a GGUF model file`);
     const h = Buffer.alloc(HEADER_BYTES);
     const got = fs.readSync(fd, h, 0, HEADER_BYTES, 0);
     if (got < 4 || h.toString('latin1', 0, 4) !== 'GGUF') {

@@ -33,7 +33,7 @@ export function auditCommand(): Command {
       // The replay's inputs are checked before the audit, which can take a while on a large log.
       let requests: Map<string, Uint8Array> | undefined;
       if (opts.replay) {
-        checkReadable(opts.model!, '--model');
+        checkModelFile(opts.model!);
         requests = readInput(opts.requests!, '--requests', () => readRequestsFile(opts.requests!));
       }
       const report = await audit({ dir, threads: opts.threads, kept: opts.kept, ...(opts.provider ? { provider: opts.provider } : {}) });
@@ -75,11 +75,14 @@ function readInput<T>(file: string, option: string, read: () => T): T {
   }
 }
 
-function checkReadable(file: string, option: string): void {
-  readInput(file, option, () => {
-    const fd = fs.openSync(file, 'r');
+/** A model file: readable and regular (opened without blocking: a FIFO would hold the open for ever; a model is read twice, at random). */
+function checkModelFile(file: string): void {
+  readInput(file, '--model', () => {
+    const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
     try {
-      if (fs.fstatSync(fd).isDirectory()) throw Object.assign(new Error('is a directory'), { code: 'EISDIR' });
+      const st = fs.fstatSync(fd);
+      if (st.isDirectory()) throw Object.assign(new Error('is a directory'), { code: 'EISDIR' });
+      if (!st.isFile()) throw new CliError(`cannot read --model ${file}: not a regular file (${st.isFIFO() ? 'a FIFO' : 'a device or socket'}); a model file is read twice, at random`);
     } finally {
       fs.closeSync(fd);
     }
