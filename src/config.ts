@@ -13,6 +13,7 @@ import YAML, { type YAMLError } from 'yaml';
 import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
 import { MAX_WAIT_MS } from '../attestation/ticket.ts';
+import { fsProblem } from './fs-problem.ts';
 import { marketUrlProblem } from './market-url.ts';
 import { parseHostPort, portAloneSuggestion, type HostPort } from './host-port.ts';
 
@@ -120,7 +121,8 @@ export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): 
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch (e) {
-    throw new ConfigError('', `cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    const missing = (e as NodeJS.ErrnoException).code === 'ENOENT';
+    throw new ConfigError('', `cannot read ${file}: ${fsProblem(e)}${missing ? ' (seller-node init --data DIR writes one)' : ''}`);
   }
   return parseConfig(text, path.dirname(path.resolve(file)), env, file);
 }

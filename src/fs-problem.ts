@@ -3,6 +3,7 @@
 // ("EACCES: permission denied, open …") are terse, and existsSync() answers false as if the file
 // were missing. (SQLite files: src/sqlite-file.ts.)
 import fs from 'node:fs';
+import path from 'node:path';
 
 /** Why a file system call failed: a few words from its code, else its message. */
 export function fsProblem(e: unknown): string {
@@ -33,8 +34,11 @@ export function fsProblem(e: unknown): string {
 
 /** Why a folder could not be made (fs.mkdirSync): fsProblem's words, and a file in the way named as such. */
 export function folderProblem(e: unknown): string {
-  const code = (e as { code?: unknown } | null)?.code;
-  return code === 'EEXIST' || code === 'ENOTDIR' ? 'it, or a folder on its path, is a file, not a folder' : fsProblem(e);
+  const { code, syscall, path: made } = (e ?? {}) as { code?: unknown; syscall?: unknown; path?: unknown };
+  if (code === 'EEXIST' || code === 'ENOTDIR') return 'it, or a folder on its path, is a file, not a folder';
+  // (the folder that refused is the one above the first that was missing, not the one named)
+  if ((code === 'EACCES' || code === 'EPERM') && syscall === 'mkdir' && typeof made === 'string') return `it cannot be made: this user (uid ${process.getuid?.() ?? '?'}) may not write in ${path.dirname(made)}`;
+  return fsProblem(e);
 }
 
 /**

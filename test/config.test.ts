@@ -204,7 +204,8 @@ describe('config', () => {
   });
 
   test('a missing file is a named error', () => {
-    expect(() => loadConfig(path.join(REPO_ROOT, 'nope.yaml'))).toThrow(/cannot read .*ENOENT/);
+    expect(() => loadConfig(path.join(REPO_ROOT, 'nope.yaml'))).toThrow(`cannot read ${path.join(REPO_ROOT, 'nope.yaml')}: not found (seller-node init --data DIR writes one)`);
+    expect(() => loadConfig(REPO_ROOT)).toThrow(`cannot read ${REPO_ROOT}: it is a folder`);
     expect(fs.existsSync(path.join(REPO_ROOT, 'config.example.yaml'))).toBe(true);
   });
 });

@@ -66,6 +66,35 @@ describe('a data dir this user may not enter', () => {
   });
 });
 
+describe('a data dir to be made where this user may not write', () => {
+  test('start and market name the folder that refused, not the one that does not exist', async () => {
+    const locked = path.join(tmp, 'locked');
+    fs.mkdirSync(locked, { mode: 0o755 });
+    await withMode(locked, ROOT ? 0o755 : 0o555, async () => {
+      const yaml = path.join(tmp, 'locked.yaml');
+      fs.writeFileSync(yaml, fs.readFileSync(path.join(tmp, 'node.yaml'), 'utf8').replace(`data_dir: ${data}`, `data_dir: ${locked}/new/data`), { mode: 0o644 });
+      const key = path.join(data, 'node.key');
+      if (ROOT) fs.chownSync(key, 65534, 65534);
+      try {
+        await withMode(data, 0o755, async () => {
+          expectRefused(await asOther(['start', '--config', yaml]), `data_dir: ${locked}/new/data: it cannot be made: this user (uid ${otherUid}) may not write in ${locked}`);
+        });
+      } finally {
+        if (ROOT) fs.chownSync(key, 0, 0);
+      }
+      expectRefused(await asOther(['market', '--data', `${locked}/m`, '--listen', '127.0.0.1:0']), `cannot use --data ${locked}/m: it cannot be made: this user (uid ${otherUid}) may not write in ${locked}`);
+    });
+  });
+});
+
+describe('a config file this user may not read (the `sudo seller-node init` case)', () => {
+  test('start names it and says permission denied', async () => {
+    await withMode(path.join(tmp, 'node.yaml'), 0o000, async () => {
+      expectRefused(await asOther(['start', '--config', path.join(tmp, 'node.yaml')]), `config: cannot read ${path.join(tmp, 'node.yaml')}: ${DENIED}`);
+    });
+  });
+});
+
 describe('a data dir this user may read but not write', () => {
   test('start, log export and log prove name the file or folder they cannot write', async () => {
     const key = path.join(data, 'node.key');
