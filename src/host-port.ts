@@ -44,3 +44,16 @@ export function listenOptionProblem(option: string, got: string, example: string
 export function isLoopbackHost(host: string): boolean {
   return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }
+
+/**
+ * Why a server could not listen on `addr`, with what to do about it (`fix`, e.g. "pick another
+ * with --listen"); undefined when `e` is not such a failure.
+ */
+export function listenProblem(e: unknown, addr: string, fix: string): string | undefined {
+  const { code, syscall } = (e ?? {}) as { code?: unknown; syscall?: unknown };
+  if (syscall !== 'listen' && syscall !== 'bind') return undefined;
+  if (code === 'EADDRINUSE') return `${addr} is already in use (${fix})`;
+  if (code === 'EADDRNOTAVAIL') return `${addr}: no such address on this machine (${fix})`;
+  if (code === 'EACCES') return `${addr}: permission denied (ports below 1024 need privileges; ${fix})`;
+  return undefined;
+}

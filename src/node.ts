@@ -39,6 +39,7 @@ import { ratesToWire } from '../attestation/receipt.ts';
 import { signRequestContract } from '../attestation/request-contract.ts';
 import { TEXT_REQUEST_CONTRACT } from './serve/request-contract.ts';
 import { makeFolder } from './make-folder.ts';
+import { listenProblem } from './host-port.ts';
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
@@ -288,8 +289,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     try {
       opsAddr = await ops.listen();
     } catch (e) {
-      const code = (e as { code?: unknown }).code;
-      throw new NodeStartError(`ops.http: ${code === 'EADDRINUSE' ? `${config.ops.http} is already in use (pick another host:port in ops.http)` : (e as Error).message}`, { cause: e });
+      throw new NodeStartError(`ops.http: ${listenProblem(e, config.ops.http, 'pick another host:port in ops.http') ?? (e as Error).message}`, { cause: e });
     }
     cleanup.push(['ops HTTP', () => ops.close()]);
     // Runs after the runtimes stop (steps undo in reverse): a request the stop cancelled ends once

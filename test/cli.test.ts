@@ -181,6 +181,23 @@ describe.concurrent('usage errors', () => {
     expectCleanError(await runCli(['demo', '--port', '6669']), `seller-node: --port: port 6669 ${problem}`, 2);
   });
 
+  it('market, gateway and demo on a port in use, or an address this machine does not have: the address, why, and the option to change', async () => {
+    const net = await import('node:net');
+    const busy = net.createServer();
+    await new Promise<void>((r) => busy.listen(0, '127.0.0.1', r));
+    const port = (busy.address() as import('node:net').AddressInfo).port;
+    try {
+      expectCleanError(await runCli(['market', '--data', path.join(tmp, 'market-busy'), '--listen', `127.0.0.1:${port}`]), `seller-node: 127.0.0.1:${port} is already in use (pick another with --listen)\n`, 1);
+      expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', `127.0.0.1:${port}`]), `seller-node: 127.0.0.1:${port} is already in use (pick another with --listen)\n`, 1);
+      expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '192.0.2.1:11435']), 'seller-node: 192.0.2.1:11435: no such address on this machine (pick another with --listen)\n', 1);
+      const demo = await runCli(['demo', '--port', String(port)], { timeoutMs: 60_000 });
+      expect(demo.code).toBe(1);
+      expect(demo.stderr).toContain(`seller-node: 127.0.0.1:${port} is already in use (the gateway's port: pick another with --port)\n`);
+    } finally {
+      await new Promise((r) => busy.close(r));
+    }
+  }, 90_000);
+
   it('gateway --records in a folder that does not exist: a clean error naming the file', async () => {
     const file = path.join(tmp, 'no-such-folder', 'records.db');
     expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '127.0.0.1:0', '--records', file]), /request records .*no-such-folder.*: its folder .*no-such-folder does not exist\n/, 1);

@@ -244,6 +244,12 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
     }
   });
 
+  test('an ops.http address this machine does not have names ops.http, in words', async () => {
+    const { h, config } = goodHome('ops-noaddr', { ops: '192.0.2.1:9464' }); // (TEST-NET-1)
+    await expect(startNode(config)).rejects.toThrow(/^ops\.http: 192\.0\.2\.1:9464: no such address on this machine \(pick another host:port in ops\.http\)$/);
+    lockDataDir(path.join(h, 'data')).release();
+  });
+
   test('a listen address this machine does not have', async () => {
     const { h, config } = goodHome('p2p-noaddr', { listen: '/ip4/192.0.2.1/tcp/0' }); // (TEST-NET-1: never a local address)
     await expect(startNode(config)).rejects.toThrow(/^listen: \/ip4\/192\.0\.2\.1\/tcp\/0: no such address on this machine$/);

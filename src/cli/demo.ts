@@ -11,6 +11,7 @@ import { createKeyFile } from '../identity.ts';
 import { fetchPortProblem } from '../fetch-ports.ts';
 import { CliError, intOption } from './cli-error.ts';
 import { untilSignal } from './until-signal.ts';
+import { listenProblem } from '../host-port.ts';
 
 export function demoCommand(): Command {
   return new Command('demo')
@@ -62,7 +63,9 @@ export function demoCommand(): Command {
           if (providers.some((p) => p.provider === node.providerId)) break;
           await new Promise((r) => setTimeout(r, 100));
         }
-        const gateway = await createGateway({ market: m.url, port: opts.smoke ? 0 : opts.port });
+        const gateway = await createGateway({ market: m.url, port: opts.smoke ? 0 : opts.port }).catch((e: unknown) => {
+          throw new CliError(listenProblem(e, `127.0.0.1:${opts.port}`, 'the gateway\'s port: pick another with --port') ?? (e as Error).message);
+        });
         stops.push(() => gateway.close());
         const curl = `curl -s ${gateway.url}/chat/completions -H 'content-type: application/json' -d '{"model":"tiny/llama","messages":[{"role":"user","content":"hello world"}],"max_tokens":24,"seed":1}'`;
         say(`marketplace  ${m.url}  (key ${market.publicKey})`);

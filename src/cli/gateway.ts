@@ -2,7 +2,7 @@
 // API served locally, each request sent straight to a provider over libp2p (src/gateway/).
 import { Command } from 'commander';
 import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS } from '../gateway/defaults.ts';
-import { isLoopbackHost, type HostPort } from '../host-port.ts';
+import { isLoopbackHost, listenProblem, type HostPort } from '../host-port.ts';
 import { normalizeMarketUrl } from '../market-url.ts';
 import { createLogger, LOGGER_LEVELS } from '../ops/logger.ts';
 import { CliError, intOption } from './cli-error.ts';
@@ -60,7 +60,7 @@ export function gatewayCommand(): Command {
         const { createGateway } = await import('../gateway/gateway.ts'); // (loaded when it runs: --help stays fast)
         gw = await createGateway({ market: opts.market, host, port, logger, providerIdleMs: opts.providerIdleMs, buyerIdleMs: opts.buyerIdleMs, ...(apiKeys ? { apiKeys } : {}), ...(opts.account !== undefined ? { account: opts.account } : {}), recordsKeepMs: opts.recordsDays * 24 * 60 * 60 * 1000, ...(opts.records ? { recordsPath: opts.records } : {}) });
       } catch (e) {
-        throw new CliError(`gateway: ${(e as Error).message}`);
+        throw new CliError(listenProblem(e, opts.listen, 'pick another with --listen') ?? `gateway: ${(e as Error).message}`);
       }
       // A changed keys file is taken within 2 s (a key removed is refused from then on); one that cannot be used changes nothing.
       const keysWatch = opts.apiKeysFile !== undefined ? watchApiKeysFile(opts.apiKeysFile, (keys) => gw.setApiKeys(keys), logger) : undefined;

@@ -8,6 +8,7 @@ import { folderProblem } from '../fs-problem.ts';
 import { parseHttpListen } from './http-listen.ts';
 import { untilSignal } from './until-signal.ts';
 import { makeFolder } from '../make-folder.ts';
+import { listenProblem } from '../host-port.ts';
 
 const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
@@ -40,8 +41,7 @@ export function marketCommand(): Command {
         ({ url } = await market.listen());
       } catch (e) {
         await market.close().catch(() => {});
-        const code = (e as NodeJS.ErrnoException).code;
-        throw new CliError(code === 'EADDRINUSE' ? `${opts.listen} is already in use (pick another with --listen)` : `cannot listen on ${opts.listen}: ${code ?? (e as Error).message}`);
+        throw new CliError(listenProblem(e, opts.listen, 'pick another with --listen') ?? `cannot listen on ${opts.listen}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
       }
       const stopped = untilSignal('seller-node market', 'stopping', () => market.close()); // (before the line that says it runs)
       process.stdout.write(`seller-node market: ${url}\n  public key ${market.publicKey}\n`);
