@@ -117,6 +117,8 @@ describe.concurrent('usage errors', () => {
 
   it('log fill into a folder without a key', async () => {
     const data = path.join(tmp, 'no-key');
+    expectCleanError(await runCli(['log', 'fill', '--data', data, '--count', '3']), `--data ${data}: not found (the node's data_dir; seller-node init --data DIR makes one)`);
+    fs.mkdirSync(data); // (the folder there, no key in it)
     expectCleanError(await runCli(['log', 'fill', '--data', data, '--count', '3']), /key file .* not found/);
     expect(fs.existsSync(path.join(data, 'receipts.db'))).toBe(false);
   });
@@ -254,6 +256,18 @@ describe('init', () => {
     expect(fs.statSync(keyFile).mode & 0o777).toBe(0o600);
   });
 
+  it('a config already in the folder is kept as it is, and init says so', async () => {
+    const data = path.join(tmp, 'init-kept');
+    fs.mkdirSync(data);
+    fs.writeFileSync(path.join(data, 'config.yaml'), '# mine\n');
+    const r = await runCli(['init', '--data', data]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toBe(`key: ${path.join(data, 'node.key')}\nconfig: ${path.join(data, 'config.yaml')} (already there: kept as it is)\n`);
+    expect(fs.readFileSync(path.join(data, 'config.yaml'), 'utf8')).toBe('# mine\n');
+    const fresh = await runCli(['init', '--data', path.join(tmp, 'init-fresh')]);
+    expect(fresh.stderr).toBe(`key: ${path.join(tmp, 'init-fresh', 'node.key')}\nconfig: ${path.join(tmp, 'init-fresh', 'config.yaml')}\n`);
+  });
+
   it('init over a file is a clean error', async () => {
     const file = path.join(tmp, 'a-file');
     fs.writeFileSync(file, 'x');
@@ -371,6 +385,14 @@ describe('fill, export, audit round trip', () => {
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toMatch(/ and 1 price list to /);
     expect(r.stderr).toContain(`warning: receipts cite price versions with no signed price list in ${partial}/prices (${SYNTHETIC_VERSION}): an audit of this export fails at them with price_list_missing`);
+  });
+
+  it('log export, prove and fill of a data dir that is not there say so (not that its key is missing)', async () => {
+    const nope = path.join(tmp, 'no-such-data');
+    for (const args of [['export', '--out', path.join(tmp, 'export-nope')], ['prove', '--seq', '0'], ['fill', '--count', '1']]) {
+      expectCleanError(await runCli(['log', args[0]!, '--data', nope, ...args.slice(1)]), `seller-node: --data ${nope}: not found (the node's data_dir; seller-node init --data DIR makes one)\n`, 1);
+    }
+    expect(fs.existsSync(nope)).toBe(false);
   });
 
   it('log export and log prove of a node whose key is kept outside its data dir (config "key"): --key', async () => {

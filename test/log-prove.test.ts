@@ -139,7 +139,7 @@ describe('log prove', () => {
 describe('log prove where there is nothing to prove', () => {
   test('a missing data dir: named, and not created', async () => {
     const missing = path.join(dir, 'missing');
-    expectError(await prove(missing, '--seq', '0'), /^seller-node: data dir .*missing not found\n$/);
+    expectError(await prove(missing, '--seq', '0'), /^seller-node: --data .*missing: not found \(the node's data_dir; seller-node init --data DIR makes one\)\n$/);
     expect(fs.existsSync(missing)).toBe(false);
   });
 

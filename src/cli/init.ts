@@ -20,15 +20,16 @@ export function initCommand(): Command {
         throw new CliError(`--data ${p.dir}: ${fsProblem(e)}`);
       }
       const id = createKeyFile(p.key);
+      const kept = fs.existsSync(p.config); // (a config already there is the operator's: kept as it is)
       try {
         // (Whole or not at all: a config cut short by a full disk would fail every start.)
-        if (!fs.existsSync(p.config)) writeFileAtomic(p.config, (fd) => writeAllSync(fd, defaultConfigYaml()), 0o600);
+        if (!kept) writeFileAtomic(p.config, (fd) => writeAllSync(fd, defaultConfigYaml()), 0o600);
       } catch (e) {
         // The key was made by this run and nothing used it yet: it goes too, so init can run again.
         fs.rmSync(p.key, { force: true });
         throw new CliError(`${p.config}: ${fsProblem(e)}; the key was not kept either: run init again once there is room`);
       }
       process.stdout.write(`${id.providerId}\n`);
-      process.stderr.write(`key: ${p.key}\nconfig: ${p.config}\n`);
+      process.stderr.write(`key: ${p.key}\nconfig: ${p.config}${kept ? ' (already there: kept as it is)' : ''}\n`);
     });
 }

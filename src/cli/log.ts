@@ -14,6 +14,8 @@ import { isSyntheticReceiptLine, syntheticPriceList, syntheticReceiptBody } from
 import { CliError, intOption } from './cli-error.ts';
 
 function open(dir: string, opts: { threads?: number; checkpointEvery?: number } = {}, keyFile?: string) {
+  // (not "key file … not found": the folder itself is not there)
+  if (accessProblem(dir) === 'missing') throw new CliError(missingDataDir(dir));
   try {
     return openReceiptLog(dir, { ...opts, checkpointIntervalMs: 0 }, keyFile);
   } catch (e) {
@@ -26,6 +28,8 @@ function open(dir: string, opts: { threads?: number; checkpointEvery?: number } 
     throw e;
   }
 }
+
+const missingDataDir = (dir: string): string => `--data ${dir}: not found (the node's data_dir; seller-node init --data DIR makes one)`;
 
 const KEY_OPTION = ['--key <file>', "the node's key file (default: DIR/node.key; the config's \"key\" when it is elsewhere)"] as const;
 
@@ -81,7 +85,7 @@ export function logCommand(): Command {
       // Only reads, like log export: no lock, and nothing made where there is no log to prove from.
       const p = dataDirPaths(opts.data);
       const problem = accessProblem(p.receipts, fs.constants.R_OK);
-      if (problem === 'missing') throw new CliError(fs.existsSync(p.dir) ? `${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove` : `data dir ${opts.data} not found`);
+      if (problem === 'missing') throw new CliError(fs.existsSync(p.dir) ? `${opts.data} holds no receipt log (${path.basename(p.receipts)}): nothing to prove` : missingDataDir(opts.data));
       if (problem) throw new CliError(`${p.receipts}: ${problem}`);
       const { log: rl } = open(opts.data, { threads: 0 }, opts.key);
       let bundle: string;
