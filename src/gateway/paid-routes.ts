@@ -24,7 +24,7 @@ import { budgetTooSmall, type KeySpend, type SpendReservation } from './key-spen
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
 import { ContractError, PAID_ENDPOINTS, parseRequest, type PaidEndpoint } from '../serve/contract.ts';
-import { embeddingsHold, idempotencyProviderUnavailable, idempotentKey, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
+import { embeddingsHold, idempotencyProviderUnavailable, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -118,17 +118,19 @@ interface PaidAsk {
 export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void {
   const { ticketing, relay, settlements, records } = d;
   /**
-   * Idempotency keys (idempotentKey) of the paid requests running now. A second request under one
-   * of them is 409 idempotency_in_progress, as a node answers: until the first has its provider's
-   * answer, the retry would be ticketed afresh, probably to another provider (each node guards only
-   * its own requests), and both would run and be billed.
+   * Idempotency-Keys of the paid requests running now, whatever their endpoint. A second request
+   * under one of them is 409 idempotency_in_progress, as a node answers: until the first has its
+   * provider's answer, the retry would be ticketed afresh, probably to another provider (each node
+   * guards only its own requests), and both would run and be billed. (Per key alone: the same key
+   * on two endpoints at once ran, and was billed, twice; one after the other, the provider that
+   * answered the first refuses the second, idempotency_key_reused.)
    */
   const running = new Set<string>();
 
   /** A paid request; one under an Idempotency-Key already running here is refused (see `running`). */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     const idem = idempotencyKey(req.headers);
-    const key = idem === undefined ? undefined : idempotentKey(endpoint, idem);
+    const key = idem;
     if (key === undefined) return paidOnce(endpoint, req, reply, idem, () => {});
     if (running.has(key)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
     running.add(key);
