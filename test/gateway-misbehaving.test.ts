@@ -581,6 +581,8 @@ describe('the buyer leaves before the provider answers: what the node did is set
     await waitFor('the gateway to record the request', async () => ((await fetch(`${gw.url}/requests/${asked}`)).status === 200 ? true : undefined));
     const rec = await endedRecord(gw.url, asked);
     expect(rec).toMatchObject({ request_id: asked, status: 'abandoned', error: { code: 'request_abandoned' }, receipt: null, cost: null, settled: false });
+    // Its request never left the gateway: nothing is left to look for (a spend limit's hold goes at once).
+    expect(gw.records.hasJob(asked)).toBe(false);
     expect(scripted.requests).toBe(before.requests);
     expect(await marketHas(asked)).toBe(false);
     await expectNothingSettled(before);

@@ -369,7 +369,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         a.p.requestId,
         a.running!.then((r) => {
           r.res?.abort('lost the hedge');
-          return settlements.settleFromNode(a.p, gone.signal.aborted ? 'abandoned' : 'lost_hedge');
+          const why = gone.signal.aborted ? 'abandoned' : 'lost_hedge';
+          // (cancelled while it still dialled: its request never left, nothing to look for)
+          if (!r.ok && r.stage === 'connect') return settlements.nothingSent(a.p, why);
+          return settlements.settleFromNode(a.p, why);
         }),
       );
     }
@@ -401,7 +404,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const idle = outcome.a.idle;
     if (!outcome.ok) {
       idle.stop();
-      if (gone.signal.aborted) return relay.abandon(p, reply);
+      if (gone.signal.aborted) return relay.abandon(p, reply, outcome.stage === 'connect');
       if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
       // The stream opened but no head came: the provider may have started; its log knows.
       void settlements.settleFromNode(p, 'failed');

@@ -36,9 +36,13 @@ export class Relay {
     this.d = deps;
   }
 
-  /** The buyer left: the node's receipt (if it did any work) is settled in the background. */
-  abandon(p: Paid, reply: FastifyReply): FastifyReply {
-    void this.d.settlements.settleFromNode(p, 'abandoned');
+  /**
+   * The buyer left: the node's receipt (if it did any work) is settled in the background; an attempt
+   * whose request never left the gateway (`nothingSent`) has none to look for.
+   */
+  abandon(p: Paid, reply: FastifyReply, nothingSent = false): FastifyReply {
+    if (nothingSent) this.d.settlements.nothingSent(p, 'abandoned');
+    else void this.d.settlements.settleFromNode(p, 'abandoned');
     reply.hijack();
     return reply;
   }

@@ -204,6 +204,17 @@ export class Settlements {
   }
 
   /**
+   * An attempt that ended before its request left the gateway (the buyer gone, or the hedge's other
+   * half answered, while it was still dialling): its node never saw the ticket, so no receipt can
+   * exist, and its hold (the API key's spend limit) goes at once instead of after the reconciler's
+   * looks at the node.
+   */
+  nothingSent(p: Paid, why: EarlyEnd): void {
+    this.d.records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
+    this.d.records.dropJob(p.requestId);
+  }
+
+  /**
    * Keeps what it takes to settle `p` later (records' unsettled jobs): the reconciler looks at it
    * once the request has ended and settles a receipt that the request's own path could not.
    */
