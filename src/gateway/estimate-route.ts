@@ -52,7 +52,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     // The first candidate that can take it, as execution would find it (it fails over past a
     // provider whose context is too small, or whose worst case the key's limits cannot pay for).
     // Each is counted by its own tokenizer; one that cannot be reached is skipped.
-    let counted: { c: Candidate; need: Need; maxHold: bigint } | undefined;
+    let counted: { c: Candidate; need: Need; maxHold: bigint; worst: bigint } | undefined;
     let refused: GatewayError | undefined;
     let unreached: ProviderUnreached | undefined;
     const spendLimit = keyOf(req)?.spend;
@@ -70,11 +70,14 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
         // (candidates: checkOffer), and a cost cap is refused on this route.
         const unfit = contextUnfit(c.context ?? 0, need);
         if (unfit) throw new GatewayError(unfit.status, unfit.code, unfit.message);
-        const maxHold = worstCaseCost(need, ratesFromWire(c.provider.rates![parsed.model]!));
+        // A hedge runs two attempts, each capped at half the hold (paid-routes.ts): its hold is twice
+        // the worst case, or an execution under this estimate could hedge with neither half able to start.
+        const worst = worstCaseCost(need, ratesFromWire(c.provider.rates![parsed.model]!));
+        const maxHold = controls.routing.hedge === true && endpoint !== 'embeddings' ? 2n * worst : worst;
         // The key's limits, as execution would apply them (the spec: estimates validate "key limits").
         assertWithinKeyCap(req, maxHold);
         if (spendLimit && d.spend) d.spend.assertRoomFor(spendLimit, maxHold);
-        counted = { c, need, maxHold };
+        counted = { c, need, maxHold, worst };
         break;
       } catch (e) {
         if (!(e instanceof GatewayError)) throw e;
@@ -82,7 +85,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       }
     }
     if (!counted) throw refused ?? unreached!;
-    const { c, need, maxHold } = counted;
+    const { c, need, maxHold, worst } = counted;
     const est = d.estimates.add({
       endpoint,
       model: parsed.model,
@@ -93,7 +96,7 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       priceVersion: c.provider.price_version ?? '',
       inputTokens: need.inputTokens,
       maxOutputTokens: need.maxOutputTokens,
-      expectedMicroUsd: maxHold,
+      expectedMicroUsd: worst,
       maxHoldMicroUsd: maxHold,
     });
     return reply.code(200).type(JSON_TYPE).send({
