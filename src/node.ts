@@ -176,9 +176,9 @@ export interface RunningNode {
 }
 
 /** Measured generation speed, for the min-throughput routing control and registration. */
-async function measureTokensPerSecond(adapter: RuntimeAdapter): Promise<number> {
+async function measureTokensPerSecond(adapter: RuntimeAdapter, signal?: AbortSignal): Promise<number> {
   const t0 = performance.now();
-  const gen = adapter.generate({ input: { kind: 'prompt', prompt: 'the' }, maxTokens: 64, sampling: { temperature: 0, seed: 0 } });
+  const gen = adapter.generate({ input: { kind: 'prompt', prompt: 'the' }, maxTokens: 64, sampling: { temperature: 0, seed: 0 }, ...(signal ? { signal } : {}) });
   let n = 0;
   for (;;) {
     const r = await gen.next();
@@ -319,7 +319,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
-      const tps = await measureTokensPerSecond(adapter);
+      const tps = await measureTokensPerSecond(adapter, opts.signal); // (a stop ends it within a token)
       if (opts.signal?.aborted) throw new NodeStartStopped();
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
       if (m.context_set === true && adapter.info.contextLength < m.context) {

@@ -205,6 +205,26 @@ describe('per-key limits at the gateway', () => {
     expect((await post('chat/completions', ALL, chatBody('hello there'), { 'x-service-estimate': id })).status).toBe(200);
   });
 
+  test('a hedged estimate holds twice the worst case, or once when the key\'s cost cap or spend limit leaves less (execution then runs it once)', async () => {
+    const body = JSON.stringify({ endpoint: 'CHAT', body: JSON.parse(chatBody('hello there')) });
+    const hedged = { 'x-service-hedge': '1' };
+    const once = (await (await post('estimates', ALL, body)).json()) as { max_hold: string };
+    const worst = parseUsd(once.max_hold)!;
+    expect(((await (await post('estimates', ALL, body, hedged)).json()) as { max_hold: string }).max_hold).toBe(formatUsd(2n * worst));
+    const TIGHT_CAP = 'sk-svc-v1-tight-cap-0123456789';
+    const TIGHT_BUDGET = 'sk-svc-v1-tight-budget-0123456789';
+    gw.setApiKeys([...KEYS, { key: TIGHT_CAP, maxCostMicroUsd: 2n * worst - 1n }, { key: TIGHT_BUDGET, spendLimitMicroUsd: worst }]);
+    try {
+      for (const key of [TIGHT_CAP, TIGHT_BUDGET]) {
+        const r = await post('estimates', key, body, hedged);
+        expect(r.status).toBe(200);
+        expect(((await r.json()) as { max_hold: string }).max_hold).toBe(formatUsd(worst));
+      }
+    } finally {
+      gw.setApiKeys(KEYS);
+    }
+  });
+
   test('an expired key no longer authenticates (401 api_key_expired); before its time it does', async () => {
     clock.wall = EXPIRES_AT - 1;
     expect((await post('tokenize', EXPIRING, JSON.stringify({ model: MODEL, prompt: 'hi' }))).status).toBe(200);

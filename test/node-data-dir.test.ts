@@ -250,6 +250,17 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
     lockDataDir(path.join(h, 'data')).release();
   });
 
+  test('IPv4 and IPv6 addresses on a host without IPv6 (every IPv6 one fails, every IPv4 one listens): started on IPv4, as libp2p does', async () => {
+    const { config } = goodHome('p2p-no-ipv6', { listen: '/ip4/127.0.0.1/tcp/0, /ip6/2001:db8::1/tcp/0' }); // (2001:db8::/32: documentation, never local)
+    const node = await startNode(config);
+    try {
+      expect(node.addresses.length).toBeGreaterThan(0);
+      expect(node.addresses.every((a) => a.startsWith('/ip4/127.0.0.1/tcp/'))).toBe(true);
+    } finally {
+      await node.stop(1000);
+    }
+  });
+
   test('a listen address this machine does not have', async () => {
     const { h, config } = goodHome('p2p-noaddr', { listen: '/ip4/192.0.2.1/tcp/0' }); // (TEST-NET-1: never a local address)
     await expect(startNode(config)).rejects.toThrow(/^listen: \/ip4\/192\.0\.2\.1\/tcp\/0: no such address on this machine$/);

@@ -70,13 +70,25 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
         // (candidates: checkOffer), and a cost cap is refused on this route.
         const unfit = contextUnfit(c.context ?? 0, need);
         if (unfit) throw new GatewayError(unfit.status, unfit.code, unfit.message);
-        // A hedge runs two attempts, each capped at half the hold (paid-routes.ts): its hold is twice
-        // the worst case, or an execution under this estimate could hedge with neither half able to start.
         const worst = worstCaseCost(need, ratesFromWire(c.provider.rates![parsed.model]!));
-        const maxHold = controls.routing.hedge === true && endpoint !== 'embeddings' ? 2n * worst : worst;
         // The key's limits, as execution would apply them (the spec: estimates validate "key limits").
-        assertWithinKeyCap(req, maxHold);
-        if (spendLimit && d.spend) d.spend.assertRoomFor(spendLimit, maxHold);
+        const withinKey = (hold: bigint): void => {
+          assertWithinKeyCap(req, hold);
+          if (spendLimit && d.spend) d.spend.assertRoomFor(spendLimit, hold);
+        };
+        withinKey(worst);
+        // A hedge runs two attempts, each capped at half the hold (paid-routes.ts): its hold is twice
+        // the worst case, or neither half of an execution under this estimate could start. A key
+        // whose limits leave less runs it once, unhedged, as execution would: the hold of one run.
+        let maxHold = worst;
+        if (controls.routing.hedge === true && endpoint !== 'embeddings') {
+          try {
+            withinKey(2n * worst);
+            maxHold = 2n * worst;
+          } catch (e) {
+            if (!(e instanceof GatewayError)) throw e;
+          }
+        }
         counted = { c, need, maxHold, worst };
         break;
       } catch (e) {

@@ -1,26 +1,31 @@
 // The libp2p host listens once every model has loaded (minutes for a real model on a GPU). Its TCP
-// addresses with a fixed port are tried before any model loads, so that a port in use is named at
-// once, not after the loads. (Each is bound and released in turn; libp2p binds them again later.)
+// addresses are tried before any model loads, so that a port in use is named at once, not after
+// the loads. Each is bound and released in turn (libp2p binds them again later), and judged as
+// libp2p's transport manager judges them: every address must listen, except that when every IPv4
+// one does and every IPv6 one fails, the host is taken to have no IPv6 and starts on IPv4.
 import net from 'node:net';
 
 /**
- * Binds and releases each `/ip4|ip6/<address>/tcp/<port>` address whose port is not 0. Rejects
- * with one line a failure, `<multiaddr>: <error message>`, as libp2p's own listen failure reads.
+ * Binds and releases each `/ip4|ip6/<address>/tcp/<port>` address. Rejects, as libp2p would refuse
+ * them, with one line a failure, `<multiaddr>: <error message>`, as libp2p's own listen failure reads.
  */
 export async function tryListenAddresses(listen: readonly string[]): Promise<void> {
-  const failed: string[] = [];
+  const failed: { addr: string; v6: boolean; message: string }[] = [];
+  let v4 = 0;
+  let v6 = 0;
   for (const addr of listen) {
     const [, family, host, proto, port] = addr.split('/');
-    if ((family !== 'ip4' && family !== 'ip6') || proto !== 'tcp' || !host || Number(port) === 0 || !Number.isInteger(Number(port))) continue;
-    await new Promise<void>((resolve) => {
+    if ((family !== 'ip4' && family !== 'ip6') || proto !== 'tcp' || !host || !Number.isInteger(Number(port))) continue;
+    if (family === 'ip4') v4++;
+    else v6++;
+    const message = await new Promise<string | undefined>((resolve) => {
       const server = net.createServer();
-      server.once('error', (e) => {
-        failed.push(`${addr}: ${e.message}`);
-        resolve();
-      });
+      server.once('error', (e) => resolve(e.message));
       // (v6 alone: whether libp2p's socket also takes v4 is its own matter)
-      server.listen({ host, port: Number(port), exclusive: true, ...(family === 'ip6' ? { ipv6Only: true } : {}) }, () => server.close(() => resolve()));
+      server.listen({ host, port: Number(port), exclusive: true, ...(family === 'ip6' ? { ipv6Only: true } : {}) }, () => server.close(() => resolve(undefined)));
     });
+    if (message !== undefined) failed.push({ addr, v6: family === 'ip6', message });
   }
-  if (failed.length) throw new Error(failed.join('\n'));
+  const noIpv6 = v4 > 0 && v6 > 0 && failed.length === v6 && failed.every((f) => f.v6);
+  if (failed.length && !noIpv6) throw new Error(failed.map((f) => `${f.addr}: ${f.message}`).join('\n'));
 }
