@@ -35,3 +35,14 @@ export function modelFileState(loaded: FileIdentity, now: FileIdentity | undefin
   if (!now || now.dev !== loaded.dev || now.ino !== loaded.ino) return 'replaced';
   return now.size === loaded.size && now.mtimeMs === loaded.mtimeMs && now.ctimeMs === loaded.ctimeMs ? 'unchanged' : 'modified';
 }
+
+/**
+ * What `file` is when it is not a regular file: 'a folder', 'a FIFO', 'a socket' or 'a device'
+ * (a model must be read twice, at random: a FIFO would also hold its open for ever, and a socket
+ * cannot be opened at all); undefined for a regular file. Throws the file system's error (ENOENT).
+ */
+export function notRegularFile(file: string): string | undefined {
+  const st = fs.statSync(file);
+  if (st.isFile()) return undefined;
+  return st.isDirectory() ? 'a folder' : st.isFIFO() ? 'a FIFO' : st.isSocket() ? 'a socket' : 'a device';
+}

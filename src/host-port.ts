@@ -45,15 +45,21 @@ export function isLoopbackHost(host: string): boolean {
   return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }
 
-/**
- * Why a server could not listen on `addr`, with what to do about it (`fix`, e.g. "pick another
- * with --listen"); undefined when `e` is not such a failure.
- */
+const LISTEN_WHY: Readonly<Record<string, string>> = {
+  EADDRINUSE: 'address already in use',
+  EADDRNOTAVAIL: 'no such address on this machine',
+  EACCES: 'permission denied (ports below 1024 need privileges)',
+};
+
+/** Why listening failed, from its errno code, and what to do (`fix`: "pick another with --listen"); undefined for another code. */
+export function listenWhy(code: unknown, fix: string): string | undefined {
+  const why = typeof code === 'string' && Object.hasOwn(LISTEN_WHY, code) ? LISTEN_WHY[code] : undefined;
+  return why && `${why} (${fix})`;
+}
+
+/** `<addr>: <why> (<fix>)` when `e` is a server's failure to listen (listenWhy); undefined otherwise. */
 export function listenProblem(e: unknown, addr: string, fix: string): string | undefined {
   const { code, syscall } = (e ?? {}) as { code?: unknown; syscall?: unknown };
-  if (syscall !== 'listen' && syscall !== 'bind') return undefined;
-  if (code === 'EADDRINUSE') return `${addr} is already in use (${fix})`;
-  if (code === 'EADDRNOTAVAIL') return `${addr}: no such address on this machine (${fix})`;
-  if (code === 'EACCES') return `${addr}: permission denied (ports below 1024 need privileges; ${fix})`;
-  return undefined;
+  const why = syscall === 'listen' || syscall === 'bind' ? listenWhy(code, fix) : undefined;
+  return why && `${addr}: ${why}`;
 }

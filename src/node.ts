@@ -39,7 +39,7 @@ import { ratesToWire } from '../attestation/receipt.ts';
 import { signRequestContract } from '../attestation/request-contract.ts';
 import { TEXT_REQUEST_CONTRACT } from './serve/request-contract.ts';
 import { makeFolder } from './make-folder.ts';
-import { listenProblem } from './host-port.ts';
+import { listenProblem, listenWhy } from './host-port.ts';
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
@@ -117,7 +117,7 @@ export function watchModelFiles(models: Iterable<Pick<ServedModel, 'id' | 'adapt
 /** libp2p's "some addresses failed" error, cut to the address and the reason, without its stack or its config advice. */
 export function listenFailure(e: Error): string {
   const failed = [...(e.message ?? '').matchAll(/^\s*(\/\S+): (?:\w*Error: )?(.+)$/gm)].map((m) => {
-    const why = /EADDRINUSE/.test(m[2]!) ? 'address already in use (pick another port in listen)' : /EADDRNOTAVAIL/.test(m[2]!) ? 'no such address on this machine' : /EACCES/.test(m[2]!) ? 'permission denied (ports below 1024 need privileges)' : m[2]!.trim();
+    const why = listenWhy(/\b(E[A-Z]+)\b/.exec(m[2]!)?.[1], 'pick another in listen') ?? m[2]!.trim();
     return `${m[1]}: ${why}`;
   });
   return failed.length ? failed.join('; ') : (e.message ?? String(e)).split('\n')[0]!;

@@ -189,12 +189,12 @@ describe.concurrent('usage errors', () => {
     await new Promise<void>((r) => busy.listen(0, '127.0.0.1', r));
     const port = (busy.address() as import('node:net').AddressInfo).port;
     try {
-      expectCleanError(await runCli(['market', '--data', path.join(tmp, 'market-busy'), '--listen', `127.0.0.1:${port}`]), `seller-node: 127.0.0.1:${port} is already in use (pick another with --listen)\n`, 1);
-      expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', `127.0.0.1:${port}`]), `seller-node: 127.0.0.1:${port} is already in use (pick another with --listen)\n`, 1);
+      expectCleanError(await runCli(['market', '--data', path.join(tmp, 'market-busy'), '--listen', `127.0.0.1:${port}`]), `seller-node: 127.0.0.1:${port}: address already in use (pick another with --listen)\n`, 1);
+      expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', `127.0.0.1:${port}`]), `seller-node: 127.0.0.1:${port}: address already in use (pick another with --listen)\n`, 1);
       expectCleanError(await runCli(['gateway', '--market', 'http://127.0.0.1:2', '--listen', '192.0.2.1:11435']), 'seller-node: 192.0.2.1:11435: no such address on this machine (pick another with --listen)\n', 1);
       const demo = await runCli(['demo', '--port', String(port)], { timeoutMs: 60_000 });
       expect(demo.code).toBe(1);
-      expect(demo.stderr).toContain(`seller-node: 127.0.0.1:${port} is already in use (the gateway's port: pick another with --port)\n`);
+      expect(demo.stderr).toContain(`seller-node: 127.0.0.1:${port}: address already in use (the gateway's port: pick another with --port)\n`);
     } finally {
       await new Promise((r) => busy.close(r));
     }

@@ -67,7 +67,7 @@ describe('a data dir this user may not enter', () => {
 });
 
 describe('a data dir to be made where this user may not write', () => {
-  test('start and market name the folder that refused, not the one that does not exist', async () => {
+  test('start, market and init name the folder that refused, not the one that does not exist', async () => {
     const locked = path.join(tmp, 'locked');
     fs.mkdirSync(locked, { mode: 0o755 });
     await withMode(locked, ROOT ? 0o755 : 0o555, async () => {
@@ -83,6 +83,7 @@ describe('a data dir to be made where this user may not write', () => {
         if (ROOT) fs.chownSync(key, 0, 0);
       }
       expectRefused(await asOther(['market', '--data', `${locked}/m`, '--listen', '127.0.0.1:0']), `cannot use --data ${locked}/m: it cannot be made: this user (uid ${otherUid}) may not write in ${locked}`);
+      expectRefused(await asOther(['init', '--data', `${locked}/i`]), `--data ${locked}/i: it cannot be made: this user (uid ${otherUid}) may not write in ${locked}`);
     });
   });
 });

@@ -3,6 +3,7 @@
 // naming the file, where node-llama-cpp would hang on some of them.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
@@ -54,7 +55,7 @@ describe('checkGgufFile', () => {
     expect(() => checkGgufFile(path.join(dir, 'nope.gguf'))).toThrow(/ENOENT/);
   });
 
-  test('a folder, a FIFO and a device are refused as not model files, at once (a FIFO is never waited on)', () => {
+  test('a folder, a FIFO, a socket and a device are refused as not model files, at once (a FIFO is never waited on)', async () => {
     const folder = path.join(dir, 'folder.gguf');
     fs.mkdirSync(folder);
     expect(() => checkGgufFile(folder)).toThrow(`${folder} is a folder, not a model file`);
@@ -62,6 +63,14 @@ describe('checkGgufFile', () => {
     execFileSync('mkfifo', [fifo]);
     expect(() => checkGgufFile(fifo)).toThrow(`${fifo} is not a regular file (a FIFO), not a model file`);
     expect(() => checkGgufFile('/dev/zero')).toThrow('/dev/zero is not a regular file (a device), not a model file');
+    const socket = path.join(dir, 'socket.gguf');
+    const server = net.createServer();
+    await new Promise<void>((r) => server.listen(socket, r));
+    try {
+      expect(() => checkGgufFile(socket)).toThrow(`${socket} is not a regular file (a socket), not a model file`);
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
   });
 
   // This file hung node-llama-cpp's metadata reader (the start never returned).

@@ -209,7 +209,7 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
       const { h, config } = goodHome('p2p-busy', { listen: `/ip4/127.0.0.1/tcp/${busy.port}` });
       const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
       expect(e).toBeInstanceOf(NodeStartError);
-      expect(e!.message).toBe(`listen: /ip4/127.0.0.1/tcp/${busy.port}: address already in use (pick another port in listen)`);
+      expect(e!.message).toBe(`listen: /ip4/127.0.0.1/tcp/${busy.port}: address already in use (pick another in listen)`);
       // Named before the model was loaded (minutes for a real one): it was never probed.
       expect(fs.existsSync(path.join(h, 'data', 'model-probes.json'))).toBe(false);
       lockDataDir(path.join(h, 'data')).release();
@@ -232,13 +232,13 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
       const { h, config } = goodHome('ops-busy', { ops: `127.0.0.1:${busy.port}` });
       const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
       expect(e).toBeInstanceOf(NodeStartError);
-      expect(e!.message).toBe(`ops.http: 127.0.0.1:${busy.port} is already in use (pick another host:port in ops.http)`);
+      expect(e!.message).toBe(`ops.http: 127.0.0.1:${busy.port}: address already in use (pick another host:port in ops.http)`);
       lockDataDir(path.join(h, 'data')).release();
       // ... before any model loads (the ops server answers from the start, while models load):
       // with a model file that cannot load, the port is still what is named.
       fs.truncateSync(path.join(h, 'tiny.gguf'), 1000);
       const early = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
-      expect(early!.message).toBe(`ops.http: 127.0.0.1:${busy.port} is already in use (pick another host:port in ops.http)`);
+      expect(early!.message).toBe(`ops.http: 127.0.0.1:${busy.port}: address already in use (pick another host:port in ops.http)`);
     } finally {
       await busy.close();
     }
@@ -263,7 +263,7 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
 
   test('a listen address this machine does not have', async () => {
     const { h, config } = goodHome('p2p-noaddr', { listen: '/ip4/192.0.2.1/tcp/0' }); // (TEST-NET-1: never a local address)
-    await expect(startNode(config)).rejects.toThrow(/^listen: \/ip4\/192\.0\.2\.1\/tcp\/0: no such address on this machine$/);
+    await expect(startNode(config)).rejects.toThrow(/^listen: \/ip4\/192\.0\.2\.1\/tcp\/0: no such address on this machine \(pick another in listen\)$/);
     lockDataDir(path.join(h, 'data')).release();
   });
 

@@ -20,6 +20,7 @@
 import fs from 'node:fs';
 import { GgufFileError } from './gguf-errors.ts';
 import { checkLlamaCppBounds, MAX_LAYERS, type GgufFacts, type GgufVocabulary } from './llama-cpp-bounds.ts';
+import { notRegularFile } from '../model-file.ts';
 
 export { GgufFileError };
 
@@ -188,13 +189,13 @@ function readVocabulary(r: Reader, count: number): GgufVocabulary {
 
 /** Checks `file`'s structure; throws GgufFileError naming the file and the problem (a file system error as it is). */
 export function checkGgufFile(file: string): GgufSummary {
-  // Opened without blocking: a FIFO would otherwise hold the open (and the start, deaf to signals)
-  // until something writes to it. Only a regular file is read further.
+  const not = notRegularFile(file);
+  if (not !== undefined) throw new GgufFileError(`${file} is ${not === 'a folder' ? not : `not a regular file (${not})`}, not a model file`);
+  // (without blocking all the same: a FIFO put in its place since would hold the open, and the start, for ever)
   const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
   try {
     const st = fs.fstatSync(fd);
-    if (st.isDirectory()) throw new GgufFileError(`${file} is a folder, not a model file`);
-    if (!st.isFile()) throw new GgufFileError(`${file} is not a regular file (${st.isFIFO() ? 'a FIFO' : st.isSocket() ? 'a socket' : 'a device'}), not a model file`);
+    if (!st.isFile()) throw new GgufFileError(`${file} is not a regular file, not a model file`);
     const size = st.size;
     if (size === 0) throw new GgufFileError(`${file} is empty (0 bytes), not a GGUF model file`);
     const h = Buffer.alloc(HEADER_BYTES);

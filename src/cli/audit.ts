@@ -6,6 +6,7 @@ import { CliError, intOption } from './cli-error.ts';
 import { fsProblem, isErrnoError } from '../fs-problem.ts';
 import fs from 'node:fs';
 import path from 'node:path';
+import { notRegularFile } from '../../adapters/model-file.ts';
 import { probeTimedOut } from '../../adapters/model-probe.ts';
 import { readRequestsFile, replay, replayFault, type ReplayReport } from '../audit/replay.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
@@ -75,18 +76,12 @@ function readInput<T>(file: string, option: string, read: () => T): T {
   }
 }
 
-/** A model file: readable and regular (opened without blocking: a FIFO would hold the open for ever; a model is read twice, at random). */
+/** A model file: a regular one (model-file.ts) this user may read. */
 function checkModelFile(file: string): void {
-  readInput(file, '--model', () => {
-    const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
-    try {
-      const st = fs.fstatSync(fd);
-      if (st.isDirectory()) throw Object.assign(new Error('is a directory'), { code: 'EISDIR' });
-      if (!st.isFile()) throw new CliError(`cannot read --model ${file}: not a regular file (${st.isFIFO() ? 'a FIFO' : 'a device or socket'}); a model file is read twice, at random`);
-    } finally {
-      fs.closeSync(fd);
-    }
-  });
+  const not = readInput(file, '--model', () => notRegularFile(file));
+  if (not === 'a folder') throw new CliError(`cannot read --model ${file}: it is a folder`);
+  if (not !== undefined) throw new CliError(`cannot read --model ${file}: not a regular file (${not}); a model file is read twice, at random`);
+  readInput(file, '--model', () => fs.accessSync(file, fs.constants.R_OK));
 }
 
 function unusedWarning(r: ReplayReport): string {

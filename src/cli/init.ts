@@ -3,7 +3,7 @@ import { Command } from 'commander';
 import { createKeyFile } from '../identity.ts';
 import { dataDirPaths } from '../data-dir.ts';
 import { defaultConfigYaml } from '../config.ts';
-import { fsProblem } from '../fs-problem.ts';
+import { folderProblem, fsProblem } from '../fs-problem.ts';
 import { CliError } from './cli-error.ts';
 import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
 import { makeFolder } from '../make-folder.ts';
@@ -17,7 +17,7 @@ export function initCommand(): Command {
       try {
         makeFolder(p.dir, 0o700);
       } catch (e) {
-        throw new CliError(`--data ${p.dir}: ${fsProblem(e)}`);
+        throw new CliError(`--data ${p.dir}: ${folderProblem(e)}`);
       }
       const id = createKeyFile(p.key);
       const kept = fs.existsSync(p.config); // (a config already there is the operator's: kept as it is)
