@@ -758,6 +758,36 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     for (const h of halves) expect(h.receipt).toBeNull();
   });
 
+  test('a hedge\'s other half still dialling when the winner answered: hedge_cancelled, its job (and any spend hold) gone at once, for its node never saw it', async () => {
+    // A provider listed at an address that takes the connection and never answers its handshake.
+    const stalled: import('node:net').Socket[] = [];
+    const net = await import('node:net');
+    const hole = net.createServer((s) => void stalled.push(s));
+    await new Promise<void>((r) => hole.listen(0, '127.0.0.1', r));
+    fs.mkdirSync(path.join(dir, 'hole'), { recursive: true });
+    const silent = await ScriptedNode.start(path.join(dir, 'hole'));
+    try {
+      await silent.register(marketUrl, [`/ip4/127.0.0.1/tcp/${(hole.address() as import('node:net').AddressInfo).port}/p2p/${silent.host.peerId.toString()}`]);
+      await waitForListed(marketUrl, [silent.providerId]);
+      await scripted.heartbeat(marketUrl, false); // (the hedge's two: the real node and the silent one)
+      const res = await post(chatBody('race a silent one'), { 'x-service-hedge': '1' });
+      expect(res.status, await res.clone().text()).toBe(200);
+      const winner = res.headers.get('x-request-id')!;
+      await res.json();
+      expect((await record(winner)).provider).toBe(node.providerId);
+      const loser = winner.endsWith('-hedge') ? winner.slice(0, -'-hedge'.length) : `${winner}-hedge`;
+      expect(await endedRecord(gw.url, loser)).toMatchObject({ status: 'abandoned', provider: silent.providerId, error: { code: 'hedge_cancelled' }, receipt: null });
+      expect(gw.records.hasJob(loser)).toBe(false);
+      expect(silent.requests).toBe(0);
+    } finally {
+      await silent.heartbeat(marketUrl, false); // (listed no more for the tests after this one)
+      await scripted.heartbeat(marketUrl, true);
+      await silent.stop();
+      for (const s of stalled) s.destroy();
+      await new Promise((r) => hole.close(r));
+    }
+  });
+
   test('a hedge whose other half was refused before the winner answered: that half reads refused with its node\'s code, its trailer read in full (sent a moment after its HEAD)', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head({ status: 503, headers: { 'content-type': 'application/json' } });

@@ -188,13 +188,13 @@ export class ScriptedNode {
     else await this.host.unhandle(INFER_PROTOCOL);
   }
 
-  /** Registers with the market as a node does: signed registration, signed price list, tiny/llama. */
-  async register(marketUrl: string): Promise<void> {
+  /** Registers with the market as a node does: signed registration, signed price list, tiny/llama (at `addresses`: by default its own). */
+  async register(marketUrl: string, addresses: string[] = this.host.getMultiaddrs().map((a) => a.toString())): Promise<void> {
     const envelope = signRegistration(this.seed, {
       v: 1,
       provider: this.providerId,
       peer_id: this.host.peerId.toString(),
-      addresses: this.host.getMultiaddrs().map((a) => a.toString()),
+      addresses,
       price_version: this.priceVersion,
       price_list: this.priceEnvelope,
       models: [{ id: 'tiny/llama', quantization: 'f32', context: 512, slots: 4, tokens_per_second: 1000 }],
