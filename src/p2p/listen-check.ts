@@ -21,8 +21,8 @@ export async function tryListenAddresses(listen: readonly string[]): Promise<voi
     const message = await new Promise<string | undefined>((resolve) => {
       const server = net.createServer();
       server.once('error', (e) => resolve(e.message));
-      // (v6 alone: whether libp2p's socket also takes v4 is its own matter)
-      server.listen({ host, port: Number(port), exclusive: true, ...(family === 'ip6' ? { ipv6Only: true } : {}) }, () => server.close(() => resolve(undefined)));
+      // (ipv6Only for an IPv6 address, as @libp2p/tcp listens)
+      server.listen({ host, port: Number(port), ipv6Only: family === 'ip6' }, () => server.close(() => resolve(undefined)));
     });
     if (message !== undefined) failed.push({ addr, v6: family === 'ip6', message });
   }
