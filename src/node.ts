@@ -40,6 +40,7 @@ import { signRequestContract } from '../attestation/request-contract.ts';
 import { TEXT_REQUEST_CONTRACT } from './serve/request-contract.ts';
 import { makeFolder } from './make-folder.ts';
 import { listenProblem, listenWhy } from './host-port.ts';
+import { NodeStartError, NodeStartStopped, unlessStopped } from './start-errors.ts';
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
@@ -123,46 +124,7 @@ export function listenFailure(e: Error): string {
   return failed.length ? failed.join('; ') : (e.message ?? String(e)).split('\n')[0]!;
 }
 
-export class NodeStartError extends Error {
-  override name = 'NodeStartError';
-}
-
-/** The start was stopped (its `signal`: the operator's SIGTERM or Ctrl-C) before the node served; what it had opened is closed. */
-export class NodeStartStopped extends NodeStartError {
-  override name = 'NodeStartStopped';
-  constructor() {
-    super('stopped during start-up, before the node served');
-  }
-}
-
-/**
- * `work`, unless `signal` aborts first: then NodeStartStopped at once, and `work` goes on unwatched
- * (`abandon` releases what it gives when it ends; a model load cannot be cut short).
- */
-function unlessStopped<T>(work: Promise<T>, signal: AbortSignal | undefined, abandon: (t: T) => unknown = () => undefined): Promise<T> {
-  if (!signal) return work;
-  if (signal.aborted) {
-    void work.then(abandon, () => undefined);
-    return Promise.reject(new NodeStartStopped());
-  }
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => {
-      void work.then(abandon, () => undefined);
-      reject(new NodeStartStopped());
-    };
-    signal.addEventListener('abort', onAbort, { once: true });
-    work.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e as Error);
-      },
-    );
-  });
-}
+export { NodeStartError, NodeStartStopped } from './start-errors.ts';
 
 export interface RunningNode {
   providerId: string;

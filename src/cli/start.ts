@@ -4,6 +4,7 @@ import { isLoopbackHost } from '../host-port.ts';
 import { untilSignal } from './until-signal.ts';
 
 const STOP_SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
+const STOPPED_EARLY = 'seller-node: stopped before it served\n';
 
 export function startCommand(): Command {
   return new Command('start')
@@ -32,7 +33,7 @@ export function startCommand(): Command {
         node = await startNode(config, { logDestination: 2, signal: starting.signal });
       } catch (e) {
         if (!(e instanceof NodeStartStopped)) throw e;
-        process.stderr.write('seller-node: stopped before it served\n');
+        process.stderr.write(STOPPED_EARLY);
         process.exit(0);
       } finally {
         for (const sig of STOP_SIGNALS) process.off(sig, duringStart);
@@ -40,7 +41,7 @@ export function startCommand(): Command {
       if (starting.signal.aborted) {
         // (the signal came as the start finished: it served nothing yet)
         await node.stop();
-        process.stderr.write('seller-node: stopped before it served\n');
+        process.stderr.write(STOPPED_EARLY);
         return;
       }
       // The signal handlers first, then the line that says it runs: a signal sent on reading that
