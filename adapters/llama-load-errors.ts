@@ -1,22 +1,39 @@
 // Why llama.cpp refused to load a model. node-llama-cpp's error says only "Failed to load model";
 // llama.cpp says why in its log lines ("tensor 'output.weight' data is not within the file bounds",
-// "tensor 'x' has invalid data"), which node-llama-cpp prints. They are printed as before and kept
-// here, and a failed load's error names them. llama.cpp's lines go to the node-llama-cpp binding
-// loaded last: a process that loads one (the node: CPU or GPU, not both) gets them all; otherwise
-// a failed load keeps node-llama-cpp's own message.
+// "tensor 'x' has invalid data"), which node-llama-cpp prints. They are printed as before (or, in
+// the node, logged as its own JSON lines) and kept here, and a failed load's error names them.
+// llama.cpp's lines go to the node-llama-cpp binding loaded last: a process that loads one (the
+// node: CPU or GPU, not both) gets them all; otherwise a failed load keeps node-llama-cpp's own
+// message.
 import type { Llama, LlamaModel, LlamaModelOptions } from 'node-llama-cpp';
 
 /** llama.cpp's latest error lines (at most 64), and how many it has written in all. */
 const kept = { lines: [] as string[], count: 0 };
 
-/** Keeps the binding's llama.cpp lines (printed as before); returns the binding. */
+/** Where llama.cpp's lines go instead of node-llama-cpp's printing (the node's JSON log); undefined: printed. */
+let sink: ((message: string) => void) | undefined;
+
+/**
+ * Sends llama.cpp's lines to `to` (the node logs them as JSON lines of its own, not raw text among
+ * them) until the returned function undoes it; they are kept for load errors either way. Process-wide,
+ * as the binding is: the latest caller has them.
+ */
+export function sendLlamaLines(to: (message: string) => void): () => void {
+  sink = to;
+  return () => {
+    if (sink === to) sink = undefined;
+  };
+}
+
+/** Keeps the binding's llama.cpp lines (printed as before, or sent where sendLlamaLines says); returns the binding. */
 export function keepErrorLines(llama: Llama): Llama {
   const print = llama.logger;
   llama.logger = (level, message) => {
     kept.lines.push(message);
     if (kept.lines.length > 64) kept.lines.shift();
     kept.count++;
-    print(level, message);
+    if (sink) sink(message);
+    else print(level, message);
   };
   return llama;
 }

@@ -3,6 +3,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { LlamaEmbeddedAdapter, namingModelFile } from '../adapters/llama-embedded.ts';
+import { sendLlamaLines } from '../adapters/llama-load-errors.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import { opsHostPort, type NodeConfig } from './config.ts';
@@ -179,6 +180,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     for (const [name, c] of cleanup.splice(0).reverse()) await stopStep(logger, name, c);
   };
   try {
+    // llama.cpp's own lines (a load's errors) as lines of the node's JSON log, not raw text among them.
+    cleanup.push(['llama.cpp lines', sendLlamaLines((line) => logger.warn({ line: line.slice(0, 500) }, 'llama.cpp'))]);
     // The data dir first: its lock, the price list, the receipt log and the state database are
     // checked before any model loads, so a folder problem is named at once, not after the load.
     try {

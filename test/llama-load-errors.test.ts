@@ -3,7 +3,7 @@
 // fault first), one that said none keeps node-llama-cpp's own error, and loads run one at a time.
 import type { Llama, LlamaModel } from 'node-llama-cpp';
 import { expect, test } from 'vitest';
-import { keepErrorLines, loadNamingWhy } from '../adapters/llama-load-errors.ts';
+import { keepErrorLines, loadNamingWhy, sendLlamaLines } from '../adapters/llama-load-errors.ts';
 import { namingModelFile } from '../adapters/llama-embedded.ts';
 
 /** A binding whose loads write `lines` to its logger, then fail with node-llama-cpp's error. */
@@ -43,4 +43,19 @@ test('namingModelFile: a message naming the file says "model file" once; one tha
   expect(namingModelFile('/m.gguf', '/m.gguf: not a GGUF file')).toBe('model file /m.gguf: not a GGUF file');
   expect(namingModelFile('/m.gguf', 'model file /m.gguf changed while it was loaded and hashed')).toBe('model file /m.gguf changed while it was loaded and hashed');
   expect(namingModelFile('/m.gguf', 'ENOENT: no such file')).toBeUndefined();
+});
+
+test('sent where sendLlamaLines says (the node\'s JSON log) instead of printed, until undone; still kept for the load\'s error', async () => {
+  const lines = ["llama_model_load: error loading model: tensor 'x' data is not within the file bounds", 'llama_model_load_from_file_impl: failed to load model'];
+  const { llama, printed } = binding(lines);
+  const sent: string[] = [];
+  const undo = sendLlamaLines((l) => sent.push(l));
+  try {
+    await expect(loadNamingWhy(llama, '/m/c.gguf', {})).rejects.toThrow("/m/c.gguf: llama.cpp could not load it: tensor 'x' data is not within the file bounds");
+  } finally {
+    undo();
+  }
+  expect([sent, printed]).toEqual([lines, []]);
+  await expect(loadNamingWhy(llama, '/m/c.gguf', {})).rejects.toThrow(/could not load it/);
+  expect(printed).toEqual(lines);
 });
