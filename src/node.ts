@@ -26,6 +26,7 @@ import { serveInfer } from './p2p/infer-protocol.ts';
 import { serveLog } from './p2p/log-protocol.ts';
 import { serveCapacity, signCapacity } from './p2p/capacity-protocol.ts';
 import type { RequestServer } from './p2p/request-stream.ts';
+import { untilQuiet } from './p2p/request-server.ts';
 import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
 import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
@@ -45,6 +46,9 @@ import { NodeStartError, NodeStartStopped, unlessStopped } from './start-errors.
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
+/** At stop, how long the protocols must have been idle before the connections close (untilQuiet), and the most it waits for that. */
+const STOP_QUIET_MS = 200;
+const STOP_QUIET_MAX_MS = 2000;
 
 /** Log lines of refused requests a second, at most (the rest are counted: LineBudget). */
 const REFUSAL_LINES_PER_SECOND = 50;
@@ -474,6 +478,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
           const announced = registration?.announce(Math.min(2000, graceMs)) ?? Promise.resolve();
           if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
           await announced;
+          // The last answers are given time to be read before the connections close: a buyer that
+          // opens a stream as the host stops has its connection reset, and a trailer it had received
+          // but not yet read went with it (a completed request read as failed, and billed).
+          await untilQuiet([infer, logServer, capacity], STOP_QUIET_MS, Math.min(STOP_QUIET_MAX_MS, graceMs));
           await undo(); // in reverse order of start: the protocols first, the runtimes, then the receipt log (it flushes every receipt, a cancelled one included), the data dir's lock last
           logger.info({}, 'node stopped');
         })();

@@ -118,6 +118,8 @@ export interface RequestServer {
   readonly protocol: string;
   /** Requests being read or handled right now. */
   readonly inFlight: number;
+  /** When the latest request's exchange ended (performance.now()); 0 before any. */
+  readonly lastEnded: number;
   /**
    * Resolves true once no request is in flight (new ones included while waiting), false if some
    * still are after timeoutMs. Admits nothing (the caller stops admission first) and cancels no
@@ -317,6 +319,7 @@ export async function handleRequests(
     }
   }
 
+  let lastEnded = 0;
   const streamHandler = (stream: Stream, connection: Connection): void => {
     if (stopping) {
       stream.abort(new StreamError('aborted', 'the server is stopping'));
@@ -326,7 +329,10 @@ export async function handleRequests(
     exchanges.add(exchange);
     exchange.done = serve(stream, connection, exchange)
       .catch((e: unknown) => report(e, connection.remotePeer.toString()))
-      .finally(() => exchanges.delete(exchange));
+      .finally(() => {
+        exchanges.delete(exchange);
+        lastEnded = performance.now();
+      });
   };
 
   await host.handle(protocol, streamHandler, { maxInboundStreams: opts.maxInboundStreams ?? STREAMS_PER_PROTOCOL });
@@ -335,6 +341,9 @@ export async function handleRequests(
     protocol,
     get inFlight() {
       return exchanges.size;
+    },
+    get lastEnded() {
+      return lastEnded;
     },
     async drain(timeoutMs: number) {
       const start = Date.now();
@@ -376,4 +385,22 @@ export async function handleRequests(
       return true;
     },
   };
+}
+
+/**
+ * Resolves once none of `servers` has had a request in flight for `quietMs` (their last exchanges
+ * ended that long ago), or after `maxMs`; true when quiet. A node stopping waits for this before its
+ * connections close: a peer that opens a stream as the host stops has its whole connection reset,
+ * and the bytes it had received and not yet read go with it (a completed request's trailer, billed).
+ */
+export async function untilQuiet(servers: readonly Pick<RequestServer, 'inFlight' | 'lastEnded'>[], quietMs: number, maxMs: number): Promise<boolean> {
+  const deadline = performance.now() + maxMs;
+  for (;;) {
+    const now = performance.now();
+    const busy = servers.some((s) => s.inFlight > 0);
+    const since = Math.max(0, ...servers.map((s) => s.lastEnded));
+    if (!busy && now - since >= quietMs) return true;
+    if (now >= deadline) return false;
+    await new Promise((r) => setTimeout(r, Math.max(1, Math.min(busy ? 10 : since + quietMs - now, deadline - now))));
+  }
 }
