@@ -32,10 +32,14 @@ export interface ProbeOptions {
   timeoutMs?: number;
 }
 
-/** Whether an error (or one it was caused by) is a probe whose time ran out: the caller may say how to allow more. */
-export function probeTimedOut(e: unknown): boolean {
-  for (let x = e; x instanceof Error; x = x.cause) if (x instanceof ModelProbeError) return x.timedOut;
-  return false;
+/**
+ * `e`'s message, and when it is (or was caused by) a probe whose time ran out, what allows more:
+ * ` (<how> allows a slower load)`, `how` naming the caller's setting.
+ */
+export function withProbeTimeoutHint(e: unknown, how: string): string {
+  const message = (e as Error | undefined)?.message ?? String(e);
+  for (let x = e; x instanceof Error; x = x.cause) if (x instanceof ModelProbeError) return x.timedOut ? `${message} (${how} allows a slower load)` : message;
+  return message;
 }
 
 /** What a verdict holds for: the file's bytes (their SHA-256), the runtime that ran them (its version and device) and mmap. */

@@ -14,7 +14,7 @@ import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
 import { folderProblem, fsProblem, isErrnoError } from './fs-problem.ts';
 import { loadKeyFile } from './identity.ts';
-import { probeTimedOut } from '../adapters/model-probe.ts';
+import { withProbeTimeoutHint } from '../adapters/model-probe.ts';
 import { dataDirProbeMemo } from './model-probe-memo.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
 import { LineBudget } from './ops/line-budget.ts';
@@ -283,7 +283,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         await unlessStopped(adapter.start(), opts.signal, () => adapter.stop());
       } catch (e) {
         if (e instanceof NodeStartStopped) throw e;
-        const msg = (e as Error).message + (probeTimedOut(e) ? ` (models[${i}].probe_timeout_s, now ${m.probe_timeout_s}, allows a slower load)` : '');
+        const msg = withProbeTimeoutHint(e, `models[${i}].probe_timeout_s, now ${m.probe_timeout_s},`);
         const named = namingModelFile(m.path!, msg);
         throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }

@@ -7,7 +7,7 @@ import { fsProblem, isErrnoError } from '../fs-problem.ts';
 import fs from 'node:fs';
 import path from 'node:path';
 import { notRegularFile } from '../../adapters/model-file.ts';
-import { probeTimedOut } from '../../adapters/model-probe.ts';
+import { withProbeTimeoutHint } from '../../adapters/model-probe.ts';
 import { readRequestsFile, replay, replayFault, type ReplayReport } from '../audit/replay.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 
@@ -43,7 +43,8 @@ export function auditCommand(): Command {
       if (report.ok && requests) {
         const t0 = performance.now();
         replayed = await replay({ receipts: receiptPayloads(dir), requests, modelPath: opts.model!, ...(opts.context ? { contextLength: opts.context } : {}), ...(opts.probeTimeout ? { probeTimeoutMs: opts.probeTimeout * 1000 } : {}) }).catch((e: unknown) => {
-          throw probeTimedOut(e) ? new Error(`${(e as Error).message} (--probe-timeout S allows a slower load)`, { cause: e }) : e;
+          const message = withProbeTimeoutHint(e, '--probe-timeout S');
+          throw message === (e as Error).message ? e : new Error(message, { cause: e });
         });
         replaySeconds = (performance.now() - t0) / 1000;
         if (replayed.unused_requests) process.stderr.write(unusedWarning(replayed) + '\n');

@@ -20,12 +20,12 @@ export function checkModelCommand(): Command {
       if (!fs.existsSync(modelPath)) throw new CliError(`model file ${modelPath} not found`);
       // (node-llama-cpp loaded only here: the other commands start fast)
       const { LlamaEmbeddedAdapter, namingModelFile } = await import('../../adapters/llama-embedded.ts');
-      const { probeTimedOut } = await import('../../adapters/model-probe.ts');
+      const { withProbeTimeoutHint } = await import('../../adapters/model-probe.ts');
       const adapter = new LlamaEmbeddedAdapter({ modelPath, gpu: opts.gpu === 'auto' ? 'auto' : false, mmap: opts.mmap, probe: { timeoutMs: opts.probeTimeout * 1000 }, ...(opts.context ? { contextLength: opts.context } : {}) });
       try {
         await adapter.start();
       } catch (e) {
-        const msg = (e as Error).message + (probeTimedOut(e) ? ' (--probe-timeout S allows a slower load)' : '');
+        const msg = withProbeTimeoutHint(e, '--probe-timeout S');
         throw new CliError(namingModelFile(modelPath, msg) ?? `model file ${modelPath}: ${msg}`);
       }
       try {

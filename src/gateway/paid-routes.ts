@@ -130,16 +130,15 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
   /** A paid request; one under an Idempotency-Key already running here is refused (see `running`). */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     const idem = idempotencyKey(req.headers);
-    const key = idem;
-    if (key === undefined) return paidOnce(endpoint, req, reply, idem, () => {});
-    if (running.has(key)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
-    running.add(key);
+    if (idem === undefined) return paidOnce(endpoint, req, reply, idem, () => {});
+    if (running.has(idem)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
+    running.add(idem);
     // Released once the buyer has the whole answer (a stream's relay then waits for the market's
     // settlement, which a retry, answered from the provider's record, need not wait for), or at the
     // end; once only (a retry that came in between holds the key by then).
     let held = true;
     const release = (): void => {
-      if (held) running.delete(key);
+      if (held) running.delete(idem);
       held = false;
     };
     try {
@@ -370,9 +369,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         a.running!.then((r) => {
           r.res?.abort('lost the hedge');
           const why = gone.signal.aborted ? 'abandoned' : 'lost_hedge';
-          // (cancelled while it still dialled: its request never left, nothing to look for)
-          if (!r.ok && r.stage === 'connect') return settlements.nothingSent(a.p, why);
-          return settlements.settleFromNode(a.p, why);
+          return sentNothing(r) ? settlements.nothingSent(a.p, why) : settlements.settleFromNode(a.p, why);
         }),
       );
     }
@@ -404,7 +401,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const idle = outcome.a.idle;
     if (!outcome.ok) {
       idle.stop();
-      if (gone.signal.aborted) return relay.abandon(p, reply, outcome.stage === 'connect');
+      if (gone.signal.aborted) return relay.abandon(p, reply, sentNothing(outcome));
       if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
       // The stream opened but no head came: the provider may have started; its log knows.
       void settlements.settleFromNode(p, 'failed');
@@ -453,6 +450,15 @@ interface Attempt {
 
 /** How an attempt got to its HEAD. `aborted`: it had been cancelled (the buyer left, or it lost) when it failed. */
 type Outcome = { ok: true; a: Attempt; res: P2pResponse; head: JsonObject; status: number } | { ok: false; a: Attempt; stage: 'connect' | 'head'; e: Error; res?: P2pResponse; aborted: boolean };
+
+/**
+ * Whether an attempt ended before its request left the gateway: the dial or the stream's opening
+ * failed (cancelled while it still dialled, say), so its node never saw the ticket and no receipt
+ * can exist. (p2pRequest writes nothing before it returns.)
+ */
+function sentNothing(o: Outcome): boolean {
+  return !o.ok && o.stage === 'connect';
+}
 
 /** The refusal of an attempt answered with a status other than 200, read once. */
 function refusalOf(o: Extract<Outcome, { ok: true }>): ReturnType<typeof readRefusal> {
