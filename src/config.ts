@@ -6,7 +6,6 @@
 // SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY=500, SELLER_NODE_MARKETPLACE__URL=http://…. Values are
 // YAML scalars; lists and objects (listen, models, marketplace__public_keys) take YAML/JSON text,
 // which replaces the file's whole list: list items cannot be set one by one (SELLER_NODE_MODELS__0__…).
-import fs from 'node:fs';
 import path from 'node:path';
 import { multiaddr } from '@multiformats/multiaddr';
 import YAML, { type YAMLError } from 'yaml';
@@ -14,6 +13,7 @@ import { isHex } from '../attestation/bytes.ts';
 import { parseUsd } from '../attestation/money.ts';
 import { MAX_WAIT_MS } from '../attestation/ticket.ts';
 import { fsProblem } from './fs-problem.ts';
+import { readTextFile } from './read-text-file.ts';
 import { marketUrlProblem } from './market-url.ts';
 import { parseHostPort, portAloneSuggestion, type HostPort } from './host-port.ts';
 
@@ -119,7 +119,7 @@ type Raw = Record<string, unknown>;
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): NodeConfig {
   let text: string;
   try {
-    text = fs.readFileSync(file, 'utf8');
+    text = readTextFile(file);
   } catch (e) {
     const missing = (e as NodeJS.ErrnoException).code === 'ENOENT';
     throw new ConfigError('', `cannot read ${file}: ${fsProblem(e)}${missing ? ' (seller-node init --data DIR writes one)' : ''}`);

@@ -9,6 +9,7 @@ import { isPriceVersion, verifyPriceList, type PriceListPayload } from '../attes
 import { loadKeyFile, type NodeIdentity } from './identity.ts';
 import { ReceiptLog, type ReceiptLogOptions } from './store/receipt-log.ts';
 import { makeFolder } from './make-folder.ts';
+import { readTextFile } from './read-text-file.ts';
 
 export interface DataDirPaths {
   dir: string;
@@ -82,12 +83,12 @@ export function readPriceLists(dir: string): StoredPriceList[] {
     .readdirSync(folder)
     .filter((n) => n.endsWith('.json') && !n.startsWith('.'))
     .sort()
-    .map((n) => ({ version: n.slice(0, -'.json'.length), text: fs.readFileSync(path.join(folder, n), 'utf8') }));
+    .map((n) => ({ version: n.slice(0, -'.json'.length), text: readTextFile(path.join(folder, n)) }));
 }
 
 function readIfExists(file: string): string | undefined {
   try {
-    return fs.readFileSync(file, 'utf8');
+    return readTextFile(file);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
     throw e;

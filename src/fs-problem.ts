@@ -20,6 +20,9 @@ export function fsProblem(e: unknown): string {
       return 'a folder on its path is a file';
     case 'EISDIR':
       return 'it is a folder';
+    case 'ENXIO':
+      // (open(2) of a Unix socket, or of a device with nothing behind it)
+      return 'it is a socket or an absent device, not a regular file';
     case 'EROFS':
       return 'the file system is read-only';
     case 'ENOSPC':

@@ -7,6 +7,7 @@ import path from 'node:path';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { toHex } from '../attestation/bytes.ts';
 import { fsProblem } from './fs-problem.ts';
+import { readTextFile } from './read-text-file.ts';
 import { writeAllSync } from './atomic-file.ts';
 import { makeFolder } from './make-folder.ts';
 
@@ -71,7 +72,7 @@ export function loadKeyFile(file: string): NodeIdentity {
   }
   let pem: string;
   try {
-    pem = fs.readFileSync(file, 'utf8');
+    pem = readTextFile(file, 64 * 1024);
   } catch (e) {
     throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
   }

@@ -6,6 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { ProbeMemo } from '../adapters/model-probe.ts';
 import { writeFileAtomic } from './atomic-file.ts';
+import { readTextFile } from './read-text-file.ts';
 
 export const PROBE_MEMO_FILE = 'model-probes.json';
 /** Verdicts kept: the latest this many (a node serves a few models; old files drop out). */
@@ -21,9 +22,7 @@ export function dataDirProbeMemo(dataDir: string): ProbeMemo {
   const read = (): string[] => {
     try {
       // (only a regular file of a sane size: not a symlink to /dev/zero, a FIFO that never ends, 200 MB)
-      const st = fs.lstatSync(file);
-      if (!st.isFile() || st.size > MAX_BYTES) return [];
-      const v = JSON.parse(fs.readFileSync(file, 'utf8')) as { passed?: unknown };
+      const v = JSON.parse(readTextFile(file, MAX_BYTES)) as { passed?: unknown };
       return Array.isArray(v.passed) ? v.passed.filter((k): k is string => typeof k === 'string') : [];
     } catch {
       return [];

@@ -4,6 +4,7 @@
 // that is the stricter of the key's and X-Service-Max-Cost-Usd; expiry (401 api_key_expired).
 // Against a real market and a real node on the tiny model: a refused request takes no ticket and
 // costs nothing.
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -416,6 +417,12 @@ describe('a changed keys file', () => {
       fs.rmSync(file);
       watch.check();
       expect(lines[2]?.msg).toMatch(/cannot read the API keys file .*not found/);
+      expect((await ask(K1)).status).toBe(404);
+      // A FIFO put in its place is refused at once: never a read that waits for a writer, the
+      // gateway's thread held until one comes.
+      execFileSync('mkfifo', [file]);
+      watch.check();
+      expect(lines[3]?.msg).toMatch(/cannot read the API keys file .*it is a FIFO, not a regular file/);
       expect((await ask(K1)).status).toBe(404);
     } finally {
       watch.stop();

@@ -23,6 +23,7 @@ import { signTicket } from '../../attestation/ticket.ts';
 import { Admission } from '../dispatch/admission.ts';
 import { TicketGate } from '../dispatch/ticket-gate.ts';
 import { InferService } from '../serve/infer-service.ts';
+import { readTextFile } from '../read-text-file.ts';
 import { ReceiptLog } from '../store/receipt-log.ts';
 
 export interface ReplayOptions {
@@ -190,7 +191,8 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
 /** Reads a requests file: {"request_id", "body": base64} per line. Throws naming the line. */
 export function readRequestsFile(file: string): Map<string, Uint8Array> {
   const out = new Map<string, Uint8Array>();
-  const lines = fs.readFileSync(file, 'utf8').split('\n');
+  // (a V8 string holds at most 2^29 characters)
+  const lines = readTextFile(file, (1 << 29) - 24).split('\n');
   lines.forEach((line, i) => {
     if (!line.trim()) return;
     let v: { request_id?: unknown; body?: unknown };

@@ -13,11 +13,11 @@
 //   expires       an ISO 8601 time from which the key no longer authenticates (401 api_key_expired)
 //   spend_limit_usd, spend_interval (daily, weekly, monthly; default lifetime)
 //                 a budget: settled charges plus open holds (key-spend.ts); 403 key_spend_limit_exceeded
-import fs from 'node:fs';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { sha256Hex } from '../../attestation/hash.ts';
 import { parseUsd } from '../../attestation/money.ts';
 import { fsProblem } from '../fs-problem.ts';
+import { readTextFile } from '../read-text-file.ts';
 import { GatewayError } from './errors.ts';
 import { SlidingWindow } from './rate-window.ts';
 import { SPEND_INTERVALS, type SpendInterval, type SpendLimit } from './key-spend.ts';
@@ -199,7 +199,7 @@ function parseOptions(where: string, key: string, words: string[]): ApiKeySpec {
 export function readApiKeysFile(file: string): ApiKeySpec[] {
   let text: string;
   try {
-    text = fs.readFileSync(file, 'utf8');
+    text = readTextFile(file);
   } catch (e) {
     throw new Error(`cannot read the API keys file ${file}: ${fsProblem(e)}`);
   }

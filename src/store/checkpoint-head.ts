@@ -10,11 +10,11 @@
 // each checkpoint, without an fsync: a checkpoint is only ever signed over durable receipts, so a
 // file that a power cut leaves older, empty or missing only protects less; it never refuses a log
 // that is whole. A file that does not verify under the log's key is reported, not trusted.
-import fs from 'node:fs';
 import path from 'node:path';
 import { bytesEqual } from '../../attestation/bytes.ts';
 import { receiptLogKey, verifyCheckpoint } from '../../attestation/checkpoint.ts';
 import { writeAllSync, writeFileAtomic } from '../atomic-file.ts';
+import { readTextFile } from '../read-text-file.ts';
 
 /** receipts.db → receipts.checkpoint (a name no "receipts.db*" pattern takes with the database). */
 export function headPath(dbPath: string): string {
@@ -32,7 +32,7 @@ export type Head = { kind: 'none' } | { kind: 'unreadable'; why: string } | { ki
 export function readHead(file: string, providerId: string): Head {
   let text: string;
   try {
-    text = fs.readFileSync(file, 'utf8');
+    text = readTextFile(file, 1 << 16);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return { kind: 'none' };
     return { kind: 'unreadable', why: (e as Error).message };
@@ -70,7 +70,7 @@ export function chainHeadPath(dbPath: string): string {
 export function readChainHead(file: string): { size: number; lastPayloadSha256: string } | undefined {
   let text: string;
   try {
-    text = fs.readFileSync(file, 'utf8');
+    text = readTextFile(file, 1 << 16);
   } catch {
     return undefined;
   }
