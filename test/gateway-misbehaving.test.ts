@@ -24,7 +24,7 @@ import { toBase64, utf8 } from '../attestation/bytes.ts';
 import { canonicalize } from '../attestation/canonical-json.ts';
 import { sha256Hex } from '../attestation/hash.ts';
 import { parseEnvelope, serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
-import { computeCost, formatUsd, type Usage } from '../attestation/money.ts';
+import { computeCost, formatUsd, parseUsd, type Usage } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
 import { peekPayload } from '../attestation/signed-payload.ts';
@@ -729,6 +729,32 @@ describe('hedges, estimates and long streams around misbehaving providers', () =
     // With only the unreachable provider allowed, the estimate fails as the provider did.
     const alone = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-prefer-providers': scripted.providerId }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages, max_tokens: 5 } }) });
     expect([alone.status, ((await alone.json()) as { error: { code: string } }).error.code]).toEqual([503, 'provider_unreachable']);
+  });
+
+  test('a hedged estimate where two providers price the model holds twice one run\'s worst case, or once when the key\'s cost cap or spend limit leaves less (execution then runs it once)', async () => {
+    scripted.behaviour = busyButCounts;
+    const body = JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages: [{ role: 'user', content: 'hedge me' }], max_tokens: 5 } });
+    const ALL = 'sk-svc-v1-hedged-all-0123456789';
+    const TIGHT_CAP = 'sk-svc-v1-tight-cap-0123456789';
+    const TIGHT_BUDGET = 'sk-svc-v1-tight-budget-0123456789';
+    const keyed = await createGateway({ market: marketUrl, port: 0, apiKeys: [ALL] });
+    const estimate = async (key: string, hedge: boolean): Promise<{ max_hold: string; expected_cost: string; can_start: { provider: string } }> => {
+      const r = await fetch(`${keyed.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${key}`, ...(hedge ? { 'x-service-hedge': '1' } : {}) }, body });
+      expect([r.status, r.status === 200 ? '' : await r.text()]).toEqual([200, '']);
+      return (await r.json()) as { max_hold: string; expected_cost: string; can_start: { provider: string } };
+    };
+    try {
+      const once = await estimate(ALL, false);
+      const worst = parseUsd(once.max_hold)!;
+      const hedged = await estimate(ALL, true);
+      expect(hedged.can_start.provider).toBe(once.can_start.provider);
+      expect(hedged.max_hold).toBe(formatUsd(2n * worst));
+      expect(hedged.expected_cost).toBe(once.expected_cost);
+      keyed.setApiKeys([ALL, { key: TIGHT_CAP, maxCostMicroUsd: 2n * worst - 1n }, { key: TIGHT_BUDGET, spendLimitMicroUsd: worst }]);
+      for (const key of [TIGHT_CAP, TIGHT_BUDGET]) expect((await estimate(key, true)).max_hold).toBe(formatUsd(worst));
+    } finally {
+      await keyed.close(1000);
+    }
   });
 
   test('a hedge whose half caps cannot start it runs once with the whole cap', async () => {

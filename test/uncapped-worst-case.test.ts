@@ -20,6 +20,10 @@ describe('uncappedWorstCase', () => {
     expect(uncappedWorstCase(listing.slice(0, 1), 'completions', 'm', new Uint8Array(10), false)).toBe(308n);
     expect(uncappedWorstCase(listing, 'responses', 'm', new Uint8Array(10), true)).toBe(5736n);
   });
+  test('a hedge where one provider prices the model runs once: not doubled', () => {
+    expect(uncappedWorstCase(listing.slice(0, 1), 'chat/completions', 'm', new Uint8Array(10), true)).toBe(308n);
+    expect(uncappedWorstCase([listing[1]!, listing[2]!], 'chat/completions', 'm', new Uint8Array(10), true)).toBe(2868n); // (c has no price)
+  });
   test('embeddings: a token a byte of the body at the highest input rate, never doubled', () => {
     expect(uncappedWorstCase(listing, 'embeddings', 'm', new Uint8Array(1000), false)).toBe(700n);
     expect(uncappedWorstCase(listing, 'embeddings', 'm', new Uint8Array(1000), true)).toBe(700n);

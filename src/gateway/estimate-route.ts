@@ -79,9 +79,10 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
         withinKey(worst);
         // A hedge runs two attempts, each capped at half the hold (paid-routes.ts): its hold is twice
         // the worst case, or neither half of an execution under this estimate could start. A key
-        // whose limits leave less runs it once, unhedged, as execution would: the hold of one run.
+        // whose limits leave less runs it once, unhedged, as execution would: the hold of one run;
+        // so does a model only one provider meeting the controls prices (no second to race).
         let maxHold = worst;
-        if (controls.routing.hedge === true && endpoint !== 'embeddings') {
+        if (controls.routing.hedge === true && endpoint !== 'embeddings' && priced.length >= 2) {
           try {
             withinKey(2n * worst);
             maxHold = 2n * worst;

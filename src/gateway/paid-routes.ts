@@ -78,10 +78,12 @@ interface CappedRequest {
  * The most an uncapped request can cost at any listed provider of its model: the worst case at
  * the provider's context (input and output together never exceed it) at its higher rate, or for
  * embeddings a token a byte of the body at the highest input rate; twice that for a hedge (two
- * runs). Undefined when no provider prices the model.
+ * runs) when two providers or more price the model (with one, a hedge runs once). Undefined when
+ * no provider prices the model.
  */
 export function uncappedWorstCase(listing: readonly ProviderEntry[], endpoint: PaidEndpoint, model: string, body: Uint8Array, hedge: boolean): bigint | undefined {
   let worst: bigint | undefined;
+  let priced = 0;
   if (endpoint === 'embeddings') {
     const hold = embeddingsHold(listing, model, body);
     worst = hold === undefined ? undefined : BigInt(hold);
@@ -91,10 +93,11 @@ export function uncappedWorstCase(listing: readonly ProviderEntry[], endpoint: P
       const context = p.models.find((m) => m.id === model)?.context;
       if (!r || context === undefined || !Number.isSafeInteger(context) || context < 0) continue;
       const w = contextWorstCase(context, ratesFromWire(r));
+      priced++;
       if (worst === undefined || w > worst) worst = w;
     }
   }
-  return worst === undefined ? undefined : hedge && endpoint !== 'embeddings' ? 2n * worst : worst;
+  return worst === undefined ? undefined : hedge && priced >= 2 ? 2n * worst : worst;
 }
 
 interface PaidAsk {
