@@ -498,6 +498,29 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
+  test('a provider that works in silence but sends keepalives (empty DATA frames) is never cut off: before its HEAD, and mid-body', async () => {
+    /** Keepalives every 150 ms for `ms` (over twice IDLE_MS): a node in its queue, or computing a whole body. */
+    const keepalives = async (ex: Exchange, ms: number): Promise<void> => {
+      for (let t = 0; t < ms; t += 150) {
+        await ex.data('');
+        await new Promise((r) => setTimeout(r, 150));
+      }
+    };
+    scripted.behaviour = async (ex) => {
+      await keepalives(ex, 1500);
+      await ex.head(JSON_HEAD);
+      await keepalives(ex, 1500);
+      await ex.data(completion());
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+    };
+    const res = await postQuick(chatBody('think a long time'));
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { choices: { message: { content: string } }[]; service: { request_id: string; receipt: DsseEnvelope } };
+    expect(body.choices[0]!.message.content).toBe('scripted');
+    expect(verifyReceipt(body.service.receipt, { provider: scripted.providerId }).ok).toBe(true);
+    expect(await settledRecord(quick.url, body.service.request_id)).toMatchObject({ status: 'completed' });
+  });
+
   test('a provider that keeps sending is never cut off, however long the answer takes in all', async () => {
     // Its own gateway with a roomier limit: the gaps must never come near it, whatever the load.
     const steady = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, providerIdleMs: 2_000 });

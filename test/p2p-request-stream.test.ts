@@ -781,3 +781,75 @@ describe('cancellation and shutdown', () => {
     await expect(readResponse(res)).rejects.toBeInstanceOf(StreamError);
   });
 });
+
+describe('keepalives (docs/protocol.md: an empty DATA frame while the handler works in silence)', () => {
+  /** Waits in silence, as a request in the admission queue does, then answers, with silence again between HEAD and body. */
+  const slowHandler: RequestHandler = async (_req, res) => {
+    await sleep(450);
+    await res.head({ status: 200 });
+    await sleep(450);
+    await res.data(new TextEncoder().encode('the answer'));
+    await res.trailer({ ok: true });
+  };
+
+  it('go out before the HEAD and between frames; none after the TRAILER', async () => {
+    const { proto, srv } = await serve(slowHandler, { keepAliveMs: 100 });
+    try {
+      const frames = await rawExchange(proto, encodeHead({}));
+      const kinds = frames.map((f) => (f.kind === 'data' && f.bytes.length === 0 ? 'keepalive' : f.kind));
+      const head = kinds.indexOf('head');
+      expect(kinds.slice(0, head).length).toBeGreaterThanOrEqual(2);
+      expect(new Set(kinds.slice(0, head))).toEqual(new Set(['keepalive']));
+      const body = kinds.indexOf('data');
+      expect(kinds.slice(head + 1, body).length).toBeGreaterThanOrEqual(2);
+      expect(new Set(kinds.slice(head + 1, body))).toEqual(new Set(['keepalive']));
+      expect(kinds.slice(body)).toEqual(['data', 'trailer']);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('request() skips them, tells onActivity of each, and the body and trailer are as sent', async () => {
+    const { proto, srv } = await serve(slowHandler, { keepAliveMs: 100 });
+    try {
+      let activity = 0;
+      const res = await request(client, addr, proto, {}, undefined, { onActivity: () => activity++ });
+      await res.head;
+      const headAt = activity;
+      const r = await readResponse(res);
+      expect(r.head).toEqual({ status: 200 });
+      expect(new TextDecoder().decode(r.body)).toBe('the answer');
+      expect(r.trailer).toEqual({ ok: true });
+      expect(headAt).toBeGreaterThanOrEqual(3); // keepalives, then the HEAD
+      expect(activity).toBeGreaterThanOrEqual(headAt + 4); // more keepalives, DATA, TRAILER
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('are on by default (every protocol the node serves goes through handleRequests): after 1 s of silence', async () => {
+    const { proto, srv } = await serve(async (_req, res) => {
+      await sleep(2300);
+      await res.head({ status: 204 });
+      await res.trailer({});
+    });
+    try {
+      const frames = await rawExchange(proto, encodeHead({}));
+      expect(frames.length).toBeGreaterThanOrEqual(3);
+      expect(frames.slice(0, -2).every((f) => f.kind === 'data' && f.bytes.length === 0)).toBe(true);
+      expect(frames.slice(-2).map((f) => f.kind)).toEqual(['head', 'trailer']);
+    } finally {
+      await srv.stop();
+    }
+  });
+
+  it('a handler that answers at once sends none', async () => {
+    const { proto, srv } = await serve(echoHandler, { keepAliveMs: 100 });
+    try {
+      const frames = await rawExchange(proto, new Uint8Array([...encodeHead({}), ...encodeData(Uint8Array.of(1, 2, 3))]));
+      expect(frames.map((f) => f.kind)).toEqual(['head', 'data', 'trailer']);
+    } finally {
+      await srv.stop();
+    }
+  });
+});

@@ -30,7 +30,7 @@ export function gatewayCommand(): Command {
     .option('--account <name>', "the buyer account to ask tickets for (the market's default: dev); nodes keep Idempotency-Keys per account, so gateways of different buyers on one market each need their own", accountOption)
     .option('--records <file>', 'an SQLite file that keeps request records (GET /v1/requests/{id}) across restarts; default: memory only')
     .option('--records-days <days>', 'with --records: how many days the file keeps a record (older ones are deleted)', intOption('--records-days', 2, 36_500), 7)
-    .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 1000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
+    .option('--provider-idle-ms <ms>', 'cut off a provider that sends nothing for this long (before its answer starts and between frames)', intOption('--provider-idle-ms', 5000, 999_999_999), PROVIDER_IDLE_DEFAULT_MS)
     .option('--buyer-idle-ms <ms>', 'take a buyer whose connection takes nothing of a streamed answer this long for gone (the provider is stopped and bills what it sent)', intOption('--buyer-idle-ms', 1000, 999_999_999), BUYER_IDLE_DEFAULT_MS)
     .option('--api-keys-file <file>', 'require an API key (Authorization: Bearer <key>) on every route but /v1/models: the file holds one key a line (# comments; read again within 2 s of a change), each optionally followed by its limits: name=, rate_limit= (a minute, default 300), scopes=, models=, max_cost_usd=, spend_limit_usd= with spend_interval= (daily, weekly, monthly; default lifetime), expires=')
     .option('--log-level <level>', `one of ${LOGGER_LEVELS.join(', ')}`, 'info')

@@ -318,7 +318,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const dispatch = async (a: Attempt): Promise<Outcome> => {
       let res: P2pResponse;
       try {
-        res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal });
+        res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal, onActivity: () => a.idle.kick() });
       } catch (e) {
         return { ok: false, a, stage: 'connect', e: e as Error, aborted: a.ac.signal.aborted };
       }

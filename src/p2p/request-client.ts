@@ -41,6 +41,11 @@ export interface RequestOptions {
    * round trip before the request leaves; the returned promise rejects for such a node.
    */
   negotiate?: 'optimistic' | 'full';
+  /**
+   * Called on every frame that arrives, keepalives included (empty DATA frames, which the node sends
+   * while it works and nothing else is sent: docs/protocol.md). They are not handed on as frames.
+   */
+  onActivity?: () => void;
 }
 
 /**
@@ -193,10 +198,18 @@ export async function request(
   });
 
   const failure = (e: unknown): unknown => (localError && e instanceof StreamError ? localError : e);
+  /** The next frame that is not a keepalive (an empty DATA frame), or null at the end. */
+  const nextFrame = async (): Promise<Awaited<ReturnType<typeof reader.next>>> => {
+    for (;;) {
+      const f = await reader.next();
+      if (f) opts.onActivity?.();
+      if (!f || f.kind !== 'data' || f.bytes.length > 0) return f;
+    }
+  };
 
   const headPromise = (async () => {
     try {
-      const first = await reader.next();
+      const first = await nextFrame();
       if (!first) throw new StreamError('missing_trailer', 'the stream ended before a response HEAD');
       if (first.kind !== 'head') throw new StreamError('unexpected_frame', `expected a HEAD frame, got ${first.kind.toUpperCase()}`);
       responded = true;
@@ -213,7 +226,7 @@ export async function request(
     await headPromise;
     try {
       for (;;) {
-        const f = await reader.next();
+        const f = await nextFrame();
         if (!f) throw new StreamError('missing_trailer', 'the stream ended before the TRAILER');
         if (f.kind === 'head') throw new StreamError('unexpected_frame', 'a second HEAD frame');
         if (f.kind === 'trailer') {

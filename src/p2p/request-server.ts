@@ -49,6 +49,11 @@ export interface HandleRequestsOptions {
   writeStallMs?: number;
   /** After an error reply, how long the client may keep sending before the stream is reset. Default 2 s. */
   lingerMs?: number;
+  /**
+   * While a handler works, an empty DATA frame (a keepalive) goes out after this long with nothing
+   * written (response-writer.ts). Default KEEPALIVE_MS (1 s).
+   */
+  keepAliveMs?: number;
   /** How long stop() waits for running handlers after aborting them. Default 2 s. */
   stopTimeoutMs?: number;
   /** Told about handler failures and stream errors; never throws into libp2p. */
@@ -297,10 +302,13 @@ export async function handleRequests(
       if (ac.signal.aborted) return;
       exchange.handling = true;
       const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
+      res.keepAlive(opts.keepAliveMs);
       try {
         await handler(req, res);
       } catch (e) {
         if (!ac.signal.aborted) report(e, remotePeer);
+      } finally {
+        res.stopKeepAlive();
       }
       if (!res.finished && !ac.signal.aborted) {
         await res.finishWithError(500, 'internal_error', res.headSent ? 'the response ended without a trailer' : 'the request failed');

@@ -11,6 +11,12 @@
 // buyer who resets the stream while the bytes sit in the cork makes it reject (they were never
 // sent, so never billed), and a failure while waiting for room leaves them unsent as well.
 //
+// Keepalives (keepAlive()): while the handler works, an empty DATA frame goes out whenever nothing
+// has been written for a while, before the HEAD too (docs/protocol.md): a buyer's gateway takes a
+// provider silent for long for dead, and a whole-body answer, a long prefill, an embeddings batch or
+// a wait in the admission queue is silent for as long as it takes. It carries no bytes, so it adds
+// nothing to the body or to response_sha256.
+//
 // Every returned promise is already marked handled: a handler that ignores one (after the client went
 // away, say) never causes an unhandled rejection, while one that awaits it still sees the error.
 import { concatBytes } from '../../attestation/bytes.ts';
@@ -39,6 +45,12 @@ export interface ResponseWriter {
 /** Queued bytes that force a write without waiting for setImmediate. */
 export const CORK_BYTES = 64 * 1024;
 
+/** How long a response may be silent while its handler works before a keepalive goes out. */
+export const KEEPALIVE_MS = 1000;
+
+/** An empty DATA frame: a keepalive. */
+const KEEPALIVE_FRAME = encodeData(new Uint8Array(0));
+
 const noop = (): void => {};
 
 function handled<T>(p: Promise<T>): Promise<T> {
@@ -61,6 +73,9 @@ export class StreamResponseWriter implements ResponseWriter {
   private closing: Promise<void> | undefined;
   /** Settled by the next flush: resolved once it handed the queued bytes to the stream, else rejected. */
   private flushed: Deferred | undefined;
+  /** When bytes last went to the stream (performance.now()). */
+  private lastSentAt = performance.now();
+  private keepAliveTimer: NodeJS.Timeout | undefined;
 
   /** How long a write may wait for the remote to take anything before the stream is aborted. */
   private readonly stallMs: number | undefined;
@@ -89,6 +104,26 @@ export class StreamResponseWriter implements ResponseWriter {
   /** Resolves when the TRAILER has been written and the write side closed (or that failed). */
   settled(): Promise<void> {
     return (this.closing ?? Promise.resolve()).catch(noop);
+  }
+
+  /**
+   * From now until the TRAILER (or the stream's end), an empty DATA frame whenever `silentMs` pass
+   * with nothing written; never while the stream asks for a drain (the wait is the reader's).
+   */
+  keepAlive(silentMs = KEEPALIVE_MS): void {
+    if (this.keepAliveTimer || this.state === 'done') return;
+    this.keepAliveTimer = setInterval(() => {
+      if (this.state === 'done' || this.signal.aborted || this.writeError) return this.stopKeepAlive();
+      if (this.pendingBytes > 0 || performance.now() - this.lastSentAt < silentMs) return;
+      if (this.stream.writeStatus !== 'writable' || this.stream.writableNeedsDrain) return;
+      this.queue(KEEPALIVE_FRAME);
+    }, Math.max(1, Math.floor(silentMs / 2)));
+    this.keepAliveTimer.unref();
+  }
+
+  stopKeepAlive(): void {
+    clearInterval(this.keepAliveTimer);
+    this.keepAliveTimer = undefined;
   }
 
   head(value: JsonObject): Promise<void> {
@@ -149,6 +184,7 @@ export class StreamResponseWriter implements ResponseWriter {
       return handled(Promise.reject(e));
     }
     this.state = 'done';
+    this.stopKeepAlive();
     this.closing = (async () => {
       this.queue(frame);
       this.flush();
@@ -209,6 +245,7 @@ export class StreamResponseWriter implements ResponseWriter {
       try {
         if (this.stream.writeStatus !== 'writable') throw new Error(`the stream is ${this.stream.status}`);
         this.stream.send(bytes);
+        this.lastSentAt = performance.now();
       } catch (e) {
         const s = this.stream.status;
         this.writeError = new StreamError(s === 'reset' || s === 'aborted' ? 'stream_reset' : 'stream_closed', `write failed: ${(e as Error).message}`, { cause: e });
