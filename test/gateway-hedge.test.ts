@@ -42,7 +42,7 @@ describe('hedged dispatch', () => {
     });
     expect(res.status).toBe(200);
     const winnerId = res.headers.get('x-request-id')!;
-    const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
+    const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope; hedged_with: string } };
     expect(body.service.request_id).toBe(winnerId);
     const providers = nodes.map((n) => n.providerId);
     const winner = verifyReceipt(serializeEnvelope(body.service.receipt), { provider: JSON.parse(Buffer.from(body.service.receipt.payload, 'base64').toString()).provider });
@@ -52,7 +52,12 @@ describe('hedged dispatch', () => {
 
     // The loser ran under the other request id, at the other provider.
     const loserId = winnerId.endsWith('-hedge') ? winnerId.slice(0, -'-hedge'.length) : `${winnerId}-hedge`;
+    // The answer and both records name the other half: the request's charge is both records' costs.
+    expect(body.service.hedged_with).toBe(loserId);
+    expect(Object.keys(body.service)).toEqual(['request_id', 'receipt', 'hedged_with']);
+    expect((await record(winnerId)).hedged_with).toBe(loserId);
     const loser = await record(loserId);
+    expect(loser.hedged_with).toBe(winnerId);
     expect(loser.provider).not.toBe(winner.value.payload.provider);
     expect(providers).toContain(loser.provider);
     if (loser.receipt) {
@@ -64,6 +69,22 @@ describe('hedged dispatch', () => {
     } else {
       expect(loser.error?.code).toBe('hedge_cancelled'); // cancelled before it did any work
     }
+  });
+
+  test('streamed, the closing chunk\'s service names the other half too', async () => {
+    const res = await fetch(`${gw.url}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-service-hedge': '1' },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'hello world' }], max_tokens: 20, seed: 5, stream: true, stream_options: { include_usage: true } }),
+    });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: ') && e !== 'data: [DONE]').map((e) => JSON.parse(e.slice(6)) as { service?: { request_id: string; receipt?: unknown; hedged_with?: string } });
+    const closing = events.at(-1)!;
+    const other = id.endsWith('-hedge') ? id.slice(0, -'-hedge'.length) : `${id}-hedge`;
+    expect(closing.service).toMatchObject({ request_id: id, hedged_with: other });
+    expect(closing.service!.receipt).toBeDefined();
+    expect((await record(other)).hedged_with).toBe(id);
   });
 
   test('without the header a request runs once', async () => {

@@ -294,8 +294,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       const ac = new AbortController();
       return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
     });
+    // Each half of a hedge names the other, in its record and (the winner) in the answer's `service`.
+    if (attempts.length === 2) [attempts[0]!.p.hedgedWith, attempts[1]!.p.hedgedWith] = [attempts[1]!.p.requestId, attempts[0]!.p.requestId];
     for (const a of attempts) {
-      records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider });
+      records.begin({ request_id: a.p.requestId, endpoint, model, provider: a.p.provider, ...(a.p.hedgedWith ? { hedged_with: a.p.hedgedWith } : {}) });
       ask.spend?.hold(a.p.requestId, BigInt(a.p.exp.holdMicroUsd));
       d.settlements.watch(a.p, d.firstLookMs);
     }

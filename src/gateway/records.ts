@@ -47,6 +47,11 @@ export interface RequestRecord {
   settled: boolean;
   settlement_error?: { code: string; message: string };
   error?: { code: string; message: string };
+  /**
+   * A hedged request's other attempt (X-Service-Hedge): both ran, and each bills its own work in
+   * its own record; the request's whole charge is the two records' costs together.
+   */
+  hedged_with?: string;
   created_at: number;
   finished_at: number | null;
 }
@@ -380,7 +385,7 @@ export class RequestRecords {
     }
   }
 
-  begin(r: { request_id: string; endpoint: string; model: string; provider: string | null }): RequestRecord {
+  begin(r: { request_id: string; endpoint: string; model: string; provider: string | null; hedged_with?: string }): RequestRecord {
     const rec: RequestRecord = { ...r, status: 'in_progress', usage: null, cost: null, cost_micro_usd: null, receipt: null, settled: false, created_at: Date.now(), finished_at: null };
     this.save(rec);
     this.map.delete(r.request_id);

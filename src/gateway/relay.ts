@@ -106,7 +106,7 @@ export class Relay {
     // market (GET /v1/requests/{id} and close() wait for the settlement).
     if (checked.payload.status !== 'completed') {
       this.d.settlements.settleLater(id, checked, p.requestId);
-      return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope } });
+      return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope, ...hedgedWith(p) } });
     }
     let body: unknown;
     try {
@@ -120,7 +120,7 @@ export class Relay {
       throw new GatewayError(502, 'bad_provider_response', problem);
     }
     const out = body as Record<string, unknown>;
-    out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope };
+    out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope, ...hedgedWith(p) };
     this.d.settlements.settleLater(id, checked, p.requestId);
     return reply.code(200).type(JSON_TYPE).send(JSON.stringify(out));
   }
@@ -261,7 +261,7 @@ export class Relay {
         endWithError('provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
       } else {
         const h = held.take();
-        if (h) await write(withService(h, { request_id: checked.payload.request_id, receipt: checked.envelope }));
+        if (h) await write(withService(h, { request_id: checked.payload.request_id, receipt: checked.envelope, ...hedgedWith(p) }));
         endStream(raw);
       }
       // The stream has ended: the market is told after, never in the buyer's way.
@@ -306,4 +306,9 @@ function usageMismatch(body: Record<string, unknown>, r: VerifiedReceipt): strin
   if (u.output_tokens !== undefined && u.output_tokens !== p.usage.output_tokens) return `usage.output_tokens is ${String(u.output_tokens)}, the receipt says ${p.usage.output_tokens}`;
   if (u.cost !== undefined && u.cost !== formatUsd(BigInt(p.cost_micro_usd))) return `usage.cost is ${String(u.cost)}, the receipt says ${formatUsd(BigInt(p.cost_micro_usd))}`;
   return undefined;
+}
+
+/** `service.hedged_with` for the winner of a hedge: the other attempt, billed for its own work in its own record. */
+function hedgedWith(p: Paid): { hedged_with?: string } {
+  return p.hedgedWith === undefined ? {} : { hedged_with: p.hedgedWith };
 }

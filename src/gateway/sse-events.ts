@@ -204,7 +204,7 @@ const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typ
  * covers. Anything else (another provider's format, one whose chunks carry no `service`) is
  * relayed as it came, the receipt left to GET /v1/requests/{id}.
  */
-export function withService(held: Uint8Array, service: { request_id: string; receipt: unknown }): Uint8Array {
+export function withService(held: Uint8Array, service: { request_id: string; receipt: unknown; hedged_with?: string }): Uint8Array {
   const ends = eventEnds(held);
   for (let e = ends.length - 1; e >= 0; e--) {
     const start = e > 0 ? ends[e - 1]! : 0;
@@ -218,7 +218,7 @@ export function withService(held: Uint8Array, service: { request_id: string; rec
 }
 
 /** The event with the receipt inserted (withService), or undefined when it is not in the node's form. */
-function insertReceipt(event: Uint8Array, d: { data: string; other: string[] }, service: { request_id: string; receipt: unknown }): Uint8Array | undefined {
+function insertReceipt(event: Uint8Array, d: { data: string; other: string[] }, service: { request_id: string; receipt: unknown; hedged_with?: string }): Uint8Array | undefined {
   let value: unknown;
   try {
     value = JSON.parse(d.data);
@@ -239,5 +239,6 @@ function insertReceipt(event: Uint8Array, d: { data: string; other: string[] }, 
   if (at.request_id !== service.request_id || Object.hasOwn(at, 'receipt')) return undefined;
   // The data ends with the closing braces of `service` and of each object around it.
   const cut = data.length - (path.length + 1);
-  return Buffer.from(`${head}data: ${data.slice(0, cut)},"receipt":${JSON.stringify(service.receipt)}${data.slice(cut)}\n\n`);
+  const hedge = service.hedged_with === undefined ? '' : `,"hedged_with":${JSON.stringify(service.hedged_with)}`;
+  return Buffer.from(`${head}data: ${data.slice(0, cut)},"receipt":${JSON.stringify(service.receipt)}${hedge}${data.slice(cut)}\n\n`);
 }

@@ -30,6 +30,8 @@ export interface Paid {
   target: Multiaddr[];
   idempotent: boolean;
   exp: ReceiptExpectation;
+  /** A hedged request's other attempt (X-Service-Hedge), which bills its own work in its own record. */
+  hedgedWith?: string;
 }
 
 /** What a paid request asks tickets for: the same for each of its attempts (first, hedge, failover). */
