@@ -100,6 +100,14 @@ describe('X-Service-* routing headers', () => {
     expect(parseRoutingHeaders({ 'x-service-estimate': 'est_0123456789abcdef' }).estimateId).toBe('est_0123456789abcdef');
   });
 
+  test('an X-Service-* header the API does not have is refused, naming the closest one; the API key\'s header and other headers pass', () => {
+    expect(refusal({ 'x-service-max-cost': '0.000001' })).toMatchObject({ status: 400, code: 'invalid_request', message: 'X-Service-Max-Cost: not a header of this API (X-Service-Max-Cost-Usd?)' });
+    expect(refusal({ 'x-service-min-attestation-tier': 'T4' }).message).toBe('X-Service-Min-Attestation-Tier: not a header of this API (X-Service-Min-Att-Tier?)');
+    expect(refusal({ 'x-service-quantization': 'q4' }).message).toBe('X-Service-Quantization: not a header of this API (X-Service-Quant?)');
+    expect(refusal({ 'x-service-colour': 'blue' }).message).toBe('X-Service-Colour: not a header of this API');
+    expect(parseRoutingHeaders({ 'x-service-api-key': 'sk-svc-v1-whatever', 'x-request-id': 'mine', 'x-servicex': '1', 'x-service-min-ctx': '8' }).routing).toEqual({ min_context: 8 });
+  });
+
   test('hedging cannot be combined with a preferred provider list', () => {
     expect(refusal({ 'x-service-prefer-providers': 'ab'.repeat(32), 'x-service-hedge': '1' }).message).toMatch(/^X-Service-Hedge: cannot be combined/);
   });

@@ -300,7 +300,7 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(unknown.status).toBe(400);
     const capped = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-max-cost-usd': '1' }, body: JSON.stringify({ endpoint: 'CHAT', body }) });
     expect(capped.status).toBe(400);
-    for (const name of ['IMAGES', 'constructor', '__proto__', 'toString']) {
+    for (const name of ['PICTURES', 'constructor', '__proto__', 'toString']) {
       const badEndpoint = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: name, body }) });
       expect(badEndpoint.status, name).toBe(400);
       expect(((await badEndpoint.json()) as { error: { message: string } }).error.message).toMatch(/^endpoint:/);
@@ -398,8 +398,25 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect([s6, e6.code]).toEqual([400, 'invalid_request']);
     const [s7, e7] = await errorOf(await fetch(`${gw.url}/requests/req-never-made`));
     expect([s7, e7.code]).toEqual([404, 'request_not_found']);
-    const [s8, e8] = await errorOf(await fetch(`${gw.url}/images/generations`, { method: 'POST', body: '{}' }));
-    expect([s8, e8.code, e8.message]).toEqual([404, 'not_found', 'no route POST /v1/images/generations']);
+    const [s8, e8] = await errorOf(await fetch(`${gw.url}/images/generations/nothing`, { method: 'POST', body: '{}' }));
+    expect([s8, e8.code, e8.message]).toEqual([404, 'not_found', 'no route POST /v1/images/generations/nothing']);
+    // The spec's routes this gateway does not serve: 501 not_supported, saying what is missing.
+    for (const [method, route, why] of [
+      ['POST', 'images/generations', /^POST \/v1\/images\/generations: this gateway does not serve it: media jobs are not sold/],
+      ['POST', 'decisions/flash-jev', /^POST \/v1\/decisions\/flash-jev: this gateway does not serve it: decisions are not sold/],
+      ['GET', 'balance', /keeps no credit balance/],
+      ['DELETE', 'jobs/job-1', /^DELETE \/v1\/jobs\/\{id\}: /],
+      ['GET', 'proxy/offers', /proxies no other sellers/],
+    ] as const) {
+      const [s, e] = await errorOf(await fetch(`${gw.url}/${route}`, { method, ...(method === 'POST' ? { body: '{}', headers: { 'content-type': 'application/json' } } : {}) }));
+      expect([s, e.code], route).toEqual([501, 'not_supported']);
+      expect(e.message, route).toMatch(why);
+    }
+    // An estimate: a wrapper field it does not have is refused, not ignored; an unserved endpoint is 501.
+    const [s10, e10] = await errorOf(await post('estimates', JSON.stringify({ endpoint: 'CHAT', body, x: 1 })));
+    expect([s10, e10.code, e10.message]).toEqual([400, 'invalid_request', 'x: not a field of an estimate request ({endpoint, body})']);
+    const [s11, e11] = await errorOf(await post('estimates', JSON.stringify({ endpoint: 'IMAGES', body: { model: MODEL, prompt: 'a cat' } })));
+    expect([s11, e11.code, e11.message]).toEqual([501, 'not_supported', 'endpoint: IMAGES is not served by this gateway (it estimates CHAT, COMPLETIONS, RESPONSES, EMBEDDINGS)']);
     expect(gw.records.size).toBe(records);
     expect(await totals()).toEqual(before);
     expect((await fetch(`${gw.url}/models`)).status).toBe(200); // still up

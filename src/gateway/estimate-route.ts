@@ -18,6 +18,7 @@ import { parseRoutingHeaders } from './routing-headers.ts';
 import { assertModelAllowed, assertScope, assertWithinKeyCap, keyOf, type Scope } from './api-keys.ts';
 import type { KeySpend } from './key-spend.ts';
 import { askTokens, ProviderUnreached } from './token-routes.ts';
+import { UNSERVED_ESTIMATE_ENDPOINTS } from './unserved-routes.ts';
 
 const REFUSED_HEADERS = { 'x-service-max-cost-usd': 'X-Service-Max-Cost-Usd', 'x-service-estimate': 'X-Service-Estimate' } as const;
 
@@ -28,7 +29,11 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     const decoded = decodeJson(bodyBytes(req));
     if (!decoded) throw invalid('body', 'expected a JSON object {endpoint, body}');
     const ask = decoded.value as { endpoint?: unknown; body?: unknown }; // (null: no endpoint, refused next)
+    // (Nothing in a body is ignored: the wrapper's fields are these two.)
+    const extra = isObj(ask) ? Object.keys(ask).find((k) => k !== 'endpoint' && k !== 'body') : undefined;
+    if (extra !== undefined) throw invalid(extra.slice(0, 64), 'not a field of an estimate request ({endpoint, body})');
     const endpoint = typeof ask?.endpoint === 'string' && Object.hasOwn(ESTIMATE_ENDPOINTS, ask.endpoint) ? ESTIMATE_ENDPOINTS[ask.endpoint] : undefined;
+    if (!endpoint && typeof ask?.endpoint === 'string' && UNSERVED_ESTIMATE_ENDPOINTS.has(ask.endpoint)) throw new GatewayError(501, 'not_supported', `endpoint: ${ask.endpoint} is not served by this gateway (it estimates ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')})`);
     if (!endpoint) throw invalid('endpoint', `expected one of ${Object.keys(ESTIMATE_ENDPOINTS).join(', ')}`);
     // (The estimate's endpoint names are the spec's scopes: a key estimates only what it may run.)
     assertScope(req, ask.endpoint as Scope);

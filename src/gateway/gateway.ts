@@ -33,6 +33,7 @@ import { stopStep } from '../stop-step.ts';
 import { registerCatalogRoutes } from './catalog-routes.ts';
 import { errorBody, GatewayError, invalid } from './errors.ts';
 import { registerEstimateRoute } from './estimate-route.ts';
+import { registerUnservedRoutes } from './unserved-routes.ts';
 import { EstimateStore } from './estimates.ts';
 import { noopLogger, type GatewayLogger } from './gateway-logger.ts';
 import { MarketClient } from './market-client.ts';
@@ -263,6 +264,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates, ...(spend ? { spend } : {}) });
   registerCatalogRoutes(app, { market });
+  registerUnservedRoutes(app);
 
   app.get('/v1/requests/:id', async (req, reply) => {
     const id = (req.params as { id: string }).id;

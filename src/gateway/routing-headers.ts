@@ -66,8 +66,37 @@ function usdMicro(name: string, v: string): string {
   return micro.toString();
 }
 
+/** Every X-Service-* header a request may carry, lowercase: the routing headers and the API key's. */
+const KNOWN_HEADERS: ReadonlySet<string> = new Set([...ROUTING_HEADERS.map((h) => h.toLowerCase()), 'x-service-api-key']);
+
+/**
+ * An X-Service-* header the API does not have is refused, never ignored: a misspelt control
+ * (X-Service-Max-Cost for X-Service-Max-Cost-Usd) would otherwise run, and bill, without it.
+ */
+function refuseUnknownHeaders(headers: HeaderBag): void {
+  for (const name of Object.keys(headers)) {
+    if (!name.startsWith('x-service-') || KNOWN_HEADERS.has(name)) continue;
+    const shown = name.slice(0, 64).replace(/(^|-)([a-z])/g, (_m, dash: string, c: string) => dash + c.toUpperCase());
+    throw invalid(shown, `not a header of this API${closestHeader(name)}`);
+  }
+}
+
+/** ' (X-Service-…?)': the known header sharing the longest start with `name`, when it shares more than the prefix. */
+function closestHeader(name: string): string {
+  let best: string | undefined;
+  let bestLen = 'x-service-'.length;
+  for (const h of ROUTING_HEADERS) {
+    const l = h.toLowerCase();
+    let n = 0;
+    while (n < l.length && n < name.length && l[n] === name[n]) n++;
+    if (n > bestLen) [best, bestLen] = [h, n];
+  }
+  return best ? ` (${best}?)` : '';
+}
+
 /** Reads every X-Service-* routing and cost header. Throws GatewayError (400) naming the first bad one. */
 export function parseRoutingHeaders(headers: HeaderBag): RoutingControls {
+  refuseUnknownHeaders(headers);
   const routing: TicketRouting = {};
   const out: RoutingControls = { routing };
   const get = (name: (typeof ROUTING_HEADERS)[number]): string | undefined => header(headers, name);
