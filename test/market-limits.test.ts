@@ -177,6 +177,21 @@ describe('tickets', () => {
     expect((await s.ask()).status).toBe(200);
   });
 
+  test('a receipt a day after its ticket expired is still counted (a gateway looks for one at its node for ~28 h); 30 h after expiry the ticket is forgotten', async () => {
+    const s = await marketWithProvider({});
+    const a = await s.ask();
+    const b = await s.ask();
+    expect([a.status, b.status]).toEqual([200, 200]);
+    const hour = 60 * 60_000;
+    s.at(25 * hour);
+    expect((await s.post('/v1/receipts', { receipt: receiptFor(s.p, a.body, 1) })).status).toBe(200);
+    s.at(31 * hour);
+    expect((await s.post('/v1/providers/heartbeat', heartbeatOf(s.p, { at: s.now() }))).status).toBe(200);
+    expect((await s.ask()).status).toBe(200); // (tickets are pruned as one is issued)
+    expect(await s.post('/v1/receipts', { receipt: receiptFor(s.p, b.body, 2) })).toMatchObject({ status: 400, body: { error: { code: 'unknown_ticket' } } });
+    expect((await s.get('/v1/totals')).body).toMatchObject({ receipts: 1 });
+  });
+
   test('beyond maxTickets the oldest settled or expired ticket is forgotten: its receipt is then unknown_ticket, never counted twice', async () => {
     const s = await marketWithProvider({ maxOutstandingTickets: 2, maxTickets: 2 });
     const a = await s.ask();

@@ -80,8 +80,12 @@ export interface Totals {
   by_model: Record<string, { receipts: number; cost_micro_usd: string }>;
 }
 
-/** Issued tickets are forgotten this long after they expire (a receipt can arrive after expiry). */
-export const TICKET_RETENTION_MS = 60 * 60_000;
+/**
+ * Issued tickets are forgotten this long after they expire: a receipt can arrive long after, from a
+ * gateway's reconciler (it looks for a receipt at the node for about 28 h: src/gateway/reconcile.ts)
+ * or a node that was down. Until session 23 an hour: later receipts were `unknown_ticket`, never paid.
+ */
+export const TICKET_RETENTION_MS = 30 * 60 * 60_000;
 
 /** The request contract payload characters a provider's record holds. */
 function contractChars(p: ProviderRecord | undefined): number {
