@@ -184,6 +184,8 @@ describe('tickets', () => {
     expect([a.status, b.status]).toEqual([200, 200]);
     const hour = 60 * 60_000;
     s.at(25 * hour);
+    expect((await s.post('/v1/providers/heartbeat', heartbeatOf(s.p, { at: s.now() }))).status).toBe(200);
+    expect((await s.ask()).status).toBe(200); // (tickets are pruned as one is issued)
     expect((await s.post('/v1/receipts', { receipt: receiptFor(s.p, a.body, 1) })).status).toBe(200);
     s.at(31 * hour);
     expect((await s.post('/v1/providers/heartbeat', heartbeatOf(s.p, { at: s.now() }))).status).toBe(200);
