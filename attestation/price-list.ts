@@ -24,14 +24,20 @@ export interface PriceListPayload {
   models: PriceListEntry[];
 }
 
-/** Whether `v` is written as a price version is ("p-" and 16 lowercase hex digits). */
+/** Whether `v` is written as a price version is ("p-" and 32 lowercase hex digits). */
 export function isPriceVersion(v: unknown): v is string {
-  return typeof v === 'string' && /^p-[0-9a-f]{16}$/.test(v);
+  return typeof v === 'string' && /^p-[0-9a-f]{32}$/.test(v);
 }
 
-/** "p-" + 16 hex of SHA-256 over the canonical model prices. */
+/**
+ * "p-" + 32 hex (128 bits) of SHA-256 over the canonical model prices. A version names its prices
+ * wherever a receipt cites it, so two lists must never share one: with 64 bits (until session 23)
+ * a provider found two lists of one version in minutes on two cores (a birthday search, 2^32
+ * hashes), and an export carrying the other list audited receipts at 100 times the prices it had
+ * registered (s23 h3). A 2^64 search is out of reach.
+ */
 export function priceVersion(models: readonly PriceListEntry[]): string {
-  return 'p-' + sha256Hex(canonicalize(sortedEntries(models))).slice(0, 16);
+  return 'p-' + sha256Hex(canonicalize(sortedEntries(models))).slice(0, 32);
 }
 
 function sortedEntries(models: readonly PriceListEntry[]): PriceListEntry[] {

@@ -767,7 +767,7 @@ describe('audit: every price against the signed price lists', () => {
 
   it('a list filed under another version is price_list_invalid', async () => {
     const dir = fresh();
-    fs.renameSync(priceFile(dir), path.join(dir, 'prices', 'p-0000000000000000.json'));
+    fs.renameSync(priceFile(dir), path.join(dir, 'prices', 'p-00000000000000000000000000000000.json'));
     const r = await run(dir);
     expectFault(r, 'price_list_invalid');
     expect(r.fault!.message).toContain(`holds price version ${base.priceVersion}`);

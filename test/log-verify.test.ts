@@ -51,7 +51,7 @@ describe('export', () => {
     await Promise.all(Array.from({ length: 30 }, (_, i) => log1.append(syntheticReceiptBody(i))));
     const out = path.join(dir, 'out');
     const list1 = syntheticPriceList(seed, log1.providerId).envelope;
-    await exportLog(log1, out, [{ version: 'p-0123456789abcdef', text: JSON.stringify(list1) }]);
+    await exportLog(log1, out, [{ version: 'p-0123456789abcdef0123456789abcdef', text: JSON.stringify(list1) }]);
     await log1.close();
     const seed2 = randomSeed();
     const log2 = ReceiptLog.open({ path: path.join(dir, 'two.db'), seed: seed2, threads: 0, checkpointIntervalMs: 0, checkpointEvery: 4 });

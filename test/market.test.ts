@@ -106,7 +106,7 @@ describe('registration', () => {
     ['a peer id that is not the PeerId of the key', (p) => registration(p, { peer_id: peerIdFromSeed(testKey().seed).toString() }), /^peer_id: .*is not the PeerId/],
     ['a price list signed for another provider', (p) => registration(p, { price_list: provider().prices.envelope }), /^price_list: does not verify/],
     ['a model the price list has no price for', (p) => registration(p, { models: [TINY, { ...TINY, id: 'big/model' }] }), /^price_list: has no price for models\[1\] "big\/model"/],
-    ['a price version that is not the price list\'s', (p) => registration(p, { price_version: 'p-0000000000000000' }), /^price_version: /],
+    ['a price version that is not the price list\'s', (p) => registration(p, { price_version: 'p-00000000000000000000000000000000' }), /^price_version: /],
     ['a stale issued_at', (p) => registration(p, { issued_at: Date.now() - 6 * 60_000 }), /^issued_at: .*5 minutes/],
     ['an issued_at in the future', (p) => registration(p, { issued_at: Date.now() + 6 * 60_000 }), /^issued_at: /],
     ['a bad model context', (p) => registration(p, { models: [{ ...TINY, context: 0 }] }), /models\[0\]\.context: /],
@@ -208,7 +208,7 @@ describe('heartbeat', () => {
   test('a heartbeat under another price version asks the node to register again (404)', async () => {
     const p = provider();
     await post('/v1/providers/register', registration(p));
-    expect(await post('/v1/providers/heartbeat', heartbeatOf(p, { price_version: 'p-1111111111111111' }))).toMatchObject({ status: 404, body: { error: { code: 'unknown_provider' } } });
+    expect(await post('/v1/providers/heartbeat', heartbeatOf(p, { price_version: 'p-11111111111111111111111111111111' }))).toMatchObject({ status: 404, body: { error: { code: 'unknown_provider' } } });
   });
 
   test('a stale snapshot is 400 heartbeat_invalid naming `at`; a malformed body names the field', async () => {

@@ -74,7 +74,7 @@ describe('/service/log/1.0.0', () => {
     expect(r.status).toBe(200);
     const v = verifyPriceList((JSON.parse(r.text) as { price_list: never }).price_list, { provider: log.providerId });
     expect(v).toMatchObject({ ok: true, value: { version: prices.payload.version, models: [{ model: 'tiny/llama', output_per_mtok: '600000' }] } });
-    expect(await ask({ op: 'price_list', version: 'p-0000000000000000' })).toMatchObject({ status: 404, error: 'not_found' });
+    expect(await ask({ op: 'price_list', version: 'p-00000000000000000000000000000000' })).toMatchObject({ status: 404, error: 'not_found' });
     for (const version of [undefined, 'p-1', '../prices/x', 7]) expect(await ask({ op: 'price_list', version }), String(version)).toMatchObject({ status: 400, error: 'invalid_request' });
   });
 

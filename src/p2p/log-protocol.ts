@@ -66,7 +66,7 @@ function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList: Pri
     }
     case 'price_list': {
       // (Who holds a receipt can check its rates against the list its provider signed.)
-      if (!isPriceVersion(head.version)) return bad('invalid_request', 'version: expected a price version (p- and 16 hex digits)');
+      if (!isPriceVersion(head.version)) return bad('invalid_request', 'version: expected a price version (p- and 32 hex digits)');
       const text = priceList(head.version);
       if (text === undefined) return bad('not_found', `no price list of version ${head.version}`, 404);
       return { status: 200, type: 'application/json', body: `{"price_list":${text.trim()}}` };
