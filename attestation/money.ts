@@ -6,6 +6,8 @@ const TOKENS_PER_RATE_UNIT = 1_000_000n; // token rates are micro-USD per millio
 
 const USD_RE = /^(0|[1-9][0-9]{0,17})(?:\.([0-9]{1,6}))?$/;
 const MICRO_RE = /^(0|[1-9][0-9]{0,29})$/;
+/** The largest micro-USD amount a signed object carries (30 digits: MICRO_RE). */
+export const MAX_MICRO = 10n ** 30n - 1n;
 
 /** "1.25" → 1250000n. At most 6 decimal places; no sign, exponent or whitespace. Undefined if invalid. */
 export function parseUsd(s: string): bigint | undefined {

@@ -260,9 +260,12 @@ export function startRegistration(o: RegistrationOptions): Registration {
             backoff = initialBackoff;
             heartbeatFailing = false;
             // The first heartbeat at once, so the market learns the live snapshot (free slots,
-            // accepting) now; but after a refused heartbeat, an interval first: a market that takes
-            // registrations and refuses every heartbeat must not get them in a tight loop.
-            if (refusals > 0) await sleep(interval);
+            // accepting) now: until then it takes the node for accepting, every slot free (a node
+            // that takes no tickets was ticketed for an interval after each market restart: s23
+            // h4). Also after one refused heartbeat (the market restarted); after a second in a
+            // row, an interval first: a market that takes registrations and refuses every
+            // heartbeat must not get them in a tight loop.
+            if (refusals > 1) await sleep(interval);
             continue;
           }
           failed('registration', r);

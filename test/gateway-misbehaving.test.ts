@@ -639,8 +639,12 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
   test('X-Service-Prefer-Providers: the next in order answers; the refused attempt is recorded, nothing charged for it', async () => {
     scripted.behaviour = busy;
     const before = await snapshot();
-    const res = await post(chatBody('fail over'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` });
+    const waits: unknown[] = [];
+    proxy.ticket = (g) => (waits.push((peekPayload(g.ticket as DsseEnvelope) as unknown as TicketPayload).routing.max_wait_ms), g);
+    const res = await post(chatBody('fail over'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}`, 'x-service-max-wait-ms': '2500' });
     expect(res.status).toBe(200);
+    // The busy provider had the buyer's wait: the next starts at once or refuses.
+    expect(waits).toEqual([2500, 0]);
     const id = res.headers.get('x-request-id')!;
     expect(id).toMatch(/-f1$/); // the second attempt answered
     const body = (await res.json()) as { service: { request_id: string; receipt: DsseEnvelope } };
@@ -667,12 +671,37 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
+  test('a node that refuses the market\'s ticket (it trusts another market key) hands the request to the next provider; nothing charged for it', async () => {
+    scripted.behaviour = async (ex) => {
+      await ex.head({ status: 401, headers: { 'content-type': 'application/json' } });
+      await ex.trailer({ error: { code: 'ticket_invalid', message: 'this node trusts no marketplace key' } });
+    };
+    const before = await snapshot();
+    const waits: unknown[] = [];
+    proxy.ticket = (g) => (waits.push((peekPayload(g.ticket as DsseEnvelope) as unknown as TicketPayload).routing.max_wait_ms), g);
+    const res = await post(chatBody('which market?'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}`, 'x-service-max-wait-ms': '2500' });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    expect(id).toMatch(/-f1$/);
+    // The refusal came at once: the next provider keeps the buyer's whole wait.
+    expect(waits).toEqual([2500, 2500]);
+    expect(await record(id.replace(/-f1$/, ''))).toMatchObject({ status: 'refused', provider: scripted.providerId, error: { code: 'ticket_invalid' }, receipt: null });
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+    // Alone, it is still 502 with the provider's code (never the buyer's 401).
+    const alone = await post(chatBody('which market?'), toScripted());
+    expect([alone.status, ((await alone.json()) as { error: { code: string } }).error.code]).toEqual([502, 'ticket_invalid']);
+  });
+
   test('a provider whose node does not take the infer protocol (it answers the optimistic selection "na") is unreachable: the next one serves, nothing charged for the first', async () => {
     await scripted.speakInfer(false);
     try {
       const before = await snapshot();
-      const res = await post(chatBody('anyone there?'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` });
+      const waits: unknown[] = [];
+      proxy.ticket = (g) => (waits.push((peekPayload(g.ticket as DsseEnvelope) as unknown as TicketPayload).routing.max_wait_ms), g);
+      const res = await post(chatBody('anyone there?'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}`, 'x-service-max-wait-ms': '2500' });
       expect(res.status).toBe(200);
+      // No node queued it: the next provider keeps the buyer's whole wait (s23 h1).
+      expect(waits).toEqual([2500, 2500]);
       const id = res.headers.get('x-request-id')!;
       expect(id).toMatch(/-f1$/);
       expect(scripted.requests).toBe(before.requests);

@@ -17,7 +17,7 @@ import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { signCapacity } from '../src/p2p/capacity-protocol.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
 import { PAID_ENDPOINTS } from '../src/serve/contract.ts';
-import { call, contractOf, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
+import { TINY_PRICE, call, contractOf, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
 import { stalledRequest } from './helpers/stalled-request.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';
@@ -110,6 +110,8 @@ describe('registration', () => {
     ['a stale issued_at', (p) => registration(p, { issued_at: Date.now() - 6 * 60_000 }), /^issued_at: .*5 minutes/],
     ['an issued_at in the future', (p) => registration(p, { issued_at: Date.now() + 6 * 60_000 }), /^issued_at: /],
     ['a bad model context', (p) => registration(p, { models: [{ ...TINY, context: 0 }] }), /models\[0\]\.context: /],
+    // (its worst case, 4294967295 × (10^30 − 1) / 10^6, would not fit a ticket: every uncapped ticket of the model failed while it was picked)
+    ['a context whose worst case at its rates no ticket can hold', (p) => registration(provider({ key: p.key, prices: [{ ...TINY_PRICE, input_per_mtok: '9'.repeat(30) }] }), { models: [{ ...TINY, context: 4294967295 }] }), /^models\[0\]\.context: at this model's rates one request's worst case .* is 34 digits of micro-USD, more than a ticket's hold can carry \(30\)$/],
     ['a bad multiaddr', (p) => registration(p, { addresses: ['/ip4/127.0.0.1/tcp/x'] }), /addresses\[0\]: not a multiaddr/],
     ['no addresses', (p) => registration(p, { addresses: [] }), /addresses: /],
     ['an unknown tier', (p) => registration(p, { attestation_tier: 'T9' }), /attestation_tier: /],

@@ -132,9 +132,10 @@ describe('a heartbeat the market refuses', () => {
     const n = await scenario((route) => (route === 'register' ? registered(20) : error(400, 'heartbeat_invalid', 'at: too far from the market clock')));
     // The fifth registration arrives once the node has handled the four before it and their heartbeats.
     await until('five registrations', () => n.seen.filter((s) => s.route === 'register').length >= 5);
-    // An interval (20 ms) after each registration that followed a refusal, never a tight loop (a lower bound).
+    // An interval (20 ms) after each registration that followed a second refusal in a row, never a
+    // tight loop (a lower bound; after the first, the heartbeat comes at once).
     const regs = n.seen.filter((s) => s.route === 'register');
-    expect(regs[4]!.at - regs[1]!.at).toBeGreaterThanOrEqual(3 * 20);
+    expect(regs[4]!.at - regs[2]!.at).toBeGreaterThanOrEqual(2 * 20);
     await n.reg.stop();
     // Each registration is followed by a heartbeat at the interval, never straight by another registration.
     const seen = routes(n.seen);
@@ -143,6 +144,15 @@ describe('a heartbeat the market refuses', () => {
     expect(n.lines.filter((l) => l.msg === 'the marketplace refused a heartbeat; registering again').map((l) => l.level).slice(0, 4)).toEqual([40, 20, 20, 20]);
     // Info for the first registration and the one after the first refusal; the rest of the cycle at debug.
     expect(n.lines.filter((l) => l.msg === 'registered with the marketplace').map((l) => l.level).slice(0, 4)).toEqual([30, 30, 20, 20]);
+  });
+
+  test('after the market forgot the node (404 unknown_provider: it restarted), the heartbeat after the registration comes at once, not an interval later', async () => {
+    // An interval of 10 s: the market must not take the node for accepting, every slot free, that long.
+    const n = await scenario((route, i) => (route === 'register' ? registered(10_000) : i === 1 ? error(404, 'unknown_provider', 'no such provider') : ok));
+    await until('the heartbeat after the second registration', () => n.seen.filter((s) => s.route === 'heartbeat').length >= 2, 30_000);
+    expect(routes(n.seen).slice(0, 4)).toEqual(['register', 'heartbeat', 'register', 'heartbeat']);
+    const [, , reg2, hb2] = n.seen;
+    expect(hb2!.at - reg2!.at).toBeLessThan(5_000); // (at once; an interval would be 10 s)
   });
 
   test('a refusal for another reason than the last one is logged at its level again', async () => {

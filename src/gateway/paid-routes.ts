@@ -219,7 +219,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (endpoint === 'embeddings' && controls.routing.max_cost_micro_usd === undefined) ask.uncappedHold = embeddingsHold(await ask.providers(), model, body);
     const { tried } = ask;
     let lastFailure: GatewayError | undefined;
-    /** A provider that failed over had the buyer's wait (no capacity) or may have (unreachable): the next must start at once. */
+    /** A provider that failed over had the buyer's wait (no capacity, or a failure at the node): the next must start at once. */
     let waited = false;
     /** The hedge was given up for one run with the whole cap (see runsUnhedged): its attempts' ids say so. */
     let unhedged = false;
@@ -262,7 +262,11 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
           const context = listedContext(await ask.providers(), e.provider, model);
           if (context === undefined) throw e.error;
           controls = { ...controls, routing: { ...controls.routing, min_context: Math.max(controls.routing.min_context ?? 0, context + 1) } };
-        } else if (e.error.code !== 'request_cost_limit_exceeded') waited = true; // (a cost refusal came at once, before any wait)
+        } else if (e.error.code === 'no_capacity' || e.error.status === 500) waited = true;
+        // (Not one unreachable, which no node queued, nor a cost or ticket refusal, which came at
+        // once: the next keeps the buyer's wait. Until session 23 an unreachable provider cost the
+        // wait too, and after a node's crash most requests failed over to a busy healthy one were
+        // refused 503 no_capacity at once: s23 h1.)
       }
     }
   }
@@ -394,7 +398,11 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
           // market picks without counting tokens (the spec: "a request that no provider can serve
           // within the caller's limits stops": one that some provider can, runs).
           (e.status === 403 && e.code === 'request_cost_limit_exceeded') ||
-          (status === 'refused' && e.status === 500));
+          (status === 'refused' && e.status === 500) ||
+          // It refused the market's ticket (another market key, a clock, a used id): it disagrees
+          // with the market, did no work, and another provider may not (s23 h4: after a market
+          // restart a node that trusts no market key was ticketed, and every such request was 502).
+          (status === 'refused' && e.code.startsWith('ticket_')));
       // A hedged pair under half the cap each, neither started, one refused for its cost: half the
       // cap is what stopped it, so the request runs once, with the whole cap.
       const unhedge = attempts.length === 2 && !gone.signal.aborted && (e.status === 403 || e.status === 503) && runsUnhedged({ halved, otherNotStarted, codes: [e.code, otherCode] });

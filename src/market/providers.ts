@@ -3,7 +3,8 @@
 // capacity snapshot), and deciding who is live.
 import { fromHex, isHex } from '../../attestation/bytes.ts';
 import { checkEnvelopeShape, verifyEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
-import type { Rates } from '../../attestation/money.ts';
+import { MAX_MICRO, type Rates } from '../../attestation/money.ts';
+import { contextWorstCase } from '../dispatch/routing.ts';
 import { verifyPriceList } from '../../attestation/price-list.ts';
 import { verifyRequestContract } from '../../attestation/request-contract.ts';
 import { peekPayload, readPayload } from '../../attestation/signed-payload.ts';
@@ -107,6 +108,10 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   }
   p.models.forEach((m, i) => {
     if (!rates.has(m.id)) throw new MarketError(400, code, `price_list: has no price for models[${i}] "${m.id.slice(0, 100)}"`);
+    // A ticket without a cost cap holds the worst case at the model's context: it must fit a
+    // ticket's hold, or every such ticket for the model would fail while this provider is picked.
+    const worst = contextWorstCase(m.context, rates.get(m.id)!);
+    if (worst > MAX_MICRO) throw new MarketError(400, code, `models[${i}].context: at this model's rates one request's worst case (context × the higher rate) is ${String(worst).length} digits of micro-USD, more than a ticket's hold can carry (${String(MAX_MICRO).length})`);
   });
   const contracts = checkRequestContracts(p, code);
   if (Math.abs(now - p.issued_at) > MAX_CLOCK_DIFFERENCE_MS) {
