@@ -269,7 +269,7 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     // The market's grant states other rates for the ticket's price version; the node bills its own, signed ones.
     proxy.ticket = (g) => ({ ...g, rates: { ...(g as { rates: object }).rates, output_per_mtok: '1' } });
     const before = await snapshot();
-    const e = await expectError(await post(chatBody('misstated rates'), toScripted()), 502, 'bad_market_response', /the marketplace stated price version p-[0-9a-f]{16}'s rates for tiny\/llama as .*"output_per_mtok":"1".*, but the provider's signed price list has .*, as its receipt bills/);
+    const e = await expectError(await post(chatBody('misstated rates'), toScripted()), 502, 'bad_market_response', /the marketplace stated price version p-[0-9a-f]{32}'s rates for tiny\/llama as .*"output_per_mtok":"1".*, but the provider's signed price list has .*, as its receipt bills/);
     expect(await record(e.id)).toMatchObject({ status: 'failed', error: { code: 'bad_market_response' }, settled: false, receipt: null });
     await expectNothingSettled(before);
   });
@@ -288,7 +288,7 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
       const r = await record(e.id);
       return r.error?.code === 'bad_market_response' ? r : undefined;
     });
-    expect(rec).toMatchObject({ status: 'failed', settled: false, receipt: null, error: { message: expect.stringMatching(/the marketplace stated price version p-[0-9a-f]{16}'s rates/) } });
+    expect(rec).toMatchObject({ status: 'failed', settled: false, receipt: null, error: { message: expect.stringMatching(/the marketplace stated price version p-[0-9a-f]{32}'s rates/) } });
     await expectNothingSettled(before);
   });
 
@@ -322,7 +322,7 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     await expectNothingSettled(before);
   });
 
-  test('resets mid-body after logging a `failed` receipt → 502; that receipt is fetched, verified, settled and recorded', async () => {
+  test('resets mid-body after logging a `failed` receipt → 502; that receipt is fetched, verified and recorded, never settled: the buyer got none of the body (s23 h1)', async () => {
     let logged = '';
     scripted.behaviour = async (ex) => {
       await ex.head(JSON_HEAD);
@@ -335,13 +335,29 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     const rec = await record(e.id);
     const env = parseEnvelope(logged);
     if (!env.ok) throw new Error('the logged line is not an envelope');
-    expect(rec).toMatchObject({ status: 'failed', settled: true, provider: scripted.providerId, usage: { prompt_tokens: 7, completion_tokens: 1, total_tokens: 8 }, cost: formatUsd(computeCost({ input_tokens: 7, output_tokens: 1 }, SCRIPTED_RATES)) });
+    expect(rec).toMatchObject({ status: 'failed', settled: false, provider: scripted.providerId, usage: { prompt_tokens: 7, completion_tokens: 1, total_tokens: 8 }, cost: null, error: { code: 'answer_not_delivered', message: expect.stringMatching(/^the provider's answer broke off before the gateway had it whole, and the buyer got none of it: its failed receipt \(seq \d+, 0\.\d{6} USD\) is not settled$/) } });
     expect(rec.receipt).toEqual(env.value);
-    expect(rec.settlement_error).toBeUndefined();
-    expect(proxy.receiptPosts).toBe(1);
-    expect(await marketReceipts()).toBe(before.receipts + 1);
-    const m = (await (await fetch(`${marketUrl}/v1/receipts/${e.id}`)).json()) as { status: string; receipt: string };
-    expect(m).toMatchObject({ status: 'failed', receipt: logged });
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+    expect((await fetch(`${marketUrl}/v1/receipts/${e.id}`)).status).toBe(404);
+    expect(gw.records.hasJob(e.id)).toBe(false); // (nothing left to look for: its hold is gone)
+  });
+
+  test('a node that dies after its `completed` receipt is durable, with the whole body sent but not its trailer → 502, and the receipt is not settled (s23 h1: billed in full for a 502)', async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      await ex.head(JSON_HEAD);
+      await ex.data(completion());
+      logged = await ex.logReceipt();
+      ex.reset();
+    };
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('die at the trailer'), toScripted()), 502, 'bad_provider_response', /broke off/);
+    const rec = await record(e.id);
+    expect(rec).toMatchObject({ status: 'failed', settled: false, cost: null, error: { code: 'answer_not_delivered' } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
   });
 
   test('closes cleanly mid-body, no receipt at the node → 502; record failed/provider_failed, nothing settled', async () => {
@@ -1431,7 +1447,7 @@ describe('reconciliation: a receipt the request itself could not settle is settl
   const rpost = (body: string, headers: Record<string, string>) => fetch(`${rg.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
   const rrecord = (id: string): Promise<RequestRecord> => gatewayRecord(rg.url, id);
 
-  test("a node that made its receipt durable, then died before the trailer and came back after the gateway stopped asking: the receipt is found, settled, and the record says so", async () => {
+  test("a node that made its receipt durable, then died before the trailer and came back after the gateway stopped asking: the receipt is found and recorded, never settled (the buyer got a 502 and none of the body), also after the gateway's restart", async () => {
     let logged = '';
     scripted.behaviour = async (ex) => {
       await ex.head(JSON_HEAD);
@@ -1455,13 +1471,12 @@ describe('reconciliation: a receipt the request itself could not settle is settl
     }
     const rec = await waitFor('the reconciled record', async () => {
       const r = await rrecord(id);
-      return r.settled ? r : undefined;
+      return r.receipt ? r : undefined;
     });
-    expect(rec).toMatchObject({ status: 'completed', settled: true, provider: scripted.providerId, usage: { prompt_tokens: 9, completion_tokens: 4, total_tokens: 13 } });
-    expect(rec.error).toBeUndefined();
+    expect(rec).toMatchObject({ status: 'failed', settled: false, cost: null, provider: scripted.providerId, usage: { prompt_tokens: 9, completion_tokens: 4, total_tokens: 13 }, error: { code: 'answer_not_delivered' } });
     expect(serializeEnvelope(rec.receipt!)).toBe(logged);
-    expect(await marketHas(id)).toBe(true);
-    expect(await marketReceipts()).toBe(before.receipts + 1);
+    expect(await marketHas(id)).toBe(false);
+    expect(await marketReceipts()).toBe(before.receipts);
     await waitFor('the job dropped', () => (rg.records.unsettledCount === 0 ? true : undefined));
   });
 

@@ -78,6 +78,11 @@ export interface UnsettledJob {
   /** When to look next (epoch ms), and how many looks found nothing to settle yet. */
   next_at: number;
   tries: number;
+  /**
+   * A whole-body answer that broke off before its trailer: the buyer got a 502 and none of it, so
+   * a receipt found for it is recorded, never settled (RequestRecords.withhold).
+   */
+  undelivered?: true;
 }
 
 /** The most unsettled jobs kept; beyond it the oldest is given up (reported). */
@@ -229,6 +234,16 @@ export class RequestRecords {
 
   hasJob(id: string): boolean {
     return this.jobs.has(id);
+  }
+
+  /** Marks `id`'s job undelivered (see UnsettledJob), in the file too. */
+  markUndelivered(id: string): void {
+    const job = this.jobs.get(id);
+    if (job && !job.undelivered) this.watch({ ...job, undelivered: true });
+  }
+
+  isUndelivered(id: string): boolean {
+    return this.jobs.get(id)?.undelivered === true;
   }
 
   /** The records file's database (undefined without one), for bookkeeping kept beside the records. */
@@ -411,6 +426,25 @@ export class RequestRecords {
       ...(settlement.ok ? {} : { settlement_error: { code: settlement.code, message: settlement.message } }),
       finished_at: Date.now(),
     });
+  }
+
+  /**
+   * A receipt for an answer the buyer never received (an undelivered job): recorded with the
+   * receipt, failed, never settled; the job and its hold go.
+   */
+  withhold(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }): RequestRecord | undefined {
+    const p = receipt.payload;
+    const rec = this.update(id, {
+      status: 'failed',
+      error: { code: 'answer_not_delivered', message: `the provider's answer broke off before the gateway had it whole, and the buyer got none of it: its ${p.status} receipt (seq ${p.seq}, ${formatUsd(BigInt(p.cost_micro_usd))} USD) is not settled` },
+      provider: p.provider,
+      usage: { prompt_tokens: p.usage.input_tokens, completion_tokens: p.usage.output_tokens, total_tokens: p.usage.input_tokens + p.usage.output_tokens },
+      receipt: receipt.envelope,
+      settled: false,
+      finished_at: Date.now(),
+    });
+    this.dropJob(id);
+    return rec;
   }
 
   /** Writes the changed record through to the file and changes it in memory. */

@@ -49,7 +49,11 @@ export class Relay {
 
   /** The provider's answer broke off (the buyer still there): its receipt, if any, is settled from the node's log. */
   private brokeOff(p: Paid, e: unknown, idle: IdleWatch, what: 'answer' | 'stream'): GatewayError {
-    void this.d.settlements.settleFromNode(p, 'failed');
+    // A stream's buyer has every token relayed by then, and its receipt bills those; a whole body
+    // is withheld (502), so its receipt is not settled at all (s23 h1: a node that died after its
+    // `completed` receipt was durable had the buyer billed in full for a 502). Not when the break
+    // is the gateway's own closing: the node did the work it was asked, and is paid for it.
+    void this.d.settlements.settleFromNode(p, 'failed', { undelivered: what === 'answer' && !this.d.settlements.stopping });
     if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${idle.ms} ms and was cut off`);
     return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
   }

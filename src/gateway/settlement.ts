@@ -90,6 +90,11 @@ export class Settlements {
     await this.idle();
   }
 
+  /** Whether stop() was called (the gateway is closing). */
+  get stopping(): boolean {
+    return this.stopper.signal.aborted;
+  }
+
   /** Waits `ms`; false (at once) when the settlements are stopping. */
   private async pause(ms: number): Promise<boolean> {
     if (this.stopper.signal.aborted) return false;
@@ -104,6 +109,11 @@ export class Settlements {
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
   async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
+    if (records.isUndelivered(id)) {
+      records.withhold(id, r);
+      log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd }, "a receipt for a whole answer the buyer never received (it broke off before its trailer): recorded, not settled");
+      return;
+    }
     if (askedAs !== undefined && askedAs !== id) {
       // An idempotent retry answered with the first request's receipt. If the first settlement is
       // still under way (a slow market), wait for it rather than post the same receipt twice;
@@ -180,8 +190,11 @@ export class Settlements {
   }
 
   /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
-  settleFromNode(p: Paid, why: EarlyEnd): Promise<void> {
+  settleFromNode(p: Paid, why: EarlyEnd, opts: { undelivered?: boolean } = {}): Promise<void> {
     const { records, log } = this.d;
+    // A whole body that broke off: the buyer got none of it, so its receipt is never settled,
+    // whichever look finds it (this one, or the reconciler's after a restart).
+    if (opts.undelivered) records.markUndelivered(p.requestId);
     return this.track(
       p.requestId,
       (async () => {
