@@ -257,6 +257,7 @@ export function verifyPriceLists(lists: Iterable<DsseEnvelope | string>, provide
     i++;
     const v = verifyPriceList(env, { provider });
     if (!v.ok) return { ok: false, error: { code: 'price_list_invalid', message: `price list #${i}: ${v.error.code}: ${v.error.message}` } };
+    if (book.conflicts(v.value)) return { ok: false, error: { code: 'price_list_invalid', message: `price list #${i}: version ${v.value.version} is that of another list given, with other prices: a version must name one list` } };
     book.add(v.value);
   }
   return ok(book);

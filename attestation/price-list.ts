@@ -91,6 +91,12 @@ function wireRates(e: PriceListEntry): WireRates {
   return { input_per_mtok: e.input_per_mtok, output_per_mtok: e.output_per_mtok, ...(e.per_unit !== undefined ? { per_unit: e.per_unit } : {}) };
 }
 
+function modelRates(list: PricedVersion): Map<string, string> {
+  const models = new Map<string, string>();
+  for (const e of list.models) models.set(e.model, canonicalize(wireRates(e)));
+  return models;
+}
+
 /**
  * The rates of every (price version, model) of a provider's verified price lists, in canonical JSON
  * (as ratesMatch compares rates): a receipt is checked with two map lookups and one canonicalize
@@ -106,9 +112,15 @@ export class PriceBook {
 
   /** A version's models. A version names its prices (priceVersion), so a list added twice changes nothing. */
   add(list: PricedVersion): void {
-    const models = new Map<string, string>();
-    for (const e of list.models) models.set(e.model, canonicalize(wireRates(e)));
-    this.byVersion.set(list.version, models);
+    this.byVersion.set(list.version, modelRates(list));
+  }
+
+  /** Whether the book holds another list of `list`'s version, with other prices (two lists of one version must never both be believed). */
+  conflicts(list: PricedVersion): boolean {
+    const held = this.byVersion.get(list.version);
+    if (!held) return false;
+    const rates = modelRates(list);
+    return held.size !== rates.size || [...rates].some(([model, r]) => held.get(model) !== r);
   }
 
   /**

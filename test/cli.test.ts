@@ -354,6 +354,26 @@ describe('fill, export, audit round trip', () => {
     expect(report.summary).toBeUndefined();
   });
 
+  it('audit and verify print what they read with its control characters escaped: an envelope cannot erase the FAIL line and print a forged OK (s23 h3)', async () => {
+    const bad = path.join(tmp, 'export-escapes');
+    fs.cpSync(out(), bad, { recursive: true });
+    const file = path.join(bad, 'receipts.jsonl');
+    const lines = fs.readFileSync(file, 'utf8').split('\n');
+    const forgedType = '\u001b[1A\u001b[2K\rOK (0.05 s)\u001b[8m\u202e';
+    lines[1] = JSON.stringify({ ...JSON.parse(lines[1]!), payloadType: forgedType });
+    fs.writeFileSync(file, lines.join('\n'));
+    const r = await runCli(['audit', bad, '--threads', '0']);
+    expectFail(r, /^FAIL at seq 1, line 2: /m);
+    expect(r.stdout).not.toMatch(/[\u001b\r\u202e]/);
+    expect(r.stdout).toContain('\\u001b[1A\\u001b[2K\\u000dOK (0.05 s)\\u001b[8m\\u202e');
+    const one = path.join(tmp, 'escapes.json');
+    fs.writeFileSync(one, lines[1]!);
+    const v = await runCli(['verify', one]);
+    expectFail(v, /^FAIL receipt: /m);
+    expect(v.stdout).not.toMatch(/[\u001b\r\u202e]/);
+    expect(v.stdout).toContain('\\u001b[2K');
+  });
+
   it('audit of a copy whose price list was forged or removed names the fault', async () => {
     const forged = path.join(tmp, 'export-forged-prices');
     fs.cpSync(out(), forged, { recursive: true });

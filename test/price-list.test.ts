@@ -28,6 +28,13 @@ describe('signed price lists', () => {
     const env = signEnvelope(PRICELIST_PAYLOAD_TYPE, utf8(canonicalize(short)), { keyid: key.id, seed: key.seed });
     expect(verifyPriceList(env, { provider: key.id })).toMatchObject({ ok: false, error: { code: 'payload_invalid', field: 'version' } });
   });
+  test('a book tells another list of a version it holds, with other prices, from the same list again', () => {
+    const book = new PriceBook([{ version: 'p-x', models }]);
+    expect(book.conflicts({ version: 'p-x', models: [...models].reverse() })).toBe(false);
+    expect(book.conflicts({ version: 'p-y', models: [models[0]!] })).toBe(false);
+    expect(book.conflicts({ version: 'p-x', models: [models[0]!] })).toBe(true);
+    expect(book.conflicts({ version: 'p-x', models: [{ ...models[0]!, output_per_mtok: '600001' }, models[1]!] })).toBe(true);
+  });
   test('refusals are named', () => {
     const { payload, envelope } = signPriceList(key.seed, key.id, models);
     const resign = (p: unknown) => signEnvelope(PRICELIST_PAYLOAD_TYPE, utf8(canonicalize(p)), { keyid: key.id, seed: key.seed });

@@ -1,3 +1,4 @@
+import { printLines } from './printable.ts';
 import { Command } from 'commander';
 import { audit, type AuditReport } from '../audit/audit.ts';
 import { formatUsd } from '../../attestation/money.ts';
@@ -59,9 +60,7 @@ export function auditCommand(): Command {
         // The verdict comes last, after the replay: nothing reads as a pass when the replay fails.
         const lines = formatReport(report).trimEnd().split('\n');
         lines.pop(); // the audit's own "OK (… s)"
-        process.stdout.write(
-          [...lines, ...formatReplay(replayed, opts.context), fault ? `REPLAY FAILED: ${fault.message}` : `OK (${report.seconds.toFixed(2)} s; replay ${replaySeconds.toFixed(2)} s)`].join('\n') + '\n',
-        );
+        process.stdout.write(printLines([...lines, ...formatReplay(replayed, opts.context), fault ? `REPLAY FAILED: ${fault.message}` : `OK (${report.seconds.toFixed(2)} s; replay ${replaySeconds.toFixed(2)} s)`]));
       }
       process.exitCode = ok ? 0 : 1;
     });
@@ -147,5 +146,5 @@ function formatReport(r: AuditReport): string {
     const where = [f.seq !== undefined ? `seq ${f.seq}` : '', f.line !== undefined ? `line ${f.line}` : ''].filter(Boolean).join(', ');
     out.push(`FAIL${where ? ` at ${where}` : ''}: ${f.code}: ${f.message}${f.field ? ` (field ${f.field})` : ''}`);
   }
-  return out.join('\n') + '\n';
+  return printLines(out);
 }

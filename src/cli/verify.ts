@@ -1,3 +1,4 @@
+import { printLines } from './printable.ts';
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { isHex } from '../../attestation/bytes.ts';
@@ -34,12 +35,10 @@ export function verifyCommand(): Command {
       } else if (result.ok) {
         const p = payloadOf(result.value);
         const where = 'checkpoint' in result.value ? `, included in the log at index ${result.value.index} under a checkpoint of size ${result.value.checkpoint.size}` : '';
-        process.stdout.write(
-          `OK ${kind}: seq ${p.seq} by ${p.provider}, ${p.status}, ${p.usage.input_tokens} in / ${p.usage.output_tokens} out, cost ${formatUsd(BigInt(p.cost_micro_usd))} USD${where}\n`,
-        );
+        process.stdout.write(printLines([`OK ${kind}: seq ${p.seq} by ${p.provider}, ${p.status}, ${p.usage.input_tokens} in / ${p.usage.output_tokens} out, cost ${formatUsd(BigInt(p.cost_micro_usd))} USD${where}`]));
         if (!opts.provider) process.stderr.write('note: the provider key was taken from the file; pass --provider to pin it\n');
       } else {
-        process.stdout.write(`FAIL ${kind}: ${result.error.code}: ${result.error.message}${result.error.field ? ` (field ${result.error.field})` : ''}\n`);
+        process.stdout.write(printLines([`FAIL ${kind}: ${result.error.code}: ${result.error.message}${result.error.field ? ` (field ${result.error.field})` : ''}`]));
       }
       process.exitCode = result.ok ? 0 : 1;
     });
