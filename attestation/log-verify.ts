@@ -6,7 +6,7 @@
 import { bytesEqual, toBase64 } from './bytes.ts';
 import { receiptLogKey, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import type { DsseEnvelope } from './dsse.ts';
-import { MerkleTree, verifyConsistency } from './merkle.ts';
+import { EMPTY_ROOT, MerkleTree, verifyConsistency } from './merkle.ts';
 import { PriceBook, verifyPriceList } from './price-list.ts';
 import { GENESIS_PREV } from './receipt.ts';
 import { guarded, isOptions, fail, ok, type VerifyError, type VerifyResult } from './result.ts';
@@ -294,6 +294,15 @@ function checkConsistency(older: string, newer: string, proof: Uint8Array[], pro
   const b = verifyCheckpoint(newer, key);
   if (!b.ok) return b;
   if (a.value.size > b.value.size) return fail('checkpoint_inconsistent', `the older checkpoint (${a.value.size}) is larger than the newer (${b.value.size})`);
+  // The empty tree has one root (RFC 9162: the hash of nothing); a checkpoint of size 0 signing
+  // another is no checkpoint of this log, whatever the proof (s23 h3).
+  for (const c of [a.value, b.value]) {
+    if (c.size === 0 && !bytesEqual(c.rootHash, EMPTY_ROOT)) return fail('checkpoint_root_mismatch', 'a checkpoint of size 0 signs a root other than that of the empty tree');
+  }
+  if (a.value.size === b.value.size || a.value.size === 0) {
+    // (RFC 9162 §2.1.4.2: from an empty tree, or to the same size, the proof is empty.)
+    if (proof.length !== 0) return fail('proof_size_mismatch', `a consistency proof from size ${a.value.size} to ${b.value.size} is empty, not ${proof.length} hashes`);
+  }
   if (a.value.size === b.value.size) {
     return bytesEqual(a.value.rootHash, b.value.rootHash) ? ok({ older: a.value, newer: b.value }) : fail('checkpoint_fork', `two checkpoints of size ${a.value.size} sign different roots`);
   }

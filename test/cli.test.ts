@@ -581,6 +581,27 @@ describe('verify', () => {
     expectFail(await runCli(['verify', f]), /^FAIL bundle: bundle_malformed: /m);
   });
 
+  it('a genuine receipt without a usable keyid (missing, empty, another name) is verified under the provider its payload names; a forged one still fails', async () => {
+    const env = JSON.parse(lines[7]!) as { payload: string; payloadType: string; signatures: { keyid?: string; sig: string }[] };
+    for (const [name, sig] of [['no-keyid', { sig: env.signatures[0]!.sig }], ['empty-keyid', { keyid: '', sig: env.signatures[0]!.sig }], ['other-keyid', { keyid: 'my-key', sig: env.signatures[0]!.sig }]] as const) {
+      const f = write(`r7-${name}.json`, JSON.stringify({ ...env, signatures: [sig] }));
+      const r = await runCli(['verify', f]);
+      expect({ code: r.code, out: r.stdout }, name).toMatchObject({ code: 0, out: expect.stringMatching(/^OK receipt: seq 7 by [0-9a-f]{64}/) });
+    }
+    const f = write('r7-no-keyid-flipped.json', JSON.stringify({ ...env, signatures: [{ sig: JSON.parse(flipSignatureBit(lines[7]!)).signatures[0].sig }] }));
+    expectFail(await runCli(['verify', f]), /^FAIL receipt: signature_invalid: /m);
+  });
+
+  it('a file that is not valid UTF-8 is refused, receipt or bundle, never read with U+FFFD in its place', async () => {
+    const receipt = Buffer.from(lines[7]!.replace(/}$/, ',"x":"XX"}'));
+    receipt[receipt.length - 4] = 0xff;
+    receipt[receipt.length - 3] = 0xfe;
+    expectFail(await runCli(['verify', write('r7-bad-utf8.json', receipt)]), /^FAIL receipt: envelope_not_json: the envelope is not valid UTF-8$/m);
+    const b = Buffer.from(bundle + '\u00e9');
+    b[b.length - 1] = 0xff;
+    expectFail(await runCli(['verify', write('bundle-bad-utf8.txt', b)]), /^FAIL bundle: bundle_malformed: the bundle is not valid UTF-8$/m);
+  });
+
   it('a missing file is a clean error', async () => {
     const r = await runCli(['verify', path.join(tmp, 'no-such-file.json')]);
     expectCleanError(r, /cannot read .*no-such-file\.json: not found/, 1);

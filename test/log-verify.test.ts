@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { verifyCheckpointConsistency } from '../attestation/log-verify.ts';
+import { EMPTY_ROOT } from '../attestation/merkle.ts';
 import { signCheckpoint, receiptLogOrigin } from '../attestation/checkpoint.ts';
 import { audit } from '../src/audit/audit.ts';
 import { signPriceList, verifyPriceList } from '../attestation/price-list.ts';
@@ -38,6 +39,13 @@ describe('verifyCheckpointConsistency (what a buyer checks between two checkpoin
     const forked = signCheckpoint({ origin, size: 33, rootHash: log.root(32) }, { name: origin, seed });
     expect(verifyCheckpointConsistency(newer, forked, [], id)).toMatchObject({ ok: false, error: { code: 'checkpoint_fork' } });
     expect(verifyCheckpointConsistency(older, newer, proof, '00'.repeat(32))).toMatchObject({ ok: false, error: { code: 'note_no_known_signature' } });
+    // Size 0 has one root, the empty tree's, and from it (or to the same size) the proof is empty (s23 h3).
+    const empty = signCheckpoint({ origin, size: 0, rootHash: EMPTY_ROOT }, { name: origin, seed });
+    expect(verifyCheckpointConsistency(empty, newer, [], id).ok).toBe(true);
+    const bogus = signCheckpoint({ origin, size: 0, rootHash: new Uint8Array(32).fill(7) }, { name: origin, seed });
+    expect(verifyCheckpointConsistency(bogus, newer, [], id)).toMatchObject({ ok: false, error: { code: 'checkpoint_root_mismatch' } });
+    expect(verifyCheckpointConsistency(empty, newer, [new Uint8Array(32), new Uint8Array(5)], id)).toMatchObject({ ok: false, error: { code: 'proof_size_mismatch' } });
+    expect(verifyCheckpointConsistency(older, older, [proof[0]!], id)).toMatchObject({ ok: false, error: { code: 'proof_size_mismatch' } });
     await log.close();
   });
 });

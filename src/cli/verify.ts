@@ -6,6 +6,7 @@ import { verifyReceipt } from '../../attestation/receipt-verify.ts';
 import { verifyReceiptProof } from '../../attestation/receipt-proof.ts';
 import { TLOG_PROOF_HEADER } from '../../attestation/tlog-proof.ts';
 import { formatUsd } from '../../attestation/money.ts';
+import { fail } from '../../attestation/result.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import { CliError } from './cli-error.ts';
 import { fsProblem } from '../fs-problem.ts';
@@ -20,16 +21,21 @@ export function verifyCommand(): Command {
     .option('--json', 'print the result as JSON')
     .action((file: string, opts: { provider?: string; json?: boolean }) => {
       if (opts.provider !== undefined && !isHex(opts.provider, 32)) throw new CliError('--provider must be 64 lowercase hex characters', 2);
-      const text = readInput(file);
-      let result;
-      let kind: 'bundle' | 'receipt';
-      if (text.startsWith(TLOG_PROOF_HEADER + '\n')) {
-        kind = 'bundle';
-        result = verifyReceiptProof(text, opts.provider ? { provider: opts.provider } : {});
-      } else {
-        kind = 'receipt';
-        result = verifyReceipt(text, { provider: opts.provider ?? keyidOf(text) });
+      const bytes = readInput(file);
+      const kind: 'bundle' | 'receipt' = bytes.subarray(0, TLOG_PROOF_HEADER.length + 1).toString('latin1') === TLOG_PROOF_HEADER + '\n' ? 'bundle' : 'receipt';
+      // Decoded strictly, as the library decodes what it is given as bytes: bytes that are not
+      // UTF-8 are refused, never read as U+FFFD (s23 h3). (A byte-order mark is kept: the
+      // verifier decides about it.)
+      let text: string | undefined;
+      try {
+        text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(bytes);
+      } catch {
+        text = undefined;
       }
+      let result;
+      if (text === undefined) result = fail(kind === 'bundle' ? 'bundle_malformed' : 'envelope_not_json', `the ${kind === 'bundle' ? 'bundle' : 'envelope'} is not valid UTF-8`);
+      else if (kind === 'bundle') result = verifyReceiptProof(text, opts.provider ? { provider: opts.provider } : {});
+      else result = verifyReceipt(text, { provider: opts.provider ?? providerOf(text) });
       if (opts.json) {
         process.stdout.write(JSON.stringify(result.ok ? { ok: true, kind, payload: payloadOf(result.value) } : { ok: false, kind, error: result.error }, null, 2) + '\n');
       } else if (result.ok) {
@@ -50,7 +56,7 @@ function payloadOf(v: { payload: ReceiptPayload } | { receipt: { payload: Receip
 
 const PAUSE = new Int32Array(new SharedArrayBuffer(4));
 
-function readInput(file: string): string {
+function readInput(file: string): Buffer {
   let fd: number | undefined;
   try {
     // Opened without blocking and checked: a file, or a pipe (`<(sed -n 5p receipts.jsonl)`), read
@@ -76,7 +82,7 @@ function readInput(file: string): string {
       n += r;
       if (n > MAX_FILE) throw new CliError(`${file} is larger than ${MAX_FILE} bytes`);
     }
-    return buf.subarray(0, n).toString('utf8');
+    return buf.subarray(0, n);
   } catch (e) {
     if (e instanceof CliError) throw e;
     throw new CliError(`cannot read ${file}: ${fsProblem(e)}`);
@@ -86,15 +92,21 @@ function readInput(file: string): string {
 }
 
 /**
- * The provider a receipt envelope names (its signature's keyid), to verify it against. Anything
- * unreadable yields a key nothing verifies under, and verifyReceipt names what is wrong.
+ * The provider a receipt envelope names, to verify it against: its signature's keyid, or (a keyid
+ * is only a hint in DSSE: missing, empty or another name) the payload's `provider`, which only a
+ * signature under that key can vouch for (s23 h3: a genuine receipt without a keyid was
+ * signature_invalid). Anything unreadable yields a key nothing verifies under, and verifyReceipt
+ * names what is wrong.
  */
-function keyidOf(text: string): string {
+function providerOf(text: string): string {
+  const none = '0'.repeat(64);
   try {
-    const env = JSON.parse(text) as { signatures?: { keyid?: unknown }[] };
+    const env = JSON.parse(text) as { payload?: unknown; signatures?: { keyid?: unknown }[] };
     const k = env?.signatures?.[0]?.keyid;
-    return typeof k === 'string' && isHex(k, 32) ? k : '0'.repeat(64);
+    if (typeof k === 'string' && isHex(k, 32)) return k;
+    const payload = typeof env?.payload === 'string' ? (JSON.parse(Buffer.from(env.payload, 'base64').toString('utf8')) as { provider?: unknown }) : undefined;
+    return typeof payload?.provider === 'string' && isHex(payload.provider, 32) ? payload.provider : none;
   } catch {
-    return '0'.repeat(64); // not JSON: verifyReceipt reports envelope_not_json
+    return none; // not JSON: verifyReceipt reports envelope_not_json
   }
 }
