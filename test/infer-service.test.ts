@@ -588,6 +588,8 @@ describe('InferService', () => {
     const body = JSON.parse(text(plain.out));
     expect(body).toMatchObject({ object: 'response', model: 'tiny/llama', output: [{ type: 'message', role: 'assistant', content: [{ type: 'output_text' }] }], service: { request_id: expect.any(String) } });
     expect(['completed', 'incomplete']).toContain(body.status);
+    // The message itself says whether it was cut off, as the response does.
+    expect(body.output[0].status).toBe(body.status);
     const v = verifyReceipt(plain.out.trailer!.receipt, { provider: node.id });
     expect(v).toMatchObject({ ok: true, value: { payload: { endpoint: 'responses', usage: { output_tokens: body.usage.output_tokens } } } });
 
@@ -606,6 +608,12 @@ describe('InferService', () => {
     // Same seed, same words, whichever way they were delivered.
     expect(deltas).toBe(body.output[0].content[0].text);
     expect(events.at(-1)!.data.response.usage.output_tokens).toBe(body.usage.output_tokens);
+    expect(events.find((e) => e.event === 'response.output_item.done')!.data.item.status).toBe(body.status);
+    expect(events.at(-1)!.data.response.output[0].status).toBe(body.status);
+    // Cut off by max_output_tokens: incomplete, the message too.
+    const cut = recorder();
+    await service.handle(request('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 1, seed: 2 }), cut.res);
+    expect(JSON.parse(text(cut.out))).toMatchObject({ status: 'incomplete', incomplete_details: { reason: 'max_output_tokens' }, output: [{ status: 'incomplete' }] });
   });
 
   test('embeddings: vectors, input tokens billed, a receipt', async () => {

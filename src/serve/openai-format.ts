@@ -99,7 +99,8 @@ export function responsesBody(requestId: string, model: string, created: number,
     status: !done ? 'in_progress' : finish === 'length' ? 'incomplete' : 'completed',
     incomplete_details: finish === 'length' ? { reason: 'max_output_tokens' } : null,
     model,
-    output: done ? [{ type: 'message', id: `msg_${requestId}`, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] }] : [],
+    // (A message cut off by max_output_tokens is itself `incomplete`, as in the format imitated: s23 h2.)
+    output: done ? [{ type: 'message', id: `msg_${requestId}`, status: finish === 'length' ? 'incomplete' : 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] }] : [],
     usage: usage && { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens, total_tokens: usage.total_tokens, cost: usage.cost },
     service: { request_id: requestId },
   };
@@ -152,7 +153,7 @@ export class ResponsesStream {
     return concatBytes(
       this.event('response.output_text.done', { item_id: this.itemId, output_index: 0, content_index: 0, text: this.text }),
       this.event('response.content_part.done', { item_id: this.itemId, output_index: 0, content_index: 0, part }),
-      this.event('response.output_item.done', { output_index: 0, item: { type: 'message', id: this.itemId, status: 'completed', role: 'assistant', content: [part] } }),
+      this.event('response.output_item.done', { output_index: 0, item: { type: 'message', id: this.itemId, status: reason === 'length' ? 'incomplete' : 'completed', role: 'assistant', content: [part] } }),
       this.event(reason === 'length' ? 'response.incomplete' : 'response.completed', { response: final }),
     );
   }
