@@ -514,6 +514,23 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
+  test('a responses stream cut off ends with the responses protocol\'s error event, numbered after the last one relayed (s23 h2)', async () => {
+    const ev = (name: string, data: object): string => `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`;
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(ev('response.created', { sequence_number: 0, response: { id: 'resp_x', status: 'in_progress' } }) + ev('response.output_text.delta', { sequence_number: 1, item_id: 'msg_x', output_index: 0, content_index: 0, delta: 'hi' }));
+      await silence();
+    };
+    const res = await fetch(`${quick.url}/responses`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body: JSON.stringify({ model: MODEL, input: 'stall', stream: true }) });
+    expect(res.status).toBe(200);
+    const events = (await res.text()).split('\n\n').filter(Boolean);
+    expect(events).toHaveLength(3);
+    const [head, data] = events[2]!.split('\n');
+    expect(head).toBe('event: error');
+    const err = JSON.parse(data!.slice('data: '.length));
+    expect(err).toEqual({ type: 'error', code: 'provider_timeout', message: expect.stringMatching(new RegExp(`sent nothing for ${IDLE_MS} ms`)), param: null, sequence_number: 2, error: { code: 'provider_timeout', message: err.message } });
+  });
+
   test('a provider that works in silence but sends keepalives (empty DATA frames) is never cut off: before its HEAD, and mid-body', async () => {
     /** Keepalives every 150 ms for `ms` (over twice IDLE_MS): a node in its queue, or computing a whole body. */
     const keepalives = async (ex: Exchange, ms: number): Promise<void> => {

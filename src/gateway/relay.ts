@@ -161,8 +161,14 @@ export class Relay {
     /** The gateway's own closing error event, on a line of its own even after an unterminated event. */
     const endWithError = (code: string, message: string): void => {
       if (openEvent && !raw.destroyed && !raw.writableEnded) raw.write('\n\n');
-      endStream(raw, code, message);
+      // A responses stream speaks the responses event protocol to the end (s23 h2): an `error`
+      // event numbered after the last one relayed (its `error` member is what OpenAI clients throw).
+      if (responses && !raw.destroyed && !raw.writableEnded) raw.write(`event: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: null, sequence_number: lastSequence + 1, ...errorBody(code, message) })}\n\n`);
+      endStream(raw, responses ? undefined : code, message);
     };
+    const responses = p.exp.endpoint === 'responses';
+    /** The responses protocol's last sequence_number relayed (-1 before any). */
+    let lastSequence = -1;
     reply.hijack();
     const raw = reply.raw;
     raw.writeHead(200, {
@@ -191,6 +197,7 @@ export class Relay {
     const write = async (bytes: Uint8Array): Promise<void> => {
       if (!bytes.length) return;
       openEvent = !endsWithBlankLine(bytes);
+      if (responses) lastSequence = lastSequenceIn(bytes, lastSequence);
       if (gone.aborted || raw.destroyed || raw.write(bytes)) return;
       // The buyer is slow to read: that wait is theirs, not the provider's. A buyer whose
       // connection takes nothing for buyerIdleMs is taken for gone (the connection is closed, which
@@ -277,6 +284,15 @@ export class Relay {
 }
 
 /** Ends a relayed stream; with an error, as one last SSE event the buyer's client reports. */
+/** The last `"sequence_number":N` in `bytes`, or `before` when there is none. */
+function lastSequenceIn(bytes: Uint8Array, before: number): number {
+  const text = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('latin1');
+  const at = text.lastIndexOf('"sequence_number":');
+  if (at < 0) return before;
+  const m = /^"sequence_number":(\d{1,15})/.exec(text.slice(at, at + 40));
+  return m ? Number(m[1]) : before;
+}
+
 function endStream(raw: ServerResponse, code?: string, message?: string): void {
   if (raw.destroyed || raw.writableEnded) return;
   if (code) raw.write(`data: ${JSON.stringify(errorBody(code, message ?? code))}\n\n`);
