@@ -164,7 +164,7 @@ describe('RequestRecords', () => {
     const file = path.join(dir, 'c.db');
     const a = new RequestRecords(10, file);
     begin(a, 'live');
-    expect(() => new RequestRecords(10, file)).toThrow(/request records .*c\.db: database is locked/);
+    expect(() => new RequestRecords(10, file)).toThrow(/request records .*c\.db: another gateway uses this file \(one gateway a records file\)$/);
     expect(a.get('live')?.status).toBe('in_progress'); // not marked interrupted by the second opener
     a.fail('live', 'refused', { code: 'no_provider', message: 'x' });
     a.close();

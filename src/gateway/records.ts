@@ -189,7 +189,7 @@ export class RequestRecords {
     } catch (e) {
       db?.close();
       const code = (e as { code?: unknown }).code;
-      const why = code === 'ENOENT' ? `its folder ${path.dirname(path.resolve(file))} does not exist` : isErrnoError(e) ? fsProblem(e) : (e as Error).message;
+      const why = code === 'ENOENT' ? `its folder ${path.dirname(path.resolve(file))} does not exist` : code === 'SQLITE_BUSY' ? 'another gateway uses this file (one gateway a records file)' : isErrnoError(e) ? fsProblem(e) : (e as Error).message;
       throw new Error(`request records ${file}: ${why}`);
     }
     this.db = db;
