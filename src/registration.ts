@@ -271,7 +271,8 @@ export function startRegistration(o: RegistrationOptions): Registration {
           failed('registration', r);
           // The first failure is a warning (a refusal, an error: the operator must act); retries are quiet.
           const fields = { market: base, attempts, retry_in_ms: backoff, ...(r.kind === 'refused' ? { status: r.status, code: r.code, reason: r.message } : { reason: r.message }) };
-          if (r.kind === 'refused') log?.[attempts === 1 ? 'error' : 'debug'](fields, 'the marketplace refused the registration; retrying');
+          // (408 and 429 are not refusals: the market is busy, as when it does not answer.)
+          if (r.kind === 'refused' && r.status !== 408 && r.status !== 429) log?.[attempts === 1 ? 'error' : 'debug'](fields, 'the marketplace refused the registration; retrying');
           else log?.[attempts === 1 ? 'warn' : 'debug'](fields, 'marketplace unreachable; registration will be retried');
           await sleep(backoff * (0.8 + 0.4 * Math.random()));
           backoff = Math.min(backoff * 2, maxBackoff);

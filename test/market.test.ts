@@ -171,6 +171,17 @@ describe('registration', () => {
     expect(listed.addresses).toEqual(['/ip4/127.0.0.1/tcp/4101']);
   });
 
+  test('a registration in force from the future (a node whose clock ran ahead) is replaced by one of the last minute, not kept until the market\'s clock catches up; an older one is still refused', async () => {
+    const p = provider();
+    const now = Date.now();
+    expect((await post('/v1/providers/register', registration(p, { issued_at: now + 4 * 60_000 }))).status).toBe(200);
+    expect((await post('/v1/providers/register', registration(p, { issued_at: now - 90_000, addresses: ['/ip4/10.0.0.2/tcp/1'] }))).body.error).toMatchObject({ code: 'registration_invalid' });
+    const fixed = await post('/v1/providers/register', registration(p, { issued_at: Date.now(), addresses: ['/ip4/10.0.0.1/tcp/1'] }));
+    expect(fixed.status).toBe(200);
+    const listed = ((await get('/v1/providers')).body as any[]).find((x) => x.provider === p.key.id);
+    expect(listed.addresses).toEqual(['/ip4/10.0.0.1/tcp/1']);
+  });
+
   test('the registration in force sent again changes nothing; other contents under its issued_at are refused', async () => {
     const p = provider();
     const now = Date.now();

@@ -229,6 +229,14 @@ describe('a heartbeat the market fails to answer keeps the node registered and r
   });
 });
 
+describe('a registration the market answers 408 or 429 (busy, not a refusal: docs/market-api.md)', () => {
+  test.each([429, 408])('%i is a warning that it will be retried, not an error that it was refused', async (status) => {
+    const n = await scenario((route, i) => (route === 'register' ? (i === 1 ? error(status, 'busy', 'try later') : registered()) : ok));
+    await until('registered after the busy answer', () => n.reg.registered);
+    expect(n.lines.filter((l) => /registration/.test(l.msg)).map((l) => [l.level, l.msg])).toEqual([[40, 'marketplace unreachable; registration will be retried']]);
+  });
+});
+
 describe("answers that are not the market's API are not taken at face value", () => {
   test('a heartbeat refused with a 4xx without the API\'s body (a proxy\'s HTML page) is a refusal: the node registers again', async () => {
     const n = await scenario((route, i) => (route === 'register' ? registered() : i === 1 ? { status: 404, body: '<html>Not Found</html>', raw: true } : ok));

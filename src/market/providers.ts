@@ -133,7 +133,11 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
 export function register(store: MarketStore, body: unknown, now: number): ProviderRecord {
   const { payload: p, rates, contracts } = verifyRegistration(body, now);
   const old = store.providers.get(p.provider);
-  if (old && p.issued_at < old.issued_at) {
+  // Older than the one in force is refused, but one in force from the future (a node whose clock
+  // ran ahead, restarted after it was set right) does not lock its provider out until the market's
+  // clock catches up: a registration of the last minute (by the market's clock) or later replaces
+  // it (s23 h4).
+  if (old && p.issued_at < (old.issued_at > now ? now - 60_000 : old.issued_at)) {
     throw new MarketError(400, 'registration_invalid', `issued_at: ${p.issued_at} is older than the registration in force (${old.issued_at})`);
   }
   if (old && p.issued_at === old.issued_at) {
