@@ -142,6 +142,22 @@ describe('audit: a clean export', () => {
     expect(r.summary!.rootHash).toBe(base.rootHash);
   });
 
+  it('a `checkpoint` that is a dangling or looping symlink is refused as unreadable, not passed over as no checkpoint; dotfiles in checkpoints/ are litter, skipped (s23 h3)', async () => {
+    for (const target of ['nowhere', 'checkpoint']) {
+      const dir = fresh();
+      removeCheckpoints(dir);
+      fs.symlinkSync(target, path.join(dir, 'checkpoint'));
+      const r = await run(dir);
+      expect(r.ok, target).toBe(false);
+      expect(r.fault, target).toMatchObject({ code: 'checkpoint_malformed', message: 'checkpoint is not a readable checkpoint (at most 64 KiB)' });
+    }
+    const dir = fresh();
+    fs.writeFileSync(path.join(dir, 'checkpoints', '.300.swp'), 'editor litter');
+    const r = await run(dir);
+    expect(r.ok).toBe(true);
+    expect(r.summary!.checkpoints).toBe(3);
+  });
+
   it('an export of an empty log is log_empty', async () => {
     const t = tempDir();
     temps.push(t);

@@ -185,6 +185,15 @@ function toFault(e: VerifyError, line?: number, seq?: string): AuditFault {
   return { code: e.code, message: e.message, ...(s !== undefined ? { seq: s } : {}), ...(line !== undefined ? { line } : {}), ...(e.field ? { field: e.field } : {}) };
 }
 
+/**
+ * Whether the export has an entry at `p`: a symlink counts, dangling or looping (existsSync would
+ * answer false, and the audit would pass over an unreadable checkpoint in silence: s23 h3), and is
+ * then refused as unreadable.
+ */
+function present(p: string): boolean {
+  return fs.lstatSync(p, { throwIfNoEntry: false }) !== undefined;
+}
+
 function readSmall(file: string, max = 1 << 16): string | undefined {
   try {
     const st = fs.statSync(file);
@@ -205,7 +214,7 @@ const PRICE_FILE = /^([A-Za-z0-9._:-]{1,64})\.json$/;
  */
 function verifyExportPriceLists(dir: string, provider: string): { lists: PricedVersion[]; folder: boolean } | AuditFault {
   const sub = path.join(dir, 'prices');
-  if (!fs.existsSync(sub)) return { lists: [], folder: false };
+  if (!present(sub)) return { lists: [], folder: false };
   let names: string[];
   try {
     names = fs.readdirSync(sub).filter((n) => !n.startsWith('.')).sort();
@@ -250,12 +259,13 @@ function readKept(paths: readonly string[]): { notes: string[]; files: string[] 
 /** `checkpoint` and `checkpoints/*`, deduplicated, with the files (relative to `dir`) each note came from. */
 function readCheckpoints(dir: string): { notes: string[]; files: string[][] } | AuditFault {
   const files: string[] = [];
-  if (fs.existsSync(path.join(dir, 'checkpoint'))) files.push(path.join(dir, 'checkpoint'));
+  if (present(path.join(dir, 'checkpoint'))) files.push(path.join(dir, 'checkpoint'));
   const sub = path.join(dir, 'checkpoints');
-  if (fs.existsSync(sub)) {
+  if (present(sub)) {
     let names: string[];
     try {
-      names = fs.readdirSync(sub).sort();
+      // (dotfiles skipped, as in prices/ and the --kept folders: editors' and file managers' litter)
+      names = fs.readdirSync(sub).filter((n) => !n.startsWith('.')).sort();
     } catch {
       return { code: 'export_malformed', message: 'checkpoints/ is not a readable directory' };
     }
