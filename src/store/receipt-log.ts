@@ -49,7 +49,7 @@ export interface ReceiptLogOptions {
   checkpointEvery?: number;
   /** ...or after this long with new receipts (default 10 s; 0 disables the timer). */
   checkpointIntervalMs?: number;
-  /** Most receipts committed in one transaction (default 128). */
+  /** Most receipts committed in one transaction (default 512). */
   maxBatch?: number;
   /** How often it looks whether its files were deleted or replaced under it (default 10 s). */
   fileCheckMs?: number;
@@ -199,7 +199,7 @@ export class ReceiptLog {
     this.publicKey = id.publicKey;
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
     this.path = opts.path;
-    this.maxBatch = opts.maxBatch ?? 128;
+    this.maxBatch = opts.maxBatch ?? 512;
     this.notice = (m, level = 'warn') => {
       try {
         opts.onNotice?.(m, level);
