@@ -18,13 +18,12 @@ export interface NativeCrypto {
 
 interface NodeHash {
   update(d: Uint8Array | string): NodeHash;
-  digest(): Uint8Array;
-  digest(encoding: 'hex'): string;
+  digest(encoding: 'hex' | 'latin1'): string;
 }
 
 interface NodeCryptoModule {
   createHash(alg: string): NodeHash;
-  hash?: ((alg: string, data: Uint8Array | string, enc: 'buffer') => Uint8Array) & ((alg: string, data: Uint8Array | string, enc: 'hex') => string);
+  hash?: (alg: string, data: Uint8Array | string, enc: 'hex' | 'latin1') => string;
   createPrivateKey(o: { key: Uint8Array; format: 'der'; type: 'pkcs8' }): unknown;
   createPublicKey(o: { key: Uint8Array; format: 'der'; type: 'spki' }): unknown;
   sign(alg: null, data: Uint8Array, key: unknown): Uint8Array;
@@ -81,21 +80,20 @@ function keyCache(make: (raw: Uint8Array) => unknown): (raw: Uint8Array) => unkn
 function wrap(c: NodeCryptoModule): NativeCrypto {
   const privateKey = keyCache((seed) => c.createPrivateKey({ key: concatBytes(PKCS8_PREFIX, seed), format: 'der', type: 'pkcs8' }));
   const publicKey = keyCache((raw) => c.createPublicKey({ key: concatBytes(SPKI_PREFIX, raw), format: 'der', type: 'spki' }));
+  // A digest taken as a latin1 string and copied out costs half what a Buffer result does (~0.3
+  // against ~0.7 µs for a Merkle node's 65 bytes: Node allocates and wraps a Buffer per call), and
+  // the tree hashes one node a receipt.
   const hash = c.hash
-    ? (alg: string, data: Uint8Array | string) => c.hash!(alg, data, 'buffer')
-    : (alg: string, data: Uint8Array | string) => c.createHash(alg).update(data).digest();
+    ? (alg: string, data: Uint8Array | string) => bytesOfLatin1(c.hash!(alg, data, 'latin1'))
+    : (alg: string, data: Uint8Array | string) => bytesOfLatin1(c.createHash(alg).update(data).digest('latin1'));
 
   return {
-    hash: (alg, data) => {
-      const b = hash(alg, data);
-      return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
-    },
+    hash,
     hashHex: c.hash ? (alg, data) => c.hash!(alg, data, 'hex') : (alg, data) => c.createHash(alg).update(data).digest('hex'),
     hashParts: (alg, parts) => {
       const h = c.createHash(alg);
       for (const p of parts) h.update(p);
-      const b = h.digest();
-      return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+      return bytesOfLatin1(h.digest('latin1'));
     },
     ed25519Sign(seed, message) {
       const s = c.sign(null, message, privateKey(seed));
@@ -105,6 +103,13 @@ function wrap(c: NodeCryptoModule): NativeCrypto {
       return c.verify(null, message, publicKey(raw), signature);
     },
   };
+}
+
+/** The bytes of a latin1 string (each character one byte). */
+function bytesOfLatin1(s: string): Uint8Array {
+  const out = new Uint8Array(s.length);
+  for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+  return out;
 }
 
 function keyId(bytes: Uint8Array): string {
