@@ -731,10 +731,14 @@ describe('failover: a provider that cannot start the request (503 no_capacity) h
       const before = await snapshot();
       const waits: unknown[] = [];
       proxy.ticket = (g) => (waits.push((peekPayload(g.ticket as DsseEnvelope) as unknown as TicketPayload).routing.max_wait_ms), g);
+      const outstanding = market.store.outstandingTickets(Date.now());
       const res = await post(chatBody('anyone there?'), { 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}`, 'x-service-max-wait-ms': '2500' });
       expect(res.status).toBe(200);
       // No node queued it: the next provider keeps the buyer's whole wait (s23 h1).
       expect(waits).toEqual([2500, 2500]);
+      // Its ticket never reached the provider: released at the market, not outstanding until it
+      // expires (the second attempt's is settled): nothing of this request is outstanding.
+      await waitFor('the unreached attempt\'s ticket released', () => (market.store.outstandingTickets(Date.now()) === outstanding ? true : undefined));
       const id = res.headers.get('x-request-id')!;
       expect(id).toMatch(/-f1$/);
       expect(scripted.requests).toBe(before.requests);

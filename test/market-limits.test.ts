@@ -177,6 +177,19 @@ describe('tickets', () => {
     expect((await s.ask()).status).toBe(200);
   });
 
+  test('a ticket released by the buyer\'s gateway (it never reached its provider) stops counting as outstanding; a receipt for it still settles; an unknown one is 404', async () => {
+    const s = await marketWithProvider({ maxOutstandingTickets: 1 });
+    const a = await s.ask();
+    expect((await s.ask()).body.error.code).toBe('too_many_tickets');
+    const id = ticketOf(a.body).ticket_id;
+    expect(await s.post(`/v1/tickets/${id}/release`, undefined)).toMatchObject({ status: 200, body: { released: true } });
+    expect(s.m.store.outstandingTickets(s.now())).toBe(0);
+    expect((await s.ask()).status).toBe(200);
+    expect(await s.post(`/v1/tickets/${id}/release`, undefined)).toMatchObject({ status: 200, body: { released: false } });
+    expect((await s.post('/v1/receipts', { receipt: receiptFor(s.p, a.body, 1) })).status).toBe(200);
+    expect(await s.post('/v1/tickets/tkt-nothing/release', undefined)).toMatchObject({ status: 404, body: { error: { code: 'unknown_ticket' } } });
+  });
+
   test('a receipt a day after its ticket expired is still counted (a gateway looks for one at its node for ~28 h); 30 h after expiry the ticket is forgotten', async () => {
     const s = await marketWithProvider({});
     const a = await s.ask();

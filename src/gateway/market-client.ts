@@ -254,6 +254,16 @@ export class MarketClient {
     };
   }
 
+  /**
+   * POST /v1/tickets/{id}/release: the ticket never reached its provider, so the market stops
+   * counting it as outstanding (docs/market-api.md). Whether it was outstanding until now.
+   */
+  async releaseTicket(ticketId: string): Promise<boolean> {
+    const v = await this.call('POST', `/v1/tickets/${encodeURIComponent(ticketId)}/release`);
+    if (!isObj(v) || typeof v.released !== 'boolean') throw bad('ticket release');
+    return v.released;
+  }
+
   /** POST /v1/receipts: settles one receipt (idempotent per receipt at the market). `signal` ends the call. */
   async postReceipt(line: string, signal?: AbortSignal): Promise<ReceiptAck> {
     const v = await this.call('POST', '/v1/receipts', { receipt: line }, signal);

@@ -371,6 +371,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       a.ac.abort(new Error('lost the hedge'));
       if (before && !before.ok && before.stage === 'connect' && !before.aborted) {
         records.fail(a.p.requestId, 'failed', { code: 'provider_unreachable', message: `could not reach provider ${a.p.provider}: ${before.e.message}` });
+        settlements.releaseTicket(a.p);
         continue;
       }
       void settlements.track(
@@ -415,7 +416,10 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (!outcome.ok) {
       idle.stop();
       if (gone.signal.aborted) return relay.abandon(p, reply, sentNothing(outcome));
-      if (outcome.stage === 'connect') return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
+      if (outcome.stage === 'connect') {
+        settlements.releaseTicket(p);
+        return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
+      }
       // The stream opened but no head came: the provider may have started; its log knows.
       void settlements.settleFromNode(p, 'failed');
       if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${idle.ms} ms`);

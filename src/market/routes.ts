@@ -139,6 +139,13 @@ export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
     return t;
   });
 
+  app.post('/v1/tickets/:ticket_id/release', async (req) => {
+    const id = (req.params as { ticket_id: string }).ticket_id;
+    const released = store.release(id, ctx.now());
+    if (released === undefined) throw new MarketError(404, 'unknown_ticket', `no ticket ${id.slice(0, 200)} issued by this market (or forgotten)`);
+    return { released };
+  });
+
   app.post('/v1/receipts', { schema: { body: receiptBodySchema }, config: { invalidCode: 'invalid_request' } }, async (req) => {
     const { result, duplicate } = collectReceipt(store, (req.body as { receipt: string }).receipt, ctx.now());
     if (!duplicate) req.log.info({ request_id: result.request_id, cost_micro_usd: result.cost_micro_usd }, 'receipt collected');

@@ -237,6 +237,19 @@ export class MarketStore {
     return this.unsettled.size;
   }
 
+  /**
+   * The buyer's gateway says the ticket never reached its provider (it could not be dialled, or the
+   * attempt ended before it was sent): it stops counting as outstanding now rather than at its
+   * expiry. A receipt for it is still taken (if the provider did get it after all, its work is
+   * paid). Memory only: after a restart it counts again until it expires. Undefined for a ticket
+   * this market does not know; false for one settled or expired already.
+   */
+  release(ticketId: string, now: number): boolean | undefined {
+    const t = this.tickets.get(ticketId);
+    if (!t) return undefined;
+    return this.unsettled.delete(ticketId) && t.settled === undefined && t.expires_at >= now;
+  }
+
   /** Remembers an issued ticket (the caller checked outstandingTickets against the limit first). */
   addTicket(t: IssuedTicket, now: number): void {
     this.write('the ticket', (db) => db.putTicket(t));
