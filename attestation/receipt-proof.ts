@@ -38,7 +38,12 @@ function verifyReceiptProofUnsafe(text: string, opts: { provider?: string }): Ve
   const origin = cp?.ok ? cp.value.origin : '';
   const m = /^([0-9a-f]{64})\/receipts$/.exec(origin);
   if (pinned !== undefined && m && m[1] !== pinned) return fail('provider_mismatch', `the bundle is from provider ${m[1]}, not ${pinned}`);
-  if (pinned === undefined && !m) return fail('checkpoint_origin_mismatch', 'the checkpoint origin is not "<provider id>/receipts"');
+  if (pinned === undefined && !m) {
+    // (A note or checkpoint that does not parse is named as such, not as the wrong origin: s23 h3.)
+    if (!note.ok) return note;
+    if (cp && !cp.ok) return cp;
+    return fail('checkpoint_origin_mismatch', 'the checkpoint origin is not "<provider id>/receipts"');
+  }
   const provider = pinned ?? m![1]!;
   const key = pinnedKey ?? receiptLogKey(provider)!; // (an origin's id is 64 lowercase hex: a key)
   const b = verifyProofBundle(text, undefined, key);

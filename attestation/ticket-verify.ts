@@ -46,6 +46,13 @@ export function decodeMarketplaceKeys(keys: readonly MarketplaceKey[]): { keyid:
 }
 
 export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
+  // The options are read first, under their own name: a getter that throws is the options' fault,
+  // not the ticket's (as verifyReceipt has it).
+  const read = guarded('options_invalid', 'options', () => {
+    const problem = ticketOptionsProblem(opts);
+    return problem ? fail('options_invalid', problem) : ok(undefined);
+  });
+  if (!read.ok) return read;
   return guarded('envelope_malformed', 'ticket', () => verifyTicketUnsafe(envelope, opts));
 }
 
@@ -67,8 +74,6 @@ function ticketOptionsProblem(opts: unknown): string | undefined {
 }
 
 function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
-  const problem = ticketOptionsProblem(opts);
-  if (problem) return fail('options_invalid', problem);
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
   const keys = decodeMarketplaceKeys(opts.marketplaceKeys);

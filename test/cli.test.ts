@@ -576,6 +576,11 @@ describe('verify', () => {
     expectFail(await runCli(['verify', f]), /^FAIL bundle: signature_invalid: /m);
   });
 
+  it('a bundle whose checkpoint does not parse says so, not that its origin is wrong (s23 h3)', async () => {
+    const r = await runCli(['verify', write('bundle-cp-malformed.txt', bundle.replace(/\n30\n/, '\n030\n'))]);
+    expectFail(r, /^FAIL bundle: checkpoint_malformed: /m);
+  });
+
   it('a bundle cut short is refused', async () => {
     const f = write('bundle-short.txt', bundle.slice(0, bundle.indexOf('\n\n')));
     expectFail(await runCli(['verify', f]), /^FAIL bundle: bundle_malformed: /m);

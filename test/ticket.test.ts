@@ -35,6 +35,11 @@ describe('verifyTicket', () => {
     expect(codeOf(signTicket(market, { ...p, expires_at: now - 29_000 }))).toBe('ok');
     expect(codeOf(signTicket(market, { ...p, expires_at: now - 1000 }), { skewMs: 0 })).toBe('ticket_expired');
   });
+  test('options that throw when read are options_invalid, not the ticket\'s fault (as verifyReceipt has it: s23 h3)', () => {
+    const fresh = signTicket(market, ticketPayload(provider.id));
+    const hostile = new Proxy({}, { ownKeys() { throw new Error('boom'); } });
+    expect(verifyTicket(fresh, hostile as never)).toMatchObject({ ok: false, error: { code: 'options_invalid', message: expect.stringContaining('boom') } });
+  });
   test('options that would make every window pass (a NaN or infinite clock or skew, a string skew) are options_invalid, never ok', () => {
     const now = Date.now();
     const expired = signTicket(market, ticketPayload(provider.id, { issued_at: now - 120_000, expires_at: now - 60_000 }));
