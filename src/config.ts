@@ -119,7 +119,7 @@ type Raw = Record<string, unknown>;
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): NodeConfig {
   let text: string;
   try {
-    text = readTextFile(file);
+    text = readTextFile(file, { pipes: true }); // (a pipe too: --config <(envsubst < config.yaml))
   } catch (e) {
     const missing = (e as NodeJS.ErrnoException).code === 'ENOENT';
     throw new ConfigError('', `cannot read ${file}: ${fsProblem(e)}${missing ? ' (seller-node init --data DIR writes one)' : ''}`);

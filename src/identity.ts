@@ -72,7 +72,7 @@ export function loadKeyFile(file: string): NodeIdentity {
   }
   let pem: string;
   try {
-    pem = readTextFile(file, 64 * 1024);
+    pem = readTextFile(file, { maxBytes: 64 * 1024, pipes: true });
   } catch (e) {
     throw new IdentityError(`key file ${file}: ${fsProblem(e)}`);
   }

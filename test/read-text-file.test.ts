@@ -68,15 +68,17 @@ describe('readTextFile', () => {
 });
 
 describe('its users', () => {
-  it('a config that is a FIFO is refused at start, naming it', () => {
+  it('a config or key from a pipe (process substitution) is read to its end, its writer waited on; a FIFO nobody writes to reads as empty at once', () => {
+    const script = `import { readTextFile } from ${JSON.stringify(path.resolve('src/read-text-file.ts'))}; process.stdout.write(readTextFile(process.argv[1], { pipes: true }))`;
+    const out = execFileSync('bash', ['-c', `${JSON.stringify(process.execPath)} --input-type=module -e ${JSON.stringify(script)} <(sleep 0.3; printf 'a: 1\\n')`], { encoding: 'utf8' });
+    expect(out).toBe('a: 1\n');
+    expect(() => readTextFile(path.join(dir, 'fifo'))).toThrow('it is a FIFO, not a regular file'); // (not where pipes are not taken)
     const f = path.join(dir, 'config-fifo.yaml');
     execFileSync('mkfifo', [f]);
-    expect(() => loadConfig(f, {})).toThrow(`cannot read ${f}: it is a FIFO, not a regular file`);
-  });
-
-  it('a key file that is a FIFO (mode 0600) is refused, naming it', () => {
-    const f = path.join(dir, 'key-fifo');
-    execFileSync('mkfifo', ['-m', '600', f]);
-    expect(() => loadKeyFile(f)).toThrow(`key file ${f}: it is a FIFO, not a regular file`);
+    expect(readTextFile(f, { pipes: true })).toBe('');
+    expect(loadConfig(f, {}).models).toEqual([]); // (an empty config: its defaults, and start then asks for a model)
+    const k = path.join(dir, 'key-fifo');
+    execFileSync('mkfifo', ['-m', '600', k]);
+    expect(() => loadKeyFile(k)).toThrow(`key file ${k} is not a PEM private key`);
   });
 });

@@ -192,7 +192,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
 export function readRequestsFile(file: string): Map<string, Uint8Array> {
   const out = new Map<string, Uint8Array>();
   // (a V8 string holds at most 2^29 characters)
-  const lines = readTextFile(file, (1 << 29) - 24).split('\n');
+  const lines = readTextFile(file, { maxBytes: (1 << 29) - 24, pipes: true }).split('\n');
   lines.forEach((line, i) => {
     if (!line.trim()) return;
     let v: { request_id?: unknown; body?: unknown };

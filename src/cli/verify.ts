@@ -1,5 +1,4 @@
 import { printLines } from './printable.ts';
-import fs from 'node:fs';
 import { Command } from 'commander';
 import { isHex } from '../../attestation/bytes.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
@@ -10,6 +9,7 @@ import { fail } from '../../attestation/result.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import { CliError } from './cli-error.ts';
 import { fsProblem } from '../fs-problem.ts';
+import { readFd, readFileBytes } from '../read-text-file.ts';
 
 const MAX_FILE = 8 << 20;
 
@@ -54,40 +54,12 @@ function payloadOf(v: { payload: ReceiptPayload } | { receipt: { payload: Receip
   return 'receipt' in v ? v.receipt.payload : v.payload;
 }
 
-const PAUSE = new Int32Array(new SharedArrayBuffer(4));
-
+/** The file (or standard input, `-`): a regular file, or a pipe read to its end (`verify <(sed -n 5p receipts.jsonl)`), at most MAX_FILE. */
 function readInput(file: string): Buffer {
-  let fd: number | undefined;
   try {
-    // Opened without blocking and checked: a file, or a pipe (`<(sed -n 5p receipts.jsonl)`), read
-    // to its end within MAX_FILE; a device (which might never end) or a folder is refused.
-    fd = file === '-' ? 0 : fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
-    if (fd !== 0) {
-      const st = fs.fstatSync(fd);
-      // (A pipe is read until its writer closes it; one without a writer reads as empty, never waited on.)
-      if (!st.isFile() && !st.isFIFO()) throw new CliError(`cannot read ${file}: ${st.isDirectory() ? 'it is a folder' : 'not a regular file or a pipe (a device)'}`);
-    }
-    const buf = Buffer.alloc(MAX_FILE + 1);
-    let n = 0;
-    for (;;) {
-      let r: number;
-      try {
-        r = fs.readSync(fd, buf, n, buf.length - n, null);
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== 'EAGAIN') throw e;
-        Atomics.wait(PAUSE, 0, 0, 10); // a pipe whose writer has not written yet
-        continue;
-      }
-      if (r === 0) break;
-      n += r;
-      if (n > MAX_FILE) throw new CliError(`${file} is larger than ${MAX_FILE} bytes`);
-    }
-    return buf.subarray(0, n);
+    return file === '-' ? readFd(0, MAX_FILE) : readFileBytes(file, { maxBytes: MAX_FILE, pipes: true });
   } catch (e) {
-    if (e instanceof CliError) throw e;
     throw new CliError(`cannot read ${file}: ${fsProblem(e)}`);
-  } finally {
-    if (fd !== undefined && fd !== 0) fs.closeSync(fd);
   }
 }
 
