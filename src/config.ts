@@ -131,6 +131,9 @@ export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): 
 export function parseConfig(text: string, base: string, env: NodeJS.ProcessEnv = {}, source?: string): NodeConfig {
   const doc = YAML.parseDocument(text, { uniqueKeys: true });
   if (doc.errors.length) throw yamlProblem(doc.errors[0]!, text, source);
+  // (An unknown tag, `log_level: !foo debug`, is only a warning to the yaml library, which drops
+  // the tag: refused, as nothing in a config is ignored: s23 h7.)
+  if (doc.warnings.length) throw yamlProblem(doc.warnings[0]!, text, source);
   let raw: unknown;
   try {
     raw = (exactDecimals(doc).toJS() ?? {}) as unknown;
@@ -190,10 +193,14 @@ function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): Map<string, string> {
     if (known === undefined && !(keys.length === 2 && keys[0] === 'marketplace' && keys[1] === 'url')) {
       throw new ConfigError(keys.join('.'), `unknown key (from environment variable ${name})`);
     }
+    // An empty variable (docker-compose's `X=${UNSET}`, `export X=`) is YAML null, which for
+    // marketplace.url silently turns registration off: refused, as no value at all (s23 h7).
+    if (value.trim() === '') throw new ConfigError(keys.join('.'), `environment variable ${name} is set but empty: unset it to keep the file's value, or write null for none`);
     let parsed: unknown;
     try {
       const d = YAML.parseDocument(value);
       if (d.errors.length) throw d.errors[0];
+      if (d.warnings.length) throw d.warnings[0];
       parsed = exactDecimals(d).toJS();
     } catch {
       throw new ConfigError(keys.join('.'), `environment variable ${name} is not a valid value`);
@@ -238,9 +245,11 @@ function exactDecimals(doc: YAML.Document): YAML.Document {
   YAML.visit(doc, {
     Scalar(_key, node) {
       if (typeof node.value !== 'number' || node.type !== 'PLAIN' || typeof node.source !== 'string') return;
-      // Only where the double lost something: "8192.0" and "0.15" stay numbers, as before.
+      // Only where the double lost something: "8192.0" and "0.15" stay numbers, as before. A
+      // number written otherwise (1e2, 0x10, .inf) keeps its text too, which no key takes: a price
+      // would otherwise go through a double (99999999999.999999e0 read as 100000000000: s23 h7).
       const plain = /^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)$/.test(node.source);
-      if (plain && decimalText(node.source) !== decimalText(String(node.value))) node.value = node.source;
+      if (!plain || decimalText(node.source) !== decimalText(String(node.value))) node.value = node.source;
     },
   });
   return doc;
@@ -294,6 +303,10 @@ function validate(raw: Raw, base: string): NodeConfig {
   const listen = pick<unknown>('listen');
   if (!Array.isArray(listen) || listen.length === 0) throw new ConfigError('listen', 'expected a list of multiaddrs');
   const listenAddrs = listen.map((a, i) => tcpListenAddr(a, `listen[${i}]`));
+  listenAddrs.forEach((a, i) => {
+    const first = listenAddrs.indexOf(a);
+    if (first < i) throw new ConfigError(`listen[${i}]`, `${a} is listed already (listen[${first}]): the node would bind it twice and fail as if another process held it`);
+  });
 
   const mp = pick<unknown>('marketplace');
   if (!isObject(mp)) throw new ConfigError('marketplace', 'expected a mapping');
@@ -342,7 +355,8 @@ function validate(raw: Raw, base: string): NodeConfig {
         input_per_mtok: usdRate(prices.input_per_mtok_usd, `${where}.prices.input_per_mtok_usd`),
         output_per_mtok: usdRate(prices.output_per_mtok_usd, `${where}.prices.output_per_mtok_usd`),
       },
-      slots: int(full.slots, `${where}.slots`, 1, 1024),
+      // (llama.cpp takes at most 256 sequences a context: more failed at start, blamed on memory)
+      slots: int(full.slots, `${where}.slots`, 1, 256),
       queue: int(full.queue, `${where}.queue`, 0, 100_000),
       max_wait_ms: int(full.max_wait_ms, `${where}.max_wait_ms`, 0, MAX_WAIT_MS),
       mmap: bool(full.mmap, `${where}.mmap`),

@@ -117,6 +117,23 @@ describe('config', () => {
     expect(parseConfig('receipts: { checkpoint_every: 1000.0 }\n', base, { SELLER_NODE_RECEIPTS__SIGNER_THREADS: '2.0' }).receipts).toMatchObject({ checkpoint_every: 1000, signer_threads: 2 });
     // Whole-number keys still take whole numbers, and refuse a decimal as before.
     expect(() => parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", slots: 2.5, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }\n', base)).toThrow(/models\[0\]\.slots/);
+    // A number written with an exponent or in hex is not read through a double: refused, as its quoted form is (s23 h7).
+    for (const written of ['1e2', '99999999999.999999e0', '1.0000000000000001e0', '0x10', '.inf']) {
+      expect(() => rates(written), written).toThrow('config: models[0].prices.input_per_mtok_usd: expected a USD amount like "0.15" (at most 6 decimals)');
+    }
+    expect(() => parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", context: 0x2000, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }\n', base)).toThrow(/models\[0\]\.context/);
+  });
+
+  test('the rest of what a config could hide is refused: slots beyond what llama.cpp runs, an address listed twice, an unknown tag, an empty environment variable (s23 h7)', () => {
+    expect(() => parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", slots: 257, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }\n', base)).toThrow('config: models[0].slots: expected a whole number from 1 to 256');
+    expect(parseConfig('models:\n  - { id: a, adapter: vllm, url: "http://x", slots: 256, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }\n', base).models[0]!.slots).toBe(256);
+    expect(refused('listen: [/ip4/127.0.0.1/tcp/4101, /ip4/127.0.0.1/tcp/4101/]')).toEqual({ key: 'listen[1]', message: 'config: listen[1]: /ip4/127.0.0.1/tcp/4101 is listed already (listen[0]): the node would bind it twice and fail as if another process held it' });
+    expect(refused('log_level: !foo debug').message).toMatch(/^config: not valid YAML.*Unresolved tag: !foo/);
+    expect(refused('', { SELLER_NODE_LOG_LEVEL: '!foo debug' }).message).toBe('config: log_level: environment variable SELLER_NODE_LOG_LEVEL is not a valid value');
+    for (const value of ['', '  ']) {
+      expect(refused('marketplace: { url: "http://127.0.0.1:1" }', { SELLER_NODE_MARKETPLACE__URL: value }).message).toBe("config: marketplace.url: environment variable SELLER_NODE_MARKETPLACE__URL is set but empty: unset it to keep the file's value, or write null for none");
+    }
+    expect(parseConfig('marketplace: { url: "http://127.0.0.1:1" }', base, { SELLER_NODE_MARKETPLACE__URL: 'null' }).marketplace.url).toBeNull();
   });
 
   test('listen: each entry is parsed as a multiaddr the TCP transport can listen on, refused naming its index', () => {
