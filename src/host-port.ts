@@ -45,6 +45,23 @@ export function isLoopbackHost(host: string): boolean {
   return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }
 
+/**
+ * Whether a Host header names this machine's loopback, any port: localhost, 127.0.0.0/8, [::1] or
+ * ::ffff:127.x, in any spelling a URL parser takes for them (a trailing dot, 127.1,
+ * [0:0:0:0:0:0:0:1], upper case).
+ */
+export function isLoopbackHostHeader(host: string): boolean {
+  if (!/^[A-Za-z0-9.:[\]-]+$/.test(host)) return false; // (no userinfo, path or space for the parser to read past)
+  let name: string;
+  try {
+    name = new URL(`http://${host}/`).hostname;
+  } catch {
+    return false;
+  }
+  if (name.endsWith('.')) name = name.slice(0, -1);
+  return name === 'localhost' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(name) || name === '[::1]' || /^\[::ffff:7f[0-9a-f]{2}:[0-9a-f]{1,4}\]$/.test(name);
+}
+
 const LISTEN_WHY: Readonly<Record<string, string>> = {
   EADDRINUSE: 'address already in use',
   EADDRNOTAVAIL: 'no such address on this machine',

@@ -1,3 +1,4 @@
+import http from 'node:http';
 import { afterEach, describe, expect, test } from 'vitest';
 import { createLogger } from '../src/ops/logger.ts';
 import { createMetrics, type Metrics } from '../src/ops/metrics.ts';
@@ -113,6 +114,33 @@ describe('ops server routes', () => {
       expect(res.status).toBe(200);
       expect(await res.text()).toBe('');
     }
+  });
+});
+
+describe('ops server and DNS rebinding', () => {
+  /** GET path with this Host header (fetch sends its own Host; node:http takes ours). */
+  const withHost = (url: string, path: string, host: string): Promise<{ status: number; body: string }> =>
+    new Promise((resolve, reject) => {
+      const u = new URL(url);
+      const req = http.request({ host: u.hostname, port: u.port, path, headers: { host } }, (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c.toString()));
+        res.on('end', () => resolve({ status: res.statusCode!, body }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+
+  test('on the loopback, a Host that is not the loopback is 403 host_not_allowed; the loopback in any spelling is served', async () => {
+    const { url } = await start();
+    const port = new URL(url).port;
+    for (const host of ['evil.example', `evil.example:${port}`, `127.0.0.1.evil.example:${port}`]) {
+      const r = await withHost(url, '/status', host);
+      expect(r.status, host).toBe(403);
+      expect(JSON.parse(r.body), host).toMatchObject({ error: { code: 'host_not_allowed' } });
+    }
+    expect((await withHost(url, '/metrics', 'evil.example')).status).toBe(403);
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, 'localhost']) expect((await withHost(url, '/status', host)).status, host).toBe(200);
   });
 });
 

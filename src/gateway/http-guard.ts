@@ -11,7 +11,9 @@
 //     and clients that send a body and stall must not take the process's memory with them.
 //   - A body whose Transfer-Encoding is anything but chunked is refused: it would be read as plain JSON.
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { isLoopbackHost } from '../host-port.ts';
+import { isLoopbackHost, isLoopbackHostHeader } from '../host-port.ts';
+
+export { isLoopbackHostHeader };
 import { GatewayError } from './errors.ts';
 
 /** How many bytes of request bodies the gateway holds at once while they arrive (default 256 MiB). */
@@ -23,23 +25,6 @@ export interface HttpGuardOptions {
   /** The largest body a route takes: what a body without Content-Length is counted as. */
   maxBodyBytes: number;
   budgetBytes?: number;
-}
-
-/**
- * Whether a Host header names this machine's loopback, any port: localhost, 127.0.0.0/8, [::1] or
- * ::ffff:127.x, in any spelling a URL parser takes for them (a trailing dot, 127.1,
- * [0:0:0:0:0:0:0:1], upper case).
- */
-export function isLoopbackHostHeader(host: string): boolean {
-  if (!/^[A-Za-z0-9.:[\]-]+$/.test(host)) return false; // (no userinfo, path or space for the parser to read past)
-  let name: string;
-  try {
-    name = new URL(`http://${host}/`).hostname;
-  } catch {
-    return false;
-  }
-  if (name.endsWith('.')) name = name.slice(0, -1);
-  return name === 'localhost' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(name) || name === '[::1]' || /^\[::ffff:7f[0-9a-f]{2}:[0-9a-f]{1,4}\]$/.test(name);
 }
 
 /** The onRequest hook that applies the rules above. */

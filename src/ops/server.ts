@@ -9,7 +9,7 @@
 // HEAD works on all four. A known path with another method is 405 (Allow: GET, HEAD); any other
 // path is 404; a callback that throws, times out or returns junk is 500. Every error body is
 // {"error":{"code","message"}}; no stack trace or callback error message is ever sent.
-import { isLoopbackHost } from '../host-port.ts';
+import { isLoopbackHost, isLoopbackHostHeader } from '../host-port.ts';
 import type { AddressInfo } from 'node:net';
 import { fastify, LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
@@ -172,6 +172,16 @@ export function createOpsServer(options: OpsServerOptions): OpsServer {
   function invalid(name: string, log: FastifyBaseLogger, what: string): OpsFailure {
     log.error({ callback: name }, `ops: ${name} callback returned ${what}`);
     return new OpsFailure(500, 'internal_error', `${name} callback returned an invalid result`);
+  }
+
+  // On a loopback address (the default), the Host must name the loopback too: a web page whose
+  // own name resolves to 127.0.0.1 (DNS rebinding) would otherwise read /status and /metrics, the
+  // node's earnings and addresses among them (s23 h7), as the gateway refuses it.
+  if (isLoopbackHost(host)) {
+    app.addHook('onRequest', async (req) => {
+      const asked = req.headers.host ?? '';
+      if (!isLoopbackHostHeader(asked)) throw new OpsFailure(403, 'host_not_allowed', `Host ${JSON.stringify(asked.slice(0, 100))} is not this machine's loopback, which is all the ops server listens on (a name that resolves here is not enough: DNS rebinding)`);
+    });
   }
 
   app.addHook('onSend', async (_req, reply, payload) => {
