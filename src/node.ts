@@ -431,8 +431,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       peer_id: host.peerId.toString(),
       addresses: host.getMultiaddrs().map((a) => a.toString()),
       price_version: prices.payload.version,
-      accepting: accepting(),
-      models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued, accepting: !modifiedModel(m) })),
+      // (Each model's flag says whether it takes paid work now, the node's whether any does: a
+      // node refusing all work no longer showed its models accepting, nor one whose only model is
+      // refused itself accepting: s23 h7.)
+      accepting: accepting() && [...models.values()].some((m) => !modifiedModel(m)),
+      models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued, accepting: accepting() && !modifiedModel(m) })),
       // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
       receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },
       in_flight: infer.inFlight,

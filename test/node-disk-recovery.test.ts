@@ -50,7 +50,12 @@ test('low disk refuses paid work with one error line; room again is said once at
     const n = node;
     const lowLines = () => logLines(logFile, 50).filter((l) => /MiB free, less than receipts\.min_free_mb \(100 MiB\): paid work is refused until space is freed$/.test(l.msg));
     const roomLines = () => logLines(logFile, 30).filter((l) => l.msg === 'the data dir has room again: paid work is taken');
-    const status = async () => ((await (await fetch(`${n.opsUrl}/status`)).json()) as { accepting: boolean }).accepting;
+    // (The node's flag and each model's agree: a model takes no paid work while the node takes none.)
+    const status = async () => {
+      const s = (await (await fetch(`${n.opsUrl}/status`)).json()) as { accepting: boolean; models: { accepting: boolean }[] };
+      expect(s.models.map((m) => m.accepting)).toEqual(s.models.map(() => s.accepting));
+      return s.accepting;
+    };
     // One ticket, sent twice: refused while the disk is low, served once there is room.
     const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }));
     const head = { endpoint: 'chat/completions', ticket: signTicket(market, ticketPayload(n.providerId, { model: 'tiny/llama', price_version: n.priceVersion, body_sha256: crypto.createHash('sha256').update(body).digest('hex'), max_cost_micro_usd: '100000' })) };
