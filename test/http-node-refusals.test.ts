@@ -59,6 +59,7 @@ describe.each(['gateway', 'market', 'ops'] as const)('%s', (server) => {
 
   test('HTTP/1.0 without Host is answered', async () => {
     const r = await exchange(ports[server]!, `GET ${paths[server]} HTTP/1.0\r\n\r\n`);
-    expect(r).toMatch(server === 'gateway' ? /^HTTP\/1\.1 403 .*"code":"host_not_allowed"/s : /^HTTP\/1\.1 200 /);
+    // (the gateway and the ops server, on the loopback, take only a loopback Host: none is not one)
+    expect(r).toMatch(server === 'gateway' || server === 'ops' ? /^HTTP\/1\.1 403 .*"code":"host_not_allowed"/s : /^HTTP\/1\.1 200 /);
   });
 });
