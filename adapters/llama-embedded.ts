@@ -10,6 +10,7 @@ import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } 
 import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
+import { piecesAt, scanSpecials, type SpecialScan, type SpecialText } from './special-token-split.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
@@ -99,6 +100,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   info: RuntimeInfo = { adapter: 'llama-embedded', version: '', modelSha256: '', contextLength: 0, embeddingLength: 0, chatTemplate: null };
   /** The most bytes one token stands for (set at start): what bounds an input's token count from below. */
   private maxTokenBytes = Number.POSITIVE_INFINITY;
+  /** The texts llama.cpp cuts out as special tokens when it parses them (set at start). */
+  private specials: SpecialText[] = [];
+  /** Whether a special token strips whitespace beside it: the bytes outside special tokens then bound nothing. */
+  private stripsWhitespace = false;
 
   constructor(opts: LlamaEmbeddedOptions) {
     this.opts = opts;
@@ -192,6 +197,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       }
     }
     this.maxTokenBytes = longestToken(model);
+    this.specials = specialTexts(model);
+    this.stripsWhitespace = this.specials.some((t) => t.rstrip) || [...model.iterateAllTokens()].some((t) => model.getTokenAttributes(t).lstrip);
     this.info = {
       adapter: 'llama-embedded',
       version: runtimeVersion(llama),
@@ -246,7 +253,20 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async tokenize(text: string, opts: { special?: boolean } = {}): Promise<number[]> {
-    return [...this.m.tokenize(text, opts.special ?? false)];
+    return [...this.tokenizeText(text, opts.special ?? false)];
+  }
+
+  /**
+   * llama.cpp's tokens for `text`. With special tokens parsed, a long text is cut where llama.cpp
+   * surely cuts it and tokenised in pieces, the same tokens in linear time (special-token-split.ts).
+   */
+  private tokenizeText(text: string, special: boolean, scan?: SpecialScan): Token[] {
+    if (!special || text.length < SPLIT_FROM) return this.m.tokenize(text, special);
+    const pieces = piecesAt(text, (scan ?? scanSpecials(text, this.specials)).cuts, CUTS_PER_PIECE);
+    if (pieces.length === 1) return this.m.tokenize(text, true);
+    const tokens: Token[] = [];
+    for (const piece of pieces) for (const t of this.m.tokenize(piece, true)) tokens.push(t);
+    return tokens;
   }
 
   async detokenize(tokens: number[]): Promise<string> {
@@ -277,7 +297,17 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `an input of at least ${atLeast} tokens (${bytes} bytes) exceeds the model's context of ${opts.atMost}`);
     }
     const text = input.kind === 'chat' ? await this.renderChat(input.messages) : input.prompt;
-    const tokens = this.m.tokenize(text, input.kind === 'chat');
+    let scan: SpecialScan | undefined;
+    if (input.kind === 'chat' && text.length >= SPLIT_FROM) {
+      // The rendered text needs at least one token for each special token surely in it (each
+      // empty message is two or more) and one for each maxTokenBytes of the rest.
+      scan = scanSpecials(text, this.specials);
+      if (opts.atMost !== undefined) {
+        const atLeast = scan.sure + (this.stripsWhitespace ? 0 : Math.ceil(scan.otherBytes / this.maxTokenBytes));
+        if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `messages of at least ${atLeast} tokens (${input.messages.length} messages) exceed the model's context of ${opts.atMost}`);
+      }
+    }
+    const tokens = this.tokenizeText(text, input.kind === 'chat', scan);
     const bos = this.m.tokens.bos;
     return this.m.tokens.shouldPrependBosToken && bos !== null && tokens[0] !== bos ? [bos, ...tokens] : tokens;
   }
@@ -439,6 +469,24 @@ function lastTokens(input: readonly Token[], output: readonly Token[], n: number
  * The most bytes one token of the model's vocabulary stands for (a bound: 4 bytes are added for
  * the leading space a tokenizer adds or a lone token's text drops, and for a byte token's text).
  */
+/** Below this many characters a text is tokenised whole: its special tokens cost nothing to speak of. */
+const SPLIT_FROM = 16_384;
+/** How many cut places a piece spans: small enough that llama.cpp's search within it stays short. */
+const CUTS_PER_PIECE = 32;
+
+/** The texts llama.cpp searches for when it parses special tokens: control, user-defined and unknown tokens. */
+function specialTexts(model: LlamaModel): SpecialText[] {
+  const out: SpecialText[] = [];
+  for (const t of model.iterateAllTokens()) {
+    const a = model.getTokenAttributes(t);
+    if (!a.control && !a.userDefined && !a.unknown) continue;
+    // Only a control token's text is surely its own (a user-defined one's may be written with
+    // SentencePiece's ▁ for a space): the others count as obstacles only.
+    out.push({ text: model.detokenize([t], true), sure: a.control, rstrip: a.rstrip });
+  }
+  return out;
+}
+
 function longestToken(model: LlamaModel): number {
   let most = 1;
   for (const t of model.iterateAllTokens()) {
