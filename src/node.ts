@@ -410,7 +410,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const workProblems = () => (diskLow ? [diskLow] : []);
     const modelProblems = () => [...models.values()].filter(modifiedModel).map((m) => modelFileModified(m).message);
     const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, workProblems()] as const;
-    /** Whether the node takes paid work now (the capacity snapshot and /status say it alike). */
+    /** Whether the node takes paid work now at all (the capacity snapshot's node-level flag; /status's is false too when no model takes any, and each model says its own). */
     const accepting = () => workRefused(...standing()).length === 0;
     const capacitySnapshot = () => ({
       price_version: prices.payload.version,

@@ -360,6 +360,65 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     expect(await marketReceipts()).toBe(before.receipts);
   });
 
+  test('a node whose `completed` receipt is durable but whose HEAD never reached the gateway → 502, and the receipt is not settled (s23 h5: billed in full for a 502)', async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      logged = await ex.logReceipt(); // what a node whose HEAD and body were lost on the way has
+      ex.reset();
+    };
+    const before = await snapshot();
+    const e = await expectError(await post(chatBody('lost before the head'), toScripted()), 502, 'bad_provider_response', /did not answer/);
+    const rec = await record(e.id);
+    expect(rec).toMatchObject({ status: 'failed', settled: false, cost: null, error: { code: 'answer_not_delivered' } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+  });
+
+  test('a whole answer whose trailer was lost (its receipt withheld), relayed whole to the buyer by an Idempotency-Key retry from the node\'s record → the receipt is settled, once (s23 h5: never paid)', async () => {
+    let logged = '';
+    let firstId = '';
+    scripted.behaviour = async (ex) => {
+      firstId = ex.ticket.request_id;
+      await ex.head(JSON_HEAD);
+      await ex.data(completion());
+      logged = await ex.logReceipt();
+      ex.reset();
+    };
+    // The node is restarting: the gateway's own look for the receipt finds nothing.
+    await scripted.answerLogWith({ status: 503, body: '{"error":{"code":"no_capacity","message":"restarting"}}' });
+    const key = { 'idempotency-key': `lost-trailer-${Date.now()}` };
+    const before = await snapshot();
+    try {
+      await expectError(await post(chatBody('lost trailer, retried'), { ...toScripted(), ...key }), 502, 'bad_provider_response', /broke off/);
+      await new Promise((r) => setTimeout(r, RECEIPT_FETCH_MS + 400)); // the gateway's look is over
+      expect(gw.records.isUndelivered(firstId)).toBe(true);
+      // The retry: the node answers from its record (the first request's answer and receipt).
+      scripted.behaviour = async (ex) => {
+        await ex.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': firstId } });
+        await ex.data(completion());
+        await ex.trailer(Exchange.receiptTrailer(logged));
+      };
+      const retry = await post(chatBody('lost trailer, retried'), { ...toScripted(), ...key });
+      expect(retry.status).toBe(200);
+      expect(retry.headers.get('x-request-id')).toBe(firstId);
+      await retry.text();
+      await settledRecord(gw.url, firstId);
+    } finally {
+      await scripted.answerLogWith();
+    }
+    const rec = await record(firstId);
+    expect(rec).toMatchObject({ status: 'completed', settled: true });
+    expect(rec.error ?? null).toBeNull();
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(await marketHas(firstId)).toBe(true);
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+    expect(gw.records.hasJob(firstId)).toBe(false);
+    // The reconciler's later looks do not take it back.
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(await record(firstId)).toMatchObject({ status: 'completed', settled: true });
+  });
+
   test('closes cleanly mid-body, no receipt at the node → 502; record failed/provider_failed, nothing settled', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(JSON_HEAD);
@@ -469,13 +528,14 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
 
 describe('a provider that goes silent is cut off after providerIdleMs; what it did is settled from its log', () => {
   const IDLE_MS = 600;
+  const KEEPALIVE_MAX_MS = 2400;
   let quick: Gateway;
   let release: () => void = () => undefined;
   /** Holds the scripted node's handler until the test releases it (the gateway has reset the stream by then). */
   const silence = (): Promise<void> => new Promise<void>((r) => (release = r));
   const postQuick = (body: string): Promise<Response> => fetch(`${quick.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...toScripted() }, body });
   beforeAll(async () => {
-    quick = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, providerIdleMs: IDLE_MS });
+    quick = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, providerIdleMs: IDLE_MS, providerKeepaliveMaxMs: KEEPALIVE_MAX_MS });
   });
   afterAll(async () => {
     await quick?.close(1000);
@@ -552,6 +612,43 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     expect(body.choices[0]!.message.content).toBe('scripted');
     expect(verifyReceipt(body.service.receipt, { provider: scripted.providerId }).ok).toBe(true);
     expect(await settledRecord(quick.url, body.service.request_id)).toMatchObject({ status: 'completed' });
+  });
+
+  test('a provider that sends keepalives and nothing else is cut off once they have kept it the keepalive limit: before its HEAD (504) and mid-body (502); nothing settled (s23 h5: a stuck handler held the buyer for ever)', async () => {
+    let stopped = false;
+    const forever = async (ex: Exchange): Promise<void> => {
+      while (!stopped) {
+        try {
+          await ex.data('');
+        } catch {
+          return;
+        }
+        await new Promise((r) => setTimeout(r, 150));
+      }
+    };
+    try {
+      scripted.behaviour = (ex) => forever(ex);
+      let before = await snapshot();
+      let started = Date.now();
+      const e = await expectError(await postQuick(chatBody('stuck before the head')), 504, 'provider_timeout', new RegExp(`^the provider sent no answer, only keepalives, for ${KEEPALIVE_MAX_MS} ms$`));
+      expect(Date.now() - started).toBeGreaterThanOrEqual(KEEPALIVE_MAX_MS - 50); // (they did keep it past IDLE_MS)
+      expect(await endedRecord(quick.url, e.id)).toMatchObject({ status: 'failed', error: { code: 'provider_failed' }, settled: false, cost: null });
+      await expectNothingSettled(before);
+
+      scripted.behaviour = async (ex) => {
+        await ex.head(JSON_HEAD);
+        await ex.data('{"id":"chatcmpl-scripted",');
+        await forever(ex);
+      };
+      before = await snapshot();
+      started = Date.now();
+      const mid = await expectError(await postQuick(chatBody('stuck mid-body')), 502, 'provider_timeout', new RegExp(`^the provider sent only keepalives for ${KEEPALIVE_MAX_MS} ms and was cut off$`));
+      expect(Date.now() - started).toBeGreaterThanOrEqual(KEEPALIVE_MAX_MS - 50);
+      expect(await endedRecord(quick.url, mid.id)).toMatchObject({ status: 'failed', settled: false, cost: null });
+      await expectNothingSettled(before);
+    } finally {
+      stopped = true;
+    }
   });
 
   test('a provider that keeps sending is never cut off, however long the answer takes in all', async () => {

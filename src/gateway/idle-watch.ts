@@ -1,28 +1,68 @@
 // How long a provider may stay silent: the gateway cuts off a provider that sends nothing for too
 // long, but not while the wait is the buyer's (slow to read).
 
-/** Aborts a provider request when nothing has arrived for `ms`; every frame (and the HEAD) restarts the clock. */
+/** How many times the idle limit keepalives alone may stretch a provider's wait (its default). */
+export const KEEPALIVE_STRETCH = 15;
+
+/**
+ * Aborts a provider request when nothing has arrived for `ms`; every frame (and the HEAD) restarts
+ * the clock. A keepalive (an empty DATA frame: the node is working) restarts it too, but only until
+ * `quietMaxMs` has passed since the last real frame: keepalives come from a timer at the node, so a
+ * handler stuck for good would otherwise hold the buyer and the ticket for ever (s23 h5).
+ */
 export class IdleWatch {
   timedOut = false;
+  /** Whether the clock ran out while keepalives still came (the provider kept the line but did nothing visible). */
+  onlyKeepalives = false;
   private stopped = false;
   private timer: NodeJS.Timeout | undefined;
   private readonly ac: AbortController;
+  /** When the last real frame came (or the clock started, or resumed). */
+  private lastReal = Date.now();
+  private keptAlive = false;
+  /** Whether the clock runs for less than ms (keepalives' last stretch). */
+  private shortened = false;
   /** How long the provider may stay silent. */
   readonly ms: number;
-  constructor(ac: AbortController, ms: number) {
+  /** How long keepalives alone may keep it: KEEPALIVE_STRETCH × ms unless given. */
+  readonly quietMaxMs: number;
+  constructor(ac: AbortController, ms: number, quietMaxMs = ms * KEEPALIVE_STRETCH) {
     this.ac = ac;
     this.ms = ms;
+    this.quietMaxMs = Math.max(ms, quietMaxMs);
     this.arm();
   }
-  private arm(): void {
+  private arm(ms = this.ms): void {
+    this.shortened = ms !== this.ms;
     this.timer = setTimeout(() => {
       this.timedOut = true;
-      this.ac.abort(new Error(`the provider sent nothing for ${this.ms} ms`));
-    }, this.ms);
+      this.onlyKeepalives = this.keptAlive;
+      this.ac.abort(new Error(this.onlyKeepalives ? `the provider sent only keepalives for ${this.quietMaxMs} ms` : `the provider sent nothing for ${this.ms} ms`));
+    }, ms);
     this.timer.unref();
   }
+  /** A real frame: the clock starts again. */
   kick(): void {
-    if (!this.stopped) this.timer?.refresh();
+    this.lastReal = Date.now();
+    this.keptAlive = false;
+    if (this.stopped || !this.timer) return;
+    if (!this.shortened) this.timer.refresh();
+    else {
+      clearTimeout(this.timer);
+      this.arm();
+    }
+  }
+  /** A keepalive: the clock starts again while the provider's quiet time is within quietMaxMs; then it runs out. */
+  keepalive(): void {
+    if (this.stopped || !this.timer || this.shortened) return;
+    const left = this.quietMaxMs - (Date.now() - this.lastReal);
+    this.keptAlive = true;
+    if (left >= this.ms) this.timer.refresh();
+    else {
+      // The last stretch: the clock runs out when quietMaxMs is reached, not up to ms later.
+      clearTimeout(this.timer);
+      this.arm(Math.max(0, left));
+    }
   }
   /** The wait is the buyer's (slow to read): the provider's clock stops until resume(). */
   pause(): void {
@@ -30,7 +70,10 @@ export class IdleWatch {
     this.timer = undefined;
   }
   resume(): void {
-    if (!this.stopped && !this.timer) this.arm();
+    if (this.stopped || this.timer) return;
+    this.lastReal = Date.now();
+    this.keptAlive = false;
+    this.arm();
   }
   stop(): void {
     this.stopped = true;

@@ -35,6 +35,8 @@ export interface PaidRouteDeps {
   estimates: EstimateStore;
   /** How long a provider may send nothing (IdleWatch). */
   providerIdleMs: number;
+  /** How long keepalives alone may keep a provider (IdleWatch). */
+  providerKeepaliveMaxMs: number;
   /** When the reconciler first looks at a request after it starts (reconcile.ts). */
   firstLookMs: number;
   /** The API keys' spend limits (when a key has one). */
@@ -296,7 +298,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (halved && !hedged) granted = await ticketing.ticketFor({ ...tickets, controls }, requestId, cap);
     const attempts: Attempt[] = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
-      return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs) };
+      return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs, d.providerKeepaliveMaxMs) };
     });
     // Each half of a hedge names the other, in its record and (the winner) in the answer's `service`.
     if (attempts.length === 2) [attempts[0]!.p.hedgedWith, attempts[1]!.p.hedgedWith] = [attempts[1]!.p.requestId, attempts[0]!.p.requestId];
@@ -324,7 +326,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     const dispatch = async (a: Attempt): Promise<Outcome> => {
       let res: P2pResponse;
       try {
-        res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal, onActivity: () => a.idle.kick() });
+        res = await p2pRequest(d.host, a.p.target, INFER_PROTOCOL, { endpoint, ticket: a.g.envelope as JsonObject, ...(idem !== undefined ? { idempotency_key: idem } : {}) }, body, { signal: a.ac.signal, onActivity: (keepalive) => (keepalive ? a.idle.keepalive() : a.idle.kick()) });
       } catch (e) {
         return { ok: false, a, stage: 'connect', e: e as Error, aborted: a.ac.signal.aborted };
       }
@@ -420,9 +422,11 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         settlements.releaseTicket(p);
         return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
       }
-      // The stream opened but no head came: the provider may have started; its log knows.
-      void settlements.settleFromNode(p, 'failed');
-      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', `the provider sent no answer within ${idle.ms} ms`);
+      // The stream opened but no head came: the provider may have started; its log knows. The
+      // buyer got nothing of it (stream or body), so a receipt found is recorded, never settled,
+      // unless the gateway's own stop broke it off (s23 h5: a completed receipt was billed for a 502).
+      void settlements.settleFromNode(p, 'failed', { undelivered: !settlements.stopping });
+      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', idle.onlyKeepalives ? `the provider sent no answer, only keepalives, for ${idle.quietMaxMs} ms` : `the provider sent no answer within ${idle.ms} ms`);
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
     const { res, head, status } = outcome;

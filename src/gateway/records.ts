@@ -242,6 +242,14 @@ export class RequestRecords {
     if (job && !job.undelivered) this.watch({ ...job, undelivered: true });
   }
 
+  /** Takes the mark off: the answer reached the buyer after all (an idempotent retry relayed it whole). */
+  markDelivered(id: string): void {
+    const job = this.jobs.get(id);
+    if (!job?.undelivered) return;
+    const { undelivered: _, ...rest } = job;
+    this.watch(rest);
+  }
+
   isUndelivered(id: string): boolean {
     return this.jobs.get(id)?.undelivered === true;
   }

@@ -54,7 +54,7 @@ export class Relay {
     // `completed` receipt was durable had the buyer billed in full for a 502). Not when the break
     // is the gateway's own closing: the node did the work it was asked, and is paid for it.
     void this.d.settlements.settleFromNode(p, 'failed', { undelivered: what === 'answer' && !this.d.settlements.stopping });
-    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider sent nothing for ${idle.ms} ms and was cut off`);
+    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', idle.onlyKeepalives ? `the provider sent only keepalives for ${idle.quietMaxMs} ms and was cut off` : `the provider sent nothing for ${idle.ms} ms and was cut off`);
     return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
   }
 

@@ -109,7 +109,11 @@ export class Settlements {
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
   async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
-    if (records.isUndelivered(id)) {
+    // An idempotent retry relayed the first request's answer whole, with its receipt: whatever the
+    // first attempt's break-off left (the mark, or a receipt withheld), the buyer has the answer
+    // now and the provider is paid for it, once (s23 h5: it was withheld for good).
+    if (askedAs !== undefined && askedAs !== id) records.markDelivered(id);
+    else if (records.isUndelivered(id)) {
       records.withhold(id, r);
       log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd }, "a receipt for a whole answer the buyer never received (it broke off before its trailer): recorded, not settled");
       return;
@@ -205,7 +209,9 @@ export class Settlements {
           // receipt"). A node writes one as soon as a run stops, but its write may take longer
           // than the window on a busy node or a slow disk, and a receipt never asked for again
           // would never be settled.
-          records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
+          // (Not over a record that holds a receipt already: an idempotent retry's, settled or
+          // withheld meanwhile.)
+          if (!records.get(p.requestId)?.receipt) records.fail(p.requestId, why === 'failed' ? 'failed' : 'abandoned', NO_RECEIPT[why]);
         } else if (!c.ok) {
           await this.failBadReceipt(p.requestId, p, c);
         } else {

@@ -43,9 +43,10 @@ export interface RequestOptions {
   negotiate?: 'optimistic' | 'full';
   /**
    * Called on every frame that arrives, keepalives included (empty DATA frames, which the node sends
-   * while it works and nothing else is sent: docs/protocol.md). They are not handed on as frames.
+   * while it works and nothing else is sent: docs/protocol.md), with `keepalive` true for those.
+   * They are not handed on as frames.
    */
-  onActivity?: () => void;
+  onActivity?: (keepalive: boolean) => void;
 }
 
 /**
@@ -202,7 +203,7 @@ export async function request(
   const nextFrame = async (): Promise<Awaited<ReturnType<typeof reader.next>>> => {
     for (;;) {
       const f = await reader.next();
-      if (f) opts.onActivity?.();
+      if (f) opts.onActivity?.(f.kind === 'data' && f.bytes.length === 0);
       if (!f || f.kind !== 'data' || f.bytes.length > 0) return f;
     }
   };
