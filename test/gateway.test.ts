@@ -417,6 +417,16 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect([s10, e10.code, e10.message]).toEqual([400, 'invalid_request', 'x: not a field of an estimate request ({endpoint, body})']);
     const [s11, e11] = await errorOf(await post('estimates', JSON.stringify({ endpoint: 'IMAGES', body: { model: MODEL, prompt: 'a cat' } })));
     expect([s11, e11.code, e11.message]).toEqual([501, 'not_supported', 'endpoint: IMAGES is not served by this gateway (it estimates CHAT, COMPLETIONS, RESPONSES, EMBEDDINGS)']);
+    // A number JSON cannot hold (1e400) is refused as the endpoint refuses it, not read as null
+    // ("not given") by a re-serialisation (s23 h6: the estimate was 200 for a body execution refuses).
+    for (const field of ['max_tokens', 'temperature', 'seed']) {
+      const inner = `{"model":${JSON.stringify(MODEL)},"messages":[{"role":"user","content":"hi"}],"${field}":1e400}`;
+      const [se, ee] = await errorOf(await post('estimates', `{"endpoint":"CHAT","body":${inner}}`));
+      const [sx, ex] = await errorOf(await post('chat/completions', inner));
+      expect([se, ee.code], field).toEqual([400, 'invalid_request']);
+      expect([sx, ex.code], field).toEqual([400, 'invalid_request']);
+      expect(ee.message, field).toBe(`body.${ex.message}`);
+    }
     expect(gw.records.size).toBe(records);
     expect(await totals()).toEqual(before);
     expect((await fetch(`${gw.url}/models`)).status).toBe(200); // still up

@@ -7,7 +7,7 @@ import { formatUsd } from '../../attestation/money.ts';
 import { ratesFromWire } from '../../attestation/receipt.ts';
 import { contextUnfit, textNeed, worstCaseCost, type Need } from '../dispatch/routing.ts';
 import type { Host } from '../p2p/host.ts';
-import { ContractError, parseRequest, type ParsedRequest } from '../serve/contract.ts';
+import { ContractError, MAX_REQUEST_BODY, parseRequestValue, type ParsedRequest } from '../serve/contract.ts';
 import { candidates, type Candidate } from './candidates.ts';
 import { GatewayError, invalid } from './errors.ts';
 import { canonicalBodySha256, ESTIMATE_ENDPOINTS, routingKey, type EstimateStore } from './estimates.ts';
@@ -46,7 +46,8 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
     }
     let parsed: ParsedRequest;
     try {
-      parsed = parseRequest(endpoint, bytes);
+      if (bytes.length > MAX_REQUEST_BODY) throw new ContractError('', `body larger than ${MAX_REQUEST_BODY} bytes`);
+      parsed = parseRequestValue(endpoint, ask.body);
     } catch (e) {
       if (e instanceof ContractError) throw invalid(e.field ? `body.${e.field}` : 'body', e.message.replace(/^[^:]*: /, ''));
       throw e;

@@ -351,6 +351,16 @@ export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest 
   } catch {
     throw new ContractError('', 'body is not UTF-8 JSON');
   }
+  return parseRequestValue(endpoint, value);
+}
+
+/**
+ * The same, for a body already parsed from JSON (an estimate's `body` member): checked as it was
+ * sent, not as a re-serialisation would have it (1e400 is Infinity here and refused, where
+ * JSON.stringify would make it null, "not given": s23 h6).
+ */
+export function parseRequestValue(endpoint: string, value: unknown): ParsedRequest {
+  if (!TEXT_ENDPOINTS.includes(endpoint as TextEndpoint)) throw new ContractError('', `unknown endpoint "${endpoint.slice(0, 64)}"`);
   const o = object(value, '');
   if (typeof o.model !== 'string' || o.model.length === 0 || o.model.length > 256) throw new ContractError('model', 'expected a model id');
   const model = o.model;
