@@ -1725,12 +1725,18 @@ describe('reconciliation across a gateway restart', () => {
     peek.close();
     expect(inFlight).toHaveLength(1);
     id ||= inFlight[0]!;
-    const b = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: 250, recordsPath: file });
+    // The next gateway looks at it at once, not at its reconciler's first tick (5 s at this unit:
+    // until then the record read `interrupted`, s23 h1).
+    const b = await createGateway({ market: proxy.url, port: 0, receiptFetchMs: RECEIPT_FETCH_MS, reconcileUnitMs: 60_000, recordsPath: file });
     try {
-      const rec = await waitFor('the interrupted request settled', async () => {
-        const r = await gatewayRecord(b.url, id);
-        return r.settled ? r : undefined;
-      });
+      const rec = await waitFor(
+        'the interrupted request settled',
+        async () => {
+          const r = await gatewayRecord(b.url, id);
+          return r.settled ? r : undefined;
+        },
+        3_000,
+      );
       expect(rec).toMatchObject({ status: 'cancelled', settled: true, usage: { prompt_tokens: 5, completion_tokens: 2, total_tokens: 7 } });
       expect(serializeEnvelope(rec.receipt!)).toBe(logged);
       expect(await marketHas(id)).toBe(true);

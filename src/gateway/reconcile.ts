@@ -53,10 +53,14 @@ export class Reconciler {
 
   start(): void {
     const every = Math.max(10, Math.min(5_000, Math.floor(this.unit / 3)));
-    this.timer = setInterval(() => {
-      if (!this.running) this.running = this.turn().finally(() => (this.running = undefined));
-    }, every);
+    const turn = () => {
+      if (!this.running && !this.stopped) this.running = this.turn().finally(() => (this.running = undefined));
+    };
+    this.timer = setInterval(turn, every);
     this.timer.unref();
+    // The first turn at once: requests the last run left unsettled (a gateway killed after its
+    // buyer had the answer) read `interrupted` until it, for up to `every` (s23 h1).
+    setImmediate(turn).unref();
   }
 
   /** Ends the looks: no new turn, no new job in the running one. Its looks under way end with the settlements' stop (see the gateway's close). */
