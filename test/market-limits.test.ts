@@ -2,6 +2,9 @@
 // tickets no credentials, so what the market keeps in memory must be bounded — providers (and the
 // models they list), outstanding and remembered tickets, receipt records — while the totals stay
 // exact and a settled receipt is never counted twice.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { serializeEnvelope, type DsseEnvelope } from '../attestation/dsse.ts';
 import { MarketClient } from '../src/gateway/market-client.ts';
@@ -250,6 +253,34 @@ describe('receipts', () => {
     expect((await s.get('/v1/totals')).body).toEqual(totals);
   });
 
+  test('beyond maxTallyKeys a new provider\'s receipts are summed in by_provider_others, exact, also after a restart (s23 h4: the totals grew without end)', async () => {
+    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'market-tallies-')), 'market.db');
+    const s = await start({ maxTallyKeys: 1 }, { file });
+    const a = provider();
+    const b = provider();
+    for (const p of [a, b]) expect((await s.post('/v1/providers/register', registration(p))).status).toBe(200);
+    const costs: bigint[] = [];
+    for (const p of [a, b, b]) {
+      const g = await s.post('/v1/tickets', { endpoint: 'chat/completions', model: 'tiny/llama', body_sha256: 'ab'.repeat(32), max_cost_micro_usd: '100000', providers: [p.key.id] });
+      expect(g.body.provider).toBe(p.key.id);
+      const line = receiptFor(p, g.body, costs.length);
+      costs.push(costOf(line));
+      expect((await s.post('/v1/receipts', { receipt: line })).status).toBe(200);
+    }
+    const all = costs.reduce((x, y) => x + y, 0n);
+    const expected = {
+      receipts: 3,
+      cost_micro_usd: all.toString(),
+      by_provider: { [a.key.id]: { receipts: 1, cost_micro_usd: costs[0]!.toString() } },
+      by_model: { 'tiny/llama': { receipts: 3, cost_micro_usd: all.toString() } },
+      by_provider_others: { receipts: 2, cost_micro_usd: (costs[1]! + costs[2]!).toString() },
+    };
+    expect((await s.get('/v1/totals')).body).toEqual(expected);
+    await s.m.close();
+    const again = await start({ maxTallyKeys: 1 }, { file });
+    expect((await again.get('/v1/totals')).body).toEqual(expected);
+  });
+
   test('maxReceiptBytes bounds the records kept by the size of their lines', async () => {
     const s = await marketWithProvider({});
     const g = await s.ask();
@@ -268,7 +299,7 @@ describe('receipts', () => {
 
 describe('options', () => {
   test('the defaults, and limits that are not positive integers (or maxTickets below maxOutstandingTickets) are refused naming the limit', () => {
-    expect(DEFAULT_MARKET_LIMITS).toEqual({ maxProviders: 1000, maxProviderModels: 10_000, maxContractChars: 16 * 1024 * 1024, staleProviderMs: 3_600_000, maxOutstandingTickets: 10_000, maxTickets: 100_000, maxReceipts: 20_000, maxReceiptBytes: 64 * 1024 * 1024 });
+    expect(DEFAULT_MARKET_LIMITS).toEqual({ maxProviders: 1000, maxProviderModels: 10_000, maxContractChars: 16 * 1024 * 1024, staleProviderMs: 3_600_000, maxOutstandingTickets: 10_000, maxTickets: 100_000, maxTallyKeys: 10_000, maxReceipts: 20_000, maxReceiptBytes: 64 * 1024 * 1024 });
     const make = (limits: Record<string, unknown>) => () => createMarket({ seed: marketKey.seed, limits: limits as Partial<MarketLimits> });
     expect(make({ maxProviders: 0 })).toThrow(/^market: limits\.maxProviders must be a positive integer, got 0$/);
     expect(make({ maxReceipts: 1.5 })).toThrow(/limits\.maxReceipts must be a positive integer/);

@@ -29,7 +29,8 @@ export interface Tally {
 
 /** A total as it stands after a receipt: the whole market's (scope total, key ''), a provider's or a model's. */
 export interface TallyRow extends Tally {
-  scope: 'total' | 'provider' | 'model';
+  /** `*_others`: the receipts of providers or models beyond the market's maxTallyKeys (key ''). */
+  scope: 'total' | 'provider' | 'model' | 'provider_others' | 'model_others';
   key: string;
 }
 
@@ -42,6 +43,7 @@ export interface MarketFileState {
   total: Tally;
   byProvider: Map<string, Tally>;
   byModel: Map<string, Tally>;
+  others: Map<'provider' | 'model', Tally>;
 }
 
 export class MarketDb {
@@ -107,12 +109,15 @@ export class MarketDb {
     const total: Tally = { receipts: 0, cost: 0n };
     const byProvider = new Map<string, Tally>();
     const byModel = new Map<string, Tally>();
+    const others = new Map<'provider' | 'model', Tally>();
     for (const row of this.db.prepare<[], { scope: string; key: string; receipts: number; cost: string }>('SELECT scope, key, receipts, cost FROM tallies').all()) {
       const t = { receipts: row.receipts, cost: BigInt(row.cost) };
       if (row.scope === 'total') Object.assign(total, t);
-      else (row.scope === 'provider' ? byProvider : byModel).set(row.key, t);
+      else if (row.scope === 'provider') byProvider.set(row.key, t);
+      else if (row.scope === 'model') byModel.set(row.key, t);
+      else if (row.scope === 'provider_others' || row.scope === 'model_others') others.set(row.scope === 'provider_others' ? 'provider' : 'model', t);
     }
-    return { tickets, receipts, total, byProvider, byModel };
+    return { tickets, receipts, total, byProvider, byModel, others };
   }
 
   /**

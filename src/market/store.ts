@@ -78,6 +78,10 @@ export interface Totals {
   cost_micro_usd: string;
   by_provider: Record<string, { receipts: number; cost_micro_usd: string }>;
   by_model: Record<string, { receipts: number; cost_micro_usd: string }>;
+  /** Receipts of providers beyond maxTallyKeys (present only when there are some). */
+  by_provider_others?: { receipts: number; cost_micro_usd: string };
+  /** Receipts of models beyond maxTallyKeys (present only when there are some). */
+  by_model_others?: { receipts: number; cost_micro_usd: string };
 }
 
 /**
@@ -110,6 +114,13 @@ export interface MarketLimits {
   maxOutstandingTickets: number;
   /** Tickets remembered to match receipts, settled and expired ones included (default 100,000; at least maxOutstandingTickets). */
   maxTickets: number;
+  /**
+   * Keys of the totals' by_provider and by_model, each (default 10,000): a receipt for a provider or
+   * a model beyond them is counted in by_provider_others / by_model_others instead (s23 h4: a key
+   * registering new model ids and posting its own free receipts grew them, the file and every
+   * GET /v1/totals without end).
+   */
+  maxTallyKeys: number;
   /** Receipt records kept for GET /v1/receipts (default 20,000); the oldest go first. Totals count every receipt. */
   maxReceipts: number;
   /** The same, in bytes of receipt lines (default 64 MiB). */
@@ -123,6 +134,7 @@ export const DEFAULT_MARKET_LIMITS: Readonly<MarketLimits> = Object.freeze({
   staleProviderMs: 60 * 60_000,
   maxOutstandingTickets: 10_000,
   maxTickets: 100_000,
+  maxTallyKeys: 10_000,
   maxReceipts: 20_000,
   maxReceiptBytes: 64 * 1024 * 1024,
 });
@@ -160,6 +172,8 @@ export class MarketStore {
   private readonly total: Tally = { receipts: 0, cost: 0n };
   private readonly byProvider = new Map<string, Tally>();
   private readonly byModel = new Map<string, Tally>();
+  /** Receipts of providers and models beyond limits.maxTallyKeys. */
+  private readonly others = new Map<'provider' | 'model', Tally>();
   private lastPrune = 0;
   private readonly db: MarketDb | undefined;
 
@@ -177,6 +191,7 @@ export class MarketStore {
     Object.assign(this.total, state.total);
     for (const [k, t] of state.byProvider) this.byProvider.set(k, t);
     for (const [k, t] of state.byModel) this.byModel.set(k, t);
+    for (const [k, t] of state.others) this.others.set(k, t);
   }
 
   /** A write to the market's file; one that fails is 503 (the ticket not issued, the receipt not taken: a retry may succeed). */
@@ -299,18 +314,21 @@ export class MarketStore {
     const settled = { receipt_sha256: receiptSha256, seq: r.seq };
     const cost = BigInt(r.cost_micro_usd);
     const after = (t: Tally | undefined): Tally => ({ receipts: (t?.receipts ?? 0) + 1, cost: (t?.cost ?? 0n) + cost });
-    const tallies: TallyRow[] = [
-      { scope: 'total', key: '', ...after(this.total) },
-      { scope: 'provider', key: r.provider, ...after(this.byProvider.get(r.provider)) },
-      { scope: 'model', key: r.model, ...after(this.byModel.get(r.model)) },
-    ];
+    // A provider or model not tallied yet, with its map full, is counted with the others.
+    const row = (scope: 'provider' | 'model', m: Map<string, Tally>, key: string): TallyRow =>
+      m.has(key) || m.size < this.limits.maxTallyKeys ? { scope, key, ...after(m.get(key)) } : { scope: `${scope}_others`, key: '', ...after(this.others.get(scope)) };
+    const tallies: TallyRow[] = [{ scope: 'total', key: '', ...after(this.total) }, row('provider', this.byProvider, r.provider), row('model', this.byModel, r.model)];
     // The file first: a receipt it did not take is not acknowledged (and nothing here changes).
     this.write('the receipt', (db) => db.addReceipt(r, ticket ? { ...ticket, settled } : undefined, tallies));
     if (ticket) ticket.settled = settled;
     this.unsettled.delete(r.ticket_id);
     Object.assign(this.total, { receipts: tallies[0]!.receipts, cost: tallies[0]!.cost });
-    this.byProvider.set(r.provider, { receipts: tallies[1]!.receipts, cost: tallies[1]!.cost });
-    this.byModel.set(r.model, { receipts: tallies[2]!.receipts, cost: tallies[2]!.cost });
+    for (const t of tallies.slice(1)) {
+      const tally = { receipts: t.receipts, cost: t.cost };
+      if (t.scope === 'provider') this.byProvider.set(t.key, tally);
+      else if (t.scope === 'model') this.byModel.set(t.key, tally);
+      else this.others.set(t.scope === 'provider_others' ? 'provider' : 'model', tally);
+    }
     this.remember(r);
   }
 
@@ -353,6 +371,10 @@ export class MarketStore {
   /** Every receipt ever collected, evicted records included: exact BigInt sums. */
   totals(): Totals {
     const out = (m: Map<string, Tally>) => Object.fromEntries([...m].map(([k, t]) => [k, { receipts: t.receipts, cost_micro_usd: t.cost.toString() }]));
-    return { receipts: this.total.receipts, cost_micro_usd: this.total.cost.toString(), by_provider: out(this.byProvider), by_model: out(this.byModel) };
+    const other = (scope: 'provider' | 'model') => {
+      const t = this.others.get(scope);
+      return t ? { [`by_${scope}_others`]: { receipts: t.receipts, cost_micro_usd: t.cost.toString() } } : {};
+    };
+    return { receipts: this.total.receipts, cost_micro_usd: this.total.cost.toString(), by_provider: out(this.byProvider), by_model: out(this.byModel), ...other('provider'), ...other('model') };
   }
 }
