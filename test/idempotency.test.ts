@@ -25,6 +25,32 @@ describe('IdempotencyStore', () => {
     expect(s.begin('acct', 'k', 'h2')).toEqual({ kind: 'new' });
     db.close();
   });
+  test('a whole response recorded pending its receipt: in progress while it runs; found pending (with its request id) by the next process, until completed or abandoned; dropped when its run records nothing', () => {
+    const db = new Database(':memory:');
+    const { trailer: _, ...whole } = response;
+    const dead = new IdempotencyStore(db);
+    expect(dead.begin('acct', 'k', 'h1', 'req-1', 1000)).toEqual({ kind: 'new' });
+    dead.pending('acct', 'k', whole, 1000);
+    expect(dead.begin('acct', 'k', 'h1')).toMatchObject({ kind: 'conflict', code: 'idempotency_in_progress' });
+    // (no finish: the process died)
+    const next = new IdempotencyStore(db);
+    expect(next.begin('acct', 'k', 'h1', 'req-2')).toEqual({ kind: 'pending', requestId: 'req-1', response: whole });
+    expect(next.begin('acct', 'k', 'h2', 'req-2')).toMatchObject({ kind: 'conflict', code: 'idempotency_key_reused' });
+    next.complete('acct', 'k', 'h1', response, 2000);
+    expect(new IdempotencyStore(db).begin('acct', 'k', 'h1')).toEqual({ kind: 'replay', response });
+    // Pending with no receipt to complete it: abandoned, the retry runs; then a run that records nothing leaves nothing.
+    const a = new IdempotencyStore(db);
+    expect(a.begin('acct', 'k2', 'h1', 'req-3')).toEqual({ kind: 'new' });
+    a.pending('acct', 'k2', whole);
+    const b = new IdempotencyStore(db);
+    expect(b.begin('acct', 'k2', 'h1', 'req-4')).toMatchObject({ kind: 'pending', requestId: 'req-3' });
+    expect(b.abandonInterrupted('acct', 'k2', 'h1', 'req-4')).toEqual({ kind: 'new' });
+    b.pending('acct', 'k2', whole);
+    b.finish('acct', 'k2', undefined);
+    expect(b.begin('acct', 'k2', 'h1', 'req-5')).toEqual({ kind: 'new' });
+    db.close();
+  });
+
   test('a run the process died in is found by the next process (interrupted, with its request id), until abandoned or recorded', () => {
     const db = new Database(':memory:');
     const dead = new IdempotencyStore(db);

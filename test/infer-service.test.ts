@@ -460,35 +460,67 @@ describe('InferService', () => {
     expect(log.size).toBe(before + 1);
   });
 
-  test('a node that died after a keyed run\'s receipt was durable but before its response was recorded: the retry is not run or billed again (409 idempotency_response_lost); one that died before any receipt runs the retry', async () => {
+  test('a node that died after a keyed whole body\'s receipt was durable but before its response was recorded: the retry gets that answer and receipt, not run or billed again (s24 hC: it was 409 for good); a stream so is 409 idempotency_response_lost; one that died before any receipt runs the retry', async () => {
     const crashing = new IdempotencyStore(db);
-    crashing.finish = () => {}; // the process dies before it records anything (the mark stays on disk)
+    crashing.finish = () => {}; // the process dies before the trailer's record (the mark and what pending() wrote stay on disk)
     const dying = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: crashing, models: new Map([[model.id, model]]), priceVersion: 'p1' });
     const before = log.size;
     const first = recorder();
     await dying.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-1' }), first.res);
     expect(first.out.trailer?.status).toBe('completed');
+    const streamed = recorder();
+    await dying.handle(request('chat/completions', { ...chatBody, stream: true }, { idempotency_key: 'crash-3' }), streamed.res);
+    expect(streamed.out.trailer?.status).toBe('completed');
     const notRun = recorder();
     await dying.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-2' }, { max_cost_micro_usd: '0' }), notRun.res);
     expect(notRun.out.head?.status).toBe(403); // refused before any work: no receipt
     // The restarted node.
     const restarted = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
-    const retry = recorder();
-    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-1' }), retry.res);
-    expect([retry.out.head?.status, retry.out.trailer?.error?.code]).toEqual([409, 'idempotency_response_lost']);
-    expect(retry.out.trailer?.error?.message).toMatch(/completed and was billed \(receipt seq \d+\)/);
-    expect(log.size).toBe(before + 1); // not run again
+    for (let i = 0; i < 2; i++) {
+      const retry = recorder();
+      await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-1' }), retry.res);
+      expect(retry.out.head).toEqual(first.out.head);
+      expect(Buffer.concat(retry.out.data)).toEqual(Buffer.concat(first.out.data));
+      expect(JSON.stringify(retry.out.trailer)).toBe(JSON.stringify(first.out.trailer)); // the same receipt, cost, usage: billed once
+    }
+    const lost = recorder();
+    await restarted.handle(request('chat/completions', { ...chatBody, stream: true }, { idempotency_key: 'crash-3' }), lost.res);
+    expect([lost.out.head?.status, lost.out.trailer?.error?.code]).toEqual([409, 'idempotency_response_lost']);
+    expect(lost.out.trailer?.error?.message).toMatch(/completed \(receipt seq \d+ in this node's log\), but its response was not recorded/);
+    expect(log.size).toBe(before + 2); // neither run again
     const again = recorder();
     await restarted.handle(request('chat/completions', { ...chatBody, seed: 5 }, { idempotency_key: 'crash-1' }), again.res);
     expect(again.out.trailer?.error?.code).toBe('idempotency_key_reused'); // another body under that key
     const runs = recorder();
     await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-2' }), runs.res);
     expect(runs.out.trailer?.status).toBe('completed');
-    expect(log.size).toBe(before + 2);
+    expect(log.size).toBe(before + 3);
     // Recorded now: its retry is answered from the record.
     const replay = recorder();
     await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'crash-2' }), replay.res);
     expect(replay.out.trailer?.receipt).toBe(runs.out.trailer?.receipt);
+  });
+
+  test('a node that died after a keyed whole body was recorded but before its receipt was durable: the retry runs (once), and is then answered from its record', async () => {
+    const crashing = new IdempotencyStore(db);
+    crashing.finish = () => {};
+    const dyingLog = new Proxy(log, { get: (t, p) => (p === 'append' ? () => Promise.reject(new Error('the process died')) : Reflect.get(t, p)) });
+    const dying = new InferService({ log: dyingLog, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: crashing, models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const before = log.size;
+    const first = recorder();
+    await dying.handle(request('chat/completions', chatBody, { idempotency_key: 'no-receipt-1' }), first.res).catch(() => undefined);
+    expect(first.out.head?.status).toBe(200);
+    expect(first.out.trailer?.receipt).toBeUndefined();
+    expect(log.size).toBe(before);
+    const restarted = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), idempotency: new IdempotencyStore(db), models: new Map([[model.id, model]]), priceVersion: 'p1' });
+    const retry = recorder();
+    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'no-receipt-1' }), retry.res);
+    expect(retry.out.trailer?.status).toBe('completed');
+    expect(log.size).toBe(before + 1);
+    const replay = recorder();
+    await restarted.handle(request('chat/completions', chatBody, { idempotency_key: 'no-receipt-1' }), replay.res);
+    expect(replay.out.trailer?.receipt).toBe(retry.out.trailer?.receipt);
+    expect(log.size).toBe(before + 1);
   });
 
   test('an idempotency record the state store refuses: the buyer still gets the answer and its receipt, and the node says the store failed', async () => {

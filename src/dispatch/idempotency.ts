@@ -72,7 +72,13 @@ export type Lookup =
    * receipt, if it has one, is in the log under `requestId`; its response is not. The caller
    * decides (abandonInterrupted() to run the request again).
    */
-  | { kind: 'interrupted'; requestId: string };
+  | { kind: 'interrupted'; requestId: string }
+  /**
+   * Like 'interrupted', but the run's whole response had been recorded before its receipt was
+   * appended (pending()): with that receipt in the log (`requestId`'s, completed), the response is
+   * answered again whole (complete()); without it, the run never finished and may run again.
+   */
+  | { kind: 'pending'; requestId: string; response: Omit<RecordedResponse, 'trailer'> };
 
 export class IdempotencyStore {
   private readonly get: Database.Statement<[string], { request_sha256: string; sealed: Uint8Array }>;
@@ -84,6 +90,9 @@ export class IdempotencyStore {
   private readonly putRunning: Database.Statement<[string, string, string, number]>;
   private readonly delRunning: Database.Statement<[string]>;
   private readonly pruneRunning: Database.Statement<[number]>;
+  private readonly delSealed: Database.Statement<[string]>;
+  /** Runs under way here whose whole response is recorded, pending their receipt (pending()). */
+  private readonly pendingHere = new Set<string>();
   private readonly db: Database.Database;
   /**
    * Forgotten answers may still be in the WAL (its truncation was kept from running by a reader).
@@ -101,6 +110,7 @@ export class IdempotencyStore {
     this.get = db.prepare('SELECT request_sha256, sealed FROM idempotency_sealed WHERE id = ?');
     this.put = db.prepare('INSERT OR REPLACE INTO idempotency_sealed (id, request_sha256, sealed, created_at) VALUES (?, ?, ?, ?)');
     this.prune = db.prepare('DELETE FROM idempotency_sealed WHERE created_at < ?');
+    this.delSealed = db.prepare('DELETE FROM idempotency_sealed WHERE id = ?');
     this.sealOlderRecords();
   }
 
@@ -144,12 +154,18 @@ export class IdempotencyStore {
     const row = this.get.get(keys.id);
     if (row) {
       if (row.request_sha256 !== requestSha256) return reused;
+      let response: RecordedResponse;
       try {
-        return { kind: 'replay', response: openResponse(row.sealed, keys) };
+        response = openResponse(row.sealed, keys);
       } catch {
         // Damaged on disk: the request ran and was billed; it must not run (and be billed) again, here or elsewhere.
         return { kind: 'conflict', code: 'idempotency_response_lost', message: 'the recorded response for this Idempotency-Key cannot be read (damaged on disk); the request is not run again' };
       }
+      if (response.trailer !== null) return { kind: 'replay', response };
+      // A response pending its receipt: still running here, or left by a node that died.
+      if (this.running.has(keys.id)) return { kind: 'conflict', code: 'idempotency_in_progress', message: 'a request with this Idempotency-Key is still running' };
+      const { trailer: _, ...whole } = response;
+      return { kind: 'pending', requestId: this.getRunning.get(keys.id)?.request_id ?? '', response: whole };
     }
     if (this.running.has(keys.id)) return { kind: 'conflict', code: 'idempotency_in_progress', message: 'a request with this Idempotency-Key is still running' };
     const orphan = this.getRunning.get(keys.id);
@@ -165,18 +181,48 @@ export class IdempotencyStore {
    */
   abandonInterrupted(account: string, key: string, requestSha256: string, requestId = '', now = Date.now()): Exclude<Lookup, { kind: 'interrupted' }> {
     const { id } = recordKeys(account, key);
-    if (!this.running.has(id)) this.delRunning.run(id);
+    if (!this.running.has(id)) {
+      this.db.transaction(() => {
+        this.delRunning.run(id);
+        this.delSealed.run(id); // (a response pending a receipt that never came)
+      })();
+    }
     return this.begin(account, key, requestSha256, requestId, now) as Exclude<Lookup, { kind: 'interrupted' }>;
   }
 
-  /** Records the response of a request begun with begin(); `response` undefined records nothing. Either way the request no longer runs. */
+  /**
+   * Records the whole response of a request begun with begin() before its receipt is appended: a
+   * node that dies between its receipt and finish() answers the retry with it and that receipt
+   * (s24 hC: a whole body broken off so, withheld from the market, could never be had again).
+   */
+  pending(account: string, key: string, response: Omit<RecordedResponse, 'trailer'>, now = Date.now()): void {
+    const keys = recordKeys(account, key);
+    const sha = this.running.get(keys.id);
+    if (sha === undefined) return;
+    this.put.run(keys.id, sha, sealResponse({ ...response, trailer: null as unknown as Record<string, unknown> }, keys), now);
+    this.pendingHere.add(keys.id);
+  }
+
+  /** Records the response of a request begun with begin(); `response` undefined records nothing (a pending one is dropped). Either way the request no longer runs. */
   finish(account: string, key: string, response: RecordedResponse | undefined, now = Date.now()): void {
     const keys = recordKeys(account, key);
     const sha = this.running.get(keys.id);
     this.running.delete(keys.id);
+    const pending = this.pendingHere.delete(keys.id);
     if (sha === undefined) return;
     this.db.transaction(() => {
       if (response) this.put.run(keys.id, sha, sealResponse(response, keys), now);
+      else if (pending) this.delSealed.run(keys.id);
+      this.delRunning.run(keys.id);
+    })();
+  }
+
+  /** Completes a response a node that died left pending (begin() said 'pending'), with the trailer of its receipt. */
+  complete(account: string, key: string, requestSha256: string, response: RecordedResponse, now = Date.now()): void {
+    const keys = recordKeys(account, key);
+    if (this.running.has(keys.id)) return;
+    this.db.transaction(() => {
+      this.put.run(keys.id, requestSha256, sealResponse(response, keys), now);
       this.delRunning.run(keys.id);
     })();
   }

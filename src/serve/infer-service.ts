@@ -9,7 +9,7 @@ import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
-import { ratesToWire, type AttestationTier, type ReceiptStatus } from '../../attestation/receipt.ts';
+import { ratesToWire, type AttestationTier, type ReceiptPayload, type ReceiptStatus } from '../../attestation/receipt.ts';
 import type { TicketPayload } from '../../attestation/ticket.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { peekPayload } from '../../attestation/signed-payload.ts';
@@ -55,6 +55,8 @@ export interface InferResponse {
   /** With `sent`, resolves only once the bytes were handed to the transport (billed bytes: see response-writer.ts). */
   data(bytes: Uint8Array, opts?: DataOptions): Promise<void>;
   trailer(t: Record<string, unknown>): Promise<void>;
+  /** Told when a whole (non-streamed) body has been sent and its receipt comes next (what records it, for a retry, does so now). */
+  whole?(): void;
 }
 
 /** What the service reports of each request, for metrics and logs: ids, counts and codes only. */
@@ -239,14 +241,25 @@ export class InferService {
       // another request. The ticket check has just matched the body to the ticket's body_sha256.
       const requestSha256 = sha256Hex(`${p.endpoint}\n${checked.ticket.body_sha256}`);
       lookup = this.o.idempotency.begin(account, key, requestSha256, checked.ticket.request_id);
-      if (lookup.kind === 'interrupted') {
-        // The first try's run ended without its response recorded: the node died while it ran, or
-        // (rarely) the record's write failed. Completed (its receipt durable), it was billed and its
-        // response is gone: never run and billed again. Otherwise (no receipt, or cancelled: billed
-        // only for what it delivered, as any cancelled run) the retry runs.
+      if (lookup.kind === 'pending') {
+        // The node died after the first try's whole body was recorded: with its completed receipt
+        // in the log, the retry gets both (the buyer has the answer, billed once); without it the
+        // run never finished, and the retry runs.
         const done = this.completedReceipt(lookup.requestId);
         if (done) {
-          throw new Refusal(409, 'idempotency_response_lost', `the first request under this Idempotency-Key (${lookup.requestId}) completed and was billed (receipt seq ${done.seq}), but its response was not recorded (the node stopped, or could not write it); it is not run again`);
+          const response = { ...lookup.response, trailer: trailerOf(done.line, done.payload) };
+          this.o.idempotency.complete(account, key, requestSha256, response);
+          lookup = { kind: 'replay', response };
+        } else lookup = this.o.idempotency.abandonInterrupted(account, key, requestSha256, checked.ticket.request_id);
+      }
+      if (lookup.kind === 'interrupted') {
+        // The first try's run ended without its response recorded: the node died while it ran (a
+        // stream, or a body before it was whole), or (rarely) the record's write failed. Completed
+        // (its receipt durable), its response is gone: never run and billed again. Otherwise (no
+        // receipt, or cancelled: billed only for what it delivered, as any cancelled run) the retry runs.
+        const done = this.completedReceipt(lookup.requestId);
+        if (done) {
+          throw new Refusal(409, 'idempotency_response_lost', `the first request under this Idempotency-Key (${lookup.requestId}) completed (receipt seq ${done.seq} in this node's log), but its response was not recorded (the node stopped, or could not write it); it is not run again`);
         }
         lookup = this.o.idempotency.abandonInterrupted(account, key, requestSha256, checked.ticket.request_id);
       }
@@ -270,14 +283,19 @@ export class InferService {
     // again. Finishing it for the retry instead would also finish every cancelled hedge loser.
     // The record is written before the trailer leaves (the receipt is durable by then): a node that
     // dies while sending it, or a trailer that never reaches the buyer, still answers the retry.
-    const recording = record(res, (r) => {
+    const storing = (write: () => void) => {
       try {
-        this.o.idempotency!.finish(account, key, r);
+        write();
       } catch (e) {
         if (isStoreError(e)) this.o.state?.failed(e); // (state.db refusing writes: the node says so)
         throw e;
       }
-    });
+    };
+    const recording = record(
+      res,
+      (r) => storing(() => this.o.idempotency!.finish(account, key, r)),
+      (r) => storing(() => this.o.idempotency!.pending(account, key, r)),
+    );
     try {
       await this.serve(p, model, req, recording, ctx, checkedTicket);
     } finally {
@@ -286,10 +304,11 @@ export class InferService {
   }
 
   /** The durable `completed` receipt of request `requestId` in this node's log, if there is one. */
-  private completedReceipt(requestId: string): { seq: number } | undefined {
+  private completedReceipt(requestId: string): { seq: number; line: string; payload: ReceiptPayload } | undefined {
+    if (requestId === '') return undefined;
     for (const r of this.o.log.byRequestId(requestId)) {
-      const env = JSON.parse(r.line) as DsseEnvelope;
-      if (peekPayload(env)?.status === 'completed') return { seq: r.seq };
+      const payload = peekPayload(JSON.parse(r.line) as DsseEnvelope) as ReceiptPayload | undefined;
+      if (payload?.status === 'completed') return { seq: r.seq, line: r.line, payload };
     }
     return undefined;
   }
@@ -448,6 +467,7 @@ export class InferService {
           await res.head({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': ticket.request_id } });
           await res.data(body);
           delivered = body;
+          res.whole?.();
         } catch {
           status = 'cancelled';
         }
@@ -562,6 +582,7 @@ export class InferService {
               ? chatCompletion(ticket.request_id, model.id, created, text, finish, usage)
               : textCompletion(ticket.request_id, model.id, created, text, finish, usage);
           await send(utf8(JSON.stringify(body)));
+          res.whole?.();
         }
       }
     } catch (e) {
@@ -628,6 +649,11 @@ export class InferService {
   }
 }
 
+/** The trailer a completed run sent with its receipt (InferService.receipt), from the receipt alone. */
+function trailerOf(line: string, p: ReceiptPayload): Record<string, unknown> {
+  return { request_id: p.request_id, receipt: line, cost: formatUsd(BigInt(p.cost_micro_usd)), usage: { input_tokens: p.usage.input_tokens, output_tokens: p.usage.output_tokens }, status: p.status };
+}
+
 /**
  * Paid work needs a receipt at its end: with the receipt log stopped, new work is refused before
  * its ticket is used or anything runs, as a full node's is (the gateway tries another provider).
@@ -648,10 +674,17 @@ function float32Base64(vector: readonly number[]): string {
  * receipt) is handed to `beforeTrailer` as the trailer leaves. A refusal or a cancelled stream is
  * not: its retry runs again.
  */
-function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void): InferResponse {
+function record(res: InferResponse, beforeTrailer: (r: RecordedResponse) => void, whole: (r: Omit<RecordedResponse, 'trailer'>) => void): InferResponse {
   let head: { status: number; headers: Record<string, string> } | undefined;
   const body: Uint8Array[] = [];
   return {
+    whole: () => {
+      try {
+        if (head?.status === 200) whole({ status: head.status, headers: head.headers, body: concatBytes(...body) });
+      } catch {
+        // (not recorded: a node that dies before the trailer answers the retry 409, as before)
+      }
+    },
     head: async (h) => {
       head = h;
       await res.head(h);
