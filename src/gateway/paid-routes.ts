@@ -376,6 +376,12 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         settlements.releaseTicket(a.p);
         continue;
       }
+      if (before && !before.ok && before.stage === 'head' && !before.aborted) {
+        // Its own stream broke before its HEAD (neither half answered): the buyer got nothing of
+        // it, so a receipt its log holds is recorded, never settled, as for the other half (s24 hA).
+        void settlements.settleFromNode(a.p, 'failed', { undelivered: !settlements.stopping });
+        continue;
+      }
       void settlements.track(
         a.p.requestId,
         a.running!.then((r) => {
