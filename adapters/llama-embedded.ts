@@ -10,7 +10,7 @@ import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } 
 import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
-import { piecesAt, scanSpecials, type SpecialScan, type SpecialText } from './special-token-split.ts';
+import { piecesAt, scanSpecials, SpecialTrie, type SpecialScan, type SpecialText } from './special-token-split.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
@@ -101,7 +101,9 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   /** The most bytes one token stands for (set at start): what bounds an input's token count from below. */
   private maxTokenBytes = Number.POSITIVE_INFINITY;
   /** The texts llama.cpp cuts out as special tokens when it parses them (set at start). */
-  private specials: SpecialText[] = [];
+  private specials = new SpecialTrie([]);
+  /** Whether long texts may be tokenised in pieces (specialTexts). */
+  private cuttable = false;
   /** Whether a special token strips whitespace beside it: the bytes outside special tokens then bound nothing. */
   private stripsWhitespace = false;
 
@@ -197,8 +199,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       }
     }
     this.maxTokenBytes = longestToken(model);
-    this.specials = specialTexts(model);
-    this.stripsWhitespace = this.specials.some((t) => t.rstrip) || [...model.iterateAllTokens()].some((t) => model.getTokenAttributes(t).lstrip);
+    const special = specialTexts(model);
+    this.specials = new SpecialTrie(special.specials);
+    this.cuttable = special.cuttable;
+    this.stripsWhitespace = special.specials.some((t) => t.rstrip) || [...model.iterateAllTokens()].some((t) => model.getTokenAttributes(t).lstrip);
     this.info = {
       adapter: 'llama-embedded',
       version: runtimeVersion(llama),
@@ -261,7 +265,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
    * surely cuts it and tokenised in pieces, the same tokens in linear time (special-token-split.ts).
    */
   private tokenizeText(text: string, special: boolean, scan?: SpecialScan): Token[] {
-    if (!special || text.length < SPLIT_FROM) return this.m.tokenize(text, special);
+    if (!special || !this.cuttable || text.length < SPLIT_FROM) return this.m.tokenize(text, special);
     const pieces = piecesAt(text, (scan ?? scanSpecials(text, this.specials)).cuts, CUTS_PER_PIECE);
     if (pieces.length === 1) return this.m.tokenize(text, true);
     const tokens: Token[] = [];
@@ -303,7 +307,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       // empty message is two or more) and one for each maxTokenBytes of the rest.
       scan = scanSpecials(text, this.specials);
       if (opts.atMost !== undefined) {
-        const atLeast = scan.sure + (this.stripsWhitespace ? 0 : Math.ceil(scan.otherBytes / this.maxTokenBytes));
+        // (Special tokens are counted only where their texts are known to be llama.cpp's: cuttable.)
+        const atLeast = this.cuttable ? scan.sure + (this.stripsWhitespace ? 0 : Math.ceil(scan.otherBytes / this.maxTokenBytes)) : this.stripsWhitespace ? 0 : Math.ceil(Buffer.byteLength(text) / this.maxTokenBytes);
         if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `messages of at least ${atLeast} tokens (${input.messages.length} messages) exceed the model's context of ${opts.atMost}`);
       }
     }
@@ -465,28 +470,42 @@ function lastTokens(input: readonly Token[], output: readonly Token[], n: number
   return [...input.slice(Math.max(0, input.length - (n - output.length))), ...output];
 }
 
-/**
- * The most bytes one token of the model's vocabulary stands for (a bound: 4 bytes are added for
- * the leading space a tokenizer adds or a lone token's text drops, and for a byte token's text).
- */
 /** Below this many characters a text is tokenised whole: its special tokens cost nothing to speak of. */
 const SPLIT_FROM = 16_384;
 /** How many cut places a piece spans: small enough that llama.cpp's search within it stays short. */
 const CUTS_PER_PIECE = 32;
 
-/** The texts llama.cpp searches for when it parses special tokens: control, user-defined and unknown tokens. */
-function specialTexts(model: LlamaModel): SpecialText[] {
-  const out: SpecialText[] = [];
+/**
+ * The texts llama.cpp searches for when it parses special tokens (control, user-defined and
+ * unknown tokens), and whether texts may be cut at them: only when every control token's text, as
+ * read back, is what llama.cpp cuts out as that token (a text whose leading space the read-back
+ * drops is not: s24 hA), so that a cut is always where llama.cpp cuts.
+ */
+function specialTexts(model: LlamaModel): { specials: SpecialText[]; cuttable: boolean } {
+  const specials: SpecialText[] = [];
+  let cuttable = true;
   for (const t of model.iterateAllTokens()) {
     const a = model.getTokenAttributes(t);
     if (!a.control && !a.userDefined && !a.unknown) continue;
-    // Only a control token's text is surely its own (a user-defined one's may be written with
-    // SentencePiece's ▁ for a space): the others count as obstacles only.
-    out.push({ text: model.detokenize([t], true), sure: a.control, rstrip: a.rstrip });
+    const text = model.detokenize([t], true);
+    const own = (() => {
+      const back = model.tokenize(text, true);
+      return back.length === 1 && back[0] === t;
+    })();
+    if (a.control && !own) cuttable = false;
+    // Only a control token that reads back as itself is surely its own text (a user-defined one's
+    // may be written with SentencePiece's ▁ for a space): the others are obstacles only, under
+    // both spellings.
+    specials.push({ text, sure: a.control && own, rstrip: a.rstrip });
+    if (!own && text.includes(' ')) specials.push({ text: text.replaceAll(' ', '\u2581'), sure: false, rstrip: a.rstrip });
   }
-  return out;
+  return { specials, cuttable };
 }
 
+/**
+ * The most bytes one token of the model's vocabulary stands for (a bound: 4 bytes are added for
+ * the leading space a tokenizer adds or a lone token's text drops, and for a byte token's text).
+ */
 function longestToken(model: LlamaModel): number {
   let most = 1;
   for (const t of model.iterateAllTokens()) {

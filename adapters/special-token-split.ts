@@ -42,15 +42,50 @@ interface Occurrence {
   special: SpecialText;
 }
 
-/** The sure occurrences of special texts in `text`, and where it can be cut. Linear in the text for each special type. */
-export function scanSpecials(text: string, specials: readonly SpecialText[]): SpecialScan {
-  const found: Occurrence[] = [];
-  for (const special of specials) {
-    if (special.text === '') continue;
-    // Every occurrence, overlapping ones too (a search from the next character).
-    for (let at = text.indexOf(special.text); at !== -1; at = text.indexOf(special.text, at + 1)) found.push({ start: at, end: at + special.text.length, special });
+/** A trie of special texts by UTF-16 code unit: what scanSpecials walks from each position. */
+export class SpecialTrie {
+  private readonly root = new TrieNode();
+  constructor(specials: readonly SpecialText[]) {
+    for (const special of specials) {
+      if (special.text === '') continue;
+      let node = this.root;
+      for (let i = 0; i < special.text.length; i++) {
+        const c = special.text.charCodeAt(i);
+        let next = node.next.get(c);
+        if (!next) node.next.set(c, (next = new TrieNode()));
+        node = next;
+      }
+      node.special = special;
+    }
   }
-  found.sort((a, b) => a.start - b.start || a.end - b.end);
+
+  /** Every occurrence of every special text in `text`, overlapping ones too, by start then end. */
+  occurrences(text: string): Occurrence[] {
+    const found: Occurrence[] = [];
+    const first = this.root.next;
+    for (let i = 0; i < text.length; i++) {
+      let node = first.get(text.charCodeAt(i));
+      for (let j = i + 1; node; j++) {
+        if (node.special) found.push({ start: i, end: j, special: node.special });
+        if (j >= text.length) break;
+        node = node.next.get(text.charCodeAt(j));
+      }
+    }
+    return found;
+  }
+}
+
+class TrieNode {
+  readonly next = new Map<number, TrieNode>();
+  special: SpecialText | undefined;
+}
+
+/**
+ * The sure occurrences of special texts in `text`, and where it can be cut. One walk of the text
+ * (a trie of the special texts), whatever their number: a vocabulary may have thousands.
+ */
+export function scanSpecials(text: string, specials: readonly SpecialText[] | SpecialTrie): SpecialScan {
+  const found = (specials instanceof SpecialTrie ? specials : new SpecialTrie(specials)).occurrences(text);
   let sure = 0;
   let sureBytes = 0;
   const cuts: number[] = [];

@@ -7,6 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { getLlama, type LlamaModel } from 'node-llama-cpp';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import type { GgufKv } from '../adapters/gguf/gguf-writer.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { UnsupportedInputError, type ChatMessage } from '../adapters/runtime-adapter.ts';
@@ -132,6 +133,41 @@ describe('the embedded runtime tokenises long texts in pieces, to the same token
     expect(await adapter.countInputTokens({ kind: 'chat', messages: [{ role: 'user', content: 'hello' }] })).toBeGreaterThan(3);
   }, 120_000);
 });
+
+test('a vocabulary whose control token reads back without its leading space (" <x>" as "<x>") is tokenised as llama.cpp does whole (s24 hA: cut where llama.cpp does not)', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'special-lead-space-'));
+  const file = path.join(dir, 'lead-space.gguf');
+  writeTinyLlama(file, {
+    edit: (m) => {
+      const md = m.metadata as GgufKv[];
+      const at = (k: string) => md.findIndex((e) => e.key === k);
+      const ti = at('tokenizer.ggml.tokens');
+      const yi = at('tokenizer.ggml.token_type');
+      const tokens = [...(md[ti]!.value.value as string[])];
+      const types = Array.from(md[yi]!.value.value as ArrayLike<number>);
+      tokens[tokens.length - 1] = ' <x>';
+      types[types.length - 1] = 3; // control
+      md[ti] = { key: 'tokenizer.ggml.tokens', value: { type: 'string[]', value: tokens } };
+      md[yi] = { key: 'tokenizer.ggml.token_type', value: { type: 'int32[]', value: Int32Array.from(types) } };
+    },
+  });
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 4096 });
+  await adapter.start();
+  const whole = await (await getLlama({ gpu: false, build: 'never' })).loadModel({ modelPath: file });
+  try {
+    const parts = ['<|im_start|>', '<|im_end|>', '<s>', '</s>', ' ', '\n', 'user', 'hello', '<x>', ' <x>', 'a<x>b', '<x>hello', 'é'];
+    for (let seed = 1; seed <= 4; seed++) {
+      let x = seed;
+      let text = '';
+      while (text.length < 20_000) text += parts[(x = (x * 1103515245 + 12345) % 2147483648) % parts.length];
+      expect(await adapter.tokenize(text, { special: true }), `seed ${seed}`).toEqual([...whole.tokenize(text, true)]);
+    }
+  } finally {
+    await adapter.stop();
+    await whole.dispose();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}, 60_000);
 
 function specialsOf(model: LlamaModel): SpecialText[] {
   const out: SpecialText[] = [];

@@ -19,7 +19,6 @@ export class IdleWatch {
   private readonly ac: AbortController;
   /** When the last real frame came (or the clock started, or resumed). */
   private lastReal = Date.now();
-  private keptAlive = false;
   /** Whether the clock runs for less than ms (keepalives' last stretch). */
   private shortened = false;
   /** How long the provider may stay silent. */
@@ -36,7 +35,7 @@ export class IdleWatch {
     this.shortened = ms !== this.ms;
     this.timer = setTimeout(() => {
       this.timedOut = true;
-      this.onlyKeepalives = this.keptAlive;
+      this.onlyKeepalives = this.shortened; // (keepalives' last stretch ran out; else the provider was silent for ms)
       this.ac.abort(new Error(this.onlyKeepalives ? `the provider sent only keepalives for ${this.quietMaxMs} ms` : `the provider sent nothing for ${this.ms} ms`));
     }, ms);
     this.timer.unref();
@@ -44,8 +43,7 @@ export class IdleWatch {
   /** A real frame: the clock starts again. */
   kick(): void {
     this.lastReal = Date.now();
-    this.keptAlive = false;
-    if (this.stopped || !this.timer) return;
+    if (this.stopped || this.timedOut || !this.timer) return;
     if (!this.shortened) this.timer.refresh();
     else {
       clearTimeout(this.timer);
@@ -54,9 +52,8 @@ export class IdleWatch {
   }
   /** A keepalive: the clock starts again while the provider's quiet time is within quietMaxMs; then it runs out. */
   keepalive(): void {
-    if (this.stopped || !this.timer || this.shortened) return;
+    if (this.stopped || this.timedOut || !this.timer || this.shortened) return;
     const left = this.quietMaxMs - (Date.now() - this.lastReal);
-    this.keptAlive = true;
     if (left >= this.ms) this.timer.refresh();
     else {
       // The last stretch: the clock runs out when quietMaxMs is reached, not up to ms later.
@@ -70,9 +67,8 @@ export class IdleWatch {
     this.timer = undefined;
   }
   resume(): void {
-    if (this.stopped || this.timer) return;
+    if (this.stopped || this.timedOut || this.timer) return;
     this.lastReal = Date.now();
-    this.keptAlive = false;
     this.arm();
   }
   stop(): void {
