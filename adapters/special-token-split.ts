@@ -42,6 +42,9 @@ interface Occurrence {
   special: SpecialText;
 }
 
+/** Up to this many distinct first characters, a scan jumps between their places with indexOf. */
+const FEW_FIRST_CHARS = 8;
+
 /** A trie of special texts by UTF-16 code unit: what scanSpecials walks from each position. */
 export class SpecialTrie {
   private readonly root = new TrieNode();
@@ -63,14 +66,25 @@ export class SpecialTrie {
   occurrences(text: string): Occurrence[] {
     const found: Occurrence[] = [];
     const first = this.root.next;
-    for (let i = 0; i < text.length; i++) {
-      let node = first.get(text.charCodeAt(i));
+    const walk = (i: number, node: TrieNode | undefined) => {
       for (let j = i + 1; node; j++) {
         if (node.special) found.push({ start: i, end: j, special: node.special });
         if (j >= text.length) break;
         node = node.next.get(text.charCodeAt(j));
       }
+    };
+    if (first.size > FEW_FIRST_CHARS) {
+      for (let i = 0; i < text.length; i++) walk(i, first.get(text.charCodeAt(i)));
+      return found;
     }
+    // Few first characters (ChatML's are all "<"): jump between their places (native search).
+    const starts: number[] = [];
+    for (const c of first.keys()) {
+      const ch = String.fromCharCode(c);
+      for (let at = text.indexOf(ch); at !== -1; at = text.indexOf(ch, at + 1)) starts.push(at);
+    }
+    if (first.size > 1) starts.sort((a, b) => a - b);
+    for (const i of starts) walk(i, first.get(text.charCodeAt(i)));
     return found;
   }
 }
