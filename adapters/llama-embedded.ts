@@ -11,6 +11,7 @@ import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
 import { piecesAt, scanSpecials, SpecialTrie, type SpecialScan, type SpecialText } from './special-token-split.ts';
+import { TokenizeDeadlineError, TokenizerProcess } from './tokenizer-process.ts';
 import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
@@ -43,6 +44,8 @@ export interface LlamaEmbeddedOptions {
   modelSha256?: string;
   /** Bounds of the chat template's probe at start (chat-template-probe.ts; default 5 s, 256 MB). */
   templateProbe?: { timeoutMs?: number; heapMb?: number };
+  /** How long a long text may take to tokenise in the tokenizer's child process before it is refused (default 10 s; tokenizer-process.ts). */
+  tokenizeDeadlineMs?: number;
 }
 
 /** One llama.cpp binding per GPU setting; a failed load is not remembered (the next start retries). */
@@ -102,6 +105,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private maxTokenBytes = Number.POSITIVE_INFINITY;
   /** The texts llama.cpp cuts out as special tokens when it parses them (set at start). */
   private specials = new SpecialTrie([]);
+  /** The child process that tokenises long texts (started at the first). */
+  private tokenizer: TokenizerProcess | undefined;
   /** Whether long texts may be tokenised in pieces (specialTexts). */
   private cuttable = false;
   /** Whether a special token strips whitespace beside it: the bytes outside special tokens then bound nothing. */
@@ -244,6 +249,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async stop(): Promise<void> {
+    this.tokenizer?.stop();
+    this.tokenizer = undefined;
     await (await this.embedding?.catch(() => undefined))?.dispose();
     await this.context?.dispose();
     await this.model?.dispose();
@@ -257,20 +264,28 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async tokenize(text: string, opts: { special?: boolean } = {}): Promise<number[]> {
-    return [...this.tokenizeText(text, opts.special ?? false)];
+    return [...(await this.tokenizeText(text, opts.special ?? false))];
   }
 
   /**
-   * llama.cpp's tokens for `text`. With special tokens parsed, a long text is cut where llama.cpp
-   * surely cuts it and tokenised in pieces, the same tokens in linear time (special-token-split.ts).
+   * llama.cpp's tokens for `text`. A long text is tokenised in the tokenizer's child process, off
+   * the event loop and within a deadline (tokenizer-process.ts); with special tokens parsed, cut
+   * where llama.cpp surely cuts it and tokenised in pieces, the same tokens in linear time
+   * (special-token-split.ts).
    */
-  private tokenizeText(text: string, special: boolean, scan?: SpecialScan): Token[] {
-    if (!special || !this.cuttable || text.length < SPLIT_FROM) return this.m.tokenize(text, special);
-    const pieces = piecesAt(text, (scan ?? scanSpecials(text, this.specials)).cuts, CUTS_PER_PIECE);
-    if (pieces.length === 1) return this.m.tokenize(text, true);
-    const tokens: Token[] = [];
-    for (const piece of pieces) for (const t of this.m.tokenize(piece, true)) tokens.push(t);
-    return tokens;
+  private async tokenizeText(text: string, special: boolean, scan?: SpecialScan): Promise<Token[]> {
+    const model = this.m;
+    if (text.length < SPLIT_FROM) return model.tokenize(text, special);
+    const pieces = special && this.cuttable ? piecesAt(text, (scan ?? scanSpecials(text, this.specials)).cuts, CUTS_PER_PIECE) : [text];
+    this.tokenizer ??= new TokenizerProcess(this.opts.modelPath, this.opts.tokenizeDeadlineMs ?? 10_000);
+    try {
+      return [...(await this.tokenizer.tokenize(pieces, special))] as Token[];
+    } catch (e) {
+      if (e instanceof TokenizeDeadlineError) {
+        throw new UnsupportedInputError('input_too_complex', `the input (${text.length} characters) was not tokenised within ${this.tokenizer.deadlineMs / 1000} s: llama.cpp's tokenizer is slow on long runs of characters its vocabulary has no token for, or of special-token texts`);
+      }
+      throw e;
+    }
   }
 
   async detokenize(tokens: number[]): Promise<string> {
@@ -312,7 +327,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `messages of at least ${atLeast} tokens (${input.messages.length} messages) exceed the model's context of ${opts.atMost}`);
       }
     }
-    const tokens = this.tokenizeText(text, input.kind === 'chat', scan);
+    const tokens = await this.tokenizeText(text, input.kind === 'chat', scan);
     const bos = this.m.tokens.bos;
     return this.m.tokens.shouldPrependBosToken && bos !== null && tokens[0] !== bos ? [bos, ...tokens] : tokens;
   }

@@ -1,0 +1,121 @@
+// Long texts are tokenised in a child process (tokenizer-child.ts) with the model's vocabulary
+// alone, so that llama.cpp's tokenizer, synchronous and quadratic on some texts, never holds the
+// node's event loop (s24 hB: 104,000 "<unk>" held a node 13.8 s, 262,000 "é" 9.6 s, and every
+// request, /healthz and heartbeat with it). One text at a time, each bounded by a deadline: past
+// it the child is killed (started again for the next text) and the text is refused.
+import { fork, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const CHILD = fileURLToPath(new URL(`./tokenizer-child${path.extname(fileURLToPath(import.meta.url))}`, import.meta.url));
+/** How long the child may take to load the vocabulary. */
+const START_MS = 60_000;
+
+/** The text was not tokenised within the deadline (the child was killed). */
+export class TokenizeDeadlineError extends Error {
+  override name = 'TokenizeDeadlineError';
+}
+
+export class TokenizerProcess {
+  private readonly modelPath: string;
+  readonly deadlineMs: number;
+  private child: ChildProcess | undefined;
+  private ready: Promise<ChildProcess> | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+  private nextId = 1;
+  private stopped = false;
+
+  constructor(modelPath: string, deadlineMs: number) {
+    this.modelPath = modelPath;
+    this.deadlineMs = deadlineMs;
+  }
+
+  /** The tokens of `pieces` laid end to end, each tokenised on its own; one text at a time. */
+  tokenize(pieces: string[], special: boolean): Promise<Int32Array> {
+    const run = this.queue.then(() => this.one(pieces, special));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Ends the child (a text under way is refused). */
+  stop(): void {
+    this.stopped = true;
+    this.child?.kill('SIGKILL');
+    this.child = undefined;
+    this.ready = undefined;
+  }
+
+  private start(): Promise<ChildProcess> {
+    if (this.ready) return this.ready;
+    const child = fork(CHILD, [this.modelPath], { serialization: 'advanced', stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
+    this.child = child;
+    let err = '';
+    child.stderr?.on('data', (b: Buffer) => (err = (err + b.toString('utf8')).slice(-2000)));
+    const gone = () => {
+      if (this.child === child) {
+        this.child = undefined;
+        this.ready = undefined;
+      }
+    };
+    child.on('exit', gone);
+    child.on('error', gone);
+    this.ready = new Promise<ChildProcess>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        child.kill('SIGKILL');
+        reject(new Error(`the tokenizer process did not load ${this.modelPath} within ${START_MS / 1000} s`));
+      }, START_MS);
+      const done = (e?: Error) => {
+        clearTimeout(timer);
+        child.off('message', onMessage);
+        child.off('exit', onExit);
+        if (e) reject(e);
+        else resolve(child);
+      };
+      const onMessage = (m: { ready?: boolean; error?: string }) => {
+        if (m.ready === true) done();
+        else if (m.ready === false) done(new Error(`the tokenizer process could not load ${this.modelPath}: ${m.error ?? 'unknown error'}`));
+      };
+      const onExit = (code: number | null, signal: string | null) => done(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before it loaded ${this.modelPath}${err ? `: ${err.trim().split('\n').pop()}` : ''}`));
+      child.on('message', onMessage);
+      child.on('exit', onExit);
+    });
+    this.ready.catch(() => gone());
+    return this.ready;
+  }
+
+  private async one(pieces: string[], special: boolean): Promise<Int32Array> {
+    if (this.stopped) throw new Error('the tokenizer process is stopped');
+    const child = await this.start();
+    const id = this.nextId++;
+    return new Promise<Int32Array>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        finish();
+        // (the next text starts another: this one is forgotten now, not when its exit comes)
+        if (this.child === child) {
+          this.child = undefined;
+          this.ready = undefined;
+        }
+        child.kill('SIGKILL');
+        reject(new TokenizeDeadlineError(`not tokenised within ${this.deadlineMs / 1000} s`));
+      }, this.deadlineMs);
+      const onMessage = (m: { id?: number; tokens?: Int32Array; error?: string }) => {
+        if (m.id !== id) return;
+        finish();
+        if (m.tokens) resolve(m.tokens);
+        else reject(new Error(`the tokenizer process failed: ${m.error ?? 'unknown error'}`));
+      };
+      const onExit = (code: number | null, signal: string | null) => {
+        finish();
+        reject(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) while it tokenised`));
+      };
+      const finish = () => {
+        clearTimeout(timer);
+        child.off('message', onMessage);
+        child.off('exit', onExit);
+      };
+      child.on('message', onMessage);
+      child.on('exit', onExit);
+      child.send({ id, pieces, special });
+    });
+  }
+}

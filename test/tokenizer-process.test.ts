@@ -1,0 +1,53 @@
+// Long texts are tokenised in a child process with the vocabulary alone: llama.cpp's tokenizer is
+// quadratic on runs of characters its vocabulary has no token for (262,000 "é" held a node's event
+// loop 9.6 s, s24 hB). The event loop stays free meanwhile, the tokens are llama.cpp's own, and a
+// text past the deadline is refused (the child killed, started again for the next).
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { getLlama, type LlamaModel } from 'node-llama-cpp';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { UnsupportedInputError } from '../adapters/runtime-adapter.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tokenizer-process-'));
+const file = path.join(dir, 'tiny.gguf');
+let adapter: LlamaEmbeddedAdapter;
+let whole: LlamaModel;
+
+beforeAll(async () => {
+  writeTinyLlama(file);
+  adapter = new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 2048, tokenizeDeadlineMs: 3000 });
+  await adapter.start();
+  whole = await (await getLlama({ gpu: false, build: 'never' })).loadModel({ modelPath: file });
+});
+afterAll(async () => {
+  await adapter?.stop();
+  await whole?.dispose();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('a slow text is tokenised while the event loop turns, to llama.cpp\'s tokens', async () => {
+  const text = 'é'.repeat(60_000);
+  let turns = 0;
+  const tick = setInterval(() => turns++, 10);
+  const started = performance.now();
+  const tokens = await adapter.tokenize(text);
+  const took = performance.now() - started;
+  clearInterval(tick);
+  expect(tokens).toEqual([...whole.tokenize(text, false)]);
+  // The loop turned through the whole wait (in process it would not have turned at all).
+  expect(turns).toBeGreaterThan(Math.floor(took / 10 / 4));
+  expect(await adapter.countInputTokens({ kind: 'prompt', prompt: text })).toBe(tokens.length + (whole.tokens.shouldPrependBosToken ? 1 : 0));
+}, 60_000);
+
+test('a text past the deadline is refused (input_too_complex); the next one is tokenised', async () => {
+  const slow = 'é'.repeat(400_000); // (tens of seconds for llama.cpp here)
+  const refused = await adapter.tokenize(slow).then(() => undefined, (e: unknown) => e);
+  expect(refused).toBeInstanceOf(UnsupportedInputError);
+  expect((refused as UnsupportedInputError).code).toBe('input_too_complex');
+  expect((refused as Error).message).toMatch(/^the input \(400000 characters\) was not tokenised within 3 s: /);
+  const text = 'hello world '.repeat(3000);
+  expect(await adapter.tokenize(text)).toEqual([...whole.tokenize(text, false)]);
+}, 60_000);
