@@ -307,11 +307,13 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   /** The exact tokens a generation starts from: BOS when the model wants it, then the prompt. */
   async inputTokens(input: GenerationInput, opts: { atMost?: number } = {}): Promise<Token[]> {
-    // Tokenising is synchronous (4 s for 8 MiB here, the event loop held all that time): with
-    // atMost, a text too long by its length alone is refused before it is rendered or tokenised.
-    // No token is longer than maxTokenBytes, so it needs at least bytes / maxTokenBytes tokens.
-    if (opts.atMost !== undefined) {
-      const bytes = input.kind === 'chat' ? input.messages.reduce((n, m) => n + Buffer.byteLength(m.content), 0) : Buffer.byteLength(input.prompt);
+    // With atMost, a text too long by its length alone is refused before it is tokenised: no
+    // token is longer than maxTokenBytes, so it needs at least bytes / maxTokenBytes tokens. A
+    // chat is judged by its rendering (below): a template may leave out what messages hold (Qwen3
+    // drops earlier turns' reasoning), so their bytes bound nothing (s24 hB: a 36-token chat was
+    // refused as "at least 5003").
+    if (opts.atMost !== undefined && input.kind === 'prompt') {
+      const bytes = Buffer.byteLength(input.prompt);
       const atLeast = Math.ceil(bytes / this.maxTokenBytes);
       if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `an input of at least ${atLeast} tokens (${bytes} bytes) exceeds the model's context of ${opts.atMost}`);
     }

@@ -177,3 +177,20 @@ function specialsOf(model: LlamaModel): SpecialText[] {
   }
   return out;
 }
+
+test('a chat is judged by its rendering: a template that leaves out earlier turns is not refused for their bytes (s24 hB: a 36-token chat was refused as "at least 5003")', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'special-last-turn-'));
+  const file = path.join(dir, 'last-turn.gguf');
+  writeTinyLlama(file, { chatTemplate: "{% for m in messages %}{% if loop.last %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n" });
+  const adapter = new LlamaEmbeddedAdapter({ modelPath: file, contextLength: 512 });
+  await adapter.start();
+  try {
+    const messages: ChatMessage[] = [{ role: 'user', content: 'hello world '.repeat(20_000) }, { role: 'user', content: 'hi' }];
+    const tokens = await adapter.inputTokens({ kind: 'chat', messages }, { atMost: 512 });
+    expect(tokens.length).toBeLessThan(20);
+    expect(tokens.length).toBe(await adapter.countInputTokens({ kind: 'chat', messages }));
+  } finally {
+    await adapter.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}, 60_000);
