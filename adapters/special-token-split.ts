@@ -2,12 +2,12 @@
 // the whole would give, and how many tokens it needs at least.
 //
 // llama.cpp tokenises with special tokens parsed (how a rendered chat template is tokenised) by
-// first cutting the text at every special token's text: token type by token type, longest text
-// first, each searched for in every raw piece with a search that runs on to the end of the whole
-// text. With k special tokens in a text of n bytes that is about k × n × (special types) work, all
-// of it on the event loop: 35,000 empty chat messages held the node for 13 s, 280,000 for 15 min
-// (s23 h6). Cutting the text where llama.cpp surely cuts it, and tokenising the pieces, makes it
-// linear.
+// first cutting the text at every special token's text, token type by token type, longest text
+// first, into a list of pieces; every occurrence it cuts out walks that list from its start (s24
+// hB read it in the bundled llama.cpp), so k special tokens cost about k² steps, all of it
+// synchronous: 35,000 empty chat messages held the node 13 s, 280,000 ~15 min (s23 h6). Cutting
+// the text where llama.cpp surely cuts it, and tokenising the pieces, makes it linear. (Texts this
+// long are tokenised in a child process as well: tokenizer-process.ts.)
 //
 // An occurrence of a special text that overlaps no other occurrence of any special text (itself at
 // another place included) is surely cut out as its token: when its type's turn comes, nothing has
