@@ -46,6 +46,8 @@ export interface LlamaEmbeddedOptions {
   templateProbe?: { timeoutMs?: number; heapMb?: number };
   /** How long a long text may take to tokenise in the tokenizer's child process before it is refused (default 10 s; tokenizer-process.ts). */
   tokenizeDeadlineMs?: number;
+  /** Start that child with the runtime (a serving node: the first long text then does not wait for it to load), not at the first long text. */
+  tokenizerAtStart?: boolean;
 }
 
 /** One llama.cpp binding per GPU setting; a failed load is not remembered (the next start retries). */
@@ -204,6 +206,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       }
     }
     this.maxTokenBytes = longestToken(model);
+    if (this.opts.tokenizerAtStart) {
+      this.tokenizer = this.newTokenizer();
+      this.tokenizer.warm(); // (in the background: a failure is said at the first long text)
+    }
     const special = specialTexts(model);
     this.specials = new SpecialTrie(special.specials);
     this.cuttable = special.cuttable;
@@ -263,6 +269,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     return this.model;
   }
 
+  private newTokenizer(): TokenizerProcess {
+    return new TokenizerProcess(this.opts.modelPath, this.opts.tokenizeDeadlineMs ?? 10_000);
+  }
+
   async tokenize(text: string, opts: { special?: boolean } = {}): Promise<number[]> {
     return [...(await this.tokenizeText(text, opts.special ?? false))];
   }
@@ -277,7 +287,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const model = this.m;
     if (text.length < SPLIT_FROM) return model.tokenize(text, special);
     const pieces = special && this.cuttable ? piecesAt(text, (scan ?? scanSpecials(text, this.specials)).cuts, CUTS_PER_PIECE) : [text];
-    this.tokenizer ??= new TokenizerProcess(this.opts.modelPath, this.opts.tokenizeDeadlineMs ?? 10_000);
+    this.tokenizer ??= this.newTokenizer();
     try {
       return [...(await this.tokenizer.tokenize(pieces, special))] as Token[];
     } catch (e) {

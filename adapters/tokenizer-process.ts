@@ -37,6 +37,11 @@ export class TokenizerProcess {
     return run;
   }
 
+  /** Starts the child now, in the background (what fails is said at the first text). */
+  warm(): void {
+    if (!this.stopped) this.start().catch(() => undefined);
+  }
+
   /** Ends the child (a text under way is refused). */
   stop(): void {
     this.stopped = true;
@@ -68,6 +73,9 @@ export class TokenizerProcess {
         clearTimeout(timer);
         child.off('message', onMessage);
         child.off('exit', onExit);
+        // Idle, the child never keeps the node's process alive (a text under way refs it: one()).
+        child.unref();
+        child.channel?.unref();
         if (e) reject(e);
         else resolve(child);
       };
@@ -112,9 +120,11 @@ export class TokenizerProcess {
         clearTimeout(timer);
         child.off('message', onMessage);
         child.off('exit', onExit);
+        child.channel?.unref();
       };
       child.on('message', onMessage);
       child.on('exit', onExit);
+      child.channel?.ref();
       child.send({ id, pieces, special });
     });
   }
