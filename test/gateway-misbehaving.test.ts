@@ -475,6 +475,32 @@ describe('a provider that breaks off without a TRAILER: 502, settled from the no
     expect(await marketReceipts()).toBe(before.receipts + 1);
   });
 
+  test('streamed, reset after two events with a receipt that bills a third the gateway never received (lost in flight) → the events, an SSE error event; recorded, never settled (s24 hD: a paused gateway\'s buyer billed 1,398 tokens for 382)', async () => {
+    let logged = '';
+    scripted.behaviour = async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('a'));
+      await ex.data(chunk('b'));
+      // What the node counted as sent: three events, the last lost with the connection.
+      logged = await ex.logReceipt({ status: 'cancelled', usage: { input_tokens: 7, output_tokens: 3 }, response_sha256: sha256Hex(chunk('a') + chunk('b') + chunk('c')) });
+      ex.reset();
+    };
+    const before = await snapshot();
+    const res = await post(chatBody('stream lost in flight', { stream: true }), toScripted());
+    const { id, events } = await streamed(res);
+    expect(events).toHaveLength(3);
+    expect(JSON.parse(events[2]!)).toEqual({ error: { code: 'bad_provider_response', message: expect.stringMatching(/stream broke off/) } });
+    const rec = await waitFor('the receipt recorded', async () => {
+      const r = await record(id);
+      return r.receipt ? r : undefined;
+    });
+    expect(rec).toMatchObject({ status: 'failed', settled: false, cost: null, error: { code: 'answer_not_delivered', message: expect.stringMatching(/^the provider's stream broke off, and its receipt bills bytes the gateway never received/) } });
+    expect(serializeEnvelope(rec.receipt!)).toBe(logged);
+    expect(proxy.receiptPosts).toBe(0);
+    expect(await marketReceipts()).toBe(before.receipts);
+    expect(gw.records.hasJob(id)).toBe(false);
+  });
+
   test('streamed, closed cleanly after [DONE] without a TRAILER, no receipt → the held [DONE] is replaced by an SSE error event; record failed/provider_failed', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(SSE_HEAD);

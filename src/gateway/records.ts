@@ -83,6 +83,13 @@ export interface UnsettledJob {
    * a receipt found for it is recorded, never settled (RequestRecords.withhold).
    */
   undelivered?: true;
+  /**
+   * A stream the provider broke off: the SHA-256 of the bytes the gateway received of it. A
+   * receipt found for it that bills other bytes (sent, but lost on the way: a connection that died
+   * with data in flight) is recorded, never settled (s24 hD: a gateway paused 8 s, its connection
+   * dropped, billed 1,398 tokens for 382 received).
+   */
+  received_sha256?: string;
 }
 
 /** The most unsettled jobs kept; beyond it the oldest is given up (reported). */
@@ -248,6 +255,17 @@ export class RequestRecords {
     if (!job?.undelivered) return;
     const { undelivered: _, ...rest } = job;
     this.watch(rest);
+  }
+
+  /** Marks `id`'s job with what the gateway received of its broken-off stream (see UnsettledJob), in the file too. */
+  markReceived(id: string, sha256: string): void {
+    const job = this.jobs.get(id);
+    if (job && job.received_sha256 !== sha256) this.watch({ ...job, received_sha256: sha256 });
+  }
+
+  /** What the gateway received of `id`'s broken-off stream, if marked. */
+  receivedSha256(id: string): string | undefined {
+    return this.jobs.get(id)?.received_sha256;
   }
 
   isUndelivered(id: string): boolean {
@@ -440,11 +458,11 @@ export class RequestRecords {
    * A receipt for an answer the buyer never received (an undelivered job): recorded with the
    * receipt, failed, never settled; the job and its hold go.
    */
-  withhold(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }): RequestRecord | undefined {
+  withhold(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, why = "the provider's answer broke off before the gateway had it whole, and the buyer got none of it"): RequestRecord | undefined {
     const p = receipt.payload;
     const rec = this.update(id, {
       status: 'failed',
-      error: { code: 'answer_not_delivered', message: `the provider's answer broke off before the gateway had it whole, and the buyer got none of it: its ${p.status} receipt (seq ${p.seq}, ${formatUsd(BigInt(p.cost_micro_usd))} USD) is not settled` },
+      error: { code: 'answer_not_delivered', message: `${why}: its ${p.status} receipt (seq ${p.seq}, ${formatUsd(BigInt(p.cost_micro_usd))} USD) is not settled` },
       provider: p.provider,
       usage: { prompt_tokens: p.usage.input_tokens, completion_tokens: p.usage.output_tokens, total_tokens: p.usage.input_tokens + p.usage.output_tokens },
       receipt: receipt.envelope,

@@ -117,6 +117,13 @@ export class Settlements {
       records.withhold(id, r);
       log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd }, "a receipt for a whole answer the buyer never received (it broke off before its trailer): recorded, not settled");
       return;
+    } else {
+      const received = records.receivedSha256(id);
+      if (received !== undefined && r.payload.response_sha256 !== received) {
+        records.withhold(id, r, "the provider's stream broke off, and its receipt bills bytes the gateway never received (its response_sha256 is not that of what was relayed)");
+        log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd }, 'a receipt for a broken-off stream that bills bytes the buyer never received: recorded, not settled');
+        return;
+      }
     }
     if (askedAs !== undefined && askedAs !== id) {
       // An idempotent retry answered with the first request's receipt. If the first settlement is
@@ -194,11 +201,13 @@ export class Settlements {
   }
 
   /** The request ended without a trailer: find its receipt at the node, settle it, record it. */
-  settleFromNode(p: Paid, why: EarlyEnd, opts: { undelivered?: boolean } = {}): Promise<void> {
+  settleFromNode(p: Paid, why: EarlyEnd, opts: { undelivered?: boolean; receivedSha256?: string } = {}): Promise<void> {
     const { records, log } = this.d;
     // A whole body that broke off: the buyer got none of it, so its receipt is never settled,
-    // whichever look finds it (this one, or the reconciler's after a restart).
+    // whichever look finds it (this one, or the reconciler's after a restart). A stream that broke
+    // off: settled only for exactly the bytes received.
     if (opts.undelivered) records.markUndelivered(p.requestId);
+    if (opts.receivedSha256 !== undefined) records.markReceived(p.requestId, opts.receivedSha256);
     return this.track(
       p.requestId,
       (async () => {
