@@ -577,6 +577,21 @@ describe('a provider that goes silent is cut off after providerIdleMs; what it d
     await expectNothingSettled(before);
   });
 
+  test('no HEAD from the first of the preferred providers (frozen) → the next one answers; the silent attempt is recorded, nothing charged for it (s24 hD: 504 while the next was idle)', async () => {
+    scripted.behaviour = () => silence();
+    const before = await snapshot();
+    const res = await fetch(`${quick.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-service-prefer-providers': `${scripted.providerId},${node.providerId}` }, body: chatBody('frozen first') });
+    expect(res.status).toBe(200);
+    const id = res.headers.get('x-request-id')!;
+    expect(id).toMatch(/-f1$/);
+    const body = (await res.json()) as { service: { receipt: DsseEnvelope } };
+    expect(verifyReceipt(body.service.receipt, { provider: node.providerId }).ok).toBe(true);
+    const first = await endedRecord(quick.url, id.replace(/-f1$/, ''));
+    expect(first).toMatchObject({ status: 'failed', provider: scripted.providerId, error: { code: 'provider_failed' }, settled: false, cost: null }); // (what its node's log then said: no receipt)
+    expect(await settledRecord(quick.url, id)).toMatchObject({ status: 'completed', provider: node.providerId });
+    expect(await marketReceipts()).toBe(before.receipts + 1);
+  });
+
   test('silent mid-body → 502 provider_timeout', async () => {
     scripted.behaviour = async (ex) => {
       await ex.head(JSON_HEAD);

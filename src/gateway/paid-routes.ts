@@ -403,6 +403,9 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         !gone.signal.aborted &&
         ((e.status === 503 && (e.code === 'provider_unreachable' || e.code === 'no_capacity')) ||
           (e.status === 400 && e.code === 'context_length_exceeded') ||
+          // It took the request and sent nothing (frozen, or its connection dead): its receipt, if
+          // any, is withheld (no HEAD reached the buyer), so another provider may run it (s24 hD).
+          (e.status === 504 && e.code === 'provider_timeout' && !settlements.stopping) ||
           // Its worst case (its context, its rates) is above the cap; another's may not be: the
           // market picks without counting tokens (the spec: "a request that no provider can serve
           // within the caller's limits stops": one that some provider can, runs).
@@ -432,7 +435,8 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       // buyer got nothing of it (stream or body), so a receipt found is recorded, never settled,
       // unless the gateway's own stop broke it off (s23 h5: a completed receipt was billed for a 502).
       void settlements.settleFromNode(p, 'failed', { undelivered: !settlements.stopping });
-      if (idle.timedOut) throw new GatewayError(504, 'provider_timeout', idle.onlyKeepalives ? `the provider sent no answer, only keepalives, for ${idle.quietMaxMs} ms` : `the provider sent no answer within ${idle.ms} ms`);
+      // (A provider that never answered may fail over: whatever it did is never settled, as above.)
+      if (idle.timedOut) return fail('failed', new GatewayError(504, 'provider_timeout', idle.onlyKeepalives ? `the provider sent no answer, only keepalives, for ${idle.quietMaxMs} ms` : `the provider sent no answer within ${idle.ms} ms`));
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
     const { res, head, status } = outcome;
