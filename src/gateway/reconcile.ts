@@ -127,7 +127,7 @@ export class Reconciler {
         await settlements.failBadReceipt(job.request_id, { provider: job.provider, target: job.target.map((a) => multiaddr(a)) }, found); // (ends its job)
         return;
       }
-      log.info({ request_id: job.request_id, status: found.payload.status, cost_micro_usd: found.payload.cost_micro_usd }, "a receipt found in the provider's log after the request ended; settling it");
+      log.info({ request_id: job.request_id, status: found.payload.status, cost_micro_usd: found.payload.cost_micro_usd }, "a receipt found in the provider's log after the request ended");
       await settlements.track(job.request_id, settlements.settle(job.request_id, found));
     }
     // settle() drops the job when the market took the receipt (or refused it for good).

@@ -22,9 +22,9 @@ export type EarlyEnd = 'abandoned' | 'failed' | 'lost_hedge';
 
 /** How a request that ended early is recorded when its node has no receipt. */
 const NO_RECEIPT = {
-  lost_hedge: { code: 'hedge_cancelled', message: "the hedge's other attempt was used; this one was cancelled before it did any work; nothing was charged" },
-  abandoned: { code: 'request_abandoned', message: 'the buyer left before the provider did any work; nothing was charged' },
-  failed: { code: 'provider_failed', message: 'the provider stopped answering and has no receipt for this request' },
+  lost_hedge: { code: 'hedge_cancelled', message: "the hedge's other attempt was used; this one was cancelled, and its provider's log has no receipt for it (yet: looked at again later); nothing was charged" },
+  abandoned: { code: 'request_abandoned', message: "the buyer left; the provider's log has no receipt for it (yet: looked at again later); nothing was charged" },
+  failed: { code: 'provider_failed', message: "the provider stopped answering, and its log has no receipt for this request (or could not be asked; looked at again later)" },
 } as const;
 
 /** Tries at POST /v1/receipts while the market is unreachable. */
