@@ -213,7 +213,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const special = specialTexts(model);
     this.specials = new SpecialTrie(special.specials);
     this.cuttable = special.cuttable;
-    this.stripsWhitespace = special.specials.some((t) => t.rstrip) || [...model.iterateAllTokens()].some((t) => model.getTokenAttributes(t).lstrip);
+    this.stripsWhitespace = special.stripsWhitespace;
     this.info = {
       adapter: 'llama-embedded',
       version: runtimeVersion(llama),
@@ -328,16 +328,15 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `an input of at least ${atLeast} tokens (${bytes} bytes) exceeds the model's context of ${opts.atMost}`);
     }
     const text = input.kind === 'chat' ? await this.renderChat(input.messages) : input.prompt;
-    let scan: SpecialScan | undefined;
-    if (input.kind === 'chat' && text.length >= SPLIT_FROM) {
+    // (Special tokens are counted and cut at only where their texts are known to be llama.cpp's: cuttable.)
+    const scan = input.kind === 'chat' && this.cuttable && text.length >= SPLIT_FROM ? scanSpecials(text, this.specials) : undefined;
+    if (input.kind === 'chat' && opts.atMost !== undefined && text.length >= SPLIT_FROM) {
       // The rendered text needs at least one token for each special token surely in it (each
-      // empty message is two or more) and one for each maxTokenBytes of the rest.
-      scan = scanSpecials(text, this.specials);
-      if (opts.atMost !== undefined) {
-        // (Special tokens are counted only where their texts are known to be llama.cpp's: cuttable.)
-        const atLeast = this.cuttable ? scan.sure + (this.stripsWhitespace ? 0 : Math.ceil(scan.otherBytes / this.maxTokenBytes)) : this.stripsWhitespace ? 0 : Math.ceil(Buffer.byteLength(text) / this.maxTokenBytes);
-        if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `messages of at least ${atLeast} tokens (${input.messages.length} messages) exceed the model's context of ${opts.atMost}`);
-      }
+      // empty message is two or more) and one for each maxTokenBytes of the rest (unless a token
+      // strips whitespace: the rest's bytes then bound nothing).
+      const rest = scan ? scan.otherBytes : Buffer.byteLength(text);
+      const atLeast = (scan?.sure ?? 0) + (this.stripsWhitespace ? 0 : Math.ceil(rest / this.maxTokenBytes));
+      if (atLeast > opts.atMost) throw new UnsupportedInputError('context_length_exceeded', `messages of at least ${atLeast} tokens (${input.messages.length} messages) exceed the model's context of ${opts.atMost}`);
     }
     const tokens = await this.tokenizeText(text, input.kind === 'chat', scan);
     const bos = this.m.tokens.bos;
@@ -504,15 +503,18 @@ const CUTS_PER_PIECE = 32;
 
 /**
  * The texts llama.cpp searches for when it parses special tokens (control, user-defined and
- * unknown tokens), and whether texts may be cut at them: only when every control token's text, as
+ * unknown tokens); whether a token strips the whitespace beside it (lstrip, rstrip); and whether
+ * texts may be cut at special tokens: only when every control token's text, as
  * read back, is what llama.cpp cuts out as that token (a text whose leading space the read-back
  * drops is not: s24 hA), so that a cut is always where llama.cpp cuts.
  */
-function specialTexts(model: LlamaModel): { specials: SpecialText[]; cuttable: boolean } {
+function specialTexts(model: LlamaModel): { specials: SpecialText[]; cuttable: boolean; stripsWhitespace: boolean } {
   const specials: SpecialText[] = [];
   let cuttable = true;
+  let stripsWhitespace = false;
   for (const t of model.iterateAllTokens()) {
     const a = model.getTokenAttributes(t);
+    if (a.lstrip || a.rstrip) stripsWhitespace = true;
     if (!a.control && !a.userDefined && !a.unknown) continue;
     const text = model.detokenize([t], true);
     const own = (() => {
@@ -526,7 +528,7 @@ function specialTexts(model: LlamaModel): { specials: SpecialText[]; cuttable: b
     specials.push({ text, sure: a.control && own, rstrip: a.rstrip });
     if (!own && text.includes(' ')) specials.push({ text: text.replaceAll(' ', '\u2581'), sure: false, rstrip: a.rstrip });
   }
-  return { specials, cuttable };
+  return { specials, cuttable, stripsWhitespace };
 }
 
 /**

@@ -50,18 +50,20 @@ export class TokenizerProcess {
     this.ready = undefined;
   }
 
+  /** `child` is no longer the one to ask (it ended, or is being killed). */
+  private forget(child: ChildProcess): void {
+    if (this.child !== child) return;
+    this.child = undefined;
+    this.ready = undefined;
+  }
+
   private start(): Promise<ChildProcess> {
     if (this.ready) return this.ready;
     const child = fork(CHILD, [this.modelPath], { serialization: 'advanced', stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
     this.child = child;
     let err = '';
     child.stderr?.on('data', (b: Buffer) => (err = (err + b.toString('utf8')).slice(-2000)));
-    const gone = () => {
-      if (this.child === child) {
-        this.child = undefined;
-        this.ready = undefined;
-      }
-    };
+    const gone = () => this.forget(child);
     child.on('exit', gone);
     child.on('error', gone);
     this.ready = new Promise<ChildProcess>((resolve, reject) => {
@@ -98,11 +100,7 @@ export class TokenizerProcess {
     return new Promise<Int32Array>((resolve, reject) => {
       const timer = setTimeout(() => {
         finish();
-        // (the next text starts another: this one is forgotten now, not when its exit comes)
-        if (this.child === child) {
-          this.child = undefined;
-          this.ready = undefined;
-        }
+        this.forget(child); // (the next text starts another now, not when this one's exit comes)
         child.kill('SIGKILL');
         reject(new TokenizeDeadlineError(`not tokenised within ${this.deadlineMs / 1000} s`));
       }, this.deadlineMs);

@@ -10,6 +10,7 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { UnsupportedInputError } from '../adapters/runtime-adapter.ts';
+import { TokenizerProcess } from '../adapters/tokenizer-process.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tokenizer-process-'));
 const file = path.join(dir, 'tiny.gguf');
@@ -50,4 +51,22 @@ test('a text past the deadline is refused (input_too_complex); the next one is t
   expect((refused as Error).message).toMatch(/^the input \(400000 characters\) was not tokenised within 3 s: /);
   const text = 'hello world '.repeat(3000);
   expect(await adapter.tokenize(text)).toEqual([...whole.tokenize(text, false)]);
+}, 60_000);
+
+test('a model the child cannot load, a child killed while it works, and a stopped tokenizer are errors that say so; a killed child is started again', async () => {
+  const missing = new TokenizerProcess(path.join(dir, 'missing.gguf'), 3000);
+  await expect(missing.tokenize(['hello'], false)).rejects.toThrow(/^the tokenizer process (could not load|ended \(.*\) before it loaded) .*missing\.gguf/);
+  missing.stop();
+
+  const t = new TokenizerProcess(file, 30_000);
+  expect([...(await t.tokenize(['hello world'], false))]).toEqual([...whole.tokenize('hello world', false)]);
+  const slow = t.tokenize(['é'.repeat(400_000)], false);
+  await new Promise((r) => setTimeout(r, 300));
+  const pid = (t as unknown as { child?: { pid?: number } }).child?.pid;
+  expect(pid).toBeGreaterThan(0);
+  process.kill(pid!, 'SIGKILL');
+  await expect(slow).rejects.toThrow(/^the tokenizer process ended \(SIGKILL\) while it tokenised$/);
+  expect([...(await t.tokenize(['hello', ' world'], false))]).toEqual([...whole.tokenize('hello', false), ...whole.tokenize(' world', false)]);
+  t.stop();
+  await expect(t.tokenize(['hello'], false)).rejects.toThrow('the tokenizer process is stopped');
 }, 60_000);

@@ -209,20 +209,20 @@ export class IdempotencyStore {
     const sha = this.running.get(keys.id);
     this.running.delete(keys.id);
     const pending = this.pendingHere.delete(keys.id);
-    if (sha === undefined) return;
-    this.db.transaction(() => {
-      if (response) this.put.run(keys.id, sha, sealResponse(response, keys), now);
-      else if (pending) this.delSealed.run(keys.id);
-      this.delRunning.run(keys.id);
-    })();
+    if (sha !== undefined) this.end(keys, sha, response, pending, now);
   }
 
   /** Completes a response a node that died left pending (begin() said 'pending'), with the trailer of its receipt. */
   complete(account: string, key: string, requestSha256: string, response: RecordedResponse, now = Date.now()): void {
     const keys = recordKeys(account, key);
-    if (this.running.has(keys.id)) return;
+    if (!this.running.has(keys.id)) this.end(keys, requestSha256, response, false, now);
+  }
+
+  /** A run's end on disk: its response recorded (or a pending one dropped) and its mark cleared, at once. */
+  private end(keys: { id: string; seal: Buffer }, sha: string, response: RecordedResponse | undefined, dropPending: boolean, now: number): void {
     this.db.transaction(() => {
-      this.put.run(keys.id, requestSha256, sealResponse(response, keys), now);
+      if (response) this.put.run(keys.id, sha, sealResponse(response, keys), now);
+      else if (dropPending) this.delSealed.run(keys.id);
       this.delRunning.run(keys.id);
     })();
   }

@@ -50,7 +50,6 @@ import { BUYER_IDLE_DEFAULT_MS, GATEWAY_DEFAULT_PORT, PROVIDER_IDLE_DEFAULT_MS }
 import { httpGuard } from './http-guard.ts';
 import { ApiKeys, keyOf, type ApiKeyClock, type ApiKeySpec } from './api-keys.ts';
 import { KeySpend } from './key-spend.ts';
-import { KEEPALIVE_STRETCH } from './idle-watch.ts';
 import { LineBudget } from '../ops/line-budget.ts';
 import { MAX_CONNECTIONS_DEFAULT, REQUEST_TIMEOUT_DEFAULT_MS, requestDeadlineOptions } from '../http-deadline.ts';
 
@@ -263,7 +262,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     records.onMoney = spend;
   }
   const relay = new Relay({ settlements, records, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
-  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, providerKeepaliveMaxMs: opts.providerKeepaliveMaxMs ?? providerIdleMs * KEEPALIVE_STRETCH, firstLookMs: reconciler.firstLookMs, ...(spend ? { spend } : {}) });
+  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, providerKeepaliveMaxMs: opts.providerKeepaliveMaxMs, firstLookMs: reconciler.firstLookMs, ...(spend ? { spend } : {}) });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates, ...(spend ? { spend } : {}) });
   registerCatalogRoutes(app, { market });

@@ -2,7 +2,7 @@
 // long, but not while the wait is the buyer's (slow to read).
 
 /** How many times the idle limit keepalives alone may stretch a provider's wait (its default). */
-export const KEEPALIVE_STRETCH = 15;
+const KEEPALIVE_STRETCH = 15;
 
 /**
  * Aborts a provider request when nothing has arrived for `ms`; every frame (and the HEAD) restarts
@@ -36,9 +36,13 @@ export class IdleWatch {
     this.timer = setTimeout(() => {
       this.timedOut = true;
       this.onlyKeepalives = this.shortened; // (keepalives' last stretch ran out; else the provider was silent for ms)
-      this.ac.abort(new Error(this.onlyKeepalives ? `the provider sent only keepalives for ${this.quietMaxMs} ms` : `the provider sent nothing for ${this.ms} ms`));
+      this.ac.abort(new Error(`the provider ${this.reason}`));
     }, ms);
     this.timer.unref();
+  }
+  /** Why the clock ran out: "sent nothing for <ms> ms", or "sent only keepalives for <quietMaxMs> ms". */
+  get reason(): string {
+    return this.onlyKeepalives ? `sent only keepalives for ${this.quietMaxMs} ms` : `sent nothing for ${this.ms} ms`;
   }
   /** A real frame: the clock starts again. */
   kick(): void {

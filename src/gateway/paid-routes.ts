@@ -35,8 +35,8 @@ export interface PaidRouteDeps {
   estimates: EstimateStore;
   /** How long a provider may send nothing (IdleWatch). */
   providerIdleMs: number;
-  /** How long keepalives alone may keep a provider (IdleWatch). */
-  providerKeepaliveMaxMs: number;
+  /** How long keepalives alone may keep a provider (IdleWatch; its default unless given). */
+  providerKeepaliveMaxMs?: number;
   /** When the reconciler first looks at a request after it starts (reconcile.ts). */
   firstLookMs: number;
   /** The API keys' spend limits (when a key has one). */
@@ -379,7 +379,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       if (before && !before.ok && before.stage === 'head' && !before.aborted) {
         // Its own stream broke before its HEAD (neither half answered): the buyer got nothing of
         // it, so a receipt its log holds is recorded, never settled, as for the other half (s24 hA).
-        void settlements.settleFromNode(a.p, 'failed', { undelivered: !settlements.stopping });
+        void settlements.settleFromNode(a.p, 'failed', { undelivered: true });
         continue;
       }
       void settlements.track(
@@ -432,9 +432,9 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
         return fail('failed', new GatewayError(503, 'provider_unreachable', `could not reach provider ${p.provider}: ${outcome.e.message}`));
       }
       // The stream opened but no head came: the provider may have started; its log knows. The
-      // buyer got nothing of it (stream or body), so a receipt found is recorded, never settled,
-      // unless the gateway's own stop broke it off (s23 h5: a completed receipt was billed for a 502).
-      void settlements.settleFromNode(p, 'failed', { undelivered: !settlements.stopping });
+      // buyer got nothing of it (stream or body), so a receipt found is recorded, never settled
+      // (s23 h5: a completed receipt was billed for a 502).
+      void settlements.settleFromNode(p, 'failed', { undelivered: true });
       // (A provider that never answered may fail over: whatever it did is never settled, as above.)
       if (idle.timedOut) return fail('failed', new GatewayError(504, 'provider_timeout', idle.onlyKeepalives ? `the provider sent no answer, only keepalives, for ${idle.quietMaxMs} ms` : `the provider sent no answer within ${idle.ms} ms`));
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);

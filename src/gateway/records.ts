@@ -263,9 +263,17 @@ export class RequestRecords {
     if (job && job.received_sha256 !== sha256) this.watch({ ...job, received_sha256: sha256 });
   }
 
-  /** What the gateway received of `id`'s broken-off stream, if marked. */
-  receivedSha256(id: string): string | undefined {
-    return this.jobs.get(id)?.received_sha256;
+  /**
+   * Why a verified receipt for `id` must not be settled: its answer did not reach the buyer as it
+   * bills (the job's marks, see UnsettledJob); undefined when it did.
+   */
+  notDelivered(id: string, receipt: ReceiptPayload): string | undefined {
+    const job = this.jobs.get(id);
+    if (job?.undelivered) return "the provider's answer broke off before the gateway had it whole, and the buyer got none of it";
+    if (job?.received_sha256 !== undefined && receipt.response_sha256 !== job.received_sha256) {
+      return "the provider's stream broke off, and its receipt bills bytes the gateway never received (its response_sha256 is not that of what was relayed)";
+    }
+    return undefined;
   }
 
   isUndelivered(id: string): boolean {
@@ -458,7 +466,7 @@ export class RequestRecords {
    * A receipt for an answer the buyer never received (an undelivered job): recorded with the
    * receipt, failed, never settled; the job and its hold go.
    */
-  withhold(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, why = "the provider's answer broke off before the gateway had it whole, and the buyer got none of it"): RequestRecord | undefined {
+  withhold(id: string, receipt: { payload: ReceiptPayload; envelope: DsseEnvelope }, why: string): RequestRecord | undefined {
     const p = receipt.payload;
     const rec = this.update(id, {
       status: 'failed',

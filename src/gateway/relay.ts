@@ -48,16 +48,14 @@ export class Relay {
   }
 
   /** The provider's answer broke off (the buyer still there): its receipt, if any, is settled from the node's log. */
-  private brokeOff(p: Paid, e: unknown, idle: IdleWatch, what: 'answer' | 'stream', receivedSha256?: string): GatewayError {
-    // A stream's buyer has every token relayed by then, and its receipt bills those; a whole body
-    // is withheld (502), so its receipt is not settled at all (s23 h1: a node that died after its
-    // `completed` receipt was durable had the buyer billed in full for a 502). Not when the break
-    // is the gateway's own closing: the node did the work it was asked, and is paid for it.
-    // A stream's receipt must bill exactly what arrived (a connection that died with data in
-    // flight loses bytes the node counted as sent: s24 hD), unless the gateway's own stop broke it.
-    const stopping = this.d.settlements.stopping;
-    void this.d.settlements.settleFromNode(p, 'failed', { undelivered: what === 'answer' && !stopping, ...(what === 'stream' && !stopping && receivedSha256 !== undefined ? { receivedSha256 } : {}) });
-    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', idle.onlyKeepalives ? `the provider sent only keepalives for ${idle.quietMaxMs} ms and was cut off` : `the provider sent nothing for ${idle.ms} ms and was cut off`);
+  private brokeOff(p: Paid, e: unknown, idle: IdleWatch, ended: 'answer' | { stream: { receivedSha256: string } }): GatewayError {
+    // A whole body is withheld (502), so its receipt is not settled at all (s23 h1: a node that
+    // died after its `completed` receipt was durable had the buyer billed in full for a 502); a
+    // stream's receipt must bill exactly the bytes that arrived (a connection that died with data
+    // in flight loses bytes the node counted as sent: s24 hD).
+    void this.d.settlements.settleFromNode(p, 'failed', ended === 'answer' ? { undelivered: true } : ended.stream);
+    const what = ended === 'answer' ? 'answer' : 'stream';
+    if (idle.timedOut) return new GatewayError(502, 'provider_timeout', `the provider ${idle.reason} and was cut off`);
     return new GatewayError(502, 'bad_provider_response', `the provider's ${what} broke off: ${(e as Error).message}`);
   }
 
@@ -258,7 +256,7 @@ export class Relay {
       if (gone.aborted) return this.abandon(p, reply);
       // The provider broke off mid-stream: its receipt (if any) bills what it delivered.
       finished();
-      const err = this.brokeOff(p, e, idle, 'stream', hash.digest('hex'));
+      const err = this.brokeOff(p, e, idle, { stream: { receivedSha256: hash.digest('hex') } });
       endWithError(err.code, err.message);
       return reply;
     }

@@ -113,15 +113,11 @@ export class Settlements {
     // first attempt's break-off left (the mark, or a receipt withheld), the buyer has the answer
     // now and the provider is paid for it, once (s23 h5: it was withheld for good).
     if (askedAs !== undefined && askedAs !== id) records.markDelivered(id);
-    else if (records.isUndelivered(id)) {
-      records.withhold(id, r);
-      log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd }, "a receipt for a whole answer the buyer never received (it broke off before its trailer): recorded, not settled");
-      return;
-    } else {
-      const received = records.receivedSha256(id);
-      if (received !== undefined && r.payload.response_sha256 !== received) {
-        records.withhold(id, r, "the provider's stream broke off, and its receipt bills bytes the gateway never received (its response_sha256 is not that of what was relayed)");
-        log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd }, 'a receipt for a broken-off stream that bills bytes the buyer never received: recorded, not settled');
+    else {
+      const why = records.notDelivered(id, r.payload);
+      if (why !== undefined) {
+        records.withhold(id, r, why);
+        log.warn({ request_id: id, status: r.payload.status, cost_micro_usd: r.payload.cost_micro_usd, why }, 'a receipt for an answer the buyer did not receive as it bills: recorded, not settled');
         return;
       }
     }
@@ -205,9 +201,12 @@ export class Settlements {
     const { records, log } = this.d;
     // A whole body that broke off: the buyer got none of it, so its receipt is never settled,
     // whichever look finds it (this one, or the reconciler's after a restart). A stream that broke
-    // off: settled only for exactly the bytes received.
-    if (opts.undelivered) records.markUndelivered(p.requestId);
-    if (opts.receivedSha256 !== undefined) records.markReceived(p.requestId, opts.receivedSha256);
+    // off: settled only for exactly the bytes received. Neither when the break is the gateway's
+    // own stop: the node did the work it was asked, and is paid for it.
+    if (!this.stopping) {
+      if (opts.undelivered) records.markUndelivered(p.requestId);
+      if (opts.receivedSha256 !== undefined) records.markReceived(p.requestId, opts.receivedSha256);
+    }
     return this.track(
       p.requestId,
       (async () => {

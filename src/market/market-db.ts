@@ -28,9 +28,12 @@ export interface Tally {
 }
 
 /** A total as it stands after a receipt: the whole market's (scope total, key ''), a provider's or a model's. */
+/** The scope of the receipts of providers (models) beyond the market's maxTallyKeys. */
+export type OthersScope = 'provider_others' | 'model_others';
+
 export interface TallyRow extends Tally {
   /** `*_others`: the receipts of providers or models beyond the market's maxTallyKeys (key ''). */
-  scope: 'total' | 'provider' | 'model' | 'provider_others' | 'model_others';
+  scope: 'total' | 'provider' | 'model' | OthersScope;
   key: string;
 }
 
@@ -43,7 +46,8 @@ export interface MarketFileState {
   total: Tally;
   byProvider: Map<string, Tally>;
   byModel: Map<string, Tally>;
-  others: Map<'provider' | 'model', Tally>;
+  /** The receipts of providers and models beyond the tallies kept, by scope. */
+  others: Map<OthersScope, Tally>;
 }
 
 export class MarketDb {
@@ -109,13 +113,13 @@ export class MarketDb {
     const total: Tally = { receipts: 0, cost: 0n };
     const byProvider = new Map<string, Tally>();
     const byModel = new Map<string, Tally>();
-    const others = new Map<'provider' | 'model', Tally>();
+    const others = new Map<OthersScope, Tally>();
     for (const row of this.db.prepare<[], { scope: string; key: string; receipts: number; cost: string }>('SELECT scope, key, receipts, cost FROM tallies').all()) {
       const t = { receipts: row.receipts, cost: BigInt(row.cost) };
       if (row.scope === 'total') Object.assign(total, t);
       else if (row.scope === 'provider') byProvider.set(row.key, t);
       else if (row.scope === 'model') byModel.set(row.key, t);
-      else if (row.scope === 'provider_others' || row.scope === 'model_others') others.set(row.scope === 'provider_others' ? 'provider' : 'model', t);
+      else if (row.scope === 'provider_others' || row.scope === 'model_others') others.set(row.scope, t);
     }
     return { tickets, receipts, total, byProvider, byModel, others };
   }

@@ -7,7 +7,7 @@ import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { Rates } from '../../attestation/money.ts';
 import type { AttestationTier, ReceiptStatus } from '../../attestation/receipt.ts';
 import { MarketError } from './errors.ts';
-import type { MarketDb, Tally, TallyRow } from './market-db.ts';
+import type { MarketDb, OthersScope, Tally, TallyRow } from './market-db.ts';
 import type { RegisteredModel } from './registration-payload.ts';
 
 export interface ProviderRecord {
@@ -173,7 +173,7 @@ export class MarketStore {
   private readonly byProvider = new Map<string, Tally>();
   private readonly byModel = new Map<string, Tally>();
   /** Receipts of providers and models beyond limits.maxTallyKeys. */
-  private readonly others = new Map<'provider' | 'model', Tally>();
+  private readonly others = new Map<OthersScope, Tally>();
   private lastPrune = 0;
   private readonly db: MarketDb | undefined;
 
@@ -316,7 +316,7 @@ export class MarketStore {
     const after = (t: Tally | undefined): Tally => ({ receipts: (t?.receipts ?? 0) + 1, cost: (t?.cost ?? 0n) + cost });
     // A provider or model not tallied yet, with its map full, is counted with the others.
     const row = (scope: 'provider' | 'model', m: Map<string, Tally>, key: string): TallyRow =>
-      m.has(key) || m.size < this.limits.maxTallyKeys ? { scope, key, ...after(m.get(key)) } : { scope: `${scope}_others`, key: '', ...after(this.others.get(scope)) };
+      m.has(key) || m.size < this.limits.maxTallyKeys ? { scope, key, ...after(m.get(key)) } : { scope: `${scope}_others`, key: '', ...after(this.others.get(`${scope}_others`)) };
     const tallies: TallyRow[] = [{ scope: 'total', key: '', ...after(this.total) }, row('provider', this.byProvider, r.provider), row('model', this.byModel, r.model)];
     // The file first: a receipt it did not take is not acknowledged (and nothing here changes).
     this.write('the receipt', (db) => db.addReceipt(r, ticket ? { ...ticket, settled } : undefined, tallies));
@@ -327,7 +327,7 @@ export class MarketStore {
       const tally = { receipts: t.receipts, cost: t.cost };
       if (t.scope === 'provider') this.byProvider.set(t.key, tally);
       else if (t.scope === 'model') this.byModel.set(t.key, tally);
-      else this.others.set(t.scope === 'provider_others' ? 'provider' : 'model', tally);
+      else if (t.scope !== 'total') this.others.set(t.scope, tally);
     }
     this.remember(r);
   }
@@ -371,10 +371,7 @@ export class MarketStore {
   /** Every receipt ever collected, evicted records included: exact BigInt sums. */
   totals(): Totals {
     const out = (m: Map<string, Tally>) => Object.fromEntries([...m].map(([k, t]) => [k, { receipts: t.receipts, cost_micro_usd: t.cost.toString() }]));
-    const other = (scope: 'provider' | 'model') => {
-      const t = this.others.get(scope);
-      return t ? { [`by_${scope}_others`]: { receipts: t.receipts, cost_micro_usd: t.cost.toString() } } : {};
-    };
-    return { receipts: this.total.receipts, cost_micro_usd: this.total.cost.toString(), by_provider: out(this.byProvider), by_model: out(this.byModel), ...other('provider'), ...other('model') };
+    const others = Object.fromEntries([...this.others].map(([scope, t]) => [`by_${scope}`, { receipts: t.receipts, cost_micro_usd: t.cost.toString() }]));
+    return { receipts: this.total.receipts, cost_micro_usd: this.total.cost.toString(), by_provider: out(this.byProvider), by_model: out(this.byModel), ...others };
   }
 }

@@ -638,18 +638,14 @@ export class InferService {
       attestation: { tier: this.o.tier ?? 'T1', evidence_sha256: null },
     });
     return {
-      request_id: ticket.request_id,
-      receipt: appended.line,
-      cost: formatUsd(cost),
-      usage: { input_tokens: r.input, output_tokens: r.output },
-      status: r.status,
+      ...trailerOf(appended.line, appended.payload),
       // For observe() only: JSON ignores symbol keys, so this never goes on the wire.
       [SUMMARY]: { status: r.status, inputTokens: r.input, outputTokens: r.output, costMicroUsd: cost, firstTokenMs: r.firstToken === null ? null : r.firstToken - r.started },
     };
   }
 }
 
-/** The trailer a completed run sent with its receipt (InferService.receipt), from the receipt alone. */
+/** The trailer that carries a receipt (InferService.receipt), from the receipt alone: a pending record completed after a crash gets the very same. */
 function trailerOf(line: string, p: ReceiptPayload): Record<string, unknown> {
   return { request_id: p.request_id, receipt: line, cost: formatUsd(BigInt(p.cost_micro_usd)), usage: { input_tokens: p.usage.input_tokens, output_tokens: p.usage.output_tokens }, status: p.status };
 }
