@@ -59,6 +59,23 @@ export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
   return paeInto(payloadType, payload, false);
 }
 
+/**
+ * PAE written into `scratch` when it is large enough, else into a new transient array: a view of
+ * the message, for a signer that signs one after another and drops each at once.
+ */
+export function paeInScratch(scratch: Uint8Array, payloadType: string, payload: Uint8Array): Uint8Array {
+  const prefix = typePrefix(payloadType);
+  const len = String(payload.length);
+  const size = prefix.length + len.length + 1 + payload.length;
+  if (size > scratch.length) return transientPae(payloadType, payload);
+  scratch.set(prefix);
+  let o = prefix.length;
+  for (let i = 0; i < len.length; i++) scratch[o++] = len.charCodeAt(i);
+  scratch[o++] = 0x20;
+  scratch.set(payload, o);
+  return scratch.subarray(0, size);
+}
+
 /** PAE for a message signed at once and dropped (see paeHead). */
 export function transientPae(payloadType: string, payload: Uint8Array): Uint8Array {
   return paeInto(payloadType, payload, true);
@@ -317,7 +334,12 @@ export function verifyEnvelope(env: DsseEnvelope, opts: { payloadType: string; k
  * need no escaping, so this is byte for byte what canonicalize gives (a test holds it to that).
  */
 export function envelopeLine(payloadB64: string, payloadType: string, keyid: string, sigB64: string): string {
-  return `{"payload":"${payloadB64}","payloadType":${JSON.stringify(payloadType)},"signatures":[{"keyid":${JSON.stringify(keyid)},"sig":"${sigB64}"}]}`;
+  return `{"payload":"${payloadB64}${envelopeLineMiddle(payloadType, keyid)}${sigB64}"}]}`;
+}
+
+/** What an envelope line holds between its payload's base64 and its signature's (see envelopeLine). */
+export function envelopeLineMiddle(payloadType: string, keyid: string): string {
+  return `","payloadType":${JSON.stringify(payloadType)},"signatures":[{"keyid":${JSON.stringify(keyid)},"sig":"`;
 }
 
 /**

@@ -1,48 +1,76 @@
 // The signing work of the receipt log, shared by its worker threads and its in-process mode: for
 // each canonical payload, the Ed25519 signature over PAE and the Merkle leaf hash of the finished
-// envelope line. Results are packed into a few flat buffers so a batch crosses the thread boundary
-// as one transfer and lands in SQLite as one row.
-import { toBase64, utf8 } from './bytes.ts';
-import { envelopeLine, transientPae } from './dsse.ts';
+// envelope line. A batch travels as flat buffers (the payloads' bytes laid end to end, their
+// offsets, the signatures, the leaf hashes): one copy across the thread boundary, one row in SQLite.
+import { toBase64 } from './bytes.ts';
+import { envelopeLineMiddle, paeInScratch } from './dsse.ts';
 import { ed25519Sign } from './ed25519.ts';
-import { leafHash } from './merkle.ts';
+import { sha256Text } from './hash.ts';
 
 export interface SignBatchTask {
   payloadType: string;
   keyid: string;
-  /**
-   * Canonical JSON payloads in seq order, joined by "\n" (canonical JSON never holds a raw
-   * newline), so a batch crosses to a worker thread as one string copy.
-   */
-  payloads: string;
-}
-
-export interface SignedBatch {
-  /** The UTF-8 payloads laid end to end; payload i is bytes offsets[i]..offsets[i+1]. */
+  /** The UTF-8 canonical payloads laid end to end, in seq order; payload i is bytes offsets[i]..offsets[i+1]. */
   payloads: Uint8Array;
   offsets: Uint32Array;
+}
+
+/** What signing adds to a batch. */
+export interface BatchSignatures {
   /** 64 bytes a payload. */
   sigs: Uint8Array;
   /** 32 bytes a payload: the Merkle leaf hash of its envelope line. */
   leaves: Uint8Array;
 }
 
-export function signBatch(seed: Uint8Array, task: SignBatchTask): SignedBatch {
-  const encoded = task.payloads.split('\n').map((p) => utf8(p));
-  const n = encoded.length;
-  const offsets = new Uint32Array(n + 1);
-  for (let i = 0; i < n; i++) offsets[i + 1] = offsets[i]! + encoded[i]!.length;
-  const payloads = new Uint8Array(offsets[n]!);
+export interface SignedBatch extends BatchSignatures {
+  payloads: Uint8Array;
+  offsets: Uint32Array;
+}
+
+/** Payloads laid end to end, as a batch holds them. */
+export function packPayloads(parts: readonly Uint8Array[]): { payloads: Uint8Array; offsets: Uint32Array } {
+  const offsets = new Uint32Array(parts.length + 1);
+  for (let i = 0; i < parts.length; i++) offsets[i + 1] = offsets[i]! + parts[i]!.length;
+  const payloads = new Uint8Array(offsets[parts.length]!);
+  for (let i = 0; i < parts.length; i++) payloads.set(parts[i]!, offsets[i]);
+  return { payloads, offsets };
+}
+
+// The PAE of one payload after another is built here (a receipt's is about a kilobyte); a larger
+// one gets its own array.
+const scratch = new Uint8Array(16 * 1024);
+
+// Node's Buffer, looked up at run time (this file is also bundled for browsers, where it is absent):
+// base64 straight from a range of the batch, without a view per payload.
+type Base64Range = { toString(encoding: 'base64', start: number, end: number): string };
+const NodeBuffer = (globalThis as { Buffer?: { from(b: ArrayBufferLike, offset: number, length: number): Base64Range } }).Buffer;
+
+/** The signatures and leaf hashes of a batch (the worker threads return only these). */
+export function signPayloads(seed: Uint8Array, task: SignBatchTask): BatchSignatures {
+  const { payloads, offsets } = task;
+  const n = offsets.length - 1;
   const sigs = new Uint8Array(n * 64);
   const leaves = new Uint8Array(n * 32);
+  // A leaf is SHA-256(0x00 || envelope line); U+0000 is that byte in UTF-8, and the line is ASCII
+  // but for its payload type and keyid (in the middle part, encoded as UTF-8 like the rest).
+  const middle = envelopeLineMiddle(task.payloadType, task.keyid);
+  const b64 = NodeBuffer ? NodeBuffer.from(payloads.buffer, payloads.byteOffset, payloads.byteLength) : undefined;
   for (let i = 0; i < n; i++) {
-    const bytes = encoded[i]!;
-    payloads.set(bytes, offsets[i]);
-    const sig = ed25519Sign(seed, transientPae(task.payloadType, bytes));
+    const start = offsets[i]!;
+    const end = offsets[i + 1]!;
+    const payload = payloads.subarray(start, end);
+    const sig = ed25519Sign(seed, paeInScratch(scratch, task.payloadType, payload));
     sigs.set(sig, i * 64);
-    leaves.set(leafHash(envelopeLine(toBase64(bytes), task.payloadType, task.keyid, toBase64(sig))), i * 32);
+    const payloadB64 = b64 ? b64.toString('base64', start, end) : toBase64(payload);
+    leaves.set(sha256Text(`\u0000{"payload":"${payloadB64}${middle}${toBase64(sig)}"}]}`), i * 32);
   }
-  return { payloads, offsets, sigs, leaves };
+  return { sigs, leaves };
+}
+
+/** A batch signed in-process: its payloads (the task's own arrays) with their signatures. */
+export function signBatch(seed: Uint8Array, task: SignBatchTask): SignedBatch {
+  return { payloads: task.payloads, offsets: task.offsets, ...signPayloads(seed, task) };
 }
 
 /** Payload i and its signature, as views into the batch. */

@@ -2,7 +2,7 @@
 // loop stays free and every core signs. Signing is deterministic, so a batch whose worker fails is
 // signed again in-process: the same bytes, nothing lost, nothing reordered.
 import { Piscina } from 'piscina';
-import { signBatch, type SignBatchTask, type SignedBatch } from './sign-batch.ts';
+import { signBatch, type BatchSignatures, type SignBatchTask, type SignedBatch } from './sign-batch.ts';
 
 export interface SignerPoolOptions {
   seed: Uint8Array;
@@ -56,7 +56,9 @@ export class SignerPool {
     if (!this.pool || (opts.inline && this.inFlight === 0)) return signBatch(this.seed, task);
     this.inFlight++;
     try {
-      return (await this.pool.run(task)) as SignedBatch;
+      // (the payloads are copied to the worker; it returns only what signing adds)
+      const signed = (await this.pool.run(task)) as BatchSignatures;
+      return { payloads: task.payloads, offsets: task.offsets, sigs: signed.sigs, leaves: signed.leaves };
     } catch {
       this.failures++;
       return signBatch(this.seed, task);

@@ -6,7 +6,8 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, test } from 'vitest';
 import { toHex } from '../attestation/bytes.ts';
-import { verifyCheckpoint, receiptLogOrigin } from '../attestation/checkpoint.ts';
+import { verifyCheckpoint, receiptLogKey, receiptLogOrigin } from '../attestation/checkpoint.ts';
+import { headPath } from '../src/store/checkpoint-head.ts';
 import { verifyLog } from '../attestation/log-verify.ts';
 import { verifyConsistency, verifyInclusion, leafHash } from '../attestation/merkle.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
@@ -199,6 +200,42 @@ describe('ReceiptLog', () => {
     reset();
     const again = openLog(file, s, { threads: 0 });
     expect(again.size).toBe(4);
+  });
+
+  test('more batches than the signers take at once: every receipt is acknowledged in seq order, flush waits for the ones not yet handed over', async () => {
+    const s = seed();
+    // A batch of 3 at most and 2 signer threads taking 4 batches: most of 200 receipts wait in the queue.
+    const log = openLog(path.join(tmp(), 'r.db'), s, { maxBatch: 3, checkpointEvery: 50 });
+    const order: string[] = [];
+    const all = Array.from({ length: 200 }, (_, i) => log.append(syntheticReceiptBody(i)).then((r) => void order.push(r.seq)));
+    await log.flush();
+    // flush returned only once every receipt accepted before it was durable and acknowledged.
+    expect(order).toEqual(Array.from({ length: 200 }, (_, i) => String(i)));
+    expect(log.stats()).toMatchObject({ receipts: 200, backlog: 0 });
+    expect(log.stats().commits).toBeGreaterThanOrEqual(67);
+    await Promise.all(all);
+    expect(verifyLog({ provider: log.providerId, receipts: [...log.lines()], checkpoints: log.checkpoints().map((c) => c.note) })).toMatchObject({ ok: true, value: { receipts: 200 } });
+  });
+
+  test('receipts.checkpoint: written at most every second while receipts stream in, the latest a second later, and at close', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'receipts.db');
+    const log = openLog(file, s, { checkpointEvery: 10 });
+    const head = () => verifyCheckpoint(fs.readFileSync(headPath(file), 'utf8'), receiptLogKey(log.providerId)!);
+    await Promise.all(Array.from({ length: 10 }, (_, i) => log.append(syntheticReceiptBody(i))));
+    // The first checkpoint's file is written at once.
+    expect(head()).toMatchObject({ ok: true, value: { size: 10 } });
+    for (let i = 10; i < 100; i += 10) await Promise.all(Array.from({ length: 10 }, (_, k) => log.append(syntheticReceiptBody(i + k))));
+    expect(log.latestCheckpoint()?.size).toBe(100);
+    // Nine more checkpoints signed within the second: the file still holds the first.
+    expect(head()).toMatchObject({ ok: true, value: { size: 10 } });
+    await new Promise((r) => setTimeout(r, 1100));
+    expect(head()).toMatchObject({ ok: true, value: { size: 100 } });
+    await Promise.all(Array.from({ length: 10 }, (_, k) => log.append(syntheticReceiptBody(100 + k))));
+    await Promise.all(Array.from({ length: 10 }, (_, k) => log.append(syntheticReceiptBody(110 + k))));
+    expect(log.latestCheckpoint()?.size).toBe(120);
+    await log.close();
+    expect(head()).toMatchObject({ ok: true, value: { size: 120 } });
   });
 
   test('a closed log refuses appends; close flushes what was pending', async () => {

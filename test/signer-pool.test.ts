@@ -1,17 +1,40 @@
 import crypto from 'node:crypto';
 import { describe, expect, test } from 'vitest';
 import { toHex } from '../attestation/bytes.ts';
-import { batchItem, signBatch } from '../attestation/sign-batch.ts';
+import { utf8 } from '../attestation/bytes.ts';
+import { envelopeLine, pae } from '../attestation/dsse.ts';
+import { ed25519PublicKey, ed25519Verify } from '../attestation/ed25519.ts';
+import { leafHash } from '../attestation/merkle.ts';
+import { batchItem, packPayloads, signBatch, type SignBatchTask } from '../attestation/sign-batch.ts';
 import { SignerPool } from '../attestation/signer-pool.ts';
 
 const seed = new Uint8Array(crypto.randomBytes(32));
-const task = { payloadType: 'application/x-test', keyid: 'k', payloads: Array.from({ length: 40 }, (_, i) => `{"i":${i}}`).join('\n') };
+const taskOf = (texts: string[], payloadType = 'application/x-test', keyid = 'k'): SignBatchTask => ({ payloadType, keyid, ...packPayloads(texts.map(utf8)) });
+const texts = Array.from({ length: 40 }, (_, i) => `{"i":${i}}`);
+const task = taskOf(texts);
+
+describe('signBatch', () => {
+  test('each payload: an Ed25519 signature over its PAE and the leaf hash of its envelope line, in order', () => {
+    // Non-ASCII in the payloads, the payload type and the keyid; a payload larger than the PAE scratch array.
+    const payloads = ['{"a":"é"}', '{"b":"😀"}', '{}', `{"big":"${'x'.repeat(40_000)}"}`, '{"c":1}'];
+    const type = 'application/vnd.tést+json';
+    const keyid = 'kéy';
+    const signed = signBatch(seed, taskOf(payloads, type, keyid));
+    const pub = ed25519PublicKey(seed);
+    payloads.forEach((text, i) => {
+      const { payload, sig, leaf } = batchItem(signed, i);
+      expect(Buffer.from(payload).toString()).toBe(text);
+      expect(ed25519Verify(sig, pae(type, utf8(text)), pub)).toBe(true);
+      expect(toHex(leaf)).toBe(toHex(leafHash(envelopeLine(Buffer.from(text).toString('base64'), type, keyid, Buffer.from(sig).toString('base64')))));
+    });
+  });
+});
 
 describe('SignerPool', () => {
   test('worker threads sign exactly what in-process signing does', async () => {
     const pool = new SignerPool({ seed, threads: 2 });
     try {
-      const [a, b] = await Promise.all([pool.sign(task), pool.sign({ ...task, payloads: task.payloads.split('\n').slice(0, 3).join('\n') })]);
+      const [a, b] = await Promise.all([pool.sign(task), pool.sign(taskOf(texts.slice(0, 3)))]);
       const local = signBatch(seed, task);
       expect(toHex(a.sigs)).toBe(toHex(local.sigs));
       expect(toHex(a.leaves)).toBe(toHex(local.leaves));
@@ -37,7 +60,7 @@ describe('SignerPool', () => {
     // The dying worker would count a fallback for every batch it was given.
     const pool = new SignerPool({ seed, threads: 1, workerUrl: new URL('./helpers/dying-signer-worker.ts', import.meta.url) });
     try {
-      const one = { ...task, payloads: '{"i":0}' };
+      const one = taskOf(['{"i":0}']);
       const signed = await pool.sign(one, { inline: true });
       expect(toHex(signed.sigs)).toBe(toHex(signBatch(seed, one).sigs));
       expect(pool.fallbacks).toBe(0);

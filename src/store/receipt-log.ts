@@ -17,7 +17,7 @@ import { sha256Hex } from '../../attestation/hash.ts';
 import { MerkleTree } from '../../attestation/merkle.ts';
 import { signNote } from '../../attestation/note.ts';
 import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, receiptPayloadJson, validateReceiptPayload, type ReceiptBody, type ReceiptPayload } from '../../attestation/receipt.ts';
-import { batchItem, type SignedBatch } from '../../attestation/sign-batch.ts';
+import { batchItem, packPayloads, type SignedBatch } from '../../attestation/sign-batch.ts';
 import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
@@ -27,6 +27,7 @@ import { DatabaseRescue } from './file-guard.ts';
 import { RepeatLimit } from '../ops/repeat-limit.ts';
 import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
+import { Utf8Arena } from './utf8-arena.ts';
 
 export class ReceiptLogError extends Error {
   override name = 'ReceiptLogError';
@@ -110,15 +111,10 @@ function envelopeOf(payload: Uint8Array, sig: Uint8Array, keyid: string): DsseEn
 interface Pending {
   payload: ReceiptPayload;
   text: string;
+  /** The text's UTF-8 bytes (a view into the log's arena). */
+  bytes: Uint8Array;
   resolve: (r: AppendedReceipt) => void;
   reject: (e: Error) => void;
-}
-
-interface Batch {
-  items: Pending[];
-  /** requestKey of each item's request id. */
-  requestKeys: Float64Array;
-  result: Promise<SignedBatch>;
 }
 
 export interface StoredCheckpoint {
@@ -129,6 +125,12 @@ export interface StoredCheckpoint {
 
 /** How often the log looks whether its files were deleted or replaced under it. */
 const FILE_CHECK_MS = 10_000;
+
+/** Batches a signer thread has at most: the one it signs and the next. */
+const SIGNING_PER_THREAD = 2;
+
+/** The checkpoint file beside the log is written at most this often while receipts stream in (keepHead). */
+const HEAD_EVERY_MS = 1000;
 
 /** How many request ids the in-memory index keeps (about 100 bytes each). */
 const RECENT_REQUESTS = 200_000;
@@ -150,6 +152,8 @@ export class ReceiptLog {
   private readonly checkpointEvery: number;
   private readonly path: string;
   private readonly maxBatch: number;
+  /** Where pending payloads' bytes are encoded until their batch is packed. */
+  private readonly arena = new Utf8Arena();
   private readonly signer: SignerPool;
   private readonly writer: BatchWriter;
   private nextSeq: number;
@@ -159,7 +163,15 @@ export class ReceiptLog {
   private lastPayloadHash: string;
   private lastCheckpointSize: number;
   private pending: Pending[] = [];
-  private running: Promise<void> | undefined;
+  /** Batches being signed (at most signLimit), batches handed to the signers and not yet settled. */
+  private signing = 0;
+  private unsettled = 0;
+  private readonly signLimit: number;
+  private pumpScheduled = false;
+  /** The settlement of the latest batch: each settles after the one before it, in seq order. */
+  private settled: Promise<void> = Promise.resolve();
+  /** flush() calls waiting for the next batch to settle. */
+  private readonly flushes: (() => void)[] = [];
   private broken: Error | undefined;
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
@@ -175,6 +187,10 @@ export class ReceiptLog {
   /** The file beside the log that keeps its latest checkpoint (checkpoint-head.ts), and the size it holds. */
   private readonly headFile: string;
   private headSize = 0;
+  /** When the checkpoint file was last written, and the checkpoint waiting to be written and its timer (keepHead). */
+  private headAt = Number.NEGATIVE_INFINITY;
+  private headDue: { size: number; note: string } | undefined;
+  private headTimer: NodeJS.Timeout | undefined;
   /** The file that keeps how many receipts were acknowledged (checkpoint-head.ts), when it was last written, its pending write. */
   private readonly chainFile: string;
   private chainAt = Number.NEGATIVE_INFINITY;
@@ -281,6 +297,7 @@ export class ReceiptLog {
     if (latest && latest.size > this.headSize) this.keepHead(latest.size, latest.note);
     const threads = opts.threads ?? 2;
     this.signer = new SignerPool({ seed: this.seed, threads });
+    this.signLimit = SIGNING_PER_THREAD * Math.max(1, threads);
     this.writer = threads > 0 ? new WriterThread(opts.path) : new InProcessWriter(this.db);
     if (threads > 0) {
       // Receipts are committed (and fsynced) by the writer thread. This connection only adds
@@ -364,62 +381,83 @@ export class ReceiptLog {
     }
     // From here on nothing can fail before the seq is taken: the chain advances in call order.
     this.nextSeq++;
-    this.lastPayloadHash = sha256Hex(text);
+    const bytes = this.arena.encode(text);
+    this.lastPayloadHash = sha256Hex(bytes);
     return new Promise<AppendedReceipt>((resolve, reject) => {
-      this.pending.push({ payload, text, resolve, reject });
-      this.running ??= this.drain();
+      this.pending.push({ payload, text, bytes, resolve, reject });
+      this.schedulePump();
     });
   }
 
-  /** Keeps a few batches in flight (signing, then committing) and settles them in seq order. */
-  private async drain(): Promise<void> {
-    await new Promise<void>((r) => setImmediate(r)); // let this tick's appends join the batch
-    const inFlight: Batch[] = [];
-    const limit = Math.max(2, this.signer.threads * 4);
-    while (this.pending.length || inFlight.length) {
-      while (this.pending.length && inFlight.length < limit && !this.broken) inFlight.push(this.dispatch(this.pending.splice(0, this.maxBatch)));
-      const batch = inFlight.shift();
-      if (!batch) {
-        // (the log stopped outside any batch, its files deleted, before these were handed over)
-        if (this.broken) this.fail(this.pending.splice(0), this.broken);
-        break;
-      }
-      try {
-        const signed = await batch.result;
-        // A log stopped while this batch was committing (its files deleted: the rescued copy was
-        // taken before it) acknowledges nothing more.
-        if (this.broken) throw this.broken;
-        this.settle(batch, signed);
-      } catch (e) {
-        this.fail(batch.items, e as Error);
-      }
-      if (this.broken) {
-        for (const b of inFlight.splice(0)) {
-          await b.result.catch(() => undefined);
-          this.fail(b.items, this.broken);
-        }
-        this.fail(this.pending.splice(0), this.broken);
-      }
-    }
-    this.running = undefined;
+  /** Hands this tick's appends to pump() once the tick's other appends have joined them. */
+  private schedulePump(): void {
+    if (this.pumpScheduled) return;
+    this.pumpScheduled = true;
+    setImmediate(() => {
+      this.pumpScheduled = false;
+      this.pump();
+    });
   }
 
-  private dispatch(items: Pending[]): Batch {
+  /**
+   * Hands pending receipts to the signer threads, in batches, while fewer than SIGNING_PER_THREAD
+   * a thread are being signed: each thread has its next batch waiting when it finishes one, and
+   * receipts that arrive meanwhile gather into the batch after it. Batches already signed and
+   * waiting for their commit do not count, so a slow fsync never leaves the signers idle.
+   */
+  private pump(): void {
+    if (this.broken) {
+      this.fail(this.pending.splice(0), this.broken);
+      this.wakeFlushes();
+      return;
+    }
+    while (this.pending.length && this.signing < this.signLimit) this.dispatch(this.pending.splice(0, this.maxBatch));
+  }
+
+  /** Signs a batch, hands it to the writer in seq order, and settles it after the batch before it. */
+  private dispatch(items: Pending[]): void {
     const batch = this.nextBatch++;
     const firstSeq = Number(items[0]!.payload.seq);
     const requestKeys = Float64Array.from(items, (p) => requestKey(p.payload.request_id));
     const inline = items.length <= INLINE_SIGN_MAX;
-    const signing = this.signer.sign({ payloads: items.map((p) => p.text).join('\n'), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId }, { inline });
-    // Hand batches to the writer in seq order, whichever finishes signing first.
-    const result = Promise.all([signing, this.handedOver]).then(async ([signed]) => {
-      await this.writer.commit(batch, firstSeq, requestKeys, signed);
-      return signed;
+    this.signing++;
+    this.unsettled++;
+    const signed = this.signer.sign({ ...packPayloads(items.map((p) => p.bytes)), payloadType: RECEIPT_PAYLOAD_TYPE, keyid: this.providerId }, { inline }).finally(() => {
+      this.signing--;
+      this.pump();
     });
-    this.handedOver = result.catch(() => undefined);
-    return { items, requestKeys, result };
+    // Handed to the writer in seq order, whichever finishes signing first: right after the batch
+    // before it was handed over (the writer commits in the order it is given, and after a failed
+    // commit commits nothing more), not after that one's commit returned.
+    let committed: Promise<void> = Promise.resolve();
+    const handed = Promise.all([signed, this.handedOver]).then(([b]) => {
+      committed = this.writer.commit(batch, firstSeq, requestKeys, b);
+      return b;
+    });
+    this.handedOver = handed.catch(() => undefined);
+    this.settled = this.settled.then(async () => {
+      try {
+        const b = await handed;
+        await committed;
+        // A log stopped while this batch was committing (its files deleted: the rescued copy was
+        // taken before it) acknowledges nothing more.
+        if (this.broken) throw this.broken;
+        this.settle(items, requestKeys, b);
+      } catch (e) {
+        this.fail(items, e as Error);
+      }
+      this.unsettled--;
+      // (a stopped log fails what waits to be handed over too)
+      if (this.broken) this.fail(this.pending.splice(0), this.broken);
+      this.wakeFlushes();
+    });
   }
 
-  private settle({ items, requestKeys }: Batch, signed: SignedBatch): void {
+  private wakeFlushes(): void {
+    for (const wake of this.flushes.splice(0)) wake();
+  }
+
+  private settle(items: Pending[], requestKeys: Float64Array, signed: SignedBatch): void {
     this.commits++;
     const firstSeq = this.tree.size;
     this.durablePayload = items[items.length - 1]!.text;
@@ -434,7 +472,7 @@ export class ReceiptLog {
     this.keepChainHead();
     // A checkpoint at every multiple of checkpointEvery, whatever the batch boundaries.
     for (let at = (Math.floor(this.lastCheckpointSize / this.checkpointEvery) + 1) * this.checkpointEvery; at <= this.tree.size; at += this.checkpointEvery) {
-      this.checkpoint(at);
+      this.signCheckpoint(at, true);
     }
   }
 
@@ -501,7 +539,7 @@ export class ReceiptLog {
 
   /** Waits until every receipt accepted so far is durable (or failed). */
   async flush(): Promise<void> {
-    while (this.running) await this.running;
+    while (this.pending.length || this.unsettled > 0) await new Promise<void>((wake) => this.flushes.push(wake));
   }
 
   /**
@@ -512,6 +550,11 @@ export class ReceiptLog {
    * another root means the file was written by something else: the log stops (log_corrupt).
    */
   checkpoint(size = this.tree.size): string | undefined {
+    return this.signCheckpoint(size, false);
+  }
+
+  /** checkpoint(); `soon`: its file beside the log may be written up to a second later (see keepHeadSoon). */
+  private signCheckpoint(size: number, soon: boolean): string | undefined {
     if (size === 0 || size <= this.lastCheckpointSize || size > this.tree.size) return undefined;
     this.checkFiles();
     if (this.broken) throw this.broken;
@@ -525,17 +568,44 @@ export class ReceiptLog {
         throw e;
       }
       this.lastCheckpointSize = size;
-      this.keepHead(size, stored.note);
+      this.keepHead(size, stored.note, soon);
       return stored.note;
     }
     this.lastCheckpointSize = size;
-    this.keepHead(size, note);
+    this.keepHead(size, note, soon);
     return note;
   }
 
-  /** Keeps the latest checkpoint in the file beside the log (a failure is told, and tried again at the next). */
-  private keepHead(size: number, note: string): void {
+  /**
+   * Keeps the latest checkpoint in the file beside the log: at once, or (`soon`, and written less
+   * than a second ago) a second after the last write, the latest checkpoint due then. At full rate
+   * a checkpoint is signed every few milliseconds, and each write (a read to see whether another
+   * process kept a later one, a temporary file, a rename) cost the event loop about a millisecond.
+   * The file is defence in depth: receipts.head, the acknowledged count, guards every receipt.
+   */
+  private keepHead(size: number, note: string, soon = false): void {
     if (size <= this.headSize) return;
+    if (soon && performance.now() - this.headAt < HEAD_EVERY_MS) {
+      this.headDue = { size, note };
+      this.headTimer ??= setTimeout(() => this.keepDueHead(), HEAD_EVERY_MS - (performance.now() - this.headAt)).unref();
+      return;
+    }
+    this.writeHeadFile(size, note);
+  }
+
+  /** Writes the checkpoint waiting for its file, if any. */
+  private keepDueHead(): void {
+    if (this.headTimer) clearTimeout(this.headTimer);
+    this.headTimer = undefined;
+    const due = this.headDue;
+    this.headDue = undefined;
+    if (due) this.keepHead(due.size, due.note);
+  }
+
+  /** Writes the checkpoint file (a failure is told, and tried again at the next checkpoint). */
+  private writeHeadFile(size: number, note: string): void {
+    this.headAt = performance.now();
+    if (this.headDue && this.headDue.size <= size) this.headDue = undefined;
     // (another process on this log, `log export` beside a running node, may have kept a later one:
     // the file only ever moves forward)
     const kept = readHead(this.headFile, this.providerId);
@@ -673,6 +743,7 @@ export class ReceiptLog {
     if (this.fileTimer) clearInterval(this.fileTimer);
     await this.flush();
     if (this.appendedHere) this.writeChainHead();
+    this.keepDueHead();
     await this.signer.close();
     await this.writer.close();
     this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
