@@ -14,6 +14,7 @@ import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { SEGMENT } from '../src/store/request-key-filter.ts';
+import { requestKey } from '../src/store/log-writer.ts';
 import { exportLog } from '../src/store/export.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { utf8 } from '../attestation/bytes.ts';
@@ -87,6 +88,27 @@ describe('ReceiptLog', () => {
     expect(again.byRequestId('retried')).toEqual(expected);
     expect(again.byRequestId('third')).toEqual([{ seq: 3, line: appended[3]!.line }]);
     expect(again.byRequestId('never')).toEqual([]);
+  });
+
+  test('byRequestId: ids that share the in-memory index key (its low 30 bits) are told apart by the payload', async () => {
+    // A birthday search for two ids whose request keys differ but agree in their low 30 bits.
+    const seen = new Map<number, string>();
+    let pair: [string, string] | undefined;
+    for (let i = 0; !pair; i++) {
+      const id = `req-${i}`;
+      const k = requestKey(id);
+      const other = seen.get(k % 2 ** 30);
+      if (other !== undefined && requestKey(other) !== k) pair = [other, id];
+      seen.set(k % 2 ** 30, id);
+    }
+    const [a, b] = pair;
+    const log = openLog(path.join(tmp(), 'r.db'), seed());
+    const body = (i: number, requestId: string) => ({ ...syntheticReceiptBody(i), request_id: requestId });
+    const got: Awaited<ReturnType<ReceiptLog['append']>>[] = [];
+    for (const [i, id] of [a, b, a, 'x', b].entries()) got.push(await log.append(body(i, id)));
+    expect(log.byRequestId(a)).toEqual([0, 2].map((seq) => ({ seq, line: got[seq]!.line })));
+    expect(log.byRequestId(b)).toEqual([1, 4].map((seq) => ({ seq, line: got[seq]!.line })));
+    expect(log.byRequestId('x')).toEqual([{ seq: 3, line: got[3]!.line }]);
   });
 
   test('after a reopen, lookups read only the segments that may hold the id: found in any segment, retries across segments in seq order', async () => {
