@@ -60,6 +60,8 @@ export interface ModelConfig {
   threads: number;
   /** llama-embedded: how long the start's load and run in a child process may take (model-probe.ts). */
   probe_timeout_s: number;
+  /** llama-embedded: how long the tokenizer child may take over one long text before the request is refused (input_too_complex). */
+  tokenize_timeout_s: number;
 }
 
 export interface NodeConfig {
@@ -111,7 +113,7 @@ export function defaultConfigYaml(): string {
 
 const OPS_HTTP_EXPECTED = 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464';
 
-const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600 };
+const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600, tokenize_timeout_s: 10 };
 
 type Raw = Record<string, unknown>;
 
@@ -328,7 +330,7 @@ function validate(raw: Raw, base: string): NodeConfig {
   const parsedModels = models.map((m, i) => {
     const where = `models[${i}]`;
     if (!isObject(m)) throw new ConfigError(where, 'expected a mapping');
-    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms', 'mmap', 'threads', 'probe_timeout_s']);
+    only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms', 'mmap', 'threads', 'probe_timeout_s', 'tokenize_timeout_s']);
     const full: Raw = { ...MODEL_DEFAULTS, ...m };
     const id = str(full.id, `${where}.id`);
     if (ids.has(id)) throw new ConfigError(`${where}.id`, `"${id}" is listed twice`);
@@ -362,6 +364,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       mmap: bool(full.mmap, `${where}.mmap`),
       threads: int(full.threads, `${where}.threads`, 1, 1024),
       probe_timeout_s: int(full.probe_timeout_s, `${where}.probe_timeout_s`, 1, 86_400),
+      tokenize_timeout_s: int(full.tokenize_timeout_s, `${where}.tokenize_timeout_s`, 1, 600),
     };
   });
 

@@ -277,7 +277,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     for (const [i, m] of config.models.entries()) {
       if (opts.signal?.aborted) throw new NodeStartStopped();
       const started = performance.now();
-      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true });
+      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true, tokenizeDeadlineMs: m.tokenize_timeout_s * 1000 });
       try {
         // (a start that fails releases what it loaded; one stopped meanwhile is stopped once it ends)
         await unlessStopped(adapter.start(), opts.signal, () => adapter.stop());

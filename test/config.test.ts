@@ -38,12 +38,13 @@ describe('config', () => {
   test('models: defaults, exact prices, resolved paths, normalised quantization', () => {
     const c = parseConfig(model.replace('    prices', '    quantization: Q4_K_M\n    prices'), base);
     expect(c.models).toEqual([
-      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, context_set: false, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600 },
+      { id: 'tiny/llama', adapter: 'llama-embedded', path: '/srv/node/m.gguf', url: null, quantization: 'q4-k-m', context: 4096, context_set: false, prices: { input_per_mtok: 150000n, output_per_mtok: 600000n }, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600, tokenize_timeout_s: 10 },
     ]);
     // mmap: the weights read into memory unless the operator asks llama.cpp to map the file.
     expect(parseConfig(model.replace('    prices', '    mmap: true\n    prices'), base).models[0]!.mmap).toBe(true);
     expect(parseConfig(model.replace('    prices', '    threads: 8\n    prices'), base).models[0]!.threads).toBe(8);
     expect(parseConfig(model.replace('    prices', '    probe_timeout_s: 3600\n    prices'), base).models[0]!.probe_timeout_s).toBe(3600);
+    expect(parseConfig(model.replace('    prices', '    tokenize_timeout_s: 30\n    prices'), base).models[0]!.tokenize_timeout_s).toBe(30);
     // gpu (node-wide): auto, the default, or false; an environment variable says either too.
     expect(parseConfig(model, base).gpu).toBe('auto');
     expect(parseConfig(`gpu: false\n${model}`, base).gpu).toBe(false);
@@ -94,6 +95,9 @@ describe('config', () => {
     ['models: [{ id: a, adapter: vllm, url: "http://x", probe_timeout_s: 0, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].probe_timeout_s'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", probe_timeout_s: 86401, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].probe_timeout_s'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", probe_timeout_s: 1.5, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].probe_timeout_s'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", tokenize_timeout_s: 0, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].tokenize_timeout_s'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", tokenize_timeout_s: 601, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].tokenize_timeout_s'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", tokenize_timeout_s: 2.5, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].tokenize_timeout_s'],
     ['gpu: true', 'gpu'],
     ['gpu: cuda', 'gpu'],
     [model + '  - id: tiny/llama\n    adapter: vllm\n    url: "http://x"\n    prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" }\n', 'models[1].id'],
