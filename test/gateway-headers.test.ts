@@ -187,6 +187,13 @@ describe('a gateway whose marketplace does not answer', () => {
       expect(big.status).toBe(413);
       expect(((await big.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'request_too_large', message: expect.stringContaining(String(MAX_REQUEST_BODY)) });
       expect((await fetch(`${gw.url}/models`)).status).toBe(502); // still up
+      // 8 MB of nesting (JSON.parse alone held the event loop ~1 s): refused unparsed, before the market is asked.
+      const { MAX_JSON_DEPTH } = await import('../src/json-depth.ts');
+      const deep = `{"model":"tiny/llama","messages":[{"role":"user","content":"hi"}],"metadata":{"a":${'['.repeat(4_000_000)}${']'.repeat(4_000_000)}}}`;
+      for (const [endpoint, body] of [['chat/completions', deep], ['tokenize', deep], ['estimates', `{"endpoint":"chat/completions","body":${deep}}`]] as const) {
+        const r = await fetch(`${gw.url}/${endpoint}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+        expect([r.status, ((await r.json()) as { error: unknown }).error], endpoint).toEqual([400, { code: 'invalid_request', message: expect.stringContaining(`nests objects and arrays more than ${MAX_JSON_DEPTH} deep`) }]);
+      }
       // A compressed body is refused naming Content-Encoding, before the market is asked.
       const { gzipSync } = await import('node:zlib');
       const gz = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: gzipSync(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] })) });

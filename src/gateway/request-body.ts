@@ -2,6 +2,7 @@
 // names and its Idempotency-Key. The node checks the whole contract.
 import type { FastifyRequest } from 'fastify';
 import { invalid } from './errors.ts';
+import { MAX_JSON_DEPTH, nestsDeeperThan } from '../json-depth.ts';
 
 export const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 
@@ -10,8 +11,12 @@ export function bodyBytes(req: FastifyRequest): Buffer {
   return Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
 }
 
-/** A body's JSON value, read as the node reads one (UTF-8, a leading BOM dropped); undefined when it is not UTF-8 JSON. */
+/**
+ * A body's JSON value, read as the node reads one (UTF-8, a leading BOM dropped); undefined when it
+ * is not UTF-8 JSON. A body nested more than MAX_JSON_DEPTH deep is refused (400) unparsed.
+ */
 export function decodeJson(body: Uint8Array): { value: unknown } | undefined {
+  if (nestsDeeperThan(body)) throw invalid('body', `nests objects and arrays more than ${MAX_JSON_DEPTH} deep`);
   try {
     return { value: JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body)) };
   } catch {

@@ -2,6 +2,7 @@
 // check every field the node acts on, and refuse anything else with 400 naming the field.
 // Nothing is charged for a request refused here.
 import type { ChatMessage, ToolCall } from '../../adapters/runtime-adapter.ts';
+import { MAX_JSON_DEPTH, nestsDeeperThan } from '../json-depth.ts';
 
 export class ContractError extends Error {
   override name = 'ContractError';
@@ -345,6 +346,7 @@ function generation(o: Obj, maxNames: readonly string[]): GenerationParams {
 export function parseRequest(endpoint: string, body: Uint8Array): ParsedRequest {
   if (!TEXT_ENDPOINTS.includes(endpoint as TextEndpoint)) throw new ContractError('', `unknown endpoint "${endpoint.slice(0, 64)}"`);
   if (body.length > MAX_REQUEST_BODY) throw new ContractError('', `body larger than ${MAX_REQUEST_BODY} bytes`);
+  if (nestsDeeperThan(body)) throw new ContractError('', `body nests objects and arrays more than ${MAX_JSON_DEPTH} deep`);
   let value: unknown;
   try {
     value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
