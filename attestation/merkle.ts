@@ -50,6 +50,11 @@ class HashList {
   length = 0;
 
   push(hash: Uint8Array): void {
+    this.pushFrom(hash, 0);
+  }
+
+  /** Pushes the 32 bytes of `src` at `from` (copied: no view of them is made). */
+  pushFrom(src: Uint8Array, from: number): void {
     const c = Math.floor(this.length / CHUNK);
     const offset = (this.length % CHUNK) * HASH_SIZE;
     let chunk = this.chunks[c];
@@ -61,8 +66,16 @@ class HashList {
       bigger.set(chunk);
       this.chunks[c] = chunk = bigger;
     }
-    chunk.set(hash, offset);
+    for (let k = 0; k < HASH_SIZE; k++) chunk[offset + k] = src[from + k]!;
     this.length++;
+  }
+
+  /** SHA-256(0x01 || hash i || hash i + 1) for an even i (the two share a chunk): nodeHash without views. */
+  pairHash(i: number): Uint8Array {
+    const chunk = this.chunks[Math.floor(i / CHUNK)]!;
+    const offset = (i % CHUNK) * HASH_SIZE;
+    for (let k = 0; k < 2 * HASH_SIZE; k++) nodeInput[1 + k] = chunk[offset + k]!;
+    return sha256(nodeInput);
   }
 
   /** A view of hash i (no copy): callers must not modify it or hand it out. */
@@ -97,13 +110,21 @@ export class MerkleTree {
     if (!(leafHash instanceof Uint8Array) || leafHash.length !== HASH_SIZE) {
       throw new TypeError(`leaf hash must be a ${HASH_SIZE}-byte Uint8Array`);
     }
+    this.appendFrom(leafHash, 0);
+  }
+
+  /** Appends the leaf hash at byte `offset` of `hashes` (a batch's leaf hashes laid end to end). */
+  appendFrom(hashes: Uint8Array, offset: number): void {
+    if (!(hashes instanceof Uint8Array) || !Number.isSafeInteger(offset) || offset < 0 || offset + HASH_SIZE > hashes.length) {
+      throw new TypeError(`expected ${HASH_SIZE} bytes of a Uint8Array at offset ${offset}`);
+    }
     if (this.size >= Number.MAX_SAFE_INTEGER) throw new RangeError('tree is full');
     // Push the leaf, then complete every subtree it closes: when level k gets an even count,
     // its last two entries form a new level k+1 subtree.
     let level = this.levels[0]!;
-    level.push(leafHash);
+    level.pushFrom(hashes, offset);
     for (let k = 0; level.length % 2 === 0; k++) {
-      const parent = nodeHash(level.at(level.length - 2), level.at(level.length - 1));
+      const parent = level.pairHash(level.length - 2);
       let up = this.levels[k + 1];
       if (up === undefined) this.levels.push((up = new HashList()));
       up.push(parent);

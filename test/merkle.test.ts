@@ -323,6 +323,25 @@ describe('1000-leaf tree', () => {
 // ---------------------------------------------------------------------------------------------
 // Negative cases, each with its distinct code.
 
+describe('appendFrom', () => {
+  test('a batch of leaf hashes laid end to end, appended by offset, builds the same tree as append; a range past the end is refused', () => {
+    const leaves = Array.from({ length: 37 }, (_, i) => leafHash(utf8(`leaf ${i}`)));
+    const packed = new Uint8Array(37 * 32);
+    leaves.forEach((l, i) => packed.set(l, i * 32));
+    const a = new MerkleTree();
+    const b = new MerkleTree();
+    leaves.forEach((l, i) => {
+      a.append(l);
+      b.appendFrom(packed, i * 32);
+    });
+    for (let size = 0; size <= 37; size++) expect(toHex(b.root(size))).toBe(toHex(a.root(size)));
+    expect(toHex(b.leafHashAt(36))).toBe(toHex(leaves[36]!));
+    expect(() => b.appendFrom(packed, 36 * 32 + 1)).toThrow(TypeError);
+    expect(() => b.appendFrom(packed, -32)).toThrow(TypeError);
+    expect(b.size).toBe(37);
+  });
+});
+
 describe('verification failures', () => {
   const root = (n: number) => refTree.root(n);
 

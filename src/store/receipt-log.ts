@@ -68,21 +68,24 @@ export class AppendedReceipt {
   readonly payload: ReceiptPayload;
   /** The exact signed payload: canonical JSON. */
   readonly payloadJson: string;
-  private readonly sig: Uint8Array;
+  /** Its batch's signatures, 64 bytes each, and its index among them. */
+  private readonly sigs: Uint8Array;
+  private readonly index: number;
   private readonly keyid: string;
   private env: DsseEnvelope | undefined;
   private text: string | undefined;
 
-  constructor(payload: ReceiptPayload, payloadJson: string, sig: Uint8Array, keyid: string) {
+  constructor(payload: ReceiptPayload, payloadJson: string, sigs: Uint8Array, index: number, keyid: string) {
     this.seq = payload.seq;
     this.payload = payload;
     this.payloadJson = payloadJson;
-    this.sig = sig;
+    this.sigs = sigs;
+    this.index = index;
     this.keyid = keyid;
   }
 
   get envelope(): DsseEnvelope {
-    return (this.env ??= envelopeOf(utf8(this.payloadJson), this.sig, this.keyid));
+    return (this.env ??= envelopeOf(utf8(this.payloadJson), this.sigs.subarray(this.index * 64, this.index * 64 + 64), this.keyid));
   }
 
   /** The envelope's canonical JSON: its line in receipts.jsonl and its Merkle leaf data. */
@@ -469,13 +472,14 @@ export class ReceiptLog {
     const firstSeq = this.tree.size;
     this.durablePayload = items[items.length - 1]!.text;
     this.appendedHere = true;
-    items.forEach((p, i) => {
+    for (let i = 0; i < items.length; i++) {
+      const p = items[i]!;
       this.keyFilter.add(firstSeq, requestKeys[i]!);
       // (the payload bytes went to the writer thread; the text is what the caller gets)
       this.remember(requestKeys[i]!, this.tree.size);
-      this.tree.append(signed.leaves.subarray(i * 32, i * 32 + 32));
-      p.resolve(new AppendedReceipt(p.payload, p.text, signed.sigs.subarray(i * 64, i * 64 + 64), this.providerId));
-    });
+      this.tree.appendFrom(signed.leaves, i * 32);
+      p.resolve(new AppendedReceipt(p.payload, p.text, signed.sigs, i, this.providerId));
+    }
     this.keepChainHead();
     // A checkpoint at every multiple of checkpointEvery, whatever the batch boundaries.
     for (let at = (Math.floor(this.lastCheckpointSize / this.checkpointEvery) + 1) * this.checkpointEvery; at <= this.tree.size; at += this.checkpointEvery) {
