@@ -1,20 +1,17 @@
 // How deeply a JSON text nests, found without parsing it. JSON.parse of 8 MiB of nesting
 // ([[[[…]]]], ~4 million levels) held the event loop ~1.1 s, and any key holder could send that to
 // the gateway for free, or to a node under a ticket (s24 hB); a scan of the bytes costs ~10 ms for
-// 8 MiB. No request nests anywhere near MAX_JSON_DEPTH (a tool's JSON Schema a few dozen levels).
+// 8 MiB, microseconds for a usual body. No request nests anywhere near MAX_JSON_DEPTH (a tool's
+// JSON Schema a few dozen levels). Every body is scanned, so the limit is the same whatever its size.
 
 /** The deepest nesting of objects and arrays a request body may have. */
 export const MAX_JSON_DEPTH = 512;
-
-/** Below this size a body cannot nest deeply enough to cost anything to parse: it is not scanned. */
-const SCANNED_FROM = 64 * 1024;
 
 /**
  * Whether UTF-8 JSON text nests objects and arrays more than `max` deep (brackets inside strings
  * do not count). Malformed text is for JSON.parse to refuse: this only looks at the brackets.
  */
 export function nestsDeeperThan(bytes: Uint8Array, max = MAX_JSON_DEPTH): boolean {
-  if (bytes.length < SCANNED_FROM) return false;
   let depth = 0;
   let inString = false;
   for (let i = 0; i < bytes.length; i++) {

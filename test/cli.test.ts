@@ -50,6 +50,13 @@ describe.concurrent('help', () => {
     expect(r.stdout).toMatch(/^Usage: seller-node/m);
     for (const c of ['init', 'start', 'log', 'audit', 'verify', 'dev-model', 'check-model', 'demo', 'demo-receipts', 'market', 'gateway']) expect(r.stdout).toMatch(new RegExp(`^\\s+${c}\\b`, 'm'));
     expect(r.stdout).toMatch(/^\s+log\b[^]*?\bprove\b[^]*?^\s+audit\b/m); // log's entry names what it does, prove among it
+    // One line a subcommand (the output is not a terminal here: 80 columns), log's own too.
+    const entries = (text: string) => text.slice(text.indexOf('\nCommands:\n') + 11).split('\n').filter((l) => l.trim() !== '');
+    for (const l of entries(r.stdout)) expect(l, 'a continuation line').toMatch(/^ {2}[a-z]/);
+    expect(entries(r.stdout)).toHaveLength(12); // (the 11 above and help)
+    const log = await runCli(['log', '--help']);
+    for (const l of entries(log.stdout)) expect(l, 'a continuation line').toMatch(/^ {2}[a-z]/);
+    expect(entries(log.stdout).map((l) => l.trim().split(' ')[0])).toEqual(['fill', 'prove', 'export', 'help']);
   });
 
   for (const [args, mentions] of [

@@ -3,7 +3,7 @@ import { utf8 } from '../attestation/bytes.ts';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from '../src/json-depth.ts';
 import { ContractError, parseRequest } from '../src/serve/contract.ts';
 
-// Bodies under 64 KiB are not scanned (they cannot nest deeply enough to cost anything): pad them.
+// (padded past 64 KiB, to show that large bodies are scanned like small ones)
 const pad = ' '.repeat(70_000);
 const nested = (depth: number, inner = '0') => utf8(`${pad}{"a":${'['.repeat(depth - 1)}${inner}${']'.repeat(depth - 1)}}`);
 
@@ -22,8 +22,10 @@ describe('nestsDeeperThan', () => {
     expect(nestsDeeperThan(utf8(`${pad}["é😀[[[[", {"b": "ü"}]`), 2)).toBe(false);
   });
 
-  test('small bodies are not scanned', () => {
-    expect(nestsDeeperThan(utf8('['.repeat(1000) + ']'.repeat(1000)), 5)).toBe(false);
+  test('small bodies are held to the same limit (s25 hT: a 4 KB body 600 deep was parsed and billed)', () => {
+    expect(nestsDeeperThan(utf8('['.repeat(6) + ']'.repeat(6)), 5)).toBe(true);
+    expect(nestsDeeperThan(utf8('['.repeat(5) + ']'.repeat(5)), 5)).toBe(false);
+    expect(nestsDeeperThan(utf8(`{"a":${'['.repeat(600)}${']'.repeat(600)}}`))).toBe(true);
   });
 });
 

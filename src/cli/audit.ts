@@ -14,6 +14,7 @@ import type { ReceiptPayload } from '../../attestation/receipt.ts';
 
 export function auditCommand(): Command {
   return new Command('audit')
+    .summary('check an exported receipt log, every receipt')
     .description('check an exported receipt log: signatures, seq and prev chain, Merkle tree, checkpoints, costs, prices against the signed price lists')
     .argument('<dir>', 'a folder written by `seller-node log export`')
     .option('--provider <id>', 'fail unless the export is by this provider id (64 hex)')

@@ -9,6 +9,7 @@ import { CliError, intOption } from './cli-error.ts';
 
 export function checkModelCommand(): Command {
   return new Command('check-model')
+    .summary('check a model file as start would')
     .description("run the checks `start` runs on a model file (GGUF, a load and run in a child process, the weights, the chat template); exit 0 when it would be served")
     .argument('<file>', 'the GGUF model file')
     .addOption(new Option('--gpu <setting>', 'auto (the GPU when the host has one) or false (the CPU only), as the config\'s gpu').choices(['auto', 'false']).default('auto'))

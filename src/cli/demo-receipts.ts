@@ -19,6 +19,7 @@ import { intOption } from './cli-error.ts';
 
 export function demoReceiptsCommand(): Command {
   return new Command('demo-receipts')
+    .summary('show the receipt toolkit on its own')
     .description('show the receipt toolkit alone: signed durable receipts, export, audit, proofs, a tampered copy caught')
     .option('--count <n>', 'receipts to sign', intOption('--count', 1, 10_000_000), 10_000)
     .option('--keep', 'keep the folder afterwards')

@@ -15,6 +15,7 @@ import { listenProblem } from '../host-port.ts';
 
 export function demoCommand(): Command {
   return new Command('demo')
+    .summary('market, node and gateway together (npm start)')
     .description('run a marketplace, a node (tiny model, embedded runtime) and the gateway together (what npm start runs)')
     .option('--port <n>', 'gateway port', intOption('--port', 0, 65535), 11435)
     .option('--smoke', 'send one paid request through the gateway (which answers only once its receipt verifies), print its tokens, its cost and what the market collected, and stop')

@@ -7,6 +7,7 @@ import { fsProblem } from '../fs-problem.ts';
 
 export function devModelCommand(): Command {
   return new Command('dev-model')
+    .summary('write the tiny test model (GGUF)')
     .description('write the tiny deterministic llama GGUF (about 1 MB) that tests and the demo serve')
     .requiredOption('--out <file>', 'where to write the .gguf file')
     .option('--seed <n>', 'weight seed (the same seed writes the same bytes)', intOption('--seed', 0, 2 ** 31 - 1), 1)

@@ -24,6 +24,7 @@ function accountOption(v: string): string {
 
 export function gatewayCommand(): Command {
   return new Command('gateway')
+    .summary("serve the buyers' OpenAI-compatible API (/v1)")
     .description("serve the marketplace's OpenAI-compatible API locally (/v1), sending requests straight to providers over libp2p")
     .requiredOption('--market <url>', 'the marketplace base URL, e.g. http://127.0.0.1:11436')
     .option('--listen <host:port>', 'where to serve HTTP (loopback by default: without --api-keys-file the gateway has no authentication)', `127.0.0.1:${GATEWAY_DEFAULT_PORT}`)

@@ -10,6 +10,7 @@ import { makeFolder } from '../make-folder.ts';
 
 export function initCommand(): Command {
   return new Command('init')
+    .summary('create the node key and a default config')
     .description('create the node key (mode 0600) and a default config; prints the provider id')
     .requiredOption('--data <dir>', 'data directory to create or use')
     .action((opts: { data: string }) => {

@@ -47,9 +47,10 @@ function realReceiptSeq(log: ReceiptLog): number | undefined {
 }
 
 export function logCommand(): Command {
-  const log = new Command('log').description('the receipt log: fill it with test receipts, prove one receipt offline, export it for auditors');
+  const log = new Command('log').summary('the receipt log: log fill, log prove, log export').description('the receipt log: fill it with test receipts, prove one receipt offline, export it for auditors');
   log
     .command('fill')
+    .summary('append N synthetic test receipts')
     .description('append N synthetic but well-formed signed receipts (for tests and benchmarks), only to a log that holds no real ones')
     .requiredOption('--data <dir>', 'data directory (from seller-node init)')
     .requiredOption('--count <n>', 'how many receipts to append', intOption('--count', 1, 100_000_000))
@@ -75,6 +76,7 @@ export function logCommand(): Command {
     });
   log
     .command('prove')
+    .summary("write one receipt's offline proof")
     .description("write receipt N's offline proof (a C2SP tlog-proof bundle, as the node's log service serves it) for seller-node verify")
     .requiredOption('--data <dir>', 'data directory')
     .requiredOption('--seq <n>', 'the receipt', intOption('--seq', 0))
@@ -121,6 +123,7 @@ export function logCommand(): Command {
     });
   log
     .command('export')
+    .summary('export the log to a folder for auditors')
     .description('write receipts.jsonl, the checkpoints, provider.pub and the signed price lists to a folder for auditors')
     .requiredOption('--data <dir>', 'data directory')
     .requiredOption('--out <dir>', 'folder to write (created if missing)')

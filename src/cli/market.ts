@@ -14,6 +14,7 @@ const DEFAULT_MARKET_LISTEN = '127.0.0.1:11436';
 
 export function marketCommand(): Command {
   return new Command('market')
+    .summary('run the development marketplace')
     .description('run the development marketplace: verifies node registrations, issues tickets, collects and checks receipts')
     .requiredOption('--data <dir>', 'directory for the market key (market.key, created on first run) and its file of tickets, receipts and totals (market.db), kept across restarts')
     .option('--listen <host:port>', 'HTTP address to serve on', DEFAULT_MARKET_LISTEN)

@@ -8,6 +8,7 @@ const STOPPED_EARLY = 'seller-node: stopped before it served\n';
 
 export function startCommand(): Command {
   return new Command('start')
+    .summary('run the node (serve models, sign receipts)')
     .description('run the node: serve the configured models over libp2p, sign receipts, expose ops HTTP')
     .requiredOption('--config <file>', 'the YAML config (see config.example.yaml)')
     .action(async (opts: { config: string }) => {

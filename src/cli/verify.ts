@@ -15,6 +15,7 @@ const MAX_FILE = 8 << 20;
 
 export function verifyCommand(): Command {
   return new Command('verify')
+    .summary('verify one receipt or one proof bundle')
     .description('verify one receipt envelope (JSON) or one tlog-proof bundle')
     .argument('<file>', 'the envelope or bundle; - reads standard input')
     .option('--provider <id>', 'require this provider id (64 hex); otherwise the one the file names is used')
