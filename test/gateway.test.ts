@@ -381,10 +381,10 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect([s2, e2.code, e2.message]).toEqual([400, 'invalid_request', expect.stringMatching(/^body: expected the request body/)]);
     const [s3, e3] = await errorOf(await post('estimates', JSON.stringify({ endpoint: 'CHAT', body }), { 'x-service-estimate': 'est_00000000000000000000' }));
     expect([s3, e3.code, e3.message]).toEqual([400, 'invalid_request', expect.stringMatching(/^X-Service-Estimate:/)]);
-    // A body nested deeper than JSON.stringify's stack: 400, not the gateway failing.
+    // A body nested deeper than JSON.stringify's stack: 400, unparsed, not the gateway failing.
     const deep = `{"endpoint":"CHAT","body":{"model":"${MODEL}","messages":[{"role":"user","content":"x"}],"metadata":${'['.repeat(200_000)}${']'.repeat(200_000)}}}`;
     const [s9, e9] = await errorOf(await post('estimates', deep));
-    expect([s9, e9.code, e9.message]).toEqual([400, 'invalid_request', 'body: nested too deeply']);
+    expect([s9, e9.code, e9.message]).toEqual([400, 'invalid_request', 'body: nests objects and arrays more than 512 deep']);
     // A leading byte-order mark is read past, as the node reads a paid body.
     expect((await post('estimates', '\uFEFF' + JSON.stringify({ endpoint: 'CHAT', body }))).status).toBe(200);
     // An estimate used for another endpoint, or another model, than it was made for.

@@ -260,6 +260,21 @@ describe('ReceiptLog', () => {
     expect(head()).toMatchObject({ ok: true, value: { size: 120 } });
   });
 
+  test('in-process writing (threads 0): after a failed commit no later batch lands, so the stored log has no gap (s25 hR)', async () => {
+    const s = seed();
+    const file = path.join(tmp(), 'r.db');
+    const log = openLog(file, s, { threads: 0, maxBatch: 1 });
+    await log.append(syntheticReceiptBody(0));
+    // Another writer takes seq 1's row: the commit of the next batch fails (UNIQUE first_seq).
+    const other = new Database(file);
+    other.prepare('INSERT INTO receipt_batches (first_seq, count, payloads, offsets, sigs, leaves, request_keys) VALUES (1, 1, ?, ?, ?, ?, ?)').run(Buffer.from('{}'), Buffer.alloc(8), Buffer.alloc(64), Buffer.alloc(32), Buffer.alloc(8));
+    // Two batches handed over together: the first fails, the second (seq 2) must not be committed.
+    const results = await Promise.allSettled([log.append(syntheticReceiptBody(1)), log.append(syntheticReceiptBody(2))]);
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected']);
+    expect(other.prepare('SELECT first_seq FROM receipt_batches ORDER BY first_seq').all()).toEqual([{ first_seq: 0 }, { first_seq: 1 }]);
+    other.close();
+  });
+
   test('a closed log refuses appends; close flushes what was pending', async () => {
     const s = seed();
     const file = path.join(tmp(), 'r.db');

@@ -132,6 +132,9 @@ const FILE_CHECK_MS = 10_000;
 /** Batches a signer thread has at most: the one it signs and the next. */
 const SIGNING_PER_THREAD = 2;
 
+/** Batches handed to the signers and not yet committed, at most (see pump). */
+const MAX_UNSETTLED = 8;
+
 /** The checkpoint file beside the log is written at most this often while receipts stream in (keepHead). */
 const HEAD_EVERY_MS = 1000;
 
@@ -411,9 +414,10 @@ export class ReceiptLog {
 
   /**
    * Hands pending receipts to the signer threads, in batches, while fewer than SIGNING_PER_THREAD
-   * a thread are being signed: each thread has its next batch waiting when it finishes one, and
-   * receipts that arrive meanwhile gather into the batch after it. Batches already signed and
-   * waiting for their commit do not count, so a slow fsync never leaves the signers idle.
+   * a thread are being signed (each thread has its next batch waiting when it finishes one, and
+   * receipts that arrive meanwhile gather into the batch after it) and fewer than MAX_UNSETTLED
+   * batches are signed or signing and not yet committed: on a slow disk later batches grow
+   * larger (one fsync each) instead of more of them queueing for the writer (s25 hR).
    */
   private pump(): void {
     if (this.broken) {
@@ -421,7 +425,7 @@ export class ReceiptLog {
       this.wakeFlushes();
       return;
     }
-    while (this.pending.length && this.signing < this.signLimit) this.dispatch(this.pending.splice(0, this.maxBatch));
+    while (this.pending.length && this.signing < this.signLimit && this.unsettled < MAX_UNSETTLED) this.dispatch(this.pending.splice(0, this.maxBatch));
   }
 
   /** Signs a batch, hands it to the writer in seq order, and settles it after the batch before it. */
@@ -436,29 +440,29 @@ export class ReceiptLog {
       this.signing--;
       this.pump();
     });
-    // Handed to the writer in seq order, whichever finishes signing first: right after the batch
-    // before it was handed over (the writer commits in the order it is given, and after a failed
-    // commit commits nothing more), not after that one's commit returned.
-    let committed: Promise<void> = Promise.resolve();
-    const handed = Promise.all([signed, this.handedOver]).then(([b]) => {
-      committed = this.writer.commit(batch, firstSeq, requestKeys, b);
+    // Handed to the writer in seq order, whichever finishes signing first, once the batch before
+    // it has committed: the writer's commits leave the database's write lock free between them
+    // for the event loop's checkpoint inserts (back to back, a slow fsync kept the lock held and
+    // such an insert waited out its busy timeout, stopping the log: s25 hR).
+    const committed = Promise.all([signed, this.handedOver]).then(async ([b]) => {
+      await this.writer.commit(batch, firstSeq, requestKeys, b);
       return b;
     });
-    this.handedOver = handed.catch(() => undefined);
+    this.handedOver = committed.catch(() => undefined);
     this.settled = this.settled.then(async () => {
       try {
-        const b = await handed;
-        await committed;
+        const b = await committed;
         // A log stopped while this batch was committing (its files deleted: the rescued copy was
         // taken before it) acknowledges nothing more.
         if (this.broken) throw this.broken;
         this.settle(items, requestKeys, b);
       } catch (e) {
-        this.fail(items, e as Error);
+        this.fail(items, e);
       }
       this.unsettled--;
       // (a stopped log fails what waits to be handed over too)
       if (this.broken) this.fail(this.pending.splice(0), this.broken);
+      this.pump();
       this.wakeFlushes();
     });
   }
@@ -548,8 +552,9 @@ export class ReceiptLog {
   }
 
   /** A failed batch: its seqs are taken and the chain runs through them, so the log stops rather than fork. */
-  private fail(items: Pending[], e: Error): void {
-    this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log write failed: ${e.message}`);
+  private fail(items: Pending[], e: unknown): void {
+    // (whatever was thrown: a settlement that threw here would stop every later one)
+    this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log write failed: ${e instanceof Error ? e.message : String(e)}`);
     for (const p of items) p.reject(this.broken);
   }
 
