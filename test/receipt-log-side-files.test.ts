@@ -182,3 +182,31 @@ describe('receipts.head cannot be written', () => {
     await closeLog(log);
   });
 });
+
+describe('a checkpoint that cannot be stored (a full disk)', () => {
+  test('is warned about and stored when the next falls due; the log goes on acknowledging receipts (s25 hS)', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'side-files-'));
+    dirs.push(dir);
+    const notices: Notice[] = [];
+    const log = ReceiptLog.open({ path: path.join(dir, 'receipts.db'), seed: new Uint8Array(crypto.randomBytes(32)), threads: 0, checkpointIntervalMs: 0, checkpointEvery: 5, onNotice: (m, level) => void notices.push({ m, level }) });
+    logs.push(log);
+    const stmt = (log as unknown as { stmt: { insertCheckpoint: { run: (...a: unknown[]) => unknown } } }).stmt.insertCheckpoint;
+    const run = stmt.run.bind(stmt);
+    let full = true;
+    stmt.run = (...a: unknown[]) => {
+      if (full) throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
+      return run(...a);
+    };
+    await fill(log, 0, 5);
+    expect(log.failure).toBeUndefined();
+    expect(log.latestCheckpoint()).toBeUndefined();
+    expect(notices).toEqual([{ level: 'warn', m: expect.stringMatching(/checkpoint of size 5 could not be stored: database or disk is full; its receipts are durable/) }]);
+    await fill(log, 5, 4); // (tried again with each batch: said at once, then at most every 10 s)
+    expect(notices).toHaveLength(1);
+    full = false;
+    await fill(log, 9, 1);
+    expect(log.latestCheckpoint()?.size).toBe(10);
+    expect(notices[1]).toMatchObject({ level: 'warn', m: expect.stringMatching(/\(its checkpoints\) is written again$/) });
+    expect(log.failure).toBeUndefined();
+  });
+});

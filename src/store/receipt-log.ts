@@ -336,7 +336,7 @@ export class ReceiptLog {
       this.timer = setInterval(() => {
         if (this.tree.size <= this.lastCheckpointSize || this.broken) return;
         try {
-          this.checkpoint();
+          this.checkpointSoftly(this.tree.size, false);
         } catch (e) {
           // (never thrown out of a timer: the log stops, every later append says why, and so does a line now)
           const had = this.broken;
@@ -487,7 +487,7 @@ export class ReceiptLog {
     this.keepChainHead();
     // A checkpoint at every multiple of checkpointEvery, whatever the batch boundaries.
     for (let at = (Math.floor(this.lastCheckpointSize / this.checkpointEvery) + 1) * this.checkpointEvery; at <= this.tree.size; at += this.checkpointEvery) {
-      this.signCheckpoint(at, true);
+      if (this.checkpointSoftly(at, true) === undefined) break;
     }
   }
 
@@ -574,7 +574,27 @@ export class ReceiptLog {
     return this.signCheckpoint(size, false);
   }
 
-  /** checkpoint(); `soon`: its file beside the log may be written up to a second later (see keepHeadSoon). */
+  /**
+   * A checkpoint that falls due (every checkpointEvery receipts, or the timer's): a database error
+   * storing it (a full disk) is warned about and it is tried again when the next falls due,
+   * rather than stopping the log. Its receipts are durable, and the note is deterministic: the
+   * next one signs the same bytes (s25 hS: a moment of full disk stopped a node until restarted).
+   * A log_corrupt still stops it. Undefined when it was not stored.
+   */
+  private checkpointSoftly(size: number, soon: boolean): string | undefined {
+    const what = `${this.path} (its checkpoints)`;
+    try {
+      const note = this.signCheckpoint(size, soon);
+      this.sideFileWritten(what);
+      return note;
+    } catch (e) {
+      if (e instanceof ReceiptLogError) throw e;
+      this.sideFileFailed(what, `the receipt log's checkpoint of size ${size} could not be stored: ${(e as Error).message}; its receipts are durable and still acknowledged, and it is tried again when the next checkpoint falls due`);
+      return undefined;
+    }
+  }
+
+  /** checkpoint(); `soon`: its file beside the log may be written up to a second later (see keepHead). */
   private signCheckpoint(size: number, soon: boolean): string | undefined {
     if (size === 0 || size <= this.lastCheckpointSize || size > this.tree.size) return undefined;
     this.checkFiles();
