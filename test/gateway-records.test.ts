@@ -6,7 +6,7 @@ import Database from 'better-sqlite3';
 import { afterAll, describe, expect, test, vi } from 'vitest';
 import type { ReceiptPayload } from '../attestation/receipt.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
-import { keyLabel, RequestRecords } from '../src/gateway/records.ts';
+import { keyLabel, RequestRecords, type UnsettledJob } from '../src/gateway/records.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
 import { Ticketing } from '../src/gateway/tickets.ts';
 
@@ -246,6 +246,30 @@ describe('RequestRecords', () => {
     const again = new RequestRecords(2, file);
     expect(again.get('a')).toMatchObject({ status: 'completed', cost_micro_usd: '1234567' });
     expect(again.get('b')?.status).toBe('interrupted');
+    again.close();
+  });
+
+  test("a settlement job and an Idempotency-Key's provider that the file refused are written once it takes writes again (s25 hS)", () => {
+    const file = path.join(dir, 'jobs.db');
+    new RequestRecords(2, file).close(); // (its tables)
+    const db = new Database(file);
+    db.exec(`CREATE TABLE failures_left (n INTEGER); INSERT INTO failures_left VALUES (2);
+      CREATE TRIGGER failing_jobs BEFORE INSERT ON unsettled WHEN (SELECT n FROM failures_left) > 0
+        BEGIN UPDATE failures_left SET n = n - 1; SELECT RAISE(FAIL, 'disk I/O error (simulated)'); END;
+      CREATE TRIGGER failing_keys BEFORE INSERT ON idempotent_providers WHEN (SELECT n FROM failures_left) > 0
+        BEGIN UPDATE failures_left SET n = n - 1; SELECT RAISE(FAIL, 'disk I/O error (simulated)'); END;`);
+    db.close();
+    const errors: string[] = [];
+    const r = new RequestRecords(2, file, (_e, id, op) => errors.push(`${op} ${id}`));
+    const job: UnsettledJob = { request_id: 'req-j', provider: 'ab'.repeat(32), target: ['/ip4/127.0.0.1/tcp/1'], exp: { provider: 'ab'.repeat(32), requestId: 'req-j', ticketId: 't-j', endpoint: 'chat/completions', model: 'm', bodySha256: '00'.repeat(32), holdMicroUsd: '9', priceVersion: 'p' }, created_at: 0, next_at: 0, tries: 0 };
+    r.watch(job); // refused
+    r.rememberIdempotent('chat/completions\nsecret-key', 'cd'.repeat(32)); // refused
+    expect(errors).toEqual(['write settlement job of req-j', `write ${keyLabel('chat/completions\nsecret-key')}`]);
+    begin(r, 'later'); // written, and then the two refused ones
+    r.close();
+    const again = new RequestRecords(2, file);
+    expect(again.dueJobs(Date.now()).map((j) => j.request_id)).toEqual(['req-j']);
+    expect(again.idempotentProvider('chat/completions\nsecret-key')).toBe('cd'.repeat(32));
     again.close();
   });
 

@@ -226,7 +226,8 @@ export class RequestRecords {
   watch(job: UnsettledJob): void {
     this.jobs.delete(job.request_id);
     this.jobs.set(job.request_id, job);
-    if (this.putJob) this.guard(job.request_id, 'write', () => this.putJob!.run(job.request_id, JSON.stringify(job)));
+    // (refused writes are retried like records': a job the file lacks is a settlement a restart would lose, s25 hS)
+    if (this.putJob) this.stored(jobLabel(job.request_id), () => this.putJob!.run(job.request_id, JSON.stringify(job)));
     if (this.jobs.size > MAX_JOBS) {
       const oldest = this.jobs.keys().next().value!;
       this.dropJob(oldest);
@@ -297,7 +298,7 @@ export class RequestRecords {
 
   dropJob(id: string): void {
     if (!this.jobs.delete(id)) return;
-    if (this.delJob) this.guard(id, 'write', () => this.delJob!.run(id));
+    if (this.delJob) this.stored(jobLabel(id), () => this.delJob!.run(id));
     this.onMoney?.dropped(id);
   }
 
@@ -316,7 +317,8 @@ export class RequestRecords {
   rememberIdempotent(key: string, provider: string): void {
     if (!this.putIdempotent) return;
     const now = Date.now();
-    this.guard(keyLabel(key), 'write', () => this.putIdempotent!.run(key, provider, now));
+    // (retried like records': without it, a retry after a restart may run on another provider, billed twice: s25 hS)
+    this.stored(keyLabel(key), () => this.putIdempotent!.run(key, provider, now));
     if (++this.idempotentWrites % IDEMPOTENT_PRUNE_EVERY === 0) this.guard(keyLabel(key), 'write', () => this.pruneIdempotent!.run(now - IDEMPOTENT_KEPT_MS));
   }
 
@@ -517,6 +519,11 @@ export class RequestRecords {
  * Idempotency-Key is theirs (the seal of the node's recorded answer is derived from it), so the log
  * gets a short hash of it, never the key.
  */
+/** The label of a request's settlement job in errors and in the retried writes (never a record id). */
+function jobLabel(requestId: string): string {
+  return `settlement job of ${requestId}`;
+}
+
 export function keyLabel(key: string): string {
   return `idempotency-key sha256:${sha256Hex(key).slice(0, 16)}`;
 }
