@@ -2,7 +2,7 @@
 // Where Node's Buffer exists (found as a global, never imported) it is used for speed.
 
 interface BufferInstance extends Uint8Array {
-  toString(encoding?: string): string;
+  toString(encoding?: string, start?: number, end?: number): string;
   write(s: string, offset: number, length: number, encoding: string): number;
 }
 interface BufferLike {
@@ -55,6 +55,16 @@ const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
 const B64_INDEX = new Int16Array(128).fill(-1);
 for (let i = 0; i < B64.length; i++) B64_INDEX[B64.charCodeAt(i)] = i;
 const B64_RE = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/**
+ * Base64 of ranges of one array (start, end), as toBase64 of each subarray: on Node one Buffer
+ * view serves every range, not one a call.
+ */
+export function base64Slicer(bytes: Uint8Array): (start: number, end: number) => string {
+  if (!NodeBuffer) return (start, end) => toBase64(bytes.subarray(start, end));
+  const b = asBuffer(bytes);
+  return (start, end) => b.toString('base64', start, end);
+}
 
 /** Standard base64 with padding (RFC 4648 §4). */
 export function toBase64(bytes: Uint8Array): string {

@@ -43,15 +43,25 @@ function typePrefix(payloadType: string): Uint8Array {
  * Node's shared pool (newBytes); anything handed to a caller to keep is its own array.
  */
 function paeHead(payloadType: string, length: number, transient: boolean): { out: Uint8Array; bodyAt: number } {
+  const size = paeSize(payloadType, length);
+  const out = transient ? newBytes(size) : new Uint8Array(size);
+  return { out, bodyAt: writePaeHead(out, payloadType, length) };
+}
+
+/** The bytes of PAE for a body of `length` bytes. */
+function paeSize(payloadType: string, length: number): number {
+  return typePrefix(payloadType).length + String(length).length + 1 + length;
+}
+
+/** Writes PAE up to the body into `out`; returns where the body starts. */
+function writePaeHead(out: Uint8Array, payloadType: string, length: number): number {
   const prefix = typePrefix(payloadType);
   const len = String(length);
-  const size = prefix.length + len.length + 1 + length;
-  const out = transient ? newBytes(size) : new Uint8Array(size);
   out.set(prefix);
   let o = prefix.length;
   for (let i = 0; i < len.length; i++) out[o++] = len.charCodeAt(i);
   out[o++] = 0x20;
-  return { out, bodyAt: o };
+  return o;
 }
 
 /** Pre-Authentication Encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body. The caller's own array. */
@@ -64,15 +74,9 @@ export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
  * the message, for a signer that signs one after another and drops each at once.
  */
 export function paeInScratch(scratch: Uint8Array, payloadType: string, payload: Uint8Array): Uint8Array {
-  const prefix = typePrefix(payloadType);
-  const len = String(payload.length);
-  const size = prefix.length + len.length + 1 + payload.length;
+  const size = paeSize(payloadType, payload.length);
   if (size > scratch.length) return transientPae(payloadType, payload);
-  scratch.set(prefix);
-  let o = prefix.length;
-  for (let i = 0; i < len.length; i++) scratch[o++] = len.charCodeAt(i);
-  scratch[o++] = 0x20;
-  scratch.set(payload, o);
+  scratch.set(payload, writePaeHead(scratch, payloadType, payload.length));
   return scratch.subarray(0, size);
 }
 

@@ -2,7 +2,7 @@
 // each canonical payload, the Ed25519 signature over PAE and the Merkle leaf hash of the finished
 // envelope line. A batch travels as flat buffers (the payloads' bytes laid end to end, their
 // offsets, the signatures, the leaf hashes): one copy across the thread boundary, one row in SQLite.
-import { toBase64 } from './bytes.ts';
+import { base64Slicer, toBase64 } from './bytes.ts';
 import { envelopeLineMiddle, paeInScratch } from './dsse.ts';
 import { ed25519Sign } from './ed25519.ts';
 import { sha256Text } from './hash.ts';
@@ -41,11 +41,6 @@ export function packPayloads(parts: readonly Uint8Array[]): { payloads: Uint8Arr
 // one gets its own array.
 const scratch = new Uint8Array(16 * 1024);
 
-// Node's Buffer, looked up at run time (this file is also bundled for browsers, where it is absent):
-// base64 straight from a range of the batch, without a view per payload.
-type Base64Range = { toString(encoding: 'base64', start: number, end: number): string };
-const NodeBuffer = (globalThis as { Buffer?: { from(b: ArrayBufferLike, offset: number, length: number): Base64Range } }).Buffer;
-
 /** The signatures and leaf hashes of a batch (the worker threads return only these). */
 export function signPayloads(seed: Uint8Array, task: SignBatchTask): BatchSignatures {
   const { payloads, offsets } = task;
@@ -55,15 +50,14 @@ export function signPayloads(seed: Uint8Array, task: SignBatchTask): BatchSignat
   // A leaf is SHA-256(0x00 || envelope line); U+0000 is that byte in UTF-8, and the line is ASCII
   // but for its payload type and keyid (in the middle part, encoded as UTF-8 like the rest).
   const middle = envelopeLineMiddle(task.payloadType, task.keyid);
-  const b64 = NodeBuffer ? NodeBuffer.from(payloads.buffer, payloads.byteOffset, payloads.byteLength) : undefined;
+  const payloadB64 = base64Slicer(payloads);
   for (let i = 0; i < n; i++) {
     const start = offsets[i]!;
     const end = offsets[i + 1]!;
     const payload = payloads.subarray(start, end);
     const sig = ed25519Sign(seed, paeInScratch(scratch, task.payloadType, payload));
     sigs.set(sig, i * 64);
-    const payloadB64 = b64 ? b64.toString('base64', start, end) : toBase64(payload);
-    leaves.set(sha256Text(`\u0000{"payload":"${payloadB64}${middle}${toBase64(sig)}"}]}`), i * 32);
+    leaves.set(sha256Text(`\u0000{"payload":"${payloadB64(start, end)}${middle}${toBase64(sig)}"}]}`), i * 32);
   }
   return { sigs, leaves };
 }

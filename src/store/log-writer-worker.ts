@@ -14,8 +14,7 @@ export type WriterReply = { type: 'committed'; batch: number } | { type: 'failed
 // The writer mostly waits on fsync; what it computes is small, and the event loop comes first.
 lowerThreadPriority(5);
 const db = openDb((workerData as { file: string }).file);
-const insert = makeInserter(db);
-let failed: string | undefined;
+const insert = makeInserter(db); // (after one failure it commits nothing more)
 
 parentPort!.on('message', (m: WriterRequest) => {
   if (m.type === 'close') {
@@ -23,13 +22,11 @@ parentPort!.on('message', (m: WriterRequest) => {
     parentPort!.postMessage({ type: 'closed' } satisfies WriterReply);
     return;
   }
-  // After one failure nothing later may land: a gap in seq would break the chain on disk.
-  if (failed === undefined) {
-    try {
-      insert(m.firstSeq, m.requestKeys, m.signed);
-    } catch (e) {
-      failed = (e as Error).message;
-    }
+  let reply: WriterReply = { type: 'committed', batch: m.batch };
+  try {
+    insert(m.firstSeq, m.requestKeys, m.signed);
+  } catch (e) {
+    reply = { type: 'failed', batch: m.batch, message: (e as Error).message };
   }
-  parentPort!.postMessage((failed === undefined ? { type: 'committed', batch: m.batch } : { type: 'failed', batch: m.batch, message: failed }) satisfies WriterReply);
+  parentPort!.postMessage(reply);
 });

@@ -93,13 +93,25 @@ function offsetsBlob(offsets: Uint32Array): Uint8Array {
   return out;
 }
 
-/** Returns a function that commits one signed batch (one transaction: one fsync). */
+/**
+ * Returns a function that commits one signed batch (one transaction: one fsync). After one commit
+ * fails it commits nothing more, throwing that failure again: a later batch that fitted (a
+ * smaller one on a full disk) would leave a gap in seq, breaking the chain on disk (s25 hR).
+ * Both writers, the thread and the in-process one, commit through it.
+ */
 export function makeInserter(db: Database.Database): (firstSeq: number, requestKeys: Float64Array, b: SignedBatch) => void {
   const insertBatch = db.prepare('INSERT INTO receipt_batches (first_seq, count, payloads, offsets, sigs, leaves, request_keys) VALUES (?, ?, ?, ?, ?, ?, ?)');
+  let failed: unknown;
   return (firstSeq: number, requestKeys: Float64Array, b: SignedBatch) => {
+    if (failed !== undefined) throw failed;
     const keys = new Uint8Array(requestKeys.length * 8);
     const view = new DataView(keys.buffer);
     requestKeys.forEach((k, i) => view.setFloat64(i * 8, k, true));
-    insertBatch.run(firstSeq, b.offsets.length - 1, b.payloads, offsetsBlob(b.offsets), b.sigs, b.leaves, keys);
+    try {
+      insertBatch.run(firstSeq, b.offsets.length - 1, b.payloads, offsetsBlob(b.offsets), b.sigs, b.leaves, keys);
+    } catch (e) {
+      failed = e;
+      throw e;
+    }
   };
 }

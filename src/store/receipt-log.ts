@@ -54,6 +54,8 @@ export interface ReceiptLogOptions {
   maxBatch?: number;
   /** How often it looks whether its files were deleted or replaced under it (default 10 s). */
   fileCheckMs?: number;
+  /** receipts.checkpoint is written at most this often while receipts stream in (default 1000; see keepHead). */
+  headEveryMs?: number;
   /**
    * Told of problems that do not stop the log (its checkpoint file cannot be read or written:
    * 'warn'), and of one that stops it outside any append (its files deleted under it: 'error').
@@ -135,9 +137,6 @@ const SIGNING_PER_THREAD = 2;
 /** Batches handed to the signers and not yet committed, at most (see pump). */
 const MAX_UNSETTLED = 8;
 
-/** The checkpoint file beside the log is written at most this often while receipts stream in (keepHead). */
-const HEAD_EVERY_MS = 1000;
-
 /**
  * The in-memory index's key for a request key: its low 30 bits, a small integer, which V8 keeps in
  * a Map without allocating a number per entry (the 53-bit key did, a measurable part of the event
@@ -202,6 +201,7 @@ export class ReceiptLog {
   private headSize = 0;
   /** When the checkpoint file was last written, and the checkpoint waiting to be written and its timer (keepHead). */
   private headAt = Number.NEGATIVE_INFINITY;
+  private readonly headEveryMs: number;
   private headDue: { size: number; note: string } | undefined;
   private headTimer: NodeJS.Timeout | undefined;
   /** The file that keeps how many receipts were acknowledged (checkpoint-head.ts), when it was last written, its pending write. */
@@ -229,6 +229,7 @@ export class ReceiptLog {
     this.checkpointEvery = opts.checkpointEvery ?? 1000;
     this.path = opts.path;
     this.maxBatch = opts.maxBatch ?? 512;
+    this.headEveryMs = opts.headEveryMs ?? 1000;
     this.notice = (m, level = 'warn') => {
       try {
         opts.onNotice?.(m, level);
@@ -460,9 +461,7 @@ export class ReceiptLog {
         this.fail(items, e);
       }
       this.unsettled--;
-      // (a stopped log fails what waits to be handed over too)
-      if (this.broken) this.fail(this.pending.splice(0), this.broken);
-      this.pump();
+      this.pump(); // (the next batches; on a stopped log, what waits to be handed over fails)
       this.wakeFlushes();
     });
   }
@@ -626,9 +625,9 @@ export class ReceiptLog {
    */
   private keepHead(size: number, note: string, soon = false): void {
     if (size <= this.headSize) return;
-    if (soon && performance.now() - this.headAt < HEAD_EVERY_MS) {
+    if (soon && performance.now() - this.headAt < this.headEveryMs) {
       this.headDue = { size, note };
-      this.headTimer ??= setTimeout(() => this.keepDueHead(), HEAD_EVERY_MS - (performance.now() - this.headAt)).unref();
+      this.headTimer ??= setTimeout(() => this.keepDueHead(), this.headEveryMs - (performance.now() - this.headAt)).unref();
       return;
     }
     this.writeHeadFile(size, note);
