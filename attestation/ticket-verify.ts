@@ -12,6 +12,12 @@ export interface MarketplaceKey {
   /** The key id the marketplace puts in its envelopes (lowercase hex of the public key by default). */
   keyid?: string;
   publicKey: Uint8Array | string;
+  /**
+   * The signature check for this key (default ed25519Verify). A node that verifies tickets from
+   * strangers passes one that bounds the costly re-check (ed25519VerifyFast); a check that is not
+   * ed25519Verify's rule must answer no more often than it, never more yes.
+   */
+  verify?: (signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array) => boolean;
 }
 
 export interface TicketVerifyOptions {
@@ -35,14 +41,21 @@ export interface VerifiedTicket {
  * Marketplace keys as the DSSE verifier takes them: 32 bytes each, the keyid defaulting to the
  * key's hex. Undefined when one is not a key. Callers that verify many tickets decode once.
  */
-export function decodeMarketplaceKeys(keys: readonly MarketplaceKey[]): { keyid: string; publicKey: Uint8Array }[] | undefined {
-  const out = [];
+export function decodeMarketplaceKeys(keys: readonly MarketplaceKey[]): DecodedMarketplaceKey[] | undefined {
+  const out: DecodedMarketplaceKey[] = [];
   for (const k of keys) {
     const publicKey = typeof k.publicKey === 'string' ? (isHex(k.publicKey, 32) ? fromHex(k.publicKey) : undefined) : k.publicKey;
     if (!publicKey || publicKey.length !== 32) return undefined;
-    out.push({ keyid: k.keyid ?? toHex(publicKey), publicKey });
+    if (k.verify !== undefined && typeof k.verify !== 'function') return undefined;
+    out.push({ keyid: k.keyid ?? toHex(publicKey), publicKey, ...(k.verify ? { verify: k.verify } : {}) });
   }
   return out;
+}
+
+export interface DecodedMarketplaceKey {
+  keyid: string;
+  publicKey: Uint8Array;
+  verify?: MarketplaceKey['verify'];
 }
 
 export function verifyTicket(envelope: DsseEnvelope | string, opts: TicketVerifyOptions): VerifyResult<VerifiedTicket> {
@@ -77,7 +90,7 @@ function verifyTicketUnsafe(envelope: DsseEnvelope | string, opts: TicketVerifyO
   const shaped = typeof envelope === 'string' ? parseEnvelope(envelope) : checkEnvelopeShape(envelope);
   if (!shaped.ok) return shaped;
   const keys = decodeMarketplaceKeys(opts.marketplaceKeys);
-  if (!keys) return fail('unknown_key', 'a marketplace key is not 32 bytes (64 hex characters)');
+  if (!keys) return fail('unknown_key', 'a marketplace key is not 32 bytes (64 hex characters), or its verify is not a function');
   const v = verifyEnvelope(shaped.value, { payloadType: TICKET_PAYLOAD_TYPE, keys });
   if (!v.ok) return v;
   const read = readPayload(v.value.payload, validateTicketPayload, 'ticket');

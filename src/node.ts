@@ -371,7 +371,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         // ids, counts and codes only: never prompt or output text. A refusal (no receipt) takes a
         // place in the refusal lines' budget; a request with a receipt is always a line.
         if (!e.receipt && e.status >= 400 && !refusalLines.take()) return;
-        logger.info({ endpoint: e.endpoint, model: e.model, request_id: e.requestId, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens }, 'request');
+        logger.info({ endpoint: e.endpoint, model: e.model, request_id: e.requestId, status: e.status, code: e.code, receipt_status: e.receipt?.status, input_tokens: e.receipt?.inputTokens, output_tokens: e.receipt?.outputTokens, remote_peer: e.remotePeer }, 'request');
       },
     });
     let host: Awaited<ReturnType<typeof createHost>>;
@@ -392,6 +392,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       // budget): counted and logged like any request, so an operator sees such traffic.
       onRefused: (r) => {
         metrics.requests.inc({ endpoint: 'invalid', status: String(r.status) });
+        if (r.code.startsWith('ticket_')) metrics.ticketRefusals.inc({ reason: r.code }); // (refused at the HEAD: see InferService.screen)
         if (refusalLines.take()) logger.info({ endpoint: null, status: r.status, code: r.code, remote_peer: r.remotePeer }, 'request');
       },
       onError: (err, at) => logger.error({ protocol: at.protocol, remote_peer: at.remotePeer, err: errSummary(err) }, 'request handler failed'),

@@ -150,6 +150,21 @@ describe('a request handler that throws on a running node', () => {
     expect(lines().find((l) => l.msg === 'request' && l.status === 413)).toMatchObject({ level: 30, endpoint: null, code: 'body_too_large', remote_peer: buyer.peerId.toString() });
     expect(await (await fetch(`${node.opsUrl}/metrics`)).text()).toMatch(/seller_requests_total\{endpoint="invalid",status="413"\} 1/);
 
+    // Forged tickets name the peer that sent them, and are counted by reason. A large body's is
+    // refused at its HEAD, once it sends more than is read unpaid; a small body's (parsed first)
+    // is refused here as all paid work is now (the log has stopped), and names the peer too.
+    const forger = testKey();
+    const forgedBody = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: SECRET }], max_tokens: 4 }));
+    const forgedTicket = signTicket(forger, ticketPayload(node.providerId, { price_version: node.priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(forgedBody).digest()) }));
+    const forgedSmall = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket: forgedTicket }, forgedBody));
+    const forgedLarge = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket: forgedTicket }, new Uint8Array(1 << 20).fill(0x20)));
+    expect([forgedSmall.head.status, forgedLarge.head.status]).toEqual([503, 401]);
+    expect(forgedLarge.trailer).toMatchObject({ error: { code: 'ticket_invalid' } });
+    await until('the forged tickets in the log', () => lines().some((l) => l.msg === 'request' && l.code === 'ticket_invalid'));
+    expect(lines().find((l) => l.msg === 'request' && l.code === 'ticket_invalid')).toMatchObject({ status: 401, endpoint: null, remote_peer: buyer.peerId.toString() });
+    expect(lines().filter((l) => l.msg === 'request' && l.status === 503).at(-1)).toMatchObject({ endpoint: 'chat/completions', code: 'no_capacity', remote_peer: buyer.peerId.toString() });
+    expect(await (await fetch(`${node.opsUrl}/metrics`)).text()).toMatch(/^seller_ticket_refusals_total\{reason="ticket_invalid"\} 1$/m);
+
     // Refusals need no ticket, so their lines are bounded: at most 50 a second; the rest are counted,
     // and said in one warning once the next second begins (metrics count every one).
     const refusalLines = () => lines().filter((l) => l.msg === 'request' && l.code === 'model_not_found').length;

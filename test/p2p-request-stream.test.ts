@@ -476,6 +476,18 @@ describe('bad input', () => {
     }
   });
 
+  it('answers a client whose HEAD does not arrive with 408 after the HEAD timeout, not the whole request\'s', async () => {
+    const { proto, srv } = await serve(echoHandler, { readTimeoutMs: 600_000, headTimeoutMs: 200 });
+    try {
+      const partialHead = encodeHead({ endpoint: 'x' }).subarray(0, 5);
+      const frames = await rawExchange(proto, partialHead, false);
+      expect(frames[0]).toEqual({ kind: 'head', value: { status: 408 } });
+      expect(frames[1]).toMatchObject({ kind: 'trailer', value: { error: { code: 'request_timeout', message: expect.stringContaining('HEAD') } } });
+    } finally {
+      await srv.stop();
+    }
+  });
+
   it('answers a body over the limit (8 MiB) with 413 body_too_large', async () => {
     let called = 0;
     const { proto, srv } = await serve(async (req, res) => {

@@ -7,6 +7,7 @@ import { canonicalize } from '../../attestation/canonical-json.ts';
 import { signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import type { Host } from './host.ts';
 import { handleRequests, type RequestServer } from './request-stream.ts';
+import { OPEN_REQUEST_BYTES_BUDGET } from './request-server.ts';
 
 export const CAPACITY_PROTOCOL = '/service/capacity/1.0.0';
 export const CAPACITY_PAYLOAD_TYPE = 'application/vnd.service.capacity.v1+json';
@@ -46,5 +47,5 @@ export function serveCapacity(host: Host, signer: { seed: Uint8Array; providerId
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
     await res.data(utf8(JSON.stringify(env)));
     await res.trailer({});
-  }, { maxBodyBytes: 64 << 10 }); // (nothing is read: no body of size is taken)
+  }, { maxBodyBytes: 64 << 10, budget: OPEN_REQUEST_BYTES_BUDGET }); // (nothing is read: no body of size is taken; none paid for)
 }

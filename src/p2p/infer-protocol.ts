@@ -13,6 +13,6 @@ export function serveInfer(host: Host, service: InferService, opts: HandleReques
     host,
     INFER_PROTOCOL,
     (req, res) => service.handle(req, res),
-    opts,
+    { screen: (head) => service.screen(head), ...opts },
   );
 }

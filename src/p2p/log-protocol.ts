@@ -12,6 +12,7 @@ import { receiptProofBundle } from '../store/proof-bundle.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import type { Host } from './host.ts';
 import { handleRequests, type RequestServer } from './request-stream.ts';
+import { OPEN_REQUEST_BYTES_BUDGET } from './request-server.ts';
 import { errorBody } from '../service-error.ts';
 
 export const LOG_PROTOCOL = '/service/log/1.0.0';
@@ -87,5 +88,5 @@ export function serveLog(host: Host, log: ReceiptLog, priceList: PriceListLookup
     await res.head({ status: a.status, headers: { 'content-type': a.type } });
     await res.data(utf8(a.body));
     await res.trailer({});
-  }, { maxBodyBytes: 64 << 10 }); // (the query is the HEAD: a body is never read, so none of size is taken)
+  }, { maxBodyBytes: 64 << 10, budget: OPEN_REQUEST_BYTES_BUDGET }); // (the query is the HEAD: a body is never read, so none of size is taken; none paid for)
 }

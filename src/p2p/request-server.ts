@@ -26,7 +26,27 @@ export interface IncomingRequest {
   remoteProviderId: string | undefined;
   /** Fires when the client resets or loses the stream, or the server stops. */
   signal: AbortSignal;
+  /** What HandleRequestsOptions.screen said of the HEAD (its `note`), when the server screens. */
+  screened?: unknown;
 }
+
+/** A refusal the server writes itself: HEAD {status}, TRAILER {error: {code, message}}. */
+export interface BadRequest {
+  status: number;
+  code: string;
+  message: string;
+}
+
+/**
+ * What a request's HEAD earns before its body is read (HandleRequestsOptions.screen). Vouched for
+ * (a paid request whose ticket verifies): its body counts against `budget`, up to maxBodyBytes.
+ * Not: against `openBudget`, and a body longer than `maxBody` gets `refusal` as soon as it is seen
+ * to be. `note` reaches the handler as `req.screened`; `release` runs once the body has been read
+ * or the exchange has ended.
+ */
+export type HeadScreen =
+  | { vouched: true; note?: unknown; release?: () => void }
+  | { vouched: false; note?: unknown; maxBody: number; refusal: BadRequest };
 
 export type RequestHandler = (req: IncomingRequest, res: ResponseWriter) => void | Promise<void>;
 
@@ -60,8 +80,28 @@ export interface HandleRequestsOptions {
   onError?: (err: unknown, context: { protocol: string; remotePeer: string }) => void;
   /** Told of every request the server answers itself, before any handler (malformed, too large, too slow, over budget). */
   onRefused?: (refusal: { protocol: string; remotePeer: string; status: number; code: string }) => void;
-  /** What every request's received bytes count against. Default: one budget for the whole process (REQUEST_BYTES_BUDGET). */
+  /**
+   * What every request's received bytes count against (with `screen`: those of requests it vouches
+   * for). Default: one budget for the whole process (REQUEST_BYTES_BUDGET).
+   */
   budget?: RequestBytesBudget;
+  /**
+   * Looks at each HEAD before the body is read: requests it does not vouch for (no ticket, a
+   * forged one) take what they hold from `openBudget` and may send only a little, so that peers
+   * without a ticket, however many ids they make, cannot fill the paid requests' budget. Never
+   * throws (one that does refuses the request with 500).
+   */
+  screen?: (head: JsonObject, remotePeer: string) => HeadScreen;
+  /** What requests `screen` does not vouch for count against. Default OPEN_REQUEST_BYTES_BUDGET. */
+  openBudget?: RequestBytesBudget;
+  /**
+   * With `screen`: what a stream holds before its HEAD has been screened counts against this, apart
+   * from both (bodies held by peers without tickets must not keep a paying buyer's HEAD out).
+   * Default HEAD_BYTES_BUDGET.
+   */
+  headBudget?: RequestBytesBudget;
+  /** How long the client may take to send its HEAD; then 408 request_timeout. Default 10 s (a HEAD is one small frame). */
+  headTimeoutMs?: number;
 }
 
 /**
@@ -115,6 +155,15 @@ export class RequestBytesBudget {
 /** The process's default RequestBytesBudget: 256 MiB. */
 export const REQUEST_BYTES_BUDGET = new RequestBytesBudget(256 * 1024 * 1024);
 
+/**
+ * What requests nobody has paid for hold, apart: those a screen did not vouch for, and those of
+ * the protocols without tickets (capacity, log). 32 MiB, a quarter of it a peer.
+ */
+export const OPEN_REQUEST_BYTES_BUDGET = new RequestBytesBudget(32 * 1024 * 1024);
+
+/** What streams hold before their HEAD is screened (HandleRequestsOptions.headBudget): 16 MiB, a quarter a peer. */
+export const HEAD_BYTES_BUDGET = new RequestBytesBudget(16 * 1024 * 1024);
+
 class OverBudget extends Error {
   override name = 'OverBudget';
 }
@@ -140,12 +189,6 @@ export interface RequestServer {
   idle(timeoutMs: number): Promise<boolean>;
 }
 
-interface BadRequest {
-  status: 400 | 408 | 413 | 503;
-  code: string;
-  message: string;
-}
-
 type ReadResult = { head: JsonObject; body: Uint8Array } | { bad: BadRequest };
 
 const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
@@ -153,11 +196,22 @@ const DEFAULT_MAX_BODY = 8 * 1024 * 1024;
 /** What a client may send after its announced body before its stream is reset (it should send nothing but its close). */
 const AFTER_BODY_BYTES = 64 * 1024;
 
-/** `hold(size)`: the body read so far is `size` bytes; false when that (with what the reader holds) goes over the budget. */
-async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs: number, hold: (size: number) => boolean): Promise<ReadResult> {
-  const timer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request was not received within ${timeoutMs} ms`)), timeoutMs);
+/** How long a body may be once its HEAD is seen, and what a longer one is told. */
+interface BodyLimit {
+  limit: number;
+  over: BadRequest;
+}
+
+/**
+ * `hold(size)`: the body read so far is `size` bytes; false when that (with what the reader holds)
+ * goes over the budget. `onHead`: what the HEAD allows (or the refusal it earns at once).
+ */
+async function readRequest(reader: FrameReader, onHead: (head: JsonObject) => BodyLimit | BadRequest, timeouts: { headMs: number; wholeMs: number }, hold: (size: number) => boolean): Promise<ReadResult> {
+  const timer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request was not received within ${timeouts.wholeMs} ms`)), timeouts.wholeMs);
+  const headTimer = setTimeout(() => reader.interrupt(new StreamError('timeout', `the request's HEAD was not received within ${timeouts.headMs} ms`)), timeouts.headMs);
   try {
     const first = await reader.next();
+    clearTimeout(headTimer);
     if (!first) return { bad: { status: 400, code: 'frame_truncated', message: 'the stream ended before a HEAD frame' } };
     if (first.kind !== 'head') return { bad: { status: 400, code: 'frame_malformed', message: `expected a HEAD frame first, got ${first.kind.toUpperCase()}` } };
     // With `body_length` the body ends after that many bytes, without waiting for the client's close.
@@ -166,7 +220,10 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
       return { bad: { status: 400, code: 'frame_malformed', message: 'head.body_length: expected a whole number of bytes' } };
     }
     const length = announced as number | undefined;
-    if (length !== undefined && length > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
+    const allowed = onHead(first.value);
+    if (!('limit' in allowed)) return { bad: allowed };
+    const { limit, over } = allowed;
+    if (length !== undefined && length > limit) return { bad: over };
     const parts: Uint8Array[] = [];
     let size = 0;
     while (size !== length) {
@@ -177,7 +234,7 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
       }
       if (f.kind !== 'data') return { bad: { status: 400, code: 'frame_malformed', message: `unexpected ${f.kind.toUpperCase()} frame in a request body` } };
       size += f.bytes.length;
-      if (size > maxBodyBytes) return { bad: { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` } };
+      if (size > limit) return { bad: over };
       if (length !== undefined && size > length) return { bad: { status: 400, code: 'frame_malformed', message: `the body is longer than the ${length} bytes announced` } };
       parts.push(f.bytes);
       if (!hold(size)) throw new OverBudget();
@@ -192,6 +249,7 @@ async function readRequest(reader: FrameReader, maxBodyBytes: number, timeoutMs:
     throw e;
   } finally {
     clearTimeout(timer);
+    clearTimeout(headTimer);
   }
 }
 
@@ -246,8 +304,13 @@ export async function handleRequests(
   const limits = frameLimits(opts.limits);
   const maxBodyBytes = opts.maxBodyBytes ?? DEFAULT_MAX_BODY;
   const budget = opts.budget ?? REQUEST_BYTES_BUDGET;
+  const openBudget = opts.screen ? (opts.openBudget ?? OPEN_REQUEST_BYTES_BUDGET) : budget;
+  const headBudget = opts.screen ? (opts.headBudget ?? HEAD_BYTES_BUDGET) : budget;
+  const tooLarge: BadRequest = { status: 413, code: 'body_too_large', message: `the request body exceeds ${maxBodyBytes} bytes` };
+  const overBudget: BadRequest = { status: 503, code: 'no_capacity', message: 'the node holds as many request bytes as it takes now; retry shortly' };
   const lingerMs = opts.lingerMs ?? 2000;
   const readTimeoutMs = opts.readTimeoutMs ?? 60_000;
+  const timeouts = { headMs: Math.min(opts.headTimeoutMs ?? 10_000, readTimeoutMs), wholeMs: readTimeoutMs };
   const writeStallMs = opts.writeStallMs ?? 60_000;
   const stopTimeoutMs = opts.stopTimeoutMs ?? 2000;
   const exchanges = new Set<Exchange>();
@@ -273,7 +336,7 @@ export async function handleRequests(
     if (stream.status !== 'open') ac.abort(new StreamError('stream_closed', 'the stream closed before the request was read'));
     // What the stream holds counts against the budget: the body read so far and what the reader
     // holds (a partial frame, frames not yet read), after each arrival and each frame read.
-    const share = budget.share(remotePeer);
+    let share = headBudget.share(remotePeer);
     let body = 0;
     const reader: FrameReader = new FrameReader(stream, {
       limits,
@@ -282,8 +345,41 @@ export async function handleRequests(
       },
     });
     const hold = (size: number): boolean => share.set((body = size) + reader.heldBytes);
+    let screened: HeadScreen | undefined;
+    const onHead = (head: JsonObject): BodyLimit | BadRequest => {
+      if (!opts.screen) return { limit: maxBodyBytes, over: tooLarge };
+      // (a body announced too large for anyone is that, whatever its ticket: not screened)
+      if (typeof head.body_length === 'number' && head.body_length > maxBodyBytes) return tooLarge;
+      try {
+        screened = opts.screen(head, remotePeer);
+      } catch (e) {
+        report(e, remotePeer);
+        return { status: 500, code: 'internal_error', message: 'the request could not be screened' };
+      }
+      // What the stream holds moves to the paid requests' budget, or to the open one.
+      const next = (screened.vouched ? budget : openBudget).share(remotePeer);
+      if (!next.set(body + reader.heldBytes)) return overBudget;
+      share.release();
+      share = next;
+      if (!screened.vouched && screened.maxBody < maxBodyBytes) return { limit: screened.maxBody, over: screened.refusal };
+      return { limit: maxBodyBytes, over: tooLarge };
+    };
+    const released = (): void => {
+      const r = screened?.vouched ? screened.release : undefined;
+      if (!r) return;
+      try {
+        r();
+      } catch (e) {
+        report(e, remotePeer);
+      }
+    };
     try {
-      const read = await readRequest(reader, maxBodyBytes, readTimeoutMs, hold);
+      let read: ReadResult;
+      try {
+        read = await readRequest(reader, onHead, timeouts, hold);
+      } finally {
+        released();
+      }
       if ('bad' in read) {
         try {
           opts.onRefused?.({ protocol, remotePeer, status: read.bad.status, code: read.bad.code });
@@ -302,6 +398,7 @@ export async function handleRequests(
       if (ac.signal.aborted) return;
       exchange.handling = true;
       const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
+      if (screened?.note !== undefined) req.screened = screened.note;
       res.keepAlive(opts.keepAliveMs);
       try {
         await handler(req, res);

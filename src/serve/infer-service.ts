@@ -16,7 +16,7 @@ import { peekPayload } from '../../attestation/signed-payload.ts';
 import { Admission, AdmissionError } from '../dispatch/admission.ts';
 import { FreeWorkPace } from '../dispatch/free-work-pace.ts';
 import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
-import type { TicketGate } from '../dispatch/ticket-gate.ts';
+import type { TicketGate, TicketRefusal } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
 import { ContractError, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type GenerationParams, type ParsedRequest, type TextEndpoint } from './contract.ts';
@@ -40,7 +40,24 @@ export interface InferRequest {
   head: Record<string, unknown>;
   body: Uint8Array;
   signal: AbortSignal;
+  /** What InferService.screen() said of this request's HEAD (set by the libp2p server). */
+  screened?: unknown;
+  /** The buyer's (or gateway's) libp2p peer id, authenticated by Noise, when it came over libp2p. */
+  remotePeer?: string;
 }
+
+/** A paid request's ticket as screen() found it at the HEAD, before the body: its req.screened. */
+class ScreenedTicket {
+  readonly result: { ok: true; ticket: TicketPayload } | TicketRefusal;
+  constructor(result: ScreenedTicket['result']) {
+    this.result = result;
+  }
+}
+
+/** screen()'s verdict (the shape the libp2p request server takes: p2p/request-server.ts, HeadScreen). */
+export type HeadVerdict =
+  | { vouched: true; note: ScreenedTicket; release: () => void }
+  | { vouched: false; note?: ScreenedTicket; maxBody: number; refusal: { status: number; code: string; message: string } };
 
 /** Options of InferResponse.data (the libp2p response writer implements them). */
 export interface DataOptions {
@@ -68,6 +85,8 @@ export interface InferEvent {
   code?: string;
   /** The ticket's request id, once a ticket was accepted. */
   requestId?: string;
+  /** InferRequest.remotePeer: who sent it (a peer sending forged tickets is named in the log). */
+  remotePeer?: string;
   receipt?: { status: ReceiptStatus; inputTokens: number; outputTokens: number; costMicroUsd: bigint; firstTokenMs: number | null; durationMs: number };
 }
 
@@ -137,6 +156,34 @@ export class InferService {
     this.freePace = opts.freePace ?? new FreeWorkPace();
   }
 
+  /** The tickets of requests whose bodies are being received under them (screen() to its release). */
+  private readonly receiving = new Set<string>();
+
+  /**
+   * Looks at a request's HEAD before its body arrives: a paid request whose ticket verifies (a
+   * marketplace signed it, for this node, valid now; the body is matched once whole) may send a
+   * body of up to the server's maximum; any other sends at most what is read without a ticket
+   * (PARSED_BEFORE_TICKET, or MAX_FREE_BODY for a free one) and is refused as soon as it sends
+   * more, with what a ticket check would say. One ticket vouches for one body at a time.
+   */
+  screen(head: Record<string, unknown>): HeadVerdict {
+    const endpoint = head.endpoint;
+    if (typeof endpoint === 'string' && (FREE_ENDPOINTS as readonly string[]).includes(endpoint)) {
+      return { vouched: false, maxBody: MAX_FREE_BODY, refusal: { status: 413, code: 'body_too_large', message: `a ${endpoint} body is at most ${MAX_FREE_BODY} bytes` } };
+    }
+    if (typeof endpoint !== 'string') return { vouched: false, maxBody: PARSED_BEFORE_TICKET, refusal: { status: 400, code: 'invalid_request', message: 'head.endpoint: expected a string' } };
+    const t = head.ticket;
+    const v = t === undefined ? ({ ok: false, status: 401, code: 'ticket_invalid', message: 'head.ticket is missing' } as const) : this.o.gate.vouch(t as DsseEnvelope, undefined);
+    if (!v.ok) return { vouched: false, note: new ScreenedTicket(v), maxBody: PARSED_BEFORE_TICKET, refusal: { status: v.status, code: v.code, message: v.message } };
+    const id = v.ticket.ticket_id;
+    if (this.receiving.has(id)) {
+      // (no note: a body small enough to arrive is checked whole, as without a screen)
+      return { vouched: false, maxBody: PARSED_BEFORE_TICKET, refusal: { status: 409, code: 'ticket_replayed', message: `a request under ticket ${id} is being received already` } };
+    }
+    this.receiving.add(id);
+    return { vouched: true, note: new ScreenedTicket(v), release: () => this.receiving.delete(id) };
+  }
+
   async handle(req: InferRequest, res: InferResponse): Promise<void> {
     const ctx: RequestContext = {};
     let status = 0;
@@ -178,7 +225,7 @@ export class InferService {
     // head's string, and each distinct label value would be a series kept for good).
     const endpoint = TEXT_ENDPOINTS.includes(req.head.endpoint as TextEndpoint) ? (req.head.endpoint as string) : 'invalid';
     try {
-      this.o.observe({ endpoint, model: ctx.model ?? '', status, ...(code ? { code } : {}), ...(ctx.requestId ? { requestId: ctx.requestId } : {}), ...(receipt ? { receipt } : {}) });
+      this.o.observe({ endpoint, model: ctx.model ?? '', status, ...(code ? { code } : {}), ...(ctx.requestId ? { requestId: ctx.requestId } : {}), ...(typeof req.remotePeer === 'string' ? { remotePeer: req.remotePeer } : {}), ...(receipt ? { receipt } : {}) });
     } catch {
       // observers must not break serving
     }
@@ -188,6 +235,7 @@ export class InferService {
     let parsed: ParsedRequest;
     let model: ServedModel;
     let vouched: TicketPayload | undefined; // a large body's ticket, verified before its parse
+    let refused: TicketRefusal | undefined; // a small body's ticket, refused at its HEAD (said where its check would be)
     try {
       const endpoint = req.head.endpoint;
       if (typeof endpoint !== 'string') throw new Refusal(400, 'invalid_request', 'head.endpoint: expected a string');
@@ -196,10 +244,13 @@ export class InferService {
       // ticket a marketplace signed for exactly these bytes.
       const free = (FREE_ENDPOINTS as readonly string[]).includes(endpoint);
       if (free && req.body.length > MAX_FREE_BODY) throw new Refusal(413, 'body_too_large', `a ${endpoint} body is at most ${MAX_FREE_BODY} bytes`);
-      if (!free && req.body.length > PARSED_BEFORE_TICKET) {
-        const v = this.o.gate.vouch(req.head.ticket as DsseEnvelope, req.body);
-        if (!v.ok) throw new Refusal(v.status, v.code, v.message);
-        vouched = v.ticket;
+      const screened = req.screened instanceof ScreenedTicket ? req.screened.result : undefined;
+      if (!free && (screened || req.body.length > PARSED_BEFORE_TICKET)) {
+        // (a ticket screened at the HEAD is not verified again: only matched to the body now whole)
+        const v = !screened ? this.o.gate.vouch(req.head.ticket as DsseEnvelope, req.body) : screened.ok ? this.o.gate.matchBody(screened.ticket, req.body) : screened;
+        if (v.ok) vouched = v.ticket;
+        else if (req.body.length > PARSED_BEFORE_TICKET) throw new Refusal(v.status, v.code, v.message);
+        else refused = v;
       }
       try {
         parsed = parseRequest(endpoint, req.body);
@@ -222,7 +273,7 @@ export class InferService {
     const key = req.head.idempotency_key;
     if (key === undefined || !this.o.idempotency) {
       if (this.o.log.failure) return this.refuse(res, logStopped());
-      return this.serve(p, model, req, res, ctx, undefined, vouched);
+      return this.serve(p, model, req, res, ctx, undefined, vouched, refused);
     }
     // An idempotent request: a retry is answered from the record, never run or billed twice.
     let account: string;
@@ -232,7 +283,7 @@ export class InferService {
       if (typeof key !== 'string' || key.length === 0 || key.length > 256) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: expected 1 to 256 characters');
       // (a lone surrogate has no UTF-8 form: two keys differing only there would be one record)
       if (hasLoneSurrogate(key)) throw new Refusal(400, 'invalid_request', 'head.idempotency_key: not well-formed Unicode (a lone surrogate)');
-      const checked = this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
+      const checked = refused ?? this.o.gate.check(req.head.ticket as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!checked.ok) throw new Refusal(checked.status, checked.code, checked.message);
       checkedTicket = checked.ticket;
       ctx.requestId = checked.ticket.request_id;
@@ -326,17 +377,19 @@ export class InferService {
 
   /**
    * `checked`: the ticket, when the caller has already checked it (then only its use is recorded);
-   * `vouched`: the ticket vouch() verified for a large body (its signature and body hash not checked again).
+   * `vouched`: the ticket vouch() verified for a large body (its signature and body hash not checked again);
+   * `refused`: what the ticket's check said, made before (at the HEAD).
    */
-  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, ctx: RequestContext, checked?: TicketPayload, vouched?: TicketPayload): Promise<void> {
+  private async serve(p: Exclude<ParsedRequest, TokenizeRequest>, model: ServedModel, req: InferRequest, res: InferResponse, ctx: RequestContext, checked?: TicketPayload, vouched?: TicketPayload, refused?: TicketRefusal): Promise<void> {
     let ticket: TicketPayload;
     try {
       // (before the ticket is used: another provider can take the request)
       if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
-      const refused = this.o.paidWorkRefused?.();
-      if (refused) throw new Refusal(503, 'no_capacity', `${refused}; another provider can take it`);
+      const busy = this.o.paidWorkRefused?.();
+      if (busy) throw new Refusal(503, 'no_capacity', `${busy}; another provider can take it`);
       const t = req.head.ticket;
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
+      if (refused) throw new Refusal(refused.status, refused.code, refused.message);
       const admitted = checked ? this.o.gate.use(checked) : this.o.gate.admit(t as DsseEnvelope, { endpoint: p.endpoint, model: model.id, priceVersion: this.o.priceVersion, body: req.body }, vouched);
       if (!admitted.ok) throw new Refusal(admitted.status, admitted.code, admitted.message);
       this.o.state?.ok(); // (the used-ticket write went through)
