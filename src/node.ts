@@ -14,6 +14,7 @@ import { IdempotencyStore } from './dispatch/idempotency.ts';
 import { TicketGate } from './dispatch/ticket-gate.ts';
 import { folderProblem, fsProblem, isErrnoError } from './fs-problem.ts';
 import { loadKeyFile } from './identity.ts';
+import { KeyFileWatch } from './key-watch.ts';
 import { withProbeTimeoutHint } from '../adapters/model-probe.ts';
 import { dataDirProbeMemo } from './model-probe-memo.ts';
 import { createLogger, type Logger } from './ops/logger.ts';
@@ -340,12 +341,19 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       error: (u) => logger.error({ open: u.open, limit: u.limit }, `${u.open} of the ${u.limit} file descriptors this process may open are in use: beyond the limit the system refuses buyers' connections, the market's and the node's own files; raise it (LimitNOFILE= in a systemd unit, ulimit -n in a shell) or take fewer connections`),
       info: (u) => logger.info({ open: u.open, limit: u.limit }, 'file descriptors: clear of the limit again'),
     });
-    // Model files, state.db, free space and file descriptors, every 5 s (the receipt log watches its own files).
+    const keyFile = new KeyFileWatch(config.key, identity.providerId);
+    const watchKeyFile = (): void => {
+      const e = keyFile.check();
+      if (e?.kind === 'wrong') logger.error({ key: config.key }, e.message);
+      else if (e) logger.info({ key: config.key }, e.message);
+    };
+    // Model files, state.db, the key file, free space and file descriptors, every 5 s (the receipt log watches its own files).
     const fileWatch = setInterval(() => {
       watchDisk();
       descriptors.check();
       watchModelFiles(models.values(), logger);
       watchStateFile();
+      watchKeyFile();
     }, 5000).unref();
     cleanup.push(['file watch', () => clearInterval(fileWatch)]);
     const service = new InferService({
