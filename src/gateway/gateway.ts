@@ -40,6 +40,7 @@ import { MarketClient } from './market-client.ts';
 import { registerPaidRoutes } from './paid-routes.ts';
 import { recordRoutes } from './method-routes.ts';
 import { RequestRecords } from './records.ts';
+import { recordsFileErrors } from './records-errors.ts';
 import { Relay } from './relay.ts';
 import { JSON_TYPE } from '../service-error.ts';
 import { Settlements } from './settlement.ts';
@@ -146,11 +147,6 @@ export interface Gateway {
 
 const REQUEST_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 
-const RECORDS_FILE_ERROR = {
-  read: 'request records file could not be read',
-  write: 'request record not written to the records file (kept in memory, written again later)',
-  drop: 'request record change given up unwritten: the records file has failed too long',
-} as const;
 
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = opts.logger ?? noopLogger;
@@ -160,7 +156,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const records = new RequestRecords(
     opts.maxRecords,
     opts.recordsPath,
-    (e, id, op) => log.error({ request_id: id, op, err: e.message }, RECORDS_FILE_ERROR[op]),
+    recordsFileErrors(log),
     opts.recordsKeepMs,
   );
   const estimates = new EstimateStore();
