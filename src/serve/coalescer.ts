@@ -1,7 +1,10 @@
 // Stream events written in quick succession go out together: the first at once (time to first
 // token), later ones at most `windowMs` later, in one DATA frame. A libp2p frame costs a muxer
 // frame, a Noise message and a syscall on each side; a token every half millisecond would pay
-// that per token. Tokens count as delivered only once their bytes were written: a token whose text
+// that per token. The window is 8 ms by default: at most ~125 frames a second, faster than a
+// screen shows them, and a model slower than that (most are, on most hardware) never waits on
+// it; with a 2 ms window the tiny model's relay ran at ~0.87–0.89 of the runtime's rate, with 8 ms
+// ~0.94–0.95, with 16 ms ~0.95–0.97 (session 26; docs/decisions.md). Tokens count as delivered only once their bytes were written: a token whose text
 // is still held back (a partial character, a possible stop sequence) waits for the next bytes.
 import { concatBytes } from '../../attestation/bytes.ts';
 
@@ -21,7 +24,7 @@ export class Coalescer {
 
   constructor(write: (bytes: Uint8Array) => Promise<void>, opts: { windowMs?: number; maxBytes?: number } = {}) {
     this.write = write;
-    this.windowMs = opts.windowMs ?? 2;
+    this.windowMs = opts.windowMs ?? 8;
     this.maxBytes = opts.maxBytes ?? 16_384;
   }
 
