@@ -127,14 +127,15 @@ describe('startRegistration', () => {
 
   test('a refused registration is logged as an error and retried, never thrown; stop() returns promptly', async () => {
     const { url } = await startMarket();
-    const n = node(url, { models: [{ id: 'unpriced/model', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1 }] });
+    // (a retry a minute away: stop() must cut that wait short, not sit it out)
+    const n = node(url, { models: [{ id: 'unpriced/model', quantization: 'f32', context: 512, slots: 1, tokens_per_second: 1 }], backoff: { initialMs: 60_000, maxMs: 60_000 } });
     await until('the refusal', () => n.lines.some((l) => l.code === 'registration_invalid'));
     expect(n.lines.find((l) => l.code === 'registration_invalid')).toMatchObject({ level: 50, status: 400, reason: expect.stringMatching(/^price_list: has no price/) });
     expect(n.reg.status().last_error).toMatchObject({ during: 'registration', status: 400, code: 'registration_invalid', reason: expect.stringMatching(/^price_list: has no price/) });
     expect(readiness(false, true, n.reg.status()).reasons[0]).toMatch(/^not registered with the marketplace at .*: last registration failed: registration_invalid \(price_list: has no price/);
     const t0 = Date.now();
     await n.reg.stop();
-    expect(Date.now() - t0).toBeLessThan(500);
+    expect(Date.now() - t0).toBeLessThan(30_000);
     expect(n.reg.registered).toBe(false);
   });
 
