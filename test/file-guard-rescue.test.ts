@@ -110,7 +110,8 @@ describe('the receipt log whose folder was deleted under it', () => {
     expect(failure).toMatchObject({ code: 'log_failed' });
     expect(failure.message).toMatch(new RegExp(`^receipt log file ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} was deleted or replaced while the node used it; the log takes no more receipts\\. Copying its 3 durable receipts out failed \\(.+\\)\\. The node still holds them and tries again every few seconds while it runs: .* If it stops first: put .*receipts\\.db back only from a copy that holds all 3 receipts \\(seq 0 to 2\\): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs\\. Without such a copy, start over with a new key \\(seller-node init\\)\\.$`));
     expect(failure.message).not.toContain('were copied to');
-    expect(notices.filter((n) => n.level === 'error').map((n) => n.m)).toEqual([failure.message]);
+    // (one error line, the stop's: what stopped it, and what to do)
+    expect(notices.filter((n) => n.level === 'error').map((n) => n.m)).toEqual([`the receipt log has stopped, and paid work is refused until the node is restarted: ${failure.message}`]);
     await expect(log.append(syntheticReceiptBody(3))).rejects.toMatchObject({ code: 'log_failed', message: failure.message });
     expect(() => log.checkpoint()).toThrow(failure); // (no checkpoint is signed over a log that stopped)
     expect(log.size).toBe(3);
@@ -192,7 +193,7 @@ describe('the node whose data dir was deleted while it serves', () => {
     // (the node's log is written asynchronously: its error lines are waited for)
     await until('the two error lines', () => logLines(logFile, 50).length >= 2);
     const errors = logLines(logFile, 50).map((l) => l.msg);
-    expect(errors).toContainEqual(expect.stringMatching(/^receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying its 2 durable receipts out failed .*start over with a new key \(seller-node init\)\.$/));
+    expect(errors).toContainEqual(expect.stringMatching(/^the receipt log has stopped, and paid work is refused until the node is restarted: receipt log file .*receipts\.db was deleted or replaced while the node used it; the log takes no more receipts\. Copying its 2 durable receipts out failed .*start over with a new key \(seller-node init\)\.$/));
     expect(errors).toContainEqual(expect.stringMatching(/^state file .*state\.db was deleted or replaced while the node used it: .*Copying its used tickets and Idempotency-Key records out failed .*billed, again\.$/));
     expect(errors.join('\n')).not.toContain('were copied to');
     expect(fs.existsSync(data)).toBe(false); // no copy, nor a folder, made in its place

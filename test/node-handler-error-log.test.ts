@@ -188,6 +188,10 @@ describe('a request handler that throws on a running node', () => {
     expect(all).toContain('request handler failed');
     expect(all).not.toContain(SECRET);
     expect(all).not.toContain(SECRET.split(' ')[2]); // not even the unique word in it
-    expect(lines().filter((l) => l.level >= 50)).toHaveLength(1);
+    // At error level: the handler's line, and the receipt log's one line saying it has stopped (and why).
+    expect(lines().filter((l) => l.level >= 50).map((l) => l.msg)).toEqual([
+      expect.stringMatching(/^the receipt log has stopped, and paid work is refused until the node is restarted: receipt log write failed: UNIQUE constraint failed: receipt_batches\.first_seq/),
+      'request handler failed',
+    ]);
   });
 });

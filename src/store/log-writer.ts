@@ -7,6 +7,7 @@
 import type Database from 'better-sqlite3';
 import type { SignedBatch } from '../../attestation/sign-batch.ts';
 import { openWritableSqlite } from '../sqlite-file.ts';
+import type { SealProblem, SqliteSeal } from './sqlite-seal.ts';
 
 export const SCHEMA = `
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -29,13 +30,56 @@ export function openDb(file: string): Database.Database {
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = FULL');
   db.pragma('busy_timeout = 10000');
-  // With 64 KiB pages, SQLite's default of a checkpoint every 1,000 pages lets the WAL reach 64 MiB
-  // (a lone receipt's commit is a whole page), and the file stays that large. A checkpoint every 128
-  // pages costs little (a run of lone receipts rewrites the same few pages: only the last copy of
-  // each goes to the database), and the file is cut back to 16 MiB after one.
-  db.pragma('wal_autocheckpoint = 128');
+  // Never a checkpoint of SQLite's own: the inserter runs them (CHECKPOINT_PAGES), each only once
+  // the log's files are found as SQLite left them (sqlite-seal.ts). A connection that commits no
+  // receipts (the event loop's, `log export` beside a running node) never copies the WAL into the
+  // database, so a change of that file can be told from a checkpoint.
+  db.pragma('wal_autocheckpoint = 0');
   db.pragma(`journal_size_limit = ${16 * 1024 * 1024}`);
   return db;
+}
+
+/**
+ * With 64 KiB pages, SQLite's default of a checkpoint every 1,000 pages lets the WAL reach 64 MiB
+ * (a lone receipt's commit is a whole page), and the file stays that large. A checkpoint every 128
+ * pages costs little (a run of lone receipts rewrites the same few pages: only the last copy of
+ * each goes to the database), and the file is cut back to 16 MiB after one.
+ */
+export const CHECKPOINT_PAGES = 128;
+
+/** The log's files were changed in place by another program (sqlite-seal.ts): nothing more is committed. */
+export class FilesChangedError extends Error {
+  override name = 'FilesChangedError';
+  readonly code = 'log_files_changed';
+  readonly problem: SealProblem;
+  constructor(problem: SealProblem) {
+    super(`receipt log file ${problem.file} ${problem.what}`);
+    this.problem = problem;
+  }
+}
+
+/**
+ * Where a committed batch is in the WAL (its generation, the salts SQLite gives a WAL each time it
+ * starts it over, and the index's last frame after the commit), and how much of the WAL had been
+ * copied into the database then: the log keeps a batch in memory until the database file holds it
+ * (receipt-log.ts, held).
+ */
+export interface CommitMark {
+  gen: string;
+  frame: number;
+  backfillGen: string;
+  backfilled: number;
+  /** The files found changed at the checkpoint after this commit (the batch itself is durable). */
+  problem?: SealProblem;
+}
+
+/**
+ * Whether a batch at `mark` is in the database file, by a reading of the WAL index `now` taken
+ * after the mark: its WAL copied in that far, or started over since (SQLite starts a WAL over only
+ * once all of it is in the database).
+ */
+export function inDatabaseFile(mark: { gen: string; frame: number }, now: { backfillGen: string; backfilled: number }): boolean {
+  return now.backfillGen !== mark.gen || now.backfilled >= mark.frame;
 }
 
 /**
@@ -93,25 +137,78 @@ function offsetsBlob(offsets: Uint32Array): Uint8Array {
   return out;
 }
 
+/** A batch's request keys as stored (count × little-endian float64). */
+export function requestKeysBlob(requestKeys: Float64Array): Uint8Array {
+  const keys = new Uint8Array(requestKeys.length * 8);
+  const view = new DataView(keys.buffer);
+  requestKeys.forEach((k, i) => view.setFloat64(i * 8, k, true));
+  return keys;
+}
+
+/** Stores one batch as its row (the caller's transaction, if any). */
+export function insertBatchRow(stmt: Database.Statement, firstSeq: number, requestKeys: Float64Array, b: SignedBatch): void {
+  stmt.run(firstSeq, b.offsets.length - 1, b.payloads, offsetsBlob(b.offsets), b.sigs, b.leaves, requestKeysBlob(requestKeys));
+}
+
+export const INSERT_BATCH = 'INSERT INTO receipt_batches (first_seq, count, payloads, offsets, sigs, leaves, request_keys) VALUES (?, ?, ?, ?, ?, ?, ?)';
+
+export interface Inserter {
+  /**
+   * Commits one signed batch (one transaction: one fsync), once the log's files are found as
+   * SQLite left them (else FilesChangedError), then checkpoints the WAL when it holds
+   * CHECKPOINT_PAGES frames or more (after the same check: a problem found then is in the mark).
+   */
+  (firstSeq: number, requestKeys: Float64Array, b: SignedBatch): CommitMark | undefined;
+  /** Commits nothing more from now on (the log stopped): `e` is thrown at every later call. */
+  stop(e: Error): void;
+}
+
 /**
- * Returns a function that commits one signed batch (one transaction: one fsync). After one commit
- * fails it commits nothing more, throwing that failure again: a later batch that fitted (a
- * smaller one on a full disk) would leave a gap in seq, breaking the chain on disk (s25 hR).
- * Both writers, the thread and the in-process one, commit through it.
+ * Returns a function that commits one signed batch. After one commit fails it commits nothing
+ * more, throwing that failure again: a later batch that fitted (a smaller one on a full disk)
+ * would leave a gap in seq, breaking the chain on disk (s25 hR). Both writers, the thread and the
+ * in-process one, commit through it. Per commit, with a seal: one stat and three small reads
+ * before (sqlite-seal.ts), one read of the WAL index after.
  */
-export function makeInserter(db: Database.Database): (firstSeq: number, requestKeys: Float64Array, b: SignedBatch) => void {
-  const insertBatch = db.prepare('INSERT INTO receipt_batches (first_seq, count, payloads, offsets, sigs, leaves, request_keys) VALUES (?, ?, ?, ?, ?, ?, ?)');
+export function makeInserter(db: Database.Database, seal: SqliteSeal): Inserter {
+  const insertBatch = db.prepare(INSERT_BATCH);
   let failed: unknown;
-  return (firstSeq: number, requestKeys: Float64Array, b: SignedBatch) => {
+  let unindexed = 0;
+  const insert = ((firstSeq: number, requestKeys: Float64Array, b: SignedBatch): CommitMark | undefined => {
     if (failed !== undefined) throw failed;
-    const keys = new Uint8Array(requestKeys.length * 8);
-    const view = new DataView(keys.buffer);
-    requestKeys.forEach((k, i) => view.setFloat64(i * 8, k, true));
+    const before = seal.check();
+    if (before) throw (failed = new FilesChangedError(before));
     try {
-      insertBatch.run(firstSeq, b.offsets.length - 1, b.payloads, offsetsBlob(b.offsets), b.sigs, b.leaves, keys);
+      insertBatchRow(insertBatch, firstSeq, requestKeys, b);
     } catch (e) {
       failed = e;
       throw e;
     }
+    const at = seal.index();
+    if (!at) {
+      // (no WAL index to read, which a WAL-mode file always has: the WAL is still kept bounded)
+      if (++unindexed % CHECKPOINT_PAGES === 0) db.pragma('wal_checkpoint(PASSIVE)');
+      return undefined;
+    }
+    const mark: CommitMark = { gen: at.gen, frame: at.mxFrame, backfillGen: at.gen, backfilled: at.nBackfill };
+    if (at.mxFrame >= CHECKPOINT_PAGES) {
+      let problem: SealProblem | undefined;
+      try {
+        problem = seal.checkpoint(db);
+      } catch {
+        // (a checkpoint that fails, SQLITE_BUSY say, is tried after the next commit: the batch is durable)
+      }
+      if (problem) {
+        failed = new FilesChangedError(problem);
+        mark.problem = problem;
+      }
+      const after = seal.index();
+      if (after) Object.assign(mark, { backfillGen: after.gen, backfilled: after.nBackfill });
+    }
+    return mark;
+  }) as Inserter;
+  insert.stop = (e: Error) => {
+    failed ??= e;
   };
+  return insert;
 }

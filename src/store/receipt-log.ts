@@ -21,9 +21,11 @@ import { batchItem, packPayloads, type SignedBatch } from '../../attestation/sig
 import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
 import type Database from 'better-sqlite3';
-import { openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow } from './log-writer.ts';
+import { FilesChangedError, inDatabaseFile, openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow, type CommitMark } from './log-writer.ts';
 import { chainHeadPath, headMismatch, headPath, readChainHead, readHead, writeChainHead, writeHead } from './checkpoint-head.ts';
 import { DatabaseRescue } from './file-guard.ts';
+import { salvageReceipts, sayRanges, type HeldBatch } from './log-rescue.ts';
+import { SqliteSeal, type SealProblem } from './sqlite-seal.ts';
 import { RepeatLimit } from '../ops/repeat-limit.ts';
 import { RequestKeyFilter } from './request-key-filter.ts';
 import { InProcessWriter, WriterThread, type BatchWriter } from './writer-thread.ts';
@@ -52,14 +54,16 @@ export interface ReceiptLogOptions {
   checkpointIntervalMs?: number;
   /** Most receipts committed in one transaction (default 512). */
   maxBatch?: number;
-  /** How often it looks whether its files were deleted or replaced under it (default 10 s). */
+  /** How often it looks whether its files were deleted, replaced or changed in place under it (default 10 s). */
   fileCheckMs?: number;
+  /** Most bytes of committed batches kept in memory until the database file holds them (default 64 MiB; see held). */
+  heldBytes?: number;
   /** receipts.checkpoint is written at most this often while receipts stream in (default 1000; see keepHead). */
   headEveryMs?: number;
   /**
    * Told of problems that do not stop the log (its checkpoint file cannot be read or written:
-   * 'warn'), and of one that stops it outside any append (its files deleted under it: 'error').
-   * Must not throw.
+   * 'warn'), and, once, of what stopped it ('error': "the receipt log has stopped, …"), and of a
+   * copy of its files made later. Must not throw.
    */
   onNotice?: (message: string, level: 'warn' | 'error') => void;
 }
@@ -128,8 +132,20 @@ export interface StoredCheckpoint {
   createdAt: number;
 }
 
-/** How often the log looks whether its files were deleted or replaced under it. */
+/** How often the log looks whether its files were deleted, replaced or changed in place under it. */
 const FILE_CHECK_MS = 10_000;
+
+/** Committed batches kept in memory until the database file holds them, at most (bytes). */
+const HELD_BYTES = 64 * 1024 * 1024;
+
+/** Sizes of the latest checkpoints signed here, kept to sign them again into a rescued copy. */
+const SIGNED_SIZES = 4096;
+
+/** The one error line of a stop. */
+const STOPPED = 'the receipt log has stopped, and paid work is refused until the node is restarted: ';
+
+/** A committed batch kept in memory, and where it is in the WAL. */
+type Held = HeldBatch & { gen: string; frame: number; bytes: number };
 
 /** Batches a signer thread has at most: the one it signs and the next. */
 const SIGNING_PER_THREAD = 2;
@@ -184,7 +200,7 @@ export class ReceiptLog {
   private settled: Promise<void> = Promise.resolve();
   /** flush() calls waiting for the next batch to settle. */
   private readonly flushes: (() => void)[] = [];
-  private broken: Error | undefined;
+  private broken: ReceiptLogError | undefined;
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
   private fileTimer: NodeJS.Timeout | undefined;
@@ -216,6 +232,20 @@ export class ReceiptLog {
   private appendedHere = false;
   /** Its database and -wal, watched; what its connection holds copied out should they go. */
   private readonly files: DatabaseRescue;
+  /** Its database and -wal, watched for changes in place (a cut WAL, an older copy written over it). */
+  private readonly seal: SqliteSeal;
+  /**
+   * Committed batches the database file may not hold yet (their WAL frames not yet copied into it
+   * by a checkpoint), in seq order: what a -wal cut short loses, kept for its rescue. A batch goes
+   * once the WAL index says a checkpoint copied it (walProgress).
+   */
+  private held: Held[] = [];
+  private heldBytes = 0;
+  private readonly heldMax: number;
+  /** Sizes of the latest checkpoints signed here (see SIGNED_SIZES). */
+  private readonly signedSizes: number[] = [];
+  /** Its files found changed in place: the problem, and the copy of what it holds (made, under way, or failed and tried again). */
+  private inPlace: { problem: SealProblem; state: 'copying' | 'failed' | 'done'; copying?: Promise<void> } | undefined;
   private readonly notice: (message: string, level?: 'warn' | 'error') => void;
   /** Statements run often (checkpoints, lookups), prepared once. Used synchronously, never left mid-iteration. */
   private readonly stmt: ReturnType<typeof prepareStatements>;
@@ -230,6 +260,7 @@ export class ReceiptLog {
     this.path = opts.path;
     this.maxBatch = opts.maxBatch ?? 512;
     this.headEveryMs = opts.headEveryMs ?? 1000;
+    this.heldMax = opts.heldBytes ?? HELD_BYTES;
     this.notice = (m, level = 'warn') => {
       try {
         opts.onNotice?.(m, level);
@@ -302,6 +333,8 @@ export class ReceiptLog {
       if (head.kind === 'unreadable') {
         this.notice(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`, 'warn');
       }
+      // (after the reads above: SQLite has the WAL in use, its -wal and -shm are there)
+      this.seal = SqliteSeal.attach(opts.path);
     } catch (e) {
       this.db.close();
       throw e;
@@ -312,16 +345,15 @@ export class ReceiptLog {
     const threads = opts.threads ?? 2;
     this.signer = new SignerPool({ seed: this.seed, threads });
     this.signLimit = SIGNING_PER_THREAD * Math.max(1, threads);
-    this.writer = threads > 0 ? new WriterThread(opts.path) : new InProcessWriter(this.db);
+    this.writer = threads > 0 ? new WriterThread(opts.path, this.seal) : new InProcessWriter(this.db, this.seal);
     if (threads > 0) {
       // Receipts are committed (and fsynced) by the writer thread. This connection only adds
       // checkpoints, which need no fsync of their own: one is signed only over receipts already
       // durable, and signing is deterministic, so a checkpoint lost to a power cut is signed again,
       // byte for byte, by the next one due (or at close, which commits with a full sync). Without
       // this the event loop waited on an fsync every `checkpointEvery` receipts; nor does it copy
-      // the WAL back into the database (the writer's connection does that).
+      // the WAL back into the database (the writer's connection does that, after a look at the files).
       this.db.pragma('synchronous = NORMAL');
-      this.db.pragma('wal_autocheckpoint = 0');
     }
     this.files = new DatabaseRescue(
       this.db,
@@ -340,9 +372,7 @@ export class ReceiptLog {
           this.checkpointSoftly(this.tree.size, false);
         } catch (e) {
           // (never thrown out of a timer: the log stops, every later append says why, and so does a line now)
-          const had = this.broken;
-          this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log checkpoint failed: ${(e as Error).message}`);
-          if (!had) this.notice(`the receipt log has stopped: ${this.broken.message}; paid work is refused until the node is restarted`, 'error');
+          this.stop(e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log checkpoint failed: ${(e as Error).message}`));
         }
       }, interval);
       this.timer.unref();
@@ -446,17 +476,19 @@ export class ReceiptLog {
     // for the event loop's checkpoint inserts (back to back, a slow fsync kept the lock held and
     // such an insert waited out its busy timeout, stopping the log: s25 hR).
     const committed = Promise.all([signed, this.handedOver]).then(async ([b]) => {
-      await this.writer.commit(batch, firstSeq, requestKeys, b);
-      return b;
+      const mark = await this.writer.commit(batch, firstSeq, requestKeys, b);
+      return { b, mark };
     });
     this.handedOver = committed.catch(() => undefined);
     this.settled = this.settled.then(async () => {
       try {
-        const b = await committed;
+        const { b, mark } = await committed;
         // A log stopped while this batch was committing (its files deleted: the rescued copy was
         // taken before it) acknowledges nothing more.
         if (this.broken) throw this.broken;
-        this.settle(items, requestKeys, b);
+        this.settle(items, requestKeys, b, mark);
+        // (found at the checkpoint after this commit: the batch is durable, acknowledged and held for the copy)
+        if (mark?.problem) this.filesChanged(mark.problem);
       } catch (e) {
         this.fail(items, e);
       }
@@ -470,9 +502,10 @@ export class ReceiptLog {
     for (const wake of this.flushes.splice(0)) wake();
   }
 
-  private settle(items: Pending[], requestKeys: Float64Array, signed: SignedBatch): void {
+  private settle(items: Pending[], requestKeys: Float64Array, signed: SignedBatch, mark: CommitMark | undefined): void {
     this.commits++;
     const firstSeq = this.tree.size;
+    if (mark) this.hold({ firstSeq, signed, requestKeys, gen: mark.gen, frame: mark.frame, bytes: signed.payloads.byteLength + signed.sigs.byteLength + signed.leaves.byteLength + requestKeys.byteLength }, mark);
     this.durablePayload = items[items.length - 1]!.text;
     this.appendedHere = true;
     for (let i = 0; i < items.length; i++) {
@@ -553,8 +586,43 @@ export class ReceiptLog {
   /** A failed batch: its seqs are taken and the chain runs through them, so the log stops rather than fork. */
   private fail(items: Pending[], e: unknown): void {
     // (whatever was thrown: a settlement that threw here would stop every later one)
-    this.broken ??= e instanceof ReceiptLogError ? e : new ReceiptLogError('log_failed', `receipt log write failed: ${e instanceof Error ? e.message : String(e)}`);
-    for (const p of items) p.reject(this.broken);
+    const why = e instanceof ReceiptLogError ? e : e instanceof FilesChangedError ? this.filesChanged(e.problem) : new ReceiptLogError('log_failed', `receipt log write failed: ${e instanceof Error ? e.message : String(e)}`);
+    const stopped = this.stop(why);
+    for (const p of items) p.reject(stopped);
+  }
+
+  /**
+   * Stops the log, once: every later append is refused with `e`, the writer commits nothing more,
+   * and the operator gets one error line (now, or, `say` false, from the copy of its files under
+   * way). A log already stopped stays stopped for its first reason.
+   */
+  private stop(e: ReceiptLogError, say = true): ReceiptLogError {
+    if (this.broken) return this.broken;
+    this.broken = e;
+    if (say) this.notice(`${STOPPED}${e.message}`, 'error');
+    void this.writer.halt().catch(() => undefined);
+    return e;
+  }
+
+  /** Keeps a committed batch until the database file holds it (see held). */
+  private hold(h: Held, progress: { backfillGen: string; backfilled: number }): void {
+    this.held.push(h);
+    this.heldBytes += h.bytes;
+    this.trimHeld(progress);
+  }
+
+  /**
+   * Lets go of held batches the database file holds by `progress` (a reading of the WAL index taken
+   * after every held batch's mark: a commit's reply, or the log's own reading), and of the oldest
+   * past heldMax.
+   */
+  private trimHeld(progress: { backfillGen: string; backfilled: number }): void {
+    let drop = 0;
+    let bytes = this.heldBytes;
+    while (drop < this.held.length && (inDatabaseFile(this.held[drop]!, progress) || bytes > this.heldMax)) bytes -= this.held[drop++]!.bytes;
+    if (drop === 0) return;
+    this.held = drop === this.held.length ? [] : this.held.slice(drop);
+    this.heldBytes = bytes;
   }
 
   /** Waits until every receipt accepted so far is durable (or failed). */
@@ -603,15 +671,15 @@ export class ReceiptLog {
     if (this.stmt.insertCheckpoint.run(size, root, note, Date.now()).changes === 0) {
       const stored = this.stmt.checkpointOfSize.get(size);
       if (!stored || toHex(stored.root) !== toHex(root)) {
-        const e = new ReceiptLogError('log_corrupt', `receipt log ${this.path}: its stored checkpoint of size ${size} is over another root than its receipts`);
-        this.broken ??= e;
-        throw e;
+        throw this.stop(new ReceiptLogError('log_corrupt', `receipt log ${this.path}: its stored checkpoint of size ${size} is over another root than its receipts`));
       }
       this.lastCheckpointSize = size;
       this.keepHead(size, stored.note, soon);
       return stored.note;
     }
     this.lastCheckpointSize = size;
+    this.signedSizes.push(size);
+    if (this.signedSizes.length > SIGNED_SIZES) this.signedSizes.splice(0, this.signedSizes.length - SIGNED_SIZES);
     this.keepHead(size, note, soon);
     return note;
   }
@@ -665,17 +733,92 @@ export class ReceiptLog {
   /**
    * Stops the log when its database or -wal file was deleted or replaced while it runs: SQLite
    * would go on writing into the deleted file, and every receipt acknowledged from then on would
-   * be lost when the node stops. What the open connection still reads is copied beside the log first.
+   * be lost when the node stops. What the open connection still reads is copied beside the log
+   * first. And when one was changed in place (cut short, written over: sqlite-seal.ts): SQLite's
+   * next checkpoint would mix what is left into the log; see filesChanged.
    */
   private checkFiles(): void {
     // (Checked also once the log has stopped for another reason, a full disk say: its files may
     // still be deleted under it, and what its connection holds must then be copied out.)
     const found = this.files.check();
-    if (!found) return;
-    if (found.kind === 'made') return this.notice(`receipt log: the copy failed before has now been made. ${found.message}`, 'error');
-    const message = `receipt log file ${found.file} was deleted or replaced while the node used it; the log takes no more receipts. ${found.copy.message}`;
-    this.broken ??= new ReceiptLogError('log_failed', message);
-    this.notice(message, 'error');
+    if (found) {
+      if (found.kind === 'made') return this.notice(`receipt log: the copy failed before has now been made. ${found.message}`, 'error');
+      const message = `receipt log file ${found.file} was deleted or replaced while the node used it; the log takes no more receipts. ${found.copy.message}`;
+      // (said here when the log had stopped before for another reason: its files are another matter)
+      if (this.stop(new ReceiptLogError('log_failed', message)).message !== message) this.notice(message, 'error');
+      return;
+    }
+    if (this.inPlace) {
+      if (this.inPlace.state === 'failed') this.copyOut(); // (tried again: the node still holds what it had)
+      return;
+    }
+    const index = this.seal.index();
+    if (index) this.trimHeld({ backfillGen: index.gen, backfilled: index.nBackfill });
+    // (The database file only once this log commits receipts: a reader beside a running node, `log
+    // export`, cannot tell that node's checkpoint under way from another program's write.)
+    const problem = this.seal.check({ db: this.appendedHere });
+    if (problem) this.filesChanged(problem);
+  }
+
+  /**
+   * Its files were changed in place: the log stops (log_files_changed) before SQLite checkpoints
+   * or commits into them again, and what the node holds is copied out (copyOut), said in one error
+   * line once that is done. Returns the error appends are refused with.
+   */
+  private filesChanged(problem: SealProblem): ReceiptLogError {
+    if (this.inPlace) return this.broken!;
+    const what = `receipt log file ${problem.file} ${problem.what} while the node used it: something other than the node changed it (a truncate, an older copy copied over it, an editor), and SQLite's next checkpoint would mix what is left into the log; the log takes no more receipts.`;
+    const had = this.broken;
+    const e = this.stop(new ReceiptLogError('log_files_changed', `${what} Its receipts are being copied out beside it.`), false);
+    this.inPlace = { problem, state: 'copying' };
+    this.copyOut(what, had);
+    return e;
+  }
+
+  /** The copy of what the log holds after its files were changed in place: made once the writer has stopped; said once done (or failed: tried again at each check). */
+  private copyOut(what?: string, hadStopped?: ReceiptLogError): void {
+    const inPlace = this.inPlace!;
+    const lead = what ?? `receipt log file ${inPlace.problem.file} ${inPlace.problem.what} while the node used it.`;
+    const retry = inPlace.state === 'failed';
+    inPlace.state = 'copying';
+    inPlace.copying = (async () => {
+      await this.writer.halt().catch(() => undefined); // (no commit or checkpoint runs while the files are read)
+      const size = this.tree.size;
+      const r = await salvageReceipts({
+        db: this.db,
+        dbPath: this.path,
+        dbFd: this.seal.dbFd,
+        providerId: this.providerId,
+        size,
+        leafAt: (seq) => this.tree.leafHashAt(seq),
+        lineOf: (payload, sig) => this.lineOf(payload, sig),
+        held: this.held,
+        checkpoints: this.signedSizes,
+        checkpointAt: (n) => {
+          const root = this.tree.root(n);
+          return { root, note: signNote(formatCheckpoint({ origin: this.origin, size: n, rootHash: root }), [{ name: this.origin, seed: this.seed, publicKey: this.publicKey }]) };
+        },
+      }).catch((e: unknown) => ({ ok: false as const, error: (e as Error).message }));
+      let outcome: string;
+      if (!r.ok) {
+        inPlace.state = 'failed';
+        if (retry) return; // (said when it first failed; said again once made)
+        outcome = `Copying its ${size} durable receipts out failed (${r.error}). The node still holds them and tries again every few seconds while it runs: free space on the data dir's disk if it is full, and do not stop the node before it says the copy is made. If it stops first: put ${this.path} back only from a copy that holds all ${size} receipts (seq 0 to ${size - 1}): buyers hold the ones acknowledged since any older backup, and serving on under this key from one would sign other receipts under the same seqs. Without such a copy, start over with a new key (seller-node init).`;
+      } else {
+        inPlace.state = 'done';
+        const files = `remove ${this.path}-wal and ${this.path}-shm`;
+        outcome =
+          r.missing.length === 0
+            ? `Its ${size} durable receipts (each checked against the log's Merkle tree) were copied to ${r.file}: stop the node, move that file to ${this.path}, ${files}, and start again.`
+            : `Of its ${size} durable receipts, ${r.kept} (each checked against the log's Merkle tree) were copied to ${r.file}; seq ${sayRanges(r.missing)} are in no file or memory the node still holds, and buyers hold them signed. Stop the node. If a copy of ${this.path} (with its -wal) holding all ${size} receipts exists, put it back, ${files}, and start again; if not, keep ${r.file} for the audit and start over with a new key (seller-node init): serving on under this key without them would sign other receipts under their seqs.`;
+        if (retry) return this.notice(`receipt log: the copy failed before has now been made. ${outcome}`, 'error');
+      }
+      const message = `${lead} ${outcome}`;
+      if (hadStopped === undefined && this.broken?.code === 'log_files_changed') {
+        this.broken.message = message;
+        this.notice(`${STOPPED}${message}`, 'error');
+      } else this.notice(message, 'error'); // (the log had stopped before, for another reason, said then)
+    })();
   }
 
   /** The latest stored checkpoint over receipts this connection has read. */
@@ -789,9 +932,11 @@ export class ReceiptLog {
     this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
     try {
       this.checkFiles();
+      await this.inPlace?.copying; // (the copy of its files reads this connection: made before it closes)
       if (!this.broken) this.checkpoint();
     } finally {
       this.db.close();
+      this.seal.release();
     }
   }
 }
