@@ -32,10 +32,11 @@ import { readiness, startRegistration, workRefused, type Registration } from './
 import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { DatabaseRescue } from './store/file-guard.ts';
+import { SqliteSeal } from './store/sqlite-seal.ts';
 import { DescriptorWatch } from './ops/descriptor-watch.ts';
 import { RepeatLimit } from './ops/repeat-limit.ts';
 import { openStateDb } from './store/state-db.ts';
-import { WalCheckpointer } from './store/wal-checkpointer.ts';
+import { FALLBACK_CHECKPOINT_PAGES, WalCheckpointer } from './store/wal-checkpointer.ts';
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
@@ -228,20 +229,33 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     } catch (e) {
       throw dataDirError(statePath, e);
     }
+    // Its files changed in place by another program (a cut -wal, an older copy written over it) are
+    // noticed too (sqlite-seal.ts): every checkpoint of it runs through the seal.
+    let stateSeal: SqliteSeal;
+    try {
+      stateSeal = SqliteSeal.attach(statePath);
+    } catch (e) {
+      db.close();
+      throw dataDirError(statePath, e);
+    }
     const stateFiles = new DatabaseRescue(
       db,
       statePath,
       () => 'its used tickets and Idempotency-Key records',
       () => `restore ${statePath} from a backup, or start without one after a minute (the tickets used since have expired by then); the Idempotency-Key records written since are lost: a retry under one of those keys would be run, and billed, again.`,
+      stateSeal,
     );
     if (!stateExisted && log.size > 0) {
       logger.error({ receipts: log.size }, `${statePath} was not there and has been created anew, though the receipt log holds ${log.size} receipts: the used tickets and Idempotency-Key records it kept are gone (a ticket of the last minutes could be used again, and a retry of the last 24 h runs and is billed again); if it was removed by mistake, stop the node and put it back`);
     }
-    cleanup.push(['state database', () => void db.close()]);
+    cleanup.push(['state database', () => {
+      db.close();
+      stateSeal.release(); // (after the connection: see sqlite-seal.ts)
+    }]);
     // Its checkpoints (an fsync each) on a thread of their own, off the event loop.
-    const stateCheckpoints = new WalCheckpointer(statePath, { onError: (m) => logger.warn({ err: m }, 'state.db could not be checkpointed (its WAL grows until it can; the node checkpoints it itself past ~40 MiB)') });
+    const stateCheckpoints = new WalCheckpointer(statePath, { seal: stateSeal, onError: (m) => logger.warn({ err: m }, 'state.db could not be checkpointed (its WAL grows until it can; the node checkpoints it itself past ~40 MiB)') });
     cleanup.push(['state checkpoints', () => stateCheckpoints.close()]);
-    const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })) });
+    const metrics = createMetrics({ admission: () => [...models.values()].map((m) => ({ model: m.id, inUse: m.admission.inUse, queued: m.admission.queued })), receiptLogStopped: () => log.failure !== undefined });
     // The ops server answers from the start: while the models load (minutes for a real one) /healthz
     // is ok and /readyz says what is loading, so a liveness probe does not kill a node still loading.
     const serving: { health?: () => HealthResult; ready?: () => ReadyResult; status?: () => Record<string, unknown> } = {};
@@ -302,7 +316,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
     const idempotency = new IdempotencyStore(db);
     // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
-    const pruner = setInterval(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger), 60_000).unref();
+    // (The pruning truncates the WAL, a checkpoint: only on files as SQLite left them, looked at first.)
+    const pruner = setInterval(() => {
+      watchStateFile();
+      if (state.stopped || stateSeal.own(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger))) watchStateFile();
+    }, 60_000).unref();
     cleanup.push(['state pruner', () => clearInterval(pruner)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.
     // Refusals need no ticket: at most REFUSAL_LINES_PER_SECOND of them are lines, the rest counted (metrics count all).
@@ -327,13 +345,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       diskLow = low;
     };
     watchDisk();
-    // state.db deleted or replaced while in use: paid work stops, and what the connection still
-    // holds is copied out (tried again every 5 s until it is, should the copy fail: a full disk).
+    // state.db deleted, replaced or changed in place while in use: paid work stops, and what the
+    // connection still holds is copied out (tried again every 5 s until it is, should the copy fail: a full disk).
     const watchStateFile = (): void => {
       const found = stateFiles.check();
       if (!found) return;
       if (found.kind === 'made') return void logger.error({}, `state file: the copy failed before has now been made. ${found.message}`);
-      const e = new StoreStopped(`state file ${found.file} was deleted or replaced while the node used it: paid requests are refused until a restart. ${found.copy.message}`);
+      const how = found.kind === 'gone' ? 'was deleted or replaced while the node used it' : `${found.what} while the node used it (something other than the node changed it, a truncate or an older copy copied over it, and SQLite's next checkpoint would mix what is left into it)`;
+      const e = new StoreStopped(`state file ${found.file} ${how}: paid requests are refused until a restart. ${found.copy.message}`);
       state.stop(e);
       logger.error({}, e.message);
     };
@@ -347,12 +366,23 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       if (e?.kind === 'wrong') logger.error({ key: config.key }, e.message);
       else if (e) logger.info({ key: config.key }, e.message);
     };
+    // state.db's WAL past FALLBACK_CHECKPOINT_PAGES (its thread fell behind, or died): checkpointed
+    // here, through its seal (only on files as SQLite left them), as SQLite's own checkpoint was.
+    const stateWalBounded = (): void => {
+      if (state.stopped || (stateSeal.index()?.mxFrame ?? 0) < FALLBACK_CHECKPOINT_PAGES) return;
+      try {
+        if (stateSeal.checkpoint(db)) watchStateFile();
+      } catch (e) {
+        logger.warn({ err: errSummary(e) }, 'state.db could not be checkpointed (tried again in 5 s)');
+      }
+    };
     // Model files, state.db, the key file, free space and file descriptors, every 5 s (the receipt log watches its own files).
     const fileWatch = setInterval(() => {
       watchDisk();
       descriptors.check();
       watchModelFiles(models.values(), logger);
       watchStateFile();
+      stateWalBounded();
       watchKeyFile();
     }, 5000).unref();
     cleanup.push(['file watch', () => clearInterval(fileWatch)]);
@@ -409,6 +439,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     cleanup.push(['infer protocol', () => infer.stop()]);
     const logServer = await serveLog(host, log, (version) => readPriceList(config.data_dir, version));
     cleanup.push(['log protocol', () => logServer.stop()]);
+    /** The latest checkpoint stored (`log export` beside the node may have signed a later one), or this log's own when the files cannot be read (changed under it). */
+    const latestCheckpointSize = (): number => {
+      try {
+        return log.latestCheckpoint()?.size ?? 0;
+      } catch {
+        return log.stats().lastCheckpointSize;
+      }
+    };
     /** What each model is (registration), and with live figures (capacity, /status). */
     const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
     /** What readiness and `accepting` are judged on (registration.ts). */
@@ -446,7 +484,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       accepting: accepting() && [...models.values()].some((m) => !modifiedModel(m)),
       models: [...models.values()].map((m) => ({ ...describe(m), slots_in_use: m.admission.inUse, queued: m.admission.queued, accepting: accepting() && !modifiedModel(m) })),
       // (the latest checkpoint as stored: `log export` beside the node may have signed a later one)
-      receipts: { ...log.stats(), lastCheckpointSize: log.latestCheckpoint()?.size ?? 0 },
+      receipts: { ...log.stats(), lastCheckpointSize: latestCheckpointSize() },
       in_flight: infer.inFlight,
       uptime_s: Math.round(process.uptime()),
       marketplace: registration?.status() ?? null,

@@ -2,6 +2,7 @@
 // ticket issued before a restart still settles after it, the totals and receipt lists survive,
 // a receipt already taken is still a duplicate (never counted twice), one market a file, and a
 // write that fails is 503 with nothing issued or counted.
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -159,6 +160,31 @@ describe('the market\'s file', () => {
     } finally {
       await m.close().catch(() => {});
       fs.rmSync(file, { force: true });
+    }
+  });
+
+  // Changed in place by another program (the same inode: the device:inode check sees nothing), its
+  // next checkpoint would mix what is left into the file: every write is refused, saying so.
+  test.each([
+    ['its -wal cut short', () => execFileSync('truncate', ['-s', '0', `${file}-wal`]), () => `${file}-wal`],
+    ['an older copy of it copied over it', () => execFileSync('cp', [`${dir}/older.db`, file]), () => file],
+  ])('%s while it runs: every write is refused (503 market_storage_failed, saying so)', async (_what, change, changed) => {
+    const lines: { msg: string }[] = [];
+    const { m, base } = await openMarket(lines);
+    try {
+      expect((await askTicket(base)).status).toBe(200);
+      execFileSync('cp', [file, `${dir}/older.db`]); // (an older copy, as a backup would be; by another process, as this one closing a descriptor of the file would drop SQLite's locks)
+      const { line } = await ticketAndReceipt(base); // (written after it: a commit, and the market's own checkpoints, never look like a change)
+      const totals = (await call(base, 'GET', '/v1/totals')).body;
+      change();
+      const refused = await call(base, 'POST', '/v1/receipts', { receipt: line });
+      expect(refused.status).toBe(503);
+      expect(refused.body.error).toMatchObject({ code: 'market_storage_failed', message: expect.stringContaining(`${changed()} was changed in place while the market used it, by something other than the market`) });
+      expect((await askTicket(base)).status).toBe(503);
+      expect((await call(base, 'GET', '/v1/totals')).body).toEqual(totals);
+    } finally {
+      await m.close().catch(() => {});
+      for (const f of [file, `${file}-wal`, `${dir}/older.db`]) fs.rmSync(f, { force: true });
     }
   });
 });

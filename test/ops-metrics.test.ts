@@ -150,4 +150,14 @@ describe('earnings counter is exact', () => {
     expect(text).toContain('seller_slots_in_use{model="tiny/llama"} 2');
     expect(text).toContain('seller_queue_depth{model="tiny/llama"} 3');
   });
+
+  test('seller_receipt_log_stopped is read at every scrape: 0 while the log takes receipts, 1 once it has stopped', async () => {
+    let stopped = false;
+    const m = createMetrics({ defaultMetrics: false, receiptLogStopped: () => stopped });
+    const text = await m.registry.metrics();
+    expect(text).toContain('# TYPE seller_receipt_log_stopped gauge');
+    expect(line(text, 'seller_receipt_log_stopped')).toBe('seller_receipt_log_stopped 0');
+    stopped = true;
+    expect(line(await m.registry.metrics(), 'seller_receipt_log_stopped')).toBe('seller_receipt_log_stopped 1');
+  });
 });

@@ -15,10 +15,11 @@ afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
 const size = (f: string): number => (fs.existsSync(f) ? fs.statSync(f).size : 0);
 
 describe('WalCheckpointer', () => {
-  test('the writer never checkpoints on its own below the fallback; the thread copies the WAL into the database, and the WAL starts over', async () => {
+  test('the writer never checkpoints on its own (the node runs its fallback, past FALLBACK_CHECKPOINT_PAGES, through the seal); the thread copies the WAL into the database, and the WAL starts over', async () => {
     const file = path.join(dir, 'state.db');
     const db = openStateDb(file);
-    expect(db.pragma('wal_autocheckpoint', { simple: true })).toBe(FALLBACK_CHECKPOINT_PAGES);
+    expect(db.pragma('wal_autocheckpoint', { simple: true })).toBe(0);
+    expect(FALLBACK_CHECKPOINT_PAGES).toBe(10_000);
     db.exec('CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)');
     const insert = db.prepare('INSERT INTO t (v) VALUES (?)');
     const fill = (n: number) => db.transaction(() => { for (let i = 0; i < n; i++) insert.run(Buffer.alloc(1000, i)); })();

@@ -80,6 +80,7 @@ export class MarketDb {
     }
     this.db = db;
     this.guard = new FileGuard(file);
+    this.guard.seal(); // (its files as this connection left them: it is their only writer, an exclusive lock held)
     this.putTicketStmt = db.prepare('INSERT OR REPLACE INTO tickets (ticket_id, expires_at, ticket) VALUES (?, ?, ?)');
     this.putReceiptStmt = db.prepare('INSERT INTO receipts (ticket_id, record) VALUES (?, ?)');
     // (Sums are BigInt, worked out by the caller: SQLite's integers stop at 2^63.)
@@ -97,7 +98,7 @@ export class MarketDb {
 
   /** Everything kept, for a market starting on this file: tickets expiring from `since` on, the newest `keep` receipts. */
   load(since: number, keep: number): MarketFileState {
-    this.pruneTicketsStmt.run(since);
+    this.written(() => this.pruneTicketsStmt.run(since));
     const tickets = this.db
       .prepare<[], { ticket: string }>('SELECT ticket FROM tickets ORDER BY rowid')
       .all()
@@ -126,37 +127,54 @@ export class MarketDb {
 
   /**
    * Throws once the file (or its -wal) was deleted or replaced while the market used it: SQLite
-   * would go on writing into the deleted file, and all of it would be gone at the next start.
-   * Checked before every write (a stat of two files).
+   * would go on writing into the deleted file, and all of it would be gone at the next start; or
+   * changed in place by something else (cut short, an older copy written over it): its next
+   * checkpoint would mix what is left into the file. Checked before every write (a stat of two
+   * files, twice), and the files' size and modification time noted after it.
    */
   private intact(): void {
     if (this.lost === undefined) {
       const gone = this.guard.changed();
       if (gone) this.lost = `${gone} was deleted or replaced while the market used it: it takes no more tickets or receipts (what it booked since it opened is in the file it still holds open; restart it on a file put back in place)`;
+      const over = gone ? undefined : this.guard.writtenOver();
+      if (over) this.lost = `${over} was changed in place while the market used it, by something other than the market (cut short, an older copy copied over it): it takes no more tickets or receipts (a checkpoint would mix what is left into the file); restart it on a file put back in place`;
     }
     if (this.lost !== undefined) throw new Error(this.lost);
+  }
+
+  /** Runs a write of this connection's, and notes the files as it left them (a commit may checkpoint). */
+  private written<T>(run: () => T): T {
+    try {
+      return run();
+    } finally {
+      this.guard.seal();
+    }
   }
 
   /** A ticket issued: durable before it is handed out. */
   putTicket(t: IssuedTicket): void {
     this.intact();
-    this.putTicketStmt.run(t.ticket_id, t.expires_at, JSON.stringify(storedTicket(t)));
+    this.written(() => this.putTicketStmt.run(t.ticket_id, t.expires_at, JSON.stringify(storedTicket(t))));
   }
 
   /** A receipt collected, its ticket (settled) and the totals with it counted: one transaction, durable before the market acknowledges it. */
   addReceipt(r: ReceiptRecord, ticket: IssuedTicket | undefined, tallies: TallyRow[]): void {
     this.intact();
-    this.addReceiptTx(r, ticket, tallies);
+    this.written(() => this.addReceiptTx(r, ticket, tallies));
   }
 
   forgetTicket(id: string): void {
-    this.deleteTicketStmt.run(id);
+    this.intact();
+    this.written(() => this.deleteTicketStmt.run(id));
   }
 
   /** Deletes tickets that expired before `before`, and all but the newest `keep` receipt records (the totals keep counting them). */
   prune(before: number, keep: number): void {
-    this.pruneTicketsStmt.run(before);
-    this.pruneReceiptsStmt.run(keep);
+    this.intact();
+    this.written(() => {
+      this.pruneTicketsStmt.run(before);
+      this.pruneReceiptsStmt.run(keep);
+    });
   }
 
   close(): void {

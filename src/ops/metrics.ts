@@ -15,6 +15,9 @@
 //   seller_request_duration_seconds{endpoint,model} histogram  admission to last byte
 //   seller_time_to_first_token_seconds{model}       histogram  admission to first token (includes queueing)
 //   seller_ticket_refusals_total{reason}            counter  reason a short code, e.g. "expired"
+//   seller_receipt_log_stopped                      gauge    1 once the receipt log has stopped (a failed
+//                                                    write, its files deleted or changed under it: paid
+//                                                    work is refused until a restart), else 0
 // plus prom-client's default process_* and nodejs_* metrics.
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 
@@ -68,6 +71,8 @@ export interface Metrics {
   readonly timeToFirstToken: Histogram<'model'>;
   /** seller_ticket_refusals_total{reason} */
   readonly ticketRefusals: Counter<'reason'>;
+  /** seller_receipt_log_stopped (read at each scrape from MetricsOptions.receiptLogStopped) */
+  readonly receiptLogStopped: Gauge;
 }
 
 export interface MetricsOptions {
@@ -75,6 +80,8 @@ export interface MetricsOptions {
   defaultMetrics?: boolean;
   /** Live slots and queue per model, read at every scrape into seller_slots_in_use and seller_queue_depth. */
   admission?: () => Iterable<{ model: string; inUse: number; queued: number }>;
+  /** Whether the receipt log has stopped, read at every scrape into seller_receipt_log_stopped. */
+  receiptLogStopped?: () => boolean;
 }
 
 export function createMetrics(options: MetricsOptions = {}): Metrics {
@@ -156,6 +163,18 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
     registers,
   });
 
+  const logStopped = options.receiptLogStopped;
+  const receiptLogStopped = new Gauge({
+    name: 'seller_receipt_log_stopped',
+    help: 'Whether the receipt log has stopped (1: paid work is refused until the node is restarted; the error log says why), else 0.',
+    registers,
+    ...(logStopped && {
+      collect() {
+        this.set(logStopped() ? 1 : 0);
+      },
+    }),
+  });
+
   if (options.defaultMetrics !== false) collectDefaultMetrics({ register: registry });
 
   const earnings: EarningsCounter = {
@@ -174,5 +193,5 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
     },
   };
 
-  return { registry, requests, tokens, receiptsSigned, earnings, queueDepth, slotsInUse, requestDuration, timeToFirstToken, ticketRefusals };
+  return { registry, requests, tokens, receiptsSigned, earnings, queueDepth, slotsInUse, requestDuration, timeToFirstToken, ticketRefusals, receiptLogStopped };
 }

@@ -2,10 +2,14 @@
 // writing into a database (or its -wal) that was deleted or replaced while open, and everything
 // written from then on is lost when the process ends: the receipt log stops, and the state store
 // refuses paid work, as soon as this says so (checked every few seconds and at checkpoints).
+// Files changed in place (the same inode: cut short, written over) are sqlite-seal.ts's; FileGuard
+// can also note a file's size and modification time after this process's own writes (`seal()`),
+// for a database no other connection writes (the dev market's, in exclusive locking mode).
 import fs from 'node:fs';
 import path from 'node:path';
-import type Database from 'better-sqlite3';
+import Database from 'better-sqlite3';
 import { fileIdentity } from '../../adapters/model-file.ts';
+import type { SqliteSeal } from './sqlite-seal.ts';
 
 /** A file's device and inode ("dev:ino"), or undefined when it is not there. */
 export function fileId(file: string): string | undefined {
@@ -13,13 +17,24 @@ export function fileId(file: string): string | undefined {
   return id && `${id.dev}:${id.ino}`;
 }
 
+/** A file's size and modification time, to the nanosecond ("size@mtime"), or undefined. */
+function fileStamp(file: string): string | undefined {
+  try {
+    const st = fs.statSync(file, { bigint: true });
+    return `${st.size}@${st.mtimeNs}`;
+  } catch {
+    return undefined;
+  }
+}
+
 export class FileGuard {
-  /** Each file, and its identity once it has been seen (a -wal appears at a database's first write). */
-  private readonly files: { path: string; id: string | undefined }[];
+  /** Each file, its identity once it has been seen (a -wal appears at a database's first write), and its stamp at the last seal(). */
+  private readonly files: { path: string; id: string | undefined; stamp: string | undefined }[];
+  private sealed = false;
 
   /** Watches the database file and its -wal, as they are now (or as they first appear). */
   constructor(dbPath: string) {
-    this.files = [dbPath, `${dbPath}-wal`].map((p) => ({ path: p, id: fileId(p) }));
+    this.files = [dbPath, `${dbPath}-wal`].map((p) => ({ path: p, id: fileId(p), stamp: undefined }));
   }
 
   /** The first of them deleted or replaced since it was seen, if any. */
@@ -29,6 +44,22 @@ export class FileGuard {
       if (f.id === undefined) f.id = now; // (not there yet: watched from when it is)
       else if (now !== f.id) return f.path;
     }
+    return undefined;
+  }
+
+  /**
+   * Notes both files' size and modification time as this process's writes left them: from then on
+   * writtenOver() says when either changed otherwise. Call after every write (a commit may checkpoint).
+   */
+  seal(): void {
+    this.sealed = true;
+    for (const f of this.files) f.stamp = fileStamp(f.path);
+  }
+
+  /** The first file changed in place since seal() (written, cut short), if any. */
+  writtenOver(): string | undefined {
+    if (!this.sealed) return undefined;
+    for (const f of this.files) if (f.stamp !== undefined && fileStamp(f.path) !== f.stamp) return f.path;
     return undefined;
   }
 }
@@ -67,8 +98,61 @@ export function rescueDatabase(db: Database.Database, dbPath: string, what: stri
   }
 }
 
-/** What a DatabaseRescue check found: the files just found gone (and the copy's outcome), or a copy that failed before now made. */
-export type RescueEvent = { kind: 'gone'; file: string; copy: { ok: boolean; message: string } } | { kind: 'made'; message: string };
+/**
+ * rescueDatabase for a database whose files were changed in place (sqlite-seal.ts): what the
+ * connection still reads, as it reads it, or, when that fails (the pages a WAL cut short no longer
+ * holds), the database file as it is (for a cut WAL: as its last checkpoint left it). `dbFd` is this
+ * process's descriptor of it (never closed here: that would drop SQLite's locks).
+ */
+export function rescueChangedDatabase(db: Database.Database, dbPath: string, dbFd: number, what: string, ifFailed: string): { ok: boolean; message: string } {
+  const read = rescueDatabase(db, dbPath, what, ifFailed);
+  if (read.ok) {
+    const at = /copied to (.+?): stop the node/.exec(read.message)?.[1];
+    let sound = false;
+    try {
+      const copy = new Database(at!, { readonly: true, fileMustExist: true });
+      try {
+        sound = copy.pragma('quick_check(1)', { simple: true }) === 'ok';
+      } finally {
+        copy.close();
+      }
+    } catch {
+      // (not a database: the file instead)
+    }
+    if (sound) return { ok: true, message: `${read.message} (It holds what the node still read through the changed files: rows from another time may be among them.)` };
+    for (const f of [at!, `${at}-journal`]) fs.rmSync(f, { force: true });
+  }
+  const rescued = path.join(path.dirname(dbPath), `${path.basename(dbPath).replace(/\.db$/, '')}.rescued-${Date.now()}.db`);
+  try {
+    if (dbFd < 0) throw new Error('the node holds no descriptor of it');
+    const out = fs.openSync(rescued, 'wx', 0o600);
+    try {
+      const buf = Buffer.alloc(1024 * 1024);
+      for (let at = 0; ; ) {
+        const n = fs.readSync(dbFd, buf, 0, buf.length, at);
+        if (n <= 0) break;
+        for (let w = 0; w < n; ) w += fs.writeSync(out, buf, w, n - w, at + w);
+        at += n;
+      }
+      fs.fsyncSync(out);
+    } finally {
+      fs.closeSync(out);
+    }
+    return { ok: true, message: `${what.charAt(0).toUpperCase()}${what.slice(1)} as the database file holds them (as of its last checkpoint: what its -wal held since is not in it) were copied to ${rescued}: stop the node, move that file to ${dbPath} (and remove ${dbPath}-wal and -shm if they are there) and start again.` };
+  } catch (e) {
+    fs.rmSync(rescued, { force: true });
+    return { ok: false, message: read.ok ? `Copying ${what} out failed (${(e as Error).message}). If the node stops: ${ifFailed}` : read.message };
+  }
+}
+
+/**
+ * What a DatabaseRescue check found: the files just found gone, or changed in place (what, as in
+ * "was cut short in place (…)"), and the copy's outcome; or a copy that failed before now made.
+ */
+export type RescueEvent =
+  | { kind: 'gone'; file: string; copy: { ok: boolean; message: string } }
+  | { kind: 'changed'; file: string; what: string; copy: { ok: boolean; message: string } }
+  | { kind: 'made'; message: string };
 
 /**
  * A database's files watched while it is in use; once they are deleted or replaced, what its
@@ -78,32 +162,39 @@ export type RescueEvent = { kind: 'gone'; file: string; copy: { ok: boolean; mes
  */
 export class DatabaseRescue {
   private state: 'watching' | 'failed' | 'done' = 'watching';
+  /** How the files were found: deleted or replaced, or changed in place (the seal's problem). */
+  private found: 'gone' | 'changed' = 'gone';
   private readonly files: FileGuard;
   private readonly db: Database.Database;
   private readonly dbPath: string;
   private readonly what: () => string;
   private readonly ifFailed: () => string;
+  private readonly seal: SqliteSeal | undefined;
 
-  constructor(db: Database.Database, dbPath: string, what: () => string, ifFailed: () => string) {
+  /** `seal`: the files are also watched for changes in place (receipt-log.ts does its own). */
+  constructor(db: Database.Database, dbPath: string, what: () => string, ifFailed: () => string, seal?: SqliteSeal) {
     this.files = new FileGuard(dbPath);
     this.db = db;
     this.dbPath = dbPath;
     this.what = what;
     this.ifFailed = ifFailed;
+    this.seal = seal;
   }
 
   /** Looks at the files (or tries a failed copy again); what there is to say, if anything. */
   check(): RescueEvent | undefined {
     if (this.state === 'done') return undefined;
     const gone = this.state === 'failed' ? undefined : this.files.changed();
-    if (this.state === 'watching' && !gone) return undefined;
-    const copy = rescueDatabase(this.db, this.dbPath, this.what(), this.ifFailed());
+    const changed = this.state === 'watching' && !gone ? this.seal?.check() : undefined;
+    if (this.state === 'watching' && !gone && !changed) return undefined;
+    if (changed) this.found = 'changed';
+    const copy = this.found === 'changed' ? rescueChangedDatabase(this.db, this.dbPath, this.seal!.dbFd, this.what(), this.ifFailed()) : rescueDatabase(this.db, this.dbPath, this.what(), this.ifFailed());
     if (this.state === 'failed') {
       if (!copy.ok) return undefined; // (said when it first failed; said again once made)
       this.state = 'done';
       return { kind: 'made', message: copy.message };
     }
     this.state = copy.ok ? 'done' : 'failed';
-    return { kind: 'gone', file: gone!, copy };
+    return changed ? { kind: 'changed', file: changed.file, what: changed.what, copy } : { kind: 'gone', file: gone!, copy };
   }
 }

@@ -3,7 +3,6 @@
 // deleted).
 import type Database from 'better-sqlite3';
 import { openWritableSqlite } from '../sqlite-file.ts';
-import { FALLBACK_CHECKPOINT_PAGES } from './wal-checkpointer.ts';
 
 /**
  * WAL with synchronous = NORMAL: a write survives any crash of the node process (the WAL is in
@@ -16,7 +15,10 @@ export function openStateDb(file: string): Database.Database {
   db.pragma('synchronous = NORMAL');
   // Deleted rows (recorded answers past their 24 h) are overwritten with zeros, not left in free pages.
   db.pragma('secure_delete = ON');
-  // Checkpoints are a WalCheckpointer's (a thread of its own): this connection's only as a fallback.
-  db.pragma(`wal_autocheckpoint = ${FALLBACK_CHECKPOINT_PAGES}`);
+  // Checkpoints are a WalCheckpointer's (a thread of its own), never SQLite's own within a write:
+  // the node runs each through its seal (sqlite-seal.ts: a database file changed by anything else
+  // is then told from its checkpoints), and runs one itself past FALLBACK_CHECKPOINT_PAGES of WAL,
+  // should the thread not keep up (node.ts, its file watch).
+  db.pragma('wal_autocheckpoint = 0');
   return db;
 }
