@@ -16,7 +16,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { afterEach, describe, expect, test } from 'vitest';
+import { afterEach, describe, expect, test, vi } from 'vitest';
 import { verifyLog } from '../attestation/log-verify.ts';
 import { ReceiptLog, type ReceiptLogOptions } from '../src/store/receipt-log.ts';
 import { SqliteSeal } from '../src/store/sqlite-seal.ts';
@@ -26,6 +26,7 @@ import { until } from './helpers/wait.ts';
 const dirs: string[] = [];
 const logs: ReceiptLog[] = [];
 afterEach(async () => {
+  vi.restoreAllMocks();
   for (const l of logs.splice(0)) await l.close().catch(() => undefined);
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 });
@@ -105,7 +106,7 @@ describe.each([0, 2])('the -wal cut short in place while the log runs (%i signer
     expect(fs.statSync(`${file}-wal`).ino).toBe(ino); // (the same file: no device:inode change to see)
     // The database file alone, as SQLite would have it now, lacks the receipts the WAL held.
     const alone = path.join(tmp(), 'alone.db');
-    fs.copyFileSync(file, alone);
+    execFileSync('cp', [file, alone]);
     const db = new Database(alone);
     expect(db.prepare<[], { n: number }>('SELECT COALESCE(SUM(count), 0) AS n FROM receipt_batches').get()!.n).toBeLessThan(size);
     db.close();
@@ -230,6 +231,34 @@ describe('an older copy copied over a log that has checkpointed since', () => {
     const at = path.join(tmp(), 'receipts.db');
     fs.copyFileSync(m![3]!, at);
     expect(() => ReceiptLog.open({ path: at, seed: s, threads: 0 })).toThrow(expect.objectContaining({ code: 'log_corrupt', message: expect.stringContaining(`is missing seq ${named[0]}`) }));
+  });
+});
+
+describe('a copy that fails is tried again while the node runs', () => {
+  test('the line says it failed and what to do; a later check makes it, says so once, and the log\'s failure says where it is', async () => {
+    const s = seed();
+    const dir = tmp();
+    const file = path.join(dir, 'receipts.db');
+    const notices: Notice[] = [];
+    const at = 1_700_000_000_789;
+    vi.spyOn(Date, 'now').mockReturnValue(at);
+    const target = path.join(dir, `receipts.rescued-${at}.db`);
+    const log = open(file, s, notices, { threads: 0, fileCheckMs: 20 });
+    await fill(log, 0, 3);
+    const lines = [...log.lines()];
+    fs.mkdirSync(target); // (in the copy's way, as a full disk would be)
+    execFileSync('truncate', ['-s', '0', `${file}-wal`]);
+    await until('the first line', () => errorsOf(notices).length === 1);
+    expect(errorsOf(notices)[0]).toMatch(new RegExp(`^${esc(STOPPED)}receipt log file .*-wal was cut short in place .* Copying its 3 durable receipts out failed \\(.+\\)\\. The node still holds them and tries again every few seconds while it runs: .* do not stop the node before it says the copy is made\\. If it stops first: put .* back only from a copy that holds all 3 receipts`));
+    expect(log.failure).toMatchObject({ code: 'log_files_changed', message: expect.stringContaining('Copying its 3 durable receipts out failed') });
+    fs.rmdirSync(target);
+    await until('the copy', () => errorsOf(notices).length === 2);
+    expect(errorsOf(notices)[1]).toBe(`receipt log: the copy failed before has now been made. Its 3 durable receipts (each checked against the log's Merkle tree) were copied to ${target}: stop the node, move that file to ${file}, remove ${file}-wal and ${file}-shm, and start again.`);
+    expect(log.failure!.message).toContain(`were copied to ${target}`);
+    await closeLog(log);
+    expect(errorsOf(notices)).toHaveLength(2);
+    vi.restoreAllMocks();
+    await reopenRescued(dir, file, s, 3, lines);
   });
 });
 

@@ -237,7 +237,7 @@ export class ReceiptLog {
   /**
    * Committed batches the database file may not hold yet (their WAL frames not yet copied into it
    * by a checkpoint), in seq order: what a -wal cut short loses, kept for its rescue. A batch goes
-   * once the WAL index says a checkpoint copied it (walProgress).
+   * once the WAL index says a checkpoint copied it (trimHeld).
    */
   private held: Held[] = [];
   private heldBytes = 0;
@@ -811,7 +811,10 @@ export class ReceiptLog {
           r.missing.length === 0
             ? `Its ${size} durable receipts (each checked against the log's Merkle tree) were copied to ${r.file}: stop the node, move that file to ${this.path}, ${files}, and start again.`
             : `Of its ${size} durable receipts, ${r.kept} (each checked against the log's Merkle tree) were copied to ${r.file}; seq ${sayRanges(r.missing)} are in no file or memory the node still holds, and buyers hold them signed. Stop the node. If a copy of ${this.path} (with its -wal) holding all ${size} receipts exists, put it back, ${files}, and start again; if not, keep ${r.file} for the audit and start over with a new key (seller-node init): serving on under this key without them would sign other receipts under their seqs.`;
-        if (retry) return this.notice(`receipt log: the copy failed before has now been made. ${outcome}`, 'error');
+        if (retry) {
+          if (hadStopped === undefined && this.broken?.code === 'log_files_changed') this.broken.message = `${lead} ${outcome}`; // (what /healthz says from now on)
+          return this.notice(`receipt log: the copy failed before has now been made. ${outcome}`, 'error');
+        }
       }
       const message = `${lead} ${outcome}`;
       if (hadStopped === undefined && this.broken?.code === 'log_files_changed') {
