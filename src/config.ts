@@ -16,6 +16,7 @@ import { fsProblem } from './fs-problem.ts';
 import { readTextFile } from './read-text-file.ts';
 import { marketUrlProblem } from './market-url.ts';
 import { parseHostPort, portAloneSuggestion, type HostPort } from './host-port.ts';
+import { DIAL_ONLY_IDLE_CONNECTION_MS, MIN_NODE_IDLE_CONNECTION_MS, NODE_CONNECTION_LIMITS } from './p2p/connection-limits.ts';
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -74,9 +75,42 @@ export interface NodeConfig {
   models: ModelConfig[];
   ops: { http: string };
   receipts: { checkpoint_every: number; checkpoint_interval_ms: number; signer_threads: number; min_free_mb: number };
+  /** Connection limits of the libp2p host (src/p2p/connection-limits.ts; p2pHostLimits turns them into createHost's options). */
+  p2p: P2pConfig;
   /** `auto`: llama.cpp on the host's GPU when it has one (CUDA, Vulkan, Metal), else the CPU; false: the CPU only. */
   gpu: 'auto' | false;
   log_level: (typeof LOG_LEVELS)[number];
+}
+
+export interface P2pConfig {
+  max_connections: number;
+  max_connections_per_ip: number;
+  max_pending_connections: number;
+  handshake_timeout_ms: number;
+  new_connections_per_ip_per_second: number;
+  /** 0: never. */
+  idle_connection_ms: number;
+}
+
+const P2P_DEFAULTS: P2pConfig = {
+  max_connections: NODE_CONNECTION_LIMITS.maxConnections,
+  max_connections_per_ip: NODE_CONNECTION_LIMITS.maxConnectionsPerIp,
+  max_pending_connections: NODE_CONNECTION_LIMITS.maxPendingConnections,
+  handshake_timeout_ms: NODE_CONNECTION_LIMITS.handshakeTimeoutMs,
+  new_connections_per_ip_per_second: NODE_CONNECTION_LIMITS.newConnectionsPerIpPerSecond,
+  idle_connection_ms: NODE_CONNECTION_LIMITS.idleConnectionMs,
+};
+
+/** The config's `p2p` limits as createHost's options (src/p2p/host.ts). */
+export function p2pHostLimits(p: P2pConfig) {
+  return {
+    maxConnections: p.max_connections,
+    maxConnectionsPerIp: p.max_connections_per_ip,
+    maxPendingConnections: p.max_pending_connections,
+    handshakeTimeoutMs: p.handshake_timeout_ms,
+    newConnectionsPerIpPerSecond: p.new_connections_per_ip_per_second,
+    idleConnectionMs: p.idle_connection_ms,
+  };
 }
 
 const DEFAULTS = {
@@ -87,6 +121,7 @@ const DEFAULTS = {
   models: [],
   ops: { http: '127.0.0.1:9464' },
   receipts: { checkpoint_every: 1000, checkpoint_interval_ms: 10_000, signer_threads: 2, min_free_mb: 256 },
+  p2p: P2P_DEFAULTS,
   gpu: 'auto',
   log_level: 'info',
 };
@@ -297,6 +332,30 @@ function tcpListenAddr(v: unknown, key: string): string {
   return text;
 }
 
+/** The `p2p` mapping: each key a whole number in its range, the per-address cap within the whole. */
+function p2pLimits(v: unknown): P2pConfig {
+  if (!isObject(v)) throw new ConfigError('p2p', 'expected a mapping');
+  only(v, 'p2p', Object.keys(P2P_DEFAULTS));
+  const p = { ...P2P_DEFAULTS, ...v };
+  const max = int(p.max_connections, 'p2p.max_connections', 1, 100_000);
+  const idle = int(p.idle_connection_ms, 'p2p.idle_connection_ms', 0, 86_400_000);
+  // A gateway closes its own idle connections after DIAL_ONLY_IDLE_CONNECTION_MS: a node that closed
+  // one sooner could close it just as the gateway sent a request on it, which that request would lose.
+  if (idle !== 0 && idle < MIN_NODE_IDLE_CONNECTION_MS) {
+    throw new ConfigError('p2p.idle_connection_ms', `expected 0 (never) or a whole number from ${MIN_NODE_IDLE_CONNECTION_MS} to 86400000: gateways close their own idle connections after ${DIAL_ONLY_IDLE_CONNECTION_MS} ms, and a node must not close one first`);
+  }
+  const perIp = int(p.max_connections_per_ip, 'p2p.max_connections_per_ip', 1, 100_000);
+  if (perIp > max) throw new ConfigError('p2p.max_connections_per_ip', `${perIp} is more than p2p.max_connections (${max}): expected at most that`);
+  return {
+    max_connections: max,
+    max_connections_per_ip: perIp,
+    max_pending_connections: int(p.max_pending_connections, 'p2p.max_pending_connections', 1, 100_000),
+    handshake_timeout_ms: int(p.handshake_timeout_ms, 'p2p.handshake_timeout_ms', 500, 60_000),
+    new_connections_per_ip_per_second: int(p.new_connections_per_ip_per_second, 'p2p.new_connections_per_ip_per_second', 1, 100_000),
+    idle_connection_ms: idle,
+  };
+}
+
 function validate(raw: Raw, base: string): NodeConfig {
   only(raw, '', Object.keys(DEFAULTS));
   const pick = <T>(k: keyof typeof DEFAULTS): T => (raw[k] === undefined ? DEFAULTS[k] : raw[k]) as T;
@@ -383,6 +442,8 @@ function validate(raw: Raw, base: string): NodeConfig {
   only(rc, 'receipts', Object.keys(DEFAULTS.receipts));
   const r = { ...DEFAULTS.receipts, ...rc };
 
+  const p2p = p2pLimits(pick<unknown>('p2p'));
+
   const gpu = pick<unknown>('gpu');
   if (gpu !== 'auto' && gpu !== false) throw new ConfigError('gpu', 'expected auto (the GPU when the host has one) or false (the CPU only)');
 
@@ -403,6 +464,7 @@ function validate(raw: Raw, base: string): NodeConfig {
       signer_threads: int(r.signer_threads, 'receipts.signer_threads', 0, 64),
       min_free_mb: int(r.min_free_mb, 'receipts.min_free_mb', 0, 1 << 30),
     },
+    p2p,
     gpu,
     log_level: level as NodeConfig['log_level'],
   };

@@ -6,7 +6,7 @@ import { LlamaEmbeddedAdapter, namingModelFile } from '../adapters/llama-embedde
 import { sendLlamaLines } from '../adapters/llama-load-errors.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
-import { opsHostPort, type NodeConfig } from './config.ts';
+import { opsHostPort, p2pHostLimits, type NodeConfig } from './config.ts';
 import { readPriceList, savePriceList } from './data-dir.ts';
 import { LOCK_FILE, lockDataDir } from './data-dir-lock.ts';
 import { Admission } from './dispatch/admission.ts';
@@ -414,7 +414,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     let host: Awaited<ReturnType<typeof createHost>>;
     try {
-      host = await createHost({ seed: identity.seed, listen: config.listen });
+      host = await createHost({ seed: identity.seed, listen: config.listen, ...p2pHostLimits(config.p2p) });
     } catch (e) {
       throw new NodeStartError(`listen: ${listenFailure(e as Error)}`, { cause: e });
     }

@@ -2,6 +2,11 @@
 // from the node's Ed25519 seed, and nothing else (no DHT, no identify, no discovery). Peers are dialled
 // by full multiaddr (…/p2p/<peer id>); identify is not needed for that, nor for protocol negotiation,
 // which multistream-select does per stream.
+//
+// On the public internet it bounds what strangers can hold (connection-limits.ts, docs/decisions.md
+// "Connections from strangers"): a short handshake timeout and room for many handshakes at once,
+// at most a few connections per address (address-cap.ts), and connections without a stream closed
+// after a while (idle-connections.ts).
 import { createLibp2p } from 'libp2p';
 import { tcp } from '@libp2p/tcp';
 import { noise } from '@chainsafe/libp2p-noise';
@@ -14,16 +19,22 @@ import { lengthPrefixWithoutThrow } from './length-prefix-no-throw.ts';
 import { hostLogger } from './quiet-logger.ts';
 import { HOST_MAX_STREAM_WINDOW, STREAM_READ_BUFFER, STREAMS_PER_PROTOCOL } from './stream-limits.ts';
 import { halfWindowUpdates } from './yamux-window-updates.ts';
+import { addressCap } from './address-cap.ts';
+import { idleStreamTracking, watchIdleConnections } from './idle-connections.ts';
+import { DIAL_ONLY_IDLE_CONNECTION_MS, NODE_CONNECTION_LIMITS, type ConnectionLimits } from './connection-limits.ts';
 
 export type Host = Libp2p;
 
-export interface HostOptions {
+/**
+ * The connection limits (connection-limits.ts; config.ts's `p2p` keys), each defaulting to the
+ * node's (NODE_CONNECTION_LIMITS), except that a dial-only host closes its idle connections after
+ * DIAL_ONLY_IDLE_CONNECTION_MS: before any node would.
+ */
+export interface HostOptions extends Partial<ConnectionLimits> {
   /** The node's 32-byte Ed25519 seed (NodeIdentity.seed). */
   seed: Uint8Array;
   /** Listen multiaddrs, e.g. ['/ip4/0.0.0.0/tcp/4001']; [] for a dial-only host (a gateway). */
   listen: string[];
-  /** Most open connections (libp2p's connection manager; default 300). */
-  maxConnections?: number;
 }
 
 const warned = new Set<string>();
@@ -33,11 +44,23 @@ function warnOnce(tuning: string, pkg: string): void {
   process.emitWarning(`libp2p tuning "${tuning}" is off: ${pkg} no longer has the shape it patches (see docs/decisions.md)`, 'SellerNodeWarning');
 }
 
+/** The limits a host applies: the options given, the defaults for the rest. */
+export function connectionLimits(opts: HostOptions): ConnectionLimits {
+  const defaults: ConnectionLimits = { ...NODE_CONNECTION_LIMITS, ...(opts.listen.length === 0 ? { idleConnectionMs: DIAL_ONLY_IDLE_CONNECTION_MS } : {}) };
+  const limits = { ...defaults };
+  for (const k of Object.keys(defaults) as (keyof ConnectionLimits)[]) limits[k] = opts[k] ?? defaults[k];
+  return limits;
+}
+
 /** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
 export async function createHost(opts: HostOptions): Promise<Host> {
   // Each returns false when its library has changed shape (an upgrade): said once, then run without.
   if (!halfWindowUpdates()) warnOnce('yamux half-window updates', '@chainsafe/libp2p-yamux');
   if (!lengthPrefixWithoutThrow()) warnOnce('Noise reads without an exception per read', '@libp2p/utils');
+  if (!idleStreamTracking()) warnOnce('idle connections timed from their last stream', '@libp2p/utils');
+  const limits = connectionLimits(opts);
+  // Per address, handshaking or open (address-cap.ts): one host cannot take every place.
+  const cap = addressCap(limits.maxConnectionsPerIp);
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
   const logger = hostLogger();
   const host = await createLibp2p({
@@ -55,13 +78,22 @@ export async function createHost(opts: HostOptions): Promise<Host> {
         streamOptions: { maxStreamWindowSize: HOST_MAX_STREAM_WINDOW, maxReadBufferLength: STREAM_READ_BUFFER },
       }),
     ],
-    connectionManager: opts.maxConnections !== undefined ? { maxConnections: opts.maxConnections } : {},
+    // (docs/decisions.md, "Connections from strangers") libp2p's defaults let 10 sockets that never
+    // finish their handshake keep every new connection out for 10 s at a time.
+    connectionManager: {
+      maxConnections: limits.maxConnections,
+      maxIncomingPendingConnections: limits.maxPendingConnections,
+      inboundUpgradeTimeout: limits.handshakeTimeoutMs,
+      inboundConnectionThreshold: limits.newConnectionsPerIpPerSecond,
+    },
+    connectionGater: cap.gater,
     services: {},
     start: false,
   });
   // Before start, so that the first connection (even one accepted at once) is covered too.
   cacheProtocolMerges(host);
   corkHostWrites(host);
+  if (limits.idleConnectionMs > 0) watchIdleConnections(host, { idleMs: limits.idleConnectionMs });
   await host.start();
   return host;
 }
