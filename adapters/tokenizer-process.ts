@@ -2,7 +2,8 @@
 // alone, so that llama.cpp's tokenizer, synchronous and quadratic on some texts, never holds the
 // node's event loop (s24 hB: 104,000 "<unk>" held a node 13.8 s, 262,000 "é" 9.6 s, and every
 // request, /healthz and heartbeat with it). One text at a time, each bounded by a deadline: past
-// it the child is killed (started again for the next text) and the text is refused.
+// it the child is killed (started again for the next text) and the text is refused. Large chats
+// are rendered there too, with the model's chat template, under the same deadline.
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,9 +12,23 @@ const CHILD = fileURLToPath(new URL(`./tokenizer-child${path.extname(fileURLToPa
 /** How long the child may take to load the vocabulary. */
 const START_MS = 60_000;
 
-/** The text was not tokenised within the deadline (the child was killed). */
+/** The text was not tokenised (or the chat not rendered) within the deadline (the child was killed). */
 export class TokenizeDeadlineError extends Error {
   override name = 'TokenizeDeadlineError';
+}
+
+/** The chat template refused the messages (its raise_exception, or a shape it cannot handle). */
+export class TemplateRefusedError extends Error {
+  override name = 'TemplateRefusedError';
+}
+
+/** What the child answers a text or a chat with. */
+interface Answer {
+  id?: number;
+  tokens?: Int32Array;
+  text?: string;
+  refused?: string;
+  error?: string;
 }
 
 export class TokenizerProcess {
@@ -32,9 +47,18 @@ export class TokenizerProcess {
 
   /** The tokens of `pieces` laid end to end, each tokenised on its own; one text at a time. */
   tokenize(pieces: string[], special: boolean): Promise<Int32Array> {
-    const run = this.queue.then(() => this.one(pieces, special));
-    this.queue = run.catch(() => undefined);
-    return run;
+    return this.queued(() => this.one({ pieces, special }, 'the text was', 'tokenised', (m) => m.tokens));
+  }
+
+  /** `template` rendered with `messages` (add_generation_prompt, bos_token, eos_token), as the node's own Jinja renders it. */
+  render(template: string, messages: unknown[], tokens: { bos: string; eos: string }): Promise<string> {
+    return this.queued(() => this.one({ render: { template, messages, bos: tokens.bos, eos: tokens.eos } }, 'the chat was', 'rendered', (m) => m.text));
+  }
+
+  private queued<T>(run: () => Promise<T>): Promise<T> {
+    const next = this.queue.then(run);
+    this.queue = next.catch(() => undefined);
+    return next;
   }
 
   /** Starts the child now, in the background (what fails is said at the first text). */
@@ -93,26 +117,28 @@ export class TokenizerProcess {
     return this.ready;
   }
 
-  private async one(pieces: string[], special: boolean): Promise<Int32Array> {
+  private async one<T>(ask: object, what: string, done: string, pick: (m: Answer) => T | undefined): Promise<T> {
     if (this.stopped) throw new Error('the tokenizer process is stopped');
     const child = await this.start();
     const id = this.nextId++;
-    return new Promise<Int32Array>((resolve, reject) => {
+    return new Promise<T>((resolve, reject) => {
       const timer = setTimeout(() => {
         finish();
         this.forget(child); // (the next text starts another now, not when this one's exit comes)
         child.kill('SIGKILL');
-        reject(new TokenizeDeadlineError(`not tokenised within ${this.deadlineMs / 1000} s`));
+        reject(new TokenizeDeadlineError(`not ${done} within ${this.deadlineMs / 1000} s`));
       }, this.deadlineMs);
-      const onMessage = (m: { id?: number; tokens?: Int32Array; error?: string }) => {
+      const onMessage = (m: Answer) => {
         if (m.id !== id) return;
         finish();
-        if (m.tokens) resolve(m.tokens);
+        const value = pick(m);
+        if (value !== undefined) resolve(value);
+        else if (m.refused !== undefined) reject(new TemplateRefusedError(m.refused));
         else reject(new Error(`the tokenizer process failed: ${m.error ?? 'unknown error'}`));
       };
       const onExit = (code: number | null, signal: string | null) => {
         finish();
-        reject(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) while it tokenised`));
+        reject(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before ${what} ${done}`));
       };
       const finish = () => {
         clearTimeout(timer);
@@ -123,7 +149,7 @@ export class TokenizerProcess {
       child.on('message', onMessage);
       child.on('exit', onExit);
       child.channel?.ref();
-      child.send({ id, pieces, special });
+      child.send({ id, ...ask });
     });
   }
 }
