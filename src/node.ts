@@ -414,7 +414,16 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     let host: Awaited<ReturnType<typeof createHost>>;
     try {
-      host = await createHost({ seed: identity.seed, listen: config.listen, ...p2pHostLimits(config.p2p) });
+      host = await createHost({
+        seed: identity.seed,
+        listen: config.listen,
+        ...p2pHostLimits(config.p2p),
+        // Counted, never a line each: a stranger decides how often these happen.
+        observer: {
+          refused: (reason) => metrics.p2pConnectionsRefused.inc({ reason }),
+          closedIdle: () => metrics.p2pConnectionsClosedIdle.inc(),
+        },
+      });
     } catch (e) {
       throw new NodeStartError(`listen: ${listenFailure(e as Error)}`, { cause: e });
     }

@@ -18,6 +18,13 @@
 //   seller_receipt_log_stopped                      gauge    1 once the receipt log has stopped (a failed
 //                                                    write, its files deleted or changed under it: paid
 //                                                    work is refused until a restart), else 0
+//   seller_p2p_connections_refused_total{reason}    counter  inbound libp2p sockets the node's own limits refused
+//                                                    before any handshake; reason "address_cap" (over
+//                                                    p2p.max_connections_per_ip). libp2p's own limits
+//                                                    (pending handshakes, per-address rate, maxConnections,
+//                                                    handshake timeout) are not seen (src/p2p/host.ts)
+//   seller_p2p_connections_closed_idle_total        counter  libp2p connections closed for having had no stream
+//                                                    for p2p.idle_connection_ms
 // plus prom-client's default process_* and nodejs_* metrics.
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 
@@ -73,7 +80,14 @@ export interface Metrics {
   readonly ticketRefusals: Counter<'reason'>;
   /** seller_receipt_log_stopped (read at each scrape from MetricsOptions.receiptLogStopped) */
   readonly receiptLogStopped: Gauge;
+  /** seller_p2p_connections_refused_total{reason}; every reason in P2P_REFUSAL_REASONS is shown from 0. */
+  readonly p2pConnectionsRefused: Counter<'reason'>;
+  /** seller_p2p_connections_closed_idle_total */
+  readonly p2pConnectionsClosedIdle: Counter;
 }
+
+/** The reasons seller_p2p_connections_refused_total has a series for from the start (at 0, so that an alert on its increase sees the first). */
+export const P2P_REFUSAL_REASONS: readonly string[] = ['address_cap'];
 
 export interface MetricsOptions {
   /** Collect prom-client's default process and Node.js metrics on this registry (default true). */
@@ -175,6 +189,19 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
     }),
   });
 
+  const p2pConnectionsRefused = new Counter({
+    name: 'seller_p2p_connections_refused_total',
+    help: 'Inbound libp2p connections refused by the node before any handshake, by reason (address_cap: over p2p.max_connections_per_ip).',
+    labelNames: ['reason'] as const,
+    registers,
+  });
+  for (const reason of P2P_REFUSAL_REASONS) p2pConnectionsRefused.inc({ reason }, 0);
+  const p2pConnectionsClosedIdle = new Counter({
+    name: 'seller_p2p_connections_closed_idle_total',
+    help: 'libp2p connections closed for having had no stream for p2p.idle_connection_ms.',
+    registers,
+  });
+
   if (options.defaultMetrics !== false) collectDefaultMetrics({ register: registry });
 
   const earnings: EarningsCounter = {
@@ -193,5 +220,5 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
     },
   };
 
-  return { registry, requests, tokens, receiptsSigned, earnings, queueDepth, slotsInUse, requestDuration, timeToFirstToken, ticketRefusals, receiptLogStopped };
+  return { registry, requests, tokens, receiptsSigned, earnings, queueDepth, slotsInUse, requestDuration, timeToFirstToken, ticketRefusals, receiptLogStopped, p2pConnectionsRefused, p2pConnectionsClosedIdle };
 }

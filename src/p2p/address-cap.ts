@@ -56,8 +56,12 @@ export interface AddressCap {
   readonly refused: number;
 }
 
-/** A per-address cap of `max` inbound connections (see the top of this file). */
-export function addressCap(max: number): AddressCap {
+/**
+ * A per-address cap of `max` inbound connections (see the top of this file). `onRefused` is told of
+ * each socket refused (after the count, before libp2p closes it); it must not throw, and it is
+ * called at the rate a stranger connects, so it should only count (no log line each).
+ */
+export function addressCap(max: number, onRefused?: () => void): AddressCap {
   const counts = new Map<string, number>();
   let refused = 0;
   const release = (group: string): void => {
@@ -75,6 +79,7 @@ export function addressCap(max: number): AddressCap {
         const n = counts.get(group) ?? 0;
         if (n >= max) {
           refused++;
+          onRefused?.();
           return true;
         }
         counts.set(group, n + 1);

@@ -6,7 +6,9 @@
 // On the public internet it bounds what strangers can hold (connection-limits.ts, docs/decisions.md
 // "Connections from strangers"): a short handshake timeout and room for many handshakes at once,
 // at most a few connections per address (address-cap.ts), and connections without a stream closed
-// after a while (idle-connections.ts).
+// after a while (idle-connections.ts). What those limits do is told to an observer (HostOptions.observer;
+// the node counts it in its metrics): this folder does not know the node's metrics, nor logs a
+// line per refusal, which a stranger could ask for thousands of times a second.
 import { createLibp2p } from 'libp2p';
 import { tcp } from '@libp2p/tcp';
 import { noise } from '@chainsafe/libp2p-noise';
@@ -26,6 +28,27 @@ import { DIAL_ONLY_IDLE_CONNECTION_MS, NODE_CONNECTION_LIMITS, type ConnectionLi
 export type Host = Libp2p;
 
 /**
+ * Why the host's own code refused an inbound socket. Only what this project decides: libp2p's own
+ * refusals (its pending-handshake limit, its per-address rate `inboundConnectionThreshold`,
+ * maxConnections) and its handshake timeout happen inside its connection manager and upgrader,
+ * which announce them nowhere a host can listen (no event: a line in libp2p's debug log and a
+ * count in libp2p's own metrics, which this host does not configure), so they are not told here.
+ */
+export type ConnectionRefusal = 'address_cap';
+
+/**
+ * Told what the host's connection limits did, as they do it. Each call is cheap and made at the rate
+ * strangers connect: count, do not log a line each. A method that throws is ignored (it never
+ * changes what the host does).
+ */
+export interface ConnectionObserver {
+  /** An inbound socket refused before any handshake work, and closed. */
+  refused?(reason: ConnectionRefusal): void;
+  /** A connection closed for having had no stream for the idle time (its close begins). */
+  closedIdle?(): void;
+}
+
+/**
  * The connection limits (connection-limits.ts; config.ts's `p2p` keys), each defaulting to the
  * node's (NODE_CONNECTION_LIMITS), except that a dial-only host closes its idle connections after
  * DIAL_ONLY_IDLE_CONNECTION_MS: before any node would.
@@ -35,6 +58,8 @@ export interface HostOptions extends Partial<ConnectionLimits> {
   seed: Uint8Array;
   /** Listen multiaddrs, e.g. ['/ip4/0.0.0.0/tcp/4001']; [] for a dial-only host (a gateway). */
   listen: string[];
+  /** Told of each refusal and idle close (the node's metrics); none: nobody is told. */
+  observer?: ConnectionObserver;
 }
 
 const warned = new Set<string>();
@@ -52,6 +77,15 @@ export function connectionLimits(opts: HostOptions): ConnectionLimits {
   return limits;
 }
 
+/** Calls an observer's method, ignoring what it throws (see ConnectionObserver). */
+function tell(f: (() => void) | undefined): void {
+  try {
+    f?.();
+  } catch {
+    // (an observer's failure is not the host's: a refusal still refuses, a close still closes)
+  }
+}
+
 /** Creates and starts a host. Call `host.stop()` to close every connection and listener. */
 export async function createHost(opts: HostOptions): Promise<Host> {
   // Each returns false when its library has changed shape (an upgrade): said once, then run without.
@@ -60,7 +94,8 @@ export async function createHost(opts: HostOptions): Promise<Host> {
   if (!idleStreamTracking()) warnOnce('idle connections timed from their last stream', '@libp2p/utils');
   const limits = connectionLimits(opts);
   // Per address, handshaking or open (address-cap.ts): one host cannot take every place.
-  const cap = addressCap(limits.maxConnectionsPerIp);
+  const observer = opts.observer;
+  const cap = addressCap(limits.maxConnectionsPerIp, observer?.refused && (() => tell(() => observer.refused?.('address_cap'))));
   const privateKey = libp2pPrivateKeyFromSeed(opts.seed);
   const logger = hostLogger();
   const host = await createLibp2p({
@@ -93,7 +128,9 @@ export async function createHost(opts: HostOptions): Promise<Host> {
   // Before start, so that the first connection (even one accepted at once) is covered too.
   cacheProtocolMerges(host);
   corkHostWrites(host);
-  if (limits.idleConnectionMs > 0) watchIdleConnections(host, { idleMs: limits.idleConnectionMs });
+  if (limits.idleConnectionMs > 0) {
+    watchIdleConnections(host, { idleMs: limits.idleConnectionMs, ...(observer?.closedIdle && { onIdleClose: () => tell(() => observer.closedIdle?.()) }) });
+  }
   await host.start();
   return host;
 }

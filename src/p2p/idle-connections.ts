@@ -31,6 +31,8 @@ function muxerOf(connection: Connection): Muxer | undefined {
 export interface IdleCloseOptions {
   /** How long a connection may have no stream before it is closed (> 0). */
   idleMs: number;
+  /** Told of each connection closed here, as its close begins (once per connection; must not throw). */
+  onIdleClose?: (conn: Connection) => void;
 }
 
 /** Whether libp2p's muxers still have the method a new stream is seen through (see above). */
@@ -74,6 +76,7 @@ export function watchIdleConnections(host: Libp2p, opts: IdleCloseOptions): void
       for (const s of conn.streams) watch(conn, s);
       return;
     }
+    opts.onIdleClose?.(conn);
     conn.close().catch((err: unknown) => conn.abort(err instanceof Error ? err : new Error(String(err))));
   };
 
