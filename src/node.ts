@@ -36,6 +36,7 @@ import { SqliteSeal } from './store/sqlite-seal.ts';
 import { DescriptorWatch } from './ops/descriptor-watch.ts';
 import { RepeatLimit } from './ops/repeat-limit.ts';
 import { openStateDb } from './store/state-db.ts';
+import { CloseGuard } from './store/close-guard.ts';
 import { FALLBACK_CHECKPOINT_PAGES, WalCheckpointer } from './store/wal-checkpointer.ts';
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
@@ -232,12 +233,26 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // Its files changed in place by another program (a cut -wal, an older copy written over it) are
     // noticed too (sqlite-seal.ts): every checkpoint of it runs through the seal.
     let stateSeal: SqliteSeal;
+    // Closed after the connection once its files were changed in place, so that the connection's
+    // close checkpoints nothing into them (close-guard.ts).
+    let stateGuard: CloseGuard;
     try {
       stateSeal = SqliteSeal.attach(statePath);
     } catch (e) {
       db.close();
       throw dataDirError(statePath, e);
     }
+    try {
+      stateGuard = CloseGuard.open(statePath);
+    } catch (e) {
+      db.close();
+      stateSeal.release();
+      throw dataDirError(statePath, e);
+    }
+    /** Whether state.db's files were found changed in place by another program. */
+    let stateChanged = false;
+    /** The file check, once it is set up below (run once more at close). */
+    let checkStateAtClose: (() => void) | undefined;
     const stateFiles = new DatabaseRescue(
       db,
       statePath,
@@ -249,8 +264,12 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       logger.error({ receipts: log.size }, `${statePath} was not there and has been created anew, though the receipt log holds ${log.size} receipts: the used tickets and Idempotency-Key records it kept are gone (a ticket of the last minutes could be used again, and a retry of the last 24 h runs and is billed again); if it was removed by mistake, stop the node and put it back`);
     }
     cleanup.push(['state database', () => {
-      db.close();
-      stateSeal.release(); // (after the connection: see sqlite-seal.ts)
+      try {
+        if (!stateChanged) checkStateAtClose?.(); // (a change since the last 5 s check: said, copied, not checkpointed into)
+      } finally {
+        stateGuard.closeWith(db, stateChanged);
+        stateSeal.release(); // (after the connection: see sqlite-seal.ts)
+      }
     }]);
     // Its checkpoints (an fsync each) on a thread of their own, off the event loop.
     const stateCheckpoints = new WalCheckpointer(statePath, { seal: stateSeal, onError: (m) => logger.warn({ err: m }, 'state.db could not be checkpointed (its WAL grows until it can; the node checkpoints it itself past ~40 MiB)') });
@@ -351,11 +370,13 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       const found = stateFiles.check();
       if (!found) return;
       if (found.kind === 'made') return void logger.error({}, `state file: the copy failed before has now been made. ${found.message}`);
+      if (found.kind === 'changed') stateChanged = true;
       const how = found.kind === 'gone' ? 'was deleted or replaced while the node used it' : `${found.what} while the node used it (something other than the node changed it, a truncate or an older copy copied over it, and SQLite's next checkpoint would mix what is left into it)`;
       const e = new StoreStopped(`state file ${found.file} ${how}: paid requests are refused until a restart. ${found.copy.message}`);
       state.stop(e);
       logger.error({}, e.message);
     };
+    checkStateAtClose = watchStateFile;
     const descriptors = new DescriptorWatch({
       error: (u) => logger.error({ open: u.open, limit: u.limit }, `${u.open} of the ${u.limit} file descriptors this process may open are in use: beyond the limit the system refuses buyers' connections, the market's and the node's own files; raise it (LimitNOFILE= in a systemd unit, ulimit -n in a shell) or take fewer connections`),
       info: (u) => logger.info({ open: u.open, limit: u.limit }, 'file descriptors: clear of the limit again'),

@@ -113,5 +113,27 @@ describe('a serving node whose files are changed in place', () => {
     expect(fs.readdirSync(data).filter((f) => /^state\.rescued-\d+\.db$/.test(f))).toHaveLength(1);
     expect(await gauge(node)).toBe('0'); // (the receipt log has not stopped: its own gauge)
     expect((await fetch(`${node.opsUrl}/healthz`)).status).toBe(200);
+    // Stopped, the node leaves the files as it found them: its close checkpoints nothing into the
+    // older copy and its -wal stays (close-guard.ts).
+    const sha = (f: string) => crypto.createHash('sha256').update(fs.readFileSync(f)).digest('hex');
+    const wal = fs.readFileSync(path.join(data, 'state.db-wal'));
+    await node.stop(1000);
+    expect(sha(path.join(data, 'state.db'))).toBe(sha(older));
+    expect(fs.existsSync(path.join(data, 'state.db-wal'))).toBe(true);
+    expect(fs.readFileSync(path.join(data, 'state.db-wal')).equals(wal)).toBe(true);
+  }, 60_000);
+
+  test('a normal stop still checkpoints state.db: the -wal is gone and the file holds the used tickets', async () => {
+    const { data, node, ask } = await serving();
+    expect((await ask()).head.status).toBe(200);
+    await node.stop(1000);
+    expect(fs.existsSync(path.join(data, 'state.db-wal'))).toBe(false);
+    const db = new Database(path.join(data, 'state.db'), { readonly: true });
+    try {
+      expect(db.prepare<[], { n: number }>('SELECT count(*) AS n FROM used_tickets').get()!.n).toBe(1);
+      expect(db.pragma('quick_check', { simple: true })).toBe('ok');
+    } finally {
+      db.close();
+    }
   }, 60_000);
 });

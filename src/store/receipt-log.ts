@@ -20,7 +20,8 @@ import { GENESIS_PREV, RECEIPT_PAYLOAD_TYPE, buildReceiptPayload, expectedCost, 
 import { batchItem, packPayloads, type SignedBatch } from '../../attestation/sign-batch.ts';
 import { SignerPool } from '../../attestation/signer-pool.ts';
 import { identityFromSeed } from '../identity.ts';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
+import { CloseGuard } from './close-guard.ts';
 import { FilesChangedError, inDatabaseFile, openDb, requestKey, rowRequestKeys, rowToBatch, SCHEMA, type BatchRow, type CommitMark } from './log-writer.ts';
 import { chainHeadPath, headMismatch, headPath, readChainHead, readHead, writeChainHead, writeHead } from './checkpoint-head.ts';
 import { DatabaseRescue } from './file-guard.ts';
@@ -174,11 +175,8 @@ export class ReceiptLog {
   readonly providerId: string;
   readonly origin: string;
   private readonly db: Database.Database;
-  /**
-   * A read-only connection to the same file, idle from the open on (see closeConnections): while
-   * it is open, closing `db` cannot checkpoint the WAL into the database file.
-   */
-  private readonly closeGuard: Database.Database;
+  /** While it is open, closing `db` cannot checkpoint the WAL into the database file (close-guard.ts). */
+  private readonly closeGuard: CloseGuard;
   private readonly seed: Uint8Array;
   private readonly publicKey: Uint8Array;
   private readonly tree: MerkleTree;
@@ -274,7 +272,7 @@ export class ReceiptLog {
       }
     };
     this.db = openDb(opts.path);
-    let guard: Database.Database | undefined;
+    let guard: CloseGuard | undefined;
     try {
       this.db.exec(SCHEMA);
       const owner = this.db.prepare<[], { value: string }>("SELECT value FROM meta WHERE key = 'provider'").get();
@@ -344,11 +342,10 @@ export class ReceiptLog {
       // Opened while the files are as SQLite left them, and read once: from then on it holds a
       // SHARED lock on the database file until it closes (WAL mode), its WAL open. Not at the
       // stop: a connection that opens a database file found empty deletes its -wal.
-      guard = new Database(opts.path, { readonly: true, fileMustExist: true });
-      guard.pragma('schema_version', { simple: true });
+      guard = CloseGuard.open(opts.path);
       this.closeGuard = guard;
     } catch (e) {
-      guard?.close();
+      guard?.release();
       this.db.close();
       throw e;
     }
@@ -957,27 +954,12 @@ export class ReceiptLog {
   }
 
   /**
-   * Closes the connection, and the guard beside it. SQLite's last connection to a WAL database
-   * checkpoints the WAL into the database file as it closes, then deletes the -wal and -shm
-   * (sqlite3WalClose, from sqlite3PagerClose), and better-sqlite3 cannot turn that off
-   * (SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE is not exposed). Normally that is the close's final
-   * checkpoint (synchronous = FULL): the guard closes first. Once the files were changed in place
-   * (log_files_changed), that checkpoint would copy the node's newer pages into what the other
-   * program left (an older copy, say: then neither that copy nor the node's log) and delete the
-   * -wal that held them. So the guard closes last. The checkpoint on close is made only under an
-   * EXCLUSIVE lock on the database file, which SQLite refuses while another connection of this
-   * process holds SHARED (unixLock: "another thread in this same process is still holding a shared
-   * lock"; a connection in WAL mode holds SHARED from its first read until it closes), and the
-   * guard's own close cannot take it on its read-only descriptor (fcntl F_WRLCK: EBADF). Neither
-   * checkpoints, both leave the -wal and -shm, and the files stay as the stop found them.
+   * Closes the connection, and the guard beside it (close-guard.ts): normally the guard first, so
+   * that the close makes its final checkpoint (synchronous = FULL); once the files were changed in
+   * place (log_files_changed), the guard last, so that nothing is checkpointed into them.
    */
   private closeConnections(): void {
-    const changed = this.inPlace !== undefined;
-    try {
-      if (!changed) this.closeGuard.close();
-      this.db.close();
-    } finally {
-      if (this.closeGuard.open) this.closeGuard.close();
-    }
+    this.closeGuard.closeWith(this.db, this.inPlace !== undefined);
   }
+
 }
