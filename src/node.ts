@@ -333,12 +333,16 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       logger.info({ model: m.id, context: adapter.info.contextLength, tokens_per_second: tps, model_sha256: adapter.info.modelSha256, runtime: adapter.info.version, probe: adapter.probed, start_ms: Math.round(performance.now() - started) }, 'model ready');
     }
     const gate = new TicketGate({ db, marketplaceKeys: config.marketplace.public_keys.map((k) => ({ publicKey: k })), providerId: identity.providerId });
-    const idempotency = new IdempotencyStore(db);
+    // (Its WAL truncations, checkpoints, run through the seal: only on files as SQLite left them.)
+    const idempotency = new IdempotencyStore(db, { own: (checkpoint) => stateSeal.own(checkpoint) });
     // Expired ticket ids and day-old idempotency records are forgotten: state.db stays bounded.
-    // (The pruning truncates the WAL, a checkpoint: only on files as SQLite left them, looked at first.)
+    // The deletes commit outside the seal's own(), the truncation inside (a commit inside it could
+    // start the WAL over and be checkpointed unseen, then taken for another program's write).
     const pruner = setInterval(() => {
       watchStateFile();
-      if (state.stopped || stateSeal.own(() => pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger))) watchStateFile();
+      if (state.stopped) return;
+      pruneState([() => gate.prune(), () => idempotency.forgetOlderThan()], logger);
+      watchStateFile(); // (a truncation the seal refused: the files changed)
     }, 60_000).unref();
     cleanup.push(['state pruner', () => clearInterval(pruner)]);
     // Slots and queue are read from admission at each scrape, so they are live mid-request.

@@ -9,6 +9,10 @@ import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, test } from 'vitest';
+import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
+import { TicketGate } from '../src/dispatch/ticket-gate.ts';
+import type { TicketPayload } from '../attestation/ticket.ts';
+import { pruneState } from '../src/node.ts';
 import { DatabaseRescue } from '../src/store/file-guard.ts';
 import { SqliteSeal } from '../src/store/sqlite-seal.ts';
 import { openStateDb } from '../src/store/state-db.ts';
@@ -86,5 +90,85 @@ describe('state.db changed in place', () => {
     let found: ReturnType<typeof rescue.check>;
     await until('the check to find it', () => (found = rescue.check()) !== undefined);
     expect(found).toMatchObject({ kind: 'changed', file, what: expect.stringMatching(/^was written over in place \(.*, by no checkpoint of the node's\)$/), copy: { ok: true } });
+  });
+});
+
+describe("the node's own pruning and upgrade are never a change (s26 review)", () => {
+  /** state.db as the node opens it, with the ticket gate and the Idempotency store wired as node.ts wires them. */
+  function store(prepare?: (db: Database.Database) => void) {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'state-own-'));
+    cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const file = path.join(dir, 'state.db');
+    if (prepare) {
+      const before = openStateDb(file);
+      prepare(before);
+      before.close();
+    }
+    const db = openStateDb(file);
+    const seal = SqliteSeal.attach(file);
+    cleanups.push(() => {
+      db.close();
+      seal.release();
+    });
+    const rescue = new DatabaseRescue(db, file, () => 'its records', () => 'restore it from a backup.', seal);
+    let clock = Date.now();
+    const gate = new TicketGate({ db, marketplaceKeys: [], providerId: 'p', skewMs: 0, now: () => clock });
+    const idempotency = new IdempotencyStore(db, { own: (checkpoint) => seal.own(checkpoint) });
+    return { file, db, seal, rescue, gate, idempotency, advance: (ms: number) => (clock += ms) };
+  }
+  const ticket = (i: number, expiresAt: number) => ({ ticket_id: `t${i}`, request_id: `r${i}`, expires_at: expiresAt }) as TicketPayload;
+
+  test('the first pruning after a restart, deleting tickets the run before used, then truncating the WAL', () => {
+    const { db, seal, rescue, gate, idempotency, advance } = store((before) => {
+      const used = new TicketGate({ db: before, marketplaceKeys: [], providerId: 'p' });
+      for (let i = 0; i < 5; i++) expect(used.use(ticket(i, Date.now() + 20))).toMatchObject({ ok: true });
+    });
+    expect(seal.checkpoint(db)).toBeUndefined(); // (the checkpoint thread's first run)
+    expect(rescue.check()).toBeUndefined();
+    advance(60_000);
+    const pruned: number[] = [];
+    pruneState([() => pruned.push(gate.prune()), () => idempotency.forgetOlderThan()], { warn: () => undefined });
+    expect(pruned).toEqual([5]);
+    expect(fs.statSync(`${seal.db}-wal`).size).toBe(0); // (truncated: the pruning ran whole)
+    expect(rescue.check()).toBeUndefined();
+  });
+
+  test('a pruning deleting expired tickets from a WAL all checkpointed', () => {
+    const { db, seal, rescue, gate, idempotency, advance } = store();
+    idempotency.forgetOlderThan(); // (the first pruning: the WAL truncated)
+    for (let i = 0; i < 5; i++) expect(gate.use(ticket(i, Date.now() + 20))).toMatchObject({ ok: true });
+    expect(seal.checkpoint(db)).toBeUndefined(); // (the checkpoint thread has copied everything in)
+    advance(60_000);
+    expect(gate.prune()).toBe(5);
+    idempotency.forgetOlderThan();
+    expect(rescue.check()).toBeUndefined();
+  });
+
+  test('a pruning that forgets day-old Idempotency-Key records', () => {
+    const { db, seal, rescue, idempotency } = store();
+    expect(idempotency.begin('acct', 'k1', 'h1')).toMatchObject({ kind: 'new' });
+    idempotency.finish('acct', 'k1', { status: 200, headers: {}, body: new Uint8Array(3), trailer: {} });
+    idempotency.forgetOlderThan(); // (the first pruning: the WAL truncated, nothing forgotten)
+    expect(seal.checkpoint(db)).toBeUndefined();
+    expect(idempotency.forgetOlderThan(0, Date.now() + 1)).toBe(1);
+    expect(rescue.check()).toBeUndefined();
+  });
+
+  test("an upgrade's start: records kept in the clear by an older node sealed, the WAL truncated", () => {
+    const { file, rescue } = store((db) => {
+      db.exec('CREATE TABLE idempotency_running (account TEXT, key TEXT, request_sha256 TEXT, request_id TEXT, started_at INTEGER)');
+      db.prepare('INSERT INTO idempotency_running VALUES (?, ?, ?, ?, ?)').run('acct', 'k', 'a'.repeat(64), 'r1', Date.now());
+    });
+    expect(fs.statSync(`${file}-wal`).size).toBe(0);
+    expect(rescue.check()).toBeUndefined();
+  });
+
+  test('a new state.db (a first start): its -wal cut short is noticed too', () => {
+    const { file, db, rescue } = store();
+    db.exec('CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)');
+    const insert = db.prepare('INSERT INTO t (v) VALUES (?)');
+    for (let i = 0; i < 30; i++) insert.run(Buffer.alloc(3000, i));
+    execFileSync('truncate', ['-s', '0', `${file}-wal`]);
+    expect(rescue.check()).toMatchObject({ kind: 'changed', file: `${file}-wal`, what: expect.stringMatching(/^was cut short in place/) });
   });
 });

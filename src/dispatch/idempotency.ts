@@ -99,9 +99,17 @@ export class IdempotencyStore {
    * True at open: what a process that died before its pruning left is cleaned at the first one.
    */
   private walHoldsForgotten = true;
+  /** Runs the WAL's truncation (a checkpoint) through state.db's seal; a problem (its files changed) when it refused. */
+  private readonly own: (checkpoint: () => void) => unknown;
 
-  constructor(db: Database.Database) {
+  /**
+   * `own`: runs a checkpoint as the node's seal runs its own (sqlite-seal.ts: only on files as
+   * SQLite left them, and recorded after): the truncation alone, never a commit with it (a commit
+   * inside it could start the WAL over and be checkpointed unseen: taken for another program's write).
+   */
+  constructor(db: Database.Database, opts: { own?: (checkpoint: () => void) => unknown } = {}) {
     this.db = db;
+    this.own = opts.own ?? ((checkpoint) => void checkpoint());
     db.exec(SCHEMA);
     this.getRunning = db.prepare('SELECT request_sha256, request_id FROM idempotency_marks WHERE id = ?');
     this.putRunning = db.prepare('INSERT OR REPLACE INTO idempotency_marks (id, request_sha256, request_id, started_at) VALUES (?, ?, ?, ?)');
@@ -241,9 +249,15 @@ export class IdempotencyStore {
     return forgotten;
   }
 
-  /** Checkpoints and truncates the WAL without waiting for readers; whether it was done. */
+  /** Checkpoints and truncates the WAL without waiting for readers (through `own`); whether it was done. */
   private truncateWal(): boolean {
     if (this.db.pragma('journal_mode', { simple: true }) !== 'wal') return true;
+    let done = false;
+    const refused = this.own(() => (done = this.truncateNow()));
+    return !refused && done;
+  }
+
+  private truncateNow(): boolean {
     const timeout = this.db.pragma('busy_timeout', { simple: true }) as number;
     this.db.pragma('busy_timeout = 0');
     try {

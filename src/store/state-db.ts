@@ -20,5 +20,8 @@ export function openStateDb(file: string): Database.Database {
   // is then told from its checkpoints), and runs one itself past FALLBACK_CHECKPOINT_PAGES of WAL,
   // should the thread not keep up (node.ts, its file watch).
   db.pragma('wal_autocheckpoint = 0');
+  // Read once: SQLite then has the WAL open, its -wal and -shm there, for the seal to open too (a
+  // new state.db has neither until its first read, and a seal attached then never watched them).
+  db.pragma('schema_version', { simple: true });
   return db;
 }
