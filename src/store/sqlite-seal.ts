@@ -330,7 +330,12 @@ export class SqliteSeal {
     return this.own(() => void db.pragma(`wal_checkpoint(${mode})`));
   }
 
-  /** Runs `write` (which may checkpoint) as checkpoint() runs one: only on files as they should be, recorded after. */
+  /**
+   * Runs `write` (which may checkpoint) as checkpoint() runs one: only on files as they should be,
+   * recorded after. `write` must not commit: a commit may start the WAL over, and a checkpoint
+   * after it in the same `write` then leaves the index as one that copied nothing would, so the
+   * record would stay and the file's change be taken for another program's (commit first, then own()).
+   */
   own(write: () => void): SealProblem | undefined {
     const wal = this.walProblem();
     if (wal) return wal;
