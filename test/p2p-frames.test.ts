@@ -195,6 +195,25 @@ describe('frame decoding errors', () => {
     expect(new FrameDecoder().push(Uint8Array.from([...jb, 0x02]))).toEqual([]);
   });
 
+  it('firstKind: a first frame of another kind is refused at its kind byte, a first length over that kind\'s limit at the length; later frames as usual', () => {
+    const first = () => new FrameDecoder(undefined, { firstKind: 'head' });
+    // A 512 KiB DATA frame announced first: refused at its kind byte, none of its payload waited for.
+    const d = first();
+    expect(d.push(Uint8Array.of(0x80, 0x80, 0x20))).toEqual([]);
+    expect(codeOf(() => d.push(Uint8Array.of(0x02)))).toBe('frame_malformed');
+    expect(() => first().push(raw(0x03, enc.encode('{}')))).toThrow('expected a HEAD frame first, got TRAILER');
+    // A first length over a HEAD's limit (under a DATA frame's): refused from the varint alone.
+    const jsonLen = DEFAULT_FRAME_LIMITS.maxJsonBytes + 1;
+    expect(codeOf(() => first().push(Uint8Array.of((jsonLen & 0x7f) | 0x80, ((jsonLen >>> 7) & 0x7f) | 0x80, jsonLen >>> 14)))).toBe('frame_too_large');
+    // A HEAD first, then DATA of any size the limits allow, and the rest of a stream as ever.
+    const ok = first();
+    const big = new Uint8Array(DEFAULT_FRAME_LIMITS.maxJsonBytes + 1);
+    expect(ok.push(concat([encodeHead({ a: 1 }), encodeData(big), encodeTrailer({})])).map((f) => f.kind)).toEqual(['head', 'data', 'trailer']);
+    expect(ok.buffered).toBe(0);
+    // (without the option, any kind may come first)
+    expect(new FrameDecoder().push(encodeData(Uint8Array.of(1)))).toHaveLength(1);
+  });
+
   it('honours configured limits', () => {
     const d = new FrameDecoder({ maxDataBytes: 16, maxJsonBytes: 8 });
     expect(d.push(encodeData(new Uint8Array(16)))).toHaveLength(1);

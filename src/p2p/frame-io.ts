@@ -6,7 +6,7 @@
 // `pause()`/`resume()` stop and restart reading; on yamux, pausing withholds window updates, so the
 // remote's send window runs dry and it stops sending: real backpressure, not just buffering.
 import type { Stream } from '@libp2p/interface';
-import { FrameDecoder, FrameError, type Frame, type FrameLimits } from './frames.ts';
+import { FrameDecoder, FrameError, type Frame, type FrameKind, type FrameLimits } from './frames.ts';
 import { STREAM_READ_BUFFER } from './stream-limits.ts';
 
 export type StreamErrorCode = 'stream_reset' | 'stream_closed' | 'unexpected_frame' | 'missing_trailer' | 'aborted' | 'timeout';
@@ -22,6 +22,8 @@ export class StreamError extends Error {
 
 export interface FrameReaderOptions {
   limits?: Partial<FrameLimits>;
+  /** The kind the first frame must be: see FrameDecoderOptions.firstKind (frames.ts). */
+  firstKind?: FrameKind;
   /** Pause the stream once this many decoded bytes wait unread (default 1 MiB). */
   highWaterMark?: number;
   /** Told, after each arrival, how many received bytes it holds (a partial frame and frames not yet read). */
@@ -65,7 +67,7 @@ export class FrameReader implements AsyncIterable<Frame> {
 
   constructor(stream: Stream, opts: FrameReaderOptions = {}) {
     this.stream = stream;
-    this.decoder = new FrameDecoder(opts.limits);
+    this.decoder = new FrameDecoder(opts.limits, { firstKind: opts.firstKind });
     this.highWater = opts.highWaterMark ?? 1024 * 1024;
     this.onBuffered = opts.onBuffered;
     this.expect = opts.expectFirst;

@@ -171,6 +171,16 @@ class ByteQueue {
   }
 }
 
+export interface FrameDecoderOptions {
+  /**
+   * The kind the first frame must be (a request's HEAD): a first frame of another kind is refused
+   * (`frame_malformed`) as soon as its kind byte is read, and a first length over this kind's limit
+   * (`frame_too_large`) as soon as the length is read, so that nothing is held before that frame
+   * but what one frame of this kind can be.
+   */
+  firstKind?: FrameKind;
+}
+
 /**
  * Incremental frame decoder. `push` returns the frames completed by the chunk; `end` checks that the
  * input stopped on a frame boundary. After an error the decoder stays failed and rethrows it.
@@ -186,10 +196,13 @@ export class FrameDecoder {
   private payloadLength = -1; // -1 while the varint is incomplete
   private kind: FrameKind | undefined;
   private readonly hardMax: number;
+  /** FrameDecoderOptions.firstKind, until the first frame's kind byte has been read. */
+  private firstKind: FrameKind | undefined;
 
-  constructor(limits?: Partial<FrameLimits>) {
+  constructor(limits?: Partial<FrameLimits>, opts: FrameDecoderOptions = {}) {
     this.limits = frameLimits(limits);
     this.hardMax = Math.max(this.limits.maxJsonBytes, this.limits.maxDataBytes);
+    this.firstKind = opts.firstKind;
   }
 
   /** Bytes received but not yet returned as part of a frame. */
@@ -231,8 +244,15 @@ export class FrameDecoder {
       if (this.varintBytes === MAX_VARINT_BYTES) throw new FrameError('frame_malformed', 'frame length varint is too long');
       this.varintValue += (b & 0x7f) * 2 ** (7 * this.varintBytes);
       this.varintBytes++;
-      if (this.varintValue > this.hardMax) {
-        throw new FrameError('frame_too_large', `frame length ${this.varintValue}${b & 0x80 ? '+' : ''} exceeds the limit of ${this.hardMax}`);
+      const max = this.firstKind ? limitFor(this.firstKind, this.limits) : this.hardMax;
+      if (this.varintValue > max) {
+        const length = `${this.varintValue}${b & 0x80 ? '+' : ''}`;
+        throw new FrameError(
+          'frame_too_large',
+          this.firstKind
+            ? `the first frame must be a ${this.firstKind.toUpperCase()}: its length ${length} exceeds that kind's limit of ${max}`
+            : `frame length ${length} exceeds the limit of ${max}`,
+        );
       }
       if ((b & 0x80) === 0) {
         if (b === 0 && this.varintBytes > 1) throw new FrameError('frame_malformed', 'frame length varint is not minimally encoded');
@@ -244,6 +264,10 @@ export class FrameDecoder {
       const k = q.byte();
       const kind: FrameKind | undefined = k === 0x01 ? 'head' : k === 0x02 ? 'data' : k === 0x03 ? 'trailer' : undefined;
       if (!kind) throw new FrameError('frame_malformed', `unknown frame kind 0x${k.toString(16).padStart(2, '0')}`);
+      if (this.firstKind !== undefined) {
+        if (kind !== this.firstKind) throw new FrameError('frame_malformed', `expected a ${this.firstKind.toUpperCase()} frame first, got ${kind.toUpperCase()}`);
+        this.firstKind = undefined;
+      }
       const limit = limitFor(kind, this.limits);
       if (this.payloadLength > limit) {
         throw new FrameError('frame_too_large', `${kind} frame of ${this.payloadLength} bytes exceeds the limit of ${limit}`);

@@ -16,6 +16,7 @@ import { FrameReader, StreamError } from './frame-io.ts';
 import { StreamResponseWriter, type ResponseWriter } from './response-writer.ts';
 import { PeerIdentityError, providerIdFromPeerId } from './peer-id.ts';
 import { settledWithin } from '../settled-within.ts';
+import { multiaddrGroup } from './address-cap.ts';
 
 export interface IncomingRequest {
   head: JsonObject;
@@ -96,8 +97,8 @@ export interface HandleRequestsOptions {
   openBudget?: RequestBytesBudget;
   /**
    * With `screen`: what a stream holds before its HEAD has been screened counts against this, apart
-   * from both (bodies held by peers without tickets must not keep a paying buyer's HEAD out).
-   * Default HEAD_BYTES_BUDGET.
+   * from both (bodies held by peers without tickets must not keep a paying buyer's HEAD out), its
+   * per-peer part taken per address group instead (headShareKey). Default HEAD_BYTES_BUDGET.
    */
   headBudget?: RequestBytesBudget;
   /** How long the client may take to send its HEAD; then 408 request_timeout. Default 10 s (a HEAD is one small frame). */
@@ -161,8 +162,24 @@ export const REQUEST_BYTES_BUDGET = new RequestBytesBudget(256 * 1024 * 1024);
  */
 export const OPEN_REQUEST_BYTES_BUDGET = new RequestBytesBudget(32 * 1024 * 1024);
 
-/** What streams hold before their HEAD is screened (HandleRequestsOptions.headBudget): 16 MiB, a quarter a peer. */
+/**
+ * What streams hold before their HEAD is screened (HandleRequestsOptions.headBudget): 16 MiB, a
+ * quarter an address group (headShareKey). A stream holds at most one HEAD's bytes (the JSON frame
+ * limit, 1 MiB) before its HEAD: its first frame must be a HEAD (FrameDecoderOptions.firstKind).
+ */
 export const HEAD_BYTES_BUDGET = new RequestBytesBudget(16 * 1024 * 1024);
+
+/**
+ * What a stream's bytes count under in the pre-HEAD budget: its connection's address group (an
+ * IPv4 address, an IPv6 /64: address-cap.ts), so that ids made by the thousand on one address share
+ * one part of it; the peer id for a connection without an IP address (or a relayed one, whose
+ * address is the relay's).
+ */
+export function headShareKey(connection: Pick<Connection, 'remoteAddr' | 'remotePeer'>): string {
+  const addr = connection.remoteAddr;
+  const group = addr.getComponents().some((c) => c.name === 'p2p-circuit') ? undefined : multiaddrGroup(addr);
+  return group === undefined ? connection.remotePeer.toString() : `ip ${group}`;
+}
 
 class OverBudget extends Error {
   override name = 'OverBudget';
@@ -335,11 +352,13 @@ export async function handleRequests(
     stream.addEventListener('close', onClose);
     if (stream.status !== 'open') ac.abort(new StreamError('stream_closed', 'the stream closed before the request was read'));
     // What the stream holds counts against the budget: the body read so far and what the reader
-    // holds (a partial frame, frames not yet read), after each arrival and each frame read.
-    let share = headBudget.share(remotePeer);
+    // holds (a partial frame, frames not yet read), after each arrival and each frame read. Before
+    // its HEAD, at most one HEAD: a first frame of any other kind is refused at its kind byte.
+    let share = headBudget.share(opts.screen ? headShareKey(connection) : remotePeer);
     let body = 0;
     const reader: FrameReader = new FrameReader(stream, {
       limits,
+      firstKind: 'head',
       onBuffered: (held) => {
         if (!share.set(body + held)) reader.interrupt(new OverBudget());
       },
