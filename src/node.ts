@@ -267,8 +267,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       try {
         if (!stateChanged) checkStateAtClose?.(); // (a change since the last 5 s check: said, copied, not checkpointed into)
       } finally {
-        stateGuard.closeWith(db, stateChanged);
-        stateSeal.release(); // (after the connection: see sqlite-seal.ts)
+        try {
+          stateGuard.closeWith(db, stateChanged);
+        } finally {
+          stateSeal.release(); // (after the connection: see sqlite-seal.ts)
+        }
       }
     }]);
     // Its checkpoints (an fsync each) on a thread of their own, off the event loop.

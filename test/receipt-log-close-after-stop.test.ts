@@ -15,7 +15,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { afterEach, describe, expect, test } from 'vitest';
+import { afterEach, describe, expect, test, vi } from 'vitest';
+import { CloseGuard } from '../src/store/close-guard.ts';
 import { ReceiptLog, type ReceiptLogOptions } from '../src/store/receipt-log.ts';
 import { SqliteSeal } from '../src/store/sqlite-seal.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
@@ -24,6 +25,7 @@ import { until } from './helpers/wait.ts';
 const dirs: string[] = [];
 const logs: ReceiptLog[] = [];
 afterEach(async () => {
+  vi.restoreAllMocks();
   for (const l of logs.splice(0)) await l.close().catch(() => undefined);
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 });
@@ -181,5 +183,47 @@ describe.each([0, 2])('a normal close still checkpoints (%i signer threads)', (t
     await closeLog(log);
     expect(fs.existsSync(`${file}-wal`)).toBe(false);
     expect(receiptsInFileAlone(file)).toBe(4); // (its 3 and the other writer's)
+  });
+});
+
+describe('what the log holds open is released on every path (s27 review)', () => {
+  /** This process's descriptors open on `file` or beside it (-wal, -shm). */
+  const openOn = (file: string) =>
+    fs.readdirSync('/proc/self/fd').flatMap((fd) => {
+      try {
+        const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
+        return target.startsWith(file) ? [target] : [];
+      } catch {
+        return [];
+      }
+    });
+
+  test('a guard that cannot be opened: the open fails and leaves no descriptor, and the next open and close leave none', async () => {
+    const file = path.join(tmp(), 'receipts.db');
+    const s = seed();
+    const first = open(file, s, []);
+    await first.append(syntheticReceiptBody(0));
+    await first.close();
+    expect(openOn(file)).toEqual([]);
+    const spy = vi.spyOn(CloseGuard, 'open').mockImplementation(() => {
+      throw new Error('EMFILE: too many open files');
+    });
+    expect(() => ReceiptLog.open({ path: file, seed: s, threads: 0, checkpointIntervalMs: 0 })).toThrow(/EMFILE/);
+    expect(openOn(file)).toEqual([]);
+    spy.mockRestore();
+    const again = open(file, s, []);
+    expect(again.size).toBe(1);
+    await again.append(syntheticReceiptBody(1));
+    await again.close();
+    expect(openOn(file)).toEqual([]);
+  });
+
+  test('a close whose flush fails still ends the signer threads and releases the connections and the seal', async () => {
+    const file = path.join(tmp(), 'receipts.db');
+    const log = open(file, seed(), [], { threads: 1 });
+    await log.append(syntheticReceiptBody(0));
+    vi.spyOn(log, 'flush').mockRejectedValue(new Error('flush failed'));
+    await expect(log.close()).rejects.toThrow('flush failed');
+    expect(openOn(file)).toEqual([]);
   });
 });

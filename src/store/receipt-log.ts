@@ -273,6 +273,7 @@ export class ReceiptLog {
     };
     this.db = openDb(opts.path);
     let guard: CloseGuard | undefined;
+    let seal: SqliteSeal | undefined;
     try {
       this.db.exec(SCHEMA);
       const owner = this.db.prepare<[], { value: string }>("SELECT value FROM meta WHERE key = 'provider'").get();
@@ -338,7 +339,8 @@ export class ReceiptLog {
         this.notice(`${this.headFile} (the receipt log's latest checkpoint) could not be read (${head.why}); it is written again at the next checkpoint`, 'warn');
       }
       // (after the reads above: SQLite has the WAL in use, its -wal and -shm are there)
-      this.seal = SqliteSeal.attach(opts.path);
+      seal = SqliteSeal.attach(opts.path);
+      this.seal = seal;
       // Opened while the files are as SQLite left them, and read once: from then on it holds a
       // SHARED lock on the database file until it closes (WAL mode), its WAL open. Not at the
       // stop: a connection that opens a database file found empty deletes its -wal.
@@ -347,6 +349,7 @@ export class ReceiptLog {
     } catch (e) {
       guard?.release();
       this.db.close();
+      seal?.release(); // (after the connection: see sqlite-seal.ts)
       throw e;
     }
     // A log that signed checkpoints before its checkpoint file existed (an upgrade) gets it now.
@@ -937,19 +940,29 @@ export class ReceiptLog {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     if (this.fileTimer) clearInterval(this.fileTimer);
-    await this.flush();
-    if (this.appendedHere) this.writeChainHead();
-    this.keepDueHead();
-    await this.signer.close();
-    await this.writer.close();
-    this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
+    // (Whatever fails on the way, the threads end and the connections and the seal are released.)
     try {
+      try {
+        await this.flush();
+        if (this.appendedHere) this.writeChainHead();
+        this.keepDueHead();
+      } finally {
+        try {
+          await this.signer.close();
+        } finally {
+          await this.writer.close();
+        }
+      }
+      this.db.pragma('synchronous = FULL'); // the final checkpoint is durable when close() resolves
       this.checkFiles();
       await this.inPlace?.copying; // (the copy of its files reads this connection: made before it closes)
       if (!this.broken) this.checkpoint();
     } finally {
-      this.closeConnections();
-      this.seal.release();
+      try {
+        this.closeConnections();
+      } finally {
+        this.seal.release();
+      }
     }
   }
 
