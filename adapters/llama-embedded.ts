@@ -11,8 +11,8 @@ import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
 import { piecesAt, scanSpecials, SpecialTrie, type SpecialScan, type SpecialText } from './special-token-split.ts';
-import { TemplateRefusedError, TokenizeDeadlineError, TokenizerProcess } from './tokenizer-process.ts';
-import { UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
+import { TemplateRefusedError, TokenizeDeadlineError, TokenizerBusyError, TokenizerProcess } from './tokenizer-process.ts';
+import { RuntimeBusyError, UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
   modelPath: string;
@@ -291,6 +291,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     try {
       return [...(await this.tokenizer.tokenize(pieces, special))] as Token[];
     } catch (e) {
+      if (e instanceof TokenizerBusyError) throw busy(e);
       if (e instanceof TokenizeDeadlineError) {
         throw new UnsupportedInputError('input_too_complex', `the input (${text.length} characters) was not tokenised within ${this.tokenizer.deadlineMs / 1000} s: llama.cpp's tokenizer is slow on long runs of characters its vocabulary has no token for, or of special-token texts`);
       }
@@ -328,6 +329,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       return await child.render(this.info.chatTemplate, messages, tokens);
     } catch (e) {
       if (e instanceof TemplateRefusedError) throw refused(e);
+      if (e instanceof TokenizerBusyError) throw busy(e);
       if (e instanceof TokenizeDeadlineError) throw new UnsupportedInputError('input_too_complex', `the messages (${messages.length}) were not rendered with the model's chat template within ${child.deadlineMs / 1000} s`);
       throw e;
     }
@@ -516,6 +518,9 @@ function lastTokens(input: readonly Token[], output: readonly Token[], n: number
 
 /** Below this many characters a text is tokenised whole: its special tokens cost nothing to speak of. */
 const SPLIT_FROM = 16_384;
+
+/** The node is busy with long inputs: 503, another provider can take this one. */
+const busy = (e: TokenizerBusyError) => new RuntimeBusyError(`this node is busy tokenising long inputs (${e.message}); another provider can take the request`);
 
 /** A chat at least this heavy (chatWeight) is rendered in the tokenizer's child process. */
 const RENDER_OFF_LOOP_FROM = 65_536;

@@ -57,6 +57,14 @@ export interface GeneratedChunk {
 }
 
 /**
+ * The runtime cannot take this input now (its tokenizer's child process has as many long inputs
+ * waiting as it queues): 503, nothing run; another provider can take the request. Thrown before any work.
+ */
+export class RuntimeBusyError extends Error {
+  override name = 'RuntimeBusyError';
+}
+
+/**
  * An input the runtime cannot take as asked, e.g. chat messages for a model without a chat template
  * (`token_count_unsupported`: it has no exact way to tokenize them). Thrown before any work.
  */

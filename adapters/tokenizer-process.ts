@@ -17,6 +17,11 @@ export class TokenizeDeadlineError extends Error {
   override name = 'TokenizeDeadlineError';
 }
 
+/** As many texts wait for the child as it queues (`maxWaiting`): this one was not queued. */
+export class TokenizerBusyError extends Error {
+  override name = 'TokenizerBusyError';
+}
+
 /** The chat template refused the messages (its raise_exception, or a shape it cannot handle). */
 export class TemplateRefusedError extends Error {
   override name = 'TemplateRefusedError';
@@ -39,10 +44,14 @@ export class TokenizerProcess {
   private queue: Promise<unknown> = Promise.resolve();
   private nextId = 1;
   private stopped = false;
+  /** At most this many texts wait behind the one under way (each may take up to the deadline). */
+  readonly maxWaiting: number;
+  private waiting = 0;
 
-  constructor(modelPath: string, deadlineMs: number) {
+  constructor(modelPath: string, deadlineMs: number, opts: { maxWaiting?: number } = {}) {
     this.modelPath = modelPath;
     this.deadlineMs = deadlineMs;
+    this.maxWaiting = opts.maxWaiting ?? 8;
   }
 
   /** The tokens of `pieces` laid end to end, each tokenised on its own; one text at a time. */
@@ -56,7 +65,12 @@ export class TokenizerProcess {
   }
 
   private queued<T>(run: () => Promise<T>): Promise<T> {
-    const next = this.queue.then(run);
+    if (this.waiting >= this.maxWaiting) return Promise.reject(new TokenizerBusyError(`${this.waiting} long inputs are waiting for the tokenizer process already`));
+    this.waiting++;
+    const next = this.queue.then(() => {
+      this.waiting--;
+      return run();
+    });
     this.queue = next.catch(() => undefined);
     return next;
   }

@@ -11,7 +11,7 @@ import { afterAll, afterEach, beforeAll, expect, test, vi } from 'vitest';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { chatWeight, LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { UnsupportedInputError, type ChatMessage } from '../adapters/runtime-adapter.ts';
-import { TokenizerProcess } from '../adapters/tokenizer-process.ts';
+import { TokenizerBusyError, TokenizerProcess } from '../adapters/tokenizer-process.ts';
 
 const REFUSING = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'chat-render-child-'));
@@ -87,4 +87,23 @@ test('a chat not rendered within the deadline is refused 400 input_too_complex; 
   expect(slow).toMatchObject({ code: 'input_too_complex', message: expect.stringMatching(/the messages \(280000\) were not rendered with the model's chat template within 0\.1 s/) });
   const next = chat(2000);
   expect(await quick.renderChat(next)).toBe(inline(quick, next));
+}, 60_000);
+
+test('at most maxWaiting texts wait behind the one under way: the next is refused at once (TokenizerBusyError), the queue goes on', async () => {
+  const t = new TokenizerProcess(path.join(dir, 'm0.gguf'), 30_000, { maxWaiting: 2 });
+  try {
+    expect([...(await t.tokenize(['hello'], false))].length).toBeGreaterThan(0); // (started)
+    const slow = t.tokenize(['é'.repeat(100_000)], false); // (a second or so in llama.cpp's tokenizer)
+    await new Promise((r) => setImmediate(r)); // (under way: no longer waiting)
+    const waiting = [t.tokenize(['hello world'], false), t.render(plain.info.chatTemplate!, [{ role: 'user', content: 'hi' }], { bos: '<s>', eos: '</s>' })];
+    await expect(t.tokenize(['one too many'], false)).rejects.toBeInstanceOf(TokenizerBusyError);
+    await expect(t.render(plain.info.chatTemplate!, [], { bos: '<s>', eos: '</s>' })).rejects.toThrow(/^2 long inputs are waiting for the tokenizer process already$/);
+    expect((await slow).length).toBeGreaterThan(0);
+    const [tokens, text] = await Promise.all(waiting);
+    expect((tokens as Int32Array).length).toBeGreaterThan(0);
+    expect(text).toBe(inline(plain, [{ role: 'user', content: 'hi' }]));
+    expect([...(await t.tokenize(['hello'], false))].length).toBeGreaterThan(0); // (room again)
+  } finally {
+    t.stop();
+  }
 }, 60_000);

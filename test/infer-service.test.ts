@@ -1,7 +1,8 @@
 // The serving core end to end in-process: real llama.cpp (tiny model), real SQLite receipt log,
 // real ticket gate; the transport is a recording response.
 import crypto from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
+import { TokenizerBusyError, TokenizerProcess } from '../adapters/tokenizer-process.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -917,6 +918,35 @@ describe('idempotency keys', () => {
     await service.handle(request('responses', body, { idempotency_key: 'xk-endpoint' }), second.res);
     expect([second.out.head?.status, second.out.trailer?.error?.code]).toEqual([409, 'idempotency_key_reused']);
     expect(second.out.data).toEqual([]);
+  });
+});
+
+describe("the tokenizer's child process with as many long inputs waiting as it queues", () => {
+  test('a long chat, its count_tokens and a long prompt to tokenize are 503 no_capacity, nothing charged; the next request runs', async () => {
+    const before = log.size;
+    const long = Array.from({ length: 1200 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `turn ${i}` }));
+    vi.spyOn(TokenizerProcess.prototype, 'render').mockRejectedValue(new TokenizerBusyError('8 long inputs are waiting for the tokenizer process already'));
+    vi.spyOn(TokenizerProcess.prototype, 'tokenize').mockRejectedValue(new TokenizerBusyError('8 long inputs are waiting for the tokenizer process already'));
+    try {
+      for (const [endpoint, body] of [
+        ['chat/completions', { model: 'tiny/llama', messages: long, max_tokens: 4 }],
+        ['count_tokens', { model: 'tiny/llama', messages: long }],
+        ['tokenize', { model: 'tiny/llama', prompt: 'hello world '.repeat(2000) }], // (24,000 characters: tokenised in the child)
+      ] as const) {
+        const { res, out } = recorder();
+        await service.handle(request(endpoint, body), res);
+        expect([out.head?.status, out.trailer?.error?.code], endpoint).toEqual([503, 'no_capacity']);
+        expect(out.trailer?.error?.message).toMatch(/busy tokenising long inputs \(8 long inputs are waiting/);
+        expect(out.data).toEqual([]);
+      }
+    } finally {
+      vi.restoreAllMocks();
+    }
+    expect(log.size).toBe(before);
+    const { res, out } = recorder();
+    await service.handle(request('chat/completions', chatBody), res);
+    expect(out.head?.status).toBe(200);
+    expect(log.size).toBe(before + 1);
   });
 });
 

@@ -5,7 +5,7 @@
 import { hasLoneSurrogate } from '../../attestation/canonical-json.ts';
 import crypto from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter, type SamplingOptions } from '../../adapters/runtime-adapter.ts';
+import { RuntimeBusyError, UnsupportedInputError, type GeneratedChunk, type GenerationResult, type RuntimeAdapter, type SamplingOptions } from '../../adapters/runtime-adapter.ts';
 import { concatBytes, utf8 } from '../../attestation/bytes.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin, type Rates } from '../../attestation/money.ts';
@@ -403,7 +403,7 @@ export class InferService {
   }
 
   private async refuse(res: InferResponse, e: unknown): Promise<void> {
-    const r = e instanceof Refusal ? e : e instanceof UnsupportedInputError ? new Refusal(400, e.code, e.message) : this.failedBeforeWork(e);
+    const r = e instanceof Refusal ? e : e instanceof UnsupportedInputError ? new Refusal(400, e.code, e.message) : e instanceof RuntimeBusyError ? new Refusal(503, 'no_capacity', e.message) : this.failedBeforeWork(e);
     try {
       await res.head({ status: r.status, headers: { 'content-type': 'application/json' } });
       await res.trailer({ ...r.body() });
