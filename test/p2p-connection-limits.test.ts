@@ -3,26 +3,19 @@
 // libp2p over loopback. Linux routes all of 127.0.0.0/8 to the loopback, so a socket bound to
 // 127.0.0.N reaches the node from "another address".
 import crypto from 'node:crypto';
-import net from 'node:net';
 import path from 'node:path';
-import { noise } from '@chainsafe/libp2p-noise';
-import { yamux } from '@chainsafe/libp2p-yamux';
-import type { Connection, Libp2p, Stream } from '@libp2p/interface';
-import { tcp, type TCPSocketOptions } from '@libp2p/tcp';
-import type { Multiaddr } from '@multiformats/multiaddr';
-import { createLibp2p } from 'libp2p';
+import type { Connection, Libp2p } from '@libp2p/interface';
 import { afterAll, afterEach, describe, expect, test } from 'vitest';
 import { addressGroup } from '../src/p2p/address-cap.ts';
 import { createHost, type Host, type HostOptions } from '../src/p2p/host.ts';
-import { libp2pPrivateKeyFromSeed } from '../src/p2p/peer-id.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startTinyNode } from './helpers/node-config.ts';
 import { askNode } from './helpers/paid-ask.ts';
 import { testKey } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+import { clientFrom, echoNode, echoStream, nextText, openFrom, portOf, rawSockets } from './helpers/loopback-peers.ts';
 import { until } from './helpers/wait.ts';
 
-const ECHO = '/test/echo/1.0.0';
 const seed = (): Uint8Array => new Uint8Array(crypto.randomBytes(32));
 
 /** Things to stop after each test, last first. */
@@ -32,33 +25,6 @@ afterEach(async () => {
   stops = [];
 });
 
-/** A listening host on 127.0.0.1 answering ECHO: each chunk sent back, the stream open until the client ends it. */
-async function echoNode(opts: Partial<HostOptions> = {}): Promise<{ node: Host; addr: Multiaddr }> {
-  const node = await createHost({ seed: seed(), listen: ['/ip4/127.0.0.1/tcp/0'], ...opts });
-  stops.push(() => node.stop());
-  await node.handle(ECHO, async (stream) => {
-    try {
-      for await (const chunk of stream) stream.send(chunk.subarray());
-      await stream.close();
-    } catch {
-      stream.abort(new Error('echo failed'));
-    }
-  });
-  return { node, addr: node.getMultiaddrs()[0]! };
-}
-
-/** A plain libp2p client whose sockets leave from `ip` (127.0.0.N). */
-async function clientFrom(ip: string): Promise<Libp2p> {
-  const client = await createLibp2p({
-    privateKey: libp2pPrivateKeyFromSeed(seed()),
-    transports: [tcp({ dialOpts: { localAddress: ip } as TCPSocketOptions })],
-    connectionEncrypters: [noise()],
-    streamMuxers: [yamux()],
-  });
-  stops.push(() => client.stop());
-  return client;
-}
-
 /** A dial-only host of ours (a gateway's), from 127.0.0.1. */
 async function dialOnly(opts: Partial<HostOptions> = {}): Promise<Host> {
   const host = await createHost({ seed: seed(), listen: [], ...opts });
@@ -66,43 +32,8 @@ async function dialOnly(opts: Partial<HostOptions> = {}): Promise<Host> {
   return host;
 }
 
-/** The next chunk a stream reads, as text. */
-async function nextText(stream: Stream): Promise<string> {
-  for await (const chunk of stream) return Buffer.from(chunk.subarray()).toString('utf8');
-  throw new Error('the stream ended');
-}
-
-/** Opens an ECHO stream and checks one round trip on it; the stream is left open. */
-async function echoStream(client: Libp2p, addr: Multiaddr, text = 'ping'): Promise<Stream> {
-  const stream = await client.dialProtocol(addr, ECHO);
-  stream.send(Buffer.from(text));
-  expect(await nextText(stream)).toBe(text);
-  return stream;
-}
-
-/** Raw TCP sockets to `port`, one from each of `ips`, connected and then silent (no handshake ever). */
-async function rawSockets(port: number, ips: string[]): Promise<{ sockets: net.Socket[]; closed: () => number }> {
-  let closed = 0;
-  const sockets = await Promise.all(
-    ips.map(
-      (ip) =>
-        new Promise<net.Socket>((resolve, reject) => {
-          const s = net.connect({ host: '127.0.0.1', port, localAddress: ip }, () => resolve(s));
-          s.on('error', () => {}); // (a reset by the node is what some of these tests wait for)
-          s.once('error', reject);
-          s.on('close', () => closed++);
-        }),
-    ),
-  );
-  stops.push(() => sockets.forEach((s) => s.destroy()));
-  return { sockets, closed: () => closed };
-}
-
 /** Whether a dial got a connection. */
 const outcome = (dial: Promise<unknown>): Promise<'connected' | 'refused'> => dial.then(() => 'connected' as const, () => 'refused' as const);
-const portOf = (addr: Multiaddr | string): number => Number(addr.toString().split('/tcp/')[1]!.split('/')[0]);
-/** The node's connections from `peer`'s host, open. */
-const openFrom = (node: Host, peer: Libp2p): Connection[] => node.getConnections(peer.peerId).filter((c) => c.status === 'open');
 /**
  * Resolves when `host` reports a connection closed whose remote peer is `peer`; rejects, naming
  * it, if that has not happened after 20 s (a bound on the wait, far above the idle times here).
@@ -140,35 +71,35 @@ describe('address groups', () => {
 
 describe('connection limits on loopback', () => {
   test("the host hands libp2p the node's limits: a short handshake timeout, room for many handshakes", async () => {
-    const { node } = await echoNode();
+    const { node } = await echoNode(stops);
     const internals = node as unknown as { components: { connectionManager: Record<string, unknown>; upgrader: Record<string, unknown> } };
     expect(internals.components.upgrader.inboundUpgradeTimeout).toBe(5_000);
     expect(internals.components.connectionManager.maxIncomingPendingConnections).toBe(128);
     expect(internals.components.connectionManager.maxConnections).toBe(300);
-    const { node: tuned } = await echoNode({ handshakeTimeoutMs: 1500, maxPendingConnections: 7 });
+    const { node: tuned } = await echoNode(stops, { handshakeTimeoutMs: 1500, maxPendingConnections: 7 });
     const t = tuned as unknown as typeof internals;
     expect(t.components.upgrader.inboundUpgradeTimeout).toBe(1500);
     expect(t.components.connectionManager.maxIncomingPendingConnections).toBe(7);
   });
 
   test('one address cannot hold more than its share, handshaking or open; other addresses still get in; a place freed is taken again', async () => {
-    const { node, addr } = await echoNode({ maxConnectionsPerIp: 3, newConnectionsPerIpPerSecond: 1000, handshakeTimeoutMs: 60_000, idleConnectionMs: 0 });
-    const first = await Promise.all([1, 2, 3].map(() => clientFrom('127.0.0.2')));
+    const { node, addr } = await echoNode(stops, { maxConnectionsPerIp: 3, newConnectionsPerIpPerSecond: 1000, handshakeTimeoutMs: 60_000, idleConnectionMs: 0 });
+    const first = await Promise.all([1, 2, 3].map(() => clientFrom(stops, '127.0.0.2')));
     for (const c of first) await echoStream(c, addr);
     // A fourth connection from that address is refused while the three are open...
-    const fourth = await clientFrom('127.0.0.2');
+    const fourth = await clientFrom(stops, '127.0.0.2');
     expect(await outcome(fourth.dial(addr))).toBe('refused');
     expect(openFrom(node, fourth).length).toBe(0);
     // ...and the three it has are not disturbed by the refusal.
     for (const c of first) expect(openFrom(node, c).length).toBe(1);
     // Another address is not held back by it.
-    await echoStream(await clientFrom('127.0.0.3'), addr);
+    await echoStream(await clientFrom(stops, '127.0.0.3'), addr);
 
     // Sockets that never finish a handshake count too: 3 of 5 held, the others closed at once,
     // and a real client from that address is refused while the three are held.
-    const raw = await rawSockets(portOf(addr), Array(5).fill('127.0.0.4'));
+    const raw = await rawSockets(stops, portOf(addr), Array(5).fill('127.0.0.4'));
     await until('the node to close the two sockets over the cap', () => raw.closed() === 2);
-    expect(await outcome((await clientFrom('127.0.0.4')).dial(addr))).toBe('refused');
+    expect(await outcome((await clientFrom(stops, '127.0.0.4')).dial(addr))).toBe('refused');
 
     // One of the first three leaves: its place is free for the fourth.
     const gone = closeOf(node, first[0]!);
@@ -179,7 +110,7 @@ describe('connection limits on loopback', () => {
   });
 
   test('idle connections are closed; one with a stream open, however quiet, never is', async () => {
-    const { node, addr } = await echoNode({ idleConnectionMs: 400 });
+    const { node, addr } = await echoNode(stops, { idleConnectionMs: 400 });
     // A: a stream held open and silent (a long answer whose model is still thinking).
     const a = await dialOnly({ idleConnectionMs: 0 });
     const held = await echoStream(a, addr, 'first');
@@ -202,7 +133,7 @@ describe('connection limits on loopback', () => {
   });
 
   test("a connection used stream after stream is idle only between them: a gateway's reuse is kept", async () => {
-    const { node, addr } = await echoNode({ idleConnectionMs: 1500 });
+    const { node, addr } = await echoNode(stops, { idleConnectionMs: 1500 });
     const client = await dialOnly({ idleConnectionMs: 0 });
     const ids = new Set<string>();
     // Short streams 100 ms apart, for over three idle times in all: each stream restarts the clock.
@@ -217,7 +148,7 @@ describe('connection limits on loopback', () => {
   });
 
   test('a dial-only host (a gateway) closes its own idle connections, and dials again when next asked', async () => {
-    const { node, addr } = await echoNode({ idleConnectionMs: 0 });
+    const { node, addr } = await echoNode(stops, { idleConnectionMs: 0 });
     const gateway = await dialOnly({ idleConnectionMs: 300 });
     const closed = closeOf(gateway, node);
     const s = await echoStream(gateway, addr);
@@ -243,7 +174,7 @@ describe('sockets that never handshake', () => {
     const port = portOf(node.addresses[0]!);
     // All connected (in the node's accept queue) before the buyer's socket: libp2p takes them in
     // order, so each holds a handshake place when the buyer's arrives.
-    const raw = await rawSockets(port, Array.from({ length: 40 }, (_, i) => `127.0.0.${10 + i}`));
+    const raw = await rawSockets(stops, port, Array.from({ length: 40 }, (_, i) => `127.0.0.${10 + i}`));
     const buyer = await dialOnly();
     const r = await askNode(buyer, node, market);
     expect(r.head.status).toBe(200);

@@ -4,25 +4,18 @@
 // 127.0.0.0/8 to the loopback, so a socket bound to 127.0.0.N reaches the node from "another
 // address". Nothing here times anything: each test waits (polls) for what it expects.
 import crypto from 'node:crypto';
-import net from 'node:net';
 import path from 'node:path';
-import { noise } from '@chainsafe/libp2p-noise';
-import { yamux } from '@chainsafe/libp2p-yamux';
-import type { Connection, Libp2p, Stream } from '@libp2p/interface';
-import { tcp, type TCPSocketOptions } from '@libp2p/tcp';
-import { multiaddr, type Multiaddr } from '@multiformats/multiaddr';
-import { createLibp2p } from 'libp2p';
+import { multiaddr } from '@multiformats/multiaddr';
 import { afterAll, afterEach, describe, expect, test } from 'vitest';
 import { createMetrics, type Metrics } from '../src/ops/metrics.ts';
-import { createHost, type ConnectionObserver, type Host, type HostOptions } from '../src/p2p/host.ts';
-import { libp2pPrivateKeyFromSeed } from '../src/p2p/peer-id.ts';
+import { createHost, type ConnectionObserver, type Host } from '../src/p2p/host.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startTinyNode } from './helpers/node-config.ts';
 import { testKey } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
+import { clientFrom, echoNode, echoStream, nextText, openFrom, portOf, rawSockets } from './helpers/loopback-peers.ts';
 import { until } from './helpers/wait.ts';
 
-const ECHO = '/test/echo/1.0.0';
 const REFUSED = 'seller_p2p_connections_refused_total{reason="address_cap"}';
 const CLOSED_IDLE = 'seller_p2p_connections_closed_idle_total';
 const seed = (): Uint8Array => new Uint8Array(crypto.randomBytes(32));
@@ -53,33 +46,6 @@ function observerOf(metrics: Metrics): ConnectionObserver {
   };
 }
 
-/** A listening host on 127.0.0.1 answering ECHO: each chunk sent back, the stream open until the client ends it. */
-async function echoNode(opts: Partial<HostOptions> = {}): Promise<{ node: Host; addr: Multiaddr }> {
-  const node = await createHost({ seed: seed(), listen: ['/ip4/127.0.0.1/tcp/0'], ...opts });
-  stops.push(() => node.stop());
-  await node.handle(ECHO, async (stream) => {
-    try {
-      for await (const chunk of stream) stream.send(chunk.subarray());
-      await stream.close();
-    } catch {
-      stream.abort(new Error('echo failed'));
-    }
-  });
-  return { node, addr: node.getMultiaddrs()[0]! };
-}
-
-/** A plain libp2p client whose sockets leave from `ip` (127.0.0.N). */
-async function clientFrom(ip: string): Promise<Libp2p> {
-  const client = await createLibp2p({
-    privateKey: libp2pPrivateKeyFromSeed(seed()),
-    transports: [tcp({ dialOpts: { localAddress: ip } as TCPSocketOptions })],
-    connectionEncrypters: [noise()],
-    streamMuxers: [yamux()],
-  });
-  stops.push(() => client.stop());
-  return client;
-}
-
 /** A dial-only host of ours that never closes its own connections. */
 async function dialOnly(): Promise<Host> {
   const host = await createHost({ seed: seed(), listen: [], idleConnectionMs: 0 });
@@ -87,40 +53,6 @@ async function dialOnly(): Promise<Host> {
   return host;
 }
 
-/** The next chunk a stream reads, as text. */
-async function nextText(stream: Stream): Promise<string> {
-  for await (const chunk of stream) return Buffer.from(chunk.subarray()).toString('utf8');
-  throw new Error('the stream ended');
-}
-
-/** Opens an ECHO stream and checks one round trip on it; the stream is left open. */
-async function echoStream(client: Libp2p, addr: Multiaddr, text = 'ping'): Promise<Stream> {
-  const stream = await client.dialProtocol(addr, ECHO);
-  stream.send(Buffer.from(text));
-  expect(await nextText(stream)).toBe(text);
-  return stream;
-}
-
-/** Raw TCP sockets to `port`, one from each of `ips`, connected and then silent (no handshake ever). */
-async function rawSockets(port: number, ips: string[]): Promise<{ closed: () => number }> {
-  let closed = 0;
-  const sockets = await Promise.all(
-    ips.map(
-      (ip) =>
-        new Promise<net.Socket>((resolve, reject) => {
-          const s = net.connect({ host: '127.0.0.1', port, localAddress: ip }, () => resolve(s));
-          s.on('error', () => {}); // (a reset by the node is what these tests wait for)
-          s.once('error', reject);
-          s.on('close', () => closed++);
-        }),
-    ),
-  );
-  stops.push(() => sockets.forEach((s) => s.destroy()));
-  return { closed: () => closed };
-}
-
-const portOf = (addr: Multiaddr | string): number => Number(addr.toString().split('/tcp/')[1]!.split('/')[0]);
-const openFrom = (node: Host, peer: Libp2p): Connection[] => node.getConnections(peer.peerId).filter((c) => c.status === 'open');
 
 describe("a node's /metrics", () => {
   const market = testKey();
@@ -143,15 +75,15 @@ describe("a node's /metrics", () => {
     expect(value(before, CLOSED_IDLE)).toBe(0);
 
     // Five silent sockets from one address: two held, three refused and closed at once.
-    const raw = await rawSockets(portOf(node.addresses[0]!), Array(5).fill('127.0.0.5'));
+    const raw = await rawSockets(stops, portOf(node.addresses[0]!), Array(5).fill('127.0.0.5'));
     await until('the node to close the three sockets over the cap', () => raw.closed() === 3);
     await until('seller_p2p_connections_refused_total to count the three', async () => value(await scrape(node), REFUSED) === 3);
 
     // A client from another address gets in, and is not counted.
-    const other = await clientFrom('127.0.0.6');
+    const other = await clientFrom(stops, '127.0.0.6');
     await other.dial(multiaddr(node.addresses[0]!));
     // A real client from the full address is refused, and counted.
-    const refused = await clientFrom('127.0.0.5');
+    const refused = await clientFrom(stops, '127.0.0.5');
     await expect(refused.dial(multiaddr(node.addresses[0]!))).rejects.toThrow();
     await until('seller_p2p_connections_refused_total to count the fourth', async () => value(await scrape(node), REFUSED) === 4);
     expect(value(await scrape(node), REFUSED)).toBe(4);
@@ -163,7 +95,7 @@ describe('a host with the metrics observer', () => {
   test('counts each connection closed idle, once; never one with a stream open', async () => {
     const metrics = createMetrics({ defaultMetrics: false });
     const closedIdle = async (): Promise<number | undefined> => value(await metrics.registry.metrics(), CLOSED_IDLE);
-    const { node, addr } = await echoNode({ idleConnectionMs: 400, observer: observerOf(metrics) });
+    const { node, addr } = await echoNode(stops, { idleConnectionMs: 400, observer: observerOf(metrics) });
     // A: a stream held open and silent. B: connected, no stream ever.
     const a = await dialOnly();
     const held = await echoStream(a, addr, 'first');
@@ -186,10 +118,10 @@ describe('a host with the metrics observer', () => {
   test('counts refusals over the cap; a connection a client closes itself is not an idle close', async () => {
     const metrics = createMetrics({ defaultMetrics: false });
     const scrapeHost = async (series: string): Promise<number | undefined> => value(await metrics.registry.metrics(), series);
-    const { node, addr } = await echoNode({ maxConnectionsPerIp: 1, newConnectionsPerIpPerSecond: 1000, idleConnectionMs: 60_000, observer: observerOf(metrics) });
-    const first = await clientFrom('127.0.0.7');
+    const { node, addr } = await echoNode(stops, { maxConnectionsPerIp: 1, newConnectionsPerIpPerSecond: 1000, idleConnectionMs: 60_000, observer: observerOf(metrics) });
+    const first = await clientFrom(stops, '127.0.0.7');
     await (await echoStream(first, addr)).close();
-    const second = await clientFrom('127.0.0.7');
+    const second = await clientFrom(stops, '127.0.0.7');
     await expect(second.dial(addr)).rejects.toThrow();
     await until('seller_p2p_connections_refused_total to count the refusal', async () => (await scrapeHost(REFUSED)) === 1);
     // The first leaves on its own (well within the idle time): its place is free, and no idle close is counted.
@@ -212,8 +144,8 @@ describe('a host with the metrics observer', () => {
         throw new Error('observer broken');
       },
     };
-    const { node, addr } = await echoNode({ maxConnectionsPerIp: 1, newConnectionsPerIpPerSecond: 1000, idleConnectionMs: 300, observer });
-    const raw = await rawSockets(portOf(addr), ['127.0.0.8', '127.0.0.8']);
+    const { node, addr } = await echoNode(stops, { maxConnectionsPerIp: 1, newConnectionsPerIpPerSecond: 1000, idleConnectionMs: 300, observer });
+    const raw = await rawSockets(stops, portOf(addr), ['127.0.0.8', '127.0.0.8']);
     await until('the node to close the socket over the cap', () => raw.closed() >= 1);
     const client = await dialOnly();
     await client.dial(addr);

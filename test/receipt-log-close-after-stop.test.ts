@@ -12,57 +12,21 @@
 import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, test, vi } from 'vitest';
 import { CloseGuard } from '../src/store/close-guard.ts';
-import { ReceiptLog, type ReceiptLogOptions } from '../src/store/receipt-log.ts';
-import { SqliteSeal } from '../src/store/sqlite-seal.ts';
+import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
+import { errorsOf, fill, logFixture, seed, untilSomeOnlyInWal, type Notice } from './helpers/log-fixture.ts';
 import { until } from './helpers/wait.ts';
 
-const dirs: string[] = [];
-const logs: ReceiptLog[] = [];
+const fixture = logFixture('log-close-stop-');
+const { tmp, open, closeLog } = fixture;
 afterEach(async () => {
   vi.restoreAllMocks();
-  for (const l of logs.splice(0)) await l.close().catch(() => undefined);
-  for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
+  await fixture.cleanup();
 });
-const tmp = () => {
-  const d = fs.mkdtempSync(path.join(os.tmpdir(), 'log-close-stop-'));
-  dirs.push(d);
-  return d;
-};
-const seed = () => new Uint8Array(crypto.randomBytes(32));
-type Notice = { m: string; level: 'warn' | 'error' };
-function open(file: string, s: Uint8Array, notices: Notice[], extra: Partial<ReceiptLogOptions> = {}): ReceiptLog {
-  const l = ReceiptLog.open({ path: file, seed: s, threads: 0, checkpointIntervalMs: 0, onNotice: (m, level) => void notices.push({ m, level }), ...extra });
-  logs.push(l);
-  return l;
-}
-async function closeLog(l: ReceiptLog): Promise<void> {
-  logs.splice(logs.indexOf(l), 1);
-  await l.close();
-}
-async function fill(l: ReceiptLog, from: number, n: number): Promise<void> {
-  for (let i = from; i < from + n; i++) await l.append(syntheticReceiptBody(i));
-}
-/** Appends receipts until some of them are not yet in the database file (its WAL holds them alone). */
-async function untilSomeOnlyInWal(l: ReceiptLog, file: string, from: number): Promise<number> {
-  const seal = SqliteSeal.attach(file); // (the log's own descriptors: none is closed under SQLite)
-  try {
-    let n = from;
-    for (;;) {
-      const at = seal.index()!;
-      if (at.mxFrame > at.nBackfill) return n;
-      await l.append(syntheticReceiptBody(n++));
-    }
-  } finally {
-    seal.release();
-  }
-}
-const errorsOf = (notices: Notice[]) => notices.filter((n) => n.level === 'error').map((n) => n.m);
 /** The file's SHA-256, or undefined when it is not there. */
 const hashOf = (file: string): string | undefined => (fs.existsSync(file) ? crypto.createHash('sha256').update(fs.readFileSync(file)).digest('hex') : undefined);
 const filesOf = (file: string) => ({ db: hashOf(file), wal: hashOf(`${file}-wal`), shm: hashOf(`${file}-shm`) });
