@@ -200,3 +200,43 @@ describe('before its HEAD a stream holds at most one HEAD', () => {
     for (const st of streams) st.abort(new Error('done'));
   });
 });
+
+describe('the open budget (requests nobody paid for, protocols without tickets) is shared per address too', () => {
+  test('partial HEADs from many ids on one address to a protocol without tickets hold that address\'s quarter at most: a client on another address still gets its request in', async () => {
+    const open = new RequestBytesBudget(32 * MiB);
+    const proto = `/test/open-budget/${++protoCounter}/1.0.0`;
+    const refusals: { status: number; code: string }[] = [];
+    const handled: number[] = [];
+    await handleRequests(
+      node,
+      proto,
+      async (req, res) => {
+        handled.push(req.body.length);
+        await res.head({ status: 200, headers: {} });
+        await res.trailer({ bytes: req.body.length });
+      },
+      { budget: open, shareBy: 'address', headTimeoutMs: 120_000, readTimeoutMs: 120_000, lingerMs: 100, onRefused: (r) => refusals.push(r) },
+    );
+    // Five ids on 127.0.0.1, eight streams each, each an unfinished 1 MiB HEAD: 40 MiB offered
+    // against 32 MiB (per peer id, four ids would have filled it).
+    const streams: Stream[] = [];
+    const refused = (): number => refusals.filter((r) => r.code === 'no_capacity').length;
+    for (let i = 0; i < 5; i++) {
+      const p = await peer();
+      for (let j = 0; j < 8; j++) {
+        const stream = await p.dialProtocol(v4, proto);
+        streams.push(stream);
+        void answerOf(stream).catch(() => undefined);
+        await writeBytes(stream, new Uint8Array([...varint(MiB), 0x01, ...new Uint8Array(MiB - 4).fill(0x20)])).catch(() => undefined);
+        await until(`stream ${streams.length} holds its bytes or is refused`, () => open.inUse === (streams.length - refused()) * MiB, 30_000);
+      }
+    }
+    expect(open.inUse).toBeLessThanOrEqual(open.perPeerLimit);
+    // A client from ::1 with a 300 KB body: what is left takes it.
+    const client = await peer();
+    const res = await readResponse(await request(client, v6, proto, {}, new Uint8Array(300_000)));
+    expect([res.head.status, res.trailer]).toEqual([200, { bytes: 300_000 }]);
+    expect(handled).toEqual([300_000]);
+    for (const st of streams) st.abort(new Error('done'));
+  }, 120_000);
+});

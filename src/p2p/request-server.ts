@@ -96,6 +96,13 @@ export interface HandleRequestsOptions {
   /** What requests `screen` does not vouch for count against. Default OPEN_REQUEST_BYTES_BUDGET. */
   openBudget?: RequestBytesBudget;
   /**
+   * Without `screen`: whom a stream's bytes count under in `budget`'s per-part limit: the peer id
+   * (default) or its address group (headShareKey), as the protocols nobody pays for (capacity,
+   * log) take it, so that ids made on one address share one part. With `screen`, bytes before
+   * the HEAD and those it does not vouch for always count per address group, vouched ones per peer id.
+   */
+  shareBy?: 'peer' | 'address';
+  /**
    * With `screen`: what a stream holds before its HEAD has been screened counts against this, apart
    * from both (bodies held by peers without tickets must not keep a paying buyer's HEAD out), its
    * per-peer part taken per address group instead (headShareKey). Default HEAD_BYTES_BUDGET.
@@ -158,7 +165,8 @@ export const REQUEST_BYTES_BUDGET = new RequestBytesBudget(256 * 1024 * 1024);
 
 /**
  * What requests nobody has paid for hold, apart: those a screen did not vouch for, and those of
- * the protocols without tickets (capacity, log). 32 MiB, a quarter of it a peer.
+ * the protocols without tickets (capacity, log). 32 MiB, a quarter of it an address group
+ * (headShareKey: ids made on one address share one part; session 27).
  */
 export const OPEN_REQUEST_BYTES_BUDGET = new RequestBytesBudget(32 * 1024 * 1024);
 
@@ -170,7 +178,8 @@ export const OPEN_REQUEST_BYTES_BUDGET = new RequestBytesBudget(32 * 1024 * 1024
 export const HEAD_BYTES_BUDGET = new RequestBytesBudget(16 * 1024 * 1024);
 
 /**
- * What a stream's bytes count under in the pre-HEAD budget: its connection's address group (an
+ * What a stream's bytes count under in the pre-HEAD and open budgets (everything but bytes a ticket
+ * vouches for, which count per peer id): its connection's address group (an
  * IPv4 address, an IPv6 /64: address-cap.ts), so that ids made by the thousand on one address share
  * one part of it; the peer id for a connection without an IP address (or a relayed one, whose
  * address is the relay's).
@@ -354,7 +363,11 @@ export async function handleRequests(
     // What the stream holds counts against the budget: the body read so far and what the reader
     // holds (a partial frame, frames not yet read), after each arrival and each frame read. Before
     // its HEAD, at most one HEAD: a first frame of any other kind is refused at its kind byte.
-    let share = headBudget.share(opts.screen ? headShareKey(connection) : remotePeer);
+    // Bytes a ticket vouches for count per peer id; unpaid ones (before the HEAD, not vouched for,
+    // a protocol nobody pays for) per address group (headShareKey), so that ids made by the
+    // thousand on one address share one part of the pre-HEAD and open budgets.
+    const unpaidKey = opts.screen || opts.shareBy === 'address' ? headShareKey(connection) : remotePeer;
+    let share = headBudget.share(unpaidKey);
     let body = 0;
     const reader: FrameReader = new FrameReader(stream, {
       limits,
@@ -376,7 +389,7 @@ export async function handleRequests(
         return { status: 500, code: 'internal_error', message: 'the request could not be screened' };
       }
       // What the stream holds moves to the paid requests' budget, or to the open one.
-      const next = (screened.vouched ? budget : openBudget).share(remotePeer);
+      const next = screened.vouched ? budget.share(remotePeer) : openBudget.share(unpaidKey);
       if (!next.set(body + reader.heldBytes)) return overBudget;
       share.release();
       share = next;
