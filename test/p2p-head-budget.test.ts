@@ -9,7 +9,8 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { DEFAULT_FRAME_LIMITS, type Frame } from '../src/p2p/frames.ts';
 import { FrameReader, writeBytes } from '../src/p2p/frame-io.ts';
-import { handleRequests, headShareKey, RequestBytesBudget, type HandleRequestsOptions } from '../src/p2p/request-server.ts';
+import { handleRequests, headShareKey, OPEN_REQUEST_BYTES_BUDGET, RequestBytesBudget, type HandleRequestsOptions } from '../src/p2p/request-server.ts';
+import { CAPACITY_PROTOCOL, serveCapacity } from '../src/p2p/capacity-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { testKey } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
@@ -237,6 +238,30 @@ describe('the open budget (requests nobody paid for, protocols without tickets) 
     const res = await readResponse(await request(client, v6, proto, {}, new Uint8Array(300_000)));
     expect([res.head.status, res.trailer]).toEqual([200, { bytes: 300_000 }]);
     expect(handled).toEqual([300_000]);
+    for (const st of streams) st.abort(new Error('done'));
+  }, 120_000);
+
+  test('the capacity protocol takes it so: partial HEADs from many ids on one address are that address\'s bytes, a quarter at most; a client on another address is answered', async () => {
+    const key = testKey();
+    await serveCapacity(node, { seed: key.seed, providerId: key.id }, () => ({ price_version: 'p1', attestation_tier: 'T1', accepting: true, models: [] }));
+    const open = OPEN_REQUEST_BYTES_BUDGET;
+    const address = headShareKey({ remoteAddr: v4, remotePeer: node.peerId });
+    const streams: Stream[] = [];
+    for (let i = 0; i < 5; i++) {
+      const p = await peer();
+      for (let j = 0; j < 8; j++) {
+        const stream = await p.dialProtocol(v4, CAPACITY_PROTOCOL);
+        streams.push(stream);
+        void answerOf(stream).catch(() => undefined);
+        await writeBytes(stream, new Uint8Array([...varint(MiB), 0x01, ...new Uint8Array(MiB - 4).fill(0x20)])).catch(() => undefined);
+      }
+    }
+    await until('the attackers hold a quarter of the open budget', () => open.inUse >= open.perPeerLimit - MiB, 30_000);
+    expect(open.heldBy(address)).toBe(open.inUse); // (all of it under their address, whichever id sent it)
+    expect(open.inUse).toBeLessThanOrEqual(open.perPeerLimit);
+    const client = await peer();
+    const res = await readResponse(await request(client, v6, CAPACITY_PROTOCOL, {}, new Uint8Array(0)));
+    expect(res.head.status).toBe(200);
     for (const st of streams) st.abort(new Error('done'));
   }, 120_000);
 });
