@@ -232,25 +232,18 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     }
     // Its files changed in place by another program (a cut -wal, an older copy written over it) are
     // noticed too (sqlite-seal.ts): every checkpoint of it runs through the seal.
-    let stateSeal: SqliteSeal;
-    // Closed after the connection once its files were changed in place, so that the connection's
-    // close checkpoints nothing into them (close-guard.ts).
+    // Its guard is closed after the connection once its files were changed in place, so that the
+    // connection's close checkpoints nothing into them (close-guard.ts).
+    let stateSeal: SqliteSeal | undefined;
     let stateGuard: CloseGuard;
     try {
       stateSeal = SqliteSeal.attach(statePath);
-    } catch (e) {
-      db.close();
-      throw dataDirError(statePath, e);
-    }
-    try {
       stateGuard = CloseGuard.open(statePath);
     } catch (e) {
       db.close();
-      stateSeal.release();
+      stateSeal?.release(); // (after the connection: see sqlite-seal.ts)
       throw dataDirError(statePath, e);
     }
-    /** Whether state.db's files were found changed in place by another program. */
-    let stateChanged = false;
     /** The file check, once it is set up below (run once more at close). */
     let checkStateAtClose: (() => void) | undefined;
     const stateFiles = new DatabaseRescue(
@@ -265,10 +258,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     }
     cleanup.push(['state database', () => {
       try {
-        if (!stateChanged) checkStateAtClose?.(); // (a change since the last 5 s check: said, copied, not checkpointed into)
+        checkStateAtClose?.(); // (a change since the last 5 s check: said, copied, not checkpointed into)
       } finally {
         try {
-          stateGuard.closeWith(db, stateChanged);
+          stateGuard.closeWith(db, stateFiles.changedInPlace);
         } finally {
           stateSeal.release(); // (after the connection: see sqlite-seal.ts)
         }
@@ -377,7 +370,6 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       const found = stateFiles.check();
       if (!found) return;
       if (found.kind === 'made') return void logger.error({}, `state file: the copy failed before has now been made. ${found.message}`);
-      if (found.kind === 'changed') stateChanged = true;
       const how = found.kind === 'gone' ? 'was deleted or replaced while the node used it' : `${found.what} while the node used it (something other than the node changed it, a truncate or an older copy copied over it, and SQLite's next checkpoint would mix what is left into it)`;
       const e = new StoreStopped(`state file ${found.file} ${how}: paid requests are refused until a restart. ${found.copy.message}`);
       state.stop(e);

@@ -107,3 +107,22 @@ test('at most maxWaiting texts wait behind the one under way: the next is refuse
     t.stop();
   }
 }, 60_000);
+
+test('a child that dies while it renders: that chat is refused naming it, and the next chat renders in a new child', async () => {
+  const t = new TokenizerProcess(path.join(dir, 'm0.gguf'), 60_000);
+  try {
+    const tokens = { bos: '<s>', eos: '</s>' };
+    expect(await t.render(plain.info.chatTemplate!, [{ role: 'user', content: 'hi' }], tokens)).toBe(inline(plain, [{ role: 'user', content: 'hi' }])); // (started)
+    const pid = (t as unknown as { child?: { pid?: number } }).child?.pid;
+    expect(pid).toBeGreaterThan(0);
+    const slow = t.render(plain.info.chatTemplate!, chat(280_000), tokens); // (~1.5 s of rendering)
+    await new Promise((r) => setTimeout(r, 200));
+    process.kill(pid!, 'SIGKILL');
+    await expect(slow).rejects.toThrow(/^the tokenizer process ended \(SIGKILL\) before the chat was rendered$/);
+    const next = chat(5);
+    expect(await t.render(plain.info.chatTemplate!, next, tokens)).toBe(inline(plain, next));
+    expect((t as unknown as { child?: { pid?: number } }).child?.pid).not.toBe(pid);
+  } finally {
+    t.stop();
+  }
+}, 60_000);

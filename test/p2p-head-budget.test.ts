@@ -9,10 +9,11 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createHost, type Host } from '../src/p2p/host.ts';
 import { DEFAULT_FRAME_LIMITS, type Frame } from '../src/p2p/frames.ts';
 import { FrameReader, writeBytes } from '../src/p2p/frame-io.ts';
-import { handleRequests, headShareKey, OPEN_REQUEST_BYTES_BUDGET, RequestBytesBudget, type HandleRequestsOptions } from '../src/p2p/request-server.ts';
+import { handleRequests, addressPart, OPEN_REQUEST_BYTES_BUDGET, RequestBytesBudget, type HandleRequestsOptions } from '../src/p2p/request-server.ts';
 import { CAPACITY_PROTOCOL, serveCapacity } from '../src/p2p/capacity-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
 import { testKey } from './helpers/receipts.ts';
+import { varint } from './helpers/frame-bytes.ts';
 import { until } from './helpers/wait.ts';
 import type { Stream } from '@libp2p/interface';
 import type { Multiaddr } from '@multiformats/multiaddr';
@@ -57,7 +58,7 @@ interface Served {
 async function serve(extra: HandleRequestsOptions = {}): Promise<Served> {
   const s: Served = {
     proto: `/test/head-budget/${++protoCounter}/1.0.0`,
-    head: new RequestBytesBudget(16 * MiB),
+    head: new RequestBytesBudget(16 * MiB, 4 * MiB, 'address'),
     paid: new RequestBytesBudget(256 * MiB),
     refusals: [],
     handled: [],
@@ -73,7 +74,7 @@ async function serve(extra: HandleRequestsOptions = {}): Promise<Served> {
     {
       screen: (head) => (head.ticket === 'paid' ? { vouched: true } : { vouched: false, maxBody: 64 * 1024, refusal: { status: 401, code: 'ticket_invalid', message: 'no ticket' } }),
       budget: s.paid,
-      openBudget: new RequestBytesBudget(32 * MiB),
+      openBudget: new RequestBytesBudget(32 * MiB, 8 * MiB, 'address'),
       headBudget: s.head,
       headTimeoutMs: 120_000,
       readTimeoutMs: 120_000,
@@ -84,14 +85,24 @@ async function serve(extra: HandleRequestsOptions = {}): Promise<Served> {
   return s;
 }
 
-function varint(n: number): number[] {
-  const v: number[] = [];
-  while (n >= 0x80) {
-    v.push((n & 0x7f) | 0x80);
-    n >>>= 7;
+/**
+ * `ids` new peers on 127.0.0.1 open `each` streams of `proto`, one after the other; each sends a
+ * HEAD of 1 MiB announced, 1 MiB of bytes in all (one short of whole), then falls silent. `settled`
+ * (if given) is waited for after each stream, with the number opened so far.
+ */
+async function unfinishedHeads(proto: string, ids: number, each: number, settled?: (opened: number) => boolean): Promise<Stream[]> {
+  const streams: Stream[] = [];
+  for (let i = 0; i < ids; i++) {
+    const p = await peer();
+    for (let j = 0; j < each; j++) {
+      const stream = await p.dialProtocol(v4, proto);
+      streams.push(stream);
+      void answerOf(stream).catch(() => undefined);
+      await writeBytes(stream, new Uint8Array([...varint(MiB), 0x01, ...new Uint8Array(MiB - 4).fill(0x20)])).catch(() => undefined);
+      if (settled) await until(`stream ${streams.length} holds its bytes or is refused`, () => settled(streams.length), 30_000);
+    }
   }
-  v.push(n);
-  return v;
+  return streams;
 }
 
 /** The frames the node answers on a raw stream (its HEAD and TRAILER), or what it did to the stream. */
@@ -175,19 +186,8 @@ describe('before its HEAD a stream holds at most one HEAD', () => {
     // bytes sent in all (a HEAD one short of whole), then silence: 20 MiB offered, 16 MiB budget.
     // One stream after the other, each once the one before holds its bytes or has been refused (and,
     // its linger over, holds nothing).
-    const S = MiB;
-    const streams: Stream[] = [];
     const refused = (): number => s.refusals.filter((r) => r.code === 'no_capacity').length;
-    for (let i = 0; i < 5; i++) {
-      const p = await peer();
-      for (let j = 0; j < 4; j++) {
-        const stream = await p.dialProtocol(v4, s.proto);
-        streams.push(stream);
-        void answerOf(stream).catch(() => undefined);
-        await writeBytes(stream, new Uint8Array([...varint(MiB), 0x01, ...new Uint8Array(S - 4).fill(0x20)])).catch(() => undefined);
-        await until(`attacking stream ${streams.length} holds its bytes or is refused`, () => s.head.inUse === (streams.length - refused()) * S, 30_000);
-      }
-    }
+    const streams = await unfinishedHeads(s.proto, 5, 4, (opened) => s.head.inUse === (opened - refused()) * MiB);
     expect(s.refusals.every((r) => r.code === 'no_capacity')).toBe(true);
     // A paying buyer from ::1: its HEAD and the first of its 300 KB body fit in what is left.
     const buyer = await peer();
@@ -196,7 +196,7 @@ describe('before its HEAD a stream holds at most one HEAD', () => {
     expect(res.head.status).toBe(200);
     expect(s.handled).toEqual([{ peer: buyer.peerId.toString(), bytes: 300_000 }]);
     // (the attackers' address holds its quarter, no more)
-    expect(s.head.heldBy(headShareKey({ remoteAddr: v4, remotePeer: node.peerId }))).toBeLessThanOrEqual(s.head.perPeerLimit);
+    expect(s.head.heldBy(addressPart({ remoteAddr: v4, remotePeer: node.peerId }))).toBeLessThanOrEqual(s.head.perPeerLimit);
     expect(s.head.inUse).toBeLessThanOrEqual(s.head.perPeerLimit);
     for (const st of streams) st.abort(new Error('done'));
   });
@@ -204,7 +204,7 @@ describe('before its HEAD a stream holds at most one HEAD', () => {
 
 describe('the open budget (requests nobody paid for, protocols without tickets) is shared per address too', () => {
   test('partial HEADs from many ids on one address to a protocol without tickets hold that address\'s quarter at most: a client on another address still gets its request in', async () => {
-    const open = new RequestBytesBudget(32 * MiB);
+    const open = new RequestBytesBudget(32 * MiB, 8 * MiB, 'address');
     const proto = `/test/open-budget/${++protoCounter}/1.0.0`;
     const refusals: { status: number; code: string }[] = [];
     const handled: number[] = [];
@@ -216,22 +216,12 @@ describe('the open budget (requests nobody paid for, protocols without tickets) 
         await res.head({ status: 200, headers: {} });
         await res.trailer({ bytes: req.body.length });
       },
-      { budget: open, shareBy: 'address', headTimeoutMs: 120_000, readTimeoutMs: 120_000, lingerMs: 100, onRefused: (r) => refusals.push(r) },
+      { budget: open, headTimeoutMs: 120_000, readTimeoutMs: 120_000, lingerMs: 100, onRefused: (r) => refusals.push(r) },
     );
     // Five ids on 127.0.0.1, eight streams each, each an unfinished 1 MiB HEAD: 40 MiB offered
     // against 32 MiB (per peer id, four ids would have filled it).
-    const streams: Stream[] = [];
     const refused = (): number => refusals.filter((r) => r.code === 'no_capacity').length;
-    for (let i = 0; i < 5; i++) {
-      const p = await peer();
-      for (let j = 0; j < 8; j++) {
-        const stream = await p.dialProtocol(v4, proto);
-        streams.push(stream);
-        void answerOf(stream).catch(() => undefined);
-        await writeBytes(stream, new Uint8Array([...varint(MiB), 0x01, ...new Uint8Array(MiB - 4).fill(0x20)])).catch(() => undefined);
-        await until(`stream ${streams.length} holds its bytes or is refused`, () => open.inUse === (streams.length - refused()) * MiB, 30_000);
-      }
-    }
+    const streams = await unfinishedHeads(proto, 5, 8, (opened) => open.inUse === (opened - refused()) * MiB);
     expect(open.inUse).toBeLessThanOrEqual(open.perPeerLimit);
     // A client from ::1 with a 300 KB body: what is left takes it.
     const client = await peer();
@@ -245,17 +235,8 @@ describe('the open budget (requests nobody paid for, protocols without tickets) 
     const key = testKey();
     await serveCapacity(node, { seed: key.seed, providerId: key.id }, () => ({ price_version: 'p1', attestation_tier: 'T1', accepting: true, models: [] }));
     const open = OPEN_REQUEST_BYTES_BUDGET;
-    const address = headShareKey({ remoteAddr: v4, remotePeer: node.peerId });
-    const streams: Stream[] = [];
-    for (let i = 0; i < 5; i++) {
-      const p = await peer();
-      for (let j = 0; j < 8; j++) {
-        const stream = await p.dialProtocol(v4, CAPACITY_PROTOCOL);
-        streams.push(stream);
-        void answerOf(stream).catch(() => undefined);
-        await writeBytes(stream, new Uint8Array([...varint(MiB), 0x01, ...new Uint8Array(MiB - 4).fill(0x20)])).catch(() => undefined);
-      }
-    }
+    const address = addressPart({ remoteAddr: v4, remotePeer: node.peerId });
+    const streams = await unfinishedHeads(CAPACITY_PROTOCOL, 5, 8);
     await until('the attackers hold a quarter of the open budget', () => open.inUse >= open.perPeerLimit - MiB, 30_000);
     expect(open.heldBy(address)).toBe(open.inUse); // (all of it under their address, whichever id sent it)
     expect(open.inUse).toBeLessThanOrEqual(open.perPeerLimit);

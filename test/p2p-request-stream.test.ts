@@ -6,6 +6,7 @@ import { protocolMergeCacheOf } from '../src/p2p/protocol-merge-cache.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { identityFromSeed } from '../src/identity.ts';
 import { FrameDecoder, encodeData, encodeHead, encodeTrailer, type Frame } from '../src/p2p/frames.ts';
+import { varint } from './helpers/frame-bytes.ts';
 import {
   handleRequests,
   readResponse,
@@ -63,16 +64,6 @@ async function rawExchange(proto: string, bytes: Uint8Array, closeWrite = true):
   dec.end();
   if (!closeWrite) stream.abort(new Error('done'));
   return frames;
-}
-
-function varint(n: number): number[] {
-  const out: number[] = [];
-  while (n >= 0x80) {
-    out.push((n & 0x7f) | 0x80);
-    n >>>= 7;
-  }
-  out.push(n);
-  return out;
 }
 
 const echoHandler: RequestHandler = async (req, res) => {

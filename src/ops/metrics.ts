@@ -27,6 +27,7 @@
 //                                                    for p2p.idle_connection_ms
 // plus prom-client's default process_* and nodejs_* metrics.
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { ConnectionRefusal } from '../p2p/host.ts';
 
 /** Request latency buckets (seconds): short embeddings up to ten-minute generations. */
 export const REQUEST_DURATION_BUCKETS: readonly number[] = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600];
@@ -86,8 +87,9 @@ export interface Metrics {
   readonly p2pConnectionsClosedIdle: Counter;
 }
 
-/** The reasons seller_p2p_connections_refused_total has a series for from the start (at 0, so that an alert on its increase sees the first). */
-export const P2P_REFUSAL_REASONS: readonly string[] = ['address_cap'];
+/** The reasons seller_p2p_connections_refused_total has a series for from the start (at 0, so that an alert on its increase sees the first): every one the host tells. */
+const P2P_REFUSALS: Record<ConnectionRefusal, true> = { address_cap: true };
+export const P2P_REFUSAL_REASONS = Object.keys(P2P_REFUSALS) as ConnectionRefusal[];
 
 export interface MetricsOptions {
   /** Collect prom-client's default process and Node.js metrics on this registry (default true). */

@@ -47,5 +47,5 @@ export function serveCapacity(host: Host, signer: { seed: Uint8Array; providerId
     await res.head({ status: 200, headers: { 'content-type': 'application/json' } });
     await res.data(utf8(JSON.stringify(env)));
     await res.trailer({});
-  }, { maxBodyBytes: 64 << 10, budget: OPEN_REQUEST_BYTES_BUDGET, shareBy: 'address' }); // (nothing is read: no body of size is taken; none paid for)
+  }, { maxBodyBytes: 64 << 10, budget: OPEN_REQUEST_BYTES_BUDGET }); // (nothing is read: no body of size is taken; none paid for)
 }

@@ -88,5 +88,5 @@ export function serveLog(host: Host, log: ReceiptLog, priceList: PriceListLookup
     await res.head({ status: a.status, headers: { 'content-type': a.type } });
     await res.data(utf8(a.body));
     await res.trailer({});
-  }, { maxBodyBytes: 64 << 10, budget: OPEN_REQUEST_BYTES_BUDGET, shareBy: 'address' }); // (the query is the HEAD: a body is never read, so none of size is taken; none paid for)
+  }, { maxBodyBytes: 64 << 10, budget: OPEN_REQUEST_BYTES_BUDGET }); // (the query is the HEAD: a body is never read, so none of size is taken; none paid for)
 }

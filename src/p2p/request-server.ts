@@ -96,16 +96,9 @@ export interface HandleRequestsOptions {
   /** What requests `screen` does not vouch for count against. Default OPEN_REQUEST_BYTES_BUDGET. */
   openBudget?: RequestBytesBudget;
   /**
-   * Without `screen`: whom a stream's bytes count under in `budget`'s per-part limit: the peer id
-   * (default) or its address group (headShareKey), as the protocols nobody pays for (capacity,
-   * log) take it, so that ids made on one address share one part. With `screen`, bytes before
-   * the HEAD and those it does not vouch for always count per address group, vouched ones per peer id.
-   */
-  shareBy?: 'peer' | 'address';
-  /**
    * With `screen`: what a stream holds before its HEAD has been screened counts against this, apart
-   * from both (bodies held by peers without tickets must not keep a paying buyer's HEAD out), its
-   * per-peer part taken per address group instead (headShareKey). Default HEAD_BYTES_BUDGET.
+   * from both (bodies held by peers without tickets must not keep a paying buyer's HEAD out).
+   * Default HEAD_BYTES_BUDGET.
    */
   headBudget?: RequestBytesBudget;
   /** How long the client may take to send its HEAD; then 408 request_timeout. Default 10 s (a HEAD is one small frame). */
@@ -116,17 +109,25 @@ export interface HandleRequestsOptions {
  * The bytes of request bodies (and partial frames) that all the streams of a process may hold at
  * once. Each stream may hold 8 MiB of body and a partial frame of 4 MiB, and a peer may open 128
  * streams per protocol on each connection: without a common bound, one peer without a ticket held
- * 2 GB for a minute. A stream that would go over gets 503 no_capacity at once. One peer may hold
- * a quarter of it at most, so that a peer filling its part leaves room for everyone else.
+ * 2 GB for a minute. A stream that would go over gets 503 no_capacity at once. One part may hold a
+ * quarter of it at most, so that a part filling its share leaves room for everyone else: a part is
+ * a peer id, or (`partBy: 'address'`, for bytes nobody has paid for) an address group, so that ids
+ * made by the thousand on one address share one part (partOf).
  */
 export class RequestBytesBudget {
   readonly limit: number;
   readonly perPeerLimit: number;
+  readonly partBy: 'peer' | 'address';
   private used = 0;
   private readonly byPeer = new Map<string, number>();
-  constructor(limit: number, perPeerLimit = Math.floor(limit / 4)) {
+  constructor(limit: number, perPeerLimit = Math.floor(limit / 4), partBy: 'peer' | 'address' = 'peer') {
     this.limit = limit;
     this.perPeerLimit = perPeerLimit;
+    this.partBy = partBy;
+  }
+  /** The part a connection's streams take from: its peer id, or its address group (addressPart). */
+  partOf(connection: Pick<Connection, 'remoteAddr' | 'remotePeer'>): string {
+    return this.partBy === 'address' ? addressPart(connection) : connection.remotePeer.toString();
   }
   get inUse(): number {
     return this.used;
@@ -166,25 +167,23 @@ export const REQUEST_BYTES_BUDGET = new RequestBytesBudget(256 * 1024 * 1024);
 /**
  * What requests nobody has paid for hold, apart: those a screen did not vouch for, and those of
  * the protocols without tickets (capacity, log). 32 MiB, a quarter of it an address group
- * (headShareKey: ids made on one address share one part; session 27).
+ * (ids made on one address share one part; session 27).
  */
-export const OPEN_REQUEST_BYTES_BUDGET = new RequestBytesBudget(32 * 1024 * 1024);
+export const OPEN_REQUEST_BYTES_BUDGET = new RequestBytesBudget(32 * 1024 * 1024, 8 * 1024 * 1024, 'address');
 
 /**
  * What streams hold before their HEAD is screened (HandleRequestsOptions.headBudget): 16 MiB, a
- * quarter an address group (headShareKey). A stream holds at most one HEAD's bytes (the JSON frame
- * limit, 1 MiB) before its HEAD: its first frame must be a HEAD (FrameDecoderOptions.firstKind).
+ * quarter an address group. A stream holds at most one HEAD's bytes (the JSON frame limit, 1 MiB)
+ * before its HEAD: its first frame must be a HEAD (FrameDecoderOptions.firstKind).
  */
-export const HEAD_BYTES_BUDGET = new RequestBytesBudget(16 * 1024 * 1024);
+export const HEAD_BYTES_BUDGET = new RequestBytesBudget(16 * 1024 * 1024, 4 * 1024 * 1024, 'address');
 
 /**
- * What a stream's bytes count under in the pre-HEAD and open budgets (everything but bytes a ticket
- * vouches for, which count per peer id): its connection's address group (an
- * IPv4 address, an IPv6 /64: address-cap.ts), so that ids made by the thousand on one address share
- * one part of it; the peer id for a connection without an IP address (or a relayed one, whose
- * address is the relay's).
+ * A connection's part of a budget taken by address (RequestBytesBudget.partOf): its address group
+ * (an IPv4 address, an IPv6 /64: address-cap.ts); the peer id for a connection without an IP
+ * address (or a relayed one, whose address is the relay's).
  */
-export function headShareKey(connection: Pick<Connection, 'remoteAddr' | 'remotePeer'>): string {
+export function addressPart(connection: Pick<Connection, 'remoteAddr' | 'remotePeer'>): string {
   const addr = connection.remoteAddr;
   const group = addr.getComponents().some((c) => c.name === 'p2p-circuit') ? undefined : multiaddrGroup(addr);
   return group === undefined ? connection.remotePeer.toString() : `ip ${group}`;
@@ -363,11 +362,7 @@ export async function handleRequests(
     // What the stream holds counts against the budget: the body read so far and what the reader
     // holds (a partial frame, frames not yet read), after each arrival and each frame read. Before
     // its HEAD, at most one HEAD: a first frame of any other kind is refused at its kind byte.
-    // Bytes a ticket vouches for count per peer id; unpaid ones (before the HEAD, not vouched for,
-    // a protocol nobody pays for) per address group (headShareKey), so that ids made by the
-    // thousand on one address share one part of the pre-HEAD and open budgets.
-    const unpaidKey = opts.screen || opts.shareBy === 'address' ? headShareKey(connection) : remotePeer;
-    let share = headBudget.share(unpaidKey);
+    let share = headBudget.share(headBudget.partOf(connection));
     let body = 0;
     const reader: FrameReader = new FrameReader(stream, {
       limits,
@@ -389,7 +384,8 @@ export async function handleRequests(
         return { status: 500, code: 'internal_error', message: 'the request could not be screened' };
       }
       // What the stream holds moves to the paid requests' budget, or to the open one.
-      const next = screened.vouched ? budget.share(remotePeer) : openBudget.share(unpaidKey);
+      const to = screened.vouched ? budget : openBudget;
+      const next = to.share(to.partOf(connection));
       if (!next.set(body + reader.heldBytes)) return overBudget;
       share.release();
       share = next;

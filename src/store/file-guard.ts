@@ -181,6 +181,11 @@ export class DatabaseRescue {
     this.seal = seal;
   }
 
+  /** Whether a check found the files changed in place (not deleted or replaced): nothing may be checkpointed into them. */
+  get changedInPlace(): boolean {
+    return this.state !== 'watching' && this.found === 'changed';
+  }
+
   /** Looks at the files (or tries a failed copy again); what there is to say, if anything. */
   check(): RescueEvent | undefined {
     if (this.state === 'done') return undefined;

@@ -959,20 +959,12 @@ export class ReceiptLog {
       if (!this.broken) this.checkpoint();
     } finally {
       try {
-        this.closeConnections();
+        // (the guard closed first normally, so that the close makes its final checkpoint; last once
+        // the files were changed in place, so that nothing is checkpointed into them: close-guard.ts)
+        this.closeGuard.closeWith(this.db, this.inPlace !== undefined);
       } finally {
         this.seal.release();
       }
     }
   }
-
-  /**
-   * Closes the connection, and the guard beside it (close-guard.ts): normally the guard first, so
-   * that the close makes its final checkpoint (synchronous = FULL); once the files were changed in
-   * place (log_files_changed), the guard last, so that nothing is checkpointed into them.
-   */
-  private closeConnections(): void {
-    this.closeGuard.closeWith(this.db, this.inPlace !== undefined);
-  }
-
 }
