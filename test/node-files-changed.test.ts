@@ -15,7 +15,10 @@ import type { RunningNode } from '../src/node.ts';
 import { createHost } from '../src/p2p/host.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { loadKeyFile } from '../src/identity.ts';
-import { startTinyNode } from './helpers/node-config.ts';
+import { CloseGuard } from '../src/store/close-guard.ts';
+import { startTinyNode, tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { parseConfig } from '../src/config.ts';
+import { startNode } from '../src/node.ts';
 import { askNode, logLines } from './helpers/paid-ask.ts';
 import { captureNodeWatches } from './helpers/node-watch.ts';
 import { testKey } from './helpers/receipts.ts';
@@ -135,5 +138,38 @@ describe('a serving node whose files are changed in place', () => {
     } finally {
       db.close();
     }
+  }, 60_000);
+
+  test("state.db's close guard that cannot be opened: the start fails naming state.db and releases every data file, and the next start serves", async () => {
+    const home = fs.mkdtempSync(path.join(os.tmpdir(), 'node-files-changed-'));
+    dirs.push(home);
+    const data = path.join(home, 'data');
+    /** This process's descriptors open on the data folder's files. */
+    const openInData = () =>
+      fs.readdirSync('/proc/self/fd').flatMap((fd) => {
+        try {
+          const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
+          return target.startsWith(`${data}/`) ? [target] : [];
+        } catch {
+          return [];
+        }
+      });
+    const market = testKey();
+    const open = CloseGuard.open.bind(CloseGuard);
+    const spy = vi.spyOn(CloseGuard, 'open').mockImplementation((file) => {
+      if (path.basename(file) === 'state.db') throw new Error('EMFILE: too many open files');
+      return open(file);
+    });
+    const config = { publicKey: market.id, receipts: '{ signer_threads: 1, checkpoint_interval_ms: 0, min_free_mb: 0 }' };
+    await expect(startTinyNode(home, config)).rejects.toThrow(/state\.db.*EMFILE|EMFILE.*state\.db/s);
+    expect(spy.mock.calls.map(([f]) => path.basename(f))).toEqual(['receipts.db', 'state.db']);
+    expect(openInData()).toEqual([]); // (the receipt log, state.db's connection and its seal: all closed)
+    spy.mockRestore();
+    // Nothing left held: the data folder's lock, the receipt log and state.db open again here.
+    const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
+    cleanups.push(() => buyer.stop());
+    const node = await startNode(parseConfig(tinyNodeConfigYaml(config), home));
+    cleanups.push(() => node.stop(1000));
+    expect((await askNode(buyer, node, market)).head.status).toBe(200);
   }, 60_000);
 });
