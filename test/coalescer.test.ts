@@ -41,6 +41,29 @@ describe('Coalescer', () => {
     expect(c.delivered).toBe(4);
   });
 
+  test('a token whose text is held back while a batch waits for the window is not delivered with that batch (s28 review)', async () => {
+    const writes: string[] = [];
+    const c = new Coalescer(async (x) => void writes.push(dec(x)), { windowMs: 1000 });
+    await c.push(b('A'), 1); // written at once
+    await c.push(b('B'), 1); // waits for the window
+    await c.push(b(''), 1); // its text held (a partial character, a possible stop)
+    await c.flush(); // the window's write: 'B' alone
+    expect(writes).toEqual(['A', 'B']);
+    expect(c.delivered).toBe(2);
+    c.discard(); // the buyer left: the held token never reached them
+    await c.flush();
+    expect(c.delivered).toBe(2);
+    // Not left: the held token goes with the next bytes.
+    const d = new Coalescer(async (x) => void writes.push(dec(x)), { windowMs: 1000 });
+    await d.push(b('A'), 1);
+    await d.push(b(''), 2);
+    await d.flush();
+    expect(d.delivered).toBe(1);
+    await d.push(b('xy'), 1);
+    await d.flush();
+    expect(d.delivered).toBe(4);
+  });
+
   test('tokens queued when the write side fails are not delivered; later pushes fail', async () => {
     let fail = false;
     const c = new Coalescer(async () => {

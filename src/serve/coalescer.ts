@@ -17,6 +17,8 @@ export class Coalescer {
   private parts: Uint8Array[] = [];
   private size = 0;
   private tokens = 0;
+  /** Tokens pushed without bytes (their text held back): they join the next bytes pushed, not the batch before them. */
+  private held = 0;
   private last = -Infinity;
   private timer: NodeJS.Timeout | undefined;
   private chain: Promise<void> = Promise.resolve();
@@ -31,9 +33,16 @@ export class Coalescer {
   /** Queues bytes (possibly empty) and the tokens they carry; writes when the window has passed. */
   async push(bytes: Uint8Array, tokens: number): Promise<void> {
     if (this.failure !== undefined) throw this.failure;
-    if (bytes.length) this.parts.push(bytes);
+    if (bytes.length === 0) {
+      // Its text is still held back: were it counted with the batch waiting for the window, that
+      // batch's write would bill it to a buyer who left before the bytes carrying it (s28 review).
+      this.held += tokens;
+      return;
+    }
+    this.parts.push(bytes);
     this.size += bytes.length;
-    this.tokens += tokens;
+    this.tokens += this.held + tokens;
+    this.held = 0;
     const since = performance.now() - this.last;
     if (since >= this.windowMs || this.size >= this.maxBytes) return this.flush();
     this.timer ??= setTimeout(() => void this.flush().catch(() => undefined), this.windowMs - since);
@@ -67,5 +76,6 @@ export class Coalescer {
     this.parts = [];
     this.size = 0;
     this.tokens = 0;
+    this.held = 0;
   }
 }
