@@ -3,13 +3,13 @@
 // the provider's signed price lists, every receipt's price against the list of its version.
 // ReceiptChain is incremental, so an auditor can verify receipts in parallel elsewhere and feed
 // the results here in order.
-import { bytesEqual, toBase64 } from './bytes.ts';
+import { bytesEqual, isHex, toBase64 } from './bytes.ts';
 import { receiptLogKey, verifyCheckpoint, type VerifiedCheckpoint } from './checkpoint.ts';
 import type { DsseEnvelope } from './dsse.ts';
 import { EMPTY_ROOT, MerkleTree, verifyConsistency } from './merkle.ts';
 import { PriceBook, verifyPriceList } from './price-list.ts';
 import { GENESIS_PREV } from './receipt.ts';
-import { guarded, isOptions, fail, ok, type VerifyError, type VerifyResult } from './result.ts';
+import { guarded, isOptions, fail, ok, unknownOption, type VerifyError, type VerifyResult } from './result.ts';
 import { peekSeq, verifyReceipt, withSeq } from './receipt-verify.ts';
 
 /** What the chain needs to know of one verified receipt. */
@@ -215,6 +215,12 @@ export interface VerifyLogInput {
   priceLists?: Iterable<DsseEnvelope | string>;
 }
 
+const LOG_OPTIONS = ['provider', 'receipts', 'checkpoints', 'keptCheckpoints', 'priceLists'];
+
+function isIterable(v: unknown): v is Iterable<unknown> {
+  return v !== null && typeof v === 'object' && typeof (v as { [Symbol.iterator]?: unknown })[Symbol.iterator] === 'function';
+}
+
 /** Verifies a whole log in one call (in-process; `seller-node audit` does the same in parallel). Never throws. */
 export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
   return guarded('envelope_malformed', 'the log', () => verifyLogUnsafe(input));
@@ -222,6 +228,20 @@ export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
 
 function verifyLogUnsafe(input: VerifyLogInput): VerifyResult<LogSummary> {
   if (!isOptions(input)) return fail('options_invalid', 'expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}');
+  // A misspelt pin, or one given as undefined (an unset variable), must not quietly check nothing:
+  // `keptCheckpoints` is the only defence against a rewritten log, `priceLists` against rates
+  // other than the provider's published ones (s28 review).
+  const unknown = unknownOption(input, LOG_OPTIONS);
+  if (unknown !== undefined) return fail('options_invalid', `unknown option ${JSON.stringify(unknown)}: expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}`);
+  const unset = LOG_OPTIONS.find((k) => k in input && input[k as keyof VerifyLogInput] === undefined);
+  if (unset !== undefined) return fail('options_invalid', `${unset} is given as undefined: give it, or leave it out`);
+  if (typeof input.provider !== 'string') return fail('options_invalid', 'provider is required: the provider id (64 lowercase hex characters)');
+  if (!isHex(input.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');
+  if (!isIterable(input.receipts)) return fail('options_invalid', 'receipts must be an iterable of envelopes (objects or their JSON text)');
+  for (const k of ['checkpoints', 'keptCheckpoints'] as const) {
+    if (input[k] !== undefined && !Array.isArray(input[k])) return fail('options_invalid', `${k} must be an array of signed notes (strings)`);
+  }
+  if (input.priceLists !== undefined && !isIterable(input.priceLists)) return fail('options_invalid', 'priceLists must be an iterable of signed price lists');
   let prices: PriceBook | undefined;
   if (input.priceLists !== undefined) {
     const book = verifyPriceLists(input.priceLists, input.provider);

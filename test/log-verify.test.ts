@@ -170,7 +170,7 @@ describe('the verifier answers, never throws, on what callers really pass', () =
       expect(verifyReceiptProof(bundle, null as never)).toMatchObject({ ok: true, value: { index: 1 } });
     }
     expect(verifyLog(undefined as never)).toMatchObject({ ok: false, error: { code: 'options_invalid' } });
-    expect(verifyLog({ provider: b.providerId, receipts: 5 as never })).toMatchObject({ ok: false, error: { code: 'envelope_malformed' } });
+    expect(verifyLog({ provider: b.providerId, receipts: 5 as never })).toMatchObject({ ok: false, error: { code: 'options_invalid' } });
     const throwing = { *[Symbol.iterator]() { yield b.lines[0]!; throw new Error('disk gone'); } };
     expect(verifyLog({ provider: b.providerId, receipts: throwing })).toMatchObject({ ok: false, error: { code: 'envelope_malformed', message: expect.stringContaining('disk gone') } });
   });
@@ -262,5 +262,27 @@ describe('the verifier functions answer hostile values, never throw', () => {
       expect(code(verifyCheckpoint('note', k as never)), JSON.stringify(k) ?? String(k)).toBe('options_invalid');
     }
     expect(code(verifyCheckpoint('note', key))).not.toBe('options_invalid'); // (a usable key: the note itself is judged)
+    // An origin pin given as undefined (an unset variable) pins nothing: refused, not dropped (s28 review).
+    expect(code(verifyCheckpoint('note', { ...key, origin: undefined }))).toBe('options_invalid');
+    // verifyLog: a misspelt or undefined pin would quietly skip the price and kept-checkpoint checks (s28 review).
+    const { verifyLog } = await import('../attestation/verifier.ts');
+    for (const input of [
+      { provider: id, receipts: [], priceList: [] },
+      { provider: id, receipts: [], price_lists: [] },
+      { provider: id, receipts: [], keptCheckpoint: ['x'] },
+      { provider: id, receipts: [], keptCheckpoints: undefined },
+      { provider: id, receipts: [], priceLists: undefined },
+      { provider: id, receipts: undefined },
+      { provider: id },
+      { provider: id, receipts: 'line' },
+      { provider: id, receipts: [], checkpoints: 'note' },
+      { provider: id, receipts: [], priceLists: 7 },
+      { receipts: [] },
+      { provider: 7, receipts: [] },
+    ]) {
+      expect(code(verifyLog(input as never)), JSON.stringify(input)).toBe('options_invalid');
+    }
+    expect(code(verifyLog({ provider: 'nothex', receipts: [] }))).toBe('unknown_key');
+    expect(code(verifyLog({ provider: id, receipts: [] }))).toBe('log_empty'); // (usable options: the log itself is judged)
   });
 });
