@@ -99,9 +99,17 @@ export class ReceiptChain {
    * the gap is the first fault, so the scan goes on only to tell "missing" from "reordered".
    */
   reject(error: VerifyError, claimedSeq?: string): VerifyResult {
+    // An error that carries a seq found it after the signature verified: that seq is the
+    // provider's. Otherwise the seq is only what the line claims, which anyone can edit (s28 review).
+    const signed = error.seq;
     if (this.missing && !this.failed) {
-      if (claimedSeq !== undefined && BigInt(claimedSeq) === this.missing.seq) this.missing.foundLater = true;
+      // (a line that only claims the missing seq does not make the gap a reorder)
+      if (signed !== undefined && BigInt(signed) === this.missing.seq) this.missing.foundLater = true;
       return ok(undefined);
+    }
+    if (signed === undefined && claimedSeq !== undefined && BigInt(claimedSeq) !== this.expected) {
+      // Named by where it stands, not by what it claims.
+      return this.stop({ ok: false, error: { ...error, message: `${error.message} (the line where seq ${this.expected} belongs; it claims seq ${claimedSeq})`, seq: String(this.expected) } });
     }
     return this.stop({ ok: false, error: withSeq(error, claimedSeq) });
   }

@@ -388,6 +388,27 @@ describe('audit: the sequence and the hash chain', () => {
     expectFault(await run(dir), 'signature_invalid', { seq: '3', line: 4 });
   });
 
+  it('a line whose signature fails is named by where it stands, not by the seq its edited payload claims (s28 review)', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      l[3] = withPayloadKeepSig(l[3]!, editPayload(l[3]!, (p) => (p.seq = '49')));
+    });
+    const r = await run(dir);
+    expectFault(r, 'signature_invalid', { seq: '3', line: 4 });
+    expect(r.fault!.message).toContain('claims seq 49');
+    expect(verifyLogOf(dir)).toMatchObject({ ok: false, error: { code: 'signature_invalid', seq: '3' } });
+  });
+
+  it('after a gap, a forged line that only claims the missing seq leaves it a gap, not a reorder (s28 review)', async () => {
+    const dir = fresh();
+    editLines(dir, (l) => {
+      const [gone] = l.splice(5, 1);
+      l.push(flipSignatureBit(gone!));
+    });
+    expectFault(await run(dir), 'seq_gap', { seq: '5' });
+    expect(verifyLogOf(dir)).toMatchObject({ ok: false, error: { code: 'seq_gap', seq: '5' } });
+  });
+
   it('a gap is reported before a later bad signature (the first fault wins)', async () => {
     const dir = fresh();
     editLines(dir, (l) => {
