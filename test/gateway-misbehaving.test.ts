@@ -39,7 +39,7 @@ import type { JsonObject } from '../src/p2p/frames.ts';
 import { settledWithin } from '../src/settled-within.ts';
 import { Exchange, MarketProxy, SCRIPTED_RATES, SCRIPTED_USAGE, ScriptedNode, type Behaviour, type TicketGrant } from './helpers/misbehaving-node.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
-import { waitFor, waitForListed } from './helpers/wait.ts';
+import { until, waitFor, waitForListed } from './helpers/wait.ts';
 import { endedRecord, errorOf, gatewayRecord, marketHas as marketHasReceipt, settledRecord, sseData } from './helpers/gateway-reads.ts';
 
 const MODEL = 'tiny/llama';
@@ -309,6 +309,36 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     expect(err.error).toMatchObject({ code: 'bad_provider_response', message: expect.stringMatching(/request_id is req-someone-else/) });
     expect(await record(id)).toMatchObject({ status: 'bad_provider_response', error: err.error, settled: false, receipt: null });
     await expectNothingSettled(before);
+  });
+  test('streamed: a usage chunk that disagrees with the receipt (1 token and $0.000001 told, 3 billed) ends the stream with bad_provider_response instead of the closing events; recorded, never settled (s28 review); an honest one is relayed and settled', async () => {
+    const usageChunk = (u: Usage, requestId: string) => `data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [], usage: { prompt_tokens: u.input_tokens, completion_tokens: u.output_tokens, total_tokens: u.input_tokens + u.output_tokens, cost: formatUsd(computeCost(u, SCRIPTED_RATES)) }, service: { request_id: requestId } })}\n\n`;
+    const streaming = (told: Usage): Behaviour => async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(chunk('one'));
+      await ex.data(chunk('two'));
+      await ex.data(`data: ${JSON.stringify({ id: 'chatcmpl-scripted', object: 'chat.completion.chunk', created: 1, model: MODEL, choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })}\n\n`);
+      await ex.data(usageChunk(told, ex.ticket.request_id));
+      await ex.data('data: [DONE]\n\n');
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+    };
+    const body = chatBody('stream', { stream: true, stream_options: { include_usage: true } });
+    scripted.behaviour = streaming({ input_tokens: SCRIPTED_USAGE.input_tokens, output_tokens: 1 });
+    const before = await snapshot();
+    const { id, events } = await streamed(await post(body, toScripted()));
+    expect(events.some((d) => d.includes('"usage"'))).toBe(false); // (the buyer is never told the lie)
+    expect(events.includes('[DONE]')).toBe(false);
+    const err = JSON.parse(events.at(-1)!) as { error: { code: string; message: string } };
+    expect(err.error).toMatchObject({ code: 'bad_provider_response', message: 'usage.completion_tokens is 1, the receipt says 3' });
+    expect(await record(id)).toMatchObject({ status: 'bad_provider_response', settled: false });
+    await expectNothingSettled(before);
+    // Control: the same stream telling the receipt's usage.
+    scripted.behaviour = streaming(SCRIPTED_USAGE);
+    const ok = await streamed(await post(body, toScripted()));
+    expect(ok.events.at(-1)).toBe('[DONE]');
+    const told = JSON.parse(ok.events.at(-2)!) as { usage: { completion_tokens: number; cost: string }; service: { receipt: unknown } };
+    expect(told.usage).toMatchObject({ completion_tokens: 3, cost: formatUsd(computeCost(SCRIPTED_USAGE, SCRIPTED_RATES)) });
+    expect(told.service.receipt).toBeDefined();
+    await until('settled', async () => (await record(ok.id)).settled === true);
   });
 });
 

@@ -18,7 +18,7 @@ import { checkReceipt, type CheckedReceipt } from './receipt-check.ts';
 import type { RequestRecords } from './records.ts';
 import { isObj } from './request-body.ts';
 import type { Settlements, VerifiedReceipt } from './settlement.ts';
-import { closingStart, ClosingScan, endsWithBlankLine, eventsEndAcross, HeldEvents, isTerminalEvent, lastEventAt, MAX_HELD_EVENT, withService } from './sse-events.ts';
+import { closingStart, ClosingScan, endsWithBlankLine, eventsEndAcross, HeldEvents, isTerminalEvent, lastEventAt, MAX_HELD_EVENT, usageOfEvents, withService } from './sse-events.ts';
 import type { Paid } from './tickets.ts';
 
 
@@ -273,6 +273,17 @@ export class Relay {
         endWithError('provider_failed', `the provider's run ended ${checked.payload.status}${why}; its receipt bills only what it delivered`);
       } else {
         const h = held.take();
+        // The usage the closing events tell the buyer must be the receipt's, as a whole body's
+        // must (s28 review: a stream's usage chunk said 1 token and $0.000001 while the receipt
+        // billed 3 and $0.000003). Otherwise the stream ends with the error, and, as for a whole
+        // body, the receipt is recorded and never settled.
+        const usage = h ? usageOfEvents(h) : undefined;
+        const problem = usage ? usageMismatch({ usage }, checked) : undefined;
+        if (problem) {
+          this.d.records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: problem });
+          endWithError('bad_provider_response', problem);
+          return;
+        }
         if (h) await write(withService(h, { request_id: checked.payload.request_id, receipt: checked.envelope, ...hedgedWith(p) }));
         endStream(raw);
       }

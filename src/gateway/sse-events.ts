@@ -217,6 +217,29 @@ export function withService(held: Uint8Array, service: { request_id: string; rec
   return held;
 }
 
+/**
+ * The usage the held closing events tell the buyer: a chat or completions stream's usage chunk
+ * (`usage`), or the responses protocol's closing event (`response.usage`). Undefined when none
+ * carries one (a stream without include_usage).
+ */
+export function usageOfEvents(held: Uint8Array): Record<string, unknown> | undefined {
+  const ends = eventEnds(held);
+  for (let e = 0; e < ends.length; e++) {
+    const d = eventData(held.subarray(e > 0 ? ends[e - 1]! : 0, ends[e]!));
+    if (!d || d.data === '[DONE]') continue;
+    let value: unknown;
+    try {
+      value = JSON.parse(d.data);
+    } catch {
+      continue;
+    }
+    if (!isObject(value)) continue;
+    if (isObject(value.usage)) return value.usage;
+    if (isObject(value.response) && isObject(value.response.usage)) return value.response.usage;
+  }
+  return undefined;
+}
+
 /** The event with the receipt inserted (withService), or undefined when it is not in the node's form. */
 function insertReceipt(event: Uint8Array, d: { data: string; other: string[] }, service: { request_id: string; receipt: unknown; hedged_with?: string }): Uint8Array | undefined {
   let value: unknown;
