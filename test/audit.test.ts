@@ -149,7 +149,7 @@ describe('audit: a clean export', () => {
       fs.symlinkSync(target, path.join(dir, 'checkpoint'));
       const r = await run(dir);
       expect(r.ok, target).toBe(false);
-      expect(r.fault, target).toMatchObject({ code: 'checkpoint_malformed', message: 'checkpoint is not a readable checkpoint (at most 64 KiB)' });
+      expect(r.fault, target).toMatchObject({ code: 'checkpoint_malformed', message: 'checkpoint is not a readable checkpoint (UTF-8, at most 64 KiB)' });
     }
     const dir = fresh();
     fs.writeFileSync(path.join(dir, 'checkpoints', '.300.swp'), 'editor litter');
@@ -499,6 +499,16 @@ describe('audit: checkpoints', () => {
     const dir = fresh();
     fs.mkdirSync(path.join(dir, 'checkpoints', 'not-a-file'));
     expectFault(await run(dir), 'checkpoint_malformed');
+  });
+
+  it('a checkpoint file that is not UTF-8 is checkpoint_malformed, said so (read strictly, as receipts.jsonl is: s28 review)', async () => {
+    const dir = fresh();
+    const bytes = fs.readFileSync(path.join(dir, 'checkpoint'));
+    const at = bytes.indexOf(0x0a) + 1; // (after the origin line: a lone 0xFF byte where a lenient read gives U+FFFD)
+    fs.writeFileSync(path.join(dir, 'checkpoint'), Buffer.concat([bytes.subarray(0, at), Buffer.from([0xff, 0x0a]), bytes.subarray(at)]));
+    const r = await run(dir);
+    expectFault(r, 'checkpoint_malformed');
+    expect(r.fault!.message).toBe('checkpoint is not a readable checkpoint (UTF-8, at most 64 KiB)');
   });
 });
 

@@ -194,15 +194,18 @@ function present(p: string): boolean {
   return fs.lstatSync(p, { throwIfNoEntry: false }) !== undefined;
 }
 
+/** A small regular file's text, or undefined when it is not one or not UTF-8 (read strictly, as receipts.jsonl is: s28 review). */
 function readSmall(file: string, max = 1 << 16): string | undefined {
   try {
     const st = fs.statSync(file);
     if (!st.isFile() || st.size > max) return undefined;
-    return fs.readFileSync(file, 'utf8');
+    return STRICT_UTF8.decode(fs.readFileSync(file));
   } catch {
     return undefined;
   }
 }
+
+const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /** Price list file names: `<version>.json` (a version is at most 64 of these characters). */
 const PRICE_FILE = /^([A-Za-z0-9._:-]{1,64})\.json$/;
@@ -227,7 +230,7 @@ function verifyExportPriceLists(dir: string, provider: string): { lists: PricedV
     const version = PRICE_FILE.exec(n)?.[1];
     if (version === undefined) return { code: 'price_list_invalid', message: `${file} is not named <price version>.json` };
     const text = readSmall(path.join(sub, n), 1 << 20);
-    if (text === undefined) return { code: 'price_list_invalid', message: `${file} is not a readable file (at most 1 MiB)` };
+    if (text === undefined) return { code: 'price_list_invalid', message: `${file} is not a readable UTF-8 file (at most 1 MiB)` };
     const v = verifyPriceList(text, { provider });
     if (!v.ok) return { code: 'price_list_invalid', message: `${file} is not a price list signed by the provider: ${v.error.code}: ${v.error.message}` };
     if (v.value.version !== version) return { code: 'price_list_invalid', message: `${file} holds price version ${v.value.version}` };
@@ -250,7 +253,7 @@ function readKept(paths: readonly string[]): { notes: string[]; files: string[] 
   const notes: string[] = [];
   for (const f of files) {
     const text = readSmall(f);
-    if (text === undefined) return { code: 'checkpoint_malformed', message: `${f} is not a readable checkpoint (at most 64 KiB)` };
+    if (text === undefined) return { code: 'checkpoint_malformed', message: `${f} is not a readable checkpoint (UTF-8, at most 64 KiB)` };
     notes.push(text);
   }
   return { notes, files };
@@ -274,7 +277,7 @@ function readCheckpoints(dir: string): { notes: string[]; files: string[][] } | 
   const notes = new Map<string, string[]>();
   for (const f of files) {
     const text = readSmall(f);
-    if (text === undefined) return { code: 'checkpoint_malformed', message: `${path.relative(dir, f)} is not a readable checkpoint (at most 64 KiB)` };
+    if (text === undefined) return { code: 'checkpoint_malformed', message: `${path.relative(dir, f)} is not a readable checkpoint (UTF-8, at most 64 KiB)` };
     const from = notes.get(text);
     if (from) from.push(path.relative(dir, f));
     else notes.set(text, [path.relative(dir, f)]);
