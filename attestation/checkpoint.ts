@@ -8,7 +8,7 @@
 // No `node:` imports: the verifier runs in browsers.
 import { fromBase64, fromHex, isHex, toBase64 } from './bytes.ts';
 import { openNote, signNote, type NoteSigner } from './note.ts';
-import { fail, guarded, isOptions, ok, unknownOption, type VerifyResult } from './result.ts';
+import { fail, guarded, isOptions, ok, unknownOption, unsetOption, type VerifyResult } from './result.ts';
 
 export interface Checkpoint {
   origin: string;
@@ -111,7 +111,7 @@ function readCheckpointKey(key: unknown): VerifyResult<CheckpointKey> {
   if (!isOptions(key) || unknownOption(key, ['name', 'publicKey', 'origin']) !== undefined) return fail('options_invalid', 'the checkpoint key must be an object { name, publicKey, origin? }');
   const { name, publicKey, origin } = key;
   // (an origin given as undefined, from an unset variable, must not quietly pin nothing: s28 review)
-  if ('origin' in key && origin === undefined) return fail('options_invalid', 'the checkpoint key\'s origin is given as undefined: give it, or leave it out');
+  if (unsetOption(key, ['origin']) !== undefined) return fail('options_invalid', 'the checkpoint key\'s origin is given as undefined: give it, or leave it out');
   if (typeof name !== 'string' || !(publicKey instanceof Uint8Array) || (origin !== undefined && typeof origin !== 'string')) {
     return fail('options_invalid', 'the checkpoint key needs name (a string), publicKey (32 bytes) and, optionally, origin (a string)');
   }

@@ -9,7 +9,7 @@ import type { DsseEnvelope } from './dsse.ts';
 import { EMPTY_ROOT, MerkleTree, verifyConsistency } from './merkle.ts';
 import { PriceBook, verifyPriceList } from './price-list.ts';
 import { GENESIS_PREV } from './receipt.ts';
-import { guarded, isOptions, fail, ok, unknownOption, type VerifyError, type VerifyResult } from './result.ts';
+import { guarded, isOptions, fail, ok, unknownOption, unsetOption, type VerifyError, type VerifyResult } from './result.ts';
 import { peekSeq, verifyReceipt, withSeq } from './receipt-verify.ts';
 
 /** What the chain needs to know of one verified receipt. */
@@ -224,6 +224,7 @@ export interface VerifyLogInput {
 }
 
 const LOG_OPTIONS = ['provider', 'receipts', 'checkpoints', 'keptCheckpoints', 'priceLists'];
+const LOG_SHAPE = '{provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}';
 
 function isIterable(v: unknown): v is Iterable<unknown> {
   return v !== null && typeof v === 'object' && typeof (v as { [Symbol.iterator]?: unknown })[Symbol.iterator] === 'function';
@@ -235,13 +236,13 @@ export function verifyLog(input: VerifyLogInput): VerifyResult<LogSummary> {
 }
 
 function verifyLogUnsafe(input: VerifyLogInput): VerifyResult<LogSummary> {
-  if (!isOptions(input)) return fail('options_invalid', 'expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}');
+  if (!isOptions(input)) return fail('options_invalid', `expected ${LOG_SHAPE}`);
   // A misspelt pin, or one given as undefined (an unset variable), must not quietly check nothing:
   // `keptCheckpoints` is the only defence against a rewritten log, `priceLists` against rates
   // other than the provider's published ones (s28 review).
   const unknown = unknownOption(input, LOG_OPTIONS);
-  if (unknown !== undefined) return fail('options_invalid', `unknown option ${JSON.stringify(unknown)}: expected {provider, receipts, checkpoints?, keptCheckpoints?, priceLists?}`);
-  const unset = LOG_OPTIONS.find((k) => k in input && input[k as keyof VerifyLogInput] === undefined);
+  if (unknown !== undefined) return fail('options_invalid', `unknown option ${JSON.stringify(unknown)}: expected ${LOG_SHAPE}`);
+  const unset = unsetOption(input, LOG_OPTIONS);
   if (unset !== undefined) return fail('options_invalid', `${unset} is given as undefined: give it, or leave it out`);
   if (typeof input.provider !== 'string') return fail('options_invalid', 'provider is required: the provider id (64 lowercase hex characters)');
   if (!isHex(input.provider, 32)) return fail('unknown_key', 'provider must be 64 lowercase hex characters');

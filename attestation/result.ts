@@ -94,6 +94,11 @@ export function isOptions(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
 }
 
+/** The first of `keys` that `opts` has with the value undefined (an unset variable: a pin that would quietly pin nothing), or undefined. */
+export function unsetOption(opts: Record<string, unknown>, keys: readonly string[]): string | undefined {
+  return keys.find((k) => k in opts && opts[k] === undefined);
+}
+
 /** The first key of `opts` that is not one of `allowed` (a misspelt pin must not quietly check nothing), or undefined. */
 export function unknownOption(opts: Record<string, unknown>, allowed: readonly string[]): string | undefined {
   return Object.keys(opts).find((k) => !allowed.includes(k));

@@ -21,6 +21,7 @@ import { parseConfig } from '../src/config.ts';
 import { startNode } from '../src/node.ts';
 import { askNode, logLines } from './helpers/paid-ask.ts';
 import { captureNodeWatches } from './helpers/node-watch.ts';
+import { openFilesUnder } from './helpers/open-files.ts';
 import { testKey } from './helpers/receipts.ts';
 import { until } from './helpers/wait.ts';
 
@@ -145,15 +146,7 @@ describe('a serving node whose files are changed in place', () => {
     dirs.push(home);
     const data = path.join(home, 'data');
     /** This process's descriptors open on the data folder's files. */
-    const openInData = () =>
-      fs.readdirSync('/proc/self/fd').flatMap((fd) => {
-        try {
-          const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
-          return target.startsWith(`${data}/`) ? [target] : [];
-        } catch {
-          return [];
-        }
-      });
+    const openInData = () => openFilesUnder(`${data}/`);
     const market = testKey();
     const open = CloseGuard.open.bind(CloseGuard);
     const spy = vi.spyOn(CloseGuard, 'open').mockImplementation((file) => {

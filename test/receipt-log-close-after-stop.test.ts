@@ -20,6 +20,7 @@ import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { syntheticReceiptBody } from '../src/store/synthetic.ts';
 import { errorsOf, fill, logFixture, seed, untilSomeOnlyInWal, type Notice } from './helpers/log-fixture.ts';
 import { until } from './helpers/wait.ts';
+import { openFilesUnder } from './helpers/open-files.ts';
 
 const fixture = logFixture('log-close-stop-');
 const { tmp, open, closeLog } = fixture;
@@ -152,15 +153,7 @@ describe.each([0, 2])('a normal close still checkpoints (%i signer threads)', (t
 
 describe('what the log holds open is released on every path (s27 review)', () => {
   /** This process's descriptors open on `file` or beside it (-wal, -shm). */
-  const openOn = (file: string) =>
-    fs.readdirSync('/proc/self/fd').flatMap((fd) => {
-      try {
-        const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
-        return target.startsWith(file) ? [target] : [];
-      } catch {
-        return [];
-      }
-    });
+  const openOn = (file: string) => openFilesUnder(file);
 
   test('a guard that cannot be opened: the open fails and leaves no descriptor, and the next open and close leave none', async () => {
     const file = path.join(tmp(), 'receipts.db');

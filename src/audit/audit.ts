@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { Piscina } from 'piscina';
-import { isHex } from '../../attestation/bytes.ts';
+import { fromUtf8, isHex } from '../../attestation/bytes.ts';
 import type { VerifyError, VerifyErrorCode } from '../../attestation/result.ts';
 import { ReceiptChain, type LogSummary } from '../../attestation/log-verify.ts';
 import { verifyPriceList, type PricedVersion } from '../../attestation/price-list.ts';
@@ -199,13 +199,11 @@ function readSmall(file: string, max = 1 << 16): string | undefined {
   try {
     const st = fs.statSync(file);
     if (!st.isFile() || st.size > max) return undefined;
-    return STRICT_UTF8.decode(fs.readFileSync(file));
+    return fromUtf8(fs.readFileSync(file));
   } catch {
     return undefined;
   }
 }
-
-const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /** Price list file names: `<version>.json` (a version is at most 64 of these characters). */
 const PRICE_FILE = /^([A-Za-z0-9._:-]{1,64})\.json$/;

@@ -2,6 +2,7 @@
 // the lines, verify each on its own and its price against the signed price lists, and reduce it
 // to what the chain check needs, packed into a few arrays so a chunk of thousands of receipts
 // crosses back to the main thread cheaply. A pure function of its input, so chunks run in any order.
+import { fromUtf8 } from '../../attestation/bytes.ts';
 import { fail, type VerifyError } from '../../attestation/result.ts';
 import { PriceBook, type PricedVersion } from '../../attestation/price-list.ts';
 import { peekSeq, verifyReceipt } from '../../attestation/receipt-verify.ts';
@@ -30,17 +31,6 @@ export interface CheckedChunk {
   failures: Record<number, VerifyError>;
 }
 
-// Strict: a line's exact bytes are its Merkle leaf, so bytes that are not UTF-8 are not a receipt
-// (a lenient decoder would read two different files as one log).
-const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
-
-function decodeLine(bytes: Uint8Array): string | undefined {
-  try {
-    return decoder.decode(bytes);
-  } catch {
-    return undefined;
-  }
-}
 
 export function checkChunk(task: CheckTask): CheckedChunk {
   const { bytes, provider } = task;
@@ -52,7 +42,9 @@ export function checkChunk(task: CheckTask): CheckedChunk {
   while (start < bytes.length) {
     let end = bytes.indexOf(10, start);
     if (end === -1) end = bytes.length;
-    const text = decodeLine(bytes.subarray(start, end));
+    // Strict (fromUtf8): a line's exact bytes are its Merkle leaf, so bytes that are not UTF-8 are not a
+    // receipt (a lenient decoder would read two different files as one log).
+    const text = fromUtf8(bytes.subarray(start, end));
     start = end + 1;
     const i = out.count++;
     const r = text === undefined ? fail('envelope_not_json', 'the line is not valid UTF-8') : verifyReceipt(text, { provider, chain: true });

@@ -119,7 +119,7 @@ export class Relay {
     } catch {
       body = undefined;
     }
-    const problem = !isObj(body) ? 'the body is not a JSON object' : usageMismatch(body, checked);
+    const problem = !isObj(body) ? 'the body is not a JSON object' : usageMismatch(body.usage, checked);
     if (problem) {
       this.d.records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: problem });
       throw new GatewayError(502, 'bad_provider_response', problem);
@@ -277,8 +277,7 @@ export class Relay {
         // must (s28 review: a stream's usage chunk said 1 token and $0.000001 while the receipt
         // billed 3 and $0.000003). Otherwise the stream ends with the error, and, as for a whole
         // body, the receipt is recorded and never settled.
-        const usage = h ? usageOfEvents(h) : undefined;
-        const problem = usage ? usageMismatch({ usage }, checked) : undefined;
+        const problem = h ? usageMismatch(usageOfEvents(h), checked) : undefined;
         if (problem) {
           this.d.records.fail(p.requestId, 'bad_provider_response', { code: 'bad_provider_response', message: problem });
           endWithError('bad_provider_response', problem);
@@ -327,9 +326,8 @@ function drained(raw: ServerResponse, ms?: number): Promise<boolean> {
   });
 }
 
-/** Why a completed JSON body disagrees with its receipt (usage and cost), or undefined. */
-function usageMismatch(body: Record<string, unknown>, r: VerifiedReceipt): string | undefined {
-  const u = body.usage;
+/** Why the usage told the buyer (a whole body's, a stream's closing events') disagrees with the receipt (tokens and cost), or undefined (none told). */
+function usageMismatch(u: unknown, r: VerifiedReceipt): string | undefined {
   if (!isObj(u)) return undefined;
   const p = r.payload;
   if (u.prompt_tokens !== undefined && u.prompt_tokens !== p.usage.input_tokens) return `usage.prompt_tokens is ${String(u.prompt_tokens)}, the receipt says ${p.usage.input_tokens}`;

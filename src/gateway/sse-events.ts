@@ -205,16 +205,20 @@ const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typ
  * relayed as it came, the receipt left to GET /v1/requests/{id}.
  */
 export function withService(held: Uint8Array, service: { request_id: string; receipt: unknown; hedged_with?: string }): Uint8Array {
+  const last = dataEvents(held).at(-1);
+  if (!last) return held;
+  const inserted = insertReceipt(held.subarray(last.start, last.end), last.d, service);
+  return inserted ? concatBytes(held.subarray(0, last.start), inserted, held.subarray(last.end)) : held;
+}
+
+/** The events of `held` that carry data other than [DONE], in order, with where each is. */
+function dataEvents(held: Uint8Array): { start: number; end: number; d: { data: string; other: string[] } }[] {
   const ends = eventEnds(held);
-  for (let e = ends.length - 1; e >= 0; e--) {
+  return ends.flatMap((end, e) => {
     const start = e > 0 ? ends[e - 1]! : 0;
-    const event = held.subarray(start, ends[e]!);
-    const d = eventData(event);
-    if (!d || d.data === '[DONE]') continue;
-    const inserted = insertReceipt(event, d, service);
-    return inserted ? concatBytes(held.subarray(0, start), inserted, held.subarray(ends[e]!)) : held;
-  }
-  return held;
+    const d = eventData(held.subarray(start, end));
+    return d && d.data !== '[DONE]' ? [{ start, end, d }] : [];
+  });
 }
 
 /**
@@ -223,10 +227,7 @@ export function withService(held: Uint8Array, service: { request_id: string; rec
  * carries one (a stream without include_usage).
  */
 export function usageOfEvents(held: Uint8Array): Record<string, unknown> | undefined {
-  const ends = eventEnds(held);
-  for (let e = 0; e < ends.length; e++) {
-    const d = eventData(held.subarray(e > 0 ? ends[e - 1]! : 0, ends[e]!));
-    if (!d || d.data === '[DONE]') continue;
+  for (const { d } of dataEvents(held)) {
     let value: unknown;
     try {
       value = JSON.parse(d.data);

@@ -30,7 +30,7 @@ export class Coalescer {
     this.maxBytes = opts.maxBytes ?? 16_384;
   }
 
-  /** Queues bytes (possibly empty) and the tokens they carry; writes when the window has passed. */
+  /** Queues bytes and the tokens they carry (no bytes: tokens whose text is held back, carried by the next bytes); writes when the window has passed. */
   async push(bytes: Uint8Array, tokens: number): Promise<void> {
     if (this.failure !== undefined) throw this.failure;
     if (bytes.length === 0) {
@@ -52,7 +52,7 @@ export class Coalescer {
   flush(): Promise<void> {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    if (this.parts.length === 0) return this.chain; // tokens without bytes yet wait for the next write
+    if (this.parts.length === 0) return this.chain; // (nothing queued: tokens whose text is held wait in `held`)
     const parts = this.parts;
     const tokens = this.tokens;
     this.parts = [];
