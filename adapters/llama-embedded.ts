@@ -375,8 +375,23 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const output: Token[] = [];
     /** Decoded text not sent yet because it ends in what may be the start of a stop sequence. */
     let held = '';
-    /** Index of the first output token whose text has not been emitted yet. */
+    /** Index of the first output token whose text has not been decoded yet (it ends in a partial character). */
     let from = 0;
+    // A chunk carries the tokens whose text it completes: a token whose text is held back, wholly
+    // or in part, waits for the chunk that sends its end (s28 review: with stop "e!", the token
+    // " mone" went out as " mon" and was billed to a buyer who left before the "e"). `waiting`
+    // holds them in order; `ends[i]`, once its character is complete, where waiting[i]'s text
+    // ends in the answer (in UTF-16 units, as `decoded` and `sent` count).
+    const waiting: Token[] = [];
+    const ends: number[] = [];
+    let decoded = 0;
+    let sent = 0;
+    const release = (): Token[] => {
+      let n = 0;
+      while (n < ends.length && ends[n]! <= sent) n++;
+      ends.splice(0, n);
+      return waiting.splice(0, n);
+    };
     // The evaluation ends by itself when the model produces an end-of-generation token.
     let finishReason: GenerationResult['finishReason'] = 'stop';
     let evaluation: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
@@ -401,13 +416,16 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         evaluated = true;
         for await (const token of evaluation) {
           output.push(token);
-          // Decode the tokens not emitted yet, in the context of the ones before them (how a
+          waiting.push(token);
+          // Decode the tokens not decoded yet, in the context of the ones before them (how a
           // leading space renders depends on it); hold them while they end in a partial character.
           const text = model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
           let chunk = '';
           if (!text.endsWith('\uFFFD')) {
             chunk = text;
             from = output.length;
+            decoded += chunk.length;
+            while (ends.length < waiting.length) ends.push(decoded);
           }
           // What was sent never ends in a stop's beginning (that part is held), so a stop can only
           // start in held + chunk; the text before it is sent, the stop and anything after are not.
@@ -415,13 +433,16 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           const stopAt = req.stop?.length ? firstStop(full, req.stop) : -1;
           if (stopAt >= 0) {
             held = '';
-            yield { text: full.slice(0, stopAt), tokens: [token] };
+            // The run is complete: every token is billed, the stop's own included.
+            yield { text: full.slice(0, stopAt), tokens: waiting.splice(0) };
             finishReason = 'stop';
             break;
           }
           const keep = req.stop?.length ? stopPrefixLength(full, req.stop) : 0;
           held = full.slice(full.length - keep);
-          yield { text: full.slice(0, full.length - keep), tokens: [token] };
+          sent += full.length - keep;
+          // (A chunk with no text and no token still comes: the consumer sees the runtime is alive.)
+          yield { text: full.slice(0, full.length - keep), tokens: release() };
           if (req.signal?.aborted) {
             finishReason = 'abort';
             break;
@@ -443,7 +464,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           rest = rest.slice(0, stopAt);
           finishReason = 'stop';
         }
-        if (rest) yield { text: rest, tokens: [] };
+        if (rest || waiting.length > 0) yield { text: rest, tokens: waiting.splice(0) };
       }
     } finally {
       try {

@@ -51,8 +51,13 @@ export interface GenerateRequest {
 export type FinishReason = 'stop' | 'length' | 'abort';
 
 export interface GeneratedChunk {
-  /** Text completed by these tokens (possibly empty while a multi-byte character is incomplete). */
+  /** The next part of the answer's text (possibly empty while a multi-byte character is incomplete or a possible stop sequence is held back). */
   text: string;
+  /**
+   * The tokens whose text ends in this chunk, so that every token counted has all its text in the
+   * chunks up to here (a buyer who leaves is billed only for text they got). A run's chunks carry
+   * every output token once, in order; a token with its text partly held comes with a later chunk.
+   */
   tokens: number[];
 }
 

@@ -4,8 +4,9 @@
 // that per token. The window is 8 ms by default: at most ~125 frames a second, faster than a
 // screen shows them, and a model slower than that (most are, on most hardware) never waits on
 // it; with a 2 ms window the tiny model's relay ran at ~0.87–0.89 of the runtime's rate, with 8 ms
-// ~0.94–0.95, with 16 ms ~0.95–0.97 (session 26; docs/decisions.md). Tokens count as delivered only once their bytes were written: a token whose text
-// is still held back (a partial character, a possible stop sequence) waits for the next bytes.
+// ~0.94–0.95, with 16 ms ~0.95–0.97 (session 26; docs/decisions.md). Tokens count as delivered only once their bytes were written. A runtime hands
+// over a token with the chunk that ends its text (adapters/runtime-adapter.ts); tokens pushed with
+// no bytes all the same wait for the next bytes.
 import { concatBytes } from '../../attestation/bytes.ts';
 
 export class Coalescer {
