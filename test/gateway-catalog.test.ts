@@ -137,19 +137,24 @@ describe('GET /v1/models query', () => {
     expect(ids({})).toEqual(['big/model', 'tiny/llama']);
   });
 
-  test('filters are judged route by route; live=true counts live routes only', () => {
+  test('filters are judged route by route, and an entry describes the routes they leave; live=true counts live routes only', () => {
     expect(ids({ max_input_price_per_million_usd: '0.1' })).toEqual(['tiny/llama']); // B's route
     expect(ids({ max_input_price_per_million_usd: '0.1', live: 'true' })).toEqual([]); // B is not live
     expect(ids({ min_context_tokens: '1000' })).toEqual(['big/model', 'tiny/llama']);
     expect(ids({ min_context_tokens: '1000', live: 'true' })).toEqual(['big/model']);
     // One route must meet them all: A is cheap but narrow, B wide but dear.
     expect(ids({ min_context_tokens: '1000', max_output_price_per_million_usd: '0.6' })).toEqual([]);
+    // The listed prices are each the lowest any route asks (input B's 0.10, output A's 0.60): ceilings
+    // at both find no one route (docs/decisions.md); under the ceilings, the entry is the routes that fit (A).
+    expect(ids({ max_input_price_per_million_usd: '0.1', max_output_price_per_million_usd: '0.6' })).toEqual([]);
+    expect(page({ max_input_price_per_million_usd: '0.15', max_output_price_per_million_usd: '0.6' }).data).toMatchObject([{ id: 'tiny/llama', pricing: { prompt_per_million_au: '150000', completion_per_million_au: '600000' } }]);
     expect(ids({ max_representative_request_price_usd: '0.00075' })).toEqual(['tiny/llama']);
     expect(ids({ max_representative_request_price_usd: '0.000749' })).toEqual([]);
     expect(ids({ attestation_tier: '2' })).toEqual(['tiny/llama']);
     expect(ids({ min_attestation_tier: '2', live: 'true' })).toEqual([]);
     expect(ids({ quantization: 'Q4_K_M' })).toEqual(['big/model']);
     expect(ids({ provider: B })).toEqual(['tiny/llama']);
+    expect(page({ provider: B }).data).toMatchObject([{ id: 'tiny/llama', providers: 1, live_providers: 0, context_length: 2048, pricing: { prompt_per_million_au: '100000', completion_per_million_au: '700000' } }]);
     expect(ids({ provider: B.toUpperCase() })).toEqual(['tiny/llama']); // hex in either case
     expect(page({ live: 'true', provider: A }).data.find((m) => m.id === 'tiny/llama')).toMatchObject({ providers: 1, context_length: 512, pricing: { prompt_per_million_au: '150000' } });
     expect(ids({ endpoint_family: 'EMBEDDINGS', modality: 'text' })).toEqual(['big/model', 'tiny/llama']);

@@ -340,6 +340,36 @@ describe('a provider whose receipt does not check out: 502 bad_provider_response
     expect(told.service.receipt).toBeDefined();
     await until('settled', async () => (await record(ok.id)).settled === true);
   });
+
+  test('streamed responses: a closing response.usage that disagrees with the receipt ends the stream with the protocol\'s error event instead of response.completed; recorded, never settled; an honest one is relayed and settled', async () => {
+    const ev = (name: string, data: object): string => `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`;
+    const streaming = (told: Usage): Behaviour => async (ex) => {
+      await ex.head(SSE_HEAD);
+      await ex.data(ev('response.created', { sequence_number: 0, response: { id: 'resp_x', object: 'response', status: 'in_progress' } }));
+      await ex.data(ev('response.output_text.delta', { sequence_number: 1, item_id: 'msg_x', output_index: 0, content_index: 0, delta: 'one two' }));
+      const usage = { input_tokens: told.input_tokens, output_tokens: told.output_tokens, total_tokens: told.input_tokens + told.output_tokens, cost: formatUsd(computeCost(told, SCRIPTED_RATES)) };
+      await ex.data(ev('response.completed', { sequence_number: 2, response: { id: 'resp_x', object: 'response', status: 'completed', usage, service: { request_id: ex.ticket.request_id } } }));
+      await ex.trailer(Exchange.receiptTrailer(await ex.logReceipt()));
+    };
+    const body = JSON.stringify({ model: MODEL, input: 'hello', max_output_tokens: 8, stream: true });
+    scripted.behaviour = streaming({ input_tokens: SCRIPTED_USAGE.input_tokens, output_tokens: 1 });
+    const before = await snapshot();
+    const { id, events } = await streamed(await post(body, toScripted(), 'responses'));
+    expect(events).toHaveLength(3);
+    expect(events.some((d) => d.includes('"usage"'))).toBe(false); // (the buyer is never told the lie)
+    const err = JSON.parse(events[2]!) as { type: string; code: string; message: string; sequence_number: number };
+    expect(err).toMatchObject({ type: 'error', code: 'bad_provider_response', message: 'usage.output_tokens is 1, the receipt says 3', sequence_number: 2 });
+    expect(await record(id)).toMatchObject({ status: 'bad_provider_response', settled: false });
+    await expectNothingSettled(before);
+    // Control: the same stream telling the receipt's usage.
+    scripted.behaviour = streaming(SCRIPTED_USAGE);
+    const ok = await streamed(await post(body, toScripted(), 'responses'));
+    const done = JSON.parse(ok.events.at(-1)!) as { type: string; response: { usage: { output_tokens: number; cost: string }; service: { receipt: unknown } } };
+    expect(done.type).toBe('response.completed');
+    expect(done.response.usage).toMatchObject({ output_tokens: 3, cost: formatUsd(computeCost(SCRIPTED_USAGE, SCRIPTED_RATES)) });
+    expect(done.response.service.receipt).toBeDefined();
+    await until('settled', async () => (await record(ok.id)).settled === true);
+  });
 });
 
 describe('a provider that breaks off without a TRAILER: 502, settled from the node\'s log when it has a receipt', () => {

@@ -258,9 +258,11 @@ function modelFits(q: CatalogQuery): boolean {
 export function catalogPage(listing: readonly ProviderEntry[], q: CatalogQuery): { data: Record<string, unknown>[]; next_cursor: string | null; has_more: boolean } {
   const fits = modelFits(q);
   const matched = models(listing).flatMap((m) => {
-    const counted = m.routes.filter((r) => !q.live || r.live);
-    if (!fits || counted.length === 0 || !counted.some((r) => routeFits(r, q))) return [];
-    return [entry(m, counted)];
+    // The entry describes the routes the query leaves (its prices, context, capacity are what a
+    // request under the same controls can be routed to), as `live=true` counts live routes only.
+    const routes = m.routes.filter((r) => (!q.live || r.live) && routeFits(r, q));
+    if (!fits || routes.length === 0) return [];
+    return [entry(m, routes)];
   });
   const dir = q.order === 'desc' ? -1 : 1;
   matched.sort((a, b) => {
