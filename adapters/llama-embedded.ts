@@ -11,7 +11,7 @@ import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
 import { piecesAt, scanSpecials, SpecialTrie, type SpecialScan, type SpecialText } from './special-token-split.ts';
-import { TemplateRefusedError, TokenizeDeadlineError, TokenizerBusyError, TokenizerProcess } from './tokenizer-process.ts';
+import { TemplateRefusedError, TokenizeDeadlineError, TokenizeMemoryError, TokenizerBusyError, TokenizerProcess } from './tokenizer-process.ts';
 import { RuntimeBusyError, UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
 
 export interface LlamaEmbeddedOptions {
@@ -46,6 +46,8 @@ export interface LlamaEmbeddedOptions {
   templateProbe?: { timeoutMs?: number; heapMb?: number };
   /** How long a long text may take to tokenise in the tokenizer's child process before it is refused (default 10 s; tokenizer-process.ts). */
   tokenizeDeadlineMs?: number;
+  /** That child's JavaScript heap limit, MiB (default 512): a text or chat that needs more is refused as one past the deadline is. */
+  tokenizerHeapMiB?: number;
   /** Start that child with the runtime (a serving node: the first long text then does not wait for it to load), not at the first long text. */
   tokenizerAtStart?: boolean;
 }
@@ -270,7 +272,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   private newTokenizer(): TokenizerProcess {
-    return new TokenizerProcess(this.opts.modelPath, this.opts.tokenizeDeadlineMs ?? 10_000);
+    return new TokenizerProcess(this.opts.modelPath, this.opts.tokenizeDeadlineMs ?? 10_000, this.opts.tokenizerHeapMiB === undefined ? {} : { maxHeapMiB: this.opts.tokenizerHeapMiB });
   }
 
   async tokenize(text: string, opts: { special?: boolean } = {}): Promise<number[]> {
@@ -295,6 +297,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       if (e instanceof TokenizeDeadlineError) {
         throw new UnsupportedInputError('input_too_complex', `the input (${text.length} characters) was not tokenised within ${this.tokenizer.deadlineMs / 1000} s: llama.cpp's tokenizer is slow on long runs of characters its vocabulary has no token for, or of special-token texts`);
       }
+      if (e instanceof TokenizeMemoryError) throw new UnsupportedInputError('input_too_complex', `the input (${text.length} characters) needed ${e.message} to tokenise`);
       throw e;
     }
   }
@@ -331,6 +334,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       if (e instanceof TemplateRefusedError) throw refused(e);
       if (e instanceof TokenizerBusyError) throw busy(e);
       if (e instanceof TokenizeDeadlineError) throw new UnsupportedInputError('input_too_complex', `the messages (${messages.length}) were not rendered with the model's chat template within ${child.deadlineMs / 1000} s`);
+      if (e instanceof TokenizeMemoryError) throw new UnsupportedInputError('input_too_complex', `the messages (${messages.length}) needed ${e.message} to render with the model's chat template`);
       throw e;
     }
   }

@@ -3,7 +3,9 @@
 // node's event loop (s24 hB: 104,000 "<unk>" held a node 13.8 s, 262,000 "é" 9.6 s, and every
 // request, /healthz and heartbeat with it). One text at a time, each bounded by a deadline: past
 // it the child is killed (started again for the next text) and the text is refused. Large chats
-// are rendered there too, with the model's chat template, under the same deadline.
+// are rendered there too, with the model's chat template, under the same deadline. Its JavaScript
+// heap is capped (`maxHeapMiB`): a text or chat that needs more ends the child, not the node's
+// host's memory, and is refused as one past the deadline is.
 import { fork, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -15,6 +17,11 @@ const START_MS = 60_000;
 /** The text was not tokenised (or the chat not rendered) within the deadline (the child was killed). */
 export class TokenizeDeadlineError extends Error {
   override name = 'TokenizeDeadlineError';
+}
+
+/** The child ran out of its heap (`maxHeapMiB`) on the text or chat. */
+export class TokenizeMemoryError extends Error {
+  override name = 'TokenizeMemoryError';
 }
 
 /** As many texts wait for the child as it queues (`maxWaiting`): this one was not queued. */
@@ -47,11 +54,16 @@ export class TokenizerProcess {
   /** At most this many texts wait behind the one under way (each may take up to the deadline). */
   readonly maxWaiting: number;
   private waiting = 0;
+  /** The child's V8 heap limit (--max-old-space-size): 8 MiB of messages, their rendering and their tokens fit many times over. */
+  readonly maxHeapMiB: number;
+  /** The end of each child's stderr (where V8 says it ran out of heap). */
+  private readonly stderr = new WeakMap<ChildProcess, string>();
 
-  constructor(modelPath: string, deadlineMs: number, opts: { maxWaiting?: number } = {}) {
+  constructor(modelPath: string, deadlineMs: number, opts: { maxWaiting?: number; maxHeapMiB?: number } = {}) {
     this.modelPath = modelPath;
     this.deadlineMs = deadlineMs;
     this.maxWaiting = opts.maxWaiting ?? 8;
+    this.maxHeapMiB = opts.maxHeapMiB ?? 512;
   }
 
   /** The tokens of `pieces` laid end to end, each tokenised on its own; one text at a time. */
@@ -97,10 +109,14 @@ export class TokenizerProcess {
 
   private start(): Promise<ChildProcess> {
     if (this.ready) return this.ready;
-    const child = fork(CHILD, [this.modelPath], { serialization: 'advanced', stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
+    const execArgv = [...process.execArgv.filter((a) => !a.startsWith('--max-old-space-size')), `--max-old-space-size=${this.maxHeapMiB}`];
+    const child = fork(CHILD, [this.modelPath], { serialization: 'advanced', stdio: ['ignore', 'ignore', 'pipe', 'ipc'], execArgv });
     this.child = child;
     let err = '';
-    child.stderr?.on('data', (b: Buffer) => (err = (err + b.toString('utf8')).slice(-2000)));
+    child.stderr?.on('data', (b: Buffer) => {
+      err = (err + b.toString('utf8')).slice(-2000);
+      this.stderr.set(child, err);
+    });
     const gone = () => this.forget(child);
     child.on('exit', gone);
     child.on('error', gone);
@@ -150,18 +166,20 @@ export class TokenizerProcess {
         else if (m.refused !== undefined) reject(new TemplateRefusedError(m.refused));
         else reject(new Error(`the tokenizer process failed: ${m.error ?? 'unknown error'}`));
       };
+      // ('close', not 'exit': by then its stderr has been read, and says whether V8 ran out of heap.)
       const onExit = (code: number | null, signal: string | null) => {
         finish();
-        reject(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before ${what} ${done}`));
+        if (/heap out of memory/i.test(this.stderr.get(child) ?? '')) reject(new TokenizeMemoryError(`more than ${this.maxHeapMiB} MiB`));
+        else reject(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before ${what} ${done}`));
       };
       const finish = () => {
         clearTimeout(timer);
         child.off('message', onMessage);
-        child.off('exit', onExit);
+        child.off('close', onExit);
         child.channel?.unref();
       };
       child.on('message', onMessage);
-      child.on('exit', onExit);
+      child.on('close', onExit);
       child.channel?.ref();
       child.send({ id, ...ask });
     });

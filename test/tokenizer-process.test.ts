@@ -70,3 +70,26 @@ test('a model the child cannot load, a child killed while it works, and a stoppe
   t.stop();
   await expect(t.tokenize(['hello'], false)).rejects.toThrow('the tokenizer process is stopped');
 }, 60_000);
+
+test('a chat whose rendering needs more than the child\'s heap is refused (input_too_complex, naming the limit); the next is rendered', async () => {
+  // A template that builds millions of pieces for one large message only: it passes the start's probe.
+  const amplifying = path.join(dir, 'amplifying.gguf');
+  writeTinyLlama(amplifying, {
+    chatTemplate: "{% for m in messages %}{% if m.content|length > 60000 %}{% for i in range(3000000) %}{{ m.content[:10] }}{% endfor %}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+  });
+  const capped = new LlamaEmbeddedAdapter({ modelPath: amplifying, contextLength: 512, tokenizerHeapMiB: 64 });
+  await capped.start();
+  try {
+    const big = [{ role: 'user' as const, content: 'x'.repeat(70_000) }];
+    const refused = await capped.renderChat(big).then(() => undefined, (e: unknown) => e);
+    expect(refused).toBeInstanceOf(UnsupportedInputError);
+    expect(refused).toMatchObject({ code: 'input_too_complex', message: "the messages (1) needed more than 64 MiB to render with the model's chat template" });
+    // The next large chat (another content: no amplification) is rendered by a new child.
+    const other = [{ role: 'user' as const, content: 'y'.repeat(50_000) }, { role: 'user' as const, content: 'z'.repeat(30_000) }];
+    expect(await capped.renderChat(other)).toBe(`<|im_start|>user\n${'y'.repeat(50_000)}<|im_end|>\n<|im_start|>user\n${'z'.repeat(30_000)}<|im_end|>\n<|im_start|>assistant\n`);
+  } finally {
+    await capped.stop();
+  }
+  // The limit is the child's own, not what the node runs with; by default 512 MiB.
+  expect(new TokenizerProcess(file, 1000).maxHeapMiB).toBe(512);
+}, 60_000);
