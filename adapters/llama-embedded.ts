@@ -437,8 +437,11 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           const stopAt = req.stop?.length ? firstStop(full, req.stop) : -1;
           if (stopAt >= 0) {
             held = '';
-            // The run is complete: every token is billed, the stop's own included.
-            yield { text: full.slice(0, stopAt), tokens: waiting.splice(0) };
+            sent += stopAt;
+            yield { text: full.slice(0, stopAt), tokens: release() };
+            // The tokens whose text ends in the stop (left out of the answer) come last, with no
+            // text: a completed run bills them, a buyer who leaves before its end is not billed them.
+            if (waiting.length > 0) yield { text: '', tokens: waiting.splice(0) };
             finishReason = 'stop';
             break;
           }
@@ -462,13 +465,21 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         // partial character as U+FFFD, as llama-server does. (A run ended by a stop sequence has
         // none: a stop is only found once a token completes its characters.)
         let rest = held;
-        if (from < output.length) rest += model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
+        if (from < output.length) {
+          const tail = model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
+          rest += tail;
+          decoded += tail.length;
+          while (ends.length < waiting.length) ends.push(decoded);
+        }
         const stopAt = req.stop?.length ? firstStop(rest, req.stop) : -1;
         if (stopAt >= 0) {
           rest = rest.slice(0, stopAt);
           finishReason = 'stop';
         }
-        if (rest || waiting.length > 0) yield { text: rest, tokens: waiting.splice(0) };
+        sent += rest.length;
+        const last = release();
+        if (rest || last.length > 0) yield { text: rest, tokens: last };
+        if (waiting.length > 0) yield { text: '', tokens: waiting.splice(0) }; // (those of a stop, as above)
       }
     } finally {
       try {

@@ -56,7 +56,8 @@ export interface GeneratedChunk {
   /**
    * The tokens whose text ends in this chunk, so that every token counted has all its text in the
    * chunks up to here (a buyer who leaves is billed only for text they got). A run's chunks carry
-   * every output token once, in order; a token with its text partly held comes with a later chunk.
+   * every output token once, in order; a token with its text partly held comes with a later chunk,
+   * and the tokens of a stop sequence (text the answer leaves out) last, in a chunk with no text.
    */
   tokens: number[];
 }

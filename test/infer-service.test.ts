@@ -790,22 +790,25 @@ describe('charging exactly the work performed', () => {
     expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { output_tokens: 1 }, response_sha256: sha(out) });
   });
 
-  test('a cancelled stream does not bill a token whose text went out only in part (the rest held back for a possible stop)', async () => {
-    // Greedy, the answer starts "quee lit"; with stop "ee!" the first token "quee" sends "qu" and holds "ee".
-    let sentQu = false;
-    const { res, out } = recorder({
-      failOn: (b) => {
-        if (sentQu) return true; // the buyer resets before the bytes that complete "quee"
-        sentQu = Buffer.from(b).toString('utf8').includes('"content":"qu"');
-        return false;
-      },
-    });
-    await service.handle(request('chat/completions', { ...chatBody, temperature: 0, stream: true, stop: ['ee!'] }), res);
-    expect(sentQu).toBe(true); // (the premise)
-    expect(text(out)).not.toContain('quee');
-    const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
-    if (!v.ok) throw new Error(v.error.message);
-    expect(v.value.payload).toMatchObject({ status: 'cancelled', usage: { output_tokens: 0 }, response_sha256: sha(out) });
+  test('a cancelled stream does not bill a token whose text went out only in part (the rest held back for a possible stop, or cut by one)', async () => {
+    // Greedy, the answer starts "quee lit"; with stop "ee!" the first token "quee" sends "qu" and holds
+    // "ee"; with stop "e" it sends "qu" and the run ends there. The buyer resets after "qu".
+    for (const stop of ['ee!', 'e']) {
+      let sentQu = false;
+      const { res, out } = recorder({
+        failOn: (b) => {
+          if (sentQu) return true;
+          sentQu = Buffer.from(b).toString('utf8').includes('"content":"qu"');
+          return false;
+        },
+      });
+      await service.handle(request('chat/completions', { ...chatBody, temperature: 0, stream: true, stop: [stop] }), res);
+      expect(sentQu, stop).toBe(true); // (the premise)
+      expect(text(out), stop).not.toContain('quee');
+      const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+      if (!v.ok) throw new Error(v.error.message);
+      expect(v.value.payload, stop).toMatchObject({ status: 'cancelled', usage: { output_tokens: 0 }, response_sha256: sha(out) });
+    }
   });
 
   test('a run that fails mid-stream: the trailer carries an error envelope beside the receipt for what was delivered', async () => {

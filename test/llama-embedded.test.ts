@@ -181,6 +181,10 @@ describe('LlamaEmbeddedAdapter', () => {
     expect(partly.chunks[0]).toEqual({ text: 'qu', tokens: [] });
     expect(partly.chunks[1]).toEqual({ text: 'ee lit', tokens: [...first!, ...second!] });
     expect(partly.chunks.flatMap((c) => c.tokens)).toEqual(free.chunks.flatMap((c) => c.tokens));
+    // A stop inside "quee": "qu" is sent, and the token, whose text ends in the stop, comes after it with no text.
+    const inside = await run({ ...base, stop: ['e'] });
+    expect(inside.chunks).toEqual([{ text: 'qu', tokens: [] }, { text: '', tokens: first }]);
+    expect(inside.result).toMatchObject({ finishReason: 'stop', outputTokens: 1 });
     // Over runs with partial characters and stops that start to match: at every chunk, the tokens
     // counted so far detokenize to a start of the text sent so far; the last chunk settles the rest.
     const long = await run({ input: { kind: 'prompt', prompt: 'hello' }, maxTokens: 120, sampling: { temperature: 1, seed: 0 } });

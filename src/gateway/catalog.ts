@@ -4,7 +4,8 @@
 //
 // Prices are in micro-USD ("_au": the spec does not name its unit; this project's money is
 // integer micro-USD): per million tokens for the token prices, and for the representative request
-// (1,000 input + 1,000 output tokens) its cost. A model's price is its cheapest route's.
+// (1,000 input + 1,000 output tokens) its cost. Each of a model's three prices is the lowest any of
+// its routes asks (docs/decisions.md); under a query, of the routes its filters leave.
 import { isHex } from '../../attestation/bytes.ts';
 import { parseUsd, type Rates } from '../../attestation/money.ts';
 import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
@@ -195,7 +196,7 @@ function supportedParameters(routes: readonly Route[]): Record<string, string[]>
   return out;
 }
 
-/** A model's catalog entry, from the routes that count (all, or the live ones). */
+/** A model's catalog entry, from the routes that count (all of them, or those a query's filters leave). */
 function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Record<string, bigint | number | string> } {
   const priced = routes.flatMap((r) => (r.rates ? [r.rates] : []));
   const input = min(priced.map((r) => r.input_per_mtok));
