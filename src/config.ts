@@ -15,6 +15,7 @@ import { MAX_WAIT_MS } from '../attestation/ticket.ts';
 import { fsProblem } from './fs-problem.ts';
 import { readTextFile } from './read-text-file.ts';
 import { marketUrlProblem } from './market-url.ts';
+import { MODEL_ID_MAX, MODEL_ID_RE, QUANT_MAX, QUANT_RE } from './market/registration-payload.ts';
 import { parseHostPort, portAloneSuggestion, type HostPort } from './host-port.ts';
 import { DIAL_ONLY_IDLE_CONNECTION_MS, MIN_NODE_IDLE_CONNECTION_MS, NODE_CONNECTION_LIMITS } from './p2p/connection-limits.ts';
 
@@ -392,6 +393,7 @@ function validate(raw: Raw, base: string): NodeConfig {
     only(m, where, ['id', 'adapter', 'path', 'url', 'quantization', 'context', 'prices', 'slots', 'queue', 'max_wait_ms', 'mmap', 'threads', 'probe_timeout_s', 'tokenize_timeout_s']);
     const full: Raw = { ...MODEL_DEFAULTS, ...m };
     const id = str(full.id, `${where}.id`);
+    if (id.length > MODEL_ID_MAX || !MODEL_ID_RE.test(id)) throw new ConfigError(`${where}.id`, `"${id.slice(0, 64)}" is not a model id: letters, digits and . _ : @ + / -, starting with a letter or digit, at most ${MODEL_ID_MAX} characters (e.g. vendor/model)`);
     if (ids.has(id)) throw new ConfigError(`${where}.id`, `"${id}" is listed twice`);
     ids.add(id);
     if (!ADAPTERS.includes(full.adapter as AdapterKind)) throw new ConfigError(`${where}.adapter`, `expected one of ${ADAPTERS.join(', ')}`);
@@ -401,6 +403,7 @@ function validate(raw: Raw, base: string): NodeConfig {
     const murl = full.url === null ? null : str(full.url, `${where}.url`);
     if (adapter !== 'llama-embedded' && murl === null) throw new ConfigError(`${where}.url`, `the ${adapter} adapter needs the runtime's URL`);
     const quantization = str(full.quantization, `${where}.quantization`).toLowerCase().replaceAll('_', '-');
+    if (quantization.length > QUANT_MAX || !QUANT_RE.test(quantization)) throw new ConfigError(`${where}.quantization`, `"${quantization.slice(0, 64)}" is not a quantization bucket: letters, digits, ".", "-" and "_", starting with a letter or digit, at most ${QUANT_MAX} characters (e.g. q4_k_m, f16)`);
     const prices = full.prices;
     if (!isObject(prices)) throw new ConfigError(`${where}.prices`, 'expected input_per_mtok_usd and output_per_mtok_usd');
     only(prices, `${where}.prices`, ['input_per_mtok_usd', 'output_per_mtok_usd']);

@@ -98,6 +98,12 @@ describe('config', () => {
     ['models: [{ id: a, adapter: vllm, url: "http://x", tokenize_timeout_s: 0, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].tokenize_timeout_s'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", tokenize_timeout_s: 601, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].tokenize_timeout_s'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", tokenize_timeout_s: 2.5, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].tokenize_timeout_s'],
+    // What the marketplace would refuse in the registration is refused at start, naming the key (s29 review: the node served and never registered).
+    ['models: [{ id: __proto__, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].id'],
+    ['models: [{ id: "tiny llama", adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].id'],
+    [`models: [{ id: ${'m'.repeat(257)}, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]`, 'models[0].id'],
+    ['models: [{ id: a, adapter: vllm, url: "http://x", quantization: "Q4_K_M (imatrix)", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].quantization'],
+    [`models: [{ id: a, adapter: vllm, url: "http://x", quantization: ${'q'.repeat(33)}, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]`, 'models[0].quantization'],
     ['gpu: true', 'gpu'],
     ['gpu: cuda', 'gpu'],
     [model + '  - id: tiny/llama\n    adapter: vllm\n    url: "http://x"\n    prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" }\n', 'models[1].id'],

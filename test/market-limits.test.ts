@@ -193,6 +193,28 @@ describe('tickets', () => {
     expect(await s.post('/v1/tickets/tkt-nothing/release', undefined)).toMatchObject({ status: 404, body: { error: { code: 'unknown_ticket' } } });
   });
 
+  test('released tickets still count against maxTickets until they expire (a receipt for one is still taken): issuing and releasing in a loop is refused at the bound, not remembered without end (s29 review)', async () => {
+    const s = await marketWithProvider({ maxOutstandingTickets: 2, maxTickets: 3 });
+    const issued: { ticket: DsseEnvelope }[] = [];
+    for (let i = 0; i < 3; i++) {
+      const t = await s.ask();
+      expect(t.status).toBe(200);
+      issued.push(t.body);
+      expect(await s.post(`/v1/tickets/${ticketOf(t.body).ticket_id}/release`, undefined)).toMatchObject({ status: 200, body: { released: true } });
+    }
+    expect(s.m.store.outstandingTickets(s.now())).toBe(0);
+    const refused = await s.ask();
+    expect(refused).toMatchObject({ status: 503, body: { error: { code: 'too_many_tickets', message: expect.stringMatching(/^the market remembers 3 tickets, its limit, none of them settled or expired/) } } });
+    // A settled one is forgotten to make room (its receipt already counted); the released ones are all still taken.
+    expect((await s.post('/v1/receipts', { receipt: receiptFor(s.p, issued[0]!, 1) })).status).toBe(200);
+    expect((await s.ask()).status).toBe(200);
+    expect((await s.post('/v1/receipts', { receipt: receiptFor(s.p, issued[1]!, 2) })).status).toBe(200);
+    // Expired ones make room too.
+    s.at(61_000);
+    expect((await s.post('/v1/providers/heartbeat', heartbeatOf(s.p, { at: s.now() }))).status).toBe(200);
+    expect((await s.ask()).status).toBe(200);
+  });
+
   test('a receipt a day after its ticket expired is still counted (a gateway looks for one at its node for ~28 h); 30 h after expiry the ticket is forgotten', async () => {
     const s = await marketWithProvider({});
     const a = await s.ask();

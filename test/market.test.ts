@@ -19,7 +19,7 @@ import { InferService, type InferResponse } from '../src/serve/infer-service.ts'
 import { PAID_ENDPOINTS } from '../src/serve/contract.ts';
 import { TINY_PRICE, call, contractOf, heartbeatOf, provider, registration, TINY, type Provider } from './helpers/market-provider.ts';
 import { stalledRequest } from './helpers/stalled-request.ts';
-import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { receiptPayload, signReceipt, signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { startServing, type Serving } from './helpers/serving.ts';
 
 const marketKey = testKey();
@@ -113,6 +113,15 @@ describe('registration', () => {
     // (its worst case, 4294967295 × (10^30 − 1) / 10^6, would not fit a ticket: every uncapped ticket of the model failed while it was picked)
     ['a context whose worst case at its rates no ticket can hold', (p) => registration(provider({ key: p.key, prices: [{ ...TINY_PRICE, input_per_mtok: '9'.repeat(30) }] }), { models: [{ ...TINY, context: 4294967295 }] }), /^models\[0\]\.context: at this model's rates one request's worst case .* is 34 digits of micro-USD, more than a ticket's hold can carry \(30\)$/],
     ['a bad multiaddr', (p) => registration(p, { addresses: ['/ip4/127.0.0.1/tcp/x'] }), /addresses\[0\]: not a multiaddr/],
+    // Where a gateway dials the node: TCP to an IP or a DNS name, under this node's peer id if any.
+    ['an address under another peer\'s id', (p) => registration(p, { addresses: [`/ip4/127.0.0.1/tcp/4101/p2p/${peerIdFromSeed(testKey().seed).toString()}`] }), /^registration addresses\[0\]: expected \/ip4\|ip6\|dns\|dns4\|dns6\/HOST\/tcp\/PORT, optionally \/p2p\/ with this peer_id$/],
+    ['a socket on the dialler\'s own host', (p) => registration(p, { addresses: ['/unix/tmp%2Fnode.sock'] }), /^registration addresses\[0\]: expected /],
+    ['a transport the node does not listen on', (p) => registration(p, { addresses: ['/ip4/127.0.0.1/tcp/4101/ws'] }), /^registration addresses\[0\]: expected /],
+    ['a model id that is not one', (p) => registration(p, { models: [{ ...TINY, id: '__proto__' }] }), /^registration models\[0\]\.id: does not match/],
+    ['a model id with a control character', (p) => registration(p, { models: [{ ...TINY, id: 'tiny/\u0000llama' }] }), /^registration models\[0\]\.id: does not match/],
+    ['a quantization that is not a bucket', (p) => registration(p, { models: [{ ...TINY, quantization: 'Q4_K_M (imatrix)' }] }), /^registration models\[0\]\.quantization: does not match/],
+    ['more slots than any runtime has (sums over providers must stay exact)', (p) => registration(p, { models: [{ ...TINY, slots: 2 ** 53 - 1 }] }), /^registration models\[0\]\.slots: expected 1 to 65535$/],
+    ['a throughput past any hardware', (p) => registration(p, { models: [{ ...TINY, tokens_per_second: 1e308 }] }), /^registration models\[0\]\.tokens_per_second: expected a number from 0 to 1000000000$/],
     ['no addresses', (p) => registration(p, { addresses: [] }), /addresses: /],
     ['an unknown tier', (p) => registration(p, { attestation_tier: 'T9' }), /attestation_tier: /],
     ['an unknown field', (p) => registration(p, { extra: 1 } as never), /extra: unknown field/],
@@ -550,6 +559,27 @@ describe('receipts from a real serving core', () => {
       expect(r, String(change)).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
       expect((await call(base, 'GET', '/v1/totals')).body).toEqual(before);
     }
+  });
+
+  test('a price list with per-unit rates: the ticket states them, a receipt at the signed rates settles, one that leaves them out is refused (s29 review: the market dropped them)', async () => {
+    const model = 'units/model';
+    const priced = provider({ models: [{ ...TINY, id: model }], prices: [{ ...TINY_PRICE, model, per_unit: { images: '5' } } as never] });
+    expect((await call(base, 'POST', '/v1/providers/register', registration(priced))).status).toBe(200);
+    const body = sha('{}');
+    const t = await call(base, 'POST', '/v1/tickets', { endpoint: 'chat/completions', model, body_sha256: body });
+    expect(t.status).toBe(200);
+    expect(t.body.rates).toEqual({ input_per_mtok: TINY_PRICE.input_per_mtok, output_per_mtok: TINY_PRICE.output_per_mtok, per_unit: { images: '5' } });
+    const tp = JSON.parse(Buffer.from(t.body.ticket.payload, 'base64').toString('utf8'));
+    const usage = { input_tokens: 10, output_tokens: 5 };
+    const receipt = (rates: Record<string, unknown>) => {
+      const cost = computeCost(usage, { input_per_mtok: BigInt(TINY_PRICE.input_per_mtok), output_per_mtok: BigInt(TINY_PRICE.output_per_mtok) }).toString();
+      const payload = receiptPayload(priced.key, 0, { ticket_id: tp.ticket_id, request_id: tp.request_id, model, endpoint: 'chat/completions', request_sha256: body, price: { version: tp.price_version, rates }, usage, usage_runtime: {}, cost_micro_usd: cost, hold_micro_usd: tp.max_cost_micro_usd, status: 'completed' } as never);
+      return serializeEnvelope(signReceipt(priced.key, payload));
+    };
+    const without = await call(base, 'POST', '/v1/receipts', { receipt: receipt({ input_per_mtok: TINY_PRICE.input_per_mtok, output_per_mtok: TINY_PRICE.output_per_mtok }) });
+    expect(without).toMatchObject({ status: 400, body: { error: { code: 'receipt_ticket_mismatch' } } });
+    const honest = await call(base, 'POST', '/v1/receipts', { receipt: receipt({ input_per_mtok: TINY_PRICE.input_per_mtok, output_per_mtok: TINY_PRICE.output_per_mtok, per_unit: { images: '5' } }) });
+    expect(honest).toMatchObject({ status: 200, body: { ok: true, request_id: tp.request_id } });
   });
 
   test('a receipt under the ticket\'s price version but at made-up rates is refused, and nothing is counted', async () => {

@@ -15,7 +15,7 @@ import { validateCapacitySnapshot } from './capacity.ts';
 import { MarketError } from './errors.ts';
 import { REGISTRATION_PAYLOAD_TYPE, validateRegistrationPayload, type RegistrationPayload } from './registration-payload.ts';
 import type { HeldCapacity, MarketStore, ProviderRecord } from './store.ts';
-import { ratesToWire } from '../../attestation/receipt.ts';
+import { ratesFromWire, ratesToWire } from '../../attestation/receipt.ts';
 import { canonicalize } from '../../attestation/canonical-json.ts';
 
 /** How far a registration's issued_at (or a heartbeat's at) may be from the market's clock. */
@@ -104,7 +104,8 @@ function verifyRegistration(body: unknown, now: number): VerifiedRegistration {
   if (prices.value.version !== p.price_version) throw new MarketError(400, code, `price_version: is ${p.price_version}, the price list's version is ${prices.value.version}`);
   const rates = new Map<string, Rates>();
   for (const e of prices.value.models) {
-    rates.set(e.model, { input_per_mtok: BigInt(e.input_per_mtok), output_per_mtok: BigInt(e.output_per_mtok) });
+    // Every rate the list signs, per-unit ones too: a ticket states them and a receipt is checked against them.
+    rates.set(e.model, ratesFromWire(e));
   }
   p.models.forEach((m, i) => {
     if (!rates.has(m.id)) throw new MarketError(400, code, `price_list: has no price for models[${i}] "${m.id.slice(0, 100)}"`);

@@ -35,7 +35,15 @@ export interface RegistrationPayload {
 }
 
 const ID_RE = /^[A-Za-z0-9._:-]+$/;
-const QUANT_RE = /^[a-z0-9][a-z0-9.-]*$/;
+/** A model id as buyers name it ("vendor/model"): printable ASCII, no spaces; starts with a letter or digit. */
+export const MODEL_ID_RE = /^[A-Za-z0-9][A-Za-z0-9._:@+/-]*$/;
+export const MODEL_ID_MAX = 256;
+/** A quantization bucket: lowercase, "_" written "-" (q4-k-m, f16). */
+export const QUANT_RE = /^[a-z0-9][a-z0-9.-]*$/;
+export const QUANT_MAX = 32;
+/** Bounds on what a provider claims, so that sums over providers stay exact and one claim cannot swamp them. */
+export const MAX_SLOTS = 65_535;
+export const MAX_TOKENS_PER_SECOND = 1e9;
 const FIELDS = ['v', 'provider', 'peer_id', 'addresses', 'price_version', 'price_list', 'models', 'attestation_tier', 'issued_at'] as const;
 const MODEL_FIELDS = ['id', 'quantization', 'context', 'slots', 'tokens_per_second'] as const;
 /** A provider signs one contract for the models that share it (one a runtime adapter, at most). */
@@ -53,11 +61,17 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
   if (!Array.isArray(p.addresses) || p.addresses.length === 0 || p.addresses.length > 32) throw new f.FieldError('addresses', 'expected 1 to 32 multiaddrs');
   p.addresses.forEach((a, i) => {
     f.string(a, `addresses[${i}]`, 512);
+    let names: { name: string; value?: string }[];
     try {
-      multiaddr(a as string);
+      names = multiaddr(a as string).getComponents();
     } catch (e) {
       throw new f.FieldError(`addresses[${i}]`, `not a multiaddr (${(e as Error).message})`);
     }
+    // Where a buyer's gateway dials this node: TCP to an IP or DNS name, optionally this node's own
+    // /p2p/ id (a socket on the gateway's host, or another peer's id, is not this node).
+    const [host, tcp, p2p, ...more] = names;
+    const ok = host !== undefined && ['ip4', 'ip6', 'dns', 'dns4', 'dns6'].includes(host.name) && tcp?.name === 'tcp' && more.length === 0 && (p2p === undefined || (p2p.name === 'p2p' && p2p.value === p.peer_id));
+    if (!ok) throw new f.FieldError(`addresses[${i}]`, 'expected /ip4|ip6|dns|dns4|dns6/HOST/tcp/PORT, optionally /p2p/ with this peer_id');
   });
   f.string(p.price_version, 'price_version', 64, ID_RE);
   const shaped = checkEnvelopeShape(p.price_list);
@@ -68,16 +82,16 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
     const where = `models[${i}]`;
     const o = f.object(m, where);
     f.keys(o, where, MODEL_FIELDS);
-    const id = f.string(o.id, `${where}.id`, 256);
+    const id = f.string(o.id, `${where}.id`, MODEL_ID_MAX, MODEL_ID_RE);
     if (seen.has(id)) throw new f.FieldError(`${where}.id`, `"${id}" is listed twice`);
     seen.add(id);
-    f.string(o.quantization, `${where}.quantization`, 32, QUANT_RE);
+    f.string(o.quantization, `${where}.quantization`, QUANT_MAX, QUANT_RE);
     const context = f.uint(o.context, `${where}.context`);
     if (context < 1 || context > 4294967295) throw new f.FieldError(`${where}.context`, 'expected 1 to 4294967295');
     const slots = f.uint(o.slots, `${where}.slots`);
-    if (slots < 1) throw new f.FieldError(`${where}.slots`, 'expected at least 1');
+    if (slots < 1 || slots > MAX_SLOTS) throw new f.FieldError(`${where}.slots`, `expected 1 to ${MAX_SLOTS}`);
     const tps = o.tokens_per_second;
-    if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0) throw new f.FieldError(`${where}.tokens_per_second`, 'expected a non-negative number');
+    if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0 || tps > MAX_TOKENS_PER_SECOND) throw new f.FieldError(`${where}.tokens_per_second`, `expected a number from 0 to ${MAX_TOKENS_PER_SECOND}`);
   });
   if (p.request_contracts !== undefined) {
     if (!Array.isArray(p.request_contracts)) throw new f.FieldError('request_contracts', 'expected a list of signed request contract envelopes');

@@ -165,6 +165,8 @@ export class MarketStore {
   private readonly tickets = new Map<string, IssuedTicket>();
   /** Tickets not known to be settled or expired, in issue order (expired ones leave lazily). */
   private readonly unsettled = new Set<string>();
+  /** Settled tickets still remembered, in settlement order: the first to forget once expired ones are gone. */
+  private readonly settledOrder = new Set<string>();
   /** Receipt records by ticket id, in collection order. */
   private readonly receipts = new Map<string, ReceiptRecord>();
   private receiptBytes = 0;
@@ -186,6 +188,7 @@ export class MarketStore {
     for (const t of state.tickets) {
       this.tickets.set(t.ticket_id, t);
       if (t.settled === undefined && t.expires_at >= now) this.unsettled.add(t.ticket_id);
+      if (t.settled !== undefined) this.settledOrder.add(t.ticket_id);
     }
     for (const r of state.receipts) this.remember(r);
     Object.assign(this.total, state.total);
@@ -276,6 +279,7 @@ export class MarketStore {
       for (const [id, old] of this.tickets) {
         if (old.expires_at + TICKET_RETENTION_MS >= now) break;
         this.tickets.delete(id);
+        this.settledOrder.delete(id);
       }
       // (Best effort: rows left behind are pruned at the next start. A failure is told, at most once a minute.)
       try {
@@ -284,19 +288,43 @@ export class MarketStore {
         this.onPruneError?.(e as Error);
       }
     }
-    if (this.tickets.size > this.limits.maxTickets) {
-      // Forget the oldest ticket that is settled or expired: a receipt for it is then
-      // unknown_ticket, never counted twice. Outstanding ones (at most maxOutstandingTickets, no
-      // more than maxTickets) are kept, so one is always found.
-      for (const [id, old] of this.tickets) {
-        if (old.settled !== undefined || old.expires_at < now) {
-          this.tickets.delete(id);
-          try {
-            this.db?.forgetTicket(id);
-          } catch {}
-          break;
-        }
-      }
+    this.forgetBeyond(this.limits.maxTickets, now);
+  }
+
+  /**
+   * Whether one more ticket can be remembered within maxTickets, after forgetting settled and
+   * expired ones. Released tickets are neither (a receipt for one is still taken) and count until
+   * they expire: issuing and releasing tickets in a loop cannot grow the market past its bound
+   * (s29 review: 200 issued and released under maxTickets 3 were all remembered).
+   */
+  roomForTicket(now: number): boolean {
+    this.forgetBeyond(this.limits.maxTickets - 1, now);
+    return this.tickets.size < this.limits.maxTickets;
+  }
+
+  /**
+   * Forgets tickets until at most `keep` are remembered, or none is left to forget: expired ones
+   * first (oldest first: issue order is expiry order), then settled ones in the order they settled.
+   * Each step forgets one, so the work is what is forgotten, never a walk over tickets kept.
+   */
+  private forgetBeyond(keep: number, now: number): void {
+    const forget = (id: string) => {
+      // A receipt for a forgotten ticket is then unknown_ticket, never counted twice.
+      this.tickets.delete(id);
+      this.settledOrder.delete(id);
+      try {
+        this.db?.forgetTicket(id);
+      } catch {}
+    };
+    while (this.tickets.size > keep) {
+      const [id, oldest] = this.tickets.entries().next().value ?? [];
+      if (id === undefined || oldest!.expires_at >= now) break;
+      forget(id);
+    }
+    while (this.tickets.size > keep) {
+      const id = this.settledOrder.values().next().value;
+      if (id === undefined) break;
+      forget(id);
     }
   }
 
@@ -320,7 +348,10 @@ export class MarketStore {
     const tallies: TallyRow[] = [{ scope: 'total', key: '', ...after(this.total) }, row('provider', this.byProvider, r.provider), row('model', this.byModel, r.model)];
     // The file first: a receipt it did not take is not acknowledged (and nothing here changes).
     this.write('the receipt', (db) => db.addReceipt(r, ticket ? { ...ticket, settled } : undefined, tallies));
-    if (ticket) ticket.settled = settled;
+    if (ticket) {
+      ticket.settled = settled;
+      this.settledOrder.add(r.ticket_id);
+    }
     this.unsettled.delete(r.ticket_id);
     Object.assign(this.total, { receipts: tallies[0]!.receipts, cost: tallies[0]!.cost });
     for (const t of tallies.slice(1)) {

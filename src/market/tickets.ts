@@ -103,6 +103,9 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
   if (outstanding >= store.limits.maxOutstandingTickets) {
     throw new MarketError(503, 'too_many_tickets', `${outstanding} tickets are outstanding (issued, neither settled nor expired), the market's limit: try again when some settle or expire (a ticket lives ${TICKET_TTL_MS / 1000} s)`);
   }
+  if (!store.roomForTicket(now)) {
+    throw new MarketError(503, 'too_many_tickets', `the market remembers ${store.limits.maxTickets} tickets, its limit, none of them settled or expired: try again when some expire (a ticket lives ${TICKET_TTL_MS / 1000} s)`);
+  }
 
   const allowed = req.providers;
   const all = [...store.providers.values()].flatMap((p) => {
