@@ -7,7 +7,8 @@ import { MAX_MICRO, type Rates } from '../../attestation/money.ts';
 import { contextWorstCase } from '../dispatch/routing.ts';
 import { verifyPriceList } from '../../attestation/price-list.ts';
 import { verifyRequestContract } from '../../attestation/request-contract.ts';
-import { peekPayload, readPayload } from '../../attestation/signed-payload.ts';
+import { readPayload } from '../../attestation/signed-payload.ts';
+import { peekShallow } from './peek-payload.ts';
 import type { VerifyError } from '../../attestation/result.ts';
 import { CAPACITY_PAYLOAD_TYPE, type CapacitySnapshot } from '../p2p/capacity-protocol.ts';
 import { peerIdFromProviderId } from '../p2p/peer-id.ts';
@@ -32,7 +33,7 @@ const SIGNATURE_CODES = new Set(['unknown_key', 'signature_invalid', 'signature_
  * signature is then checked against exactly that key). Undefined when it cannot be read.
  */
 function claimedProvider(env: DsseEnvelope): string | undefined {
-  const p = peekPayload(env)?.provider;
+  const p = peekShallow(env)?.provider;
   return isHex(p, 32) ? p : undefined;
 }
 

@@ -3,7 +3,7 @@
 // for that ticket's request, and its cost within the ticket's hold. Stored once per ticket.
 import { isHex, toBase64 } from '../../attestation/bytes.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
-import { peekPayload } from '../../attestation/signed-payload.ts';
+import { peekShallow } from './peek-payload.ts';
 import { envelopeLine, parseEnvelope } from '../../attestation/dsse.ts';
 import { verifyReceipt } from '../../attestation/receipt-verify.ts';
 import { RECEIPT_PAYLOAD_TYPE, ratesMatch, ratesToWire } from '../../attestation/receipt.ts';
@@ -19,7 +19,7 @@ export interface CollectedReceipt {
 export function collectReceipt(store: MarketStore, line: string, now: number): { result: CollectedReceipt; duplicate: boolean } {
   const env = parseEnvelope(line);
   if (!env.ok) throw new MarketError(400, env.error.code, env.error.message);
-  const claimed = peekPayload(env.value) ?? {}; // unverified: only to find the ticket and key
+  const claimed = peekShallow(env.value) ?? {}; // unverified: only to find the ticket and key
   const found = typeof claimed.ticket_id === 'string' ? store.ticket(claimed.ticket_id) : undefined;
   // The key to verify with: the provider the ticket was issued to; without a known ticket, the
   // registered provider the receipt claims (so a forged receipt still gets the verifier's code).
