@@ -423,10 +423,15 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           waiting.push(token);
           // Decode the tokens not decoded yet, in the context of the ones before them (how a
           // leading space renders depends on it); hold them while they end in a partial character.
-          const text = model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
+          const context = output.slice(Math.max(0, from - 8), from);
+          const text = model.detokenize(output.slice(from), false, context);
           let chunk = '';
           if (!text.endsWith('\uFFFD')) {
             chunk = text;
+            // Tokens decoded together (the first ones ended in a partial character) each end
+            // where their character does: a byte that is no character's start (U+FFFD for good)
+            // ends before the text after it (s29 review: it was counted with " pu" held back).
+            for (let k = from + 1; k < output.length; k++) ends.push(decoded + groupEnd(model.detokenize(output.slice(from, k), false, context), text, Math.max(0, (ends.at(-1) ?? decoded) - decoded)));
             from = output.length;
             decoded += chunk.length;
             while (ends.length < waiting.length) ends.push(decoded);
@@ -516,6 +521,20 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     }
     return { vectors, inputTokens };
   }
+}
+
+/**
+ * Where, in `text` (tokens decoded together), the token that ends `prefix` (the ones before it,
+ * which ended in a partial character: one U+FFFD for it at the end) ends: after the character its
+ * bytes are part of. Never before `atLeast` (the token before it); the whole text when the prefix
+ * is not the text's start (nothing is counted before its text is sure to be sent).
+ */
+function groupEnd(prefix: string, text: string, atLeast: number): number {
+  const stable = prefix.length - 1;
+  if (!prefix.endsWith('\uFFFD') || !text.startsWith(prefix.slice(0, stable))) return text.length;
+  const cp = text.codePointAt(stable);
+  const end = cp === undefined ? text.length : stable + (cp > 0xffff ? 2 : 1);
+  return Math.max(atLeast, end);
 }
 
 /** Index in `text` where the earliest stop sequence begins, or -1. */

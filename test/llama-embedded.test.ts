@@ -209,6 +209,32 @@ describe('LlamaEmbeddedAdapter', () => {
     expect(held).toBeGreaterThan(0);
   });
 
+  test('nor does a token whose text was all sent wait for a later chunk: a byte that is no character\'s start counts with its U+FFFD, not with the text decoded after it', async () => {
+    let finalBytes = 0;
+    const runs: GenerateRequest[] = [
+      // (greedy: "…y" then byte 0xBB, decoded only with " pu"; the "u" held for the stop)
+      { input: { kind: 'prompt', prompt: 'hello' }, maxTokens: 60, sampling: { temperature: 0, seed: 0 }, stop: ['u\u0001'] },
+      ...[0, 1, 2].map((seed) => ({ input: { kind: 'prompt' as const, prompt: 'hello' }, maxTokens: 120, sampling: { temperature: 1, seed }, stop: ['e\u0001', ' t\u0001'] })),
+    ];
+    for (const req of runs) {
+      const r = await run(req);
+      const flat = r.chunks.flatMap((c) => c.tokens);
+      let text = '';
+      let n = 0;
+      for (const [i, c] of r.chunks.entries()) {
+        text += c.text;
+        n += c.tokens.length;
+        if (i === r.chunks.length - 1 || n + 1 >= flat.length) continue;
+        // The next token's text is final when what follows does not change it (a U+FFFD for good, not a character to come).
+        const [before, upTo, after] = await Promise.all([rt.detokenize(flat.slice(0, n)), rt.detokenize(flat.slice(0, n + 1)), rt.detokenize(flat.slice(0, n + 2))]);
+        if (upTo.endsWith('\uFFFD') && after.startsWith(upTo)) finalBytes++;
+        const whollySent = upTo !== before && after.startsWith(upTo) && text.startsWith(upTo);
+        expect(whollySent, `chunk ${i}: token ${n} (${JSON.stringify(upTo.slice(-6))}) was sent (${JSON.stringify(text.slice(-6))}) but not counted`).toBe(false);
+      }
+    }
+    expect(finalBytes).toBeGreaterThan(0); // (the premise)
+  });
+
   test('a run that ends in the middle of a character (its length reached) still sends that token\'s bytes, as U+FFFD: every billed token is in the text', async () => {
     const base: GenerateRequest = { input: { kind: 'prompt', prompt: 'hello' }, maxTokens: 200, sampling: { temperature: 1, seed: 0 } };
     const long = await run(base);
