@@ -43,6 +43,9 @@ const ask = async (head: Record<string, unknown>) => {
   return { status: r.head.status, text: Buffer.from(r.body).toString('utf8'), error: (r.trailer.error as { code: string } | undefined)?.code };
 };
 
+/** The request id of the synthetic receipt at `seq`. */
+const rid = (seq: number): string => syntheticReceiptBody(seq).request_id;
+
 describe('/service/log/1.0.0', () => {
   test('receipt by request id, verifiable', async () => {
     const r = await ask({ op: 'receipt', request_id: syntheticReceiptBody(7).request_id });
@@ -54,15 +57,15 @@ describe('/service/log/1.0.0', () => {
   test('checkpoint, inclusion bundle and consistency proof all verify offline', async () => {
     const cp = JSON.parse((await ask({ op: 'checkpoint' })).text) as { checkpoint: string; size: number };
     expect(cp.size).toBe(20);
-    const bundle = await ask({ op: 'inclusion', seq: 13 });
+    const bundle = await ask({ op: 'inclusion', request_id: rid(13) });
     expect(verifyReceiptProof(bundle.text)).toMatchObject({ ok: true, value: { index: 13 } });
     expect(bundle.text).toContain(`\n20\n`); // (under the latest checkpoint: size 20)
     // Under an older stored checkpoint, by its size.
-    const under10 = await ask({ op: 'inclusion', seq: 7, size: 10 });
+    const under10 = await ask({ op: 'inclusion', request_id: rid(7), size: 10 });
     expect(verifyReceiptProof(under10.text)).toMatchObject({ ok: true, value: { index: 7 } });
     expect(under10.text).toContain(log.checkpoints().find((x) => x.size === 10)!.note);
     // seq and sizes also as decimal strings, as a receipt carries its seq.
-    const asText = await ask({ op: 'inclusion', seq: '13', size: '20' });
+    const asText = await ask({ op: 'inclusion', request_id: rid(13), seq: '13', size: '20' });
     expect(asText.text).toBe(bundle.text);
     expect(JSON.parse((await ask({ op: 'consistency', size1: '10', size2: '20' })).text)).toEqual(JSON.parse((await ask({ op: 'consistency', size1: 10, size2: 20 })).text));
     const c = JSON.parse((await ask({ op: 'consistency', size1: 10 })).text) as { proof: string[]; checkpoint: string };
@@ -80,13 +83,25 @@ describe('/service/log/1.0.0', () => {
 
   test('bad and unknown asks get codes', async () => {
     expect(await ask({ op: 'receipt', request_id: 'nope' })).toMatchObject({ status: 404, error: 'not_found' });
-    expect(await ask({ op: 'inclusion', seq: 22 })).toMatchObject({ status: 404, error: 'not_found' }); // not under a checkpoint yet
-    expect(await ask({ op: 'inclusion', seq: -1 })).toMatchObject({ status: 400, error: 'invalid_request' });
-    for (const seq of ['-1', '01', '1.0', ' 1', '99999999999999999999', '']) expect(await ask({ op: 'inclusion', seq }), seq).toMatchObject({ status: 400, error: 'invalid_request' });
-    expect(await ask({ op: 'inclusion', seq: 1, size: 'ten' })).toMatchObject({ status: 400, error: 'invalid_request' });
-    expect(await ask({ op: 'inclusion', seq: 1, size: 15 })).toMatchObject({ status: 404, error: 'not_found' }); // no checkpoint of that size
-    expect(await ask({ op: 'inclusion', seq: 12, size: 10 })).toMatchObject({ status: 404, error: 'not_found' }); // not under it
+    expect(await ask({ op: 'inclusion', request_id: rid(22) })).toMatchObject({ status: 404, error: 'not_found' }); // not under a checkpoint yet
+    expect(await ask({ op: 'inclusion', request_id: rid(1), seq: -1 })).toMatchObject({ status: 400, error: 'invalid_request' });
+    for (const seq of ['-1', '01', '1.0', ' 1', '99999999999999999999', '']) expect(await ask({ op: 'inclusion', request_id: rid(1), seq }), seq).toMatchObject({ status: 400, error: 'invalid_request' });
+    expect(await ask({ op: 'inclusion', request_id: rid(1), size: 'ten' })).toMatchObject({ status: 400, error: 'invalid_request' });
+    expect(await ask({ op: 'inclusion', request_id: rid(1), size: 15 })).toMatchObject({ status: 404, error: 'not_found' }); // no checkpoint of that size
+    expect(await ask({ op: 'inclusion', request_id: rid(12), size: 10 })).toMatchObject({ status: 404, error: 'not_found' }); // not under it
     expect(await ask({ op: 'consistency', size1: 0 })).toMatchObject({ status: 400, error: 'invalid_request' });
     expect(await ask({ op: 'drop tables' })).toMatchObject({ status: 400, error: 'invalid_request' });
+  });
+
+  test('a receipt is read only by its request id: a peer that counts seqs gets none, nor its proof (s29 review: every receipt could be walked, and a short answer guessed against its response_sha256)', async () => {
+    for (let seq = 0; seq < 3; seq++) {
+      expect(await ask({ op: 'inclusion', seq }), String(seq)).toMatchObject({ status: 400, error: 'invalid_request' });
+      expect(await ask({ op: 'receipt', seq }), String(seq)).toMatchObject({ status: 400, error: 'invalid_request' });
+    }
+    // A request id with another receipt's seq is not that receipt; an unknown one is nothing.
+    expect(await ask({ op: 'inclusion', request_id: rid(3), seq: 4 })).toMatchObject({ status: 404, error: 'not_found' });
+    expect(await ask({ op: 'inclusion', request_id: 'req-guessed' })).toMatchObject({ status: 404, error: 'not_found' });
+    const own = await ask({ op: 'inclusion', request_id: rid(3), seq: 3 });
+    expect(verifyReceiptProof(own.text)).toMatchObject({ ok: true, value: { index: 3, receipt: { payload: { request_id: rid(3) } } } });
   });
 });

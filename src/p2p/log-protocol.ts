@@ -3,7 +3,7 @@
 // as text) and an empty trailer, or an error trailer with a code.
 //   { op: "receipt", request_id }            → { receipts: [envelope line, …] }
 //   { op: "checkpoint" }                     → { checkpoint: signed note | null, size }
-//   { op: "inclusion", seq, size? }          → text/plain tlog-proof bundle (extra = the receipt)
+//   { op: "inclusion", request_id, seq?, size? } → text/plain tlog-proof bundle (extra = the receipt)
 //   { op: "consistency", size1, size2? }     → { size1, size2, proof: [base64 …], checkpoint }
 //   { op: "price_list", version }            → { price_list: the node's signed price list of that version }
 import { toBase64, utf8 } from '../../attestation/bytes.ts';
@@ -50,13 +50,21 @@ function answerLog(log: ReceiptLog, raw: Record<string, unknown>, priceList: Pri
       return json({ checkpoint: cp?.note ?? null, size: cp?.size ?? 0 });
     }
     case 'inclusion': {
-      if (!isSize(head.seq)) return bad('invalid_request', 'seq: expected a whole number');
+      // By request id, as receipts are read: a receipt is for whoever knows its request, not for
+      // anyone who counts seqs (s29 review: walking seq 0, 1, 2, … read every receipt, and a short
+      // answer could be guessed against its response_sha256).
+      if (typeof head.request_id !== 'string' || head.request_id.length === 0 || head.request_id.length > 128) return bad('invalid_request', 'request_id: expected the request id of the receipt to prove (1 to 128 characters)');
+      if (head.seq !== undefined && !isSize(head.seq)) return bad('invalid_request', 'seq: expected a whole number');
       if (head.size !== undefined && (!isSize(head.size) || head.size < 1)) return bad('invalid_request', 'size: expected a whole number of at least 1');
       // Under the latest checkpoint, or under the stored one of `size` (a buyer who holds that note).
       const cp = head.size === undefined ? log.latestCheckpoint() : log.checkpointAt(head.size);
       if (!cp) return bad('not_found', head.size === undefined ? 'no signed checkpoint yet' : `no signed checkpoint of size ${head.size}`, 404);
-      if (head.seq >= cp.size) return bad('not_found', head.size === undefined ? 'that receipt is not under a signed checkpoint yet' : `seq ${head.seq} is not under the checkpoint of size ${cp.size}`, 404);
-      return { status: 200, type: 'text/plain', body: receiptProofBundle(log, head.seq, cp) };
+      // The request's receipt under the checkpoint: the one at `seq` when given, else its last.
+      const seqs = log.byRequestId(head.request_id).map((r) => r.seq);
+      if (seqs.length === 0 || (head.seq !== undefined && !seqs.includes(head.seq))) return bad('not_found', 'no receipt for this request id', 404);
+      const seq = head.seq ?? seqs.filter((s) => s < cp.size).at(-1) ?? seqs.at(-1)!;
+      if (seq >= cp.size) return bad('not_found', head.size === undefined ? 'that receipt is not under a signed checkpoint yet' : `seq ${seq} is not under the checkpoint of size ${cp.size}`, 404);
+      return { status: 200, type: 'text/plain', body: receiptProofBundle(log, seq, cp) };
     }
     case 'consistency': {
       const cp = log.latestCheckpoint();
