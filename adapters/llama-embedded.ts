@@ -10,6 +10,7 @@ import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } 
 import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
+import { quantizationOfFileType } from './gguf/file-type.ts';
 import { piecesAt, scanSpecials, SpecialTrie, type SpecialScan, type SpecialText } from './special-token-split.ts';
 import { TemplateRefusedError, TokenizeDeadlineError, TokenizeMemoryError, TokenizerBusyError, TokenizerProcess } from './tokenizer-process.ts';
 import { RuntimeBusyError, UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
@@ -98,6 +99,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private fileState: ModelFileState = 'unchanged';
   /** Whether llama.cpp mapped the file (the weights served are then the file's bytes as they are now). */
   private mapped = false;
+  /** The quantization bucket the GGUF file says it is (general.file_type), read by the start's file check. */
+  private fileQuantization: string | undefined;
   /** What the latest start did about the child-process probe: ran it, knew the file passed it (its memo), or none asked. */
   probed: 'ran' | 'remembered' | 'off' = 'off';
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
@@ -134,7 +137,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   private async load(slots: number): Promise<void> {
-    checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
+    const summary = checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
+    this.fileQuantization = quantizationOfFileType(summary.fileType);
     const llama = await llamaFor(this.opts.gpu ?? 'auto');
     const before = fileIdentity(this.opts.modelPath);
     const hashing = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
@@ -223,6 +227,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       contextLength,
       embeddingLength: model.embeddingVectorSize,
       chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
+      ...(this.fileQuantization !== undefined ? { quantization: this.fileQuantization } : {}),
     };
   }
 

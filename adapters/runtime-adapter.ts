@@ -107,6 +107,8 @@ export interface RuntimeInfo {
   contextLength: number;
   embeddingLength: number;
   chatTemplate: string | null;
+  /** The quantization bucket the model file says it is (q4-k-m, f16), when the runtime can read it. */
+  quantization?: string;
 }
 
 export interface RuntimeAdapter {

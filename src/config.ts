@@ -47,7 +47,8 @@ export interface ModelConfig {
   path: string | null;
   /** Runtime URL for the HTTP adapters. */
   url: string | null;
-  quantization: string;
+  /** The quantization bucket (lowercase, "_" → "-"); null: the GGUF file's own (general.file_type). */
+  quantization: string | null;
   context: number;
   /** Whether `context` was set (not the default): the node warns when the model cannot serve it. */
   context_set?: boolean;
@@ -149,7 +150,7 @@ export function defaultConfigYaml(): string {
 
 const OPS_HTTP_EXPECTED = 'expected host:port with a port up to 65535, e.g. 127.0.0.1:9464';
 
-const MODEL_DEFAULTS = { path: null, url: null, quantization: 'f32', context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600, tokenize_timeout_s: 10 };
+const MODEL_DEFAULTS = { path: null, url: null, quantization: null, context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600, tokenize_timeout_s: 10 };
 
 type Raw = Record<string, unknown>;
 
@@ -402,8 +403,9 @@ function validate(raw: Raw, base: string): NodeConfig {
     if (adapter === 'llama-embedded' && file === null) throw new ConfigError(`${where}.path`, 'the llama-embedded adapter needs the GGUF file');
     const murl = full.url === null ? null : str(full.url, `${where}.url`);
     if (adapter !== 'llama-embedded' && murl === null) throw new ConfigError(`${where}.url`, `the ${adapter} adapter needs the runtime's URL`);
-    const quantization = str(full.quantization, `${where}.quantization`).toLowerCase().replaceAll('_', '-');
-    if (quantization.length > QUANT_MAX || !QUANT_RE.test(quantization)) throw new ConfigError(`${where}.quantization`, `"${quantization.slice(0, 64)}" is not a quantization bucket: letters, digits, ".", "-" and "_", starting with a letter or digit, at most ${QUANT_MAX} characters (e.g. q4_k_m, f16)`);
+    const quantization = full.quantization === null ? null : str(full.quantization, `${where}.quantization`).toLowerCase().replaceAll('_', '-');
+    // (Left out, the start takes the GGUF file's: node.ts.)
+    if (quantization !== null && (quantization.length > QUANT_MAX || !QUANT_RE.test(quantization))) throw new ConfigError(`${where}.quantization`, `"${quantization.slice(0, 64)}" is not a quantization bucket: letters, digits, ".", "-" and "_", starting with a letter or digit, at most ${QUANT_MAX} characters (e.g. q4_k_m, f16)`);
     const prices = full.prices;
     if (!isObject(prices)) throw new ConfigError(`${where}.prices`, 'expected input_per_mtok_usd and output_per_mtok_usd');
     only(prices, `${where}.prices`, ['input_per_mtok_usd', 'output_per_mtok_usd']);

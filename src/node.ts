@@ -318,9 +318,17 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         throw new NodeStartError(named !== undefined ? `models: ${m.id}: the runtime could not start: ${named}` : `models: ${m.id}: the runtime could not start on model file ${m.path}: ${msg}`, { cause: e });
       }
       cleanup.push([`runtime ${m.id}`, () => adapter.stop()]);
+      // Buyers route on the quantization bucket, and receipts sign it: it is the file's (s29 review:
+      // an F32 file was advertised and signed as q4-k-m, and any file as f32 when the key was left out).
+      const fileQuantization = adapter.info.quantization;
+      if (m.quantization !== null && fileQuantization !== undefined && m.quantization !== fileQuantization) {
+        throw new NodeStartError(`models[${i}].quantization: "${m.quantization}", but ${m.path} is ${fileQuantization} (its general.file_type): leave the key out to take the file's, or serve the file it names`);
+      }
+      const quantization = m.quantization ?? fileQuantization;
+      if (quantization === undefined) throw new NodeStartError(`models[${i}].quantization: ${m.path} does not say its quantization (general.file_type): set the key`);
       const tps = await measureTokensPerSecond(adapter, opts.signal); // (a stop ends it within a token)
       if (opts.signal?.aborted) throw new NodeStartStopped();
-      models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization: m.quantization, tokensPerSecond: tps, rates: m.prices });
+      models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization, tokensPerSecond: tps, rates: m.prices });
       if (m.context_set === true && adapter.info.contextLength < m.context) {
         // The runtime serves no more than the model was trained for: say so, or the operator believes the config.
         logger.warn({ model: m.id, configured: m.context, context: adapter.info.contextLength }, `model ${m.id}: context ${m.context} is more than the model was trained for; serving ${adapter.info.contextLength}`);

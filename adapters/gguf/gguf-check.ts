@@ -29,6 +29,8 @@ export interface GgufSummary {
   tensors: number;
   kvs: number;
   architecture: string | undefined;
+  /** `general.file_type` (llama.cpp's llama_ftype: the quantization), when the file says it. */
+  fileType: number | undefined;
 }
 
 const HEADER_BYTES = 24;
@@ -265,7 +267,8 @@ export function checkGgufFile(file: string): GgufSummary {
     }
     where = file;
     checkLlamaCppBounds(facts);
-    return { version, tensors: Number(tensors), kvs: Number(kvs), architecture: facts.architecture };
+    const fileType = facts.numbers.get('general.file_type');
+    return { version, tensors: Number(tensors), kvs: Number(kvs), architecture: facts.architecture, fileType: fileType === undefined ? undefined : Number(fileType) };
   } finally {
     fs.closeSync(fd);
   }
