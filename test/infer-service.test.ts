@@ -6,6 +6,7 @@ import { TokenizerBusyError, TokenizerProcess } from '../adapters/tokenizer-proc
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { computeCost, formatUsd, maxOutputTokensWithin } from '../attestation/money.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
+import { Admission } from '../src/dispatch/admission.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { FreeWorkPace } from '../src/dispatch/free-work-pace.ts';
 import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
@@ -120,6 +121,35 @@ describe('InferService', () => {
     const greedy = await answer({ temperature: 0 });
     expect(await answer({ temperature: 1.5, seed: 3 })).not.toBe(greedy);
     expect(await answer({ temperature: 1.5, seed: 3, top_k: 1 })).toBe(greedy);
+  });
+
+  test('a node that cannot take the request whatever it may wait (stopping, or every slot busy and the queue full) refuses it 503 before its ticket is used: the same ticket is still good (s29 review: it was spent)', async () => {
+    for (const make of [
+      () => {
+        const a = new Admission({ slots: 1, queue: 0 });
+        a.close();
+        return { admission: a, why: /the node is shutting down/ };
+      },
+      () => {
+        const a = new Admission({ slots: 1, queue: 0 });
+        void a.acquire(); // (the slot held, no queue)
+        return { admission: a, why: /all 1 slots are busy and 0 requests are waiting/ };
+      },
+    ]) {
+      const { admission, why } = make();
+      const refusing = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: market.id }], providerId: node.id }), models: new Map([[model.id, { ...model, admission }]]), priceVersion: 'p1' });
+      const before = log.size;
+      const req = request('chat/completions', chatBody);
+      const refused = recorder();
+      await refusing.handle(req, refused.res);
+      expect(refused.out.head?.status).toBe(503);
+      expect(refused.out.trailer?.error).toMatchObject({ code: 'no_capacity', message: expect.stringMatching(why) });
+      expect(log.size).toBe(before);
+      // The ticket was not spent: the same request is served where there is room.
+      const served = recorder();
+      await service.handle(req, served.res);
+      expect(served.out.head?.status).toBe(200);
+    }
   });
 
   test('a field outside the contract is refused before any work: 400 naming it, no receipt', async () => {

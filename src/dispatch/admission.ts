@@ -50,6 +50,17 @@ export class Admission {
   }
 
   /**
+   * Why a request arriving now would be refused however long it may wait (the node stopping, or
+   * every slot busy and the queue full), or undefined: asked before a ticket is used, so that a
+   * request the node cannot take anyway does not spend it.
+   */
+  refusedNow(): AdmissionError | undefined {
+    if (this.closed) return new AdmissionError('closed', 'the node is shutting down');
+    if (this.running >= this.slots && this.waiting.length >= this.queueLimit) return new AdmissionError('queue_full', `all ${this.slots} slots are busy and ${this.queueLimit} requests are waiting`);
+    return undefined;
+  }
+
+  /**
    * Resolves with a release function once a slot is held. maxWaitMs 0 means "start now or not at
    * all"; undefined, the default wait. Rejects with queue_full, admission_timeout, aborted (the
    * signal) or closed.

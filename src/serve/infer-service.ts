@@ -387,6 +387,8 @@ export class InferService {
       if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
       const busy = this.o.paidWorkRefused?.();
       if (busy) throw new Refusal(503, 'no_capacity', `${busy}; another provider can take it`);
+      const full = model.admission.refusedNow();
+      if (full) throw admissionRefusal(full);
       const t = req.head.ticket;
       if (t === undefined) throw new Refusal(401, 'ticket_invalid', 'head.ticket is missing');
       if (refused) throw new Refusal(refused.status, refused.code, refused.message);
