@@ -279,6 +279,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       host: opsHost,
       port: opsPort,
       metrics,
+      // (Its requests at debug, a failing callback at error: s29 review found it logging nothing.)
+      logger: logger.child({ component: 'ops' }),
       health: () => serving.health?.() ?? { ok: true },
       ready: () => serving.ready?.() ?? { ready: false, reasons: [`loading models: ${models.size} of ${config.models.length} ready`] },
       status: () =>
