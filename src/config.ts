@@ -245,7 +245,9 @@ function applyEnv(raw: Raw, env: NodeJS.ProcessEnv): Map<string, string> {
       throw new ConfigError(keys.join('.'), `environment variable ${name} is not a valid value`);
     }
     let node = raw;
-    for (const k of keys.slice(0, -1)) {
+    for (const [i, k] of keys.slice(0, -1).entries()) {
+      // A section the file gives as something else is the file's error, not the variable's to hide (s29 review).
+      if (node[k] !== undefined && node[k] !== null && !isObject(node[k])) throw new ConfigError(keys.slice(0, i + 1).join('.'), 'expected a mapping');
       if (!isObject(node[k])) node[k] = {};
       node = node[k] as Raw;
     }

@@ -65,6 +65,11 @@ describe('config', () => {
     expect(c.listen).toEqual(['/ip4/127.0.0.1/tcp/0']);
     expect(refused('', { SELLER_NODE_NOPE: '1' })).toMatchObject({ key: 'nope' });
     expect(refused('', { SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY: 'lots' })).toMatchObject({ key: 'receipts.checkpoint_every' });
+    // A section the file gives as something else is refused, naming it, with or without a variable under it (s29 review: the variable hid it).
+    for (const [file, env, key] of [['receipts: 5\n', { SELLER_NODE_RECEIPTS__CHECKPOINT_EVERY: '10' }, 'receipts'], ['p2p: garbage\n', { SELLER_NODE_P2P__MAX_CONNECTIONS: '10' }, 'p2p'], ['marketplace: [1, 2]\n', { SELLER_NODE_MARKETPLACE__URL: 'null' }, 'marketplace']] as const) {
+      expect(refused(file), file).toMatchObject({ key, message: expect.stringMatching(/expected a mapping/) });
+      expect(refused(file, env), file).toMatchObject({ key, message: expect.stringMatching(/expected a mapping/) });
+    }
   });
 
   test.each([
