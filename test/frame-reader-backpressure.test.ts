@@ -134,3 +134,35 @@ describe('FrameReader: a paused stream stays paused for the muxer', () => {
     expect(stream.status).not.toBe('aborted');
   });
 });
+
+describe('FrameReader: a paused stream whose remote has gone', () => {
+  test('what the stream held back is still read, then the end: a node that answered in full and then stopped (s29 review: resume() threw on the closed stream and the answer was lost)', async () => {
+    const PROTO2 = '/test/frame-reader-gone/1.0.0';
+    const gone = await createHost({ seed: new Uint8Array(32).fill(93), listen: ['/ip4/127.0.0.1/tcp/0'] });
+    const COUNT = 8; // 128 KiB: within yamux's first window, so all of it reaches the paused stream
+    let sent!: () => void;
+    const allSent = new Promise<void>((resolve) => (sent = resolve));
+    await gone.handle(PROTO2, async (stream) => {
+      for (let k = 0; k < COUNT; k++) await writeBytes(stream, encodeData(frameBytes(k)));
+      await stream.close();
+      sent();
+    });
+    const stream = await client.dialProtocol(gone.getMultiaddrs()[0]!, PROTO2);
+    const y = stream as unknown as YamuxView;
+    const reader = new FrameReader(stream, { highWaterMark: HIGH_WATER });
+    await until('the stream to pause', () => stream.readStatus === 'paused');
+    await allSent;
+    await heldWhenStill(y);
+    expect(y.readBuffer.byteLength).toBeGreaterThan(0); // (the premise: the paused stream holds the rest)
+    await gone.stop(); // (the connection closes under the paused stream)
+    await until('the stream to close', () => stream.status !== 'open');
+    let read = 0;
+    for (let f = await reader.next(); f; f = await reader.next()) {
+      expect(f.kind).toBe('data');
+      if (f.kind !== 'data') break;
+      expect(Buffer.from(f.bytes.buffer, f.bytes.byteOffset, f.bytes.byteLength).equals(frameBytes(read)), `frame ${read} intact`).toBe(true);
+      read++;
+    }
+    expect(read).toBe(COUNT);
+  });
+});

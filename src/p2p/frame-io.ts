@@ -145,6 +145,13 @@ export class FrameReader implements AsyncIterable<Frame> {
     this.resuming = true;
     try {
       this.stream.resume();
+    } catch {
+      // The stream closed while paused (its remote went: a node that answered in full and then
+      // stopped). resume() delivered what the stream held first, then failed to ask the remote
+      // for more (s29 review: the throw lost an answer already billed). What came is read; the
+      // input ends after it, or with the error the stream's close carries.
+      if (this.stream.readBufferLength === 0 && this.stream.status !== 'open') this.onEnd();
+      return;
     } finally {
       this.resuming = false;
     }
