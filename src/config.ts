@@ -82,6 +82,8 @@ export interface NodeConfig {
   /** `auto`: llama.cpp on the host's GPU when it has one (CUDA, Vulkan, Metal), else the CPU; false: the CPU only. */
   gpu: 'auto' | false;
   log_level: (typeof LOG_LEVELS)[number];
+  /** On SIGTERM or SIGINT, how long requests still running may take before they are cancelled (seconds). */
+  stop_grace_s: number;
 }
 
 export interface P2pConfig {
@@ -126,6 +128,7 @@ const DEFAULTS = {
   p2p: P2P_DEFAULTS,
   gpu: 'auto',
   log_level: 'info',
+  stop_grace_s: 30,
 };
 
 /** The config `seller-node init` writes: the keys an operator edits first. */
@@ -474,5 +477,6 @@ function validate(raw: Raw, base: string): NodeConfig {
     p2p,
     gpu,
     log_level: level as NodeConfig['log_level'],
+    stop_grace_s: int(pick<unknown>('stop_grace_s'), 'stop_grace_s', 1, 3600),
   };
 }

@@ -60,6 +60,9 @@ describe('config', () => {
       OTHER: 'ignored',
     });
     expect(c.log_level).toBe('debug');
+    expect(c.stop_grace_s).toBe(30); // (the default)
+    expect(parseConfig('stop_grace_s: 8\n', base).stop_grace_s).toBe(8);
+    expect(parseConfig('', base, { SELLER_NODE_STOP_GRACE_S: '9' }).stop_grace_s).toBe(9);
     expect(c.receipts.checkpoint_every).toBe(500);
     expect(c.marketplace.url).toBe('http://127.0.0.1:11436');
     expect(c.listen).toEqual(['/ip4/127.0.0.1/tcp/0']);
@@ -109,6 +112,9 @@ describe('config', () => {
     [`models: [{ id: ${'m'.repeat(257)}, adapter: vllm, url: "http://x", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]`, 'models[0].id'],
     ['models: [{ id: a, adapter: vllm, url: "http://x", quantization: "Q4_K_M (imatrix)", prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]', 'models[0].quantization'],
     [`models: [{ id: a, adapter: vllm, url: "http://x", quantization: ${'q'.repeat(33)}, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]`, 'models[0].quantization'],
+    ['stop_grace_s: 0', 'stop_grace_s'],
+    ['stop_grace_s: 3601', 'stop_grace_s'],
+    ['stop_grace_s: 1.5', 'stop_grace_s'],
     ['gpu: true', 'gpu'],
     ['gpu: cuda', 'gpu'],
     [model + '  - id: tiny/llama\n    adapter: vllm\n    url: "http://x"\n    prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" }\n', 'models[1].id'],

@@ -47,7 +47,7 @@ export function startCommand(): Command {
       }
       // The signal handlers first, then the line that says it runs: a signal sent on reading that
       // line must find them (without one, a SIGINT or SIGTERM ends the process at once).
-      const stopped = untilSignal('seller-node', 'finishing in-flight requests, flushing receipts', () => node.stop());
+      const stopped = untilSignal('seller-node', 'finishing in-flight requests, flushing receipts', () => node.stop(config.stop_grace_s * 1000));
       process.stdout.write(`seller-node started: provider ${node.providerId}\n  peer ${node.peerId}\n${node.addresses.map((a) => `  listening ${a}\n`).join('')}  ops ${node.opsUrl}\n  price version ${node.priceVersion}\n`);
       await stopped;
     });
