@@ -1,6 +1,7 @@
 // The node: everything `seller-node start` runs, composed from its parts and stopped in order.
 // Config → identity → receipt log, state, runtimes → serving core → libp2p → ops HTTP.
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { LlamaEmbeddedAdapter, namingModelFile } from '../adapters/llama-embedded.ts';
 import { sendLlamaLines } from '../adapters/llama-load-errors.ts';
@@ -331,6 +332,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       const tps = await measureTokensPerSecond(adapter, opts.signal); // (a stop ends it within a token)
       if (opts.signal?.aborted) throw new NodeStartStopped();
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization, tokensPerSecond: tps, rates: m.prices });
+      if (m.threads > os.availableParallelism()) {
+        // More threads than cores make every evaluation wait on the others (s29 review: 1,024 threads on 2 cores took 19 s to start).
+        logger.warn({ model: m.id, threads: m.threads, cores: os.availableParallelism() }, `model ${m.id}: threads ${m.threads} is more than this machine's ${os.availableParallelism()} cores; each evaluation waits on the others (set threads to the physical cores, or 1)`);
+      }
       if (m.context_set === true && adapter.info.contextLength < m.context) {
         // The runtime serves no more than the model was trained for: say so, or the operator believes the config.
         logger.warn({ model: m.id, configured: m.context, context: adapter.info.contextLength }, `model ${m.id}: context ${m.context} is more than the model was trained for; serving ${adapter.info.contextLength}`);

@@ -1,5 +1,6 @@
 // A model's configured context above what its GGUF was trained for: the runtime serves the trained
-// context, and the node says so at start (one warning naming both), and reports what it serves.
+// context, and the node says so at start (one warning naming both), and reports what it serves. More
+// threads than cores are warned about the same way.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -53,6 +54,25 @@ describe('a configured context larger than the model was trained for', () => {
       const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { models: { context: number }[] };
       expect(status.models[0]!.context).toBe(1024);
       expect(warnings(logFile).filter((w) => /context/.test(w.msg))).toEqual([]);
+    } finally {
+      await node?.stop(1000);
+      node = undefined;
+      fs.closeSync(fd);
+    }
+  });
+
+  test('more threads than the machine has cores: served, with a warning at start naming both', async () => {
+    await node?.stop(1000);
+    node = undefined;
+    const logFile = path.join(home, 'node3.log');
+    const fd = fs.openSync(logFile, 'w');
+    try {
+      const threads = os.availableParallelism() + 1;
+      const yaml = tinyNodeConfigYaml({ publicKey: market.id }).replace(/^( {4}context: .*)$/m, `$1\n    threads: ${threads}`);
+      node = await startNode(parseConfig(yaml, home), { logDestination: fd });
+      expect(warnings(logFile)).toContainEqual(expect.objectContaining({ model: 'tiny/llama', threads, cores: os.availableParallelism(), msg: expect.stringMatching(/^model tiny\/llama: threads \d+ is more than this machine's \d+ cores/) }));
+      // Threads within the cores: no such warning (the tests above ran with 1).
+      expect(warnings(path.join(home, 'node2.log')).filter((w) => /threads/.test(w.msg))).toEqual([]);
     } finally {
       await node?.stop(1000);
       node = undefined;
