@@ -11,6 +11,7 @@ import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
 import { quantizationOfFileType } from './gguf/file-type.ts';
+import { groupEnd, TokenLedger } from './token-ledger.ts';
 import { piecesAt, scanSpecials, SpecialTrie, type SpecialScan, type SpecialText } from './special-token-split.ts';
 import { TemplateRefusedError, TokenizeDeadlineError, TokenizeMemoryError, TokenizerBusyError, TokenizerProcess } from './tokenizer-process.ts';
 import { RuntimeBusyError, UnsupportedInputError, type ChatMessage, type EmbeddingResult, type GeneratedChunk, type GenerateRequest, type GenerationInput, type GenerationResult, type RuntimeAdapter, type RuntimeInfo } from './runtime-adapter.ts';
@@ -298,12 +299,12 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     try {
       return [...(await this.tokenizer.tokenize(pieces, special))] as Token[];
     } catch (e) {
-      if (e instanceof TokenizerBusyError) throw busy(e);
-      if (e instanceof TokenizeDeadlineError) {
-        throw new UnsupportedInputError('input_too_complex', `the input (${text.length} characters) was not tokenised within ${this.tokenizer.deadlineMs / 1000} s: llama.cpp's tokenizer is slow on long runs of characters its vocabulary has no token for, or of special-token texts`);
-      }
-      if (e instanceof TokenizeMemoryError) throw new UnsupportedInputError('input_too_complex', `the input (${text.length} characters) needed ${e.message} to tokenise`);
-      throw e;
+      throw childRefusal(e, this.tokenizer, {
+        subject: `the input (${text.length} characters)`,
+        notDone: 'was not tokenised',
+        toDo: 'to tokenise',
+        why: ": llama.cpp's tokenizer is slow on long runs of characters its vocabulary has no token for, or of special-token texts",
+      });
     }
   }
 
@@ -337,10 +338,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       return await child.render(this.info.chatTemplate, messages, tokens);
     } catch (e) {
       if (e instanceof TemplateRefusedError) throw refused(e);
-      if (e instanceof TokenizerBusyError) throw busy(e);
-      if (e instanceof TokenizeDeadlineError) throw new UnsupportedInputError('input_too_complex', `the messages (${messages.length}) were not rendered with the model's chat template within ${child.deadlineMs / 1000} s`);
-      if (e instanceof TokenizeMemoryError) throw new UnsupportedInputError('input_too_complex', `the messages (${messages.length}) needed ${e.message} to render with the model's chat template`);
-      throw e;
+      throw childRefusal(e, child, { subject: `the messages (${messages.length})`, notDone: "were not rendered with the model's chat template", toDo: "to render with the model's chat template" });
     }
   }
 
@@ -386,21 +384,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     let held = '';
     /** Index of the first output token whose text has not been decoded yet (it ends in a partial character). */
     let from = 0;
-    // A chunk carries the tokens whose text it completes: a token whose text is held back, wholly
-    // or in part, waits for the chunk that sends its end (s28 review: with stop "e!", the token
-    // " mone" went out as " mon" and was billed to a buyer who left before the "e"). `waiting`
-    // holds them in order; `ends[i]`, once its character is complete, where waiting[i]'s text
-    // ends in the answer (in UTF-16 units, as `decoded` and `sent` count).
-    const waiting: Token[] = [];
-    const ends: number[] = [];
-    let decoded = 0;
-    let sent = 0;
-    const release = (): Token[] => {
-      let n = 0;
-      while (n < ends.length && ends[n]! <= sent) n++;
-      ends.splice(0, n);
-      return waiting.splice(0, n);
-    };
+    /** Output tokens from `from` to `to`, decoded in the context of the ones before them (how a leading space renders depends on it). */
+    const decode = (to = output.length) => model.detokenize(output.slice(from, to), false, output.slice(Math.max(0, from - 8), from));
+    /** Which tokens have all their text sent: each chunk carries those (token-ledger.ts). */
+    const ledger = new TokenLedger();
     // The evaluation ends by itself when the model produces an end-of-generation token.
     let finishReason: GenerationResult['finishReason'] = 'stop';
     let evaluation: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
@@ -425,21 +412,17 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         evaluated = true;
         for await (const token of evaluation) {
           output.push(token);
-          waiting.push(token);
-          // Decode the tokens not decoded yet, in the context of the ones before them (how a
-          // leading space renders depends on it); hold them while they end in a partial character.
-          const context = output.slice(Math.max(0, from - 8), from);
-          const text = model.detokenize(output.slice(from), false, context);
+          ledger.add(token);
+          // The tokens not decoded yet are held while they end in a partial character.
+          const text = decode();
           let chunk = '';
           if (!text.endsWith('\uFFFD')) {
             chunk = text;
-            // Tokens decoded together (the first ones ended in a partial character) each end
-            // where their character does: a byte that is no character's start (U+FFFD for good)
-            // ends before the text after it (s29 review: it was counted with " pu" held back).
-            for (let k = from + 1; k < output.length; k++) ends.push(decoded + groupEnd(model.detokenize(output.slice(from, k), false, context), text, Math.max(0, (ends.at(-1) ?? decoded) - decoded)));
+            // Tokens decoded together each end where their own character does (groupEnd).
+            const inner: number[] = [];
+            for (let k = from + 1; k < output.length; k++) inner.push(groupEnd(decode(k), text, inner.at(-1) ?? 0));
+            ledger.decoded(text, inner);
             from = output.length;
-            decoded += chunk.length;
-            while (ends.length < waiting.length) ends.push(decoded);
           }
           // What was sent never ends in a stop's beginning (that part is held), so a stop can only
           // start in held + chunk; the text before it is sent, the stop and anything after are not.
@@ -447,19 +430,18 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
           const stopAt = req.stop?.length ? firstStop(full, req.stop) : -1;
           if (stopAt >= 0) {
             held = '';
-            sent += stopAt;
-            yield { text: full.slice(0, stopAt), tokens: release() };
+            yield { text: full.slice(0, stopAt), tokens: ledger.sent(stopAt) };
             // The tokens whose text ends in the stop (left out of the answer) come last, with no
             // text: a completed run bills them, a buyer who leaves before its end is not billed them.
-            if (waiting.length > 0) yield { text: '', tokens: waiting.splice(0) };
+            const stopTokens = ledger.rest();
+            if (stopTokens.length > 0) yield { text: '', tokens: stopTokens };
             finishReason = 'stop';
             break;
           }
           const keep = req.stop?.length ? stopPrefixLength(full, req.stop) : 0;
           held = full.slice(full.length - keep);
-          sent += full.length - keep;
           // (A chunk with no text and no token still comes: the consumer sees the runtime is alive.)
-          yield { text: full.slice(0, full.length - keep), tokens: release() };
+          yield { text: full.slice(0, full.length - keep), tokens: ledger.sent(full.length - keep) };
           if (req.signal?.aborted) {
             finishReason = 'abort';
             break;
@@ -476,20 +458,19 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
         // none: a stop is only found once a token completes its characters.)
         let rest = held;
         if (from < output.length) {
-          const tail = model.detokenize(output.slice(from), false, output.slice(Math.max(0, from - 8), from));
+          const tail = decode();
           rest += tail;
-          decoded += tail.length;
-          while (ends.length < waiting.length) ends.push(decoded);
+          ledger.decoded(tail);
         }
         const stopAt = req.stop?.length ? firstStop(rest, req.stop) : -1;
         if (stopAt >= 0) {
           rest = rest.slice(0, stopAt);
           finishReason = 'stop';
         }
-        sent += rest.length;
-        const last = release();
+        const last = ledger.sent(rest.length);
         if (rest || last.length > 0) yield { text: rest, tokens: last };
-        if (waiting.length > 0) yield { text: '', tokens: waiting.splice(0) }; // (those of a stop, as above)
+        const stopTokens = ledger.rest(); // (those of a stop, as above)
+        if (stopTokens.length > 0) yield { text: '', tokens: stopTokens };
       }
     } finally {
       try {
@@ -526,20 +507,6 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     }
     return { vectors, inputTokens };
   }
-}
-
-/**
- * Where, in `text` (tokens decoded together), the token that ends `prefix` (the ones before it,
- * which ended in a partial character: one U+FFFD for it at the end) ends: after the character its
- * bytes are part of. Never before `atLeast` (the token before it); the whole text when the prefix
- * is not the text's start (nothing is counted before its text is sure to be sent).
- */
-function groupEnd(prefix: string, text: string, atLeast: number): number {
-  const stable = prefix.length - 1;
-  if (!prefix.endsWith('\uFFFD') || !text.startsWith(prefix.slice(0, stable))) return text.length;
-  const cp = text.codePointAt(stable);
-  const end = cp === undefined ? text.length : stable + (cp > 0xffff ? 2 : 1);
-  return Math.max(atLeast, end);
 }
 
 /** Index in `text` where the earliest stop sequence begins, or -1. */
@@ -580,7 +547,17 @@ function lastTokens(input: readonly Token[], output: readonly Token[], n: number
 const SPLIT_FROM = 16_384;
 
 /** The node is busy with long inputs: 503, another provider can take this one. */
-const busy = (e: TokenizerBusyError) => new RuntimeBusyError(`this node is busy tokenising long inputs (${e.message}); another provider can take the request`);
+/**
+ * The tokenizer child's failure as the request's: busy, 503 (another provider can take it); past
+ * its deadline or its heap, 400 input_too_complex saying what was not done and why; anything else
+ * as it came.
+ */
+function childRefusal(e: unknown, child: TokenizerProcess, say: { subject: string; notDone: string; toDo: string; why?: string }): unknown {
+  if (e instanceof TokenizerBusyError) return new RuntimeBusyError(`this node is busy tokenising long inputs (${e.message}); another provider can take the request`);
+  if (e instanceof TokenizeDeadlineError) return new UnsupportedInputError('input_too_complex', `${say.subject} ${say.notDone} within ${child.deadlineMs / 1000} s${say.why ?? ''}`);
+  if (e instanceof TokenizeMemoryError) return new UnsupportedInputError('input_too_complex', `${say.subject} needed ${e.message} ${say.toDo}`);
+  return e;
+}
 
 /** A chat at least this heavy (chatWeight) is rendered in the tokenizer's child process. */
 const RENDER_OFF_LOOP_FROM = 65_536;

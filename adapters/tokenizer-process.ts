@@ -56,8 +56,11 @@ export class TokenizerProcess {
   private waiting = 0;
   /** The child's V8 heap limit (--max-old-space-size): 8 MiB of messages, their rendering and their tokens fit many times over. */
   readonly maxHeapMiB: number;
-  /** The end of each child's stderr (where V8 says it ran out of heap). */
+  /** The end of each child's stderr (why it failed to load; where V8 says it ran out of heap). */
   private readonly stderr = new WeakMap<ChildProcess, string>();
+  private stderrOf(child: ChildProcess): string {
+    return this.stderr.get(child) ?? '';
+  }
 
   constructor(modelPath: string, deadlineMs: number, opts: { maxWaiting?: number; maxHeapMiB?: number } = {}) {
     this.modelPath = modelPath;
@@ -112,11 +115,7 @@ export class TokenizerProcess {
     const execArgv = [...process.execArgv.filter((a) => !a.startsWith('--max-old-space-size')), `--max-old-space-size=${this.maxHeapMiB}`];
     const child = fork(CHILD, [this.modelPath], { serialization: 'advanced', stdio: ['ignore', 'ignore', 'pipe', 'ipc'], execArgv });
     this.child = child;
-    let err = '';
-    child.stderr?.on('data', (b: Buffer) => {
-      err = (err + b.toString('utf8')).slice(-2000);
-      this.stderr.set(child, err);
-    });
+    child.stderr?.on('data', (b: Buffer) => this.stderr.set(child, (this.stderrOf(child) + b.toString('utf8')).slice(-2000)));
     const gone = () => this.forget(child);
     child.on('exit', gone);
     child.on('error', gone);
@@ -139,7 +138,10 @@ export class TokenizerProcess {
         if (m.ready === true) done();
         else if (m.ready === false) done(new Error(`the tokenizer process could not load ${this.modelPath}: ${m.error ?? 'unknown error'}`));
       };
-      const onExit = (code: number | null, signal: string | null) => done(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before it loaded ${this.modelPath}${err ? `: ${err.trim().split('\n').pop()}` : ''}`));
+      const onExit = (code: number | null, signal: string | null) => {
+        const err = this.stderrOf(child);
+        done(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before it loaded ${this.modelPath}${err ? `: ${err.trim().split('\n').pop()}` : ''}`));
+      };
       child.on('message', onMessage);
       child.on('exit', onExit);
     });
@@ -169,7 +171,7 @@ export class TokenizerProcess {
       // ('close', not 'exit': by then its stderr has been read, and says whether V8 ran out of heap.)
       const onExit = (code: number | null, signal: string | null) => {
         finish();
-        if (/heap out of memory/i.test(this.stderr.get(child) ?? '')) reject(new TokenizeMemoryError(`more than ${this.maxHeapMiB} MiB`));
+        if (/heap out of memory/i.test(this.stderrOf(child))) reject(new TokenizeMemoryError(`more than ${this.maxHeapMiB} MiB`));
         else reject(new Error(`the tokenizer process ended (${signal ?? `exit code ${code}`}) before ${what} ${done}`));
       };
       const finish = () => {

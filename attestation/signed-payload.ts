@@ -25,7 +25,21 @@ export function readPayload<T>(bytes: Uint8Array, validate: (value: unknown) => 
  */
 export function peekPayload(env: Pick<DsseEnvelope, 'payload'>): Record<string, unknown> | undefined {
   try {
-    const bytes = typeof env.payload === 'string' ? fromBase64(env.payload) : undefined;
+    return peekPayloadBytes(payloadBytes(env));
+  } catch {
+    return undefined; // (not an envelope at all: undefined, or a getter that throws)
+  }
+}
+
+/** An envelope's payload bytes (base64 decoded), or undefined (none, or not base64). */
+export function payloadBytes(env: Pick<DsseEnvelope, 'payload'> | undefined): Uint8Array | undefined {
+  const payload: unknown = env?.payload;
+  return typeof payload === 'string' ? fromBase64(payload) : undefined;
+}
+
+/** Payload bytes as a JSON object, UNVERIFIED (as peekPayload); undefined when not UTF-8 JSON of an object. */
+export function peekPayloadBytes(bytes: Uint8Array | undefined): Record<string, unknown> | undefined {
+  try {
     const text = bytes && fromUtf8(bytes);
     const v: unknown = text === undefined ? undefined : JSON.parse(text);
     return v !== null && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;

@@ -332,9 +332,10 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       const tps = await measureTokensPerSecond(adapter, opts.signal); // (a stop ends it within a token)
       if (opts.signal?.aborted) throw new NodeStartStopped();
       models.set(m.id, { id: m.id, adapter, admission: new Admission({ slots: m.slots, queue: m.queue, defaultMaxWaitMs: m.max_wait_ms }), quantization, tokensPerSecond: tps, rates: m.prices });
-      if (m.threads > os.availableParallelism()) {
+      const cores = os.availableParallelism();
+      if (m.threads > cores) {
         // More threads than cores make every evaluation wait on the others (s29 review: 1,024 threads on 2 cores took 19 s to start).
-        logger.warn({ model: m.id, threads: m.threads, cores: os.availableParallelism() }, `model ${m.id}: threads ${m.threads} is more than this machine's ${os.availableParallelism()} cores; each evaluation waits on the others (set threads to the physical cores, or 1)`);
+        logger.warn({ model: m.id, threads: m.threads, cores }, `model ${m.id}: threads ${m.threads} is more than this machine's ${cores} cores; each evaluation waits on the others (set threads to the physical cores, or 1)`);
       }
       if (m.context_set === true && adapter.info.contextLength < m.context) {
         // The runtime serves no more than the model was trained for: say so, or the operator believes the config.

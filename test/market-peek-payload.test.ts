@@ -2,6 +2,7 @@
 // it nests deeply (JSON.parse of MiBs of nesting cost ~250 ms a request; s29 review).
 import { expect, test } from 'vitest';
 import { toBase64, utf8 } from '../attestation/bytes.ts';
+import { peekPayload } from '../attestation/signed-payload.ts';
 import { PEEK_MAX_DEPTH, peekShallow } from '../src/market/peek-payload.ts';
 
 const env = (text: string) => ({ payload: toBase64(utf8(text)) });
@@ -16,4 +17,10 @@ test('a payload is read for its claims unless it nests deeper than PEEK_MAX_DEPT
   // Brackets inside strings are text, not nesting.
   expect(peekShallow(env(JSON.stringify({ provider, note: '['.repeat(100) })))).toMatchObject({ provider });
   for (const bad of [{ payload: 'not base64!' }, { payload: 7 }, env('not json'), env('[1]')]) expect(peekShallow(bad as never)).toBeUndefined();
+});
+
+test('peekPayload never throws: no envelope, a payload that is not a string, a getter that throws are all undefined', () => {
+  const evil = { get payload(): string { throw new Error('boom'); } };
+  for (const env of [undefined, null, {}, { payload: 7 }, evil]) expect(peekPayload(env as never)).toBeUndefined();
+  expect(peekPayload(env(JSON.stringify({ seq: '3' })))).toEqual({ seq: '3' });
 });

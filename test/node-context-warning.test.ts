@@ -31,6 +31,22 @@ const warnings = (file: string): { msg: string; [k: string]: unknown }[] =>
     .map((l) => JSON.parse(l) as { level: number; msg: string })
     .filter((l) => l.level === 40);
 
+/** Stops the node of an earlier test, starts one with `yaml` logging to `logName` (in the model's folder), runs `fn`, and stops it. */
+async function withNode(yaml: string, logName: string, fn: (n: RunningNode, logFile: string) => Promise<void>): Promise<void> {
+  await node?.stop(1000);
+  node = undefined;
+  const logFile = path.join(home, logName);
+  const fd = fs.openSync(logFile, 'w');
+  try {
+    node = await startNode(parseConfig(yaml, home), { logDestination: fd });
+    await fn(node, logFile);
+  } finally {
+    await node?.stop(1000);
+    node = undefined;
+    fs.closeSync(fd);
+  }
+}
+
 describe('a configured context larger than the model was trained for', () => {
   test('is served at the trained context, with a warning at start naming both', async () => {
     createKeyFile(path.join(home, 'node.key'));
@@ -44,39 +60,23 @@ describe('a configured context larger than the model was trained for', () => {
   });
 
   test('the default context (not set) on a smaller model is no warning', async () => {
-    await node?.stop(1000);
-    node = undefined;
-    const logFile = path.join(home, 'node2.log');
-    const fd = fs.openSync(logFile, 'w');
-    try {
-      const yaml = tinyNodeConfigYaml({ publicKey: market.id }).replace(/^ {4}context: .*$/m, '');
-      node = await startNode(parseConfig(yaml, home), { logDestination: fd });
-      const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { models: { context: number }[] };
+    const yaml = tinyNodeConfigYaml({ publicKey: market.id }).replace(/^ {4}context: .*$/m, '');
+    await withNode(yaml, 'node2.log', async (n, logFile) => {
+      const status = (await (await fetch(`${n.opsUrl}/status`)).json()) as { models: { context: number }[] };
       expect(status.models[0]!.context).toBe(1024);
       expect(warnings(logFile).filter((w) => /context/.test(w.msg))).toEqual([]);
-    } finally {
-      await node?.stop(1000);
-      node = undefined;
-      fs.closeSync(fd);
-    }
+      // Threads within the cores (1, the default): no threads warning either.
+      expect(warnings(logFile).filter((w) => /threads/.test(w.msg))).toEqual([]);
+    });
   });
+});
 
-  test('more threads than the machine has cores: served, with a warning at start naming both', async () => {
-    await node?.stop(1000);
-    node = undefined;
-    const logFile = path.join(home, 'node3.log');
-    const fd = fs.openSync(logFile, 'w');
-    try {
-      const threads = os.availableParallelism() + 1;
-      const yaml = tinyNodeConfigYaml({ publicKey: market.id }).replace(/^( {4}context: .*)$/m, `$1\n    threads: ${threads}`);
-      node = await startNode(parseConfig(yaml, home), { logDestination: fd });
+describe('more threads than the machine has cores', () => {
+  test('are served, with a warning at start naming both', async () => {
+    const threads = os.availableParallelism() + 1;
+    const yaml = tinyNodeConfigYaml({ publicKey: market.id }).replace(/^( {4}context: .*)$/m, `$1\n    threads: ${threads}`);
+    await withNode(yaml, 'node3.log', async (_n, logFile) => {
       expect(warnings(logFile)).toContainEqual(expect.objectContaining({ model: 'tiny/llama', threads, cores: os.availableParallelism(), msg: expect.stringMatching(/^model tiny\/llama: threads \d+ is more than this machine's \d+ cores/) }));
-      // Threads within the cores: no such warning (the tests above ran with 1).
-      expect(warnings(path.join(home, 'node2.log')).filter((w) => /threads/.test(w.msg))).toEqual([]);
-    } finally {
-      await node?.stop(1000);
-      node = undefined;
-      fs.closeSync(fd);
-    }
+    });
   });
 });

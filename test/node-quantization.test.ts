@@ -18,7 +18,12 @@ import { testKey } from './helpers/receipts.ts';
 const home = fs.mkdtempSync(path.join(os.tmpdir(), 'node-quantization-'));
 const market = testKey();
 createKeyFile(path.join(home, 'node.key'));
-afterAll(() => fs.rmSync(home, { recursive: true, force: true }));
+/** Where the nodes' logs go (the test reads their status and start errors, not their lines). */
+const quiet = fs.openSync('/dev/null', 'w');
+afterAll(() => {
+  fs.closeSync(quiet);
+  fs.rmSync(home, { recursive: true, force: true });
+});
 
 /** The tiny model (F32 weights) with `general.file_type` set to `fileType`, or left out. */
 function model(file: string, fileType: number | undefined): void {
@@ -38,7 +43,7 @@ const config = (file: string, quantization?: string) => {
 };
 
 const served = async (cfg: ReturnType<typeof parseConfig>): Promise<string> => {
-  const node = await startNode(cfg, { logDestination: fs.openSync('/dev/null', 'w') });
+  const node = await startNode(cfg, { logDestination: quiet });
   try {
     const status = (await (await fetch(`${node.opsUrl}/status`)).json()) as { models: { quantization: string }[] };
     return status.models[0]!.quantization;
@@ -57,10 +62,10 @@ test('left out, the bucket is the file\'s; the same value given is taken; anothe
   model('f32.gguf', 0);
   expect(await served(config('f32.gguf'))).toBe('f32');
   expect(await served(config('f32.gguf', 'F32'))).toBe('f32');
-  await expect(startNode(config('f32.gguf', 'Q4_K_M'), { logDestination: fs.openSync('/dev/null', 'w') })).rejects.toThrow(/^models\[0\]\.quantization: "q4-k-m", but .*f32\.gguf is f32 \(its general\.file_type\)/);
+  await expect(startNode(config('f32.gguf', 'Q4_K_M'), { logDestination: quiet })).rejects.toThrow(/^models\[0\]\.quantization: "q4-k-m", but .*f32\.gguf is f32 \(its general\.file_type\)/);
   model('labelled.gguf', 15);
   expect(await served(config('labelled.gguf'))).toBe('q4-k-m');
   model('unlabelled.gguf', undefined);
-  await expect(startNode(config('unlabelled.gguf'), { logDestination: fs.openSync('/dev/null', 'w') })).rejects.toThrow(/^models\[0\]\.quantization: .*unlabelled\.gguf does not say its quantization \(general\.file_type\): set the key$/);
+  await expect(startNode(config('unlabelled.gguf'), { logDestination: quiet })).rejects.toThrow(/^models\[0\]\.quantization: .*unlabelled\.gguf does not say its quantization \(general\.file_type\): set the key$/);
   expect(await served(config('unlabelled.gguf', 'q8_0'))).toBe('q8-0');
 }, 120_000);

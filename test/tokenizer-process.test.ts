@@ -90,6 +90,6 @@ test('a chat whose rendering needs more than the child\'s heap is refused (input
   } finally {
     await capped.stop();
   }
-  // The limit is the child's own, not what the node runs with; by default 512 MiB.
+  // Without the option, the child's limit is 512 MiB.
   expect(new TokenizerProcess(file, 1000).maxHeapMiB).toBe(512);
 }, 60_000);

@@ -3,8 +3,8 @@
 import { GgufFileType } from 'node-llama-cpp';
 
 /** The bucket of a `general.file_type` value, or undefined for a value llama.cpp does not name. */
-export function quantizationOfFileType(fileType: number | bigint | undefined): string | undefined {
+export function quantizationOfFileType(fileType: number | undefined): string | undefined {
   if (fileType === undefined) return undefined;
-  const name = (GgufFileType as unknown as Record<number, string | undefined>)[Number(fileType)];
+  const name = (GgufFileType as unknown as Record<number, string | undefined>)[fileType];
   return typeof name === 'string' ? name.replace(/^(ALL|MOSTLY)_/, '').toLowerCase().replaceAll('_', '-') : undefined;
 }

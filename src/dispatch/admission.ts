@@ -11,6 +11,8 @@ export class AdmissionError extends Error {
   }
 }
 
+const closedError = () => new AdmissionError('closed', 'the node is shutting down');
+
 interface Waiter {
   resolve: (release: () => void) => void;
   reject: (e: AdmissionError) => void;
@@ -55,9 +57,13 @@ export class Admission {
    * request the node cannot take anyway does not spend it.
    */
   refusedNow(): AdmissionError | undefined {
-    if (this.closed) return new AdmissionError('closed', 'the node is shutting down');
-    if (this.running >= this.slots && this.waiting.length >= this.queueLimit) return new AdmissionError('queue_full', `all ${this.slots} slots are busy and ${this.queueLimit} requests are waiting`);
+    if (this.closed) return closedError();
+    if (this.running >= this.slots && this.waiting.length >= this.queueLimit) return this.queueFull();
     return undefined;
+  }
+
+  private queueFull(): AdmissionError {
+    return new AdmissionError('queue_full', `all ${this.slots} slots are busy and ${this.queueLimit} requests are waiting`);
   }
 
   /**
@@ -66,7 +72,7 @@ export class Admission {
    * signal) or closed.
    */
   acquire(opts: { maxWaitMs?: number; signal?: AbortSignal } = {}): Promise<() => void> {
-    if (this.closed) return Promise.reject(new AdmissionError('closed', 'the node is shutting down'));
+    if (this.closed) return Promise.reject(closedError());
     if (opts.signal?.aborted) return Promise.reject(new AdmissionError('aborted', 'the request was abandoned'));
     if (this.running < this.slots && this.waiting.length === 0) {
       this.running++;
@@ -74,7 +80,7 @@ export class Admission {
     }
     const maxWait = opts.maxWaitMs ?? this.defaultMaxWaitMs;
     if (maxWait <= 0) return Promise.reject(new AdmissionError('admission_timeout', 'no slot is free and the request may not wait'));
-    if (this.waiting.length >= this.queueLimit) return Promise.reject(new AdmissionError('queue_full', `all ${this.slots} slots are busy and ${this.queueLimit} requests are waiting`));
+    if (this.waiting.length >= this.queueLimit) return Promise.reject(this.queueFull());
     return new Promise((resolve, reject) => {
       let timer: NodeJS.Timeout | undefined;
       const onAbort = () => {
@@ -125,7 +131,7 @@ export class Admission {
     this.closed = true;
     for (const w of this.waiting.splice(0)) {
       w.cleanup();
-      w.reject(new AdmissionError('closed', 'the node is shutting down'));
+      w.reject(closedError());
     }
   }
 }

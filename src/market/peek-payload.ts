@@ -3,9 +3,8 @@
 // read: JSON.parse of a few MiB of nesting costs a quarter second, and anyone may post one (s29
 // review: three senders of such unsigned bodies held the market's answers ~270 ms each). No honest
 // registration, heartbeat or receipt nests more than a few levels.
-import { fromBase64 } from '../../attestation/bytes.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
-import { peekPayload } from '../../attestation/signed-payload.ts';
+import { payloadBytes, peekPayloadBytes } from '../../attestation/signed-payload.ts';
 import { nestsDeeperThan } from '../json-depth.ts';
 
 /** How deeply an unverified payload may nest and still be read for its claims. */
@@ -13,7 +12,6 @@ export const PEEK_MAX_DEPTH = 32;
 
 /** The unverified payload as an object, or undefined (unreadable, or nested deeper than PEEK_MAX_DEPTH). */
 export function peekShallow(env: Pick<DsseEnvelope, 'payload'>): Record<string, unknown> | undefined {
-  const bytes = typeof env.payload === 'string' ? fromBase64(env.payload) : undefined;
-  if (!bytes || nestsDeeperThan(bytes, PEEK_MAX_DEPTH)) return undefined;
-  return peekPayload(env);
+  const bytes = payloadBytes(env);
+  return bytes && !nestsDeeperThan(bytes, PEEK_MAX_DEPTH) ? peekPayloadBytes(bytes) : undefined;
 }

@@ -4,9 +4,10 @@
 // that per token. The window is 8 ms by default: at most ~125 frames a second, faster than a
 // screen shows them, and a model slower than that (most are, on most hardware) never waits on
 // it; with a 2 ms window the tiny model's relay ran at ~0.87–0.89 of the runtime's rate, with 8 ms
-// ~0.94–0.95, with 16 ms ~0.95–0.97 (session 26; docs/decisions.md). Tokens count as delivered only once their bytes were written. A runtime hands
-// over a token with the chunk that ends its text (adapters/runtime-adapter.ts); tokens pushed with
-// no bytes all the same wait for the next bytes.
+// ~0.94–0.95, with 16 ms ~0.95–0.97 (session 26; docs/decisions.md). Tokens count as delivered
+// only once their bytes were written. A runtime hands over a token with the chunk that ends its
+// text (adapters/runtime-adapter.ts); tokens pushed with no bytes (a stop sequence's, whose text
+// the answer leaves out) wait for the next bytes.
 import { concatBytes } from '../../attestation/bytes.ts';
 
 export class Coalescer {
@@ -18,7 +19,7 @@ export class Coalescer {
   private parts: Uint8Array[] = [];
   private size = 0;
   private tokens = 0;
-  /** Tokens pushed without bytes (their text held back): they join the next bytes pushed, not the batch before them. */
+  /** Tokens pushed without bytes: they join the next bytes pushed, not the batch before them. */
   private held = 0;
   private last = -Infinity;
   private timer: NodeJS.Timeout | undefined;
@@ -31,12 +32,12 @@ export class Coalescer {
     this.maxBytes = opts.maxBytes ?? 16_384;
   }
 
-  /** Queues bytes and the tokens they carry (no bytes: tokens whose text is held back, carried by the next bytes); writes when the window has passed. */
+  /** Queues bytes and the tokens they carry (no bytes: tokens carried by the next bytes); writes when the window has passed. */
   async push(bytes: Uint8Array, tokens: number): Promise<void> {
     if (this.failure !== undefined) throw this.failure;
     if (bytes.length === 0) {
-      // Its text is still held back: were it counted with the batch waiting for the window, that
-      // batch's write would bill it to a buyer who left before the bytes carrying it (s28 review).
+      // Were they counted with the batch waiting for the window, that batch's write would bill them
+      // to a buyer who left before the bytes that follow them (s28 review).
       this.held += tokens;
       return;
     }
@@ -53,7 +54,7 @@ export class Coalescer {
   flush(): Promise<void> {
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    if (this.parts.length === 0) return this.chain; // (nothing queued: tokens whose text is held wait in `held`)
+    if (this.parts.length === 0) return this.chain; // (nothing queued: tokens pushed without bytes wait in `held`)
     const parts = this.parts;
     const tokens = this.tokens;
     this.parts = [];
