@@ -123,6 +123,52 @@ describe('seller-node start', () => {
     await log.close();
   });
 
+  test('stop_grace_s bounds the drain: work still running when it ends is cancelled with a receipt, and the node exits 0', async () => {
+    // Eight long streams at once on eight slots take seconds on two cores (over 30 s on no machine
+    // here); with a 1 s grace the node must not wait for them. Without the setting reaching the
+    // node's stop (its default grace is 30 s) every one of them would complete.
+    const d3 = path.join(dir, 'grace');
+    expect((await runCli(['init', '--data', d3])).code).toBe(0);
+    writeTinyLlama(path.join(d3, 'tiny.gguf'));
+    fs.writeFileSync(path.join(d3, 'config.yaml'), tinyNodeConfigYaml({ publicKey: market.id, context: 2048, slots: 8, extra: 'stop_grace_s: 1' }));
+    const child = spawnNode(path.join(d3, 'config.yaml'));
+    const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+    const { addr, priceVersion } = await waitForStart(child);
+    const provider = loadKeyFile(path.join(d3, 'node.key')).providerId;
+    const buyer = await createHost({ seed: testKey().seed, listen: [] });
+    const ask = async () => {
+      const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 2000, seed: 2, stream: true }));
+      const payload = ticketPayload(provider, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' });
+      let trailer: Record<string, unknown> | undefined;
+      try {
+        const res = await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket: signTicket(market, payload) }, body);
+        expect((await res.head).status).toBe(200);
+        for await (const f of res.frames) if (f.kind === 'trailer') trailer = f.value;
+      } catch {
+        // the stream reset as the node stopped: its receipt is in the log
+      }
+      return { requestId: payload.request_id, trailer };
+    };
+    const runs = Array.from({ length: 8 }, ask);
+    await new Promise((r) => setTimeout(r, 300)); // all eight generating
+    child.kill('SIGTERM');
+    const outcomes = await Promise.all(runs);
+    expect(await exited).toBe(0);
+    await buyer.stop();
+    // Each has its one receipt in the log, and not all of them completed: the drain was cut short.
+    const log = ReceiptLog.open({ path: path.join(d3, 'data', 'receipts.db'), seed: loadKeyFile(path.join(d3, 'node.key')).seed, threads: 0, checkpointIntervalMs: 0 });
+    const statuses = outcomes.map((o) => {
+      const lines = log.byRequestId(o.requestId);
+      expect(lines.length).toBe(1);
+      const status = (JSON.parse(Buffer.from(JSON.parse(lines[0]!.line).payload, 'base64').toString()) as { status: string }).status;
+      if (o.trailer) expect(o.trailer.status).toBe(status);
+      return status;
+    });
+    expect(statuses).toContain('cancelled');
+    expect(statuses.filter((s) => s === 'completed').length).toBeLessThan(8);
+    await log.close();
+  });
+
   test('an invalid config is refused at start, naming the key', async () => {
     fs.writeFileSync(path.join(dir, 'bad.yaml'), config().replace('context: 512', 'context: lots'));
     const r = await runCli(['start', '--config', path.join(dir, 'bad.yaml')]);
