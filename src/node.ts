@@ -42,8 +42,8 @@ import { FALLBACK_CHECKPOINT_PAGES, WalCheckpointer } from './store/wal-checkpoi
 import { StoreHealth, StoreStopped } from './store/store-health.ts';
 import { stopStep } from './stop-step.ts';
 import { ratesToWire } from '../attestation/receipt.ts';
-import { signRequestContract } from '../attestation/request-contract.ts';
-import { TEXT_REQUEST_CONTRACT } from './serve/request-contract.ts';
+import { signTextRequestContracts } from './serve/request-contract.ts';
+import { endpointsServed, PAID_ENDPOINTS } from './serve/contract.ts';
 import { makeFolder } from './make-folder.ts';
 import { listenProblem, listenWhy } from './host-port.ts';
 import { NodeStartError, NodeStartStopped, unlessStopped } from './start-errors.ts';
@@ -493,7 +493,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       }
     };
     /** What each model is (registration), and with live figures (capacity, /status). */
-    const describe = (m: ServedModel) => ({ id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond });
+    // (`endpoints` only for a model sold for fewer than all: one without a chat template.)
+    const describe = (m: ServedModel) => {
+      const endpoints = endpointsServed(m.adapter.info);
+      return { id: m.id, quantization: m.quantization, context: m.adapter.info.contextLength, slots: m.admission.slots, tokens_per_second: m.tokensPerSecond, ...(endpoints.length < PAID_ENDPOINTS.length ? { endpoints } : {}) };
+    };
     /** What readiness and `accepting` are judged on (registration.ts). */
     // Free space below receipts.min_free_mb refuses all paid work; a model whose file was written
     // over in place refuses that model's (until a restart): the node goes on selling the others,
@@ -544,7 +548,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
         addresses: () => host.getMultiaddrs().map((a) => a.toString()),
         priceList: { envelope: prices.envelope, version: prices.payload.version },
         models: [...models.values()].map(describe),
-        requestContracts: [signRequestContract(identity.seed, identity.providerId, [...models.keys()], TEXT_REQUEST_CONTRACT).envelope],
+        requestContracts: signTextRequestContracts(identity.seed, identity.providerId, [...models.values()].map((m) => ({ id: m.id, endpoints: endpointsServed(m.adapter.info) }))),
         tier: 'T1',
         trustedKeys: config.marketplace.public_keys,
         capacity: (at) => signCapacity(identity, capacitySnapshot(), at),

@@ -94,7 +94,7 @@ describe('gateway candidates', () => {
     expect(refusal([a, b], controls({}, [c.provider]))).toEqual([503, 'no_provider']);
   });
 
-  test('where a hedge or a failover may go: live, accepting providers of the model whose listing fits, in the market\'s order, but for those tried', () => {
+  test('where a hedge or a failover may go: live, accepting providers of the model sold for the endpoint whose listing fits, in the market\'s order, but for those tried', () => {
     const list = [
       entry('a'),
       entry('b', {}, { context: 512 }),
@@ -103,9 +103,11 @@ describe('gateway candidates', () => {
       entry('e', { models: [{ id: 'other/model', quantization: 'Q4_K_M', context: 2048, slots: 1, tokens_per_second: 1000 }] }),
       entry('f', { rates: { [MODEL]: { input_per_mtok: '900000', output_per_mtok: '900000' } } }),
       entry('g'),
+      entry('h', {}, { endpoints: ['completions', 'embeddings'] }), // (no chat template)
     ];
-    const fit = (routing: RoutingControls['routing'], except: string[] = []) => fitProvidersOf(list, MODEL, routing, except).map((p) => p[0]);
+    const fit = (routing: RoutingControls['routing'], except: string[] = [], endpoint = 'chat/completions') => fitProvidersOf(list, MODEL, endpoint, routing, except).map((p) => p[0]);
     expect(fit({})).toEqual(['a', 'b', 'f', 'g']);
+    expect(fit({}, [], 'completions')).toEqual(['a', 'b', 'f', 'g', 'h']);
     expect(fit({ min_context: 1000 })).toEqual(['a', 'f', 'g']);
     expect(fit({ max_input_price_micro_usd_per_mtok: '500000' })).toEqual(['a', 'b', 'g']);
     expect(fit({ min_context: 1000 }, [list[0]!.provider])).toEqual(['f', 'g']);

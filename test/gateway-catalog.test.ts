@@ -162,6 +162,26 @@ describe('GET /v1/models query', () => {
     expect(ids({ tools: 'false', prompt_confidential: 'false' })).toEqual(['big/model', 'tiny/llama']);
   });
 
+  test('a route sold for some endpoints only (a model without a chat template): the entry lists the families and modalities its routes are sold for; endpoint_family and modality judged route by route', () => {
+    const C = 'cc'.repeat(32);
+    const rates = { 'base/model': { input_per_mtok: '1', output_per_mtok: '1' }, 'tiny/llama': { input_per_mtok: '1', output_per_mtok: '1' } };
+    const mixed = [
+      ...listing,
+      provider(C, {}, [{ id: 'base/model', context: 512, endpoints: ['completions', 'embeddings'] }, { id: 'tiny/llama', context: 4096, endpoints: ['embeddings'] }], rates),
+    ];
+    const q = (query: Record<string, unknown>) => catalogPage(mixed, parseCatalogQuery(query)).data;
+    expect(catalogEntry(mixed, 'base/model')).toMatchObject({ endpoint_families: ['COMPLETIONS', 'EMBEDDINGS'], modalities: ['text', 'embedding'] });
+    expect(q({ endpoint_family: 'CHAT' }).map((m) => m.id)).toEqual(['big/model', 'tiny/llama']);
+    expect(q({ endpoint_family: 'COMPLETIONS' }).map((m) => m.id)).toEqual(['base/model', 'big/model', 'tiny/llama']);
+    // tiny/llama's 4096 context is C's, sold for embeddings only: asked for chat, the entry is of the other routes.
+    expect(q({ endpoint_family: 'CHAT' }).find((m) => m.id === 'tiny/llama')).toMatchObject({ context_length: 2048, providers: 2, endpoint_families: ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS'] });
+    expect(q({ provider: C })).toMatchObject([
+      { id: 'base/model', endpoint_families: ['COMPLETIONS', 'EMBEDDINGS'], modalities: ['text', 'embedding'] },
+      { id: 'tiny/llama', context_length: 4096, endpoint_families: ['EMBEDDINGS'], modalities: ['embedding'] },
+    ]);
+    expect(q({ provider: C, modality: 'text' }).map((m) => m.id)).toEqual(['base/model']);
+  });
+
   test('a provider that said it is stopping (accepting: false) is listed but not a live route', () => {
     const stopping = [provider(A, { accepting: false }, [{ id: 'x/m', context: 512 }], {}), provider(B, {}, [{ id: 'x/m', context: 512 }], {})];
     expect(catalogEntry(stopping, 'x/m')).toMatchObject({ providers: 2, live_providers: 1 });

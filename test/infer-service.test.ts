@@ -13,6 +13,7 @@ import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
 import { InferService, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
+import { endpointsServed } from '../src/serve/contract.ts';
 import { startServing, TEST_RATES, type Serving } from './helpers/serving.ts';
 
 const market = testKey();
@@ -1001,29 +1002,54 @@ describe("the tokenizer's child process with as many long inputs waiting as it q
   });
 });
 
-describe('a model without a chat template', () => {
-  test('chat and count_tokens of messages answer 400 token_count_unsupported, never an estimate; prompts still work', async () => {
-    const tpl = (adapter as unknown as { template: unknown }).template;
-    (adapter as unknown as { template: unknown }).template = undefined;
-    const before = log.size;
-    try {
-      for (const [endpoint, body] of [
-        ['count_tokens', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }],
-        ['tokenize', { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }],
-        ['chat/completions', chatBody],
-      ] as const) {
+describe('a model without a chat template (a base model\'s GGUF)', () => {
+  let base: Serving;
+  beforeAll(async () => {
+    base = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id, chatTemplate: null });
+  });
+  afterAll(async () => {
+    await base?.close();
+  });
+
+  test('is sold for completions and embeddings only', () => {
+    expect(base.adapter.info.chatTemplate).toBeNull();
+    expect(endpointsServed(base.adapter.info)).toEqual(['completions', 'embeddings']);
+    expect(endpointsServed(adapter.info)).toEqual(['chat/completions', 'completions', 'responses', 'embeddings']);
+  });
+
+  test('chat and responses are 404 model_not_found before the ticket is used, nothing charged; counting messages is 400 token_count_unsupported, never an estimate; prompts and embeddings run', async () => {
+    const before = base.log.size;
+    for (const [endpoint, body] of [
+      ['chat/completions', chatBody],
+      ['chat/completions', { ...chatBody, stream: true }],
+      ['responses', { model: 'tiny/llama', input: 'hi', max_output_tokens: 4 }],
+    ] as const) {
+      const req = request(endpoint, body);
+      for (let i = 0; i < 2; i++) {
+        // Twice with the same ticket: refused for the model both times, never ticket_replayed (unused).
         const { res, out } = recorder();
-        await service.handle(request(endpoint, body), res);
-        expect([out.head?.status, out.trailer?.error?.code], endpoint).toEqual([400, 'token_count_unsupported']);
+        await base.service.handle(req, res);
+        expect([out.head?.status, out.trailer?.error?.code], endpoint).toEqual([404, 'model_not_found']);
+        expect(out.trailer?.error?.message).toBe(`model "tiny/llama" is not sold for ${endpoint} here: it has no chat template (it takes completions and embeddings)`);
         expect(out.data).toEqual([]);
       }
-      const { res, out } = recorder();
-      await service.handle(request('count_tokens', { model: 'tiny/llama', prompt: 'hi' }), res);
-      expect(out.head?.status).toBe(200);
-    } finally {
-      (adapter as unknown as { template: unknown }).template = tpl;
     }
-    expect(log.size).toBe(before);
+    for (const endpoint of ['count_tokens', 'tokenize'] as const) {
+      const { res, out } = recorder();
+      await base.service.handle(request(endpoint, { model: 'tiny/llama', messages: [{ role: 'user', content: 'hi' }] }), res);
+      expect([out.head?.status, out.trailer?.error?.code], endpoint).toEqual([400, 'token_count_unsupported']);
+    }
+    expect(base.log.size).toBe(before);
+    for (const [endpoint, body] of [
+      ['count_tokens', { model: 'tiny/llama', prompt: 'hi' }],
+      ['completions', { model: 'tiny/llama', prompt: 'hi', max_tokens: 4 }],
+      ['embeddings', { model: 'tiny/llama', input: 'hi' }],
+    ] as const) {
+      const { res, out } = recorder();
+      await base.service.handle(request(endpoint, body), res);
+      expect(out.head?.status, endpoint).toBe(200);
+    }
+    expect(base.log.size).toBe(before + 2);
   });
 });
 

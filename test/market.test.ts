@@ -12,7 +12,7 @@ import { verifyTicket } from '../attestation/ticket-verify.ts';
 import { verifyRequestContract } from '../attestation/request-contract.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { createMarket, type Market } from '../src/market/market.ts';
-import { REGISTRATION_PAYLOAD_TYPE } from '../src/market/registration-payload.ts';
+import { REGISTRATION_PAYLOAD_TYPE, type RegisteredModel } from '../src/market/registration-payload.ts';
 import { peerIdFromSeed } from '../src/p2p/peer-id.ts';
 import { signCapacity } from '../src/p2p/capacity-protocol.ts';
 import { InferService, type InferResponse } from '../src/serve/infer-service.ts';
@@ -122,6 +122,10 @@ describe('registration', () => {
     ['a quantization that is not a bucket', (p) => registration(p, { models: [{ ...TINY, quantization: 'Q4_K_M (imatrix)' }] }), /^registration models\[0\]\.quantization: does not match/],
     ['more slots than any runtime has (sums over providers must stay exact)', (p) => registration(p, { models: [{ ...TINY, slots: 2 ** 53 - 1 }] }), /^registration models\[0\]\.slots: expected 1 to 65535$/],
     ['a throughput past any hardware', (p) => registration(p, { models: [{ ...TINY, tokens_per_second: 1e308 }] }), /^registration models\[0\]\.tokens_per_second: expected a number from 0 to 1000000000$/],
+    ['an endpoint a node does not sell', (p) => registration(p, { models: [{ ...TINY, endpoints: ['completions', 'images'] }] }), /^registration models\[0\]\.endpoints: expected 1 to 4 of chat\/completions, completions, responses, embeddings, none twice$/],
+    ['an endpoint listed twice', (p) => registration(p, { models: [{ ...TINY, endpoints: ['completions', 'completions'] }] }), /^registration models\[0\]\.endpoints: expected 1 to 4 of/],
+    ['no endpoints', (p) => registration(p, { models: [{ ...TINY, endpoints: [] }] }), /^registration models\[0\]\.endpoints: expected 1 to 4 of/],
+    ['endpoints that are not a list', (p) => registration(p, { models: [{ ...TINY, endpoints: 'completions' }] }), /^registration models\[0\]\.endpoints: expected 1 to 4 of/],
     ['no addresses', (p) => registration(p, { addresses: [] }), /addresses: /],
     ['an unknown tier', (p) => registration(p, { attestation_tier: 'T9' }), /attestation_tier: /],
     ['an unknown field', (p) => registration(p, { extra: 1 } as never), /extra: unknown field/],
@@ -353,6 +357,23 @@ describe('tickets', () => {
     expect((await ask()).body.error.code).toBe('no_provider');
     expect((await call(base, 'POST', '/v1/providers/heartbeat', heartbeatOf(p, { accepting: true }))).status).toBe(200);
     expect((await ask()).status).toBe(200);
+  });
+
+  test('a model sold for some endpoints only (no chat template) is ticketed for those; another is 404 model_not_found saying what it is sold for', async () => {
+    const BASE = { ...TINY, id: 'base/model', endpoints: ['completions', 'embeddings'] as RegisteredModel['endpoints'] };
+    const b = provider({ models: [BASE], prices: [{ ...TINY_PRICE, model: 'base/model' }] });
+    expect((await call(base, 'POST', '/v1/providers/register', registration(b))).status).toBe(200);
+    const listed = ((await call(base, 'GET', '/v1/providers')).body as { provider: string; models: unknown[] }[]).find((x) => x.provider === b.key.id);
+    expect(listed?.models).toEqual([BASE]);
+    for (const endpoint of ['chat/completions', 'responses']) {
+      expect(await ask({ endpoint, model: 'base/model' })).toMatchObject({ status: 404, body: { error: { code: 'model_not_found', message: `no registered provider serves ${endpoint} for model "base/model" (it is sold for completions, embeddings only)` } } });
+    }
+    for (const endpoint of ['completions', 'embeddings']) {
+      const r = await ask({ endpoint, model: 'base/model' });
+      expect([r.status, r.body.provider], endpoint).toEqual([200, b.key.id]);
+    }
+    // A model without `endpoints` is sold for every one.
+    expect((await ask({ endpoint: 'responses' })).status).toBe(200);
   });
 
   test('a bad request is 400 invalid_request naming the field', async () => {

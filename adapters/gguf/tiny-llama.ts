@@ -33,8 +33,8 @@ export interface TinyLlamaOptions {
   readonly seed?: number;
   /** `llama.context_length` (training context). Default 2048. */
   readonly contextLength?: number;
-  /** `tokenizer.chat_template`. Default: ChatML (TINY_LLAMA_CHAT_TEMPLATE). */
-  readonly chatTemplate?: string;
+  /** `tokenizer.chat_template`. Default: ChatML (TINY_LLAMA_CHAT_TEMPLATE); null: none (a base model's file). */
+  readonly chatTemplate?: string | null;
   /** Changes the model before it is written (tests: a file with one flaw). */
   readonly edit?: (model: { metadata: GgufKv[]; tensors: GgufF32Tensor[]; alignment: number }) => void;
 }
@@ -251,7 +251,7 @@ export function buildTinyLlama(opts: TinyLlamaOptions = {}): Uint8Array {
     kv('tokenizer.ggml.add_bos_token', bool(true)),
     kv('tokenizer.ggml.add_eos_token', bool(false)),
     kv('tokenizer.ggml.add_space_prefix', bool(true)),
-    kv('tokenizer.chat_template', str(opts.chatTemplate ?? TINY_LLAMA_CHAT_TEMPLATE)),
+    ...(opts.chatTemplate === null ? [] : [kv('tokenizer.chat_template', str(opts.chatTemplate ?? TINY_LLAMA_CHAT_TEMPLATE))]),
   ];
 
   const model = { metadata, tensors, alignment: 32 };

@@ -6,6 +6,7 @@ import type { Rates } from '../../attestation/money.ts';
 import { ATTESTATION_TIERS, ratesFromWire } from '../../attestation/receipt.ts';
 import type { TicketRouting } from '../../attestation/ticket.ts';
 import { checkOffer, NOT_ACCEPTING, quantizationBucket, type Refusal } from '../dispatch/routing.ts';
+import { modelServes } from '../market/registration-payload.ts';
 import { GatewayError } from './errors.ts';
 import { acceptsModel, type ProviderEntry, type ProviderModel } from './market-client.ts';
 import type { RoutingControls } from './routing-headers.ts';
@@ -70,13 +71,13 @@ export function candidates(providers: ProviderEntry[], model: string, controls: 
 }
 
 /**
- * Live providers of a model that take requests and whose listed offer meets the routing controls,
- * in the market's order, but for `except`: where a hedge's second half or a failover may go. (A
+ * Live providers of a model that sell it for `endpoint`, take requests and whose listed offer meets
+ * the routing controls, in the market's order, but for `except`: where a hedge's second half or a failover may go. (A
  * provider the listing already rules out would only be refused by the marketplace, and a hedge
  * planned on it would take a half-cap ticket for nothing.)
  */
-export function fitProvidersOf(listing: readonly ProviderEntry[], model: string, routing: TicketRouting, except: readonly string[]): string[] {
+export function fitProvidersOf(listing: readonly ProviderEntry[], model: string, endpoint: string, routing: TicketRouting, except: readonly string[]): string[] {
   return judged(listing, model, routing)
-    .filter((c) => !c.why && !except.includes(c.provider.provider))
+    .filter((c) => !c.why && modelServes(c.model, endpoint) && !except.includes(c.provider.provider))
     .map((c) => c.provider.provider);
 }

@@ -13,9 +13,10 @@ import { quantizationBucket, representativePrice } from '../dispatch/routing.ts'
 import { invalid } from './errors.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import { verifyRequestContract, type ContractEndpoint, type RequestContractPayload } from '../../attestation/request-contract.ts';
+import { modelServes } from '../market/registration-payload.ts';
 import { acceptsModel, type ModelCapacity, type ProviderEntry } from './market-client.ts';
 
-/** What every model sold through these nodes serves: the text endpoints (embedded llama.cpp). */
+/** The endpoint families of the models sold through these nodes: the text endpoints (embedded llama.cpp); a model without a chat template is sold for completions and embeddings only. */
 const ENDPOINT_FAMILIES = ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS'] as const;
 const ALL_FAMILIES = ['CHAT', 'COMPLETIONS', 'RESPONSES', 'EMBEDDINGS', 'DECISIONS', 'IMAGES', 'VIDEOS', 'AUDIO_SPEECH', 'AUDIO_TRANSCRIPTIONS', 'AUDIO_GENERATIONS', 'MUSIC', 'WORKFLOWS'];
 const MODALITIES = ['text', 'embedding'] as const;
@@ -39,6 +40,8 @@ interface Route {
   capacity: ModelCapacity | undefined;
   /** The provider's signed request contract covering the model, verified. */
   contract: { envelope: DsseEnvelope; payload: RequestContractPayload } | undefined;
+  /** The endpoint families the route is sold for (all four but when its registration names fewer). */
+  families: readonly (typeof ENDPOINT_FAMILIES)[number][];
 }
 
 /** The catalog's endpoint families, by the contract's endpoint names. */
@@ -139,6 +142,7 @@ function models(listing: readonly ProviderEntry[]): Model[] {
         tokensPerSecond: m.tokens_per_second,
         capacity: p.capacity?.get(m.id),
         contract: contracts.find((c) => c.payload.models.includes(m.id)),
+        families: (Object.entries(FAMILY_OF) as [ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]][]).flatMap(([e, family]) => (modelServes(m, e) ? [family] : [])),
       };
       const e = byId.get(m.id) ?? { id: m.id, routes: [] };
       e.routes.push(route);
@@ -175,14 +179,14 @@ const REQUIRED_FIELDS: Record<ContractEndpoint, readonly string[]> = { 'chat/com
 /**
  * The optional fields that change the answer, by endpoint family: the endpoint's optional common
  * fields (max_tokens, stream, …) and the attributes its signed contract marks "applied". A family
- * is listed only when every route has a verified contract for it, and then with what all of them
- * take, so any route a request is sent to takes them.
+ * is listed only when every route sold for it has a verified contract for it, and then with what
+ * all of them take, so any route a request is sent to takes them.
  */
 function supportedParameters(routes: readonly Route[]): Record<string, string[]> {
   const out: Record<string, string[]> = {};
-  for (const [endpoint, family] of Object.entries(FAMILY_OF) as [ContractEndpoint, string][]) {
+  for (const [endpoint, family] of Object.entries(FAMILY_OF) as [ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]][]) {
     let shared: Set<string> | undefined;
-    for (const r of routes) {
+    for (const r of routes.filter((x) => x.families.includes(family))) {
       const e = r.contract?.payload.endpoints[endpoint];
       if (!e) {
         shared = undefined;
@@ -217,8 +221,8 @@ function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Re
     providers,
     live_providers: new Set(routes.filter((r) => r.live).map((r) => r.provider)).size,
     attestation_tiers: tiers,
-    endpoint_families: [...ENDPOINT_FAMILIES],
-    modalities: [...MODALITIES],
+    endpoint_families: ENDPOINT_FAMILIES.filter((f) => routes.some((r) => r.families.includes(f))),
+    modalities: MODALITIES.filter((x) => routes.some((r) => modalityOf(r).includes(x))),
     tools: false,
     structured_output: false,
     prompt_confidential: false,
@@ -244,13 +248,18 @@ function routeFits(r: Route, q: CatalogQuery): boolean {
   if (q.minContext !== undefined && r.context < q.minContext) return false;
   if (q.quantization !== undefined && r.quantization !== q.quantization) return false;
   if (q.provider !== undefined && r.provider !== q.provider) return false;
+  if (q.endpointFamily !== undefined && !(r.families as readonly string[]).includes(q.endpointFamily)) return false;
+  if (q.modality !== undefined && !(modalityOf(r) as readonly string[]).includes(q.modality)) return false;
   return true;
+}
+
+/** What a route produces: text (chat, completions, responses), embeddings, or both. */
+function modalityOf(r: Route): (typeof MODALITIES)[number][] {
+  return [...(r.families.some((f) => f !== 'EMBEDDINGS') ? (['text'] as const) : []), ...(r.families.includes('EMBEDDINGS') ? (['embedding'] as const) : [])];
 }
 
 /** Whether the model's own features meet the model-level filters. */
 function modelFits(q: CatalogQuery): boolean {
-  if (q.endpointFamily !== undefined && !(ENDPOINT_FAMILIES as readonly string[]).includes(q.endpointFamily)) return false;
-  if (q.modality !== undefined && !(MODALITIES as readonly string[]).includes(q.modality)) return false;
   if (q.tools === true || q.structuredOutput === true || q.promptConfidential === true) return false;
   return true;
 }

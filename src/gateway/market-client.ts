@@ -20,6 +20,8 @@ export interface ProviderModel {
   context?: number;
   slots?: number;
   tokens_per_second?: number;
+  /** The paid endpoints it is sold for; absent: all of them (modelServes). */
+  endpoints?: string[];
 }
 
 export interface ProviderEntry {
@@ -136,6 +138,7 @@ function readProvider(v: unknown): ProviderEntry | undefined {
       ...(typeof m.context === 'number' ? { context: m.context } : {}),
       ...(typeof m.slots === 'number' ? { slots: m.slots } : {}),
       ...(typeof m.tokens_per_second === 'number' ? { tokens_per_second: m.tokens_per_second } : {}),
+      ...(Array.isArray(m.endpoints) ? { endpoints: m.endpoints.filter((e): e is string => typeof e === 'string') } : {}),
     });
   }
   const capacity = readCapacity(v.capacity);

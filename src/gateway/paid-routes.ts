@@ -229,7 +229,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       const n = tried.length; // failovers so far
       let routed = controls;
       if (n > 0) {
-        const fit = fitProvidersOf(await ask.providers(), model, controls.routing, tried);
+        const fit = fitProvidersOf(await ask.providers(), model, endpoint, controls.routing, tried);
         // X-Service-Prefer-Providers keeps its order; a provider whose context is known too small is skipped.
         const rest = controls.preferredProviders
           ? controls.preferredProviders.filter((id) => !tried.includes(id) && (controls.routing.min_context === undefined || fit.includes(id)))
@@ -281,7 +281,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     // the whole cap; if half the cap cannot pay for an attempt, it runs once too (see paid()).
     // A retry going back to the provider that answered it is answered from its record: nothing to race.
     const retry = ticketing.isRetry(endpoint, idem);
-    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? fitProvidersOf(await ask.providers(), model, controls.routing, tried) : [];
+    const live = controls.routing.hedge === true && endpoint !== 'embeddings' && !retry ? fitProvidersOf(await ask.providers(), model, endpoint, controls.routing, tried) : [];
     const hedge = live.length >= 2;
     const cap = controls.routing.max_cost_micro_usd;
     const halved = hedge && cap !== undefined;

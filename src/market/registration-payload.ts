@@ -8,6 +8,7 @@ import { canonicalize } from '../../attestation/canonical-json.ts';
 import { checkEnvelopeShape, signEnvelope, type DsseEnvelope } from '../../attestation/dsse.ts';
 import * as f from '../../attestation/fields.ts';
 import { ATTESTATION_TIERS, type AttestationTier } from '../../attestation/receipt.ts';
+import { PAID_ENDPOINTS, type PaidEndpoint } from '../serve/contract.ts';
 
 export const REGISTRATION_PAYLOAD_TYPE = 'application/vnd.service.registration.v1+json';
 
@@ -18,6 +19,13 @@ export interface RegisteredModel {
   context: number;
   slots: number;
   tokens_per_second: number;
+  /** The paid endpoints the model is sold for; absent: all of them (modelServes). */
+  endpoints?: PaidEndpoint[];
+}
+
+/** Whether a registered model is sold for an endpoint (one without `endpoints` is sold for every one). */
+export function modelServes(m: { readonly endpoints?: readonly string[] }, endpoint: string): boolean {
+  return m.endpoints === undefined || m.endpoints.includes(endpoint);
 }
 
 export interface RegistrationPayload {
@@ -81,7 +89,7 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
   p.models.forEach((m, i) => {
     const where = `models[${i}]`;
     const o = f.object(m, where);
-    f.keys(o, where, MODEL_FIELDS);
+    f.keys(o, where, MODEL_FIELDS, ['endpoints']);
     const id = f.string(o.id, `${where}.id`, MODEL_ID_MAX, MODEL_ID_RE);
     if (seen.has(id)) throw new f.FieldError(`${where}.id`, `"${id}" is listed twice`);
     seen.add(id);
@@ -92,6 +100,11 @@ export function validateRegistrationPayload(value: unknown): RegistrationPayload
     if (slots < 1 || slots > MAX_SLOTS) throw new f.FieldError(`${where}.slots`, `expected 1 to ${MAX_SLOTS}`);
     const tps = o.tokens_per_second;
     if (typeof tps !== 'number' || !Number.isFinite(tps) || tps < 0 || tps > MAX_TOKENS_PER_SECOND) throw new f.FieldError(`${where}.tokens_per_second`, `expected a number from 0 to ${MAX_TOKENS_PER_SECOND}`);
+    if (o.endpoints !== undefined) {
+      const e = o.endpoints;
+      const ok = Array.isArray(e) && e.length >= 1 && e.every((x, j) => (PAID_ENDPOINTS as readonly unknown[]).includes(x) && e.indexOf(x) === j);
+      if (!ok) throw new f.FieldError(`${where}.endpoints`, `expected 1 to ${PAID_ENDPOINTS.length} of ${PAID_ENDPOINTS.join(', ')}, none twice`);
+    }
   });
   if (p.request_contracts !== undefined) {
     if (!Array.isArray(p.request_contracts)) throw new f.FieldError('request_contracts', 'expected a list of signed request contract envelopes');

@@ -10,7 +10,7 @@ import { checkOffer, contextWorstCase, MODEL_NOT_ACCEPTING, NOT_ACCEPTING, quant
 import { PAID_ENDPOINTS } from '../serve/contract.ts';
 import { MarketError } from './errors.ts';
 import { isLive } from './providers.ts';
-import type { RegisteredModel } from './registration-payload.ts';
+import { modelServes, type RegisteredModel } from './registration-payload.ts';
 import type { MarketStore, ProviderRecord } from './store.ts';
 
 export const TICKET_TTL_MS = 60_000;
@@ -108,10 +108,15 @@ export function issueTicket(ctx: TicketContext, req: TicketRequest): IssuedTicke
   }
 
   const allowed = req.providers;
-  const all = [...store.providers.values()].flatMap((p) => {
+  const listing = [...store.providers.values()].flatMap((p) => {
     const m = p.models.find((x) => x.id === req.model);
     return m ? [{ p, m, rates: p.rates.get(m.id)! }] : [];
   });
+  // A model is sold for the endpoints its registration names (one without a chat template: not chat's).
+  const all = listing.filter((c) => modelServes(c.m, req.endpoint));
+  if (listing.length > 0 && all.length === 0) {
+    throw new MarketError(404, 'model_not_found', `no registered provider serves ${req.endpoint} for model "${req.model.slice(0, 200)}" (it is sold for ${[...new Set(listing.flatMap((c) => c.m.endpoints ?? []))].join(', ')} only)`);
+  }
   if (all.length > 0 && allowed && !all.some((c) => allowed.includes(c.p.provider))) {
     throw new MarketError(503, 'no_provider', `none of the preferred providers serves "${req.model.slice(0, 200)}"`);
   }

@@ -16,6 +16,12 @@ export class ContractError extends Error {
 /** The endpoints a node bills: each needs a ticket and ends in a receipt. */
 export const PAID_ENDPOINTS = ['chat/completions', 'completions', 'responses', 'embeddings'] as const;
 export type PaidEndpoint = (typeof PAID_ENDPOINTS)[number];
+/** The paid endpoints that take chat messages: a model without a chat template cannot serve them. */
+export const CHAT_ENDPOINTS: readonly PaidEndpoint[] = ['chat/completions', 'responses'];
+/** The paid endpoints a model serves: every one, but chat's when it has no chat template (a base or embedding model). */
+export function endpointsServed(info: { readonly chatTemplate: string | null }): PaidEndpoint[] {
+  return PAID_ENDPOINTS.filter((e) => info.chatTemplate !== null || !CHAT_ENDPOINTS.includes(e));
+}
 /** The endpoints a node answers free, without a ticket (counting tokens). */
 export const FREE_ENDPOINTS = ['tokenize', 'count_tokens'] as const;
 export type FreeEndpoint = (typeof FREE_ENDPOINTS)[number];

@@ -19,7 +19,7 @@ import { checkRouting, textNeed, type Offer } from '../dispatch/routing.ts';
 import type { TicketGate, TicketRefusal } from '../dispatch/ticket-gate.ts';
 import type { IdempotencyStore, Lookup, RecordedResponse } from '../dispatch/idempotency.ts';
 import type { ReceiptLog } from '../store/receipt-log.ts';
-import { ContractError, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type GenerationParams, type ParsedRequest, type TextEndpoint } from './contract.ts';
+import { ContractError, endpointsServed, FREE_ENDPOINTS, parseRequest, TEXT_ENDPOINTS, type GenerationParams, type ParsedRequest, type TextEndpoint } from './contract.ts';
 import { Coalescer } from './coalescer.ts';
 import { readAhead } from './read-ahead.ts';
 import { isStoreError, type StoreHealth } from '../store/store-health.ts';
@@ -384,6 +384,7 @@ export class InferService {
     let ticket: TicketPayload;
     try {
       // (before the ticket is used: another provider can take the request)
+      if (!endpointsServed(model.adapter.info).includes(p.endpoint)) throw new Refusal(404, 'model_not_found', `model "${model.id}" is not sold for ${p.endpoint} here: it has no chat template (it takes ${endpointsServed(model.adapter.info).join(' and ')})`);
       if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
       const busy = this.o.paidWorkRefused?.();
       if (busy) throw new Refusal(503, 'no_capacity', `${busy}; another provider can take it`);

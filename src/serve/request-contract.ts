@@ -2,8 +2,9 @@
 // src/serve/contract.ts takes, written down for buyers. test/request-contract.test.ts holds the two
 // together: every field named here is one contract.ts knows, every field it knows is named here,
 // and each bound, value list and type below is the one parseRequest applies.
-import type { AttributeSpec, ContractEndpoint, EndpointContract } from '../../attestation/request-contract.ts';
-import { MAX_SEED } from './contract.ts';
+import type { DsseEnvelope } from '../../attestation/dsse.ts';
+import { signRequestContract, type AttributeSpec, type ContractEndpoint, type EndpointContract } from '../../attestation/request-contract.ts';
+import { MAX_SEED, type PaidEndpoint } from './contract.ts';
 
 const MAX_TOKENS = 1 << 24;
 
@@ -133,3 +134,18 @@ export const TEXT_REQUEST_CONTRACT: Record<ContractEndpoint, EndpointContract> =
   responses: RESPONSES,
   embeddings: EMBEDDINGS,
 };
+
+/**
+ * The node's signed request contracts: one for each set of its models sold for the same endpoints
+ * (a model without a chat template is not sold for chat's), naming only those endpoints.
+ */
+export function signTextRequestContracts(seed: Uint8Array, provider: string, models: readonly { id: string; endpoints: readonly PaidEndpoint[] }[]): DsseEnvelope[] {
+  const groups = new Map<string, { endpoints: readonly PaidEndpoint[]; ids: string[] }>();
+  for (const m of models) {
+    const key = m.endpoints.join(' ');
+    const g = groups.get(key) ?? { endpoints: m.endpoints, ids: [] };
+    g.ids.push(m.id);
+    groups.set(key, g);
+  }
+  return [...groups.values()].map((g) => signRequestContract(seed, provider, g.ids, Object.fromEntries(g.endpoints.map((e) => [e, TEXT_REQUEST_CONTRACT[e]]))).envelope);
+}

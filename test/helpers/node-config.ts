@@ -20,7 +20,7 @@ export interface TinyNodeConfig {
   /** More YAML lines at the end. */
   extra?: string;
   /** More models beside tiny/llama, each the tiny model (weights of `seed`) in its own file; startTinyNode writes them. */
-  moreModels?: readonly { id: string; file: string; seed: number; mmap?: boolean }[];
+  moreModels?: readonly { id: string; file: string; seed: number; mmap?: boolean; chatTemplate?: null }[];
 }
 
 export function tinyNodeConfigYaml(c: TinyNodeConfig): string {
@@ -58,6 +58,6 @@ export async function startTinyNode(home: string, c: TinyNodeConfig, opts: { log
   fs.mkdirSync(home, { recursive: true });
   createKeyFile(path.join(home, 'node.key'));
   writeTinyLlama(path.join(home, 'tiny.gguf'));
-  for (const m of c.moreModels ?? []) writeTinyLlama(path.join(home, m.file), { seed: m.seed });
+  for (const m of c.moreModels ?? []) writeTinyLlama(path.join(home, m.file), { seed: m.seed, ...(m.chatTemplate === null ? { chatTemplate: null } : {}) });
   return startNode(parseConfig(tinyNodeConfigYaml(c), home), opts);
 }

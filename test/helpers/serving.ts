@@ -27,7 +27,7 @@ export interface Serving {
   close(): Promise<void>;
 }
 
-export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string; marketId: string; slots?: number; contextLength?: number; logThreads?: number; chatTemplate?: string; priceVersion?: string }): Promise<Serving> {
+export async function startServing(opts: { nodeSeed: Uint8Array; nodeId: string; marketId: string; slots?: number; contextLength?: number; logThreads?: number; chatTemplate?: string | null; priceVersion?: string }): Promise<Serving> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'serving-'));
   const modelPath = path.join(dir, 'tiny.gguf');
   writeTinyLlama(modelPath, opts.chatTemplate === undefined ? {} : { chatTemplate: opts.chatTemplate });
