@@ -43,6 +43,8 @@ describe('request contracts', () => {
     ['chat/completions', { model: 'm', messages: [{ role: 'user', content: 'x' }], stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'],
     ['completions', { model: 'm' }, 'prompt'],
     ['embeddings', { model: 'm', input: [1] }, 'input'],
+    ['embeddings', { model: 'm', input: '' }, 'input'],
+    ['embeddings', { model: 'm', input: ['hi', ''] }, 'input[1]'],
     ['tokenize', { model: 'm' }, 'messages'],
     ['tokenize', { model: 'm', prompt: 'a', messages: [] }, 'prompt'],
     ['nope', { model: 'm' }, ''],

@@ -163,8 +163,8 @@ const NARROWED: Record<ContractEndpoint, Record<string, { refused: Record<string
   },
   embeddings: {
     input: {
-      refused: [{ input: Array.from({ length: 2049 }, () => 'a') }, { input: [1, 2, 3] }, { input: [[1, 2]] }, { input: [] }],
-      taken: [{ input: Array.from({ length: 2048 }, () => 'a') }, { input: '' }],
+      refused: [{ input: Array.from({ length: 2049 }, () => 'a') }, { input: [1, 2, 3] }, { input: [[1, 2]] }, { input: [] }, { input: '' }, { input: ['a', ''] }],
+      taken: [{ input: Array.from({ length: 2048 }, () => 'a') }, { input: 'a' }],
     },
   },
 };

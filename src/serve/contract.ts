@@ -388,6 +388,9 @@ export function parseRequestValue(endpoint: string, value: unknown): ParsedReque
       if (!Array.isArray(input) || input.length === 0 || input.length > 2048 || !input.every((s) => typeof s === 'string')) {
         throw new ContractError('input', 'expected a string or a non-empty array of strings');
       }
+      // (as OpenAI's API: an empty text has no meaning to embed; llama.cpp would embed its BOS alone, billed)
+      const empty = (input as string[]).findIndex((s) => s.length === 0);
+      if (empty >= 0) throw new ContractError(typeof o.input === 'string' ? 'input' : `input[${empty}]`, 'expected a non-empty string');
       const encoding = o.encoding_format ?? 'float';
       if (encoding !== 'float' && encoding !== 'base64') throw new ContractError('encoding_format', 'expected "float" or "base64"');
       if (o.dimensions !== undefined && o.dimensions !== null) throw new ContractError('dimensions', "reducing the dimensions is not supported: embeddings have the model's own");

@@ -119,7 +119,7 @@ const RESPONSES: EndpointContract = {
 
 const EMBEDDINGS: EndpointContract = {
   common: ['model', 'input'],
-  common_notes: { input: 'a string, or 1 to 2048 strings (no token ids)' },
+  common_notes: { input: 'a non-empty string, or 1 to 2048 of them (no token ids)' },
   attributes: {
     encoding_format: { type: 'string', use: 'applied', enum: ['float', 'base64'], default: 'float' },
     dimensions: absent('integer'),
