@@ -51,6 +51,8 @@ import { NodeStartError, NodeStartStopped, unlessStopped } from './start-errors.
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
 /** At stop, how long the protocols must have been idle before the connections close (untilQuiet), and the most it waits for that. */
+/** How long requests a stop cancelled have to write their last frames and receipts (their trailers) before their streams are reset. */
+const STOP_CANCEL_MS = 3000;
 const STOP_QUIET_MS = 200;
 const STOP_QUIET_MAX_MS = 2000;
 
@@ -575,7 +577,14 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
           // The market hears at once that this node takes no more work (accepting: false), not
           // at the next heartbeat: buyers sent here meanwhile would find it gone.
           const announced = registration?.announce(Math.min(2000, graceMs)) ?? Promise.resolve();
-          if (!(await infer.drain(graceMs))) logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
+          if (!(await infer.drain(graceMs))) {
+            logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
+            // Their runtimes stop; each still ends with its `cancelled` receipt in its trailer, for
+            // what was sent (s30 review: the streams were reset first, and the buyers got no
+            // receipt, a broken stream instead). A buyer that does not read is cut off after a while.
+            infer.cancel(new Error('the node is stopping: its grace period for running requests ran out'));
+            if (!(await infer.idle(STOP_CANCEL_MS))) logger.warn({ in_flight: infer.inFlight }, `requests cancelled by the stop still writing their answers after ${STOP_CANCEL_MS / 1000} s are cut off`);
+          }
           await announced;
           // The last answers are given time to be read before the connections close: a buyer that
           // opens a stream as the host stops has its connection reset, and a trailer it had received

@@ -205,6 +205,12 @@ export interface RequestServer {
    * request whose handler runs; one still being received after DRAIN_READ_GRACE_MS is reset.
    */
   drain(timeoutMs: number): Promise<boolean>;
+  /**
+   * Cancels every request whose handler runs (its signal aborts with `reason`) without closing its
+   * stream: the handler still writes what it ends with (a `cancelled` receipt in its trailer), as
+   * when a stop's grace runs out. Requests still being received are reset.
+   */
+  cancel(reason: Error): void;
   /** Unregisters the protocol, cancels running requests, waits (bounded) for their handlers. */
   stop(): Promise<void>;
   /**
@@ -310,6 +316,8 @@ interface Exchange {
   done: Promise<void>;
   /** The request has arrived whole and its handler runs (until then it is being received). */
   handling: boolean;
+  /** Aborts the handler's signal, the stream left open (RequestServer.cancel). */
+  cancel(reason: Error): void;
 }
 
 /**
@@ -353,6 +361,11 @@ export async function handleRequests(
     const remotePeer = connection.remotePeer.toString();
     const ac = new AbortController();
     const res = new StreamResponseWriter(stream, ac.signal, limits, opts.dataFrameBytes, writeStallMs);
+    // The handler's signal: the client's cancel (ac, which also ends the writer), or the server's
+    // own (cancel(): the work stops, the response can still be finished).
+    const work = new AbortController();
+    ac.signal.addEventListener('abort', () => work.abort(ac.signal.reason), { once: true });
+    exchange.cancel = (reason) => work.abort(reason);
     // The client's cancel: any close of the stream before the response is complete.
     const onClose = (evt: Event & { error?: Error }): void => {
       if (!res.complete) ac.abort(new StreamError(evt.error ? 'stream_reset' : 'stream_closed', 'the client closed the stream', { cause: evt.error }));
@@ -425,13 +438,13 @@ export async function handleRequests(
       reader.discard({ maxBytes: AFTER_BODY_BYTES, onOver: () => stream.abort(new StreamError('aborted', 'the client kept sending past its body')) });
       if (ac.signal.aborted) return;
       exchange.handling = true;
-      const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: ac.signal };
+      const req: IncomingRequest = { head: read.head, body: read.body, remotePeer, remoteProviderId: providerIdOf(connection), signal: work.signal };
       if (screened?.note !== undefined) req.screened = screened.note;
       res.keepAlive(opts.keepAliveMs);
       try {
         await handler(req, res);
       } catch (e) {
-        if (!ac.signal.aborted) report(e, remotePeer);
+        if (!work.signal.aborted) report(e, remotePeer);
       } finally {
         res.stopKeepAlive();
       }
@@ -458,7 +471,7 @@ export async function handleRequests(
       stream.abort(new StreamError('aborted', 'the server is stopping'));
       return;
     }
-    const exchange: Exchange = { stream, done: Promise.resolve(), handling: false };
+    const exchange: Exchange = { stream, done: Promise.resolve(), handling: false, cancel: () => undefined };
     exchanges.add(exchange);
     exchange.done = serve(stream, connection, exchange)
       .catch((e: unknown) => report(e, connection.remotePeer.toString()))
@@ -494,6 +507,12 @@ export async function handleRequests(
         await settledWithin(Promise.allSettled([...exchanges].map((x) => x.done)), wait);
       }
       return true;
+    },
+    cancel(reason: Error) {
+      for (const x of exchanges) {
+        if (x.handling) x.cancel(reason);
+        else x.stream.abort(new StreamError('aborted', 'the server is stopping and the request had not arrived whole'));
+      }
     },
     async stop() {
       if (stopping) return;
