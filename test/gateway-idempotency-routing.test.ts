@@ -9,7 +9,7 @@ import type { RequestRecord } from '../src/gateway/records.ts';
 import type { RunningNode } from '../src/node.ts';
 import { startMarketFixture, type MarketFixture } from './helpers/market-fixture.ts';
 import { errorOf, marketTotals } from './helpers/gateway-reads.ts';
-import { waitForListed } from './helpers/wait.ts';
+import { waitFor, waitForListed } from './helpers/wait.ts';
 
 const MODEL = 'tiny/llama';
 let fx: MarketFixture;
@@ -80,8 +80,25 @@ describe('retries under an Idempotency-Key with two providers', () => {
     const first = await post('chat/completions', body, { 'idempotency-key': key, 'x-service-prefer-providers': `${a.providerId},${b.providerId}` });
     expect(first.status).toBe(200);
     expect(await providerOf(first)).toBe(a.providerId);
+    // Another key whose stream at `a` the buyer left: its receipt is `cancelled`, and `a` recorded
+    // no answer for it (a node records completed answers only).
+    const left = `left-${crypto.randomUUID()}`;
+    const long = { messages: [{ role: 'user', content: 'tell me a story' }], max_tokens: 400, stream: true };
+    const leaving = new AbortController();
+    const started = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': left, 'x-service-prefer-providers': a.providerId }, body: JSON.stringify({ model: MODEL, seed: 1, ...long }), signal: leaving.signal });
+    const leftId = started.headers.get('x-request-id')!;
+    await started.body!.getReader().read(); // the first events, then the buyer goes
+    leaving.abort();
+    await waitFor('the cancelled receipt', async () => {
+      const r = (await (await fetch(`${gw.url}/requests/${leftId}`)).json()) as RequestRecord;
+      return r.status === 'cancelled' && r.settled ? r : undefined;
+    });
     await gw.idle();
     await a.crash();
+    // Its retry is no longer `a`'s alone: it runs (and is billed) on the provider that is there
+    // (s30 review: it was 503 idempotency_provider_unavailable for as long as the key was kept).
+    const again = await post('chat/completions', { ...long, stream: false }, { 'idempotency-key': left });
+    expect([again.status, await providerOf(again)]).toEqual([200, b.providerId]);
     const before = await marketTotals(fx.url);
     const [status, e] = await errorOf(await post('chat/completions', body, { 'idempotency-key': key }));
     expect(status).toBe(503);

@@ -72,6 +72,12 @@ describe('RequestRecords', () => {
       expect(b.idempotentProvider('chat/completions\nk')).toBe('cc'.repeat(32));
       expect(b.idempotentProvider('completions\nk')).toBeUndefined();
       expect(b.idempotentProvider('chat/completions\nstale')).toBeUndefined(); // older than a node keeps its record
+      // An attempt that did not complete is forgotten, only while it is still the one kept.
+      b.rememberIdempotent('completions\nleft', 'dd'.repeat(32));
+      b.forgetIdempotent('completions\nleft', 'ee'.repeat(32));
+      expect(b.idempotentProvider('completions\nleft')).toBe('dd'.repeat(32));
+      b.forgetIdempotent('completions\nleft', 'dd'.repeat(32));
+      expect(b.idempotentProvider('completions\nleft')).toBeUndefined();
       clock.mockReturnValue(now + day + 1000);
       expect(b.idempotentProvider('chat/completions\nk')).toBeUndefined();
       b.close();
@@ -311,7 +317,7 @@ describe('Ticketing and the records file', () => {
     const { Ticketing } = await import('../src/gateway/tickets.ts');
     const reads: string[] = [];
     const file = new Map([['chat/completions\nold', 'aa'.repeat(32)]]);
-    const store = { idempotentProvider: (k: string) => (reads.push(k), file.get(k)), rememberIdempotent: (k: string, p: string) => void file.set(k, p) };
+    const store = { idempotentProvider: (k: string) => (reads.push(k), file.get(k)), rememberIdempotent: (k: string, p: string) => void file.set(k, p), forgetIdempotent: (k: string, p: string) => void (file.get(k) === p && file.delete(k)) };
     const t = new Ticketing({} as never, store);
     expect([t.isRetry('chat/completions', 'new'), t.isRetry('chat/completions', 'new')]).toEqual([false, false]);
     expect([t.isRetry('chat/completions', 'old'), t.isRetry('chat/completions', 'old')]).toEqual([true, true]);
@@ -321,6 +327,12 @@ describe('Ticketing and the records file', () => {
     expect(t.isRetry('chat/completions', 'new')).toBe(true);
     expect(t.isRetry('embeddings', 'old')).toBe(true); // (answered under chat/completions: its provider refuses it for the other endpoint)
     expect(reads).toHaveLength(6); // (+ 'embeddings\nold', a miss; chat/completions' hit was remembered)
+    // Its attempt ended cancelled at another provider: nothing changes; at its own: forgotten, here and in the file.
+    t.forget('chat/completions\nnew', 'cc'.repeat(32));
+    expect(t.isRetry('chat/completions', 'new')).toBe(true);
+    t.forget('chat/completions\nnew', 'bb'.repeat(32));
+    expect(t.isRetry('chat/completions', 'new')).toBe(false);
+    expect(file.has('chat/completions\nnew')).toBe(false);
   });
 });
 

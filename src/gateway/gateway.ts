@@ -170,7 +170,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     records.close();
     throw e;
   }
-  const settlements = new Settlements({ log, market, records, host, receiptFetchMs });
+  const ticketing = new Ticketing(market, records, opts.account);
+  const settlements = new Settlements({ log, market, records, host, receiptFetchMs, forgetIdempotent: (key, provider) => ticketing.forget(key, provider) });
   const reconciler = new Reconciler({ records, settlements, market, log, ...(opts.reconcileUnitMs !== undefined ? { unitMs: opts.reconcileUnitMs } : {}) });
 
   const listenHost = opts.host ?? '127.0.0.1';
@@ -258,7 +259,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     records.onMoney = spend;
   }
   const relay = new Relay({ settlements, records, buyerIdleMs: opts.buyerIdleMs ?? BUYER_IDLE_DEFAULT_MS });
-  registerPaidRoutes(app, { host, ticketing: new Ticketing(market, records, opts.account), relay, settlements, records, estimates, providerIdleMs, providerKeepaliveMaxMs: opts.providerKeepaliveMaxMs, firstLookMs: reconciler.firstLookMs, ...(spend ? { spend } : {}) });
+  registerPaidRoutes(app, { host, ticketing, relay, settlements, records, estimates, providerIdleMs, providerKeepaliveMaxMs: opts.providerKeepaliveMaxMs, firstLookMs: reconciler.firstLookMs, ...(spend ? { spend } : {}) });
   registerTokenRoutes(app, { host, market });
   registerEstimateRoute(app, { host, market, estimates, ...(spend ? { spend } : {}) });
   registerCatalogRoutes(app, { market });

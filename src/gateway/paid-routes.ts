@@ -24,7 +24,7 @@ import { budgetTooSmall, type KeySpend, type SpendReservation } from './key-spen
 import type { Settlements } from './settlement.ts';
 import type { ProviderEntry } from './market-client.ts';
 import { ContractError, PAID_ENDPOINTS, parseRequest, type PaidEndpoint } from '../serve/contract.ts';
-import { embeddingsHold, idempotencyProviderUnavailable, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
+import { embeddingsHold, idempotencyProviderUnavailable, idempotentKey, paidOf, type Granted, type Paid, type TicketAsk, type Ticketing } from './tickets.ts';
 
 export interface PaidRouteDeps {
   host: Host;
@@ -298,7 +298,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
     if (halved && !hedged) granted = await ticketing.ticketFor({ ...tickets, controls }, requestId, cap);
     const attempts: Attempt[] = [granted, ...(hedged ? [hedged] : [])].map((g) => {
       const ac = new AbortController();
-      return { g, p: paidOf(g, idem !== undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs, d.providerKeepaliveMaxMs) };
+      return { g, p: paidOf(g, idem !== undefined ? idempotentKey(endpoint, idem) : undefined), ac, idle: new IdleWatch(ac, d.providerIdleMs, d.providerKeepaliveMaxMs) };
     });
     // Each half of a hedge names the other, in its record and (the winner) in the answer's `service`.
     if (attempts.length === 2) [attempts[0]!.p.hedgedWith, attempts[1]!.p.hedgedWith] = [attempts[1]!.p.requestId, attempts[0]!.p.requestId];

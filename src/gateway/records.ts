@@ -127,6 +127,7 @@ export class RequestRecords {
   // (putJob, delJob: see watch())
   private readonly getIdempotent: Database.Statement<[string, number], { provider: string }> | undefined;
   private readonly pruneIdempotent: Database.Statement<[number]> | undefined;
+  private readonly delIdempotent: Database.Statement<[string, string]> | undefined;
   private idempotentWrites = 0;
   private readonly jobs = new Map<string, UnsettledJob>();
   private readonly putJob: Database.Statement<[string, string]> | undefined;
@@ -210,6 +211,7 @@ export class RequestRecords {
     this.putIdempotent = db.prepare('INSERT OR REPLACE INTO idempotent_providers (key, provider, at) VALUES (?, ?, ?)');
     this.getIdempotent = db.prepare('SELECT provider FROM idempotent_providers WHERE key = ? AND at >= ?');
     this.pruneIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE at < ?');
+    this.delIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE key = ? AND provider = ?');
     this.pruneIdempotent.run(Date.now() - IDEMPOTENT_KEPT_MS);
     this.prune();
     this.putJob = db.prepare('INSERT OR REPLACE INTO unsettled (request_id, job) VALUES (?, ?)');
@@ -320,6 +322,12 @@ export class RequestRecords {
     // (retried like records': without it, a retry after a restart may run on another provider, billed twice: s25 hS)
     this.stored(keyLabel(key), () => this.putIdempotent!.run(key, provider, now));
     if (++this.idempotentWrites % IDEMPOTENT_PRUNE_EVERY === 0) this.guard(keyLabel(key), 'write', () => this.pruneIdempotent!.run(now - IDEMPOTENT_KEPT_MS));
+  }
+
+  /** Takes the key's provider out of the file, if it is still `provider` (nothing without a file). */
+  forgetIdempotent(key: string, provider: string): void {
+    if (!this.delIdempotent) return;
+    this.stored(keyLabel(key), () => this.delIdempotent!.run(key, provider));
   }
 
   /** Whether the record is held in memory (not only in the file). */

@@ -33,6 +33,8 @@ const SETTLE_ATTEMPTS = 3;
 
 export interface SettlementDeps {
   log: GatewayLogger;
+  /** An attempt under an Idempotency-Key ended without completing: a retry is no longer its provider's alone (Ticketing.forget). */
+  forgetIdempotent?: (key: string, provider: string) => void;
   market: MarketClient;
   records: RequestRecords;
   host: Host;
@@ -104,6 +106,16 @@ export class Settlements {
     } catch {
       return false;
     }
+  }
+
+  /**
+   * Attempt `p` has its verified receipt. One under an Idempotency-Key that did not complete left
+   * no answer at its node (it records completed answers only), so the key no longer sends a retry
+   * back to that provider alone (s30 review: after a buyer left, every retry was refused once the
+   * provider had gone).
+   */
+  attemptEnded(p: Paid, r: VerifiedReceipt): void {
+    if (p.idemKey !== undefined && r.payload.request_id === p.requestId && r.payload.status !== 'completed') this.d.forgetIdempotent?.(p.idemKey, p.provider);
   }
 
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
@@ -223,6 +235,7 @@ export class Settlements {
         } else if (!c.ok) {
           await this.failBadReceipt(p.requestId, p, c);
         } else {
+          this.attemptEnded(p, c);
           await this.settle(p.requestId, c);
         }
         log.info({ request_id: p.requestId, status: records.get(p.requestId)?.status }, 'request ended early');

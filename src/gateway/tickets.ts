@@ -29,6 +29,8 @@ export interface Paid {
   provider: string;
   target: Multiaddr[];
   idempotent: boolean;
+  /** Its Idempotency-Key as Ticketing keeps it (idempotentKey: endpoint and key), when it has one. */
+  idemKey?: string;
   exp: ReceiptExpectation;
   /** A hedged request's other attempt (X-Service-Hedge), which bills its own work in its own record. */
   hedgedWith?: string;
@@ -45,13 +47,14 @@ export interface TicketAsk {
 }
 
 /** The Paid record of a granted ticket (checked in `take`: its endpoint, model and body hash are the ones asked for). */
-export function paidOf(granted: Granted, idempotent: boolean): Paid {
+export function paidOf(granted: Granted, idemKey: string | undefined): Paid {
   const t = granted.ticket;
   return {
     requestId: t.request_id,
     provider: granted.provider,
     target: granted.target,
-    idempotent,
+    idempotent: idemKey !== undefined,
+    ...(idemKey !== undefined ? { idemKey } : {}),
     exp: { provider: granted.provider, requestId: t.request_id, ticketId: t.ticket_id, endpoint: t.endpoint, model: t.model, bodySha256: t.body_sha256, holdMicroUsd: t.max_cost_micro_usd, priceVersion: t.price_version, ...(granted.rates ? { rates: granted.rates } : {}) },
   };
 }
@@ -63,6 +66,7 @@ const IDEMPOTENT_REMEMBERED = 10_000;
 export interface IdempotentProviderStore {
   idempotentProvider(key: string): string | undefined;
   rememberIdempotent(key: string, provider: string): void;
+  forgetIdempotent(key: string, provider: string): void;
 }
 
 export class Ticketing {
@@ -192,6 +196,18 @@ export class Ticketing {
     this.store?.rememberIdempotent(key, provider);
   }
 
+  /**
+   * The attempt under `key` (idempotentKey) at `provider` did not complete (its receipt is
+   * `cancelled` or `failed`): the node recorded no answer for it (docs/protocol.md, Idempotency),
+   * so a retry runs again, anywhere. Kept, the key would send every retry back to that provider
+   * alone, and refuse it (idempotency_provider_unavailable) once the provider is gone (s30 review).
+   */
+  forget(key: string, provider: string): void {
+    if ((this.idempotentAt.get(key) ?? this.store?.idempotentProvider(key)) !== provider) return;
+    this.keep(key, '');
+    this.store?.forgetIdempotent(key, provider);
+  }
+
   /** The market's listing of providers (a paid request fetches it once, however many attempts it makes). */
   providers(): Promise<ProviderEntry[]> {
     return this.market.providers();
@@ -217,7 +233,7 @@ export function idempotencyProviderUnavailable(provider: string, why: string): G
   return new GatewayError(
     503,
     'idempotency_provider_unavailable',
-    `the first request under this Idempotency-Key was answered by provider ${provider}, which cannot take the retry now (${why.slice(0, 300)}); its answer is in that provider's record: retry later, or send the request under a new Idempotency-Key to run it again (and be billed again)`,
+    `the first request under this Idempotency-Key was answered by provider ${provider}, which cannot take the retry now (${why.slice(0, 300)}); its answer may be in that provider's record: retry later, or send the request under a new Idempotency-Key to run it again (and be billed again)`,
   );
 }
 
