@@ -125,6 +125,27 @@ describe('hedged dispatch', () => {
     expect(await record(a.service.request_id)).toEqual(firstRecord);
   });
 
+  test('a hedged request retried under its Idempotency-Key: the same answer, its service naming the same other half (whole body and stream)', async () => {
+    for (const stream of [false, true]) {
+      const send = () =>
+        fetch(`${gw.url}/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-service-hedge': '1', 'idempotency-key': `hedged-retry-${stream}` },
+          body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'say it twice' }], max_tokens: 12, seed: 4, stream }),
+        });
+      const service = async (r: Response) => {
+        expect(r.status).toBe(200);
+        if (!stream) return ((await r.json()) as { service: Record<string, unknown> }).service;
+        const events = (await r.text()).split('\n\n').filter((e) => e.startsWith('data: {'));
+        return (JSON.parse(events.at(-1)!.slice(6)) as { service: Record<string, unknown> }).service;
+      };
+      const first = await service(await send());
+      expect(first.hedged_with, `stream ${stream}`).toEqual(expect.any(String));
+      await gw.idle();
+      expect(await service(await send()), `stream ${stream}`).toEqual(first);
+    }
+  });
+
   test('with --records, a retry after the gateway restarts still goes back to the first provider: billed once', async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-idem-restart-'));
     const recordsPath = path.join(dir, 'records.db');

@@ -5,6 +5,7 @@
 // refused with the spec's error envelope.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -655,7 +656,7 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
     expect(p.hold_micro_usd).toBe('10000');
   });
 
-  test('a routing header sent twice with one value each is 400 naming it (HTTP joins the two with a comma); a provider list sent twice is one list', async () => {
+  test('a routing header sent twice with one value each is 400 naming it (HTTP joins the two with a comma), an Idempotency-Key too; a provider list sent twice is one list', async () => {
     for (const [name, a, b] of [['X-Service-Max-Cost-Usd', '0.01', '0.02'], ['X-Service-Hedge', '1', '1'], ['X-Service-Min-Att-Tier', 'T1', 'T2']] as const) {
       const headers = new Headers({ 'content-type': 'application/json' });
       headers.append(name, a);
@@ -664,6 +665,25 @@ describe('seller-node gateway (openai client → gateway → market ticket → n
       const e = (await r.json()) as { error: { code: string; message: string } };
       expect([r.status, e.error.code], name).toEqual([400, 'invalid_request']);
       expect(e.error.message.startsWith(`${name}:`), e.error.message).toBe(true);
+    }
+    // Idempotency-Key sent twice (two header lines: Node.js would join them into the one key "a, b"),
+    // empty, or too long: 400 naming it, nothing run.
+    const raw = (headers: string[]) =>
+      new Promise<{ status: number; body: { error: { code: string; message: string } } }>((resolve, reject) => {
+        const req = http.request(`${gw.url}/chat/completions`, { method: 'POST', headers: ['host', new URL(gw.url).host, 'content-type', 'application/json', ...headers] }, (res) => {
+          let text = '';
+          res.on('data', (d: Buffer) => (text += d.toString()));
+          res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(text) }));
+        });
+        req.on('error', reject);
+        req.end(JSON.stringify({ model: MODEL, messages, max_tokens: 2 }));
+      });
+    for (const [headers, message] of [
+      [['idempotency-key', 'a', 'idempotency-key', 'b'], 'Idempotency-Key: given more than once'],
+      [['idempotency-key', ''], 'Idempotency-Key: expected 1 to 256 characters'],
+      [['idempotency-key', 'k'.repeat(257)], 'Idempotency-Key: expected 1 to 256 characters'],
+    ] as const) {
+      expect(await raw([...headers]), message).toEqual({ status: 400, body: { error: { code: 'invalid_request', message } } });
     }
     // X-Service-Prefer-Providers is a comma-separated list, so two headers are the two lists in
     // order: the node is in it whichever header names it (keeping only one header would fail one order).

@@ -134,7 +134,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
 
   /** A paid request; one under an Idempotency-Key already running here is refused (see `running`). */
   async function paid(endpoint: PaidEndpoint, req: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-    const idem = idempotencyKey(req.headers);
+    const idem = idempotencyKey(req.raw);
     if (idem === undefined) return paidOnce(endpoint, req, reply, idem, () => {});
     if (running.has(idem)) throw new GatewayError(409, 'idempotency_in_progress', 'a request under this Idempotency-Key is still running here; retry once it has ended');
     running.add(idem);

@@ -75,6 +75,16 @@ export class Relay {
   }
 
   /**
+   * The other half of the hedge that answered as request `id`: this attempt's, or, for an
+   * Idempotency-Key retry answered with the first request's receipt, the first request's (its
+   * record names it): the same answer names the same loser, whose cost is the buyer's too (s30 review).
+   */
+  private hedgedWith(p: Paid, id: string): { hedged_with?: string } {
+    const other = id === p.requestId ? p.hedgedWith : this.d.records.get(id)?.hedged_with;
+    return other === undefined ? {} : { hedged_with: other };
+  }
+
+  /**
    * The request a stream's header names: this request, or on an Idempotency-Key retry answered
    * from the node's record, the first request, which the node's HEAD names (the body's chunks,
    * `service` and receipt name it too). Its headers leave before the receipt: the node's word is
@@ -114,7 +124,7 @@ export class Relay {
     // market (GET /v1/requests/{id} and close() wait for the settlement).
     if (checked.payload.status !== 'completed') {
       this.d.settlements.settleLater(id, checked, p.requestId);
-      return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope, ...hedgedWith(p) } });
+      return reply.code(502).type(JSON_TYPE).send({ ...errorBody('provider_failed', `the provider's run ended ${checked.payload.status}; its receipt bills only what it delivered`), service: { request_id: id, receipt: checked.envelope, ...this.hedgedWith(p, id) } });
     }
     let body: unknown;
     try {
@@ -128,7 +138,7 @@ export class Relay {
       throw new GatewayError(502, 'bad_provider_response', problem);
     }
     const out = body as Record<string, unknown>;
-    out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope, ...hedgedWith(p) };
+    out.service = { ...(isObj(out.service) ? out.service : {}), request_id: id, receipt: checked.envelope, ...this.hedgedWith(p, id) };
     this.d.settlements.settleLater(id, checked, p.requestId);
     return reply.code(200).type(JSON_TYPE).send(JSON.stringify(out));
   }
@@ -286,7 +296,7 @@ export class Relay {
           endWithError('bad_provider_response', problem);
           return;
         }
-        if (h) await write(withService(h, { request_id: checked.payload.request_id, receipt: checked.envelope, ...hedgedWith(p) }));
+        if (h) await write(withService(h, { request_id: checked.payload.request_id, receipt: checked.envelope, ...this.hedgedWith(p, checked.payload.request_id) }));
         endStream(raw);
       }
       // The stream has ended: the market is told after, never in the buyer's way.
@@ -342,6 +352,4 @@ function usageMismatch(u: unknown, r: VerifiedReceipt): string | undefined {
 }
 
 /** `service.hedged_with` for the winner of a hedge: the other attempt, billed for its own work in its own record. */
-function hedgedWith(p: Paid): { hedged_with?: string } {
-  return p.hedgedWith === undefined ? {} : { hedged_with: p.hedgedWith };
-}
+

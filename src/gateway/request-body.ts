@@ -34,9 +34,17 @@ export function peekModel(body: Uint8Array): string {
   return value.model;
 }
 
-export function idempotencyKey(headers: FastifyRequest['headers']): string | undefined {
-  const v = headers['idempotency-key'];
-  if (v === undefined) return undefined;
-  if (Array.isArray(v) || v.length === 0 || v.length > 256) throw invalid('Idempotency-Key', 'expected 1 to 256 characters');
+/**
+ * The Idempotency-Key of a request, from its headers as sent (`headersDistinct`): Node.js joins a
+ * repeated header's values with ", ", and "K" sent twice would be the key "K, K" (s30 review).
+ */
+export function idempotencyKey(raw: Pick<FastifyRequest['raw'], 'headers' | 'headersDistinct'>): string | undefined {
+  // (headersDistinct is Node's; a request object without it, as an injected one, has the joined value)
+  const joined = raw.headers['idempotency-key'];
+  const values = raw.headersDistinct ? raw.headersDistinct['idempotency-key'] : joined === undefined ? undefined : [joined].flat();
+  if (values === undefined) return undefined;
+  if (values.length !== 1) throw invalid('Idempotency-Key', 'given more than once');
+  const v = values[0]!;
+  if (v.length === 0 || v.length > 256) throw invalid('Idempotency-Key', 'expected 1 to 256 characters');
   return v;
 }
