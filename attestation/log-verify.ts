@@ -23,6 +23,8 @@ export interface ChainLink {
   status: string;
   /** The ticket the receipt bills: at most once in a log. */
   ticketId: string;
+  /** Where the receipt stands in its file (1-based), when the caller knows: names a gap's place (gapLine). */
+  line?: number;
 }
 
 export interface LogSummary {
@@ -51,7 +53,7 @@ export class ReceiptChain {
   /** Tickets billed so far, with the seq that billed each. */
   private readonly tickets = new Map<string, bigint>();
   /** After the first out-of-order seq: the seq that was expected there, and whether it shows up later. */
-  private missing: { seq: bigint; at: string; foundLater: boolean } | undefined;
+  private missing: { seq: bigint; at: string; foundLater: boolean; line: number | undefined } | undefined;
   private failed: VerifyError | undefined;
 
   /** Adds the next receipt in file order. Returns the first error, which sticks. */
@@ -67,7 +69,7 @@ export class ReceiptChain {
       if (seq < this.expected) {
         return this.stop(fail('seq_duplicate', `seq ${seq} appears again after seq ${this.expected - 1n}`, { seq: link.seq }));
       }
-      this.missing = { seq: this.expected, at: link.seq, foundLater: false };
+      this.missing = { seq: this.expected, at: link.seq, foundLater: false, line: link.line };
       return ok(undefined);
     }
     if (link.prev !== this.lastHash) {
@@ -112,6 +114,11 @@ export class ReceiptChain {
       return this.stop({ ok: false, error: { ...error, message: `${error.message} (the line where seq ${this.expected} belongs; it claims seq ${claimedSeq})`, seq: String(this.expected) } });
     }
     return this.stop({ ok: false, error: withSeq(error, claimedSeq) });
+  }
+
+  /** The line (ChainLink.line) where a gap or reorder was seen: where the missing seq belongs. */
+  get gapLine(): number | undefined {
+    return this.missing?.line;
   }
 
   /** True once nothing later can change the outcome. */

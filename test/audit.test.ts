@@ -292,7 +292,8 @@ describe('audit: the sequence and the hash chain', () => {
     editLines(dir, (l) => {
       l.splice(5, 1);
     });
-    expectFault(await run(dir), 'seq_gap', { seq: '5' });
+    // (named at the line where seq 5 belongs, which now holds seq 6: s30 review)
+    expectFault(await run(dir), 'seq_gap', { seq: '5', line: 6 });
   });
 
   it('a deleted first line is seq_gap at seq 0', async () => {
@@ -300,7 +301,7 @@ describe('audit: the sequence and the hash chain', () => {
     editLines(dir, (l) => {
       l.shift();
     });
-    expectFault(await run(dir), 'seq_gap', { seq: '0' });
+    expectFault(await run(dir), 'seq_gap', { seq: '0', line: 1 });
   });
 
   it('a deleted last line is caught by the checkpoints: checkpoint_size_exceeds_log', async () => {
@@ -334,7 +335,7 @@ describe('audit: the sequence and the hash chain', () => {
     editLines(dir, (l) => {
       [l[17], l[18]] = [l[18]!, l[17]!];
     });
-    expectFault(await run(dir), 'seq_out_of_order', { seq: '17' });
+    expectFault(await run(dir), 'seq_out_of_order', { seq: '17', line: 18 });
   });
 
   it('two distant lines swapped is seq_out_of_order', async () => {
@@ -342,7 +343,7 @@ describe('audit: the sequence and the hash chain', () => {
     editLines(dir, (l) => {
       [l[10], l[20]] = [l[20]!, l[10]!];
     });
-    expectFault(await run(dir), 'seq_out_of_order', { seq: '10' });
+    expectFault(await run(dir), 'seq_out_of_order', { seq: '10', line: 11 });
   });
 
   it('a receipt re-signed with a wrong prev is prev_mismatch at its seq', async () => {
@@ -405,7 +406,7 @@ describe('audit: the sequence and the hash chain', () => {
       const [gone] = l.splice(5, 1);
       l.push(flipSignatureBit(gone!));
     });
-    expectFault(await run(dir), 'seq_gap', { seq: '5' });
+    expectFault(await run(dir), 'seq_gap', { seq: '5', line: 6 });
     expect(verifyLogOf(dir)).toMatchObject({ ok: false, error: { code: 'seq_gap', seq: '5' } });
   });
 
@@ -415,7 +416,8 @@ describe('audit: the sequence and the hash chain', () => {
       l[20] = flipSignatureBit(l[20]!);
       l.splice(5, 1);
     });
-    expectFault(await run(dir), 'seq_gap', { seq: '5' });
+    // (named at the line where seq 5 belongs, which now holds seq 6: s30 review)
+    expectFault(await run(dir), 'seq_gap', { seq: '5', line: 6 });
   });
 });
 
@@ -852,7 +854,7 @@ describe('audit: every price against the signed price lists', () => {
     expectFault(await run(priceFirst, { threads: 2, chunkBytes: 4096 }), 'price_mismatch', { seq: '7', line: 8 });
     const gapFirst = copyOf(mispriced.exportDir);
     editLines(gapFirst, (l) => void l.splice(5, 1));
-    expectFault(await run(gapFirst), 'seq_gap', { seq: '5' });
+    expectFault(await run(gapFirst), 'seq_gap', { seq: '5', line: 6 });
   });
 });
 

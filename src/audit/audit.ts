@@ -125,6 +125,7 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
         holdMicroUsd: BigInt(c.holds[i]!),
         status: c.statuses[i]!,
         ticketId: c.ticketIds[i]!,
+        line,
       });
       if (!added.ok) return toFault(added.error, line, seq);
     }
@@ -166,7 +167,8 @@ export async function audit(opts: AuditOptions): Promise<AuditReport> {
   const finished = chain.finish(checkpoints, provider, kept.notes);
   if (!finished.ok) {
     // "checkpoint 3: …" names a note by its place in the list: name its file(s) instead.
-    const f = toFault(finished.error);
+    // (a gap or reorder is named at the line where the missing seq belongs, as other faults are)
+    const f = toFault(finished.error, chain.gapLine);
     f.message = f.message.replace(/^checkpoint (\d+): /, (all, n: string) => {
       const [first, ...same] = read.files[Number(n) - 1] ?? [];
       return first === undefined ? all : `${first}${same.length ? ` (and ${same.join(', ')})` : ''}: `;
