@@ -30,7 +30,7 @@ import { serveCapacity, signCapacity } from './p2p/capacity-protocol.ts';
 import type { RequestServer } from './p2p/request-stream.ts';
 import { untilQuiet } from './p2p/request-server.ts';
 import { readiness, startRegistration, workRefused, type Registration } from './registration.ts';
-import { InferService, modelFileModified, type ServedModel } from './serve/infer-service.ts';
+import { InferService, modelFileModified, NodeStopping, type ServedModel } from './serve/infer-service.ts';
 import { ReceiptLog } from './store/receipt-log.ts';
 import { DatabaseRescue } from './store/file-guard.ts';
 import { SqliteSeal } from './store/sqlite-seal.ts';
@@ -50,9 +50,9 @@ import { NodeStartError, NodeStartStopped, unlessStopped } from './start-errors.
 
 /** How long a stop waits, once the runtimes have stopped, for the requests they ran to log their receipts. */
 const STOP_RECEIPTS_MS = 10_000;
-/** At stop, how long the protocols must have been idle before the connections close (untilQuiet), and the most it waits for that. */
 /** How long requests a stop cancelled have to write their last frames and receipts (their trailers) before their streams are reset. */
 const STOP_CANCEL_MS = 3000;
+/** At stop, how long the protocols must have been idle before the connections close (untilQuiet), and the most it waits for that. */
 const STOP_QUIET_MS = 200;
 const STOP_QUIET_MAX_MS = 2000;
 
@@ -579,10 +579,11 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
           const announced = registration?.announce(Math.min(2000, graceMs)) ?? Promise.resolve();
           if (!(await infer.drain(graceMs))) {
             logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
-            // Their runtimes stop; each still ends with its `cancelled` receipt in its trailer, for
-            // what was sent (s30 review: the streams were reset first, and the buyers got no
-            // receipt, a broken stream instead). A buyer that does not read is cut off after a while.
-            infer.cancel(new Error('the node is stopping: its grace period for running requests ran out'));
+            // Their runtimes stop; each still ends with its receipt in its trailer (s30 review: the
+            // streams were reset first, and the buyers got a broken stream instead): a stream's
+            // `cancelled`, for what was sent; a whole body's `failed`, output not billed, as none
+            // was sent. A buyer that does not read is cut off after a while.
+            infer.cancel(new NodeStopping());
             if (!(await infer.idle(STOP_CANCEL_MS))) logger.warn({ in_flight: infer.inFlight }, `requests cancelled by the stop still writing their answers after ${STOP_CANCEL_MS / 1000} s are cut off`);
           }
           await announced;

@@ -4,7 +4,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, test } from 'vitest';
 import { createGateway } from '../src/gateway/gateway.ts';
-import { candidates, fitProvidersOf, listingUnmet } from '../src/gateway/candidates.ts';
+import { candidates, fitProvidersOf, listingUnmet, notSellingFor } from '../src/gateway/candidates.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
 import type { ProviderEntry } from '../src/gateway/market-client.ts';
 import type { RoutingControls } from '../src/gateway/routing-headers.ts';
@@ -108,22 +108,19 @@ describe('gateway candidates', () => {
     const fit = (routing: RoutingControls['routing'], except: string[] = [], endpoint = 'chat/completions') => fitProvidersOf(list, MODEL, endpoint, routing, except).map((p) => p[0]);
     expect(fit({})).toEqual(['a', 'b', 'f', 'g']);
     expect(fit({}, [], 'completions')).toEqual(['a', 'b', 'f', 'g', 'h']);
+    expect([...notSellingFor(list, MODEL, 'responses')]).toEqual([list[7]!.provider]);
+    expect([...notSellingFor(list, MODEL, 'embeddings')]).toEqual([]);
     expect(fit({ min_context: 1000 })).toEqual(['a', 'f', 'g']);
     expect(fit({ max_input_price_micro_usd_per_mtok: '500000' })).toEqual(['a', 'b', 'g']);
     expect(fit({ min_context: 1000 }, [list[0]!.provider])).toEqual(['f', 'g']);
   });
 });
 
-describe('POST /v1/estimates against a listing without prices', () => {
-  test('fit providers that publish no (well-formed) price for the model: 503 no_provider, before anyone is dialled', async () => {
-    // A market whose listing has fit providers of the model, their rates absent or not micro-USD
-    // decimals. (Neither can be dialled: asking one to count would end in provider_unreachable.)
+describe('POST /v1/estimates against a listing that cannot run it', () => {
+  /** A gateway on a market whose listing is `listing` (no provider can be dialled). */
+  async function estimate(listing: unknown[], body: object): Promise<[number, { code: string; message: string }]> {
     const market = http.createServer((req, res) => {
       if (req.method === 'GET' && req.url === '/v1/providers') {
-        const listing = [
-          { ...entry('a'), rates: undefined },
-          { ...entry('b'), rates: { [MODEL]: { input_per_mtok: '0.15', output_per_mtok: '600000' } } },
-        ];
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(listing));
         return;
       }
@@ -132,13 +129,26 @@ describe('POST /v1/estimates against a listing without prices', () => {
     await new Promise<void>((r) => market.listen(0, '127.0.0.1', r));
     const gw = await createGateway({ market: `http://127.0.0.1:${(market.address() as AddressInfo).port}`, port: 0 });
     try {
-      const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: 'CHAT', body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } }) });
-      const e = (await r.json()) as { error: { code: string; message: string } };
-      expect([r.status, e.error.code]).toEqual([503, 'no_provider']);
-      expect(e.error.message).toMatch(/publishes a price for this model/);
+      const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      return [r.status, ((await r.json()) as { error: { code: string; message: string } }).error];
     } finally {
       await gw.close(1000);
       await new Promise((r) => market.close(r));
     }
+  }
+  const chat = { endpoint: 'CHAT', body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }] } };
+
+  test('fit providers that publish no (well-formed) price for the model: 503 no_provider, before anyone is dialled', async () => {
+    // Fit providers of the model, their rates absent or not micro-USD decimals. (Neither can be
+    // dialled: asking one to count would end in provider_unreachable.)
+    const [status, e] = await estimate([{ ...entry('a'), rates: undefined }, { ...entry('b'), rates: { [MODEL]: { input_per_mtok: '0.15', output_per_mtok: '600000' } } }], chat);
+    expect([status, e.code]).toEqual([503, 'no_provider']);
+    expect(e.message).toMatch(/publishes a price for this model/);
+  });
+
+  test('providers that sell the model for completions and embeddings only (no chat template): a chat estimate is 404 model_not_found, as its request would be, before anyone is dialled', async () => {
+    const [status, e] = await estimate([entry('a', {}, { endpoints: ['completions', 'embeddings'] })], chat);
+    expect([status, e.code]).toEqual([404, 'model_not_found']);
+    expect(e.message).toBe(`no provider that meets the routing controls sells "${MODEL}" for chat/completions`);
   });
 });

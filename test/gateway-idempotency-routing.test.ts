@@ -93,12 +93,35 @@ describe('retries under an Idempotency-Key with two providers', () => {
       const r = (await (await fetch(`${gw.url}/requests/${leftId}`)).json()) as RequestRecord;
       return r.status === 'cancelled' && r.settled ? r : undefined;
     });
+    // A third key: the buyer leaves a stream at `a` and retries at once; the retry completes at `a`
+    // (which recorded its answer) whenever the first attempt's cancelled receipt comes in.
+    const raced = `raced-${crypto.randomUUID()}`;
+    const racing = new AbortController();
+    const firstRun = await fetch(`${gw.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': raced, 'x-service-prefer-providers': a.providerId }, body: JSON.stringify({ model: MODEL, seed: 2, ...long }), signal: racing.signal });
+    const racedId = firstRun.headers.get('x-request-id')!;
+    await firstRun.body!.getReader().read();
+    racing.abort();
+    const retried = await waitFor('the retry to run', async () => {
+      const r = await post('chat/completions', { ...long, seed: 2 }, { 'idempotency-key': raced });
+      if (r.status === 409) return void (await r.arrayBuffer()); // (the first still ending at the node)
+      return r;
+    });
+    expect(retried.status).toBe(200);
+    await retried.text();
+    await waitFor('the first attempt\'s cancelled receipt', async () => {
+      const r = (await (await fetch(`${gw.url}/requests/${racedId}`)).json()) as RequestRecord;
+      return r.status === 'cancelled' && r.settled ? r : undefined;
+    });
     await gw.idle();
     await a.crash();
     // Its retry is no longer `a`'s alone: it runs (and is billed) on the provider that is there
     // (s30 review: it was 503 idempotency_provider_unavailable for as long as the key was kept).
     const again = await post('chat/completions', { ...long, stream: false }, { 'idempotency-key': left });
     expect([again.status, await providerOf(again)]).toEqual([200, b.providerId]);
+    // The raced key's answer is `a`'s record: its retry goes there only, never run again elsewhere
+    // (s30 review: the late cancelled receipt erased the key, and it ran, and was billed, twice).
+    const [racedStatus, racedError] = await errorOf(await post('chat/completions', { ...long, seed: 2 }, { 'idempotency-key': raced }));
+    expect([racedStatus, racedError.code]).toEqual([503, 'idempotency_provider_unavailable']);
     const before = await marketTotals(fx.url);
     const [status, e] = await errorOf(await post('chat/completions', body, { 'idempotency-key': key }));
     expect(status).toBe(503);

@@ -8,7 +8,7 @@ import type { ReceiptPayload } from '../attestation/receipt.ts';
 import type { DsseEnvelope } from '../attestation/dsse.ts';
 import { keyLabel, RequestRecords, type UnsettledJob } from '../src/gateway/records.ts';
 import { GatewayError } from '../src/gateway/errors.ts';
-import { Ticketing } from '../src/gateway/tickets.ts';
+import { Ticketing, type AnsweredAttempt } from '../src/gateway/tickets.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'gateway-records-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -60,23 +60,24 @@ describe('RequestRecords', () => {
     try {
       clock.mockReturnValue(now - day - 1000);
       const old = new RequestRecords(10, file);
-      old.rememberIdempotent('chat/completions\nstale', 'aa'.repeat(32));
+      old.rememberIdempotent('chat/completions\nstale', 'aa'.repeat(32), 'req-stale');
       old.close();
       clock.mockReturnValue(now);
       const a = new RequestRecords(10, file);
-      a.rememberIdempotent('chat/completions\nk', 'bb'.repeat(32));
-      a.rememberIdempotent('chat/completions\nk', 'cc'.repeat(32)); // the latest answer counts
-      expect(a.idempotentProvider('chat/completions\nk')).toBe('cc'.repeat(32));
+      a.rememberIdempotent('chat/completions\nk', 'bb'.repeat(32), 'req-1');
+      a.rememberIdempotent('chat/completions\nk', 'cc'.repeat(32), 'req-2'); // the latest answer counts
+      expect(a.idempotentProvider('chat/completions\nk')).toEqual({ provider: 'cc'.repeat(32), requestId: 'req-2' });
       a.close();
       const b = new RequestRecords(10, file); // a restart
-      expect(b.idempotentProvider('chat/completions\nk')).toBe('cc'.repeat(32));
+      expect(b.idempotentProvider('chat/completions\nk')).toEqual({ provider: 'cc'.repeat(32), requestId: 'req-2' });
       expect(b.idempotentProvider('completions\nk')).toBeUndefined();
       expect(b.idempotentProvider('chat/completions\nstale')).toBeUndefined(); // older than a node keeps its record
       // An attempt that did not complete is forgotten, only while it is still the one kept.
-      b.rememberIdempotent('completions\nleft', 'dd'.repeat(32));
-      b.forgetIdempotent('completions\nleft', 'ee'.repeat(32));
-      expect(b.idempotentProvider('completions\nleft')).toBe('dd'.repeat(32));
-      b.forgetIdempotent('completions\nleft', 'dd'.repeat(32));
+      b.rememberIdempotent('completions\nleft', 'dd'.repeat(32), 'req-left');
+      b.rememberIdempotent('completions\nleft', 'dd'.repeat(32), 'req-retry'); // a retry answered since, at the same provider
+      b.forgetIdempotent('completions\nleft', 'req-left');
+      expect(b.idempotentProvider('completions\nleft')).toEqual({ provider: 'dd'.repeat(32), requestId: 'req-retry' });
+      b.forgetIdempotent('completions\nleft', 'req-retry');
       expect(b.idempotentProvider('completions\nleft')).toBeUndefined();
       clock.mockReturnValue(now + day + 1000);
       expect(b.idempotentProvider('chat/completions\nk')).toBeUndefined();
@@ -88,9 +89,24 @@ describe('RequestRecords', () => {
       clock.mockRestore();
     }
     const memory = new RequestRecords(10);
-    memory.rememberIdempotent('chat/completions\nk', 'bb'.repeat(32));
+    memory.rememberIdempotent('chat/completions\nk', 'bb'.repeat(32), 'req-1');
     expect(memory.idempotentProvider('chat/completions\nk')).toBeUndefined();
     memory.close();
+  });
+
+  test('a file from before keys kept their request id gets the column; its keys are kept, and never forgotten by an attempt', () => {
+    const file = path.join(dir, 'idempotent-v1.db');
+    const old = new Database(file);
+    old.exec('CREATE TABLE idempotent_providers (key TEXT PRIMARY KEY, provider TEXT NOT NULL, at INTEGER NOT NULL) WITHOUT ROWID');
+    old.prepare('INSERT INTO idempotent_providers VALUES (?, ?, ?)').run('chat/completions\nk', 'aa'.repeat(32), Date.now());
+    old.close();
+    const r = new RequestRecords(10, file);
+    expect(r.idempotentProvider('chat/completions\nk')).toEqual({ provider: 'aa'.repeat(32), requestId: null });
+    r.forgetIdempotent('chat/completions\nk', 'req-any');
+    expect(r.idempotentProvider('chat/completions\nk')).toEqual({ provider: 'aa'.repeat(32), requestId: null });
+    r.rememberIdempotent('completions\nk', 'bb'.repeat(32), 'req-2');
+    expect(r.idempotentProvider('completions\nk')).toEqual({ provider: 'bb'.repeat(32), requestId: 'req-2' });
+    r.close();
   });
 
   test('the file keeps records for its retention period (default 7 days): older ones, and aliases to them, are deleted at open and as it is written; a file of an older version is brought up to date', () => {
@@ -205,7 +221,7 @@ describe('RequestRecords', () => {
     const errors: string[] = [];
     const r = new RequestRecords(10, path.join(dir, 'keys.db'), (_e, id, op) => errors.push(`${op} ${id}`));
     r.close(); // every later read and write fails
-    r.rememberIdempotent('chat/completions\nmy-secret-key', 'cc'.repeat(32));
+    r.rememberIdempotent('chat/completions\nmy-secret-key', 'cc'.repeat(32), 'req-1');
     expect(r.idempotentProvider('chat/completions\nmy-secret-key')).toBeUndefined();
     expect(errors).toEqual([`write ${keyLabel('chat/completions\nmy-secret-key')}`, `read ${keyLabel('chat/completions\nmy-secret-key')}`]);
     expect(errors.join('\n')).not.toContain('my-secret-key');
@@ -269,13 +285,13 @@ describe('RequestRecords', () => {
     const r = new RequestRecords(2, file, (_e, id, op) => errors.push(`${op} ${id}`));
     const job: UnsettledJob = { request_id: 'req-j', provider: 'ab'.repeat(32), target: ['/ip4/127.0.0.1/tcp/1'], exp: { provider: 'ab'.repeat(32), requestId: 'req-j', ticketId: 't-j', endpoint: 'chat/completions', model: 'm', bodySha256: '00'.repeat(32), holdMicroUsd: '9', priceVersion: 'p' }, created_at: 0, next_at: 0, tries: 0 };
     r.watch(job); // refused
-    r.rememberIdempotent('chat/completions\nsecret-key', 'cd'.repeat(32)); // refused
+    r.rememberIdempotent('chat/completions\nsecret-key', 'cd'.repeat(32), 'req-1'); // refused
     expect(errors).toEqual(['write settlement job of req-j', `write ${keyLabel('chat/completions\nsecret-key')}`]);
     begin(r, 'later'); // written, and then the two refused ones
     r.close();
     const again = new RequestRecords(2, file);
     expect(again.dueJobs(Date.now()).map((j) => j.request_id)).toEqual(['req-j']);
-    expect(again.idempotentProvider('chat/completions\nsecret-key')).toBe('cd'.repeat(32));
+    expect(again.idempotentProvider('chat/completions\nsecret-key')).toEqual({ provider: 'cd'.repeat(32), requestId: 'req-1' });
     again.close();
   });
 
@@ -316,23 +332,35 @@ describe('Ticketing and the records file', () => {
   test('a request under an Idempotency-Key reads the file once per endpoint, hit or miss; a provider remembered later is answered from memory', async () => {
     const { Ticketing } = await import('../src/gateway/tickets.ts');
     const reads: string[] = [];
-    const file = new Map([['chat/completions\nold', 'aa'.repeat(32)]]);
-    const store = { idempotentProvider: (k: string) => (reads.push(k), file.get(k)), rememberIdempotent: (k: string, p: string) => void file.set(k, p), forgetIdempotent: (k: string, p: string) => void (file.get(k) === p && file.delete(k)) };
+    const file = new Map<string, AnsweredAttempt>([['chat/completions\nold', { provider: 'aa'.repeat(32), requestId: 'req-old' }]]);
+    const store = {
+      idempotentProvider: (k: string) => (reads.push(k), file.get(k)),
+      rememberIdempotent: (k: string, provider: string, requestId: string) => void file.set(k, { provider, requestId }),
+      forgetIdempotent: (k: string, requestId: string) => void (file.get(k)?.requestId === requestId && file.delete(k)),
+    };
     const t = new Ticketing({} as never, store);
     expect([t.isRetry('chat/completions', 'new'), t.isRetry('chat/completions', 'new')]).toEqual([false, false]);
     expect([t.isRetry('chat/completions', 'old'), t.isRetry('chat/completions', 'old')]).toEqual([true, true]);
     // (a miss looks under every paid endpoint: a key reused on another goes back to its provider too)
     expect(reads).toEqual(['chat/completions\nnew', ...['completions', 'responses', 'embeddings'].map((e) => `${e}\nnew`), 'chat/completions\nold']);
-    t.remember('chat/completions', 'new', 'bb'.repeat(32));
+    t.remember('chat/completions', 'new', 'bb'.repeat(32), 'req-new');
     expect(t.isRetry('chat/completions', 'new')).toBe(true);
     expect(t.isRetry('embeddings', 'old')).toBe(true); // (answered under chat/completions: its provider refuses it for the other endpoint)
     expect(reads).toHaveLength(6); // (+ 'embeddings\nold', a miss; chat/completions' hit was remembered)
-    // Its attempt ended cancelled at another provider: nothing changes; at its own: forgotten, here and in the file.
-    t.forget('chat/completions\nnew', 'cc'.repeat(32));
+    // An attempt under the key ended cancelled: forgotten (here and in the file) only while it is
+    // the attempt kept; one answered since (a retry) keeps the key (s30 review: a late cancelled
+    // receipt erased it, and the next retry ran, and was billed, again).
+    t.remember('chat/completions', 'new', 'bb'.repeat(32), 'req-retry');
+    t.forget('chat/completions\nnew', 'req-new');
     expect(t.isRetry('chat/completions', 'new')).toBe(true);
-    t.forget('chat/completions\nnew', 'bb'.repeat(32));
+    t.forget('chat/completions\nnew', 'req-retry');
     expect(t.isRetry('chat/completions', 'new')).toBe(false);
     expect(file.has('chat/completions\nnew')).toBe(false);
+    // A key read from the file is forgotten by its own attempt only.
+    t.forget('chat/completions\nold', 'req-other');
+    expect(t.isRetry('chat/completions', 'old')).toBe(true);
+    t.forget('chat/completions\nold', 'req-old');
+    expect(t.isRetry('chat/completions', 'old')).toBe(false);
   });
 });
 
@@ -347,7 +375,7 @@ describe('Ticketing.ticketFor on an Idempotency-Key retry', () => {
       marketKey: async () => ({ public_key: '00'.repeat(32), key_id: 'k' }),
     } as never;
     const t = new Ticketing(market);
-    t.remember('chat/completions', 'idem-1', 'a'.repeat(64));
+    t.remember('chat/completions', 'idem-1', 'a'.repeat(64), 'req-0');
     const ask = { endpoint: 'chat/completions', model: 'm', bodySha256: 'b'.repeat(64), controls: { routing: {} }, idem: 'idem-1' } as never;
     await expect(t.ticketFor(ask, 'req-1')).rejects.toMatchObject({ code: 'price_ceiling_exceeded' });
     expect(asks).toHaveLength(1);

@@ -10,7 +10,7 @@ import { Admission } from '../src/dispatch/admission.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
 import { FreeWorkPace } from '../src/dispatch/free-work-pace.ts';
 import { IdempotencyStore } from '../src/dispatch/idempotency.ts';
-import { InferService, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
+import { InferService, NodeStopping, type InferResponse, type ServedModel } from '../src/serve/infer-service.ts';
 import { ReceiptLog } from '../src/store/receipt-log.ts';
 import { signTicket, testKey, ticketPayload } from './helpers/receipts.ts';
 import { endpointsServed } from '../src/serve/contract.ts';
@@ -708,6 +708,28 @@ describe('InferService', () => {
     const again = recorder();
     await service.handle(request('embeddings', { model: 'tiny/llama', input: ['hello world'] }), again.res);
     expect(again.out.head?.status).toBe(200);
+  });
+
+  test("embeddings the node's own stop cut short: the buyer, still there, gets 503 no_capacity, nothing billed, no receipt (s30 review)", async () => {
+    const embed = adapter.embed.bind(adapter);
+    const ac = new AbortController();
+    // The stop's grace runs out while the inputs are embedded.
+    adapter.embed = async (inputs, known, signal) => {
+      const r = await embed(inputs, known, signal);
+      ac.abort(new NodeStopping());
+      return r;
+    };
+    const before = log.stats().receipts;
+    const { res, out } = recorder();
+    try {
+      await service.handle({ ...request('embeddings', { model: 'tiny/llama', input: ['hello world', 'quick'] }), signal: ac.signal }, res);
+    } finally {
+      adapter.embed = embed;
+    }
+    expect(out.head?.status).toBe(503);
+    expect(out.trailer).toEqual({ error: { code: 'no_capacity', message: 'the node stopped before the answer was complete; nothing was billed, another provider can take it' } });
+    expect(out.data).toEqual([]);
+    expect(log.stats().receipts).toBe(before);
   });
 
   test('embeddings whose buyer leaves: the signal reaches the runtime, and a cancelled receipt bills the inputs it embedded before stopping, none if they left before it began', async () => {

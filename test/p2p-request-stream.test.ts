@@ -169,6 +169,36 @@ describe('drain', () => {
       await srv.stop();
     }
   });
+  it('cancel(): a running handler\'s signal aborts with the reason while its response can still be finished; a request still being received is reset', async () => {
+    const entered = deferred<void>();
+    let reason: unknown;
+    const { proto, srv } = await serve(async (req, res) => {
+      await res.head({ status: 200 });
+      await res.data(new TextEncoder().encode('part'));
+      entered.resolve();
+      await new Promise<void>((resolve) => req.signal.addEventListener('abort', () => resolve(), { once: true }));
+      reason = req.signal.reason;
+      // The work stopped; the response still ends, its trailer saying so.
+      await res.data(new TextEncoder().encode(' and the rest'));
+      await res.trailer({ status: 'cancelled' });
+    });
+    try {
+      const stuck = await client.dialProtocol(addr, proto);
+      const ended = new Promise<string>((resolve) => stuck.addEventListener('close', () => resolve(stuck.status), { once: true }));
+      stuck.send(encodeHead({ endpoint: 'x', body_length: 100 })); // ... and nothing more
+      const running = request(client, addr, proto, {}).then(readResponse);
+      await entered.promise;
+      const why = new Error('the node is stopping');
+      srv.cancel(why);
+      const r = await running;
+      expect(reason).toBe(why);
+      expect([r.head, new TextDecoder().decode(r.body), r.trailer]).toEqual([{ status: 200 }, 'part and the rest', { status: 'cancelled' }]);
+      expect(await ended).toBe('reset');
+      expect(await srv.idle(5000)).toBe(true);
+    } finally {
+      await srv.stop();
+    }
+  });
   it('a request still being received (a HEAD, and its body never sent) does not hold the drain for its whole timeout: it is reset after a moment; a running handler is still waited for', async () => {
     const { release, entered, proto, srv } = await heldServer();
     try {

@@ -81,3 +81,8 @@ export function fitProvidersOf(listing: readonly ProviderEntry[], model: string,
     .filter((c) => !c.why && modelServes(c.model, endpoint) && !except.includes(c.provider.provider))
     .map((c) => c.provider.provider);
 }
+
+/** The providers whose listing has the model but does not sell it for `endpoint` (one without a chat template, for chat's). */
+export function notSellingFor(listing: readonly ProviderEntry[], model: string, endpoint: string): Set<string> {
+  return new Set(listing.filter((p) => p.models.some((m) => m.id === model && !modelServes(m, endpoint))).map((p) => p.provider));
+}

@@ -171,7 +171,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     throw e;
   }
   const ticketing = new Ticketing(market, records, opts.account);
-  const settlements = new Settlements({ log, market, records, host, receiptFetchMs, forgetIdempotent: (key, provider) => ticketing.forget(key, provider) });
+  const settlements = new Settlements({ log, market, records, host, receiptFetchMs, forgetIdempotent: (key, requestId) => ticketing.forget(key, requestId) });
   const reconciler = new Reconciler({ records, settlements, market, log, ...(opts.reconcileUnitMs !== undefined ? { unitMs: opts.reconcileUnitMs } : {}) });
 
   const listenHost = opts.host ?? '127.0.0.1';

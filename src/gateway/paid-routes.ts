@@ -11,7 +11,7 @@ import { INFER_PROTOCOL } from '../p2p/infer-protocol.ts';
 import { isUnsupportedProtocol, readResponse, request as p2pRequest, type Response as P2pResponse } from '../p2p/request-stream.ts';
 import { ratesFromWire } from '../../attestation/receipt.ts';
 import { contextWorstCase } from '../dispatch/routing.ts';
-import { fitProvidersOf } from './candidates.ts';
+import { fitProvidersOf, notSellingFor } from './candidates.ts';
 import { GatewayError, headStatus, invalid, providerRefusal } from './errors.ts';
 import { canonicalBodySha256, routingKey, type EstimateStore } from './estimates.ts';
 import { IdleWatch } from './idle-watch.ts';
@@ -229,10 +229,13 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       const n = tried.length; // failovers so far
       let routed = controls;
       if (n > 0) {
-        const fit = fitProvidersOf(await ask.providers(), model, endpoint, controls.routing, tried);
-        // X-Service-Prefer-Providers keeps its order; a provider whose context is known too small is skipped.
+        const listing = await ask.providers();
+        const fit = fitProvidersOf(listing, model, endpoint, controls.routing, tried);
+        // X-Service-Prefer-Providers keeps its order; a provider whose context is known too small,
+        // or that does not sell the model for this endpoint, is skipped.
+        const notSold = notSellingFor(listing, model, endpoint);
         const rest = controls.preferredProviders
-          ? controls.preferredProviders.filter((id) => !tried.includes(id) && (controls.routing.min_context === undefined || fit.includes(id)))
+          ? controls.preferredProviders.filter((id) => !tried.includes(id) && !notSold.has(id) && (controls.routing.min_context === undefined || fit.includes(id)))
           : fit;
         if (rest.length === 0) throw lastFailure!;
         // A provider already had the buyer's whole wait: the next starts now or refuses.
@@ -440,7 +443,7 @@ export function registerPaidRoutes(app: FastifyInstance, d: PaidRouteDeps): void
       throw new GatewayError(502, 'bad_provider_response', `the provider did not answer: ${outcome.e.message}`);
     }
     const { res, head, status } = outcome;
-    if (status === 200 && idem !== undefined) ticketing.remember(endpoint, idem, p.provider);
+    if (status === 200 && idem !== undefined) ticketing.remember(endpoint, idem, p.provider, p.requestId);
     const headers = isObj(head.headers) ? head.headers : {};
     if (status !== 200) {
       // A refusal before any work: HEAD {status}, TRAILER {error}. Relay both; nothing was charged.

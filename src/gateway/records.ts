@@ -13,6 +13,7 @@ import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { ReceiptExpectation } from './receipt-check.ts';
+import type { AnsweredAttempt } from './tickets.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
 
 export type RecordStatus =
@@ -59,7 +60,7 @@ export interface RequestRecord {
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS request_records (request_id TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS request_aliases (request_id TEXT PRIMARY KEY, target TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS idempotent_providers (key TEXT PRIMARY KEY, provider TEXT NOT NULL, at INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotent_providers (key TEXT PRIMARY KEY, provider TEXT NOT NULL, at INTEGER NOT NULL, request_id TEXT) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS unsettled (request_id TEXT PRIMARY KEY, job TEXT NOT NULL) WITHOUT ROWID;
 `;
 
@@ -78,6 +79,8 @@ export interface UnsettledJob {
   /** When to look next (epoch ms), and how many looks found nothing to settle yet. */
   next_at: number;
   tries: number;
+  /** The request's Idempotency-Key as Ticketing keeps it, when it had one: a receipt found that did not complete frees it (Settlements.attemptEnded). */
+  idem_key?: string;
   /**
    * A whole-body answer that broke off before its trailer: the buyer got a 502 and none of it, so
    * a receipt found for it is recorded, never settled (RequestRecords.withhold).
@@ -123,9 +126,9 @@ export class RequestRecords {
   private recordWrites = 0;
   private readonly putAlias: Database.Statement<[string, string]> | undefined;
   private readonly load: Database.Statement<[{ id: string }], { record: string }> | undefined;
-  private readonly putIdempotent: Database.Statement<[string, string, number]> | undefined;
+  private readonly putIdempotent: Database.Statement<[string, string, number, string]> | undefined;
   // (putJob, delJob: see watch())
-  private readonly getIdempotent: Database.Statement<[string, number], { provider: string }> | undefined;
+  private readonly getIdempotent: Database.Statement<[string, number], { provider: string; request_id: string | null }> | undefined;
   private readonly pruneIdempotent: Database.Statement<[number]> | undefined;
   private readonly delIdempotent: Database.Statement<[string, string]> | undefined;
   private idempotentWrites = 0;
@@ -181,6 +184,10 @@ export class RequestRecords {
         db.exec(`ALTER TABLE request_records ADD COLUMN created_at INTEGER; UPDATE request_records SET created_at = json_extract(record, '$.created_at')`);
       }
       db.exec('CREATE INDEX IF NOT EXISTS request_records_created ON request_records (created_at)');
+      // The attempt each idempotency key was answered by (files written before: none, never forgotten).
+      if (!db.prepare<[], { name: string }>('PRAGMA table_info(idempotent_providers)').all().some((c) => c.name === 'request_id')) {
+        db.exec('ALTER TABLE idempotent_providers ADD COLUMN request_id TEXT');
+      }
       // Requests that were running when the gateway last stopped will never end here.
       const now = Date.now();
       const stale = db.prepare<[], { request_id: string; record: string }>(`SELECT request_id, record FROM request_records WHERE json_extract(record, '$.status') = 'in_progress'`).all();
@@ -208,10 +215,10 @@ export class RequestRecords {
     this.load = db.prepare(
       'SELECT record FROM request_records WHERE request_id = coalesce((SELECT target FROM request_aliases WHERE request_id = @id), @id)',
     );
-    this.putIdempotent = db.prepare('INSERT OR REPLACE INTO idempotent_providers (key, provider, at) VALUES (?, ?, ?)');
-    this.getIdempotent = db.prepare('SELECT provider FROM idempotent_providers WHERE key = ? AND at >= ?');
+    this.putIdempotent = db.prepare('INSERT OR REPLACE INTO idempotent_providers (key, provider, at, request_id) VALUES (?, ?, ?, ?)');
+    this.getIdempotent = db.prepare('SELECT provider, request_id FROM idempotent_providers WHERE key = ? AND at >= ?');
     this.pruneIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE at < ?');
-    this.delIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE key = ? AND provider = ?');
+    this.delIdempotent = db.prepare('DELETE FROM idempotent_providers WHERE key = ? AND request_id = ?');
     this.pruneIdempotent.run(Date.now() - IDEMPOTENT_KEPT_MS);
     this.prune();
     this.putJob = db.prepare('INSERT OR REPLACE INTO unsettled (request_id, job) VALUES (?, ?)');
@@ -309,25 +316,25 @@ export class RequestRecords {
    * retry after a gateway restart still goes back there. Undefined without a file, past 24 h, or
    * when the file cannot be read (reported).
    */
-  idempotentProvider(key: string): string | undefined {
-    let row: { provider: string } | undefined;
+  idempotentProvider(key: string): AnsweredAttempt | undefined {
+    let row: { provider: string; request_id: string | null } | undefined;
     if (this.getIdempotent) this.guard(keyLabel(key), 'read', () => (row = this.getIdempotent!.get(key, Date.now() - IDEMPOTENT_KEPT_MS)));
-    return row?.provider;
+    return row ? { provider: row.provider, requestId: row.request_id } : undefined;
   }
 
-  /** Keeps the provider that answered under an idempotency key in the file (nothing without one). */
-  rememberIdempotent(key: string, provider: string): void {
+  /** Keeps the attempt (provider, request id) that answered under an idempotency key in the file (nothing without one). */
+  rememberIdempotent(key: string, provider: string, requestId: string): void {
     if (!this.putIdempotent) return;
     const now = Date.now();
     // (retried like records': without it, a retry after a restart may run on another provider, billed twice: s25 hS)
-    this.stored(keyLabel(key), () => this.putIdempotent!.run(key, provider, now));
+    this.stored(keyLabel(key), () => this.putIdempotent!.run(key, provider, now, requestId));
     if (++this.idempotentWrites % IDEMPOTENT_PRUNE_EVERY === 0) this.guard(keyLabel(key), 'write', () => this.pruneIdempotent!.run(now - IDEMPOTENT_KEPT_MS));
   }
 
-  /** Takes the key's provider out of the file, if it is still `provider` (nothing without a file). */
-  forgetIdempotent(key: string, provider: string): void {
+  /** Takes the key out of the file if the attempt kept under it is still request `requestId` (nothing without a file). */
+  forgetIdempotent(key: string, requestId: string): void {
     if (!this.delIdempotent) return;
-    this.stored(keyLabel(key), () => this.delIdempotent!.run(key, provider));
+    this.stored(keyLabel(key), () => this.delIdempotent!.run(key, requestId));
   }
 
   /** Whether the record is held in memory (not only in the file). */

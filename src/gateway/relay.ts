@@ -80,7 +80,8 @@ export class Relay {
    * record names it): the same answer names the same loser, whose cost is the buyer's too (s30 review).
    */
   private hedgedWith(p: Paid, id: string): { hedged_with?: string } {
-    const other = id === p.requestId ? p.hedgedWith : this.d.records.get(id)?.hedged_with;
+    // (a retry that ran hedged itself names its own loser, billed now)
+    const other = p.hedgedWith ?? (id === p.requestId ? undefined : this.d.records.get(id)?.hedged_with);
     return other === undefined ? {} : { hedged_with: other };
   }
 
@@ -307,7 +308,6 @@ export class Relay {
   }
 }
 
-/** Ends a relayed stream; with an error, as one last SSE event the buyer's client reports. */
 /** The last `"sequence_number":N` in `bytes`, or `before` when there is none. */
 function lastSequenceIn(bytes: Uint8Array, before: number): number {
   const text = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('latin1');
@@ -350,6 +350,3 @@ function usageMismatch(u: unknown, r: VerifiedReceipt): string | undefined {
   if (u.cost !== undefined && u.cost !== formatUsd(BigInt(p.cost_micro_usd))) return `usage.cost is ${String(u.cost)}, the receipt says ${formatUsd(BigInt(p.cost_micro_usd))}`;
   return undefined;
 }
-
-/** `service.hedged_with` for the winner of a hedge: the other attempt, billed for its own work in its own record. */
-

@@ -34,7 +34,7 @@ const SETTLE_ATTEMPTS = 3;
 export interface SettlementDeps {
   log: GatewayLogger;
   /** An attempt under an Idempotency-Key ended without completing: a retry is no longer its provider's alone (Ticketing.forget). */
-  forgetIdempotent?: (key: string, provider: string) => void;
+  forgetIdempotent?: (key: string, requestId: string) => void;
   market: MarketClient;
   records: RequestRecords;
   host: Host;
@@ -114,8 +114,8 @@ export class Settlements {
    * back to that provider alone (s30 review: after a buyer left, every retry was refused once the
    * provider had gone).
    */
-  attemptEnded(p: Paid, r: VerifiedReceipt): void {
-    if (p.idemKey !== undefined && r.payload.request_id === p.requestId && r.payload.status !== 'completed') this.d.forgetIdempotent?.(p.idemKey, p.provider);
+  attemptEnded(p: Pick<Paid, 'requestId' | 'idemKey'>, r: VerifiedReceipt): void {
+    if (p.idemKey !== undefined && r.payload.request_id === p.requestId && r.payload.status !== 'completed') this.d.forgetIdempotent?.(p.idemKey, p.requestId);
   }
 
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
@@ -273,7 +273,7 @@ export class Settlements {
    */
   watch(p: Paid, firstLookMs: number): void {
     const now = Date.now();
-    this.d.records.watch({ request_id: p.requestId, provider: p.provider, target: p.target.map(String), exp: p.exp, created_at: now, next_at: now + firstLookMs, tries: 0 });
+    this.d.records.watch({ request_id: p.requestId, provider: p.provider, target: p.target.map(String), exp: p.exp, created_at: now, next_at: now + firstLookMs, tries: 0, ...(p.idemKey !== undefined ? { idem_key: p.idemKey } : {}) });
   }
 
   /**

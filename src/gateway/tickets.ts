@@ -63,10 +63,17 @@ export function paidOf(granted: Granted, idemKey: string | undefined): Paid {
 const IDEMPOTENT_REMEMBERED = 10_000;
 
 /** Where the answering providers are kept beyond memory (the gateway's records file), so a restart keeps them. */
+/** The attempt that answered under an Idempotency-Key: its provider, and its request id (null: kept by a gateway before it kept them). */
+export interface AnsweredAttempt {
+  provider: string;
+  requestId: string | null;
+}
+
 export interface IdempotentProviderStore {
-  idempotentProvider(key: string): string | undefined;
-  rememberIdempotent(key: string, provider: string): void;
-  forgetIdempotent(key: string, provider: string): void;
+  idempotentProvider(key: string): AnsweredAttempt | undefined;
+  rememberIdempotent(key: string, provider: string, requestId: string): void;
+  /** Forgets the key if the attempt kept under it is still request `requestId`. */
+  forgetIdempotent(key: string, requestId: string): void;
 }
 
 export class Ticketing {
@@ -75,7 +82,7 @@ export class Ticketing {
    * Idempotency-Key → the provider its first attempt went to. A node answers a retry from its own
    * record, so the retry must go back there; anywhere else it would run (and be billed) again.
    */
-  private readonly idempotentAt = new Map<string, string>();
+  private readonly idempotentAt = new Map<string, AnsweredAttempt | null>();
   private readonly store: IdempotentProviderStore | undefined;
   /** The account the tickets are asked for (the market's default when undefined): a node scopes Idempotency-Keys by it. */
   private readonly account: string | undefined;
@@ -99,15 +106,16 @@ export class Ticketing {
     for (const e of [endpoint, ...PAID_ENDPOINTS.filter((x) => x !== endpoint)]) {
       const key = idempotentKey(e, idem);
       let here = this.idempotentAt.get(key);
-      if (here === undefined) this.keep(key, (here = this.store?.idempotentProvider(key) ?? ''));
-      if (here) return here;
+      if (here === undefined) this.keep(key, (here = this.store?.idempotentProvider(key) ?? null));
+      if (here) return here.provider;
     }
     return undefined;
   }
 
-  private keep(key: string, provider: string): void {
+  /** `answered` null: a known miss. */
+  private keep(key: string, answered: AnsweredAttempt | null): void {
     this.idempotentAt.delete(key);
-    this.idempotentAt.set(key, provider);
+    this.idempotentAt.set(key, answered);
     if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
   }
 
@@ -189,23 +197,26 @@ export class Ticketing {
     return this.answeredAt(endpoint, idem) !== undefined;
   }
 
-  /** The provider that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
-  remember(endpoint: PaidEndpoint, idem: string, provider: string): void {
+  /** The attempt (its provider and request id) that answered a request under an Idempotency-Key (a hedge's winner, not its first ticket). */
+  remember(endpoint: PaidEndpoint, idem: string, provider: string, requestId: string): void {
     const key = idempotentKey(endpoint, idem);
-    this.keep(key, provider);
-    this.store?.rememberIdempotent(key, provider);
+    this.keep(key, { provider, requestId });
+    this.store?.rememberIdempotent(key, provider, requestId);
   }
 
   /**
-   * The attempt under `key` (idempotentKey) at `provider` did not complete (its receipt is
-   * `cancelled` or `failed`): the node recorded no answer for it (docs/protocol.md, Idempotency),
-   * so a retry runs again, anywhere. Kept, the key would send every retry back to that provider
-   * alone, and refuse it (idempotency_provider_unavailable) once the provider is gone (s30 review).
+   * Attempt `requestId` under `key` (idempotentKey) did not complete (its receipt is `cancelled`
+   * or `failed`): its node recorded no answer for it (docs/protocol.md, Idempotency), so a retry
+   * runs again, anywhere. Kept, the key would send every retry back to that provider alone, and
+   * refuse it (idempotency_provider_unavailable) once the provider is gone (s30 review). Only
+   * while that attempt is still the one kept: a retry that has answered since (a completed run,
+   * its answer recorded at its node) keeps the key, or its next retry would run and bill again.
    */
-  forget(key: string, provider: string): void {
-    if ((this.idempotentAt.get(key) ?? this.store?.idempotentProvider(key)) !== provider) return;
-    this.keep(key, '');
-    this.store?.forgetIdempotent(key, provider);
+  forget(key: string, requestId: string): void {
+    const kept = this.idempotentAt.has(key) ? this.idempotentAt.get(key) : this.store?.idempotentProvider(key);
+    if (!kept || kept.requestId !== requestId) return;
+    this.keep(key, null);
+    this.store?.forgetIdempotent(key, requestId);
   }
 
   /** The market's listing of providers (a paid request fetches it once, however many attempts it makes). */

@@ -23,6 +23,8 @@ export interface CapacityModel {
   queue_limit: number;
   /** False while the node takes no paid work for this model (its file changed under it); left out when it does. */
   accepting?: false;
+  /** The paid endpoints it is sold for, when fewer than all (no chat template: completions and embeddings). */
+  endpoints?: string[];
 }
 
 export interface CapacitySnapshot {

@@ -125,6 +125,23 @@ class Refusal extends ServiceError {
   override name = 'Refusal';
 }
 
+/**
+ * Why the node itself cancelled a request (its request signal's reason): it is stopping and the
+ * grace for running requests ran out. Unlike a buyer who leaves, this buyer is still there: a
+ * stream ends with what was sent and its `cancelled` receipt; a whole body, never sent, is a
+ * `failed` run (nothing billed for output), not one the buyer walked away from.
+ */
+export class NodeStopping extends Error {
+  override name = 'NodeStopping';
+  constructor() {
+    super('the node is stopping: its grace period for running requests ran out');
+  }
+}
+
+const stoppedByNode = (signal: AbortSignal): boolean => signal.aborted && signal.reason instanceof NodeStopping;
+const NODE_STOPPED = 'the node stopped before the answer was complete';
+const nodeStoppedRefusal = (): Refusal => new Refusal(503, 'no_capacity', `${NODE_STOPPED}; nothing was billed, another provider can take it`);
+
 /** The largest body of a free request (tokenize, count_tokens): about 130,000 tokens of text. */
 export const MAX_FREE_BODY = 512 << 10;
 /** A paid body larger than this is parsed only once its ticket vouches for it (TicketGate.vouch). */
@@ -499,9 +516,13 @@ export class InferService {
         e = await model.adapter.embed(p.input, tokens, req.signal);
       } catch (err) {
         // Nothing reached the buyer and nothing is billed: a refusal that says why.
+        if (stoppedByNode(req.signal)) return await this.refuse(res, nodeStoppedRefusal());
         const why = err instanceof Error ? err.message.slice(0, 200) : 'the runtime failed';
         return await this.refuse(res, new Refusal(500, 'runtime_failed', `the run failed: ${why}`));
       }
+      // The node's own stop cut the inputs short: the buyer is still there and gets no vectors, so
+      // nothing is billed, as for a runtime that failed.
+      if (stoppedByNode(req.signal)) return await this.refuse(res, nodeStoppedRefusal());
       // The work is done and billed whatever happens next. A buyer who left (or a hedge's other
       // half that won) gets a `cancelled` receipt for the inputs embedded by then (the runtime
       // stopped at the next one; none when they left before it began), covering the bytes that
@@ -612,12 +633,18 @@ export class InferService {
     } catch (e) {
       // The buyer went away (or their stream refused a write), or the runtime failed: bill exactly
       // what was delivered. A buyer still there first gets the text the runtime produced before it failed.
-      const gone = req.signal.aborted || delivery.failed;
+      const gone = (req.signal.aborted && !stoppedByNode(req.signal)) || delivery.failed;
       if (!gone) await events.flush().catch(() => undefined);
       events.discard();
       await gen?.return(undefined as never).catch(() => undefined); // stops the runtime, frees its slot
-      status = gone ? 'cancelled' : 'failed';
-      if (status === 'failed') failure = e instanceof Error ? e.message.slice(0, 200) : 'the runtime failed';
+      status = gone || (stoppedByNode(req.signal) && (stream || rstream)) ? 'cancelled' : 'failed';
+      if (status === 'failed') failure = stoppedByNode(req.signal) ? NODE_STOPPED : e instanceof Error ? e.message.slice(0, 200) : 'the runtime failed';
+    }
+    // The node's own stop cut a whole body short: the buyer gets none of it, so it is a failed run
+    // (output not billed), not one they walked away from.
+    if (status === 'cancelled' && !stream && !rstream && stoppedByNode(req.signal)) {
+      status = 'failed';
+      failure = NODE_STOPPED;
     }
     // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
     // failure or a buyer who left, only when a token came back (proof the prompt was evaluated).
@@ -655,7 +682,7 @@ export class InferService {
     const receipt = await this.receipt(model, ticket, req, { status, started, firstToken, input: inputTokens, output, usageRuntime, responseSha256: hash.digest('hex') });
     // A failed run's trailer says why, beside the receipt for what it delivered (design.md: the
     // trailer carries an error envelope and, where work was done, a receipt).
-    const trailer = failure === undefined ? receipt : { ...receipt, ...errorBody('runtime_failed', `the run failed: ${failure}`) };
+    const trailer = failure === undefined ? receipt : { ...receipt, ...(failure === NODE_STOPPED ? errorBody('node_stopping', `the run did not finish: ${failure}`) : errorBody('runtime_failed', `the run failed: ${failure}`)) };
     await res.trailer(trailer).catch(() => undefined); // a buyer who left still has a receipt in the log
   }
 
