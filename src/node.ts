@@ -581,8 +581,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
             logger.warn({ in_flight: infer.inFlight, grace_ms: graceMs }, 'requests still running after the grace period are cancelled');
             // Their runtimes stop; each still ends with its receipt in its trailer (s30 review: the
             // streams were reset first, and the buyers got a broken stream instead): a stream's
-            // `cancelled`, for what was sent; a whole body's `failed`, output not billed, as none
-            // was sent. A buyer that does not read is cut off after a while.
+            // `cancelled`, for what was sent; a whole body's `failed`, billing nothing, as none was
+            // sent. A buyer that does not read is cut off after a while.
             infer.cancel(new NodeStopping());
             if (!(await infer.idle(STOP_CANCEL_MS))) logger.warn({ in_flight: infer.inFlight }, `requests cancelled by the stop still writing their answers after ${STOP_CANCEL_MS / 1000} s are cut off`);
           }

@@ -118,7 +118,7 @@ describe('gateway candidates', () => {
 
 describe('POST /v1/estimates against a listing that cannot run it', () => {
   /** A gateway on a market whose listing is `listing` (no provider can be dialled). */
-  async function estimate(listing: unknown[], body: object): Promise<[number, { code: string; message: string }]> {
+  async function estimate(listing: unknown[], body: object, headers: Record<string, string> = {}): Promise<[number, { code: string; message: string }]> {
     const market = http.createServer((req, res) => {
       if (req.method === 'GET' && req.url === '/v1/providers') {
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(listing));
@@ -129,7 +129,7 @@ describe('POST /v1/estimates against a listing that cannot run it', () => {
     await new Promise<void>((r) => market.listen(0, '127.0.0.1', r));
     const gw = await createGateway({ market: `http://127.0.0.1:${(market.address() as AddressInfo).port}`, port: 0 });
     try {
-      const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      const r = await fetch(`${gw.url}/estimates`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
       return [r.status, ((await r.json()) as { error: { code: string; message: string } }).error];
     } finally {
       await gw.close(1000);
@@ -149,6 +149,9 @@ describe('POST /v1/estimates against a listing that cannot run it', () => {
   test('providers that sell the model for completions and embeddings only (no chat template): a chat estimate is 404 model_not_found, as its request would be, before anyone is dialled', async () => {
     const [status, e] = await estimate([entry('a', {}, { endpoints: ['completions', 'embeddings'] })], chat);
     expect([status, e.code]).toEqual([404, 'model_not_found']);
-    expect(e.message).toBe(`no provider that meets the routing controls sells "${MODEL}" for chat/completions`);
+    expect(e.message).toBe(`no provider sells "${MODEL}" for chat/completions`);
+    // Sold for chat by another that the controls rule out: the controls' refusal, as the market's (not a 404).
+    const [s2, e2] = await estimate([entry('a', {}, { endpoints: ['completions', 'embeddings'] }), entry('b', {}, { context: 16 })], { ...chat, body: { ...chat.body } }, { 'x-service-min-ctx': '1000' });
+    expect([s2, e2.code]).toEqual([503, 'no_provider']);
   });
 });

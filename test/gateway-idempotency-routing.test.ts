@@ -102,7 +102,8 @@ describe('retries under an Idempotency-Key with two providers', () => {
     await firstRun.body!.getReader().read();
     racing.abort();
     const retried = await waitFor('the retry to run', async () => {
-      const r = await post('chat/completions', { ...long, seed: 2 }, { 'idempotency-key': raced });
+      // (pinned to `a`: were the cancelled receipt in first, the market could send it elsewhere)
+      const r = await post('chat/completions', { ...long, seed: 2 }, { 'idempotency-key': raced, 'x-service-prefer-providers': a.providerId });
       if (r.status === 409) return void (await r.arrayBuffer()); // (the first still ending at the node)
       return r;
     });

@@ -364,6 +364,18 @@ describe('Ticketing and the records file', () => {
   });
 });
 
+describe('Ticketing keeps the attempt that answered under a key as long as nodes keep their records', () => {
+  test('without a records file, a key kept in memory is no longer kept after 24 h (its provider, gone since, would refuse its retries for good)', () => {
+    let now = 1_000_000;
+    const t = new Ticketing({} as never, undefined, undefined, () => now);
+    t.remember('chat/completions', 'k', 'aa'.repeat(32), 'req-1');
+    now += 24 * 60 * 60 * 1000;
+    expect(t.isRetry('chat/completions', 'k')).toBe(true);
+    now += 1;
+    expect(t.isRetry('chat/completions', 'k')).toBe(false);
+  });
+});
+
 describe('Ticketing.ticketFor on an Idempotency-Key retry', () => {
   test('a 403 for the first provider is the answer: the market is not asked again for anyone else', async () => {
     const asks: unknown[] = [];

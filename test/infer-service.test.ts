@@ -710,6 +710,33 @@ describe('InferService', () => {
     expect(again.out.head?.status).toBe(200);
   });
 
+  test("a run the runtime finished before the node's stop cancelled it is answered in full and completed, whole body or stream (s30 review)", async () => {
+    const generate = adapter.generate.bind(adapter);
+    for (const stream of [false, true]) {
+      const ac = new AbortController();
+      // The stop's grace runs out just as the runtime ends the run.
+      adapter.generate = async function* (r) {
+        const done = yield* generate(r);
+        ac.abort(new NodeStopping());
+        return done;
+      };
+      const { res, out } = recorder();
+      try {
+        await service.handle({ ...request('chat/completions', { ...chatBody, stream }), signal: ac.signal }, res);
+      } finally {
+        adapter.generate = generate;
+      }
+      expect(ac.signal.aborted).toBe(true);
+      expect(out.head?.status, `stream ${stream}`).toBe(200);
+      expect(out.trailer?.error, `stream ${stream}`).toBeUndefined();
+      const v = verifyReceipt(out.trailer!.receipt, { provider: node.id });
+      if (!v.ok) throw new Error(v.error.message);
+      expect(v.value.payload.status, `stream ${stream}`).toBe('completed');
+      if (stream) expect(text(out)).toContain('data: [DONE]');
+      else expect(JSON.parse(text(out)).choices[0].finish_reason).toMatch(/^(stop|length)$/);
+    }
+  });
+
   test("embeddings the node's own stop cut short: the buyer, still there, gets 503 no_capacity, nothing billed, no receipt (s30 review)", async () => {
     const embed = adapter.embed.bind(adapter);
     const ac = new AbortController();

@@ -64,7 +64,7 @@ test('a request cancelled by the stop whose runtime takes 3 s to end still leave
   }
 }, 30_000);
 
-test('a stop past its grace: a stream ends with what was sent and its `cancelled` receipt; a whole body, none of it sent, ends `failed`, output not billed (s30 review)', async () => {
+test('a stop past its grace: a stream ends with what was sent and its `cancelled` receipt; a whole body, none of it sent, ends `failed`, billing nothing (s30 review)', async () => {
   const market = testKey();
   // A runtime that yields a token every 20 ms: 300 tokens outlast the grace.
   const generate = slowRuntime(0);
@@ -94,7 +94,8 @@ test('a stop past its grace: a stream ends with what was sent and its `cancelled
     expect(wholeRead.body.length).toBe(0);
     const w = verifyReceipt(wholeRead.trailer.receipt as string, { provider });
     expect(w.ok && w.value.payload.status).toBe('failed');
-    expect(w.ok && w.value.payload.usage.output_tokens).toBe(0);
+    // Nothing billed: the node chose to stop, and the buyer got none of it (s30 review: the prompt was billed).
+    expect(w.ok && [w.value.payload.usage, w.value.payload.cost_micro_usd]).toEqual([{ input_tokens: 0, output_tokens: 0 }, '0']);
     expect(wholeRead.trailer.error).toMatchObject({ code: 'node_stopping' });
   } finally {
     LlamaEmbeddedAdapter.prototype.generate = generate;

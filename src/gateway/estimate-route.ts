@@ -54,10 +54,14 @@ export function registerEstimateRoute(app: FastifyInstance, d: { host: Host; mar
       throw e;
     }
     assertModelAllowed(req, parsed.model);
-    // Only routes sold for the endpoint (a model without a chat template is not sold for chat's), as the market tickets.
-    const selling = candidates(await d.market.providers(), parsed.model, controls).filter((x) => modelServes(x.provider.models.find((m) => m.id === parsed.model) ?? {}, endpoint));
-    if (selling.length === 0) throw new GatewayError(404, 'model_not_found', `no provider that meets the routing controls sells "${parsed.model.slice(0, 256)}" for ${endpoint}`);
-    const priced = selling.filter((x) => x.provider.rates?.[parsed.model] !== undefined);
+    // Only routes sold for the endpoint (a model without a chat template is not sold for chat's),
+    // judged first, as the market tickets: then the routing controls.
+    const listing = await d.market.providers();
+    const selling = listing.filter((p) => p.models.some((m) => m.id === parsed.model && modelServes(m, endpoint)));
+    if (selling.length === 0 && listing.some((p) => p.models.some((m) => m.id === parsed.model))) {
+      throw new GatewayError(404, 'model_not_found', `no provider sells "${parsed.model.slice(0, 256)}" for ${endpoint}`);
+    }
+    const priced = candidates(selling, parsed.model, controls).filter((x) => x.provider.rates?.[parsed.model] !== undefined);
     if (priced.length === 0) throw new GatewayError(503, 'no_provider', 'no provider that meets the routing controls publishes a price for this model');
     // The first candidate that can take it, as execution would find it (it fails over past a
     // provider whose context is too small, or whose worst case the key's limits cannot pay for).

@@ -13,7 +13,7 @@ import { formatUsd } from '../../attestation/money.ts';
 import type { ReceiptPayload } from '../../attestation/receipt.ts';
 import type { DsseEnvelope } from '../../attestation/dsse.ts';
 import type { ReceiptExpectation } from './receipt-check.ts';
-import type { AnsweredAttempt } from './tickets.ts';
+import { IDEMPOTENT_KEPT_MS, type AnsweredAttempt } from './tickets.ts';
 import { sha256Hex } from '../../attestation/hash.ts';
 
 export type RecordStatus =
@@ -98,9 +98,7 @@ export interface UnsettledJob {
 /** The most unsettled jobs kept; beyond it the oldest is given up (reported). */
 const MAX_JOBS = 100_000;
 
-/** How long the provider that answered under an Idempotency-Key is kept in the file: as long as nodes keep their records (24 h). */
-const IDEMPOTENT_KEPT_MS = 24 * 60 * 60 * 1000;
-/** Rows written between two prunings of the ones older than that. */
+/** Idempotency-Key rows written between two prunings of the ones older than IDEMPOTENT_KEPT_MS (tickets.ts). */
 const IDEMPOTENT_PRUNE_EVERY = 1000;
 
 /** How long the records file keeps a request's record by default (GET /v1/requests/{id} after that: 404). */

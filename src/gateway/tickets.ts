@@ -59,6 +59,9 @@ export function paidOf(granted: Granted, idemKey: string | undefined): Paid {
   };
 }
 
+/** How long a gateway keeps the attempt that answered under an Idempotency-Key: as long as nodes keep their records (records.ts keeps its rows as long). */
+export const IDEMPOTENT_KEPT_MS = 24 * 60 * 60 * 1000;
+
 /** How many Idempotency-Keys the gateway remembers the answering provider of in memory. */
 const IDEMPOTENT_REMEMBERED = 10_000;
 
@@ -82,15 +85,19 @@ export class Ticketing {
    * Idempotency-Key → the provider its first attempt went to. A node answers a retry from its own
    * record, so the retry must go back there; anywhere else it would run (and be billed) again.
    */
-  private readonly idempotentAt = new Map<string, AnsweredAttempt | null>();
+  private readonly idempotentAt = new Map<string, { answered: AnsweredAttempt | null; at: number }>();
   private readonly store: IdempotentProviderStore | undefined;
   /** The account the tickets are asked for (the market's default when undefined): a node scopes Idempotency-Keys by it. */
   private readonly account: string | undefined;
 
-  constructor(market: MarketClient, store?: IdempotentProviderStore, account?: string) {
+  /** The clock that ages kept keys (tests give their own). */
+  private readonly now: () => number;
+
+  constructor(market: MarketClient, store?: IdempotentProviderStore, account?: string, now: () => number = Date.now) {
     this.market = market;
     this.store = store;
     this.account = account;
+    this.now = now;
   }
 
   /**
@@ -105,17 +112,30 @@ export class Ticketing {
     // the market would have sent it, rather than run and bill it as a new request elsewhere.
     for (const e of [endpoint, ...PAID_ENDPOINTS.filter((x) => x !== endpoint)]) {
       const key = idempotentKey(e, idem);
-      let here = this.idempotentAt.get(key);
-      if (here === undefined) this.keep(key, (here = this.store?.idempotentProvider(key) ?? null));
+      const here = this.kept(key);
       if (here) return here.provider;
     }
     return undefined;
   }
 
+  /**
+   * The attempt kept under `key`, from memory or else the store (then kept in memory too, a miss as
+   * null). Past IDEMPOTENT_KEPT_MS it is no longer kept, in memory as in the file: nodes keep their
+   * records that long, and a provider gone since would refuse the key's retries for good (s30 review).
+   */
+  private kept(key: string): AnsweredAttempt | null {
+    const here = this.idempotentAt.get(key);
+    if (here && this.now() - here.at <= IDEMPOTENT_KEPT_MS) return here.answered;
+    const answered = this.store?.idempotentProvider(key) ?? null;
+    // (one read from the store: its rows age out there on their own)
+    this.keep(key, answered);
+    return answered;
+  }
+
   /** `answered` null: a known miss. */
   private keep(key: string, answered: AnsweredAttempt | null): void {
     this.idempotentAt.delete(key);
-    this.idempotentAt.set(key, answered);
+    this.idempotentAt.set(key, { answered, at: this.now() });
     if (this.idempotentAt.size > IDEMPOTENT_REMEMBERED) this.idempotentAt.delete(this.idempotentAt.keys().next().value!);
   }
 
@@ -213,7 +233,7 @@ export class Ticketing {
    * its answer recorded at its node) keeps the key, or its next retry would run and bill again.
    */
   forget(key: string, requestId: string): void {
-    const kept = this.idempotentAt.has(key) ? this.idempotentAt.get(key) : this.store?.idempotentProvider(key);
+    const kept = this.kept(key);
     if (!kept || kept.requestId !== requestId) return;
     this.keep(key, null);
     this.store?.forgetIdempotent(key, requestId);

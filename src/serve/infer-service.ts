@@ -629,7 +629,9 @@ export class InferService {
         }
       }
       await events.flush();
-      if (req.signal.aborted || result?.finishReason === 'abort') status = 'cancelled';
+      // (A run that finished before the node's stop cancelled it is whole: it is answered in full.)
+      const finishedFirst = stoppedByNode(req.signal) && result !== undefined && result.finishReason !== 'abort';
+      if ((req.signal.aborted && !finishedFirst) || result?.finishReason === 'abort') status = 'cancelled';
     } catch (e) {
       // The buyer went away (or their stream refused a write), or the runtime failed: bill exactly
       // what was delivered. A buyer still there first gets the text the runtime produced before it failed.
@@ -641,14 +643,14 @@ export class InferService {
       if (status === 'failed') failure = stoppedByNode(req.signal) ? NODE_STOPPED : e instanceof Error ? e.message.slice(0, 200) : 'the runtime failed';
     }
     // The node's own stop cut a whole body short: the buyer gets none of it, so it is a failed run
-    // (output not billed), not one they walked away from.
-    if (status === 'cancelled' && !stream && !rstream && stoppedByNode(req.signal)) {
+    // billing nothing, not one they walked away from (nor a runtime's failure: the node chose to stop).
+    if ((status === 'cancelled' || failure === NODE_STOPPED) && !stream && !rstream && stoppedByNode(req.signal)) {
       status = 'failed';
       failure = NODE_STOPPED;
     }
     // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
     // failure or a buyer who left, only when a token came back (proof the prompt was evaluated).
-    const inputTokens = result ? result.inputTokens : firstToken !== null ? tokens.length : 0;
+    const inputTokens = failure === NODE_STOPPED ? 0 : result ? result.inputTokens : firstToken !== null ? tokens.length : 0;
     try {
       if (status === 'completed') {
         const cost = computeCost({ input_tokens: inputTokens, output_tokens: result!.outputTokens }, model.rates);
