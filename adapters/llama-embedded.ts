@@ -100,8 +100,6 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private fileState: ModelFileState = 'unchanged';
   /** Whether llama.cpp mapped the file (the weights served are then the file's bytes as they are now). */
   private mapped = false;
-  /** The quantization bucket the GGUF file says it is (general.file_type), read by the start's file check. */
-  private fileQuantization: string | undefined;
   /** What the latest start did about the child-process probe: ran it, knew the file passed it (its memo), or none asked. */
   probed: 'ran' | 'remembered' | 'off' = 'off';
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
@@ -139,7 +137,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   private async load(slots: number): Promise<void> {
     const summary = checkGgufFile(this.opts.modelPath); // (a file node-llama-cpp or llama.cpp would mis-read is refused first: gguf-check.ts)
-    this.fileQuantization = quantizationOfFileType(summary.fileType);
+    // (the quantization bucket the file says it is: general.file_type)
+    const quantization = quantizationOfFileType(summary.fileType);
     const llama = await llamaFor(this.opts.gpu ?? 'auto');
     const before = fileIdentity(this.opts.modelPath);
     const hashing = this.opts.modelSha256 ?? fileSha256(this.opts.modelPath);
@@ -159,7 +158,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       if (!before || !after || modelFileState(before, after) !== 'unchanged') throw new Error(`model file ${this.opts.modelPath} changed while it was loaded and hashed: start again once it is complete`);
       this.loadedFile = after;
       this.fileState = 'unchanged';
-      await this.open(llama, loaded.value, hashed.value, slots);
+      await this.open(llama, loaded.value, hashed.value, slots, quantization);
       if (passed !== undefined) this.opts.probe?.memo?.remember(passed);
     } catch (e) {
       await this.stop().catch(() => undefined);
@@ -189,7 +188,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     }
   }
 
-  private async open(llama: Llama, model: LlamaModel, sha: string, slots: number): Promise<void> {
+  private async open(llama: Llama, model: LlamaModel, sha: string, slots: number, quantization: string | undefined): Promise<void> {
     const contextLength = Math.min(this.opts.contextLength ?? Math.min(model.trainContextSize, 4096), model.trainContextSize);
     this.context = await model.createContext({
       contextSize: contextLength, // per sequence: node-llama-cpp gives each of the `sequences` its own
@@ -228,7 +227,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       contextLength,
       embeddingLength: model.embeddingVectorSize,
       chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
-      ...(this.fileQuantization !== undefined ? { quantization: this.fileQuantization } : {}),
+      ...(quantization !== undefined ? { quantization } : {}),
     };
   }
 

@@ -58,26 +58,22 @@ describe('Reconciler', () => {
   });
 
   test("a receipt the node's log shows later frees the request's Idempotency-Key when it did not complete, and only then (s30 review)", async () => {
+    const { Settlements } = await import('../src/gateway/settlement.ts');
     const r = new RequestRecords(100);
-    const ended: [string | undefined, string, string][] = [];
+    const forgotten: [string, string][] = [];
     const found: Record<string, string> = { left: 'cancelled', done: 'completed' };
-    const settlements = {
-      fetchReceipt: async (p: { requestId: string }) => ({ ok: true, line: 'x', envelope, payload: { ...receipt(p.requestId).payload, status: found[p.requestId] } }),
-      attemptEnded: (p: { requestId: string; idemKey?: string }, c: { payload: ReceiptPayload }) => void ended.push([p.idemKey, p.requestId, c.payload.status]),
-      settle: async () => undefined,
-      track: (_id: string, p: Promise<void>) => p,
-    } as unknown as Settlements;
+    const market = { postReceipt: async () => ({ ok: true }) } as unknown as MarketClient;
+    const s = new Settlements({ log: quiet, market, records: r, host: undefined as never, receiptFetchMs: 0, forgetIdempotent: (key, id) => void forgotten.push([key, id]) });
+    // (the node's log, as the reconciler reads it)
+    s.fetchReceipt = (async (p: { requestId: string }) => ({ ok: true, line: 'x', envelope, payload: { ...receipt(p.requestId).payload, status: found[p.requestId] } })) as never;
     for (const id of ['left', 'done']) {
       r.begin({ request_id: id, endpoint: 'chat/completions', model: 'm', provider: null });
       r.fail(id, 'abandoned', { code: 'request_abandoned', message: 'the buyer left' });
       r.watch({ ...job(id, 0), idem_key: `chat/completions\nkey-${id}` });
     }
-    await new Reconciler({ records: r, settlements, market: {} as MarketClient, log: quiet, unitMs: 1000 }).turn();
-    // (attemptEnded forgets only a receipt that did not complete: test/gateway-records.test.ts)
-    expect(ended.sort()).toEqual([
-      ['chat/completions\nkey-done', 'done', 'completed'],
-      ['chat/completions\nkey-left', 'left', 'cancelled'],
-    ]);
+    await new Reconciler({ records: r, settlements: s, market, log: quiet, unitMs: 1000 }).turn();
+    expect(forgotten).toEqual([['chat/completions\nkey-left', 'left']]);
+    await s.stop();
     r.close();
   });
 
@@ -107,20 +103,28 @@ describe('Reconciler', () => {
   });
 });
 
-describe('Settlements.attemptEnded', () => {
-  test('forgets the Idempotency-Key of an attempt whose own receipt did not complete; not for a completed one, another request\'s receipt (a retry answered from the record), or a request without a key', async () => {
+describe('Settlements.settle and Idempotency-Keys', () => {
+  test('forgets the Idempotency-Key of a request whose own receipt did not complete; not for a completed one, another request\'s receipt (a retry answered from the record), or a request without a key', async () => {
     const { Settlements } = await import('../src/gateway/settlement.ts');
     const forgotten: [string, string][] = [];
-    const s = new Settlements({ log: quiet, market: {} as MarketClient, records: new RequestRecords(10), host: undefined as never, receiptFetchMs: 0, forgetIdempotent: (key, id) => void forgotten.push([key, id]) });
+    const r = new RequestRecords(10);
+    const market = { postReceipt: async () => ({ ok: true }) } as unknown as MarketClient;
+    const s = new Settlements({ log: quiet, market, records: r, host: undefined as never, receiptFetchMs: 0, forgetIdempotent: (key, id) => void forgotten.push([key, id]) });
+    for (const id of ['a', 'b', 'c', 'd', 'e', 'first']) {
+      r.begin({ request_id: id, endpoint: 'chat/completions', model: 'm', provider: null });
+      r.watch({ ...job(id, Date.now() + 60_000), ...(id === 'e' ? {} : { idem_key: `k-${id}` }) });
+    }
     const got = (id: string, status: string) => ({ ok: true, line: 'x', envelope, payload: { ...receipt(id).payload, status } }) as never;
-    s.attemptEnded({ requestId: 'a', idemKey: 'k-a' }, got('a', 'cancelled'));
-    s.attemptEnded({ requestId: 'b', idemKey: 'k-b' }, got('b', 'failed'));
-    s.attemptEnded({ requestId: 'c', idemKey: 'k-c' }, got('c', 'completed'));
-    s.attemptEnded({ requestId: 'd', idemKey: 'k-d' }, got('first', 'cancelled'));
-    s.attemptEnded({ requestId: 'e' }, got('e', 'cancelled'));
+    await s.settle('a', got('a', 'cancelled'));
+    await s.settle('b', got('b', 'failed'));
+    await s.settle('c', got('c', 'completed'));
+    await s.settle('first', got('first', 'cancelled'), 'd'); // d, a retry, answered with the first request's receipt
+    await s.settle('e', got('e', 'cancelled'));
     expect(forgotten).toEqual([
       ['k-a', 'a'],
       ['k-b', 'b'],
     ]);
+    await s.stop();
+    r.close();
   });
 });

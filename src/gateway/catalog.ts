@@ -42,6 +42,8 @@ interface Route {
   contract: { envelope: DsseEnvelope; payload: RequestContractPayload } | undefined;
   /** The endpoint families the route is sold for (all four but when its registration names fewer). */
   families: readonly (typeof ENDPOINT_FAMILIES)[number][];
+  /** What those produce: text (chat, completions, responses), embeddings, or both. */
+  modalities: readonly (typeof MODALITIES)[number][];
 }
 
 /** The catalog's endpoint families, by the contract's endpoint names. */
@@ -142,7 +144,7 @@ function models(listing: readonly ProviderEntry[]): Model[] {
         tokensPerSecond: m.tokens_per_second,
         capacity: p.capacity?.get(m.id),
         contract: contracts.find((c) => c.payload.models.includes(m.id)),
-        families: (Object.entries(FAMILY_OF) as [ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]][]).flatMap(([e, family]) => (modelServes(m, e) ? [family] : [])),
+        ...familiesOf(m),
       };
       const e = byId.get(m.id) ?? { id: m.id, routes: [] };
       e.routes.push(route);
@@ -222,7 +224,7 @@ function entry(m: Model, routes: Route[]): Record<string, unknown> & { _sort: Re
     live_providers: new Set(routes.filter((r) => r.live).map((r) => r.provider)).size,
     attestation_tiers: tiers,
     endpoint_families: ENDPOINT_FAMILIES.filter((f) => routes.some((r) => r.families.includes(f))),
-    modalities: MODALITIES.filter((x) => routes.some((r) => modalityOf(r).includes(x))),
+    modalities: MODALITIES.filter((x) => routes.some((r) => r.modalities.includes(x))),
     tools: false,
     structured_output: false,
     prompt_confidential: false,
@@ -249,13 +251,15 @@ function routeFits(r: Route, q: CatalogQuery): boolean {
   if (q.quantization !== undefined && r.quantization !== q.quantization) return false;
   if (q.provider !== undefined && r.provider !== q.provider) return false;
   if (q.endpointFamily !== undefined && !(r.families as readonly string[]).includes(q.endpointFamily)) return false;
-  if (q.modality !== undefined && !(modalityOf(r) as readonly string[]).includes(q.modality)) return false;
+  if (q.modality !== undefined && !(r.modalities as readonly string[]).includes(q.modality)) return false;
   return true;
 }
 
-/** What a route produces: text (chat, completions, responses), embeddings, or both. */
-function modalityOf(r: Route): (typeof MODALITIES)[number][] {
-  return [...(r.families.some((f) => f !== 'EMBEDDINGS') ? (['text'] as const) : []), ...(r.families.includes('EMBEDDINGS') ? (['embedding'] as const) : [])];
+/** The endpoint families a listed model is sold for, and the modalities they produce. */
+function familiesOf(m: { readonly endpoints?: readonly string[] }): Pick<Route, 'families' | 'modalities'> {
+  const families = (Object.entries(FAMILY_OF) as [ContractEndpoint, (typeof ENDPOINT_FAMILIES)[number]][]).flatMap(([e, family]) => (modelServes(m, e) ? [family] : []));
+  const modalities = [...(families.some((f) => f !== 'EMBEDDINGS') ? (['text'] as const) : []), ...(families.includes('EMBEDDINGS') ? (['embedding'] as const) : [])];
+  return { families, modalities };
 }
 
 /** Whether the model's own features meet the model-level filters. */

@@ -128,7 +128,6 @@ export class Reconciler {
         return;
       }
       log.info({ request_id: job.request_id, status: found.payload.status, cost_micro_usd: found.payload.cost_micro_usd }, "a receipt found in the provider's log after the request ended");
-      settlements.attemptEnded({ requestId: job.request_id, ...(job.idem_key !== undefined ? { idemKey: job.idem_key } : {}) }, found);
       await settlements.track(job.request_id, settlements.settle(job.request_id, found));
     }
     // settle() drops the job when the market took the receipt (or refused it for good).

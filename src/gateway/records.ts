@@ -79,7 +79,7 @@ export interface UnsettledJob {
   /** When to look next (epoch ms), and how many looks found nothing to settle yet. */
   next_at: number;
   tries: number;
-  /** The request's Idempotency-Key as Ticketing keeps it, when it had one: a receipt found that did not complete frees it (Settlements.attemptEnded). */
+  /** The request's Idempotency-Key as Ticketing keeps it, when it had one: its receipt, when it did not complete, frees it (Settlements.settle). */
   idem_key?: string;
   /**
    * A whole-body answer that broke off before its trailer: the buyer got a 502 and none of it, so
@@ -249,6 +249,11 @@ export class RequestRecords {
 
   hasJob(id: string): boolean {
     return this.jobs.has(id);
+  }
+
+  /** `id`'s unsettled job, while it is watched. */
+  job(id: string): UnsettledJob | undefined {
+    return this.jobs.get(id);
   }
 
   /** Marks `id`'s job undelivered (see UnsettledJob), in the file too. */

@@ -67,10 +67,7 @@ export class Relay {
    */
   private async checkTrailer(p: Paid, trailer: JsonObject | undefined, hash: crypto.Hash): Promise<Extract<CheckedReceipt, { ok: true }> | { ok: false; code: string; message: string }> {
     const checked = checkReceipt(trailer?.receipt, { ...p.exp, responseSha256: hash.digest('hex') }, p.idempotent);
-    if (checked.ok) {
-      this.d.settlements.attemptEnded(p, checked);
-      return checked;
-    }
+    if (checked.ok) return checked;
     return { ok: false, ...(await this.d.settlements.failBadReceipt(p.requestId, p, checked)) };
   }
 

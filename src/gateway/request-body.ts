@@ -38,10 +38,8 @@ export function peekModel(body: Uint8Array): string {
  * The Idempotency-Key of a request, from its headers as sent (`headersDistinct`): Node.js joins a
  * repeated header's values with ", ", and "K" sent twice would be the key "K, K" (s30 review).
  */
-export function idempotencyKey(raw: Pick<FastifyRequest['raw'], 'headers' | 'headersDistinct'>): string | undefined {
-  // (headersDistinct is Node's; a request object without it, as an injected one, has the joined value)
-  const joined = raw.headers['idempotency-key'];
-  const values = raw.headersDistinct ? raw.headersDistinct['idempotency-key'] : joined === undefined ? undefined : [joined].flat();
+export function idempotencyKey(raw: Pick<FastifyRequest['raw'], 'headersDistinct'>): string | undefined {
+  const values = raw.headersDistinct['idempotency-key'];
   if (values === undefined) return undefined;
   if (values.length !== 1) throw invalid('Idempotency-Key', 'given more than once');
   const v = values[0]!;

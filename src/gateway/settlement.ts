@@ -33,7 +33,7 @@ const SETTLE_ATTEMPTS = 3;
 
 export interface SettlementDeps {
   log: GatewayLogger;
-  /** An attempt under an Idempotency-Key ended without completing: a retry is no longer its provider's alone (Ticketing.forget). */
+  /** A request under an Idempotency-Key ended without completing: a retry is no longer its provider's alone (Ticketing.forget). */
   forgetIdempotent?: (key: string, requestId: string) => void;
   market: MarketClient;
   records: RequestRecords;
@@ -109,18 +109,23 @@ export class Settlements {
   }
 
   /**
-   * Attempt `p` has its verified receipt. One under an Idempotency-Key that did not complete left
-   * no answer at its node (it records completed answers only), so the key no longer sends a retry
-   * back to that provider alone (s30 review: after a buyer left, every retry was refused once the
-   * provider had gone).
+   * Request `id` has its own verified receipt. One under an Idempotency-Key (its settlement job
+   * keeps the key) that did not complete left no answer at its node (it records completed answers
+   * only), so the key no longer sends a retry back to that provider alone (s30 review: after a
+   * buyer left, every retry was refused once the provider had gone).
    */
-  attemptEnded(p: Pick<Paid, 'requestId' | 'idemKey'>, r: VerifiedReceipt): void {
-    if (p.idemKey !== undefined && r.payload.request_id === p.requestId && r.payload.status !== 'completed') this.d.forgetIdempotent?.(p.idemKey, p.requestId);
+  private keyFreed(id: string, r: VerifiedReceipt): void {
+    const key = this.d.records.job(id)?.idem_key;
+    if (key !== undefined && r.payload.request_id === id && r.payload.status !== 'completed') this.d.forgetIdempotent?.(key, id);
   }
 
   /** POST /v1/receipts, retried briefly while the market is unreachable; then the record. */
   async settle(id: string, r: VerifiedReceipt, askedAs?: string): Promise<void> {
     const { market, records, log } = this.d;
+    // (Every verified receipt comes here, whichever path found it: the relay's trailer, the node's
+    // log after an early end, the reconciler. A retry answered with the first request's receipt is
+    // not that request's own attempt.)
+    if (askedAs === undefined || askedAs === id) this.keyFreed(id, r);
     // An idempotent retry relayed the first request's answer whole, with its receipt: whatever the
     // first attempt's break-off left (the mark, or a receipt withheld), the buyer has the answer
     // now and the provider is paid for it, once (s23 h5: it was withheld for good).
@@ -235,7 +240,6 @@ export class Settlements {
         } else if (!c.ok) {
           await this.failBadReceipt(p.requestId, p, c);
         } else {
-          this.attemptEnded(p, c);
           await this.settle(p.requestId, c);
         }
         log.info({ request_id: p.requestId, status: records.get(p.requestId)?.status }, 'request ended early');

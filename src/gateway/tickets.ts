@@ -65,13 +65,13 @@ export const IDEMPOTENT_KEPT_MS = 24 * 60 * 60 * 1000;
 /** How many Idempotency-Keys the gateway remembers the answering provider of in memory. */
 const IDEMPOTENT_REMEMBERED = 10_000;
 
-/** Where the answering providers are kept beyond memory (the gateway's records file), so a restart keeps them. */
 /** The attempt that answered under an Idempotency-Key: its provider, and its request id (null: kept by a gateway before it kept them). */
 export interface AnsweredAttempt {
   provider: string;
   requestId: string | null;
 }
 
+/** Where the answering providers are kept beyond memory (the gateway's records file), so a restart keeps them. */
 export interface IdempotentProviderStore {
   idempotentProvider(key: string): AnsweredAttempt | undefined;
   rememberIdempotent(key: string, provider: string, requestId: string): void;

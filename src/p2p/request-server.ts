@@ -320,6 +320,11 @@ interface Exchange {
   cancel(reason: Error): void;
 }
 
+/** Resets a request still being received: the server is stopping, and it had not arrived whole. */
+function resetUnread(x: Exchange): void {
+  x.stream.abort(new StreamError('aborted', 'the server is stopping and the request had not arrived whole'));
+}
+
 /**
  * How long drain() lets requests still being received arrive whole before it resets them: a real
  * one is already on its way; a peer that sends a HEAD and never the rest must not hold a stop for
@@ -501,7 +506,7 @@ export async function handleRequests(
         if (left <= 0) return false;
         const receiving = [...exchanges].filter((x) => !x.handling);
         if (receiving.length > 0 && now >= readDeadline) {
-          for (const x of receiving) x.stream.abort(new StreamError('aborted', 'the server is stopping and the request had not arrived whole'));
+          for (const x of receiving) resetUnread(x);
         }
         const wait = receiving.length > 0 && now < readDeadline ? readDeadline - now : left;
         await settledWithin(Promise.allSettled([...exchanges].map((x) => x.done)), wait);
@@ -511,7 +516,7 @@ export async function handleRequests(
     cancel(reason: Error) {
       for (const x of exchanges) {
         if (x.handling) x.cancel(reason);
-        else x.stream.abort(new StreamError('aborted', 'the server is stopping and the request had not arrived whole'));
+        else resetUnread(x);
       }
     },
     async stop() {

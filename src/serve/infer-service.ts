@@ -129,7 +129,7 @@ class Refusal extends ServiceError {
  * Why the node itself cancelled a request (its request signal's reason): it is stopping and the
  * grace for running requests ran out. Unlike a buyer who leaves, this buyer is still there: a
  * stream ends with what was sent and its `cancelled` receipt; a whole body, never sent, is a
- * `failed` run (nothing billed for output), not one the buyer walked away from.
+ * `failed` run billing nothing, not one the buyer walked away from.
  */
 export class NodeStopping extends Error {
   override name = 'NodeStopping';
@@ -401,7 +401,8 @@ export class InferService {
     let ticket: TicketPayload;
     try {
       // (before the ticket is used: another provider can take the request)
-      if (!endpointsServed(model.adapter.info).includes(p.endpoint)) throw new Refusal(404, 'model_not_found', `model "${model.id}" is not sold for ${p.endpoint} here: it has no chat template (it takes ${endpointsServed(model.adapter.info).join(' and ')})`);
+      const served = endpointsServed(model.adapter.info);
+      if (!served.includes(p.endpoint)) throw new Refusal(404, 'model_not_found', `model "${model.id}" is not sold for ${p.endpoint} here: it has no chat template (it takes ${served.join(' and ')})`);
       if (model.adapter.modelFileState?.() === 'modified') throw modelFileModified(model);
       const busy = this.o.paidWorkRefused?.();
       if (busy) throw new Refusal(503, 'no_capacity', `${busy}; another provider can take it`);
@@ -607,6 +608,10 @@ export class InferService {
     let result: GenerationResult | undefined;
     let failure: string | undefined;
     let gen: AsyncGenerator<GeneratedChunk, GenerationResult, void> | undefined;
+    /** What ended the run early by throwing (the runtime, or a write to a buyer who left). */
+    let broke: { error: unknown; buyerGone: boolean } | undefined;
+    /** The buyer went away, or their stream refused a write (not the node's own stop: that buyer is still there). */
+    const buyerGone = () => (req.signal.aborted && !stoppedByNode(req.signal)) || delivery.failed;
     try {
       const streaming = Boolean(stream ?? rstream);
       await delivery.res.head({ status: 200, headers: { 'content-type': streaming ? 'text/event-stream' : 'application/json', 'x-request-id': ticket.request_id, ...(streaming ? { 'x-service-stream-mode': 'live' } : {}) } });
@@ -629,25 +634,26 @@ export class InferService {
         }
       }
       await events.flush();
-      // (A run that finished before the node's stop cancelled it is whole: it is answered in full.)
-      const finishedFirst = stoppedByNode(req.signal) && result !== undefined && result.finishReason !== 'abort';
-      if ((req.signal.aborted && !finishedFirst) || result?.finishReason === 'abort') status = 'cancelled';
     } catch (e) {
-      // The buyer went away (or their stream refused a write), or the runtime failed: bill exactly
-      // what was delivered. A buyer still there first gets the text the runtime produced before it failed.
-      const gone = (req.signal.aborted && !stoppedByNode(req.signal)) || delivery.failed;
-      if (!gone) await events.flush().catch(() => undefined);
+      // The runtime failed, or the buyer's stream refused a write. A buyer still there first gets
+      // the text the runtime produced before it failed.
+      broke = { error: e, buyerGone: buyerGone() };
+      if (!broke.buyerGone) await events.flush().catch(() => undefined);
       events.discard();
       await gen?.return(undefined as never).catch(() => undefined); // stops the runtime, frees its slot
-      status = gone || (stoppedByNode(req.signal) && (stream || rstream)) ? 'cancelled' : 'failed';
-      if (status === 'failed') failure = stoppedByNode(req.signal) ? NODE_STOPPED : e instanceof Error ? e.message.slice(0, 200) : 'the runtime failed';
     }
-    // The node's own stop cut a whole body short: the buyer gets none of it, so it is a failed run
-    // billing nothing, not one they walked away from (nor a runtime's failure: the node chose to stop).
-    if ((status === 'cancelled' || failure === NODE_STOPPED) && !stream && !rstream && stoppedByNode(req.signal)) {
-      status = 'failed';
-      failure = NODE_STOPPED;
-    }
+    // How the run ended. The node's own stop (its grace ran out): a run already finished is whole;
+    // a stream ends `cancelled` with what was sent; a whole body, none of it sent, `failed`, billing
+    // nothing (neither a buyer who walked away nor a runtime's failure: the node chose to stop).
+    // Otherwise a buyer who left is `cancelled` (billed what was delivered), a runtime's failure `failed`.
+    if (stoppedByNode(req.signal)) {
+      const finished = !broke && result !== undefined && result.finishReason !== 'abort';
+      status = finished ? 'completed' : stream || rstream ? 'cancelled' : 'failed';
+      if (status === 'failed') failure = NODE_STOPPED;
+    } else if (broke) {
+      status = broke.buyerGone ? 'cancelled' : 'failed';
+      if (status === 'failed') failure = broke.error instanceof Error ? broke.error.message.slice(0, 200) : 'the runtime failed';
+    } else if (req.signal.aborted || result?.finishReason === 'abort') status = 'cancelled';
     // The prompt is billed once the runtime evaluated it: its own count when it finished; after a
     // failure or a buyer who left, only when a token came back (proof the prompt was evaluated).
     const inputTokens = failure === NODE_STOPPED ? 0 : result ? result.inputTokens : firstToken !== null ? tokens.length : 0;
