@@ -6,7 +6,7 @@ import { Template } from '@huggingface/jinja';
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaContextSequence, type LlamaEmbeddingContext, type LlamaModel, type Token } from 'node-llama-cpp';
 import { probeChatTemplate } from './chat-template-probe.ts';
 import { fileSha256 } from './file-sha256.ts';
-import { fileIdentity, modelFileState, type FileIdentity, type ModelFileState } from './model-file.ts';
+import { fileIdentity, LoadedModelFile, modelFileState, type ModelFileState } from './model-file.ts';
 import { keepErrorLines, loadNamingWhy } from './llama-load-errors.ts';
 import { probeKey, probeModel, type ProbeMemo } from './model-probe.ts';
 import { checkGgufFile } from './gguf/gguf-check.ts';
@@ -95,11 +95,8 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private readonly opts: LlamaEmbeddedOptions;
   private model: LlamaModel | undefined;
   private context: LlamaContext | undefined;
-  /** The model file as it was when loaded and hashed. */
-  private loadedFile: FileIdentity | undefined;
-  private fileState: ModelFileState = 'unchanged';
-  /** Whether llama.cpp mapped the file (the weights served are then the file's bytes as they are now). */
-  private mapped = false;
+  /** The model file as it was when loaded and hashed, and whether llama.cpp mapped it (the weights served are then the file's bytes as they are now). */
+  loadedFile: LoadedModelFile | undefined;
   /** What the latest start did about the child-process probe: ran it, knew the file passed it (its memo), or none asked. */
   probed: 'ran' | 'remembered' | 'off' = 'off';
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
@@ -150,16 +147,14 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const [loaded, hashed] = await Promise.allSettled([loadNamingWhy(llama, this.opts.modelPath, { useMmap: this.opts.mmap ?? false, checkTensors: true }), hashing]);
     if (loaded.status === 'rejected') throw loaded.reason;
     this.model = loaded.value;
-    this.mapped = loaded.value.useMmap;
     try {
       if (hashed.status === 'rejected') throw hashed.reason;
       // (what was hashed must be what was loaded: a file still being copied in is refused)
       const after = fileIdentity(this.opts.modelPath);
       if (!before || !after || modelFileState(before, after) !== 'unchanged') throw new Error(`model file ${this.opts.modelPath} changed while it was loaded and hashed: start again once it is complete`);
-      this.loadedFile = after;
-      this.fileState = 'unchanged';
+      this.loadedFile = new LoadedModelFile(this.opts.modelPath, after, loaded.value.useMmap);
       await this.open(llama, loaded.value, hashed.value, slots, quantization);
-      if (passed !== undefined) this.opts.probe?.memo?.remember(passed);
+      if (passed !== undefined) await this.opts.probe?.memo?.remember(passed);
     } catch (e) {
       await this.stop().catch(() => undefined);
       throw e;
@@ -176,7 +171,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     const opts = { modelPath: this.opts.modelPath, gpu: this.opts.gpu ?? 'auto', mmap: this.opts.mmap ?? false, ...(this.opts.probe?.timeoutMs !== undefined ? { timeoutMs: this.opts.probe.timeoutMs } : {}) };
     // (the llama.cpp release too: a binding rebuilt at the same version runs other native code)
     const key = probeKey(sha256, `${runtimeVersion(llama)} llama.cpp ${llama.llamaCppRelease.release}`, opts.mmap);
-    if (this.opts.probe?.memo?.known(key)) {
+    if (await this.opts.probe?.memo?.known(key)) {
       this.probed = 'remembered';
       return key;
     }
@@ -253,12 +248,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
 
   /** What became of the model file since it was loaded (see model-file.ts); `unchanged` before a load. */
   modelFileState(): ModelFileState {
-    // Modified stays modified: the weights in memory were touched, whatever becomes of the file after.
-    if (this.fileState !== 'modified' && this.loadedFile) this.fileState = modelFileState(this.loadedFile, fileIdentity(this.opts.modelPath));
-    // Weights read into memory (no mmap) are the bytes hashed at start whatever the file becomes:
-    // a file changed in place is, for what is served, one replaced.
-    if (this.fileState === 'modified' && !this.mapped) return 'replaced';
-    return this.fileState;
+    return this.loadedFile?.state() ?? 'unchanged';
   }
 
   async stop(): Promise<void> {

@@ -25,6 +25,15 @@ export function sendLlamaLines(to: (message: string) => void): () => void {
   };
 }
 
+/**
+ * A llama.cpp line from the runtime thread (runtime-thread.ts), whose binding has the lines: sent
+ * where sendLlamaLines says on this thread, or printed as node-llama-cpp prints them.
+ */
+export function llamaLineFromThread(message: string): void {
+  if (sink) sink(message);
+  else process.stderr.write(`[node-llama-cpp] ${message.endsWith('\n') ? message : `${message}\n`}`);
+}
+
 /** Keeps the binding's llama.cpp lines (printed as before, or sent where sendLlamaLines says); returns the binding. */
 export function keepErrorLines(llama: Llama): Llama {
   const print = llama.logger;

@@ -37,6 +37,29 @@ export function modelFileState(loaded: FileIdentity, now: FileIdentity | undefin
 }
 
 /**
+ * A model file as the runtime loaded it: `state()` says what became of it since, as often as asked.
+ * Modified stays modified (the weights in memory were touched, whatever becomes of the file after);
+ * weights read into memory (not mapped) are the bytes hashed at start whatever the file becomes, so
+ * a file changed in place is, for what is served, one replaced.
+ */
+export class LoadedModelFile {
+  readonly path: string;
+  readonly identity: FileIdentity;
+  readonly mapped: boolean;
+  private seen: ModelFileState = 'unchanged';
+  constructor(path: string, identity: FileIdentity, mapped: boolean) {
+    this.path = path;
+    this.identity = identity;
+    this.mapped = mapped;
+  }
+
+  state(): ModelFileState {
+    if (this.seen !== 'modified') this.seen = modelFileState(this.identity, fileIdentity(this.path));
+    return this.seen === 'modified' && !this.mapped ? 'replaced' : this.seen;
+  }
+}
+
+/**
  * What `file` is when it is not a regular file: 'a folder', 'a FIFO', 'a socket' or 'a device'
  * (a model must be read twice, at random: a FIFO would also hold its open for ever, and a socket
  * cannot be opened at all); undefined for a regular file. Throws the file system's error (ENOENT).

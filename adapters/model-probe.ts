@@ -20,8 +20,8 @@ export class ModelProbeError extends Error {
 
 /** Where verdicts are kept: `known` a model that passed, `remember` one that did (told again after each start it passed or was known). */
 export interface ProbeMemo {
-  known(key: string): boolean;
-  remember(key: string): void;
+  known(key: string): boolean | Promise<boolean>;
+  remember(key: string): void | Promise<void>;
 }
 
 export interface ProbeOptions {

@@ -11,6 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { sha256Hex } from '../attestation/hash.ts';
@@ -34,11 +35,15 @@ export async function benchNode(n: number): Promise<void> {
   const provider = toHex(ed25519PublicKey(seed));
   const modelPath = path.join(dir, 'tiny.gguf');
   writeTinyLlama(modelPath);
+  // The node serves from its runtime thread (adapters/runtime-thread.ts), as `seller-node start`
+  // does; the baselines call the embedded runtime directly, on this thread, with nothing between.
   const adapter = new LlamaEmbeddedAdapter({ modelPath, contextLength: 2048 });
   await adapter.start();
+  const served = new LlamaThreadAdapter({ modelPath, contextLength: 2048 });
+  await served.start();
   const log = ReceiptLog.open({ path: path.join(dir, 'r.db'), seed, checkpointIntervalMs: 0 });
   const db = openStateDb(path.join(dir, 's.db'));
-  const model = { id: 'tiny/llama', adapter, admission: new Admission({ slots: 1, queue: 64 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
+  const model = { id: 'tiny/llama', adapter: served, admission: new Admission({ slots: 1, queue: 64 }), quantization: 'f32', tokensPerSecond: 1000, rates: { input_per_mtok: 150_000n, output_per_mtok: 600_000n } };
   const service = new InferService({ log, gate: new TicketGate({ db, marketplaceKeys: [{ publicKey: marketId }], providerId: provider }), models: new Map([[model.id, model]]), priceVersion: 'p1' });
   const node = await createHost({ seed, listen: ['/ip4/127.0.0.1/tcp/0'] });
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
@@ -152,6 +157,7 @@ export async function benchNode(n: number): Promise<void> {
     await log.close();
     db.close();
     await adapter.stop();
+    await served.stop();
     fs.rmSync(dir, { recursive: true, force: true });
   }
   record({ name: 'idle RSS of a started node (tiny model)', value: await idleRss(), unit: 'MiB' });

@@ -4,6 +4,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { LlamaEmbeddedAdapter, namingModelFile } from '../adapters/llama-embedded.ts';
+import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
 import { sendLlamaLines } from '../adapters/llama-load-errors.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
@@ -172,7 +173,7 @@ function errSummary(err: unknown): { name: unknown; code: unknown; message: stri
  * Starts the node. `signal` stops the start (the operator's SIGTERM during a model load): what was
  * opened is closed and NodeStartStopped thrown, at once even while a model loads.
  */
-export async function startNode(config: NodeConfig, opts: { logDestination?: number; signal?: AbortSignal } = {}): Promise<RunningNode> {
+export async function startNode(config: NodeConfig, opts: { logDestination?: number; signal?: AbortSignal; /** Runs the models on this thread, not the runtime thread: for tests that patch node-llama-cpp in this process. */ runtimeOnThisThread?: boolean } = {}): Promise<RunningNode> {
   // Every model is checked before anything starts: a bad second model fails at once, not after the first loaded.
   if (config.models.length === 0) throw new NodeStartError('config: models: a node needs at least one model to sell');
   for (const m of config.models) {
@@ -312,7 +313,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     for (const [i, m] of config.models.entries()) {
       if (opts.signal?.aborted) throw new NodeStartStopped();
       const started = performance.now();
-      const adapter = new LlamaEmbeddedAdapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true, tokenizeDeadlineMs: m.tokenize_timeout_s * 1000 });
+      // (on the runtime thread: node-llama-cpp's token loop does not wait behind the node's work)
+      const adapter = new (opts.runtimeOnThisThread ? LlamaEmbeddedAdapter : LlamaThreadAdapter)({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true, tokenizeDeadlineMs: m.tokenize_timeout_s * 1000 });
       try {
         // (a start that fails releases what it loaded; one stopped meanwhile is stopped once it ends)
         await unlessStopped(adapter.start(), opts.signal, () => adapter.stop());

@@ -162,7 +162,8 @@ describe('LlamaEmbeddedAdapter: failed starts', () => {
   // A model file that exists but is corrupt (a truncated download): the error names the model and
   // the file, as a missing file's does.
   test('startNode fails on a model file that exists but is corrupt, naming the model and the file', async () => {
-    const e = await startNode(nodeHome(good.subarray(0, good.length >> 1))).then(
+    // (this thread: the process has loaded the binding here already, and llama.cpp's lines go to one binding)
+    const e = await startNode(nodeHome(good.subarray(0, good.length >> 1)), { runtimeOnThisThread: true }).then(
       () => undefined,
       (err: unknown) => err as Error,
     );
@@ -384,7 +385,7 @@ describe('LlamaEmbeddedAdapter: a start that fails after the model loaded', () =
   test('startNode fails when the context of a loaded model cannot be created, naming the model, and releases the model', async () => {
     const fail = failNextContext();
     try {
-      const e = await startNode(nodeHome(good)).then(() => undefined, (err: unknown) => err as Error);
+      const e = await startNode(nodeHome(good), { runtimeOnThisThread: true }).then(() => undefined, (err: unknown) => err as Error);
       expect(e?.cause).toBeInstanceOf(InsufficientMemoryError);
       expect(e?.message).toMatch(/^models: tiny\/llama: the runtime could not start on model file .*tiny\.gguf: /);
     } finally {

@@ -95,12 +95,12 @@ test('startNode: a model file still being copied in is a NodeStartError naming t
   writeTinyLlama(model);
   const config = parseConfig(tinyNodeConfigYaml({ publicKey: '00'.repeat(32), context: 256, logLevel: 'fatal' }), home);
   changeWhileHashing(model, (f) => fs.appendFileSync(f, Buffer.alloc(64)));
-  const e = await startNode(config).then(() => undefined, (err: unknown) => err as Error);
+  const e = await startNode(config, { runtimeOnThisThread: true }).then(() => undefined, (err: unknown) => err as Error);
   expect(e).toBeInstanceOf(NodeStartError);
   // (the file named once)
   expect(e?.message).toBe(`models: tiny/llama: the runtime could not start: model file ${model} changed while it was loaded and hashed: start again once it is complete`);
   vi.restoreAllMocks();
   // The data dir's lock was released: a start on the now-complete file succeeds.
-  const node = await startNode(config);
+  const node = await startNode(config, { runtimeOnThisThread: true });
   await node.stop(1000);
 });

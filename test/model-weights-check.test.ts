@@ -70,7 +70,7 @@ test('the node refuses to start on such a model: a NodeStartError naming the mod
   fs.mkdirSync(home);
   createKeyFile(path.join(home, 'node.key'));
   writeTinyLlama(path.join(home, 'tiny.gguf'), { edit: (m) => void (tensor(m, 'blk.1.ffn_down.weight')[100] = Number.NEGATIVE_INFINITY) });
-  const e = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: '11'.repeat(32), logLevel: 'fatal' }), home)).then(
+  const e = await startNode(parseConfig(tinyNodeConfigYaml({ publicKey: '11'.repeat(32), logLevel: 'fatal' }), home), { runtimeOnThisThread: true }).then(
     async (n) => {
       await n.stop(1000);
       return undefined;

@@ -7,7 +7,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, test, vi } from 'vitest';
-import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
+import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
 import { toHex, utf8 } from '../attestation/bytes.ts';
 import { verifyReceipt } from '../attestation/receipt-verify.ts';
@@ -290,8 +290,8 @@ describe('startNode names what it cannot listen on, and a data dir that is not a
     const { config } = goodHome('ops-loading', { ops: `127.0.0.1:${free.port}` });
     let go!: () => void;
     const held = new Promise<void>((r) => (go = r));
-    const start = LlamaEmbeddedAdapter.prototype.start;
-    vi.spyOn(LlamaEmbeddedAdapter.prototype, 'start').mockImplementation(async function (this: LlamaEmbeddedAdapter) {
+    const start = LlamaThreadAdapter.prototype.start;
+    vi.spyOn(LlamaThreadAdapter.prototype, 'start').mockImplementation(async function (this: LlamaThreadAdapter) {
       await held; // a model that takes its time to load
       return start.call(this);
     });

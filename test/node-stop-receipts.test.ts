@@ -44,7 +44,7 @@ test('a request cancelled by the stop whose runtime takes 3 s to end still leave
   const generate = slowRuntime(3000);
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
   try {
-    const node = await startTinyNode(home, { publicKey: market.id });
+    const node = await startTinyNode(home, { publicKey: market.id }, { runtimeOnThisThread: true }); // (its runtime patched on this thread)
     const { payload, res } = await openPaid(buyer, node, market, { body: { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 300, seed: 1, temperature: 1, stream: true } });
     const frames = res.frames[Symbol.asyncIterator]();
     expect((await frames.next()).done).toBe(false); // streaming has begun
@@ -71,7 +71,7 @@ test('a stop past its grace: a stream ends with what was sent and its `cancelled
   const buyer = await createHost({ seed: new Uint8Array(crypto.randomBytes(32)), listen: [] });
   const dir = path.join(home, 'both');
   try {
-    const node = await startTinyNode(dir, { publicKey: market.id, slots: 2 });
+    const node = await startTinyNode(dir, { publicKey: market.id, slots: 2 }, { runtimeOnThisThread: true }); // (its runtime patched on this thread)
     const provider = node.providerId;
     const ask = (stream: boolean) => openPaid(buyer, node, market, { body: { model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 300, seed: 1, temperature: 1, stream } });
     const streamed = await ask(true);

@@ -54,7 +54,7 @@ export function tinyNodeConfigYaml(c: TinyNodeConfig): string {
 }
 
 /** A node in a new folder `home` (its key, the tiny model, `tinyNodeConfigYaml(c)`), started in-process. */
-export async function startTinyNode(home: string, c: TinyNodeConfig, opts: { logDestination?: number } = {}): Promise<RunningNode> {
+export async function startTinyNode(home: string, c: TinyNodeConfig, opts: { logDestination?: number; runtimeOnThisThread?: boolean } = {}): Promise<RunningNode> {
   fs.mkdirSync(home, { recursive: true });
   createKeyFile(path.join(home, 'node.key'));
   writeTinyLlama(path.join(home, 'tiny.gguf'));
