@@ -71,15 +71,6 @@ function runtimeVersion(llama: Llama): string {
   return `node-llama-cpp/${NODE_LLAMA_CPP_VERSION}/${llama.buildType}/${llama.gpu || 'cpu'}`;
 }
 
-/**
- * A start failure's message with the model file named once, `model file <path>: …` (the model
- * checks name the file themselves); undefined when it does not name the file.
- */
-export function namingModelFile(modelPath: string, message: string): string | undefined {
-  if (message.startsWith(`model file ${modelPath}`)) return message;
-  return message.startsWith(modelPath) ? `model file ${message}` : undefined;
-}
-
 const NODE_LLAMA_CPP_VERSION = ((): string => {
   try {
     const pkg = new URL('../package.json', import.meta.resolve('node-llama-cpp'));

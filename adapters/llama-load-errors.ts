@@ -86,3 +86,12 @@ async function loadFailure(from: number, path: string, e: unknown): Promise<Erro
   const why = lines.map((l) => /error loading model: (.{1,300})/.exec(l)?.[1]?.trim()).find((w) => w !== undefined);
   return why ? new Error(`${path}: llama.cpp could not load it: ${why}`, { cause: e }) : (e as Error);
 }
+
+/**
+ * A start failure's message with the model file named once, `model file <path>: …` (the model
+ * checks name the file themselves); undefined when it does not name the file.
+ */
+export function namingModelFile(modelPath: string, message: string): string | undefined {
+  if (message.startsWith(`model file ${modelPath}`)) return message;
+  return message.startsWith(modelPath) ? `model file ${message}` : undefined;
+}

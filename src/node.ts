@@ -3,9 +3,8 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { LlamaEmbeddedAdapter, namingModelFile } from '../adapters/llama-embedded.ts';
 import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
-import { sendLlamaLines } from '../adapters/llama-load-errors.ts';
+import { namingModelFile, sendLlamaLines } from '../adapters/llama-load-errors.ts';
 import type { RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { signPriceList } from '../attestation/price-list.ts';
 import { opsHostPort, p2pHostLimits, type NodeConfig } from './config.ts';
@@ -314,7 +313,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
       if (opts.signal?.aborted) throw new NodeStartStopped();
       const started = performance.now();
       // (on the runtime thread: node-llama-cpp's token loop does not wait behind the node's work)
-      const adapter = new (opts.runtimeOnThisThread ? LlamaEmbeddedAdapter : LlamaThreadAdapter)({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true, tokenizeDeadlineMs: m.tokenize_timeout_s * 1000 });
+      // (node-llama-cpp is not loaded on this thread otherwise: its modules are the runtime thread's)
+      const Adapter = opts.runtimeOnThisThread ? (await import('../adapters/llama-embedded.ts')).LlamaEmbeddedAdapter : LlamaThreadAdapter;
+      const adapter = new Adapter({ modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true, tokenizeDeadlineMs: m.tokenize_timeout_s * 1000 });
       try {
         // (a start that fails releases what it loaded; one stopped meanwhile is stopped once it ends)
         await unlessStopped(adapter.start(), opts.signal, () => adapter.stop());

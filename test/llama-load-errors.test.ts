@@ -4,7 +4,7 @@
 import type { Llama, LlamaModel } from 'node-llama-cpp';
 import { expect, test } from 'vitest';
 import { keepErrorLines, loadNamingWhy, sendLlamaLines } from '../adapters/llama-load-errors.ts';
-import { namingModelFile } from '../adapters/llama-embedded.ts';
+import { namingModelFile } from '../adapters/llama-load-errors.ts';
 
 /** A binding whose loads write `lines` to its logger, then fail with node-llama-cpp's error. */
 function binding(lines: string[], events: string[] = []): { llama: Llama; printed: string[] } {

@@ -20,8 +20,9 @@ export function checkModelCommand(): Command {
       const modelPath = path.resolve(file);
       if (!fs.existsSync(modelPath)) throw new CliError(`model file ${modelPath} not found`);
       // (node-llama-cpp loaded only here: the other commands start fast)
-      const { LlamaEmbeddedAdapter, namingModelFile } = await import('../../adapters/llama-embedded.ts');
+      const { LlamaEmbeddedAdapter } = await import('../../adapters/llama-embedded.ts');
       const { withProbeTimeoutHint } = await import('../../adapters/model-probe.ts');
+      const { namingModelFile } = await import('../../adapters/llama-load-errors.ts');
       const adapter = new LlamaEmbeddedAdapter({ modelPath, gpu: opts.gpu === 'auto' ? 'auto' : false, mmap: opts.mmap, probe: { timeoutMs: opts.probeTimeout * 1000 }, ...(opts.context ? { contextLength: opts.context } : {}) });
       try {
         await adapter.start();
