@@ -141,4 +141,6 @@ export interface RuntimeAdapter {
    * loaded and hashed (`modified`: the running weights may no longer be those of modelSha256).
    */
   modelFileState?(): ModelFileState;
+  /** Why the runtime can no longer serve at all (e.g. its thread died); undefined while it can. */
+  failure?(): Error | undefined;
 }

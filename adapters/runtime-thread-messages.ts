@@ -19,6 +19,8 @@ export type ToThread =
   | { op: 'embed'; id: number; handle: number; inputs: string[]; inputTokens: number[][] | undefined; aborted: boolean }
   /** Aborts a generation or an embedding (its signal). */
   | { op: 'abort'; id: number }
+  /** The node's thread has taken `n` more of a generation's chunks (the window it may run ahead). */
+  | { op: 'credit'; id: number; n: number }
   /** The memo's answer to the thread's `memo-known`. */
   | { op: 'memo-answer'; id: number; known: boolean };
 

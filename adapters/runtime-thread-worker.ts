@@ -3,7 +3,9 @@
 // nothing the node does between two tokens (relaying, verifying tickets, signing receipts) delays
 // the next decode. A generation's chunks go back as they come: the first at once (the time to the
 // first token), the others gathered at most CHUNK_POST_MS, a message per token cost the loop its
-// own time (waking the node's thread).
+// own time (waking the node's thread). A generation runs at most CHUNK_WINDOW chunks ahead of what
+// the node's thread has taken, as its read-ahead on that thread does: a buyer who stops reading
+// stops the runtime, and an abort then ends the run within a token, not after a backlog.
 import { parentPort } from 'node:worker_threads';
 import { LlamaEmbeddedAdapter } from './llama-embedded.ts';
 import { sendLlamaLines } from './llama-load-errors.ts';
@@ -12,11 +14,13 @@ import { encodeError, type FromThread, type Started, type ToThread } from './run
 
 /** How long a chunk may wait for others to go back with it. */
 export const CHUNK_POST_MS = 5;
+/** How many chunks a generation may have produced beyond those the node's thread has taken. */
+export const CHUNK_WINDOW = 32;
 
 const port = parentPort!;
 const adapters = new Map<number, LlamaEmbeddedAdapter>();
-/** The signals of running generations and embeddings, by message id. */
-const running = new Map<number, AbortController>();
+/** Running generations and embeddings by message id: their signal, and for a generation the chunks taken and who waits for more. */
+const running = new Map<number, { abort: AbortController; taken: number; wake?: () => void }>();
 /** The memo's answers awaited, by question id. */
 const memoAnswers = new Map<number, (known: boolean) => void>();
 let nextQuestion = 1;
@@ -39,11 +43,11 @@ async function answer(id: number, work: () => Promise<unknown>): Promise<void> {
   }
 }
 
-function controller(id: number, aborted: boolean): AbortController {
-  const c = new AbortController();
-  if (aborted) c.abort();
-  running.set(id, c);
-  return c;
+function track(id: number, aborted: boolean): { abort: AbortController; taken: number; wake?: () => void } {
+  const r = { abort: new AbortController(), taken: 0 };
+  if (aborted) r.abort.abort();
+  running.set(id, r);
+  return r;
 }
 
 async function start(m: Extract<ToThread, { op: 'start' }>): Promise<Started> {
@@ -66,7 +70,9 @@ async function start(m: Extract<ToThread, { op: 'start' }>): Promise<Started> {
 }
 
 async function generate(m: Extract<ToThread, { op: 'generate' }>): Promise<void> {
-  const signal = controller(m.id, m.aborted).signal;
+  const state = track(m.id, m.aborted);
+  const signal = state.abort.signal;
+  let produced = 0;
   let pending: GeneratedChunk[] = [];
   let last = Number.NEGATIVE_INFINITY;
   let timer: NodeJS.Timeout | undefined;
@@ -81,6 +87,10 @@ async function generate(m: Extract<ToThread, { op: 'generate' }>): Promise<void>
   try {
     const run = adapter(m.handle).generate({ ...m.req, signal });
     for (;;) {
+      while (produced - state.taken >= CHUNK_WINDOW && !signal.aborted) {
+        post();
+        await new Promise<void>((resolve) => (state.wake = resolve));
+      }
       const r = await run.next();
       if (r.done) {
         clearTimeout(timer);
@@ -88,6 +98,7 @@ async function generate(m: Extract<ToThread, { op: 'generate' }>): Promise<void>
         return;
       }
       pending.push(r.value);
+      produced++;
       const since = performance.now() - last;
       if (since >= CHUNK_POST_MS) post();
       else timer ??= setTimeout(post, CHUNK_POST_MS - since);
@@ -101,6 +112,14 @@ async function generate(m: Extract<ToThread, { op: 'generate' }>): Promise<void>
 }
 
 port.on('message', (m: ToThread) => {
+  try {
+    received(m);
+  } catch {
+    // (a message this thread cannot read: nothing to answer it with)
+  }
+});
+
+function received(m: ToThread): void {
   switch (m.op) {
     case 'start':
       void answer(m.id, () => start(m));
@@ -118,16 +137,27 @@ port.on('message', (m: ToThread) => {
       void generate(m);
       break;
     case 'embed': {
-      const signal = controller(m.id, m.aborted).signal;
+      const signal = track(m.id, m.aborted).abort.signal;
       void answer(m.id, () => adapter(m.handle).embed(m.inputs, m.inputTokens, signal)).finally(() => running.delete(m.id));
       break;
     }
-    case 'abort':
-      running.get(m.id)?.abort();
+    case 'abort': {
+      const r = running.get(m.id);
+      r?.abort.abort();
+      r?.wake?.();
       break;
+    }
+    case 'credit': {
+      const r = running.get(m.id);
+      if (!r) break;
+      r.taken += m.n;
+      r.wake?.();
+      r.wake = undefined;
+      break;
+    }
     case 'memo-answer':
       memoAnswers.get(m.id)?.(m.known);
       memoAnswers.delete(m.id);
       break;
   }
-});
+}

@@ -59,6 +59,8 @@ class RuntimeThread {
   private nextId = 1;
   private users = 0;
   private failure: Error | undefined;
+  /** Set when the last adapter stopped and the thread is being ended (not a failure to report). */
+  private ending = false;
 
   static acquire(): RuntimeThread {
     const t = (RuntimeThread.shared ??= new RuntimeThread());
@@ -71,6 +73,11 @@ class RuntimeThread {
     return RuntimeThread.shared !== undefined;
   }
 
+  /** Ends the process's runtime thread as a crash there would (tests). */
+  static async crash(): Promise<void> {
+    await RuntimeThread.shared?.worker.terminate();
+  }
+
   private constructor() {
     this.worker = new Worker(WORKER_FILE);
     this.worker.on('message', (m: FromThread) => this.received(m));
@@ -81,11 +88,17 @@ class RuntimeThread {
   release(): void {
     if (--this.users > 0) return;
     if (RuntimeThread.shared === this) RuntimeThread.shared = undefined;
+    this.ending = true;
     void this.worker.terminate();
   }
 
   id(): number {
     return this.nextId++;
+  }
+
+  /** Tells the thread the node has taken `n` more of a generation's chunks. */
+  credit(id: number, n: number): void {
+    if (!this.failure) this.worker.postMessage({ op: 'credit', id, n } satisfies ToThread);
   }
 
   /** Aborts a generation or an embedding (nothing when it has ended, or the thread has). */
@@ -152,27 +165,52 @@ class RuntimeThread {
   }
 
   private fail(e: Error): void {
-    this.failure ??= e;
+    if (this.failure) return;
+    this.failure = e;
     if (RuntimeThread.shared === this) RuntimeThread.shared = undefined;
+    if (!this.ending) for (const a of this.adapters.values()) a.threadFailed(e);
     for (const p of this.pending.values()) {
-      if ('stream' in p) p.stream.push({ chunks: [], error: this.failure });
-      else p.reject(this.failure);
+      if ('stream' in p) p.stream.push({ chunks: [], error: e });
+      else p.reject(e);
     }
     this.pending.clear();
   }
 }
 
+export interface LlamaThreadOptions extends LlamaEmbeddedOptions {
+  /**
+   * Told once when the runtime thread failed (it ended by itself: an uncaught error there) while
+   * this adapter was started: every call fails from then on, and the node should be restarted.
+   */
+  onFailure?: (e: Error) => void;
+}
+
 export class LlamaThreadAdapter implements RuntimeAdapter {
-  private readonly opts: LlamaEmbeddedOptions;
+  private readonly opts: LlamaThreadOptions;
   private thread: RuntimeThread | undefined;
+  private failed: Error | undefined;
+  /** A start or stop under way: the next waits for it (a stop during a start stops what the start loaded). */
+  private busy: Promise<unknown> = Promise.resolve();
   private handle = 0;
   private file: LoadedModelFile | undefined;
   info: RuntimeInfo = { adapter: 'llama-embedded', version: '', modelSha256: '', contextLength: 0, embeddingLength: 0, chatTemplate: null };
   /** What the latest start did about the child-process probe (as the embedded adapter's). */
   probed: 'ran' | 'remembered' | 'off' = 'off';
 
-  constructor(opts: LlamaEmbeddedOptions) {
+  constructor(opts: LlamaThreadOptions) {
     this.opts = opts;
+  }
+
+  /** Why this adapter can no longer serve: its runtime thread failed (undefined while it can). */
+  failure(): Error | undefined {
+    return this.failed;
+  }
+
+  /** (RuntimeThread: the thread failed while this adapter was started.) */
+  threadFailed(e: Error): void {
+    if (this.failed) return;
+    this.failed = e;
+    this.opts.onFailure?.(e);
   }
 
   /** Whether the process has a runtime thread. */
@@ -180,17 +218,30 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
     return RuntimeThread.running;
   }
 
+  /** Ends the process's runtime thread as an uncaught error there would: for tests of what follows. */
+  static crashThreadForTests(): Promise<void> {
+    return RuntimeThread.crash();
+  }
+
   get memo() {
     return this.opts.probe?.memo;
   }
 
-  async start(): Promise<void> {
+  start(): Promise<void> {
+    if (this.thread) return Promise.reject(new Error('the embedded runtime is already started (stop it first)'));
+    const started = this.busy.then(() => this.startNow());
+    this.busy = started.catch(() => undefined);
+    return started;
+  }
+
+  private async startNow(): Promise<void> {
     if (this.thread) throw new Error('the embedded runtime is already started (stop it first)');
+    this.failed = undefined;
     const thread = RuntimeThread.acquire();
     this.thread = thread;
     this.handle = thread.id();
     thread.adapters.set(this.handle, this);
-    const { probe, ...rest } = this.opts;
+    const { probe, onFailure: _, ...rest } = this.opts;
     try {
       const started = await thread.ask<Started>((id) => ({ op: 'start', id, handle: this.handle, opts: { ...rest, ...(probe ? { probe: probe.timeoutMs !== undefined ? { timeoutMs: probe.timeoutMs } : {} } : {}) }, memo: probe?.memo !== undefined }));
       this.info = started.info;
@@ -202,12 +253,20 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
     }
   }
 
-  async stop(): Promise<void> {
-    if (!this.thread) return;
+  /** Stops the model (after a start under way, which it undoes); stops at once share one. */
+  stop(): Promise<void> {
+    const stopped = this.busy.then(() => this.stopNow());
+    this.busy = stopped.catch(() => undefined);
+    return stopped;
+  }
+
+  private async stopNow(): Promise<void> {
+    const thread = this.thread;
+    if (!thread) return;
     try {
       await this.call('stop', []);
-    } catch {
-      // (a thread that failed has nothing loaded any more)
+    } catch (e) {
+      if (!this.failed) throw e; // (a thread that failed has nothing loaded any more)
     } finally {
       this.detach();
     }
@@ -252,7 +311,9 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
   async *generate(req: GenerateRequest): AsyncGenerator<GeneratedChunk, GenerationResult, void> {
     const t = this.t;
     const { signal, ...rest } = req;
-    const { id, stream } = t.open((id) => ({ op: 'generate', id, handle: this.handle, req: rest, aborted: signal?.aborted ?? false }));
+    // (an input already tokenised is not copied across: the runtime evaluates the tokens)
+    const sent = rest.inputTokens ? { ...rest, input: { kind: 'prompt' as const, prompt: '' } } : rest;
+    const { id, stream } = t.open((id) => ({ op: 'generate', id, handle: this.handle, req: sent, aborted: signal?.aborted ?? false }));
     const abort = () => {
       if (!stream.ended) t.abort(id);
     };
@@ -261,6 +322,7 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
       for (;;) {
         const b = await stream.next();
         for (const c of b.chunks) yield c;
+        if (b.chunks.length > 0 && !stream.ended) t.credit(id, b.chunks.length);
         if (b.error) throw b.error;
         if (b.done) return b.done;
       }

@@ -12,7 +12,7 @@ import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { parseConfig } from '../src/config.ts';
 import { NodeStartError, startNode } from '../src/node.ts';
-import { tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { startTinyNode, tinyNodeConfigYaml } from './helpers/node-config.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'runtime-thread-load-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -54,5 +54,23 @@ test('the node refuses a model with an infinite weight on its runtime thread: a 
   );
   expect(e).toBeInstanceOf(NodeStartError);
   expect(e?.message).toBe(`models: tiny/llama: the runtime could not start: model file ${path.join(home, 'tiny.gguf')}: tensor 'blk.1.ffn_down.weight' holds NaN or infinite values (a corrupt file): llama.cpp refuses to load it`);
+  expect(LlamaThreadAdapter.threadRunning).toBe(false);
+});
+
+test('a node whose runtime thread died says so: /healthz and /readyz 503 naming it, not accepting; its stop still ends cleanly', async () => {
+  const node = await startTinyNode(path.join(dir, 'dies'), { publicKey: '11'.repeat(32), logLevel: 'fatal' });
+  try {
+    expect((await fetch(`${node.opsUrl}/healthz`)).status).toBe(200);
+    await LlamaThreadAdapter.crashThreadForTests();
+    const health = await fetch(`${node.opsUrl}/healthz`);
+    expect(health.status).toBe(503);
+    expect(((await health.json()) as { reason: string }).reason).toMatch(/^the runtime thread failed \(the runtime thread ended/);
+    const ready = await fetch(`${node.opsUrl}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(JSON.stringify(await ready.json())).toContain('the runtime thread failed');
+    expect(await (await fetch(`${node.opsUrl}/status`)).json()).toMatchObject({ accepting: false });
+  } finally {
+    await node.stop(1000);
+  }
   expect(LlamaThreadAdapter.threadRunning).toBe(false);
 });

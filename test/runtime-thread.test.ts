@@ -152,6 +152,40 @@ describe('LlamaThreadAdapter', () => {
     }
   });
 
+  test('a run goes at most a window of chunks ahead of what is taken: a reader who stalls stops the runtime, and an abort then ends it within a token', async () => {
+    const ac = new AbortController();
+    const gen = there.generate({ input: chat, maxTokens: 400, sampling: { temperature: 1, seed: 3 }, signal: ac.signal });
+    await gen.next();
+    await new Promise((r) => setTimeout(r, 300)); // (the whole run takes ~150 ms unchecked)
+    ac.abort();
+    let result: GenerationResult | undefined;
+    for (;;) {
+      const n = await gen.next();
+      if (n.done) {
+        result = n.value;
+        break;
+      }
+    }
+    expect(result.finishReason).toBe('abort');
+    // One chunk taken, the window (32) produced beyond it, and the token under way at the abort.
+    expect(result.outputTokens).toBeLessThanOrEqual(40);
+    // Unchecked, the same run goes to its end (364 tokens, the model's end of generation).
+    expect((await run(there, { input: chat, maxTokens: 400, sampling: { temperature: 1, seed: 3 } })).result.outputTokens).toBeGreaterThan(100);
+  });
+
+  test('starts and stops at once are taken in turn: a stop during a start stops what it loaded; two stops share one', async () => {
+    const rt = new LlamaThreadAdapter({ modelPath, contextLength: 256 });
+    const starting = rt.start();
+    const stopping = rt.stop();
+    await starting;
+    await stopping;
+    await expect(rt.tokenize('x')).rejects.toThrow(/not started/);
+    await rt.start();
+    await Promise.all([rt.stop(), rt.stop()]);
+    await expect(rt.tokenize('x')).rejects.toThrow(/not started/);
+    expect(LlamaThreadAdapter.threadRunning).toBe(true); // (`there` still holds it)
+  });
+
   test('a model file changed in place after the start is seen from this thread', async () => {
     const copy = path.join(dir, 'copy.gguf');
     fs.copyFileSync(modelPath, copy);
@@ -198,6 +232,32 @@ describe('LlamaThreadAdapter', () => {
     expect(rt.info.modelSha256).toBe(here.info.modelSha256);
     await rt.stop();
     await expect(rt.tokenize('x')).rejects.toThrow(/not started/);
+  });
+
+  test('a thread that dies: its runs and calls fail at once, each adapter says so once, and a new start gets a new thread', async () => {
+    const failures: Error[] = [];
+    const rt = new LlamaThreadAdapter({ modelPath, contextLength: 256, onFailure: (e) => failures.push(e) });
+    await rt.start();
+    const gen = rt.generate({ input: chat, maxTokens: 400, sampling: { temperature: 1, seed: 3 } });
+    await gen.next();
+    // (the run then stops at its window: no llama.cpp call is under way when the thread ends, as
+    // one would end the process itself, and this test with it)
+    await new Promise((r) => setTimeout(r, 100));
+    await LlamaThreadAdapter.crashThreadForTests();
+    await expect((async () => {
+      for (;;) if ((await gen.next()).done) return;
+    })()).rejects.toThrow(/runtime thread ended/);
+    await expect(rt.tokenize('x')).rejects.toThrow(/runtime thread ended/);
+    expect(failures).toHaveLength(1);
+    expect(rt.failure()?.message).toMatch(/runtime thread ended/);
+    expect(there.failure()?.message).toMatch(/runtime thread ended/);
+    await rt.stop(); // (nothing loaded any more: no error)
+    await there.stop();
+    expect(LlamaThreadAdapter.threadRunning).toBe(false);
+    there = new LlamaThreadAdapter({ modelPath, slots: 1, contextLength: 512 });
+    await there.start();
+    expect(there.failure()).toBeUndefined();
+    expect((await run(there, { input: chat, maxTokens: 3, sampling: { temperature: 0, seed: 1 } })).result.outputTokens).toBe(3);
   });
 
   test('the thread ends with the last adapter that stops', async () => {
