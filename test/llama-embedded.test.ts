@@ -6,6 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { LlamaEmbeddedAdapter } from '../adapters/llama-embedded.ts';
 import { writeTinyLlama } from '../adapters/gguf/tiny-llama.ts';
+import { drain } from './helpers/generation.ts';
 import type { GeneratedChunk, GenerateRequest, GenerationResult } from '../adapters/runtime-adapter.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llama-embedded-'));
@@ -23,15 +24,8 @@ afterAll(async () => {
 });
 
 /** Runs a generation to its end; `onChunk` sees each chunk as it comes. */
-async function run(req: GenerateRequest, onChunk?: () => void): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
-  const chunks: GeneratedChunk[] = [];
-  const gen = rt.generate(req);
-  for (;;) {
-    const n = await gen.next();
-    if (n.done) return { chunks, result: n.value };
-    chunks.push(n.value);
-    onChunk?.();
-  }
+function run(req: GenerateRequest, onChunk?: () => void): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
+  return drain(rt.generate(req), onChunk);
 }
 
 const chat = { kind: 'chat' as const, messages: [{ role: 'user' as const, content: 'hello world' }] };

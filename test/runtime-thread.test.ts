@@ -12,6 +12,7 @@ import { ModelProbeError, withProbeTimeoutHint } from '../adapters/model-probe.t
 import { RuntimeBusyError, UnsupportedInputError, type GeneratedChunk, type GenerateRequest, type GenerationResult, type RuntimeAdapter } from '../adapters/runtime-adapter.ts';
 import { decodeError, encodeError } from '../adapters/runtime-thread-messages.ts';
 import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
+import { drain } from './helpers/generation.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'runtime-thread-'));
 const modelPath = path.join(dir, 'tiny.gguf');
@@ -32,14 +33,8 @@ afterAll(async () => {
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
-async function run(rt: RuntimeAdapter, req: GenerateRequest): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
-  const chunks: GeneratedChunk[] = [];
-  const gen = rt.generate(req);
-  for (;;) {
-    const n = await gen.next();
-    if (n.done) return { chunks, result: n.value };
-    chunks.push(n.value);
-  }
+function run(rt: RuntimeAdapter, req: GenerateRequest): Promise<{ chunks: GeneratedChunk[]; result: GenerationResult }> {
+  return drain(rt.generate(req));
 }
 
 const chat = { kind: 'chat' as const, messages: [{ role: 'user' as const, content: 'hello world' }] };
@@ -123,15 +118,7 @@ describe('LlamaThreadAdapter', () => {
     const ac = new AbortController();
     const gen = there.generate({ input: chat, maxTokens: 400, sampling: { temperature: 1, seed: 3 }, signal: ac.signal });
     let chunks = 0;
-    let result: GenerationResult | undefined;
-    for (;;) {
-      const n = await gen.next();
-      if (n.done) {
-        result = n.value;
-        break;
-      }
-      if (++chunks === 3) ac.abort();
-    }
+    const { result } = await drain(gen, () => void (++chunks === 3 && ac.abort()));
     expect(result.finishReason).toBe('abort');
     expect(result.outputTokens).toBeLessThan(400);
     // A signal aborted before the run asks for nothing to be generated.
@@ -158,14 +145,7 @@ describe('LlamaThreadAdapter', () => {
     await gen.next();
     await new Promise((r) => setTimeout(r, 300)); // (the whole run takes ~150 ms unchecked)
     ac.abort();
-    let result: GenerationResult | undefined;
-    for (;;) {
-      const n = await gen.next();
-      if (n.done) {
-        result = n.value;
-        break;
-      }
-    }
+    const { result } = await drain(gen);
     expect(result.finishReason).toBe('abort');
     // One chunk taken, the window (32) produced beyond it, and the token under way at the abort.
     expect(result.outputTokens).toBeLessThanOrEqual(40);
@@ -244,9 +224,7 @@ describe('LlamaThreadAdapter', () => {
     // one would end the process itself, and this test with it)
     await new Promise((r) => setTimeout(r, 100));
     await LlamaThreadAdapter.crashThreadForTests();
-    await expect((async () => {
-      for (;;) if ((await gen.next()).done) return;
-    })()).rejects.toThrow(/runtime thread ended/);
+    await expect(drain(gen)).rejects.toThrow(/runtime thread ended/);
     await expect(rt.tokenize('x')).rejects.toThrow(/runtime thread ended/);
     expect(failures).toHaveLength(1);
     expect(rt.failure()?.message).toMatch(/runtime thread ended/);
