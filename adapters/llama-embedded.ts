@@ -94,6 +94,10 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private readonly idle: LlamaContextSequence[] = [];
   private template: Template | undefined;
   private starting = false;
+  /** Embeddings under way: a stop lets each finish the input it is on before the context they use is freed (freeing it under one crashed the process). */
+  private readonly embeddingRuns = new Set<Promise<unknown>>();
+  /** Set by stop(): embeddings under way end after their current input. */
+  private stopping = false;
   info: RuntimeInfo = { adapter: 'llama-embedded', version: '', modelSha256: '', contextLength: 0, embeddingLength: 0, chatTemplate: null };
   /** The most bytes one token stands for (set at start): what bounds an input's token count from below. */
   private maxTokenBytes = Number.POSITIVE_INFINITY;
@@ -243,6 +247,12 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async stop(): Promise<void> {
+    this.stopping = true;
+    try {
+      await Promise.allSettled([...this.embeddingRuns]);
+    } finally {
+      this.stopping = false;
+    }
     this.tokenizer?.stop();
     this.tokenizer = undefined;
     await (await this.embedding?.catch(() => undefined))?.dispose();
@@ -469,6 +479,16 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async embed(inputs: string[], known?: number[][], signal?: AbortSignal): Promise<EmbeddingResult> {
+    const run = this.embedNow(inputs, known, signal);
+    this.embeddingRuns.add(run);
+    try {
+      return await run;
+    } finally {
+      this.embeddingRuns.delete(run);
+    }
+  }
+
+  private async embedNow(inputs: string[], known?: number[][], signal?: AbortSignal): Promise<EmbeddingResult> {
     const model = this.m;
     // One context, even when the first embeddings requests arrive together.
     this.embedding ??= model.createEmbeddingContext({ threads: this.opts.threads ?? 1 }).catch((e: unknown) => {
@@ -480,6 +500,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     let inputTokens = 0;
     for (const [i, text] of inputs.entries()) {
       if (signal?.aborted) break; // the caller left: what is done is what is billed
+      if (this.stopping) throw new Error('the embedded runtime was stopped before the inputs were embedded');
       // The same tokens count_tokens reports for a prompt (BOS included) are the ones embedded.
       const tokens = (known?.[i] as Token[] | undefined) ?? (await this.inputTokens({ kind: 'prompt', prompt: text }));
       inputTokens += tokens.length;

@@ -303,3 +303,24 @@ describe('LlamaEmbeddedAdapter', () => {
     }
   });
 });
+
+// Freeing the embedding context under an embedding crashed the process (SIGSEGV in every run of
+// a probe: the node stops its runtimes while a cancelled embeddings request may still be on its
+// current input). A stop now lets each embedding finish the input it is on; the batch then fails.
+test('a stop during an embeddings batch: the batch fails saying so, the process lives, and the adapter starts again', async () => {
+  const a = new LlamaEmbeddedAdapter({ modelPath, contextLength: 256 });
+  for (let i = 0; i < 4; i++) {
+    await a.start();
+    expect((await a.embed(['warm'])).vectors).toHaveLength(1);
+    const batch = a.embed(Array.from({ length: 200 }, (_, k) => `hello world ${k}`)).then(
+      () => undefined,
+      (e: unknown) => e as Error,
+    );
+    await new Promise((r) => setTimeout(r, i % 2));
+    await a.stop();
+    expect((await batch)?.message).toBe('the embedded runtime was stopped before the inputs were embedded');
+  }
+  await a.start();
+  expect((await a.embed(['hello', 'world'])).vectors).toHaveLength(2);
+  await a.stop();
+});
