@@ -21,6 +21,8 @@ export type ToThread =
   | { op: 'abort'; id: number }
   /** The node's thread has taken `n` more of a generation's chunks (the window it may run ahead). */
   | { op: 'credit'; id: number; n: number }
+  /** Every adapter has stopped: end once the work under way has. */
+  | { op: 'close' }
   /** The memo's answer to the thread's `memo-known`. */
   | { op: 'memo-answer'; id: number; known: boolean };
 

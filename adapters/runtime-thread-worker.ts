@@ -155,6 +155,10 @@ function received(m: ToThread): void {
       r.wake = undefined;
       break;
     }
+    case 'close':
+      // (the thread ends once nothing is under way: no message keeps it any more)
+      port.close();
+      break;
     case 'memo-answer':
       memoAnswers.get(m.id)?.(m.known);
       memoAnswers.delete(m.id);

@@ -18,6 +18,9 @@ import { decodeError, type CallMethod, type FromThread, type Started, type ToThr
 /** The thread's file, beside this one (.ts in the source tree, .js once built). */
 const WORKER_FILE = fileURLToPath(new URL(`./runtime-thread-worker${path.extname(fileURLToPath(import.meta.url))}`, import.meta.url));
 
+/** How long the last adapter's stop waits for the runtime thread to end by itself. */
+const ENDING_MS = 5000;
+
 type Batch = { chunks: GeneratedChunk[]; done?: GenerationResult; error?: Error };
 
 /** A generation's messages as they come, for the adapter's generator to read. */
@@ -61,6 +64,7 @@ class RuntimeThread {
   private failure: Error | undefined;
   /** Set when the last adapter stopped and the thread is being ended (not a failure to report). */
   private ending = false;
+  private readonly exited: Promise<unknown>;
 
   static acquire(): RuntimeThread {
     const t = (RuntimeThread.shared ??= new RuntimeThread());
@@ -82,14 +86,25 @@ class RuntimeThread {
     this.worker = new Worker(WORKER_FILE);
     this.worker.on('message', (m: FromThread) => this.received(m));
     this.worker.on('error', (e: Error) => this.fail(new Error(`the runtime thread failed: ${e.message}`, { cause: e })));
+    this.exited = new Promise((resolve) => this.worker.once('exit', resolve));
     this.worker.on('exit', (code) => this.fail(new Error(`the runtime thread ended (exit code ${code})`)));
   }
 
-  release(): void {
+  /**
+   * One adapter less; the last asks the thread to end by itself once its work has (ending a thread
+   * while a llama.cpp call or its last log lines are under way aborts the process), and resolves
+   * when it has, or after ENDING_MS (the thread then no longer holds the process up).
+   */
+  async release(): Promise<void> {
     if (--this.users > 0) return;
     if (RuntimeThread.shared === this) RuntimeThread.shared = undefined;
     this.ending = true;
-    void this.worker.terminate();
+    if (this.failure) return;
+    this.worker.postMessage({ op: 'close' } satisfies ToThread);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.exited, new Promise((resolve) => (timer = setTimeout(resolve, ENDING_MS)))]);
+    clearTimeout(timer);
+    this.worker.unref();
   }
 
   id(): number {
@@ -248,7 +263,7 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
       this.probed = started.probed;
       this.file = started.file ? new LoadedModelFile(this.opts.modelPath, started.file.identity, started.file.mapped) : undefined;
     } catch (e) {
-      this.detach();
+      await this.detach();
       throw e;
     }
   }
@@ -268,14 +283,15 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
     } catch (e) {
       if (!this.failed) throw e; // (a thread that failed has nothing loaded any more)
     } finally {
-      this.detach();
+      await this.detach();
     }
   }
 
-  private detach(): void {
-    this.thread?.adapters.delete(this.handle);
-    this.thread?.release();
+  private async detach(): Promise<void> {
+    const thread = this.thread;
     this.thread = undefined;
+    thread?.adapters.delete(this.handle);
+    await thread?.release();
   }
 
   private get t(): RuntimeThread {
