@@ -87,7 +87,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   private model: LlamaModel | undefined;
   private context: LlamaContext | undefined;
   /** The model file as it was when loaded and hashed, and whether llama.cpp mapped it (the weights served are then the file's bytes as they are now). */
-  loadedFile: LoadedModelFile | undefined;
+  private file: LoadedModelFile | undefined;
   /** What the latest start did about the child-process probe: ran it, knew the file passed it (its memo), or none asked. */
   probed: 'ran' | 'remembered' | 'off' = 'off';
   private embedding: Promise<LlamaEmbeddingContext> | undefined;
@@ -147,7 +147,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
       // (what was hashed must be what was loaded: a file still being copied in is refused)
       const after = fileIdentity(this.opts.modelPath);
       if (!before || !after || modelFileState(before, after) !== 'unchanged') throw new Error(`model file ${this.opts.modelPath} changed while it was loaded and hashed: start again once it is complete`);
-      this.loadedFile = new LoadedModelFile(this.opts.modelPath, after, loaded.value.useMmap);
+      this.file = new LoadedModelFile(this.opts.modelPath, after, loaded.value.useMmap);
       await this.open(llama, loaded.value, hashed.value, slots, quantization);
       if (passed !== undefined) await this.opts.probe?.memo?.remember(passed);
     } catch (e) {
@@ -241,9 +241,14 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     }
   }
 
+  /** The model file as loaded (the runtime thread sends its identity to the node's thread). */
+  get loadedFile(): LoadedModelFile | undefined {
+    return this.file;
+  }
+
   /** What became of the model file since it was loaded (see model-file.ts); `unchanged` before a load. */
   modelFileState(): ModelFileState {
-    return this.loadedFile?.state() ?? 'unchanged';
+    return this.file?.state() ?? 'unchanged';
   }
 
   async stop(): Promise<void> {

@@ -19,8 +19,10 @@ export const CHUNK_WINDOW = 32;
 
 const port = parentPort!;
 const adapters = new Map<number, LlamaEmbeddedAdapter>();
-/** Running generations and embeddings by message id: their signal, and for a generation the chunks taken and who waits for more. */
-const running = new Map<number, { abort: AbortController; taken: number; wake?: () => void }>();
+/** A running generation or embedding: its signal, and for a generation the chunks the node has taken and the wait for more. */
+type Run = { abort: AbortController; taken: number; wake?: () => void };
+/** Running generations and embeddings by message id. */
+const running = new Map<number, Run>();
 /** The memo's answers awaited, by question id. */
 const memoAnswers = new Map<number, (known: boolean) => void>();
 let nextQuestion = 1;
@@ -43,8 +45,8 @@ async function answer(id: number, work: () => Promise<unknown>): Promise<void> {
   }
 }
 
-function track(id: number, aborted: boolean): { abort: AbortController; taken: number; wake?: () => void } {
-  const r = { abort: new AbortController(), taken: 0 };
+function track(id: number, aborted: boolean): Run {
+  const r: Run = { abort: new AbortController(), taken: 0 };
   if (aborted) r.abort.abort();
   running.set(id, r);
   return r;

@@ -243,10 +243,7 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
   }
 
   start(): Promise<void> {
-    if (this.thread) return Promise.reject(new Error('the embedded runtime is already started (stop it first)'));
-    const started = this.busy.then(() => this.startNow());
-    this.busy = started.catch(() => undefined);
-    return started;
+    return this.inTurn(() => this.startNow());
   }
 
   private async startNow(): Promise<void> {
@@ -270,14 +267,18 @@ export class LlamaThreadAdapter implements RuntimeAdapter {
 
   /** Stops the model (after a start under way, which it undoes); stops at once share one. */
   stop(): Promise<void> {
-    const stopped = this.busy.then(() => this.stopNow());
-    this.busy = stopped.catch(() => undefined);
-    return stopped;
+    return this.inTurn(() => this.stopNow());
+  }
+
+  /** Runs a start or a stop once those before it have ended. */
+  private inTurn(step: () => Promise<void>): Promise<void> {
+    const done = this.busy.then(step);
+    this.busy = done.catch(() => undefined);
+    return done;
   }
 
   private async stopNow(): Promise<void> {
-    const thread = this.thread;
-    if (!thread) return;
+    if (!this.thread) return;
     try {
       await this.call('stop', []);
     } catch (e) {

@@ -312,8 +312,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     for (const [i, m] of config.models.entries()) {
       if (opts.signal?.aborted) throw new NodeStartStopped();
       const started = performance.now();
-      // (on the runtime thread: node-llama-cpp's token loop does not wait behind the node's work)
-      // (node-llama-cpp is not loaded on this thread otherwise: its modules are the runtime thread's)
+      // On the runtime thread, where node-llama-cpp's token loop does not wait behind the node's work
+      // (node-llama-cpp is loaded on this thread only for tests that patch it here).
       const Adapter = opts.runtimeOnThisThread ? (await import('../adapters/llama-embedded.ts')).LlamaEmbeddedAdapter : LlamaThreadAdapter;
       const adapter = new Adapter({ onFailure: (e: Error) => logger.error({ model: m.id, err: errSummary(e) }, `model ${m.id}: the runtime thread failed: every request for it fails until the node is restarted (/healthz says so)`), modelPath: m.path!, contextLength: m.context, slots: m.slots, mmap: m.mmap, threads: m.threads, gpu: config.gpu, probe: { memo: probeMemo, timeoutMs: m.probe_timeout_s * 1000 }, tokenizerAtStart: true, tokenizeDeadlineMs: m.tokenize_timeout_s * 1000 });
       try {
@@ -378,10 +378,9 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     });
     // The data dir's free space: below receipts.min_free_mb, paid work is refused (before tickets are used).
     let diskLow: string | undefined;
-    /** A runtime that can no longer serve (its thread died): the node takes no paid work, and /healthz is 503 (restart it). */
-    const runtimeFailure = () => [...models.values()].map((m) => m.adapter.failure?.()).find((e) => e !== undefined);
+    /** Why no paid work is taken when a runtime can no longer serve (its thread died): /healthz is 503 then too (restart the node). */
     const runtimeFailed = () => {
-      const e = runtimeFailure();
+      const e = [...models.values()].map((m) => m.adapter.failure?.()).find((f) => f !== undefined);
       return e ? `the runtime thread failed (${e.message.slice(0, 500)}): paid work is refused until the node is restarted` : undefined;
     };
     const watchDisk = () => {
@@ -514,7 +513,7 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // over in place refuses that model's (until a restart): the node goes on selling the others,
     // and /readyz says it is degraded.
     const modifiedModel = (m: ServedModel) => m.adapter.modelFileState?.() === 'modified';
-    const workProblems = () => [...(diskLow ? [diskLow] : []), ...(runtimeFailed() ? [runtimeFailed()!] : [])];
+    const workProblems = () => [diskLow, runtimeFailed()].filter((p): p is string => p !== undefined);
     const modelProblems = () => [...models.values()].filter(modifiedModel).map((m) => modelFileModified(m).message);
     const standing = () => [stopping, config.marketplace.public_keys.length > 0, registration?.status(), log.failure, state.failure, workProblems()] as const;
     /** Whether the node takes paid work now at all (the capacity snapshot's node-level flag; /status's is false too when no model takes any, and each model says its own). */
@@ -530,8 +529,8 @@ export async function startNode(config: NodeConfig, opts: { logDestination?: num
     // The ops server has been answering since before the models loaded: from now on, for the serving node.
     serving.health = () => {
       if (log.failure) return { ok: false, reason: `the receipt log has stopped (${log.failure.message.slice(0, 2000)}): paid work is refused until the node is restarted` };
-      const runtime = runtimeFailure();
-      return runtime ? { ok: false, reason: `the runtime thread failed (${runtime.message.slice(0, 2000)}): its models fail every request until the node is restarted` } : { ok: true };
+      const runtime = runtimeFailed();
+      return runtime ? { ok: false, reason: runtime } : { ok: true };
     };
     serving.ready = () => {
       const [stop, keys, market, logFailure, stateFailure, problems] = standing();
