@@ -47,6 +47,8 @@ export interface WireError {
   message: string;
   code?: string;
   timedOut?: boolean;
+  /** Where it was thrown, on the runtime thread. */
+  stack?: string;
   cause?: WireError;
 }
 
@@ -56,6 +58,7 @@ export function encodeError(e: unknown, depth = 0): WireError {
   const code = (e as { code?: unknown }).code;
   if (typeof code === 'string') w.code = code;
   if (e instanceof ModelProbeError) w.timedOut = e.timedOut;
+  if (typeof e.stack === 'string') w.stack = e.stack;
   if (e.cause !== undefined && depth < 4) w.cause = encodeError(e.cause, depth + 1);
   return w;
 }
@@ -71,6 +74,8 @@ export function decodeError(w: WireError): Error {
     e.name = w.name;
     if (w.code !== undefined) Object.assign(e, { code: w.code });
   }
+  // Its stack is where it was thrown on the runtime thread, then where the node's thread took it.
+  if (w.stack !== undefined) e.stack = `${w.stack}\n    (on the runtime thread; taken on the node's thread:)${e.stack?.slice(e.stack.indexOf('\n')) ?? ''}`;
   if (w.cause) e.cause = decodeError(w.cause);
   return e;
 }

@@ -89,6 +89,11 @@ describe('LlamaThreadAdapter', () => {
     const err = await there.inputTokens({ kind: 'prompt', prompt: 'hello world '.repeat(400) }, { atMost: 10 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(UnsupportedInputError);
     expect((err as UnsupportedInputError).code).toBe('context_length_exceeded');
+    // Its stack says where it was thrown there (the embedded adapter), then where this thread took it.
+    const stack = (err as Error).stack!;
+    expect(stack).toMatch(/^UnsupportedInputError: /);
+    expect(stack).toMatch(/llama-embedded\.ts:\d+/);
+    expect(stack.indexOf("(on the runtime thread; taken on the node's thread:)")).toBeGreaterThan(stack.indexOf('llama-embedded.ts'));
     const base = new LlamaThreadAdapter({ modelPath: baseModel, contextLength: 256 });
     await base.start();
     try {
@@ -103,7 +108,7 @@ describe('LlamaThreadAdapter', () => {
     }
   });
 
-  test('errors are carried with their class, code, timeout flag and cause', () => {
+  test('errors are carried with their class, code, timeout flag, stack and cause', () => {
     const busy = decodeError(encodeError(new RuntimeBusyError('busy')));
     expect(busy).toBeInstanceOf(RuntimeBusyError);
     expect(busy.message).toBe('busy');
@@ -112,6 +117,10 @@ describe('LlamaThreadAdapter', () => {
     const coded = decodeError(encodeError(Object.assign(new Error('gone'), { code: 'ENOENT' })));
     expect((coded as Error & { code?: string }).code).toBe('ENOENT');
     expect(decodeError(encodeError('text')).message).toBe('text');
+    const thrownThere = () => new Error('deep', { cause: new TypeError('deeper') });
+    const crossed = decodeError(encodeError(thrownThere()));
+    expect(crossed.stack).toMatch(/^Error: deep\n {4}at thrownThere /);
+    expect((crossed.cause as Error).stack).toMatch(/^TypeError: deeper\n {4}at thrownThere /);
   });
 
   test('a signal stops the run within a token; what was generated is reported', async () => {
