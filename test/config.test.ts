@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
+import YAML from 'yaml';
 import { ConfigError, loadConfig, opsHostPort, parseConfig } from '../src/config.ts';
 import { REPO_ROOT } from './helpers/vectors.ts';
 
@@ -33,6 +34,26 @@ describe('config', () => {
       log_level: 'info',
     });
     expect(parseConfig('', base)).toEqual({ ...c, base, key: '/srv/node/node.key', data_dir: base });
+  });
+
+  test('config.example.yaml shows every key, and its model example every model key at its default', () => {
+    const text = fs.readFileSync(path.join(REPO_ROOT, 'config.example.yaml'), 'utf8');
+    const keys = (o: unknown, at = ''): string[] =>
+      o !== null && typeof o === 'object' && !Array.isArray(o) ? Object.entries(o).flatMap(([k, v]) => [`${at}${k}`, ...keys(v, `${at}${k}.`)]) : [];
+    // (base: where relative paths resolve, not a key)
+    expect(keys(YAML.parse(text)).sort()).toEqual(keys(parseConfig('', base)).filter((k) => k !== 'base').sort());
+    // The commented model example, uncommented, is the defaults but for what it must name.
+    const lines = text.split('\n');
+    const from = lines.indexOf('# models:');
+    const to = lines.findIndex((l, i) => i > from && !l.startsWith('#   '));
+    const example = lines.slice(from, to).map((l) => l.slice(2)).join('\n');
+    const m = parseConfig(example, base).models[0]!;
+    const { id, adapter, path: file, prices, context_set, ...rest } = m;
+    expect([id, adapter, file, prices, context_set]).toEqual(['tiny/llama', 'llama-embedded', '/srv/node/tiny-llama.gguf', { input_per_mtok: 150000n, output_per_mtok: 600000n }, true]);
+    expect(rest).toEqual({ url: null, quantization: null, context: 4096, slots: 1, queue: 16, max_wait_ms: 30_000, mmap: false, threads: 1, probe_timeout_s: 600, tokenize_timeout_s: 10 });
+    const defaults = parseConfig(`models: [{ id: a/b, adapter: llama-embedded, path: ./m.gguf, prices: { input_per_mtok_usd: "1", output_per_mtok_usd: "1" } }]`, base).models[0]!;
+    expect(Object.keys(m).sort()).toEqual(Object.keys(defaults).sort());
+    for (const [k, v] of Object.entries(rest)) expect(defaults[k as keyof typeof defaults], k).toEqual(v);
   });
 
   test('models: defaults, exact prices, resolved paths, normalised quantization', () => {

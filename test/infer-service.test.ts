@@ -293,6 +293,8 @@ describe('InferService', () => {
       [{ ...request('chat/completions', chatBody), head: { endpoint: 'chat/completions' } } as never, 401, 'ticket_invalid'],
       [request('chat/completions', chatBody, {}, { provider: testKey().id }), 401, 'ticket_wrong_provider'],
       [request('chat/completions', chatBody, {}, { price_version: 'p0' }), 409, 'ticket_price_version_mismatch'],
+      [request('chat/completions', chatBody, {}, { issued_at: Date.now() - 600_000, expires_at: Date.now() - 300_000 }), 401, 'ticket_expired'],
+      [request('chat/completions', chatBody, {}, { body_sha256: '00'.repeat(32) }), 400, 'ticket_body_mismatch'],
       [request('chat/completions', chatBody, {}, { max_cost_micro_usd: '0' }), 403, 'request_cost_limit_exceeded'],
       [request('chat/completions', chatBody, {}, { routing: { quantization: 'q8-0' } }), 503, 'routing_unsatisfied'],
       [request('chat/completions', chatBody, {}, { routing: { min_context: 600 } }), 503, 'routing_unsatisfied'],

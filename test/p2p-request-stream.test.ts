@@ -460,7 +460,7 @@ describe('bad input', () => {
     }
   });
 
-  it('answers an oversized frame with 400 frame_too_large', async () => {
+  it('answers an oversized frame with 400 frame_too_large and keeps serving', async () => {
     let called = 0;
     const { proto, srv } = await serve(async (req, res) => {
       called++;
@@ -478,6 +478,10 @@ describe('bad input', () => {
       expect(r.head).toEqual({ status: 400 });
       expect(r.trailer).toMatchObject({ error: { code: 'frame_too_large' } });
       expect(called).toBe(0);
+      // The server is still there for the next request.
+      const next = await readResponse(await request(client, addr, proto, { after: 'oversized' }));
+      expect(next.head).toEqual({ status: 200, echo: { after: 'oversized' } });
+      expect(called).toBe(1);
     } finally {
       await srv.stop();
     }

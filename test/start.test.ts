@@ -51,13 +51,16 @@ describe('seller-node start', () => {
     const body = utf8(JSON.stringify({ model: 'tiny/llama', messages: [{ role: 'user', content: 'hello world' }], max_tokens: 12, seed: 1 }));
     const ticket = signTicket(market, ticketPayload(provider, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: priceVersion, body_sha256: toHex(crypto.createHash('sha256').update(body).digest()), max_cost_micro_usd: '100000' }));
     const res = await readResponse(await request(buyer, addr, INFER_PROTOCOL, { endpoint: 'chat/completions', ticket }, body));
-    // The signed capacity snapshot names the model, its free slots and the price version.
+    // The signed capacity snapshot names the model, its free slots and queue, its context,
+    // quantization bucket and measured throughput, and the price version.
     const cap = await readResponse(await request(buyer, addr, CAPACITY_PROTOCOL, {}));
     const capEnv = JSON.parse(Buffer.from(cap.body).toString('utf8'));
     const capChecked = verifyEnvelope(capEnv, { payloadType: CAPACITY_PAYLOAD_TYPE, keys: [{ keyid: provider, publicKey: fromHex(provider) }] });
     expect(capChecked.ok).toBe(true);
     if (capChecked.ok) {
-      expect(JSON.parse(Buffer.from(capChecked.value.payload).toString('utf8'))).toMatchObject({ provider, price_version: priceVersion, accepting: true, models: [{ id: 'tiny/llama', slots: 1, free_slots: 1, context: 512 }] });
+      const snapshot = JSON.parse(Buffer.from(capChecked.value.payload).toString('utf8'));
+      expect(snapshot).toMatchObject({ provider, price_version: priceVersion, accepting: true, models: [{ id: 'tiny/llama', slots: 1, free_slots: 1, queued: 0, queue_limit: 16, context: 512, quantization: 'f32' }] });
+      expect(snapshot.models[0].tokens_per_second).toBeGreaterThan(0);
     }
     // The receipt can be fetched back from the node's log by request id.
     const requestId = JSON.parse(Buffer.from(ticket.payload, 'base64').toString('utf8')).request_id;
@@ -78,6 +81,17 @@ describe('seller-node start', () => {
     expect(metrics).toMatch(/seller_requests_total\{endpoint="invalid",status="400"\} 3/);
     expect(metrics).not.toMatch(/nope|xxxx/);
     expect(metrics).toMatch(/seller_receipts_signed_total\{status="completed"\} 1/);
+    // Tokens and earnings are the receipt's; its latency and time to first token are observed once.
+    if (!v.ok) throw new Error('unreachable');
+    const { usage, cost_micro_usd: cost } = v.value.payload;
+    expect(usage.output_tokens).toBeGreaterThan(0);
+    expect(metrics).toContain(`seller_tokens_total{direction="in",model="tiny/llama"} ${usage.input_tokens}\n`);
+    expect(metrics).toContain(`seller_tokens_total{direction="out",model="tiny/llama"} ${usage.output_tokens}\n`);
+    expect(metrics).toContain(`seller_earnings_micro_usd_total{model="tiny/llama"} ${cost}\n`);
+    expect(metrics).toMatch(/seller_request_duration_seconds_count\{endpoint="chat\/completions",model="tiny\/llama"\} 1\n/);
+    expect(metrics).toMatch(/seller_time_to_first_token_seconds_count\{model="tiny\/llama"\} 1\n/);
+    expect(metrics).toContain('seller_slots_in_use{model="tiny/llama"} 0\n');
+    expect(metrics).toContain('seller_queue_depth{model="tiny/llama"} 0\n');
     const status = (await (await fetch(`${ops}/status`)).json()) as { provider_id: string; receipts: { receipts: number } };
     expect(status.provider_id).toBe(provider);
 
