@@ -39,6 +39,25 @@ async function serve(endpoint: string, body: object): Promise<void> {
   payloads.push(v.value.payload);
 }
 
+/** Cancelled streams: the buyer leaves after `writes` writes (a stream reset: later writes fail). */
+const cut: ReceiptPayload[] = [];
+async function serveCut(endpoint: string, body: object, writes: number): Promise<void> {
+  const bytes = utf8(JSON.stringify(body));
+  const t = ticketPayload(node.id, { endpoint, model: 'tiny/llama', price_version: prices.payload.version, body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '100000' });
+  const leaving = new AbortController();
+  let written = 0;
+  let trailer: Record<string, unknown> = {};
+  const data = async () => {
+    if (leaving.signal.aborted) throw new Error('stream reset');
+    if (++written === writes) leaving.abort();
+  };
+  await service.handle({ head: { endpoint, ticket: signTicket(market, t) }, body: bytes, signal: leaving.signal }, { head: async () => {}, data, trailer: async (x) => void (trailer = x) });
+  const v = verifyReceipt(trailer.receipt as string, { provider: node.id });
+  if (!v.ok || v.value.payload.status !== 'cancelled') throw new Error('no cancelled receipt');
+  bodies.set(t.request_id, bytes);
+  cut.push(v.value.payload);
+}
+
 beforeAll(async () => {
   serving = await startServing({ nodeSeed: node.seed, nodeId: node.id, marketId: market.id, contextLength: 2048, priceVersion: prices.payload.version });
   service = serving.service;
@@ -50,6 +69,11 @@ beforeAll(async () => {
   await serve('completions', { model: 'tiny/llama', prompt: 'the quick', max_tokens: 25, temperature: 1.3, seed: 12, top_k: 7, min_p: 0.02, repetition_penalty: 1.4 });
   await serve('embeddings', { model: 'tiny/llama', input: ['hello', 'world'] });
   await serve('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 20, seed: 8, stream: true });
+  // Buyers who left mid-stream (a chat, a completion, a response), and one before any token.
+  await serveCut('chat/completions', { model: 'tiny/llama', messages, max_tokens: 200, seed: 21, stream: true }, 4);
+  await serveCut('completions', { model: 'tiny/llama', prompt: 'the quick', max_tokens: 200, seed: 22, temperature: 1, stream: true }, 7);
+  await serveCut('responses', { model: 'tiny/llama', input: 'hello world', max_output_tokens: 200, seed: 23, stream: true }, 5);
+  await serveCut('chat/completions', { model: 'tiny/llama', messages, max_tokens: 200, seed: 24, stream: true }, 1);
   // Output capped by the hold, not by max_tokens: replay must find the same cap.
   const bytes = utf8(JSON.stringify({ model: 'tiny/llama', messages, max_tokens: 500, seed: 1 }));
   const t = ticketPayload(node.id, { endpoint: 'chat/completions', model: 'tiny/llama', price_version: prices.payload.version, body_sha256: toHex(crypto.createHash('sha256').update(bytes).digest()), max_cost_micro_usd: '9' });
@@ -97,6 +121,28 @@ describe('replay', () => {
     expect(r.matched).toBe(payloads.length);
   });
 
+  test('a cancelled stream: the bytes its receipt hashes are a point of the replayed stream, carrying exactly the tokens billed', async () => {
+    expect(cut.map((c) => c.usage.output_tokens > 0)).toEqual([true, true, true, false]);
+    const r = await replay({ receipts: cut, requests: bodies, modelPath: modelPath(), contextLength: 2048 });
+    expect(r.mismatches).toEqual([]);
+    expect(r).toMatchObject({ replayable: cut.length, replayed: cut.length, matched: cut.length });
+    // A receipt billing one token more than its bytes carry, or naming bytes the stream never had.
+    const [chat, completion] = cut;
+    const billed = chat!.usage.output_tokens;
+    const overbilled = { ...chat!, usage: { ...chat!.usage, output_tokens: billed + 1 } };
+    const forged = { ...completion!, response_sha256: '00'.repeat(32) };
+    const bad = await replay({ receipts: [overbilled, forged], requests: bodies, modelPath: modelPath(), contextLength: 2048 });
+    expect(bad.mismatches).toEqual([
+      { seq: chat!.seq, request_id: chat!.request_id, reason: `cancelled: the bytes response_sha256 names carry ${billed} output tokens, the receipt bills ${billed + 1}`, output_tokens: { receipt: billed + 1, replay: billed } },
+      { seq: completion!.seq, request_id: completion!.request_id, reason: `cancelled: no point of the replayed stream hashes to response_sha256 ${'00'.repeat(32)}` },
+    ]);
+    expect(replayFault(bad)).toMatchObject({ code: 'replay_mismatch' });
+    // A whole body cancelled bills the work done when its buyer left: no bytes show it, not replayed.
+    const whole = payloads.find((p) => p.endpoint === 'completions')!;
+    const skipped = await replay({ receipts: [{ ...whole, status: 'cancelled' }], requests: bodies, modelPath: modelPath() });
+    expect(skipped).toMatchObject({ replayable: 0, replayed: 0, skipped: { 'status cancelled': 1 } });
+  });
+
   test('a wrong body, a wrong hash and missing bodies are reported, not crashed on', async () => {
     const [first, second] = payloads;
     const wrongBody = new Map(bodies);
@@ -117,7 +163,8 @@ describe('replay', () => {
     expect(readRequestsFile(requests).size).toBe(bodies.size);
     const ok = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
     expect(ok.code).toBe(0);
-    expect(ok.stdout).toMatch(new RegExp(`replay\\s+${payloads.length} of ${payloads.length} responses reproduced byte for byte\\nOK \\(\\d+\\.\\d\\d s; replay \\d+\\.\\d\\d s\\)\\n$`));
+    const all = payloads.length + cut.length;
+    expect(ok.stdout).toMatch(new RegExp(`replay\\s+${all} of ${all} responses reproduced byte for byte\\nOK \\(\\d+\\.\\d\\d s; replay \\d+\\.\\d\\d s\\)\\n$`));
     expect(ok.stderr).toBe('');
     fs.writeFileSync(requests, JSON.stringify({ request_id: payloads[0]!.request_id, body: toBase64(utf8('{}')) }) + '\n');
     const bad = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
@@ -147,11 +194,11 @@ describe('replay', () => {
     const wrong = await runCli(['audit', out, '--replay', '--model', other, '--requests', requests]);
     expect(wrong.code, wrong.stderr).toBe(1);
     expect(wrong.stdout).not.toMatch(/^OK/m);
-    expect(wrong.stdout).toMatch(new RegExp(`^replay\\s+nothing replayed \\(skipped: ${payloads.length} another model file\\)\\nREPLAY FAILED: nothing replayed: the model file's sha256 ${otherSha} matches no receipt \\(receipts name ${servedSha}\\)\\n$`, 'm'));
+    expect(wrong.stdout).toMatch(new RegExp(`^replay\\s+nothing replayed \\(skipped: ${payloads.length + cut.length} another model file\\)\\nREPLAY FAILED: nothing replayed: the model file's sha256 ${otherSha} matches no receipt \\(receipts name ${servedSha}\\)\\n$`, 'm'));
     const j = await runCli(['audit', out, '--replay', '--model', other, '--requests', requests, '--json']);
     expect(j.code).toBe(1);
     const report = JSON.parse(j.stdout) as { ok: boolean; fault: { code: string }; summary?: unknown; replay: { ok: boolean; replayed: number; replayable: number; model_sha256: string; receipt_models: string[] } };
-    expect(report).toMatchObject({ ok: false, fault: { code: 'replay_nothing_replayed' }, replay: { ok: false, replayed: 0, replayable: payloads.length, model_sha256: otherSha, receipt_models: [servedSha] } });
+    expect(report).toMatchObject({ ok: false, fault: { code: 'replay_nothing_replayed' }, replay: { ok: false, replayed: 0, replayable: payloads.length + cut.length, model_sha256: otherSha, receipt_models: [servedSha] } });
     expect(report.summary).toBeDefined(); // the log itself passed
 
     // The right model, but no body for any receipt: the one given is unused, and said so.
@@ -169,7 +216,7 @@ describe('replay', () => {
     const requests = requestsFile('some.jsonl', [[first!.request_id, bodies.get(first!.request_id)!], ...extra]);
     const r = await runCli(['audit', out, '--replay', '--model', modelPath(), '--requests', requests, '--context', '2048'], { timeoutMs: 60_000 });
     expect(r.code, r.stderr).toBe(0);
-    expect(r.stdout).toMatch(new RegExp(`^replay\\s+1 of 1 responses reproduced byte for byte \\(skipped: ${payloads.length - 1} no request body given\\)\\nOK \\(`, 'm'));
+    expect(r.stdout).toMatch(new RegExp(`^replay\\s+1 of 1 responses reproduced byte for byte \\(skipped: ${payloads.length - 1 + cut.length} no request body given\\)\\nOK \\(`, 'm'));
     expect(r.stderr).toMatch(/^warning: 7 request bodies match no receipt in the log \(req-unknown-0, req-unknown-1, req-unknown-2, req-unknown-3, req-unknown-4, …\); they were not replayed$/m);
   });
 
@@ -204,9 +251,10 @@ describe('replay', () => {
   });
 
   test('a log with nothing replayable passes; a mismatch or nothing replayed fails', async () => {
-    const cancelled = payloads.map((p) => ({ ...p, status: 'cancelled' as const }));
+    // (whole bodies: a cancelled stream is replayed)
+    const cancelled = payloads.filter((p) => !JSON.parse(Buffer.from(bodies.get(p.request_id)!).toString('utf8')).stream).map((p) => ({ ...p, status: 'cancelled' as const }));
     const idle = await replay({ receipts: cancelled, requests: bodies, modelPath: modelPath() });
-    expect(idle).toMatchObject({ replayable: 0, replayed: 0, skipped: { 'status cancelled': payloads.length }, unused_requests: 0 });
+    expect(idle).toMatchObject({ replayable: 0, replayed: 0, skipped: { 'status cancelled': cancelled.length } });
     expect(replayFault(idle)).toBeUndefined();
     const nothing = await replay({ receipts: payloads, requests: new Map(), modelPath: modelPath() });
     expect(replayFault(nothing)).toMatchObject({ code: 'replay_nothing_replayed' });

@@ -8,7 +8,11 @@
 // (InferService) with a clock fixed at the receipt's started_at and a ticket with the receipt's
 // hold, so the cap on output tokens, the ids and the timestamps in the response are the same as
 // when it was served; generation is seeded and single-threaded, so the bytes must be too.
-// Completed chat/completions, completions, responses and embeddings receipts are replayed.
+// Completed chat/completions, completions, responses and embeddings receipts are replayed, and
+// cancelled streams: the buyer left, and the receipt bills the tokens whose bytes were written.
+// Replay writes each event on its own and looks for the point where the bytes written so far hash
+// to response_sha256; the tokens those bytes carry must be the tokens billed. (A whole body
+// cancelled bills the work done when the buyer left, which bytes cannot show: not replayed.)
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -41,13 +45,16 @@ export interface ReplayOptions {
 export interface ReplayReport {
   /** The SHA-256 of the given model file. */
   model_sha256: string;
-  /** Completed receipts of a replayable endpoint, whatever their model: what a replay could check. */
+  /**
+   * Completed receipts of a replayable endpoint, and cancelled ones whose given body streamed,
+   * whatever their model: what a replay could check.
+   */
   replayable: number;
   /** The distinct model_sha256 those receipts name, in log order. */
   receipt_models: string[];
   replayed: number;
   matched: number;
-  /** error_code: the error a replay answered with, when it did not answer 200. */
+  /** error_code: the error a replay answered with, when it did not answer 200. output_tokens.replay: of a cancelled stream, the tokens its receipt's bytes carry. */
   mismatches: { seq: string; request_id: string; reason: string; error_code?: string; output_tokens?: { receipt: number; replay: number } }[];
   skipped: Record<string, number>;
   /** Request bodies whose request_id no receipt in the log has (never used), and the first of those ids. */
@@ -58,6 +65,7 @@ export interface ReplayReport {
 export type ReplayFaultCode = 'replay_mismatch' | 'replay_nothing_replayed';
 
 const REPLAYABLE = new Set(['chat/completions', 'completions', 'responses', 'embeddings']);
+const STREAMED = new Set(['chat/completions', 'completions', 'responses']);
 const UNUSED_IDS_KEPT = 20;
 const BODY_MISMATCH = 'the given body does not hash to request_sha256';
 
@@ -99,7 +107,12 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
   const skip = (why: string) => (report.skipped[why] = (report.skipped[why] ?? 0) + 1);
   const models = new Set<string>();
   const todo = opts.receipts.filter((r) => {
-    if (r.status !== 'completed') return skip(`status ${r.status}`), false;
+    if (r.status === 'cancelled' && STREAMED.has(r.endpoint)) {
+      // (a stream or a whole body: only its body says)
+      const body = opts.requests.get(r.request_id);
+      if (!body) return skip('no request body given'), false;
+      if (!streamed(body)) return skip('status cancelled'), false;
+    } else if (r.status !== 'completed') return skip(`status ${r.status}`), false;
     if (!REPLAYABLE.has(r.endpoint)) return skip(`endpoint ${r.endpoint}`), false;
     report.replayable++;
     models.add(r.model_sha256);
@@ -144,23 +157,40 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
         priceVersion: r.price.version,
         tier: r.attestation.tier,
         now: () => r.started_at,
+        streamWindowMs: 0,
       });
       const ticket = signTicket(
         { v: 1, ticket_id: `replay-${r.seq}-${report.replayed}`, request_id: r.request_id, provider: nodeId, account: 'replay', endpoint: r.endpoint, model: r.model, price_version: r.price.version, max_cost_micro_usd: r.hold_micro_usd, body_sha256: bodySha, routing: {}, issued_at: r.started_at - 1, expires_at: r.started_at + 60_000 },
         { keyid: marketId, seed: market },
       );
       const hash = crypto.createHash('sha256');
+      /** Where a cancelled stream could have been cut: after each write, the hash so far and the tokens written. */
+      const cuts = [{ sha: hash.copy().digest('hex'), tokens: 0 }];
       let status = 0;
       let trailer: Record<string, unknown> = {};
       await service.handle(
         { head: { endpoint: r.endpoint, ticket }, body, signal: new AbortController().signal },
-        { head: async (h) => void (status = h.status), data: async (b) => void hash.update(b), trailer: async (t) => void (trailer = t) },
+        {
+          head: async (h) => void (status = h.status),
+          data: async (b, o) => {
+            hash.update(b);
+            if (r.status === 'cancelled') cuts.push({ sha: hash.copy().digest('hex'), tokens: cuts.at(-1)!.tokens + (o?.tokens ?? 0) });
+          },
+          trailer: async (t) => void (trailer = t),
+        },
       );
       report.replayed++;
       const got = hash.digest('hex');
       const code = (trailer.error as { code?: unknown } | undefined)?.code;
       if (status !== 200) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `replay answered ${status} ${JSON.stringify(trailer.error ?? {})}`, ...(typeof code === 'string' ? { error_code: code } : {}) });
-      else if (got !== r.response_sha256) {
+      else if (r.status === 'cancelled') {
+        const cut = cuts.find((c) => c.sha === r.response_sha256);
+        if (!cut) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `cancelled: no point of the replayed stream hashes to response_sha256 ${r.response_sha256}` });
+        else if (cut.tokens !== r.usage.output_tokens) {
+          const reason = `cancelled: the bytes response_sha256 names carry ${cut.tokens} output tokens, the receipt bills ${r.usage.output_tokens}`;
+          report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason, output_tokens: { receipt: r.usage.output_tokens, replay: cut.tokens } });
+        } else report.matched++;
+      } else if (got !== r.response_sha256) {
         const replayOut = (trailer.usage as { output_tokens?: unknown } | undefined)?.output_tokens;
         const tokens = typeof replayOut === 'number' && replayOut !== r.usage.output_tokens ? { receipt: r.usage.output_tokens, replay: replayOut } : undefined;
         const reason = `response_sha256 is ${r.response_sha256}, replay gives ${got}` + (tokens ? ` (${tokens.replay} output tokens, the receipt ${tokens.receipt})` : '');
@@ -186,6 +216,17 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
     }
   }
   return report;
+}
+
+/** Whether a request body asks for a stream (a body that is not a JSON object does not). */
+function streamed(body: Uint8Array | undefined): boolean {
+  if (!body) return false;
+  try {
+    const v = JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
+    return typeof v === 'object' && v !== null && (v as { stream?: unknown }).stream === true;
+  } catch {
+    return false;
+  }
 }
 
 /** Reads a requests file: {"request_id", "body": base64} per line. Throws naming the line. */

@@ -13,7 +13,8 @@ import { concatBytes } from '../../attestation/bytes.ts';
 export class Coalescer {
   /** Tokens whose bytes have been written. */
   delivered = 0;
-  private readonly write: (bytes: Uint8Array) => Promise<void>;
+  /** Writes bytes and says how many tokens they carry. */
+  private readonly write: (bytes: Uint8Array, tokens: number) => Promise<void>;
   private readonly windowMs: number;
   private readonly maxBytes: number;
   private parts: Uint8Array[] = [];
@@ -26,7 +27,7 @@ export class Coalescer {
   private chain: Promise<void> = Promise.resolve();
   private failure: unknown;
 
-  constructor(write: (bytes: Uint8Array) => Promise<void>, opts: { windowMs?: number; maxBytes?: number } = {}) {
+  constructor(write: (bytes: Uint8Array, tokens: number) => Promise<void>, opts: { windowMs?: number; maxBytes?: number } = {}) {
     this.write = write;
     this.windowMs = opts.windowMs ?? 8;
     this.maxBytes = opts.maxBytes ?? 16_384;
@@ -62,7 +63,7 @@ export class Coalescer {
     this.tokens = 0;
     this.last = performance.now();
     this.chain = this.chain.then(async () => {
-      await this.write(parts.length === 1 ? parts[0]! : concatBytes(...parts));
+      await this.write(parts.length === 1 ? parts[0]! : concatBytes(...parts), tokens);
       this.delivered += tokens;
     });
     this.chain.catch((e: unknown) => {

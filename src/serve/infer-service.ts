@@ -63,6 +63,8 @@ export type HeadVerdict =
 export interface DataOptions {
   /** Resolve only once the bytes were handed to the transport, not when they are queued. */
   sent?: boolean;
+  /** A stream's bytes: the output tokens they carry (billed once written). */
+  tokens?: number;
 }
 
 const SENT: DataOptions = { sent: true };
@@ -109,6 +111,12 @@ export interface InferServiceOptions {
   freePace?: FreeWorkPace;
   /** Why the node takes no paid work now (its disk nearly full, its state store gone), if so: refused 503 no_capacity before the ticket is used. */
   paidWorkRefused?: () => string | undefined;
+  /**
+   * How long a stream's events may wait to go out together, in ms (default 8; see Coalescer).
+   * Audit replay sets 0: each event its own write, so that any point a stream was cut at is a
+   * write's end.
+   */
+  streamWindowMs?: number;
 }
 
 
@@ -602,7 +610,7 @@ export class InferService {
     let generated = 0;
     // Streamed tokens count as delivered (billed, hashed) once their bytes were handed to the stream,
     // not when they were queued behind its cork: a buyer who resets meanwhile never got them.
-    const events = new Coalescer((bytes) => send(bytes, SENT));
+    const events = new Coalescer((bytes, n) => send(bytes, { ...SENT, tokens: n }), { windowMs: this.o.streamWindowMs });
     let text = '';
     let status: ReceiptStatus = 'completed';
     let result: GenerationResult | undefined;
