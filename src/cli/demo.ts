@@ -31,15 +31,21 @@ export function demoCommand(): Command {
       ]);
       const say = (s: string) => process.stdout.write(s + '\n');
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-demo-'));
-      const stops: (() => Promise<void>)[] = [];
+      // (a second Ctrl-C exits at once, without the stops: the folder goes all the same)
+      const removeDir = () => fs.rmSync(dir, { recursive: true, force: true });
+      process.once('exit', removeDir);
+      const stops: [string, () => Promise<void>][] = [];
+      /** Each part stops once, the last started first; one that fails is named and the others still stop. */
       const stopAll = async () => {
-        for (const s of stops.reverse()) await s().catch(() => undefined);
-        fs.rmSync(dir, { recursive: true, force: true });
+        const failed: string[] = [];
+        for (const [name, stop] of stops.splice(0).reverse()) await stop().catch((e: unknown) => void failed.push(`${name}: ${(e as Error).message}`));
+        removeDir();
+        if (failed.length > 0) throw new Error(failed.join('; '));
       };
       try {
         const market = createMarket({ seed: new Uint8Array(crypto.randomBytes(32)) });
         const m = await market.listen();
-        stops.push(() => market.close());
+        stops.push(['marketplace', () => market.close()]);
         createKeyFile(path.join(dir, 'node.key'));
         writeTinyLlama(path.join(dir, 'tiny.gguf'));
         const config = parseConfig(
@@ -57,7 +63,7 @@ export function demoCommand(): Command {
           dir,
         );
         const node = await startNode(config, { logDestination: 2 });
-        stops.push(() => node.stop(5000));
+        stops.push(['node', () => node.stop(5000)]);
         // The node registers itself; wait until the market lists it.
         for (let i = 0; i < 100; i++) {
           const providers = (await (await fetch(`${m.url}/v1/providers`)).json()) as { provider: string }[];
@@ -67,7 +73,7 @@ export function demoCommand(): Command {
         const gateway = await createGateway({ market: m.url, port: opts.smoke ? 0 : opts.port }).catch((e: unknown) => {
           throw new CliError(listenProblem(e, `127.0.0.1:${opts.port}`, 'the gateway\'s port: pick another with --port') ?? (e as Error).message);
         });
-        stops.push(() => gateway.close());
+        stops.push(['gateway', () => gateway.close()]);
         const curl = `curl -s ${gateway.url}/chat/completions -H 'content-type: application/json' -d '{"model":"tiny/llama","messages":[{"role":"user","content":"hello world"}],"max_tokens":24,"seed":1}'`;
         say(`marketplace  ${m.url}  (key ${market.publicKey})`);
         say(`node         provider ${node.providerId}, ${node.addresses[0]}, ops ${node.opsUrl}`);
@@ -87,7 +93,7 @@ export function demoCommand(): Command {
         say('Ctrl-C stops all three.');
         await stopped;
       } catch (e) {
-        await stopAll();
+        await stopAll().catch(() => undefined); // (the error that stopped the demo is the one to report)
         throw e;
       }
     });
