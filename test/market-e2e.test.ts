@@ -1,7 +1,6 @@
 // `seller-node market` and `seller-node start` as real processes (the built CLI): the node
 // registers itself, the market issues a ticket for it, a buyer dials the address the market gave
 // over libp2p, and the market collects and verifies the receipt. Both stop cleanly on a signal.
-import { spawn, type ChildProcess } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -13,29 +12,18 @@ import { loadKeyFile } from '../src/identity.ts';
 import { createHost } from '../src/p2p/host.ts';
 import { INFER_PROTOCOL } from '../src/p2p/infer-protocol.ts';
 import { readResponse, request } from '../src/p2p/request-stream.ts';
-import { assertCliBuilt, CLI_BIN, runCli } from './helpers/cli-run.ts';
+import { assertCliBuilt, runCli } from './helpers/cli-run.ts';
+import { killLeftCliProcesses, spawnCli } from './helpers/cli-process.ts';
 import { testKey } from './helpers/receipts.ts';
 import { removeTemp, tempDir } from './helpers/tamper-log.ts';
 import { waitFor } from './helpers/wait.ts';
 import { tinyNodeConfigYaml } from './helpers/node-config.ts';
 
 const dir = tempDir('seller-node-market-e2e-');
-const children: ChildProcess[] = [];
 afterAll(() => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  killLeftCliProcesses();
   removeTemp(dir);
 });
-
-function spawnCli(args: string[]): { child: ChildProcess; exited: Promise<number | null>; stdout: () => string; stderr: () => string } {
-  const child = spawn(process.execPath, [CLI_BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  let out = '';
-  let err = '';
-  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
-  return { child, exited, stdout: () => out, stderr: () => err };
-}
 
 async function startMarketProcess(data: string) {
   const p = spawnCli(['market', '--data', data, '--listen', '127.0.0.1:0']);
