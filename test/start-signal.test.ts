@@ -74,6 +74,28 @@ describe('seller-node start, stopped while it loads its model', () => {
     expect(stderr).toContain('seller-node: SIGTERM: finishing in-flight requests, flushing receipts\n');
     expect(stderr).not.toContain('during start-up');
   }, 60_000);
+
+  test('a second signal as it stops ends it at once by that signal, never an abort from a thread at work', async () => {
+    // (The stop frees the model on the runtime thread and closes SQLite on the writer's: an exit
+    // then aborted the process, SIGABRT, in half the runs. Four runs, each signalled at once.)
+    const h = home('cli-twice');
+    for (let run = 0; run < 4; run++) {
+      fs.rmSync(path.join(h, 'data'), { recursive: true, force: true });
+      const child = spawnNode(path.join(h, 'config.yaml'));
+      let stderr = '';
+      const exited = new Promise<string>((r) => child.on('exit', (code, signal) => r(`${code ?? signal}`)));
+      await waitForStart(child);
+      child.stderr!.on('data', (d: Buffer) => {
+        const first = !stderr.includes('finishing');
+        stderr += d.toString();
+        if (first && stderr.includes('finishing')) child.kill('SIGTERM');
+      });
+      child.kill('SIGTERM');
+      expect(await exited, stderr).toBe('SIGTERM');
+      expect(stderr).toContain('seller-node: SIGTERM again: exiting now\n');
+      expect(stderr).not.toMatch(/terminate called|Napi::Error/);
+    }
+  }, 60_000);
 });
 
 describe('startNode with a signal', () => {

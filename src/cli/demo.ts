@@ -31,7 +31,7 @@ export function demoCommand(): Command {
       ]);
       const say = (s: string) => process.stdout.write(s + '\n');
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-demo-'));
-      // (a second Ctrl-C exits at once, without the stops: the folder goes all the same)
+      // (a second Ctrl-C ends it at once, without the stops or exit handlers: the folder goes all the same)
       const removeDir = () => fs.rmSync(dir, { recursive: true, force: true });
       process.once('exit', removeDir);
       const stops: [string, () => Promise<void>][] = [];
@@ -88,8 +88,8 @@ export function demoCommand(): Command {
           process.exitCode = res.status === 200 && totals.receipts === 1 ? 0 : 1;
           return;
         }
-        // As start/market/gateway: a second signal while stopping exits at once; handlers before the line.
-        const stopped = untilSignal('seller-node demo', 'stopping gateway, node (in-flight requests finish, receipts flushed), marketplace', stopAll);
+        // As start/market/gateway: a second signal while stopping ends it at once; handlers before the line.
+        const stopped = untilSignal('seller-node demo', 'stopping gateway, node (in-flight requests finish, receipts flushed), marketplace', stopAll, { beforeExitNow: removeDir });
         say('Ctrl-C stops all three.');
         await stopped;
       } catch (e) {

@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { loadConfig, opsHostPort } from '../config.ts';
 import { isLoopbackHost } from '../host-port.ts';
-import { untilSignal } from './until-signal.ts';
+import { exitBySignal, untilSignal } from './until-signal.ts';
 
 const STOP_SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
 const STOPPED_EARLY = 'seller-node: stopped before it served\n';
@@ -23,7 +23,8 @@ export function startCommand(): Command {
       const duringStart = (sig: string): void => {
         if (starting.signal.aborted) {
           process.stderr.write(`seller-node: ${sig} again: exiting now\n`);
-          process.exit(1);
+          exitBySignal(sig); // (an exit while the model loads on the runtime thread may abort the process)
+          return;
         }
         process.stderr.write(`seller-node: ${sig} during start-up: stopping\n`);
         starting.abort();

@@ -6,8 +6,8 @@ import { waitFor } from './wait.ts';
 
 export interface CliProcess {
   child: ChildProcess;
-  /** Its exit code (null: killed by a signal). */
-  exited: Promise<number | null>;
+  /** Its exit code, or the signal that ended it ('SIGINT'). */
+  exited: Promise<number | NodeJS.Signals>;
   stdout(): string;
   stderr(): string;
 }
@@ -27,7 +27,7 @@ export function spawnCli(args: readonly string[], opts: { env?: Record<string, s
   let err = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+  const exited = new Promise<number | NodeJS.Signals>((r) => child.on('exit', (code, signal) => r(code ?? signal!)));
   return { child, exited, stdout: () => out, stderr: () => err };
 }
 
