@@ -77,9 +77,9 @@ describe('seller-node start, stopped while it loads its model', () => {
 
   test('a second signal as it stops ends it at once by that signal, never an abort from a thread at work', async () => {
     // (The stop frees the model on the runtime thread and closes SQLite on the writer's: an exit
-    // then aborted the process, SIGABRT, in half the runs. Four runs, each signalled at once.)
+    // then aborted the process, SIGABRT, in half the runs. Three runs, each signalled at once.)
     const h = home('cli-twice');
-    for (let run = 0; run < 4; run++) {
+    for (let run = 0; run < 3; run++) {
       fs.rmSync(path.join(h, 'data'), { recursive: true, force: true });
       const child = spawnNode(path.join(h, 'config.yaml'));
       let stderr = '';
