@@ -71,6 +71,8 @@ function runtimeVersion(llama: Llama): string {
   return `node-llama-cpp/${NODE_LLAMA_CPP_VERSION}/${llama.buildType}/${llama.gpu || 'cpu'}`;
 }
 
+const EMBED_STOPPED = 'the embedded runtime was stopped before the inputs were embedded';
+
 const NODE_LLAMA_CPP_VERSION = ((): string => {
   try {
     const pkg = new URL('../package.json', import.meta.resolve('node-llama-cpp'));
@@ -252,19 +254,20 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   async stop(): Promise<void> {
+    // (set until the model is freed: an embedding asked for meanwhile must not open a context on it)
     this.stopping = true;
     try {
       await Promise.allSettled([...this.embeddingRuns]);
+      this.tokenizer?.stop();
+      this.tokenizer = undefined;
+      await (await this.embedding?.catch(() => undefined))?.dispose();
+      await this.context?.dispose();
+      await this.model?.dispose();
+      this.embedding = this.context = this.model = undefined;
+      this.idle.length = 0;
     } finally {
       this.stopping = false;
     }
-    this.tokenizer?.stop();
-    this.tokenizer = undefined;
-    await (await this.embedding?.catch(() => undefined))?.dispose();
-    await this.context?.dispose();
-    await this.model?.dispose();
-    this.embedding = this.context = this.model = undefined;
-    this.idle.length = 0;
   }
 
   private get m(): LlamaModel {
@@ -494,6 +497,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
   }
 
   private async embedNow(inputs: string[], known?: number[][], signal?: AbortSignal): Promise<EmbeddingResult> {
+    if (this.stopping) throw new Error(EMBED_STOPPED);
     const model = this.m;
     // One context, even when the first embeddings requests arrive together.
     this.embedding ??= model.createEmbeddingContext({ threads: this.opts.threads ?? 1 }).catch((e: unknown) => {
@@ -505,7 +509,7 @@ export class LlamaEmbeddedAdapter implements RuntimeAdapter {
     let inputTokens = 0;
     for (const [i, text] of inputs.entries()) {
       if (signal?.aborted) break; // the caller left: what is done is what is billed
-      if (this.stopping) throw new Error('the embedded runtime was stopped before the inputs were embedded');
+      if (this.stopping) throw new Error(EMBED_STOPPED);
       // The same tokens count_tokens reports for a prompt (BOS included) are the ones embedded.
       const tokens = (known?.[i] as Token[] | undefined) ?? (await this.inputTokens({ kind: 'prompt', prompt: text }));
       inputTokens += tokens.length;

@@ -18,6 +18,7 @@ import { toHex, utf8 } from '../attestation/bytes.ts';
 import { ed25519PublicKey } from '../attestation/ed25519.ts';
 import { sha256Hex } from '../attestation/hash.ts';
 import type { ReceiptPayload } from '../attestation/receipt.ts';
+import { verifyReceipt } from '../attestation/receipt-verify.ts';
 import { signTicket } from '../attestation/ticket.ts';
 import { Admission } from '../src/dispatch/admission.ts';
 import { TicketGate } from '../src/dispatch/ticket-gate.ts';
@@ -55,11 +56,12 @@ export async function benchNode(n: number): Promise<void> {
   const ask = (body: object) => {
     const bytes = utf8(JSON.stringify(body));
     const now = Date.now();
+    const requestId = `r-${crypto.randomUUID()}`;
     const ticket = signTicket({
-      v: 1, ticket_id: `t-${crypto.randomUUID()}`, request_id: `r-${crypto.randomUUID()}`, provider, account: 'bench', endpoint: 'chat/completions', model: 'tiny/llama',
+      v: 1, ticket_id: `t-${crypto.randomUUID()}`, request_id: requestId, provider, account: 'bench', endpoint: 'chat/completions', model: 'tiny/llama',
       price_version: 'p1', max_cost_micro_usd: '1000000', body_sha256: sha256Hex(bytes), routing: { max_wait_ms: 60_000 }, issued_at: now - 1000, expires_at: now + 60_000,
     }, { keyid: marketId, seed: market });
-    return { head: { endpoint: 'chat/completions', ticket }, bytes };
+    return { head: { endpoint: 'chat/completions', ticket }, bytes, requestId };
   };
   try {
     // (1) small paid requests: one output token, everything else real (ticket checked and marked
@@ -177,7 +179,7 @@ export async function benchNode(n: number): Promise<void> {
     const stops: number[] = [];
     let stoppedEarly = 0;
     for (let round = 0; round < 15; round++) {
-      const { head, bytes } = ask({ ...long, max_tokens: 2000 });
+      const { head, bytes, requestId } = ask({ ...long, max_tokens: 2000 });
       const res = await request(buyer, addr, INFER_PROTOCOL, head, bytes);
       let closedAt = 0;
       for await (const f of res.frames) {
@@ -188,7 +190,7 @@ export async function benchNode(n: number): Promise<void> {
       }
       while (model.admission.inUse > 0) await new Promise((r) => setImmediate(r));
       stops.push(performance.now() - closedAt);
-      const receipt = await waitForReceipt(log, JSON.parse(Buffer.from(head.ticket.payload, 'base64').toString('utf8')).request_id);
+      const receipt = await waitForReceipt(log, provider, requestId);
       if (receipt.status === 'cancelled' && receipt.usage.output_tokens < 2000) stoppedEarly++;
     }
     if (stoppedEarly !== stops.length) throw new Error(`only ${stoppedEarly} of ${stops.length} runs closed by their buyer ended cancelled`);
@@ -207,11 +209,15 @@ export async function benchNode(n: number): Promise<void> {
   record({ name: 'idle RSS of a started node (tiny model)', value: await idleRss(), unit: 'MiB' });
 }
 
-/** The receipt the log holds for a request, once it is there. */
-async function waitForReceipt(log: ReceiptLog, requestId: string): Promise<ReceiptPayload> {
+/** The receipt the log holds for a request, verified, once it is there. */
+async function waitForReceipt(log: ReceiptLog, provider: string, requestId: string): Promise<ReceiptPayload> {
   for (;;) {
     const [found] = log.byRequestId(requestId);
-    if (found) return (JSON.parse(Buffer.from((JSON.parse(found.line) as { payload: string }).payload, 'base64').toString('utf8')) as ReceiptPayload);
+    if (found) {
+      const v = verifyReceipt(found.line, { provider });
+      if (!v.ok) throw new Error(`the receipt of ${requestId} does not verify: ${v.error.code}`);
+      return v.value.payload;
+    }
     await new Promise((r) => setTimeout(r, 5));
   }
 }

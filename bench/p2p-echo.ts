@@ -12,7 +12,7 @@ import { timed } from './lib.ts';
 
 const BARE = '/bench/echo-bare/1.0.0';
 const FRAMED = '/bench/echo-framed/1.0.0';
-const FLOOR = '/bench/echo-work/1.0.0';
+const WITH_WORK = '/bench/echo-work/1.0.0';
 
 async function bareEcho(client: Host, addr: Multiaddr, msg: Uint8Array, protocol = BARE): Promise<void> {
   const stream = await client.dialProtocol(addr, protocol);
@@ -62,7 +62,7 @@ export async function benchP2pEcho(n: number, concurrency = 1, work?: () => Prom
       }
     };
     await server.handle(BARE, echo());
-    if (work) await server.handle(FLOOR, echo(work));
+    if (work) await server.handle(WITH_WORK, echo(work));
     await handleRequests(server, FRAMED, async (req, res) => {
       await res.head({ status: 200 });
       await res.data(req.body);
@@ -71,7 +71,7 @@ export async function benchP2pEcho(n: number, concurrency = 1, work?: () => Prom
     const addr = server.getMultiaddrs()[0]!;
     const msg = new TextEncoder().encode('{"model":"tiny","prompt":"hello"}');
     const kinds = [() => bareEcho(client, addr, msg), () => framedEcho(client, addr, msg)];
-    if (work) kinds.push(() => bareEcho(client, addr, msg, FLOOR));
+    if (work) kinds.push(() => bareEcho(client, addr, msg, WITH_WORK));
     const [bare = 0, framed = 0, withWork] = await rates(n, kinds, concurrency);
     const fmt = (x: number) => Math.round(x).toLocaleString('en-US');
     const worked = withWork === undefined ? '' : `, bare with the work in its handler ${fmt(withWork)} req/s (${(withWork / bare).toFixed(3)})`;

@@ -307,7 +307,7 @@ describe('LlamaEmbeddedAdapter', () => {
 // Freeing the embedding context under an embedding crashed the process (SIGSEGV in every run of
 // a probe: the node stops its runtimes while a cancelled embeddings request may still be on its
 // current input). A stop now lets each embedding finish the input it is on; the batch then fails.
-test('a stop during an embeddings batch: the batch fails saying so, the process lives, and the adapter starts again', async () => {
+test('a stop during an embeddings batch: the batch fails saying so, as does one asked for during the stop; the process lives, and the adapter starts again', async () => {
   const a = new LlamaEmbeddedAdapter({ modelPath, contextLength: 256 });
   for (let i = 0; i < 4; i++) {
     await a.start();
@@ -320,6 +320,12 @@ test('a stop during an embeddings batch: the batch fails saying so, the process 
     await a.stop();
     expect((await batch)?.message).toBe('the embedded runtime was stopped before the inputs were embedded');
   }
+  // One asked for while the stop frees the model (none under way: the stop goes straight to it) opens nothing on it.
+  await a.start();
+  expect((await a.embed(['warm'])).vectors).toHaveLength(1);
+  const stopping = a.stop();
+  await expect(a.embed(['late'])).rejects.toThrow('the embedded runtime was stopped before the inputs were embedded');
+  await stopping;
   await a.start();
   expect((await a.embed(['hello', 'world'])).vectors).toHaveLength(2);
   await a.stop();

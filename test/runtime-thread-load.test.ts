@@ -12,7 +12,10 @@ import { LlamaThreadAdapter } from '../adapters/runtime-thread.ts';
 import { createKeyFile } from '../src/identity.ts';
 import { parseConfig } from '../src/config.ts';
 import { NodeStartError, startNode } from '../src/node.ts';
+import { createHost } from '../src/p2p/host.ts';
 import { startTinyNode, tinyNodeConfigYaml } from './helpers/node-config.ts';
+import { askNode } from './helpers/paid-ask.ts';
+import { testKey } from './helpers/receipts.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'runtime-thread-load-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -57,11 +60,19 @@ test('the node refuses a model with an infinite weight on its runtime thread: a 
   expect(LlamaThreadAdapter.threadRunning).toBe(false);
 });
 
-test('a node whose runtime thread died says so: /healthz and /readyz 503 naming it, not accepting; its stop still ends cleanly', async () => {
-  const node = await startTinyNode(path.join(dir, 'dies'), { publicKey: '11'.repeat(32), logLevel: 'fatal' });
+test('a node whose runtime thread died says so: /healthz and /readyz 503 naming it, not accepting, paid work refused with nothing charged; its stop still ends cleanly', async () => {
+  const market = testKey();
+  const node = await startTinyNode(path.join(dir, 'dies'), { publicKey: market.id, logLevel: 'fatal' });
+  const buyer = await createHost({ seed: testKey().seed, listen: [] });
   try {
     expect((await fetch(`${node.opsUrl}/healthz`)).status).toBe(200);
+    expect((await askNode(buyer, node, market)).head.status).toBe(200);
     await LlamaThreadAdapter.crashThreadForTests();
+    const refused = await askNode(buyer, node, market);
+    expect([refused.head.status, (refused.trailer.error as { code: string }).code]).toEqual([503, 'no_capacity']);
+    expect((refused.trailer.error as { message: string }).message).toContain('the runtime thread failed');
+    expect(refused.trailer.receipt).toBeUndefined();
+    expect(await (await fetch(`${node.opsUrl}/status`)).json()).toMatchObject({ receipts: { receipts: 1 } });
     const health = await fetch(`${node.opsUrl}/healthz`);
     expect(health.status).toBe(503);
     expect(((await health.json()) as { reason: string }).reason).toMatch(/^the runtime thread failed \(the runtime thread ended/);
@@ -70,6 +81,7 @@ test('a node whose runtime thread died says so: /healthz and /readyz 503 naming 
     expect(JSON.stringify(await ready.json())).toContain('the runtime thread failed');
     expect(await (await fetch(`${node.opsUrl}/status`)).json()).toMatchObject({ accepting: false });
   } finally {
+    await buyer.stop();
     await node.stop(1000);
   }
   expect(LlamaThreadAdapter.threadRunning).toBe(false);

@@ -164,8 +164,8 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
         { keyid: marketId, seed: market },
       );
       const hash = crypto.createHash('sha256');
-      /** Where a cancelled stream could have been cut: after each write, the hash so far and the tokens written. */
-      const cuts = [{ sha: hash.copy().digest('hex'), tokens: 0 }];
+      /** Where a cancelled stream could have been cut: before any write, then after each, the hash so far and the tokens written. */
+      const cuts = r.status === 'cancelled' ? [{ sha: hash.copy().digest('hex'), tokens: 0 }] : undefined;
       let status = 0;
       let trailer: Record<string, unknown> = {};
       await service.handle(
@@ -174,7 +174,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
           head: async (h) => void (status = h.status),
           data: async (b, o) => {
             hash.update(b);
-            if (r.status === 'cancelled') cuts.push({ sha: hash.copy().digest('hex'), tokens: cuts.at(-1)!.tokens + (o?.tokens ?? 0) });
+            cuts?.push({ sha: hash.copy().digest('hex'), tokens: cuts.at(-1)!.tokens + (o?.tokens ?? 0) });
           },
           trailer: async (t) => void (trailer = t),
         },
@@ -183,7 +183,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
       const got = hash.digest('hex');
       const code = (trailer.error as { code?: unknown } | undefined)?.code;
       if (status !== 200) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `replay answered ${status} ${JSON.stringify(trailer.error ?? {})}`, ...(typeof code === 'string' ? { error_code: code } : {}) });
-      else if (r.status === 'cancelled') {
+      else if (cuts) {
         const cut = cuts.find((c) => c.sha === r.response_sha256);
         if (!cut) report.mismatches.push({ seq: r.seq, request_id: r.request_id, reason: `cancelled: no point of the replayed stream hashes to response_sha256 ${r.response_sha256}` });
         else if (cut.tokens !== r.usage.output_tokens) {
@@ -219,8 +219,7 @@ export async function replay(opts: ReplayOptions): Promise<ReplayReport> {
 }
 
 /** Whether a request body asks for a stream (a body that is not a JSON object does not). */
-function streamed(body: Uint8Array | undefined): boolean {
-  if (!body) return false;
+function streamed(body: Uint8Array): boolean {
   try {
     const v = JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
     return typeof v === 'object' && v !== null && (v as { stream?: unknown }).stream === true;

@@ -31,7 +31,8 @@ export function demoCommand(): Command {
       ]);
       const say = (s: string) => process.stdout.write(s + '\n');
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'seller-node-demo-'));
-      // (a second Ctrl-C ends it at once, without the stops or exit handlers: the folder goes all the same)
+      // The folder goes with every end: after the stops, at an exit, and before a second Ctrl-C
+      // ends the process at once (no stops, no exit handlers then: see untilSignal).
       const removeDir = () => fs.rmSync(dir, { recursive: true, force: true });
       process.once('exit', removeDir);
       const stops: [string, () => Promise<void>][] = [];
