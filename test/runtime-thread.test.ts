@@ -162,7 +162,7 @@ describe('LlamaThreadAdapter', () => {
     expect((await run(there, { input: chat, maxTokens: 400, sampling: { temperature: 1, seed: 3 } })).result.outputTokens).toBeGreaterThan(100);
   });
 
-  test('starts and stops at once are taken in turn: a stop during a start stops what it loaded; two stops share one', async () => {
+  test('starts and stops at once are taken in turn: a stop during a start stops what it loaded; two stops at once both leave it stopped', async () => {
     const rt = new LlamaThreadAdapter({ modelPath, contextLength: 256 });
     const starting = rt.start();
     const stopping = rt.stop();
